@@ -1,0 +1,42 @@
+# offloadctl: `make demo` runs the main job on a sample model, `make test` runs the tests.
+# Both create .venv and install everything on first use.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The Ascend build of onnxruntime (it runs on CPU too). Use EXTRA=cpu or EXTRA=cuda without Ascend.
+EXTRA  ?= cann
+OUT    ?= build/demo
+
+.PHONY: install demo test bench samples lint clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRA),test]"
+	touch $@
+
+install: $(BIN)/.installed
+
+samples: install
+	$(BIN)/python sample_models/make_samples.py sample_models
+
+demo: install
+	@mkdir -p $(OUT)
+	$(BIN)/offloadctl inspect sample_models/unet.onnx --top 5
+	$(BIN)/offloadctl plan sample_models/unet.onnx -o $(OUT)/unet.plan.json --select-distance 10 --prefetch-distance 3 --params
+	@if $(BIN)/offloadctl apply --help >/dev/null 2>&1; then \
+	  $(BIN)/offloadctl apply $(OUT)/unet.plan.json -o $(OUT)/unet.offload.onnx && \
+	  $(BIN)/offloadctl run $(OUT)/unet.offload.onnx --device cpu --inputs sample_models/unet.inputs.npz \
+	    --compare-to sample_models/unet.onnx; fi
+	@if $(BIN)/offloadctl simulate --help >/dev/null 2>&1; then \
+	  $(BIN)/offloadctl simulate sample_models/unet.onnx --plan $(OUT)/unet.plan.json; fi
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	@for script in bench/bench_*.py; do [ -e "$$script" ] || continue; echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+clean:
+	rm -rf build .pytest_cache

@@ -1,0 +1,293 @@
+"""Read-only analysis of a loaded model: execution order, producers, uses and sizes.
+
+The execution order is the one onnxruntime runs with ``ExecutionOrder.PRIORITY_BASED``: Kahn's
+algorithm where, among ready nodes, Shape/Size come first, then forward before backward
+(``__backwardpass`` attribute), then the lowest file index. Constant nodes take no position:
+onnxruntime folds them into initializers, so their outputs are weights like initializers.
+Positions count only the remaining ("original") nodes.
+
+A tensor read inside a subgraph (If/Loop/Scan body, as an outer-scope name) is a use at the parent
+node's position. The networkx graph (positions as nodes, producer -> user edges) is a view for
+graph queries; the lists here are the source of truth.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import networkx as nx
+import onnx
+
+from offloadctl.errors import OffloadError
+from offloadctl.model import LoadedModel, TensorInfo, tensor_infos
+
+__all__ = ["Use", "Analysis", "analyse", "execution_order", "subgraph_outer_names", "is_constant_node"]
+
+logger = logging.getLogger(__name__)
+
+HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
+BACKWARD_ATTR = "__backwardpass"
+
+
+@dataclass(frozen=True, order=True)
+class Use:
+    """One read of a tensor: by the node at ``position``, at ``input_index``.
+
+    ``input_index`` is None for a read inside a subgraph of that node (an outer-scope name).
+    """
+
+    position: int
+    input_index: int | None
+    node: str = field(compare=False)
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return (self.position, self.input_index if self.input_index is not None else 1 << 30)
+
+    def to_json(self) -> dict:
+        return {"position": self.position, "node": self.node, "input_index": self.input_index}
+
+
+def is_constant_node(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+
+
+def subgraph_outer_names(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (at any depth) read from scopes outside the node."""
+    names: set[str] = set()
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            names |= _graph_outer_names(g)
+    return names
+
+
+def _graph_outer_names(graph: onnx.GraphProto) -> set[str]:
+    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined |= {i.name for i in graph.sparse_initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(n for n in node.input if n)
+        used |= subgraph_outer_names(node)
+        defined.update(node.output)
+    used.update(o.name for o in graph.output)
+    return used - defined
+
+
+def execution_order(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[list[int], bool]:
+    """Order node indices as onnxruntime's PRIORITY_BASED mode does.
+
+    Args:
+        nodes: the nodes that take part (Constant nodes already removed), in file order.
+        available: tensor names present before any node runs (inputs, initializers, constants).
+
+    Returns:
+        (order, was_sorted): indices into ``nodes``, and whether ``nodes`` was already in a
+        topological order.
+
+    Raises:
+        OffloadError: the graph has a cycle or reads a tensor nobody provides.
+    """
+    producer: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        for out in node.output:
+            if out:
+                producer[out] = i
+    consumers: list[list[int]] = [[] for _ in nodes]
+    indegree = [0] * len(nodes)
+    for i, node in enumerate(nodes):
+        preds = set()
+        for name in _all_reads(node):
+            if name in producer:
+                preds.add(producer[name])
+            elif name not in available:
+                raise OffloadError(
+                    f"node {_describe(node, i)} reads tensor {name!r}, which no node, graph input or weight provides",
+                    hint="the model is malformed; re-export it or fix the tensor name",
+                )
+        for p in preds:
+            consumers[p].append(i)
+        indegree[i] = len(preds)
+
+    def key(i: int) -> tuple[int, int, int]:
+        node = nodes[i]
+        high = 0 if node.op_type in HIGH_PRIORITY_OPS else 1
+        backward = 0
+        for attr in node.attribute:
+            if attr.name == BACKWARD_ATTR:
+                backward = 1 if attr.i % 2 == 1 else 0
+        return (high, backward, i)
+
+    heap = [key(i) for i in range(len(nodes)) if indegree[i] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    while heap:
+        *_, i = heapq.heappop(heap)
+        order.append(i)
+        for c in consumers[i]:
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                heapq.heappush(heap, key(c))
+    if len(order) != len(nodes):
+        stuck = [i for i in range(len(nodes)) if indegree[i] > 0]
+        graph = nx.DiGraph((p, c) for p in stuck for c in consumers[p] if indegree[c] > 0)
+        try:
+            cycle = [u for u, _ in nx.find_cycle(graph)]
+        except nx.NetworkXNoCycle:  # pragma: no cover - Kahn stalls only on cycles
+            cycle = stuck[:5]
+        names = " -> ".join(_describe(nodes[i], i) for i in cycle[:6])
+        raise OffloadError(f"the graph has a cycle: {names}", hint="the model is malformed; re-export it")
+    was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
+    return order, was_sorted
+
+
+def _all_reads(node: onnx.NodeProto) -> Iterator[str]:
+    for name in node.input:
+        if name:
+            yield name
+    yield from subgraph_outer_names(node)
+
+
+def _describe(node: onnx.NodeProto, index: int) -> str:
+    return f"{node.name!r} ({node.op_type})" if node.name else f"#{index} ({node.op_type})"
+
+
+@dataclass
+class Analysis:
+    """Everything the planning stages need to know about a model, computed once."""
+
+    loaded: LoadedModel
+    nodes: list[onnx.NodeProto]  # original nodes in execution order; index = position
+    file_index: list[int]  # file index (in graph.node) of the node at each position
+    was_sorted: bool
+    graph_inputs: list[str]
+    graph_outputs: list[str]
+    initializers: set[str]
+    constants: dict[str, int]  # Constant-node output -> file index of the Constant node
+    producer: dict[str, int]  # activation name -> position of its producer
+    uses: dict[str, list[Use]]  # tensor -> uses in execution order (position, input index)
+    infos: dict[str, TensorInfo]
+    node_names: list[str]  # a unique label for each position (node name, or generated)
+
+    @property
+    def num_positions(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def weights(self) -> set[str]:
+        return self.initializers | set(self.constants)
+
+    def kind(self, tensor: str) -> str:
+        """'activation', 'parameter' or 'input' for a main-graph tensor."""
+        if tensor in self.producer:
+            return "activation"
+        if tensor in self.initializers or tensor in self.constants:
+            return "parameter"
+        return "input"
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """Producer -> user DiGraph over positions; edge attribute ``tensors`` lists what flows."""
+        g = nx.DiGraph()
+        g.add_nodes_from(
+            (p, {"op_type": n.op_type, "name": self.node_names[p]}) for p, n in enumerate(self.nodes)
+        )
+        for tensor, uses in self.uses.items():
+            src = self.producer.get(tensor)
+            if src is None:
+                continue
+            for use in uses:
+                if g.has_edge(src, use.position):
+                    g.edges[src, use.position]["tensors"].append(tensor)
+                else:
+                    g.add_edge(src, use.position, tensors=[tensor])
+        return g
+
+
+def analyse(loaded: LoadedModel) -> Analysis:
+    """Compute execution order, producers, uses and sizes of a loaded model.
+
+    Raises:
+        OffloadError: duplicate tensor names, a cycle, or a read of an undefined tensor.
+    """
+    graph = loaded.proto.graph
+    initializers = {i.name for i in graph.initializer} | {i.name for i in graph.sparse_initializer}
+    graph_inputs = [i.name for i in graph.input if i.name not in initializers]
+    constants: dict[str, int] = {}
+    compute: list[tuple[int, onnx.NodeProto]] = []
+    defined: dict[str, str] = {name: "graph input" for name in graph_inputs}
+    for name in initializers:
+        defined[name] = "weight"
+    for idx, node in enumerate(graph.node):
+        for out in node.output:
+            if not out:
+                continue
+            if out in defined:
+                raise OffloadError(
+                    f"tensor {out!r} is defined twice in {loaded.path} (by node {_describe(node, idx)} and by a "
+                    f"{defined[out]})",
+                    hint="tensor names must be unique; re-export the model or rename one of them",
+                )
+            defined[out] = f"node {_describe(node, idx)}"
+        if is_constant_node(node):
+            if node.output and node.output[0]:
+                constants[node.output[0]] = idx
+        else:
+            compute.append((idx, node))
+
+    available = set(graph_inputs) | initializers | set(constants)
+    order, was_sorted = execution_order([n for _, n in compute], available)
+    if not was_sorted:
+        logger.warning(
+            "%s: nodes are not in topological order; using the order onnxruntime will run", loaded.path
+        )
+    nodes = [compute[i][1] for i in order]
+    file_index = [compute[i][0] for i in order]
+
+    node_names = _unique_labels(nodes, file_index)
+    producer: dict[str, int] = {}
+    uses: dict[str, list[Use]] = {}
+    for pos, node in enumerate(nodes):
+        for out in node.output:
+            if out:
+                producer[out] = pos
+        for k, name in enumerate(node.input):
+            if name:
+                uses.setdefault(name, []).append(Use(pos, k, node_names[pos]))
+        for name in sorted(subgraph_outer_names(node)):
+            uses.setdefault(name, []).append(Use(pos, None, node_names[pos]))
+    for lst in uses.values():
+        lst.sort(key=lambda u: u.sort_key)
+
+    return Analysis(
+        loaded=loaded,
+        nodes=nodes,
+        file_index=file_index,
+        was_sorted=was_sorted,
+        graph_inputs=graph_inputs,
+        graph_outputs=[o.name for o in graph.output],
+        initializers=initializers,
+        constants=constants,
+        producer=producer,
+        uses=uses,
+        infos=tensor_infos(loaded),
+        node_names=node_names,
+    )
+
+
+def _unique_labels(nodes: list[onnx.NodeProto], file_index: list[int]) -> list[str]:
+    seen: dict[str, int] = {}
+    for node in nodes:
+        if node.name:
+            seen[node.name] = seen.get(node.name, 0) + 1
+    labels = []
+    for node, idx in zip(nodes, file_index):
+        if node.name and seen[node.name] == 1:
+            labels.append(node.name)
+        else:
+            labels.append(f"{node.name or node.op_type}#{idx}")
+    return labels

@@ -1,0 +1,67 @@
+"""The `offloadctl` command line: a thin layer of click commands over the library.
+
+One module per group of subcommands. User errors (`OffloadError`) are printed as one message
+with a fix and exit status 1, without a traceback; usage errors exit 2 (click); anything else is
+a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from offloadctl import __version__
+from offloadctl.cli.ui import err_console, setup_logging
+from offloadctl.errors import OffloadError
+
+__all__ = ["cli", "main"]
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except OffloadError as exc:
+            err_console().print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
+            if exc.hint:
+                err_console().print(f"  [bold]fix:[/] {exc.hint}", highlight=False, soft_wrap=True)
+            ctx.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="offloadctl")
+@click.option("-v", "--verbose", is_flag=True, help="Show informational log messages.")
+def cli(verbose: bool) -> None:
+    """Cut the peak accelerator memory of an ONNX model by offloading idle tensors to the host.
+
+    \b
+    Pipeline: select -> filter -> prefetch (or `plan` for all three) -> apply -> run / simulate.
+    """
+    setup_logging(logging.INFO if verbose else logging.WARNING)
+
+
+def _register() -> None:
+    from offloadctl.cli import inspect_cmd, stages_cmd
+
+    cli.add_command(inspect_cmd.inspect)
+    for command in stages_cmd.COMMANDS:
+        cli.add_command(command)
+    for module_name in ("apply_cmd", "run_cmd", "simulate_cmd"):
+        try:
+            module = __import__(f"offloadctl.cli.{module_name}", fromlist=["COMMANDS"])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"offloadctl.cli.{module_name}":
+                raise
+            continue
+        for command in module.COMMANDS:
+            cli.add_command(command)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    sys.exit(cli.main(prog_name="offloadctl", standalone_mode=True))

@@ -1,0 +1,122 @@
+"""`offloadctl inspect`: what a model holds and which tensors sit idle longest."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import click
+from rich.table import Table
+
+from offloadctl.analysis import Analysis
+from offloadctl.cli.common import load_and_analyse
+from offloadctl.cli.options import input_shape_option, model_argument
+from offloadctl.cli.ui import fmt_bytes, out_console, print_json
+
+__all__ = ["inspect", "inspect_report"]
+
+
+def _tensor_row(analysis: Analysis, name: str) -> dict[str, Any]:
+    info = analysis.infos.get(name)
+    return {
+        "name": name,
+        "dtype": info.dtype if info else "unknown",
+        "shape": list(info.shape) if info and info.shape is not None else None,
+        "bytes": info.bytes if info else None,
+    }
+
+
+def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
+    """A JSON-ready summary of an analysed model."""
+    proto = analysis.loaded.proto
+    act_bytes = unknown = 0
+    idle = []
+    for name, prod in analysis.producer.items():
+        info = analysis.infos.get(name)
+        size = info.bytes if info else None
+        if size is None:
+            unknown += 1
+        else:
+            act_bytes += size
+        uses = analysis.uses.get(name, [])
+        if uses:
+            points = [prod] + [u.position for u in uses]
+            gap = max(b - a for a, b in zip(points, points[1:]))
+            idle.append((gap, size or 0, name, prod, uses))
+    weight_bytes = sum((analysis.infos[w].bytes or 0) for w in analysis.weights if w in analysis.infos)
+    idle.sort(key=lambda t: (-t[0], -t[1], t[2]))
+    return {
+        "model": {
+            "path": str(analysis.loaded.path),
+            "sha256": analysis.loaded.sha256,
+            "ir_version": proto.ir_version,
+            "opsets": {o.domain or "ai.onnx": o.version for o in proto.opset_import},
+            "producer": f"{proto.producer_name} {proto.producer_version}".strip(),
+        },
+        "nodes": analysis.num_positions,
+        "constant_nodes": len(analysis.constants),
+        "topologically_sorted": analysis.was_sorted,
+        "subgraph_nodes": sum(
+            1 for n in analysis.nodes if any(a.type in (5, 10) for a in n.attribute)  # GRAPH, GRAPHS
+        ),
+        "op_types": dict(Counter(n.op_type for n in analysis.nodes).most_common()),
+        "inputs": [_tensor_row(analysis, n) for n in analysis.graph_inputs],
+        "outputs": [_tensor_row(analysis, n) for n in analysis.graph_outputs],
+        "activations": {"count": len(analysis.producer), "bytes": act_bytes, "unknown_size": unknown},
+        "weights": {"count": len(analysis.weights), "bytes": weight_bytes},
+        "longest_idle": [
+            {
+                "tensor": name,
+                "bytes": size if analysis.infos.get(name) and analysis.infos[name].bytes is not None else None,
+                "producer": prod,
+                "first_use": uses[0].position,
+                "last_use": uses[-1].position,
+                "max_gap": gap,
+            }
+            for gap, size, name, prod, uses in idle[:top]
+        ],
+    }
+
+
+@click.command("inspect")
+@model_argument
+@input_shape_option
+@click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle tensors to list.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
+def inspect(model: str, input_shape, top: int, as_json: bool) -> None:
+    """Nodes, tensors, bytes of activations and weights, and the longest-idle tensors."""
+    analysis = load_and_analyse(model, input_shape, show_progress=not as_json)
+    report = inspect_report(analysis, top=top)
+    if as_json:
+        print_json(report)
+        return
+    console = out_console()
+    m = report["model"]
+    console.print(f"[bold]{m['path']}[/]  IR {m['ir_version']}  opsets {m['opsets']}  sha256 {m['sha256'][:12]}…")
+    console.print(
+        f"{report['nodes']} nodes in execution order ({report['constant_nodes']} Constant nodes folded into weights"
+        f"{'' if report['topologically_sorted'] else '; file is not topologically sorted'})"
+    )
+    console.print(
+        f"activations: {report['activations']['count']} tensors, {fmt_bytes(report['activations']['bytes'])}"
+        f" ({report['activations']['unknown_size']} of unknown size)   "
+        f"weights: {report['weights']['count']} tensors, {fmt_bytes(report['weights']['bytes'])}"
+    )
+    io = Table(title="inputs and outputs", show_edge=False)
+    for col in ("", "name", "dtype", "shape", "bytes"):
+        io.add_column(col)
+    for label, rows in (("in", report["inputs"]), ("out", report["outputs"])):
+        for r in rows:
+            io.add_row(label, r["name"], r["dtype"], str(r["shape"]), fmt_bytes(r["bytes"]))
+    console.print(io)
+    ops = ", ".join(f"{k} {v}" for k, v in list(report["op_types"].items())[:12])
+    console.print(f"ops: {ops}")
+    if report["longest_idle"]:
+        idle = Table(title="longest-idle activations", show_edge=False)
+        for col in ("tensor", "bytes", "producer", "first use", "last use", "max gap"):
+            idle.add_column(col, justify="right" if col != "tensor" else "left")
+        for r in report["longest_idle"]:
+            idle.add_row(
+                r["tensor"], fmt_bytes(r["bytes"]), str(r["producer"]), str(r["first_use"]), str(r["last_use"]), str(r["max_gap"])
+            )
+        console.print(idle)

@@ -1,0 +1,100 @@
+"""Option groups shared by several subcommands (defined once, reused)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from offloadctl.stages import (
+    DEFAULT_MIN_BYTES,
+    DEFAULT_PREFETCH_DISTANCE,
+    DEFAULT_RELEASE_DISTANCE,
+    DEFAULT_SELECT_DISTANCE,
+    DEFAULT_SELECT_NUM,
+)
+from offloadctl.cli.ui import BytesParam
+
+__all__ = ["model_argument", "input_shape_option", "select_options", "filter_options", "prefetch_options", "output_option"]
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def _compose(*decorators: Decorator) -> Decorator:
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+
+    return apply
+
+
+model_argument = click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+
+input_shape_option = click.option(
+    "--input-shape",
+    "input_shape",
+    multiple=True,
+    metavar="NAME=D0,D1,...",
+    help="Pin the dimensions of a graph input with dynamic dimensions (repeatable).",
+)
+
+
+def output_option(what: str) -> Decorator:
+    return click.option("-o", "--output", required=True, type=click.Path(path_type=str), help=f"Where to write {what}.")
+
+
+select_options = _compose(
+    click.option(
+        "--select-distance",
+        type=click.IntRange(min=0),
+        default=DEFAULT_SELECT_DISTANCE,
+        show_default=True,
+        help="A tensor is offloaded across gaps between uses larger than this many positions.",
+    ),
+    click.option("--activations/--no-activations", default=True, show_default=True, help="Consider node outputs."),
+    click.option(
+        "--params/--no-params",
+        default=False,
+        show_default=True,
+        help="Consider weights (initializers, Constant nodes): they stay on the host and are streamed in.",
+    ),
+    click.option("--force", multiple=True, metavar="PATTERN", help="Offload tensors matching this glob even without a long gap."),
+    click.option("--never", multiple=True, metavar="PATTERN", help="Never offload tensors matching this glob."),
+    input_shape_option,
+)
+
+filter_options = _compose(
+    click.option(
+        "--select-num",
+        type=click.IntRange(min=0),
+        default=DEFAULT_SELECT_NUM,
+        show_default=True,
+        help="Keep at most this many offloads, in first-use order.",
+    ),
+    click.option(
+        "--min-bytes",
+        type=BytesParam(),
+        default=DEFAULT_MIN_BYTES,
+        show_default=True,
+        help="Drop candidates smaller than this (accepts 4096, 64KiB, 1MB).",
+    ),
+)
+
+prefetch_options = _compose(
+    click.option(
+        "--prefetch-distance",
+        type=click.IntRange(min=0),
+        default=DEFAULT_PREFETCH_DISTANCE,
+        show_default=True,
+        help="Move each host-to-device copy this many positions before its first use.",
+    ),
+    click.option(
+        "--release-distance",
+        type=click.IntRange(min=0),
+        default=DEFAULT_RELEASE_DISTANCE,
+        show_default=True,
+        help="Positions after the last device use before an offloaded buffer may be reused.",
+    ),
+)

@@ -1,0 +1,114 @@
+"""Terminal output helpers: consoles, logging, progress, byte formatting and byte parsing.
+
+Human-readable output uses rich. Under ``--json`` or when stdout is not a terminal, progress bars
+stay silent and stdout carries only the JSON document.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from offloadctl.errors import OffloadError
+
+__all__ = [
+    "out_console",
+    "err_console",
+    "setup_logging",
+    "progress",
+    "fmt_bytes",
+    "parse_bytes",
+    "print_json",
+    "BytesParam",
+]
+
+_consoles: dict[str, Console] = {}
+
+
+def out_console() -> Console:
+    if "out" not in _consoles or _consoles["out"].file is not sys.stdout:
+        _consoles["out"] = Console(file=sys.stdout, highlight=False)
+    return _consoles["out"]
+
+
+def err_console() -> Console:
+    if "err" not in _consoles or _consoles["err"].file is not sys.stderr:
+        _consoles["err"] = Console(file=sys.stderr, highlight=False)
+    return _consoles["err"]
+
+
+def setup_logging(level: int) -> None:
+    handler = RichHandler(console=err_console(), show_time=False, show_path=False, markup=False)
+    logging.basicConfig(level=level, format="%(message)s", handlers=[handler], force=True)
+
+
+@contextlib.contextmanager
+def progress(enabled: bool = True) -> Iterator[Progress | None]:
+    """A rich progress display on stderr, only when stderr is a terminal and ``enabled``."""
+    if not enabled or not err_console().is_terminal:
+        yield None
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console(),
+        transient=True,
+    ) as bar:
+        yield bar
+
+
+def fmt_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{value:.2f} TiB"  # pragma: no cover
+
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """Parse '1.5GiB', '800MB', '4096' into bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise OffloadError(f"{text!r} is not a byte size", hint="write it like 4096, 800MB or 1.5GiB")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+class BytesParam(click.ParamType):
+    """A click parameter for byte sizes with units."""
+
+    name = "BYTES"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_bytes(str(value))
+        except OffloadError as exc:
+            self.fail(exc.message, param, ctx)
+
+
+def print_json(document: Any) -> None:
+    """Print one JSON document on stdout."""
+    click.echo(json.dumps(document, indent=1))

@@ -1,0 +1,251 @@
+"""Loading a model for planning, and the type, shape and byte size of every tensor.
+
+Planning never needs weight bytes: models are read with ``load_external_data=False``, so weights in
+external data files stay on disk. Shapes come from onnx's own shape inference with data
+propagation, after pinning dynamic input dimensions the user gave with ``--input-shape``. A tensor
+whose byte size stays unknown keeps ``bytes=None``; stages exclude it with a reason, never count it
+as zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import TensorProto
+
+from offloadctl.errors import OffloadError
+from offloadctl.files import sha256_file
+
+__all__ = [
+    "LoadedModel",
+    "TensorInfo",
+    "load_model",
+    "parse_input_shapes",
+    "tensor_infos",
+    "external_data_files",
+]
+
+logger = logging.getLogger(__name__)
+
+_SUB_BYTE_TYPES = {
+    getattr(TensorProto, name)
+    for name in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(TensorProto, name)
+}
+_SUB_BYTE_BITS = {getattr(TensorProto, n): 2 for n in ("INT2", "UINT2") if hasattr(TensorProto, n)}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model read for planning: the proto (weights not loaded) and where it came from."""
+
+    proto: onnx.ModelProto
+    path: Path
+    sha256: str
+    input_shapes: dict[str, list[int]]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What planning knows about one tensor of the main graph."""
+
+    name: str
+    elem_type: int | None  # TensorProto data type; None for sequences, maps, optionals, unknown
+    shape: tuple[int | str | None, ...] | None  # None when the rank is unknown
+    copyable: bool  # a dense numeric tensor that MemcpyToHost/MemcpyFromHost can move
+
+    @property
+    def dtype(self) -> str:
+        if self.elem_type is None:
+            return "unknown" if self.copyable else "non-tensor"
+        return TensorProto.DataType.Name(self.elem_type).lower()
+
+    @property
+    def bytes(self) -> int | None:
+        """Byte size, or None when a dimension or the element type is unknown."""
+        if not self.copyable or self.shape is None or self.elem_type is None:
+            return None
+        if not all(isinstance(d, int) and d >= 0 for d in self.shape):
+            return None
+        count = math.prod(self.shape)  # type: ignore[arg-type]
+        if self.elem_type in _SUB_BYTE_TYPES:
+            bits = _SUB_BYTE_BITS.get(self.elem_type, 4)
+            return (count * bits + 7) // 8
+        return count * onnx.helper.tensor_dtype_to_np_dtype(self.elem_type).itemsize
+
+    def why_unknown(self) -> str:
+        """Human-readable reason why `bytes` is None."""
+        if not self.copyable:
+            return f"type {self.dtype} cannot be copied by MemcpyToHost/MemcpyFromHost"
+        if self.shape is None or self.elem_type is None:
+            return "shape inference could not find its shape"
+        unknown = [str(d) if d is not None else "?" for d in self.shape if not isinstance(d, int)]
+        return f"dimension(s) {', '.join(unknown)} unknown"
+
+
+def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
+    """Parse ``NAME=D0,D1,...`` strings (as given to ``--input-shape``)."""
+    shapes: dict[str, list[int]] = {}
+    for spec in specs:
+        name, sep, dims = spec.rpartition("=")
+        if not sep or not name:
+            raise OffloadError(
+                f"--input-shape {spec!r} is not NAME=D0,D1,...", hint="for example --input-shape input=1,3,224,224"
+            )
+        try:
+            values = [int(d) for d in dims.split(",")] if dims.strip() else []
+        except ValueError:
+            raise OffloadError(
+                f"--input-shape {spec!r}: dimensions must be integers", hint="for example --input-shape input=1,3,224,224"
+            ) from None
+        if any(v < 0 for v in values):
+            raise OffloadError(f"--input-shape {spec!r}: dimensions must be >= 0")
+        shapes[name] = values
+    return shapes
+
+
+def load_model(
+    path: str | os.PathLike[str], *, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> LoadedModel:
+    """Read an ONNX file without its external weight data and pin the given input dimensions.
+
+    Raises:
+        OffloadError: the file is missing, empty, not ONNX, truncated, lacks an external data
+            file, or an ``input_shapes`` entry does not match a graph input.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise OffloadError(f"model file {p} does not exist", hint="check the path")
+    if p.is_dir():
+        raise OffloadError(f"model path {p} is a directory", hint="give the path of a .onnx file")
+    if p.stat().st_size == 0:
+        raise OffloadError(f"model file {p} is empty", hint="re-export the model")
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
+        raise OffloadError(
+            f"model file {p} is not a valid ONNX model ({type(exc).__name__}: {exc})",
+            hint="check that the file is a complete .onnx export (not truncated, not another format)",
+        ) from None
+    except OSError as exc:
+        raise OffloadError(f"cannot read model file {p}: {exc.strerror or exc}") from None
+    if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
+        raise OffloadError(
+            f"model file {p} is not a valid ONNX model (no IR version, opset or graph)",
+            hint="check that the file is a complete .onnx export (not truncated, not another format)",
+        )
+    for tensor_name, data_file in external_data_files(proto, p.parent):
+        if not data_file.is_file():
+            raise OffloadError(
+                f"external data file {data_file} for weight {tensor_name!r} of {p} is missing",
+                hint="keep the model's data files in the folder the model refers to",
+            )
+    pinned = {k: list(v) for k, v in (input_shapes or {}).items()}
+    if pinned:
+        _pin_input_shapes(proto, pinned, p)
+    return LoadedModel(proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned)
+
+
+def external_data_files(proto: onnx.ModelProto, base_dir: Path) -> list[tuple[str, Path]]:
+    """(tensor name, data file) for every initializer stored as external data in the main graph."""
+    found = []
+    for init in proto.graph.initializer:
+        if init.data_location == TensorProto.EXTERNAL:
+            location = next((e.value for e in init.external_data if e.key == "location"), "")
+            found.append((init.name, base_dir / location))
+    return found
+
+
+def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path: Path) -> None:
+    initializer_names = {i.name for i in proto.graph.initializer}
+    inputs = {i.name: i for i in proto.graph.input if i.name not in initializer_names}
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise OffloadError(
+                f"--input-shape names {name!r}, which is not an input of {path}",
+                hint=f"inputs are: {', '.join(inputs) or '(none)'}",
+            )
+        value = inputs[name]
+        tensor_type = value.type.tensor_type
+        if not value.type.HasField("tensor_type"):
+            raise OffloadError(f"input {name!r} of {path} is not a tensor; --input-shape cannot pin it")
+        old = tensor_type.shape.dim if tensor_type.HasField("shape") else []
+        if tensor_type.HasField("shape") and len(old) != len(dims):
+            raise OffloadError(
+                f"--input-shape {name}: gave {len(dims)} dimensions, the model declares {len(old)}",
+                hint=f"give exactly {len(old)} comma-separated dimensions",
+            )
+        for i, d in enumerate(old):
+            if d.HasField("dim_value") and d.dim_value != dims[i]:
+                raise OffloadError(
+                    f"--input-shape {name}: dimension {i} is fixed to {d.dim_value} in the model, not {dims[i]}",
+                    hint="pin only the dynamic dimensions to other values",
+                )
+        tensor_type.ClearField("shape")
+        for d in dims:
+            tensor_type.shape.dim.add().dim_value = d
+
+
+def _value_info_to_info(name: str, type_proto: onnx.TypeProto) -> TensorInfo:
+    if type_proto.HasField("tensor_type"):
+        tt = type_proto.tensor_type
+        elem = tt.elem_type or None
+        copyable = elem != TensorProto.STRING
+        shape: tuple[int | str | None, ...] | None = None
+        if tt.HasField("shape"):
+            shape = tuple(
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
+            )
+        return TensorInfo(name, elem, shape, copyable)
+    if type_proto.WhichOneof("value") is None:
+        return TensorInfo(name, None, None, True)
+    return TensorInfo(name, None, None, False)
+
+
+def tensor_infos(loaded: LoadedModel) -> dict[str, TensorInfo]:
+    """Type and shape of every main-graph tensor: inputs, weights, node outputs (after inference)."""
+    proto = loaded.proto
+    infos: dict[str, TensorInfo] = {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+        graph = inferred.graph
+    except Exception as exc:  # inference is best effort: unknown sizes are excluded with a reason
+        logger.warning("shape inference failed on %s (%s); sizes come from the file's value_info", loaded.path, exc)
+        graph = proto.graph
+    for vi in list(graph.value_info) + list(graph.input) + list(graph.output):
+        info = _value_info_to_info(vi.name, vi.type)
+        old = infos.get(vi.name)
+        if old is None or (old.bytes is None and info.bytes is not None):
+            infos[vi.name] = info
+    for init in proto.graph.initializer:
+        infos[init.name] = TensorInfo(init.name, init.data_type, tuple(init.dims), init.data_type != TensorProto.STRING)
+    for node in proto.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+            info = _constant_info(node)
+            if info is not None:
+                infos[node.output[0]] = info
+    return infos
+
+
+def _constant_info(node: onnx.NodeProto) -> TensorInfo | None:
+    for attr in node.attribute:
+        if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+            t = attr.t
+            return TensorInfo(node.output[0], t.data_type, tuple(t.dims), t.data_type != TensorProto.STRING)
+        if attr.name in ("value_float", "value_int"):
+            elem = TensorProto.FLOAT if attr.name == "value_float" else TensorProto.INT64
+            return TensorInfo(node.output[0], elem, (), True)
+        if attr.name in ("value_floats", "value_ints"):
+            elem = TensorProto.FLOAT if attr.name == "value_floats" else TensorProto.INT64
+            n = len(attr.floats) if attr.name == "value_floats" else len(attr.ints)
+            return TensorInfo(node.output[0], elem, (n,), True)
+        if attr.name in ("value_string", "value_strings"):
+            return TensorInfo(node.output[0], TensorProto.STRING, None, False)
+    return None

@@ -1,0 +1,186 @@
+"""The plan document: the JSON contract between stages, validated on every read and write.
+
+A plan is a plain dict that follows ``schemas/plan.schema.json`` (JSON Schema 2020-12). Stages are
+pure functions from one plan dict to a new one; this module owns reading, writing and validating
+them, and checking that a plan belongs to a given model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from offloadctl import __version__
+from offloadctl.errors import OffloadError
+from offloadctl.files import atomic_write_text
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "STAGES",
+    "plan_schema",
+    "validate_plan",
+    "read_plan",
+    "write_plan",
+    "dump_plan",
+    "record_stage",
+    "check_plan_model",
+]
+
+SCHEMA_VERSION = 1
+STAGES = ("selected", "filtered", "scheduled")
+Plan = dict[str, Any]
+
+
+@lru_cache(maxsize=1)
+def plan_schema() -> dict[str, Any]:
+    """The plan schema, from the installed package or, in a source checkout, from ``schemas/``."""
+    packaged = resources.files("offloadctl").joinpath("_schemas", "plan.schema.json")
+    if packaged.is_file():
+        return json.loads(packaged.read_text(encoding="utf-8"))
+    source = Path(__file__).resolve().parent.parent / "schemas" / "plan.schema.json"
+    return json.loads(source.read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _validator() -> jsonschema.protocols.Validator:
+    schema = plan_schema()
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def _where(error: jsonschema.ValidationError) -> str:
+    parts = [str(p) for p in error.absolute_path]
+    return "/".join(parts) if parts else "(top level)"
+
+
+def validate_plan(plan: Any, *, source: str = "plan") -> None:
+    """Raise OffloadError naming the first offending field if ``plan`` breaks the schema or its rules."""
+    if not isinstance(plan, dict):
+        raise OffloadError(f"{source} is not a plan: expected a JSON object, got {type(plan).__name__}")
+    version = plan.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
+        raise OffloadError(
+            f"{source} has schema_version {version}; this offloadctl {__version__} reads version {SCHEMA_VERSION}",
+            hint="re-create the plan with this version of offloadctl",
+        )
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(plan))
+    if error is not None:
+        raise OffloadError(
+            f"{source} is not a valid plan: field {_where(error)}: {error.message}",
+            hint="fix that field (schema: schemas/plan.schema.json) or re-create the plan",
+        )
+    _check_rules(plan, source)
+
+
+def _check_rules(plan: Plan, source: str) -> None:
+    """Rules JSON Schema cannot express: unique tensors, positions in range, ordered groups."""
+    n = plan["model"]["num_positions"]
+    seen: set[str] = set()
+    scheduled = plan["stage"] == "scheduled"
+    for i, off in enumerate(plan["offloads"]):
+        where = f"field offloads/{i} (tensor {off['tensor']!r})"
+        if off["tensor"] in seen:
+            raise OffloadError(f"{source}: {where} offloads the same tensor twice", hint="keep one entry per tensor")
+        seen.add(off["tensor"])
+        is_act = off["kind"] == "activation"
+        if is_act and (off["producer"] is None or off["d2h_after"] is None):
+            raise OffloadError(f"{source}: {where} is an activation without producer/d2h_after")
+        if not is_act and (off["producer"] is not None or off["d2h_after"] is not None):
+            raise OffloadError(f"{source}: {where} is a parameter and must have producer and d2h_after null")
+        positions = [u["position"] for u in off["device_uses"]]
+        for g, group in enumerate(off["reload_groups"]):
+            positions += [u["position"] for u in group["uses"]]
+            h2d = group["h2d_before"]
+            if scheduled and h2d is None:
+                raise OffloadError(f"{source}: {where} reload_groups/{g}/h2d_before is null in a scheduled plan")
+            if h2d is not None:
+                first = group["uses"][0]["position"]
+                low = off["d2h_after"] + 1 if is_act else 0
+                if not low <= h2d <= first:
+                    raise OffloadError(
+                        f"{source}: {where} reload_groups/{g}/h2d_before={h2d} must lie in [{low}, {first}] "
+                        "(after the D2H, not after the group's first use)",
+                        hint="edit the position or re-run offloadctl prefetch",
+                    )
+        if any(p >= n for p in positions) or positions != sorted(positions):
+            raise OffloadError(
+                f"{source}: {where} has uses out of order or beyond the model's {n} positions",
+                hint="re-create the plan from the model",
+            )
+        if is_act and positions and off["producer"]["position"] >= positions[0]:
+            raise OffloadError(f"{source}: {where} is used before it is produced")
+        for key in ("release_after", "output_h2d_before"):
+            if off[key] is not None and off[key] > n:
+                raise OffloadError(f"{source}: {where} {key}={off[key]} is beyond the model's {n} positions")
+
+
+def read_plan(path: str | os.PathLike[str], *, stages: tuple[str, ...] = STAGES) -> Plan:
+    """Read and validate a plan file whose stage is one of ``stages``."""
+    p = Path(path)
+    if not p.is_file():
+        raise OffloadError(f"plan file {p} does not exist", hint="check the path or create it with offloadctl select/plan")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OffloadError(f"cannot read plan file {p}: {exc}") from None
+    try:
+        plan = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OffloadError(
+            f"plan file {p} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+            hint="fix the syntax or re-create the plan",
+        ) from None
+    validate_plan(plan, source=f"plan file {p}")
+    if plan["stage"] not in stages:
+        wanted = " or ".join(repr(s) for s in stages)
+        raise OffloadError(
+            f"plan file {p} is at stage {plan['stage']!r}; this command needs stage {wanted}",
+            hint=_stage_hint(plan["stage"], stages),
+        )
+    return plan
+
+
+def _stage_hint(have: str, want: tuple[str, ...]) -> str:
+    steps = {"selected": "offloadctl filter", "filtered": "offloadctl prefetch"}
+    if STAGES.index(have) < min(STAGES.index(s) for s in want):
+        return f"run {steps[have]} on it first (or offloadctl plan to do every stage)"
+    return "re-run the stage on the earlier plan, or pass the plan to the next command"
+
+
+def dump_plan(plan: Plan) -> str:
+    """Serialize a validated plan deterministically."""
+    validate_plan(plan, source="plan being written")
+    return json.dumps(plan, indent=1, sort_keys=False) + "\n"
+
+
+def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
+    """Validate and write a plan atomically."""
+    atomic_write_text(path, dump_plan(plan))
+
+
+def record_stage(plan: Plan, stage: str, options_key: str, options: dict[str, Any]) -> Plan:
+    """Return a deep copy of ``plan`` advanced to ``stage`` with its options recorded."""
+    new = copy.deepcopy(plan)
+    new["stage"] = stage
+    new["tool"] = {"name": "offloadctl", "version": __version__}
+    new["options"][options_key] = dict(options)
+    new["history"].append({"stage": stage, "tool_version": __version__, "options": dict(options)})
+    return new
+
+
+def check_plan_model(plan: Plan, sha256: str, model_path: str | os.PathLike[str]) -> None:
+    """Refuse a plan made for another model (compared by the model file's sha256)."""
+    if plan["model"]["sha256"] != sha256:
+        raise OffloadError(
+            f"the plan was made for {plan['model']['path']} (sha256 {plan['model']['sha256'][:12]}…), "
+            f"not for {model_path} (sha256 {sha256[:12]}…)",
+            hint="re-create the plan for this model with offloadctl plan, or pass the model the plan was made for",
+        )

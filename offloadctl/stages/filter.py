@@ -1,0 +1,63 @@
+"""The filter stage: cap the number of offloads (HyperOffload OffloadInfoFilterByNumber).
+
+Candidates are taken in first-use order (position of the tensor's first use, then the input index
+there) and the first ``select_num`` are kept. MindSpore's loop keeps N-1; offloadctl keeps exactly
+N. Candidates smaller than ``min_bytes`` are dropped first (they do not use up the count). Forced
+candidates (``--force``) are always kept and do not count. Every dropped candidate is moved to
+``rejected`` with its reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from offloadctl.plan import record_stage, validate_plan
+
+__all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_SELECT_NUM", "filter_plan", "first_use_key"]
+
+DEFAULT_SELECT_NUM = 100
+DEFAULT_MIN_BYTES = 0
+
+
+def first_use_key(offload: dict[str, Any]) -> tuple[int, int]:
+    """(position, input index) of the offload's first use; subgraph reads sort after inputs."""
+    first = offload["device_uses"][0] if offload["device_uses"] else offload["reload_groups"][0]["uses"][0]
+    index = first["input_index"]
+    return (first["position"], index if index is not None else 1 << 30)
+
+
+def _rejection(off: dict[str, Any], reason: str, detail: str) -> dict[str, Any]:
+    gaps = [g["gap"] for g in off["reload_groups"]]
+    return {
+        "tensor": off["tensor"],
+        "kind": off["kind"],
+        "bytes": off["bytes"],
+        "stage": "filter",
+        "reason": reason,
+        "detail": detail,
+        "max_gap": max(gaps) if gaps else None,
+    }
+
+
+def filter_plan(
+    plan: dict[str, Any], *, select_num: int = DEFAULT_SELECT_NUM, min_bytes: int = DEFAULT_MIN_BYTES
+) -> dict[str, Any]:
+    """Return a "filtered" plan keeping the first ``select_num`` candidates in first-use order."""
+    new = record_stage(plan, "filtered", "filter", {"select_num": select_num, "min_bytes": min_bytes})
+    kept: list[dict[str, Any]] = []
+    dropped: list[dict[str, Any]] = []
+    count = 0
+    for off in sorted(new["offloads"], key=first_use_key):
+        if off.get("forced"):
+            kept.append(off)
+        elif off["bytes"] < min_bytes:
+            dropped.append(_rejection(off, "min-bytes", f"{off['bytes']} bytes < --min-bytes {min_bytes}"))
+        elif count < select_num:
+            kept.append(off)
+            count += 1
+        else:
+            dropped.append(_rejection(off, "select-num", f"beyond the first {select_num} candidates in first-use order"))
+    new["offloads"] = kept
+    new["rejected"] = new["rejected"] + dropped
+    validate_plan(new, source="filtered plan")
+    return new

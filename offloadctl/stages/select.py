@@ -1,0 +1,200 @@
+"""The select stage: which tensors sit idle long enough to offload (HyperOffload "distance").
+
+For every activation, positions = [producer] + [each use] in execution order. Each gap between
+consecutive entries larger than ``select_distance`` opens a reload group holding the use after the
+gap and the uses that follow up to the next such gap. Uses before the first such gap keep reading
+the device tensor. A weight (initializer or Constant node) stays on the host and is read through
+one host-to-device copy per reload group; the first group starts at its first use, and it is
+selected when it sits idle for more than ``select_distance`` positions before its first use, after
+its last use, or between two uses. Every tensor not selected is listed with its reason.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from typing import Any
+
+from offloadctl import __version__
+from offloadctl.analysis import Analysis, Use
+from offloadctl.plan import SCHEMA_VERSION, validate_plan
+
+__all__ = ["DEFAULT_SELECT_DISTANCE", "select", "split_reload_groups"]
+
+DEFAULT_SELECT_DISTANCE = 100
+
+
+def split_reload_groups(
+    start: int, uses: list[Use], select_distance: int, *, first_group_at_start: bool = False
+) -> tuple[list[Use], list[tuple[int, list[Use]]]]:
+    """Split ``uses`` (sorted) by gaps larger than ``select_distance``.
+
+    Args:
+        start: position of the producer (activations) or of the run's start (weights: 0).
+        uses: the tensor's uses in execution order.
+        select_distance: a gap must be strictly larger to open a reload group.
+        first_group_at_start: weights: the first use always opens a group.
+
+    Returns:
+        (device_uses, groups): the uses before the first qualifying gap, and each reload group as
+        (gap before it, its uses).
+    """
+    device: list[Use] = []
+    groups: list[tuple[int, list[Use]]] = []
+    prev = start
+    for k, use in enumerate(uses):
+        gap = use.position - prev
+        if (first_group_at_start and k == 0) or gap > select_distance:
+            groups.append((gap, [use]))
+        elif groups:
+            groups[-1][1].append(use)
+        else:
+            device.append(use)
+        prev = use.position
+    return device, groups
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _max_gap(start: int, uses: list[Use], end: int | None = None) -> int:
+    points = [start] + [u.position for u in uses] + ([end] if end is not None else [])
+    return max((b - a for a, b in zip(points, points[1:])), default=0)
+
+
+def select(
+    analysis: Analysis,
+    *,
+    select_distance: int = DEFAULT_SELECT_DISTANCE,
+    activations: bool = True,
+    params: bool = False,
+    force: Iterable[str] = (),
+    never: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Build a plan at stage "selected" from an analysed model.
+
+    Args:
+        analysis: the analysed model.
+        select_distance: a gap must be larger than this to open a reload group (MindSpore: 100).
+        activations: consider node outputs.
+        params: consider weights (initializers and Constant nodes).
+        force: glob patterns of tensors to offload even when no gap qualifies.
+        never: glob patterns of tensors never to offload (wins over ``force``).
+    """
+    force, never = tuple(force), tuple(never)
+    n = analysis.num_positions
+    outputs = set(analysis.graph_outputs)
+    chosen: list[tuple[tuple[int, int], dict[str, Any]]] = []
+    rejected: list[tuple[tuple[int, int], dict[str, Any]]] = []
+
+    def reject(name: str, kind: str, uses: list[Use], reason: str, detail: str, max_gap: int | None = None) -> None:
+        first = uses[0].sort_key if uses else (n, 0)
+        info = analysis.infos.get(name)
+        rejected.append(
+            (
+                first,
+                {
+                    "tensor": name,
+                    "kind": kind,
+                    "bytes": info.bytes if info is not None else None,
+                    "stage": "select",
+                    "reason": reason,
+                    "detail": detail,
+                    "max_gap": max_gap,
+                },
+            )
+        )
+
+    candidates = [(t, "activation") for t in analysis.producer] + [
+        (t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses
+    ]
+    for name, kind in candidates:
+        uses = analysis.uses.get(name, [])
+        enabled = activations if kind == "activation" else params
+        if not uses:
+            reject(name, kind, uses, "unused", "no node reads it" + (" (graph output only)" if name in outputs else ""))
+            continue
+        is_act = kind == "activation"
+        start = analysis.producer[name] if is_act else 0
+        end = None if is_act else max(n - 1, uses[-1].position)
+        max_gap = _max_gap(start, uses, end)
+        if not enabled and not _matches(name, force):
+            reject(name, kind, uses, "disabled", f"{kind} offload is switched off (--{'activations' if is_act else 'params'})", max_gap)
+            continue
+        if _matches(name, never):
+            reject(name, kind, uses, "never", "matches a --never pattern", max_gap)
+            continue
+        info = analysis.infos.get(name)
+        if info is None or info.bytes is None:
+            why = info.why_unknown() if info is not None else "shape inference could not find its type"
+            reason = "not-copyable" if info is not None and not info.copyable else "unknown-size"
+            hint = "" if reason == "not-copyable" else "; pin dynamic inputs with --input-shape NAME=D0,D1,..."
+            reject(name, kind, uses, reason, f"size unknown: {why}{hint}", max_gap)
+            continue
+        if not is_act and name in outputs:
+            reject(name, kind, uses, "graph-output-weight", "a weight that is also a graph output stays on the device", max_gap)
+            continue
+        forced = _matches(name, force)
+        device, groups = split_reload_groups(start, uses, select_distance, first_group_at_start=not is_act)
+        if not is_act and max_gap <= select_distance and not forced:
+            groups = []
+        if not groups:
+            if not forced:
+                reject(
+                    name, kind, uses, "short-gaps",
+                    f"largest idle stretch {max_gap} <= select distance {select_distance}", max_gap,
+                )
+                continue
+            device, groups = ([], [(uses[0].position - start, list(uses))])
+        entry = {
+            "id": 0,
+            "tensor": name,
+            "kind": kind,
+            "dtype": info.dtype,
+            "shape": list(info.shape or ()),
+            "bytes": info.bytes,
+            "producer": {"position": start, "node": analysis.node_names[start]} if is_act else None,
+            "d2h_after": start if is_act else None,
+            "device_uses": [u.to_json() for u in device],
+            "reload_groups": [{"uses": [u.to_json() for u in g], "gap": gap, "h2d_before": None} for gap, g in groups],
+            "graph_output": is_act and name in outputs,
+            "output_h2d_before": n if is_act and name in outputs else None,
+            "release_after": None,
+            "prefetch_distance": None,
+        }
+        if forced:
+            entry["forced"] = True
+        chosen.append((uses[0].sort_key, entry))
+
+    chosen.sort(key=lambda item: item[0])
+    rejected.sort(key=lambda item: item[0])
+    offloads = [entry for _, entry in chosen]
+    for i, entry in enumerate(offloads):
+        entry["id"] = i
+    options = {
+        "select_distance": select_distance,
+        "activations": activations,
+        "params": params,
+        "force": list(force),
+        "never": list(never),
+    }
+    loaded = analysis.loaded
+    plan = {
+        "schema_version": SCHEMA_VERSION,
+        "stage": "selected",
+        "tool": {"name": "offloadctl", "version": __version__},
+        "model": {
+            "path": str(loaded.path),
+            "sha256": loaded.sha256,
+            "num_positions": n,
+            "input_shapes": loaded.input_shapes,
+        },
+        "strategy": "distance",
+        "options": {"select": options},
+        "history": [{"stage": "selected", "tool_version": __version__, "options": options}],
+        "offloads": offloads,
+        "rejected": [entry for _, entry in rejected],
+    }
+    validate_plan(plan, source="selected plan")
+    return plan

@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny models from ONNX text, the sample models, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from offloadctl.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_models"
+SAMPLE_NAMES = ["seed", "unet", "transformer", "training", "mlp"]
+IR_VERSION = 10
+
+
+@pytest.fixture
+def write_model(tmp_path):
+    """Parse ONNX text syntax, pin a supported IR version, save, and return the path."""
+
+    def write(text: str, name: str = "model.onnx") -> Path:
+        model = onnx.parser.parse_model(text)
+        model.ir_version = IR_VERSION
+        onnx.checker.check_model(model)
+        path = tmp_path / name
+        onnx.save(model, str(path))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def seed_path() -> Path:
+    return SAMPLES / "seed.onnx"
+
+
+class CliResult:
+    def __init__(self, result):
+        self.exit_code = result.exit_code
+        self.stdout = result.stdout
+        self.stderr = result.stderr
+        self.exception = result.exception
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def run_cli():
+    """Run the real `offloadctl` command in-process; returns exit code, stdout and stderr."""
+
+    def run(*args: str | Path) -> CliResult:
+        result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=True)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return CliResult(result)
+
+    return run
