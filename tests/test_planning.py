@@ -1,0 +1,350 @@
+"""Selection, filter and prefetch rules (SPEC.md "HyperOffload semantics"), and the plan contract."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from offloadctl.analysis import analyse
+from offloadctl.errors import OffloadError
+from offloadctl.model import load_model
+from offloadctl.plan import read_plan, validate_plan
+from offloadctl.stages import filter_plan, make_plan, prefetch, select
+
+# x -> a -> chain of 8 Relus; `a` is read at positions 1, 4 and 8 (two long gaps), `b` is a graph output
+# that is read far away again, and `w` is a weight read at positions 1 and 8.
+TWO_GAPS = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y, float[4] b) <float[4] w = {1.0, 2.0, 3.0, 4.0}> {
+    a = Neg(x)
+    r1 = Add(a, w)
+    r2 = Relu(r1)
+    b = Relu(r2)
+    r4 = Add(b, a)
+    r5 = Relu(r4)
+    r6 = Relu(r5)
+    r7 = Add(r6, b)
+    y = Add(r7, a)
+    z = Mul(y, w)
+}
+"""
+
+
+def _analysis(path, **shapes):
+    return analyse(load_model(path, input_shapes=shapes or None))
+
+
+def _by_tensor(plan):
+    return {o["tensor"]: o for o in plan["offloads"]}
+
+
+def test_two_long_gaps_give_two_reload_groups(write_model):
+    plan = make_plan(_analysis(write_model(TWO_GAPS)), select_distance=2, prefetch_distance=0)
+    a = _by_tensor(plan)["a"]
+    assert a["d2h_after"] == 0
+    assert a["device_uses"] == [{"position": 1, "node": a["device_uses"][0]["node"], "input_index": 0}]
+    assert [[u["position"] for u in g["uses"]] for g in a["reload_groups"]] == [[4], [8]]
+    assert [g["gap"] for g in a["reload_groups"]] == [3, 4]
+    assert [g["h2d_before"] for g in a["reload_groups"]] == [4, 8]
+
+
+def test_gap_equal_to_select_distance_does_not_qualify(write_model):
+    plan = make_plan(_analysis(write_model(TWO_GAPS)), select_distance=4, prefetch_distance=0)
+    assert "a" not in _by_tensor(plan)  # gaps 1, 3, 4: none is > 4
+    rejected = {r["tensor"]: r for r in plan["rejected"]}
+    assert rejected["a"]["reason"] == "short-gaps"
+    assert rejected["a"]["max_gap"] == 4
+
+
+def test_offloaded_graph_output_gets_a_reload_at_the_end(write_model):
+    plan = make_plan(_analysis(write_model(TWO_GAPS)), select_distance=2, prefetch_distance=1)
+    b = _by_tensor(plan)["b"]
+    assert b["graph_output"] is True
+    assert b["output_h2d_before"] == plan["model"]["num_positions"]  # at the end, not prefetched
+    assert [[u["position"] for u in g["uses"]] for g in b["reload_groups"]] == [[7]]
+
+
+def test_weight_used_far_apart_gets_one_h2d_per_reload_group(write_model):
+    plan = make_plan(_analysis(write_model(TWO_GAPS)), select_distance=3, prefetch_distance=0, params=True)
+    w = _by_tensor(plan)["w"]
+    assert w["kind"] == "parameter"
+    assert w["producer"] is None and w["d2h_after"] is None and w["release_after"] is None
+    assert w["device_uses"] == []
+    assert [[u["position"] for u in g["uses"]] for g in w["reload_groups"]] == [[1], [9]]
+    assert [g["h2d_before"] for g in w["reload_groups"]] == [1, 9]
+
+
+def test_weights_off_by_default_and_rejected_with_reason(write_model):
+    plan = make_plan(_analysis(write_model(TWO_GAPS)), select_distance=3)
+    assert "w" not in _by_tensor(plan)
+    assert {r["tensor"]: r["reason"] for r in plan["rejected"]}["w"] == "disabled"
+
+
+def test_activations_can_be_switched_off(write_model):
+    plan = make_plan(_analysis(write_model(TWO_GAPS)), select_distance=2, activations=False, params=True)
+    assert {o["kind"] for o in plan["offloads"]} == {"parameter"}
+
+
+def test_select_num_keeps_exactly_n_in_first_use_order(write_model):
+    analysis = _analysis(write_model(TWO_GAPS))
+    selected = select(analysis, select_distance=1, params=True)
+    assert len(selected["offloads"]) >= 3
+    order = [o["tensor"] for o in selected["offloads"]]
+    for n in range(len(order) + 1):
+        kept = filter_plan(selected, select_num=n)
+        assert [o["tensor"] for o in kept["offloads"]] == order[:n]
+        dropped = [r for r in kept["rejected"] if r["reason"] == "select-num"]
+        assert [r["tensor"] for r in dropped] == order[n:]
+
+
+def test_first_use_order_breaks_ties_by_input_index(write_model):
+    # Both `p` and `q` are first read by the same node; `q` sits at input 0, `p` at input 1.
+    text = """
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[2] x) => (float[2] y) {
+        p = Neg(x)
+        q = Relu(x)
+        s = Sub(q, p)
+        t1 = Relu(s)
+        t2 = Relu(t1)
+        t3 = Relu(t2)
+        u = Add(t3, p)
+        y = Add(u, q)
+    }
+    """
+    selected = select(_analysis(write_model(text)), select_distance=2)
+    assert [o["tensor"] for o in selected["offloads"]] == ["q", "p"]
+    assert [o["tensor"] for o in filter_plan(selected, select_num=1)["offloads"]] == ["q"]
+
+
+def test_min_bytes_drops_small_candidates(write_model):
+    selected = select(_analysis(write_model(TWO_GAPS)), select_distance=2)
+    kept = filter_plan(selected, min_bytes=17)  # every tensor here is 16 bytes
+    assert kept["offloads"] == []
+    assert {r["reason"] for r in kept["rejected"] if r["stage"] == "filter"} == {"min-bytes"}
+
+
+def test_prefetch_clamps_at_the_d2h_and_at_zero_for_weights(write_model):
+    plan = make_plan(_analysis(write_model(TWO_GAPS)), select_distance=2, prefetch_distance=50, params=True)
+    for off in plan["offloads"]:
+        low = off["d2h_after"] + 1 if off["kind"] == "activation" else 0
+        assert [g["h2d_before"] for g in off["reload_groups"]] == [low] * len(off["reload_groups"])
+
+
+def test_per_tensor_prefetch_override_wins(write_model):
+    analysis = _analysis(write_model(TWO_GAPS))
+    filtered = filter_plan(select(analysis, select_distance=2))
+    for off in filtered["offloads"]:
+        if off["tensor"] == "a":
+            off["prefetch_distance"] = 1
+    plan = prefetch(filtered, prefetch_distance=0)
+    a = _by_tensor(plan)["a"]
+    assert [g["h2d_before"] for g in a["reload_groups"]] == [3, 7]
+    assert all(g["h2d_before"] == g["uses"][0]["position"] for o in plan["offloads"] if o["tensor"] != "a" for g in o["reload_groups"])
+
+
+def test_release_point_is_last_device_use_plus_release_distance(write_model):
+    analysis = _analysis(write_model(TWO_GAPS))
+    a = _by_tensor(make_plan(analysis, select_distance=2, release_distance=2))["a"]
+    assert a["release_after"] == 1 + 2
+    b = _by_tensor(make_plan(analysis, select_distance=2, release_distance=100))["b"]
+    assert b["release_after"] == analysis.num_positions - 1
+
+
+def test_subgraph_read_is_a_use_at_the_parent_position(write_model):
+    text = """
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[2] x, bool c) => (float[2] y) {
+        a = Neg(x)
+        b1 = Relu(a)
+        b2 = Relu(b1)
+        b3 = Relu(b2)
+        b4 = Relu(b3)
+        y = If(c) <then_branch = g1 () => (float[2] o1) { o1 = Add(a, b4) },
+                   else_branch = g2 () => (float[2] o2) { o2 = Sub(b4, x) }>
+    }
+    """
+    analysis = _analysis(write_model(text))
+    assert [(u.position, u.input_index) for u in analysis.uses["a"]] == [(1, 0), (5, None)]
+    a = _by_tensor(make_plan(analysis, select_distance=2, prefetch_distance=0))["a"]
+    assert a["reload_groups"][0]["uses"] == [{"position": 5, "node": analysis.node_names[5], "input_index": None}]
+
+
+def test_constant_nodes_take_no_position_and_count_as_weights(write_model):
+    text = """
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[2] x) => (float[2] y) {
+        k = Constant<value = float[2] {3.0, 4.0}>()
+        a = Mul(x, k)
+        b = Relu(a)
+        c = Relu(b)
+        d = Relu(c)
+        y = Add(d, k)
+    }
+    """
+    analysis = _analysis(write_model(text))
+    assert analysis.num_positions == 5
+    assert analysis.kind("k") == "parameter"
+    k = _by_tensor(make_plan(analysis, select_distance=2, prefetch_distance=0, params=True))["k"]
+    assert [[u["position"] for u in g["uses"]] for g in k["reload_groups"]] == [[0], [4]]
+
+
+def test_execution_order_sorts_unsorted_files_and_runs_shape_first(write_model, tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Relu", ["a"], ["b"], name="relu_b"),  # listed before its producer
+        helper.make_node("Neg", ["x"], ["a"], name="neg_a"),
+        helper.make_node("Shape", ["a"], ["s"], name="shape_a"),
+        helper.make_node("Reshape", ["b", "s"], ["y"], name="reshape"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path = tmp_path / "unsorted.onnx"
+    onnx.save(model, str(path))
+    analysis = _analysis(path)
+    assert analysis.was_sorted is False
+    # After Neg both Relu (file index 0) and Shape (index 2) are ready: Shape runs first.
+    assert [n.name for n in analysis.nodes] == ["neg_a", "shape_a", "relu_b", "reshape"]
+
+
+def test_unknown_sizes_are_excluded_with_a_reason_and_pinned_by_input_shape(write_model):
+    text = """
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[N, 4] x) => (float[N, 4] y) {
+        a = Neg(x)
+        b = Relu(a)
+        c = Relu(b)
+        d = Relu(c)
+        y = Add(d, a)
+    }
+    """
+    path = write_model(text)
+    plan = make_plan(_analysis(path), select_distance=2)
+    assert plan["offloads"] == []
+    reasons = {r["tensor"]: r for r in plan["rejected"]}
+    assert reasons["a"]["reason"] == "unknown-size" and reasons["a"]["bytes"] is None
+    assert "--input-shape" in reasons["a"]["detail"]
+    pinned = make_plan(_analysis(path, x=[3, 4]), select_distance=2)
+    assert _by_tensor(pinned)["a"]["bytes"] == 3 * 4 * 4
+    assert pinned["model"]["input_shapes"] == {"x": [3, 4]}
+
+
+def test_plan_pins_the_model_and_records_every_stage(seed_path):
+    from offloadctl import __version__
+    from offloadctl.files import sha256_file
+
+    plan = make_plan(_analysis(seed_path), select_distance=1)
+    assert plan["model"]["sha256"] == sha256_file(seed_path)
+    assert plan["stage"] == "scheduled"
+    assert [h["stage"] for h in plan["history"]] == ["selected", "filtered", "scheduled"]
+    assert all(h["tool_version"] == __version__ for h in plan["history"])
+    assert set(plan["options"]) == {"select", "filter", "prefetch"}
+
+
+def test_every_sample_plans_to_a_schema_valid_plan():
+    from tests.conftest import SAMPLE_NAMES, SAMPLES
+
+    for name in SAMPLE_NAMES:
+        plan = make_plan(_analysis(SAMPLES / f"{name}.onnx"), select_distance=5, params=True)
+        validate_plan(plan)
+        assert plan["model"]["num_positions"] > 0
+
+
+def test_mlp_sample_offloads_nothing_with_defaults():
+    from tests.conftest import SAMPLES
+
+    plan = make_plan(_analysis(SAMPLES / "mlp.onnx"), params=True)
+    assert plan["offloads"] == []
+
+
+# --- command line ---------------------------------------------------------------------------------
+
+
+def test_plan_equals_chained_stages(run_cli, tmp_path):
+    from tests.conftest import SAMPLES
+
+    model = SAMPLES / "transformer.onnx"
+    opts = ["--select-distance", "7", "--params"]
+    assert run_cli("select", model, "-o", tmp_path / "s.json", *opts).exit_code == 0
+    assert run_cli("filter", tmp_path / "s.json", "-o", tmp_path / "f.json", "--select-num", "9").exit_code == 0
+    assert run_cli("prefetch", tmp_path / "f.json", "-o", tmp_path / "p.json", "--prefetch-distance", "3").exit_code == 0
+    result = run_cli(
+        "plan", model, "-o", tmp_path / "plan.json", *opts, "--select-num", "9", "--prefetch-distance", "3"
+    )
+    assert result.exit_code == 0, result.stderr
+    chained = json.loads((tmp_path / "p.json").read_text())
+    direct = json.loads((tmp_path / "plan.json").read_text())
+    chained.pop("summary", None), direct.pop("summary", None)
+    assert chained == direct
+    assert len(direct["offloads"]) == 9
+
+
+def test_edited_plan_is_honoured_by_a_later_stage(run_cli, tmp_path, seed_path):
+    assert run_cli("select", seed_path, "-o", tmp_path / "s.json", "--select-distance", "1").exit_code == 0
+    assert run_cli("filter", tmp_path / "s.json", "-o", tmp_path / "f.json").exit_code == 0
+    filtered = json.loads((tmp_path / "f.json").read_text())
+    filtered["offloads"][0]["prefetch_distance"] = 3
+    (tmp_path / "f.json").write_text(json.dumps(filtered))
+    assert run_cli("prefetch", tmp_path / "f.json", "-o", tmp_path / "p.json", "--prefetch-distance", "0").exit_code == 0
+    plan = read_plan(tmp_path / "p.json")
+    assert plan["offloads"][0]["reload_groups"][0]["h2d_before"] == 2
+
+
+def test_invalid_plan_is_refused_naming_the_field(run_cli, tmp_path, seed_path):
+    assert run_cli("select", seed_path, "-o", tmp_path / "s.json", "--select-distance", "1").exit_code == 0
+    plan = json.loads((tmp_path / "s.json").read_text())
+    plan["offloads"][0]["bytes"] = "lots"
+    (tmp_path / "bad.json").write_text(json.dumps(plan))
+    result = run_cli("filter", tmp_path / "bad.json", "-o", tmp_path / "f.json")
+    assert result.exit_code == 1
+    assert "offloads/0/bytes" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_wrong_stage_is_refused_with_the_next_step(run_cli, tmp_path, seed_path):
+    assert run_cli("select", seed_path, "-o", tmp_path / "s.json").exit_code == 0
+    result = run_cli("prefetch", tmp_path / "s.json", "-o", tmp_path / "p.json")
+    assert result.exit_code == 1
+    assert "stage 'selected'" in result.stderr and "offloadctl filter" in result.stderr
+
+
+def test_validate_rejects_h2d_before_its_d2h(seed_path):
+    plan = make_plan(_analysis(seed_path), select_distance=1)
+    plan["offloads"][0]["reload_groups"][0]["h2d_before"] = 0
+    with pytest.raises(OffloadError, match="h2d_before"):
+        validate_plan(plan)
+
+
+def test_inspect_json_reports_sizes_and_idle_tensors(run_cli):
+    from tests.conftest import SAMPLES
+
+    result = run_cli("inspect", SAMPLES / "unet.onnx", "--json")
+    assert result.exit_code == 0
+    report = result.json()
+    assert report["nodes"] > 30
+    assert report["weights"]["bytes"] > 0 and report["activations"]["bytes"] > 0
+    gaps = [t["max_gap"] for t in report["longest_idle"]]
+    assert gaps == sorted(gaps, reverse=True) and gaps[0] > 20  # the first skip connection
+
+
+def test_schema_ships_inside_the_wheel(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    from tests.conftest import ROOT
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True, capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("offloadctl-*.whl")
+    assert "offloadctl/_schemas/plan.schema.json" in zipfile.ZipFile(wheel).namelist()
