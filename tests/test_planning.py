@@ -348,3 +348,22 @@ def test_schema_ships_inside_the_wheel(tmp_path):
     )
     (wheel,) = tmp_path.glob("offloadctl-*.whl")
     assert "offloadctl/_schemas/plan.schema.json" in zipfile.ZipFile(wheel).namelist()
+
+
+def test_tensors_read_as_shape_inputs_stay_where_onnxruntime_wants_them(write_model):
+    text = """
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[2, 3] x) => (float[3, 2] y) <int64[2] shape = {3, 2}> {
+        a = Neg(x)
+        b = Relu(a)
+        c = Relu(b)
+        d = Relu(c)
+        e = Add(d, a)
+        y = Reshape(e, shape)
+    }
+    """
+    plan = make_plan(_analysis(write_model(text)), select_distance=1, params=True, prefetch_distance=0)
+    rejected = {r["tensor"]: r for r in plan["rejected"]}
+    assert rejected["shape"]["reason"] == "host-input"
+    assert "Reshape" in rejected["shape"]["detail"]
+    assert "a" in _by_tensor(plan)

@@ -23,6 +23,21 @@ __all__ = ["DEFAULT_SELECT_DISTANCE", "select", "split_reload_groups"]
 
 DEFAULT_SELECT_DISTANCE = 100
 
+# Inputs that onnxruntime's kernels read from host memory (shapes, axes, indices of shape ops).
+# Tensors read there are small and already host-side on every execution provider: copying them to
+# the device would only add a copy back. (op type -> input indices)
+HOST_INPUTS: dict[str, frozenset[int]] = {
+    op: frozenset(idx)
+    for op, idx in {
+        "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Resize": (1, 2, 3),
+        "Upsample": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "TopK": (1,), "Pad": (1, 2, 3),
+        "Unsqueeze": (1,), "Squeeze": (1,), "Split": (1,), "OneHot": (1,), "CumSum": (1,),
+        "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
+        "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
+        "ReduceSumSquare": (1,), "NonMaxSuppression": (2, 3, 4), "Trilu": (1,),
+    }.items()
+}
+
 
 def split_reload_groups(
     start: int, uses: list[Use], select_distance: int, *, first_group_at_start: bool = False
@@ -54,6 +69,11 @@ def split_reload_groups(
     return device, groups
 
 
+def _reads_on_host(analysis: Analysis, use: Use) -> bool:
+    node = analysis.nodes[use.position]
+    return use.input_index is not None and use.input_index in HOST_INPUTS.get(node.op_type, frozenset())
+
+
 def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -83,6 +103,9 @@ def select(
         never: glob patterns of tensors never to offload (wins over ``force``).
     """
     force, never = tuple(force), tuple(never)
+
+    def forced_name(name: str) -> bool:
+        return _matches(name, force)
     n = analysis.num_positions
     outputs = set(analysis.graph_outputs)
     chosen: list[tuple[tuple[int, int], dict[str, Any]]] = []
@@ -131,6 +154,15 @@ def select(
             reason = "not-copyable" if info is not None and not info.copyable else "unknown-size"
             hint = "" if reason == "not-copyable" else "; pin dynamic inputs with --input-shape NAME=D0,D1,..."
             reject(name, kind, uses, reason, f"size unknown: {why}{hint}", max_gap)
+            continue
+        host_use = next((u for u in uses if _reads_on_host(analysis, u)), None)
+        if host_use is not None and not forced_name(name):
+            op = analysis.nodes[host_use.position].op_type
+            reject(
+                name, kind, uses, "host-input",
+                f"read as input {host_use.input_index} of {op} {host_use.node!r}, which onnxruntime keeps in host memory",
+                max_gap,
+            )
             continue
         if not is_act and name in outputs:
             reject(name, kind, uses, "graph-output-weight", "a weight that is also a graph output stays on the device", max_gap)
