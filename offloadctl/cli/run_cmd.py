@@ -1,0 +1,162 @@
+"""`offloadctl run`: run a (rewritten) model with onnxruntime, time it, check its order and outputs."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from offloadctl.cli.options import model_argument
+from offloadctl.cli.ui import out_console, print_json
+from offloadctl.errors import OffloadError
+from offloadctl.runner import DEVICES, OPT_LEVELS, RunReport, parse_ep_options, run_model
+
+__all__ = ["COMMANDS", "run"]
+
+logger = logging.getLogger(__name__)
+
+
+@click.command("run")
+@model_argument
+@click.option("--device", required=True, type=click.Choice(list(DEVICES)), help="Where to run: ascend (CANN), cpu or cuda.")
+@click.option(
+    "--inputs",
+    "inputs",
+    type=click.Path(dir_okay=False, path_type=str),
+    help="An .npz file with every model input (numpy.savez); random inputs from seed 0 if omitted.",
+)
+@click.option(
+    "--compare-to",
+    type=click.Path(dir_okay=False, path_type=str),
+    help="Run this original model too, with the same inputs, and compare every output.",
+)
+@click.option(
+    "--ep-option",
+    "ep_option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Execution provider option for CANN or CUDA (repeatable); overrides enable_cann_graph=0 and "
+    "arena_extend_strategy=kSameAsRequested.",
+)
+@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs after one warm-up run.")
+@click.option(
+    "--opt-level",
+    type=click.Choice(list(OPT_LEVELS)),
+    default="all",
+    show_default=True,
+    help="onnxruntime graph optimizations. With 'disable' the order must match exactly and outputs be bit-identical.",
+)
+@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance for --compare-to [default: 1e-5; 0 with --opt-level disable].")
+@click.option("--atol", type=click.FloatRange(min=0), help="Absolute tolerance for --compare-to [default: 1e-6; 0 with --opt-level disable].")
+@click.option("--strict-order", is_flag=True, help="Exit 1 when nodes did not run in the planned (file) order.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
+def run(
+    model: str,
+    device: str,
+    inputs: str | None,
+    compare_to: str | None,
+    ep_option: tuple[str, ...],
+    repeat: int,
+    opt_level: str,
+    rtol: float | None,
+    atol: float | None,
+    strict_order: bool,
+    as_json: bool,
+) -> None:
+    """Run MODEL with onnxruntime on a device, in PRIORITY_BASED order, and check it.
+
+    \b
+    Reports the providers really in use (fails if onnxruntime fell back to the CPU), the median
+    latency, whether nodes ran in the file's order (read back from profiling), and with
+    --compare-to whether every output matches the original.
+    """
+    report = run_model(
+        model,
+        device,
+        inputs=inputs,
+        compare_to=compare_to,
+        ep_options=parse_ep_options(ep_option),
+        repeat=repeat,
+        opt_level=opt_level,
+        rtol=rtol,
+        atol=atol,
+    )
+    for warning in report.warnings:
+        logger.warning("%s", warning)
+    if as_json:
+        print_json(report.to_json())
+    else:
+        _print_report(report)
+    differ = report.outputs_differ
+    if differ:
+        raise OffloadError(
+            f"outputs of {model} differ from {compare_to} beyond tolerance (rtol={report.rtol}, atol={report.atol}): "
+            f"{', '.join(differ)}",
+            hint="the rewrite changed the results; check the plan and the session settings"
+            + ("" if opt_level == "disable" else ", or compare with --opt-level disable"),
+        )
+    if strict_order and not report.order.matches:
+        raise OffloadError(
+            f"{model}: nodes did not run in the planned (file) order",
+            hint="run with PRIORITY_BASED order and --opt-level disable, or drop --strict-order",
+        )
+
+
+def _print_report(report: RunReport) -> None:
+    console = out_console()
+    setup = Table(title="session", show_edge=False, show_header=False)
+    setup.add_column(style="bold")
+    setup.add_column()
+    setup.add_row("model", escape(report.model))
+    setup.add_row("device", f"{report.device} ({DEVICES[report.device]})")
+    setup.add_row("providers in use", ", ".join(report.providers))
+    setup.add_row("execution order", report.session["execution_order"])
+    setup.add_row("optimizations", report.opt_level)
+    setup.add_row("disabled optimizers", ", ".join(report.session["disabled_optimizers"]) or "-")
+    for provider, options in report.session["provider_options"].items():
+        setup.add_row(f"{provider} options", ", ".join(f"{k}={v}" for k, v in options.items()) or "-")
+    setup.add_row(
+        "latency",
+        f"median {report.latency_median * 1e3:.3f} ms over {len(report.latency_runs)} runs "
+        f"(min {min(report.latency_runs) * 1e3:.3f}, max {max(report.latency_runs) * 1e3:.3f}; 1 warm-up)",
+    )
+    order = report.order
+    if order.matches:
+        verdict = f"as planned ({order.ran_count} of {order.planned_count} planned nodes ran"
+        verdict += ", order checked exactly)" if order.exact else ", relative order checked)"
+    else:
+        verdict = "[bold yellow]differs from the plan[/]"
+    setup.add_row("order", verdict)
+    console.print(setup)
+    if not order.matches:
+        diffs = Table(title="first order differences", show_edge=False)
+        for col in ("step", "planned", "ran"):
+            diffs.add_column(col)
+        for d in order.first_differences:
+            diffs.add_row(str(d["index"]), escape(d["planned"]), escape(d["ran"]))
+        if order.exact and order.missing:
+            diffs.add_row("-", escape(", ".join(order.missing[:5])) + (" …" if len(order.missing) > 5 else ""), "(did not run)")
+        console.print(diffs)
+    outputs = Table(title="outputs" if report.comparison is None else f"outputs vs {escape(str(report.compare_to))}", show_edge=False)
+    for col in ("output", "shape", "dtype"):
+        outputs.add_column(col)
+    if report.comparison is not None:
+        for col in ("identical", "max abs", "max rel", "within tolerance"):
+            outputs.add_column(col, justify="right")
+    for name, desc in report.outputs.items():
+        row = [escape(name), str(desc["shape"]), desc["dtype"]]
+        if report.comparison is not None:
+            c = report.comparison[name]
+            row += [
+                "yes" if c.identical else "no",
+                "?" if c.max_abs is None else f"{c.max_abs:.3g}",
+                "?" if c.max_rel is None else f"{c.max_rel:.3g}",
+                "yes" if c.within_tolerance else "[bold red]no[/]" + (f" ({escape(c.note)})" if c.note else ""),
+            ]
+        outputs.add_row(*row)
+    console.print(outputs)
+
+
+COMMANDS = [run]

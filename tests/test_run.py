@@ -1,0 +1,309 @@
+"""`offloadctl run`: device checks, inputs, the order check and the output comparison (CPU only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import IR_VERSION, SAMPLE_NAMES, SAMPLES
+from offloadctl.errors import OffloadError
+from offloadctl.runner import (
+    SESSION_METADATA_KEY,
+    check_session_settings,
+    compare_order,
+    import_onnxruntime,
+    read_session_settings,
+    session_config,
+    settings_warnings,
+)
+
+
+def _save(model: onnx.ModelProto, path) -> str:
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _with_settings(src, dst, settings: dict) -> str:
+    model = onnx.load(str(src))
+    entry = model.metadata_props.add()
+    entry.key = SESSION_METADATA_KEY
+    entry.value = json.dumps(settings)
+    return _save(model, dst)
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_sample_runs_on_cpu_and_matches_itself(run_cli, name):
+    model = SAMPLES / f"{name}.onnx"
+    result = run_cli(
+        "run", model, "--device", "cpu", "--inputs", SAMPLES / f"{name}.inputs.npz",
+        "--compare-to", model, "--opt-level", "disable", "--repeat", "2", "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["device"] == "cpu"
+    assert doc["providers"][0] == "CPUExecutionProvider"
+    assert len(doc["latency_s"]["runs"]) == 2
+    assert doc["latency_s"]["median"] > 0
+    assert doc["order"]["matches"] is True
+    assert doc["order"]["verdict"] == "as planned"
+    assert doc["order"]["ran_count"] == doc["order"]["planned_count"] > 0
+    expected_outputs = [o.name for o in onnx.load(str(model)).graph.output]
+    assert list(doc["outputs"]) == expected_outputs
+    assert set(doc["comparison"]) == set(expected_outputs)
+    assert all(c["identical"] and c["max_abs"] == 0.0 for c in doc["comparison"].values())
+    assert doc["tolerance"] == {"rtol": 0.0, "atol": 0.0}
+
+
+def test_optimized_run_checks_relative_order(run_cli):
+    result = run_cli("run", SAMPLES / "transformer.onnx", "--device", "cpu", "--repeat", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    order = result.json()["order"]
+    assert order["mode"] == "relative" and order["matches"] is True
+    assert 0 < order["ran_count"] <= order["planned_count"]
+
+
+def test_human_output_has_tables(run_cli):
+    result = run_cli("run", SAMPLES / "seed.onnx", "--device", "cpu", "--inputs", SAMPLES / "seed.inputs.npz",
+                     "--opt-level", "disable", "--repeat", "1")
+    assert result.exit_code == 0, result.stderr
+    assert "CPUExecutionProvider" in result.stdout
+    assert "as planned" in result.stdout
+    assert "median" in result.stdout
+
+
+def test_perturbed_weights_differ_and_exit_1(run_cli, tmp_path):
+    model = onnx.load(str(SAMPLES / "mlp.onnx"))
+    init = model.graph.initializer[0]
+    array = numpy_helper.to_array(init).copy()
+    array.flat[0] += 1.0
+    init.CopyFrom(numpy_helper.from_array(array, init.name))
+    perturbed = _save(model, tmp_path / "perturbed.onnx")
+    result = run_cli("run", perturbed, "--device", "cpu", "--inputs", SAMPLES / "mlp.inputs.npz",
+                     "--compare-to", SAMPLES / "mlp.onnx", "--json")
+    assert result.exit_code == 1
+    doc = result.json()  # the report is still printed
+    (out,) = doc["comparison"]
+    assert doc["comparison"][out]["identical"] is False
+    assert doc["comparison"][out]["within_tolerance"] is False
+    assert doc["comparison"][out]["max_abs"] > 1e-3
+    assert "differ" in result.stderr and out in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_tiny_difference_passes_tolerance_but_not_bit_equality(run_cli, tmp_path):
+    model = onnx.load(str(SAMPLES / "seed.onnx"))
+    init = model.graph.initializer[0]
+    value = numpy_helper.to_array(init).astype(np.float32)
+    init.CopyFrom(numpy_helper.from_array(np.nextafter(value, np.float32(np.inf)).astype(np.float32), init.name))
+    nudged = _save(model, tmp_path / "nudged.onnx")
+    common = ("run", nudged, "--device", "cpu", "--inputs", SAMPLES / "seed.inputs.npz",
+              "--compare-to", SAMPLES / "seed.onnx", "--repeat", "1", "--json")
+    loose = run_cli(*common, "--rtol", "1e-3", "--atol", "1e-5")
+    assert loose.exit_code == 0, loose.stderr
+    assert loose.json()["comparison"]["out"]["identical"] is False
+    assert loose.json()["comparison"]["out"]["within_tolerance"] is True
+    strict = run_cli(*common, "--opt-level", "disable")
+    assert strict.exit_code == 1
+    assert strict.json()["comparison"]["out"]["within_tolerance"] is False
+
+
+def test_ascend_without_toolkit_fails_clearly(run_cli):
+    assert "CANNExecutionProvider" in ort.get_available_providers()  # onnxruntime-cann, no toolkit here
+    result = run_cli("run", SAMPLES / "seed.onnx", "--device", "ascend", "--json")
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "onnxruntime is not using CANNExecutionProvider" in result.stderr
+    assert "CANN toolkit" in result.stderr and "set_env.sh" in result.stderr and "--device cpu" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cuda_not_available_fails_clearly(run_cli):
+    assert "CUDAExecutionProvider" not in ort.get_available_providers()
+    result = run_cli("run", SAMPLES / "seed.onnx", "--device", "cuda")
+    assert result.exit_code == 1
+    assert "CUDAExecutionProvider is not available" in result.stderr
+    assert "offloadctl[cuda]" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_npz_missing_input_is_named(run_cli, tmp_path):
+    inputs = dict(np.load(SAMPLES / "training.inputs.npz"))
+    del inputs["target"]
+    np.savez(tmp_path / "partial.npz", **inputs)
+    result = run_cli("run", SAMPLES / "training.onnx", "--device", "cpu", "--inputs", tmp_path / "partial.npz")
+    assert result.exit_code == 1
+    assert "lacks input 'target'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_npz_extra_input_and_wrong_dtype_and_shape(run_cli, tmp_path):
+    x = np.load(SAMPLES / "seed.inputs.npz")["x"]
+    cases = {
+        "extra.npz": ({"x": x, "y": x}, "'y', which is not an input"),
+        "dtype.npz": ({"x": x.astype(np.float64)}, "dtype float64"),
+        "shape.npz": ({"x": x.reshape(8, 4)}, "shape [8, 4]"),
+    }
+    for file_name, (arrays, message) in cases.items():
+        np.savez(tmp_path / file_name, **arrays)
+        result = run_cli("run", SAMPLES / "seed.onnx", "--device", "cpu", "--inputs", tmp_path / file_name)
+        assert result.exit_code == 1, file_name
+        assert message in result.stderr, (file_name, result.stderr)
+
+
+def test_ir_version_14_is_explained(run_cli, tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])  # default IR version
+    assert model.ir_version == 14
+    path = _save(model, tmp_path / "ir14.onnx")
+    result = run_cli("run", path, "--device", "cpu")
+    assert result.exit_code == 1
+    assert "has IR version 14, newer than this onnxruntime" in result.stderr
+    assert "ir_version = 13" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_and_corrupt_model_files(run_cli, tmp_path):
+    result = run_cli("run", tmp_path / "nope.onnx", "--device", "cpu")
+    assert result.exit_code == 1 and "does not exist" in result.stderr
+    (tmp_path / "bad.onnx").write_bytes(b"\x08\x07garbage that is not a model")
+    result = run_cli("run", tmp_path / "bad.onnx", "--device", "cpu")
+    assert result.exit_code == 1 and "bad.onnx" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_generated_int64_bool_and_dynamic_inputs(run_cli, write_model):
+    path = write_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (int64[3] idx, bool[2] flag, float[N, 4] x) => (float[3, 2] picked, bool[2] inverted, float[N, 4] y)
+        <float[4, 2] table = {1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0}>
+        {
+            picked = Gather <axis = 0> (table, idx)
+            inverted = Not (flag)
+            y = Relu (x)
+        }
+        """
+    )
+    result = run_cli("run", path, "--device", "cpu", "--repeat", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["inputs"]["idx"] == {"shape": [3], "dtype": "int64", "source": "generated"}
+    assert doc["inputs"]["flag"]["dtype"] == "bool"
+    assert doc["inputs"]["x"]["shape"] == [1, 4]
+    assert "table" not in doc["inputs"]
+    assert any("'x'" in w and "dynamic" in w for w in doc["warnings"])
+    assert doc["outputs"]["picked"] == {"shape": [3, 2], "dtype": "float32"}
+
+
+def _non_topological_model(tmp_path) -> str:
+    # File order: second, first, third; onnxruntime must run `first` before `second`.
+    nodes = [
+        helper.make_node("Mul", ["a", "a"], ["c"], name="second"),
+        helper.make_node("Relu", ["x"], ["a"], name="first"),
+        helper.make_node("Neg", ["c"], ["y"], name="third"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "unsorted",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    return _save(model, tmp_path / "unsorted.onnx")  # not topologically sorted: check_model would refuse
+
+
+def test_order_check_detects_file_order_not_run(run_cli, tmp_path):
+    path = _non_topological_model(tmp_path)
+    result = run_cli("run", path, "--device", "cpu", "--opt-level", "disable", "--repeat", "1", "--json")
+    assert result.exit_code == 0  # a warning, not a failure
+    order = result.json()["order"]
+    assert order["matches"] is False
+    assert order["first_differences"][0] == {"index": 0, "planned": "second", "ran": "first"}
+    assert any("planned (file) order" in w for w in result.json()["warnings"])
+    strict = run_cli("run", path, "--device", "cpu", "--opt-level", "disable", "--repeat", "1", "--strict-order")
+    assert strict.exit_code == 1
+    assert "did not run in the planned (file) order" in strict.stderr
+
+
+def test_compare_order_modes():
+    planned = ["a", "b", "c", "d"]
+    assert compare_order(planned, ["a", "b", "c", "d", "Memcpy"], exact=True).matches
+    fused = compare_order(planned, ["a", "c", "d"], exact=False)
+    assert fused.matches and fused.missing == ["b"]
+    assert not compare_order(planned, ["a", "c", "d"], exact=True).matches
+    swapped = compare_order(planned, ["a", "c", "b", "d"], exact=False)
+    assert not swapped.matches
+    assert swapped.first_differences[0] == {"index": 1, "planned": "b", "ran": "c"}
+
+
+def test_metadata_settings_are_used(run_cli, tmp_path):
+    path = _with_settings(
+        SAMPLES / "seed.onnx",
+        tmp_path / "seed.meta.onnx",
+        {"execution_order": "PRIORITY_BASED", "disabled_optimizers": ["ConstantFolding"], "cann": {"enable_cann_graph": "0"}},
+    )
+    result = run_cli("run", path, "--device", "cpu", "--compare-to", SAMPLES / "seed.onnx", "--repeat", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["session"]["disabled_optimizers"] == ["ConstantFolding"]
+    assert doc["warnings"] == []
+    assert doc["comparison"]["out"]["identical"] is True
+
+
+def test_session_config_for_ascend_defaults_metadata_and_overrides():
+    settings = {"disabled_optimizers": ["ConstantFolding"], "cann": {"device_id": "1"}}
+    so, providers, kwargs = session_config(settings, "ascend", opt_level="basic", ep_options={"enable_cann_graph": "1"})
+    assert so.execution_order == ort.ExecutionOrder.PRIORITY_BASED
+    assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert providers == [
+        ("CANNExecutionProvider", {"enable_cann_graph": "1", "arena_extend_strategy": "kSameAsRequested", "device_id": "1"}),
+        "CPUExecutionProvider",
+    ]
+    assert kwargs == {"enable_fallback": 0, "disabled_optimizers": ["ConstantFolding"]}
+    _, cuda_providers, _ = session_config({}, "cuda", ep_options={"device_id": "2"})
+    assert cuda_providers == [("CUDAExecutionProvider", {"device_id": "2"}), "CPUExecutionProvider"]
+
+
+def test_check_session_settings_for_a_users_session(tmp_path):
+    path = _with_settings(
+        SAMPLES / "seed.onnx",
+        tmp_path / "seed.meta.onnx",
+        {"execution_order": "PRIORITY_BASED", "disabled_optimizers": ["ConstantFolding"], "cann": {"enable_cann_graph": "0"}},
+    )
+    warnings = check_session_settings(path, ort.SessionOptions(), None, ["CANNExecutionProvider", "CPUExecutionProvider"])
+    assert len(warnings) == 3
+    assert "PRIORITY_BASED" in warnings[0] and "DEFAULT" in warnings[0]
+    assert "ConstantFolding" in warnings[1]
+    assert "enable_cann_graph=0" in warnings[2] and "enable_cann_graph=1 (the provider's default)" in warnings[2]
+    so, providers, kwargs = session_config({"cann": {"enable_cann_graph": "0"}}, "ascend")
+    assert check_session_settings(path, so, ["ConstantFolding"], providers) == []
+    assert check_session_settings(path, so, ["ConstantFolding"], {"cann": {"enable_cann_graph": "false"}}) == []
+    assert check_session_settings(SAMPLES / "seed.onnx", ort.SessionOptions(), None, None) == []
+
+
+def test_ep_option_against_metadata_warns(run_cli, tmp_path):
+    path = _with_settings(SAMPLES / "seed.onnx", tmp_path / "m.onnx", {"cann": {"enable_cann_graph": "0"}})
+    settings = read_session_settings(path)
+    assert settings == {"cann": {"enable_cann_graph": "0"}}
+    so, providers, kwargs = session_config(settings, "ascend", ep_options={"enable_cann_graph": "1"})
+    warnings = settings_warnings(settings, so, kwargs.get("disabled_optimizers"), providers)
+    assert len(warnings) == 1 and "enable_cann_graph=0" in warnings[0]
+
+
+def test_missing_onnxruntime_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(OffloadError) as info:
+        import_onnxruntime("ascend")
+    assert info.value.message == "onnxruntime is not installed"
+    assert "offloadctl[cann]" in info.value.hint
