@@ -11,6 +11,7 @@ import logging
 import sys
 
 import click
+from rich.markup import escape
 
 from offloadctl import __version__
 from offloadctl.cli.ui import err_console, setup_logging
@@ -24,9 +25,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except OffloadError as exc:
-            err_console().print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
+            err_console().print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False, soft_wrap=True)
             if exc.hint:
-                err_console().print(f"  [bold]fix:[/] {exc.hint}", highlight=False, soft_wrap=True)
+                err_console().print(f"  [bold]fix:[/] {escape(exc.hint)}", highlight=False, soft_wrap=True)
             ctx.exit(1)
 
 
