@@ -1,0 +1,636 @@
+"""Rewriting a model by a scheduled plan: the only code that edits ONNX.
+
+`apply_plan` returns a new model in which every offload of the plan is encoded with onnxruntime's
+own copy operators (`offloadctl.memcpy`); `write_model` writes it atomically, next to the external
+data files it refers to. The source model is never modified.
+
+Encoding:
+
+- Activation: a ``MemcpyToHost`` (D2H) is added as an extra consumer of the tensor right after the
+  node at ``d2h_after``. Each reload group gets one ``MemcpyFromHost`` (H2D) that reads the host copy,
+  just before the node at ``h2d_before``; only that group's uses are rerouted to its output (by
+  node position and input index; a use with input index null is a read inside an If/Loop/Scan
+  body, renamed there as an outer-scope name). Device uses keep reading the original tensor, so
+  onnxruntime's fusions still see it.
+- Offloaded graph output: the output name must not change, so the producer's output gets a new
+  name (the device uses and the D2H read it) and an H2D whose output is the original name runs
+  before ``output_h2d_before`` (the end for plans made by `offloadctl prefetch`). Feeding the
+  output from the host copy at the end, rather than from the device tensor, lets the device buffer
+  be freed after its last device use instead of living until the run ends.
+- Weight (initializer or Constant node): no D2H; one H2D per reload group reads the weight. A
+  Constant-node weight first becomes an initializer. Each offloaded weight is also listed in
+  ``graph.input`` so that constant folding cannot turn ``MemcpyFromHost(W)`` back into a device
+  weight (the model's metadata also asks to disable ConstantFolding).
+
+Node order: the file order is the planned order — Constant nodes first (they take no position),
+then for each position p the H2Ds placed before p, node p, the D2Hs placed after p, then the H2Ds at
+the end — re-sorted into onnxruntime's PRIORITY_BASED order (`offloadctl.analysis.execution_order`),
+so the file order is exactly the order onnxruntime runs. Copy nodes placed among backward nodes
+(``__backwardpass``) carry that attribute too, so that the priority order keeps them there.
+
+Every copy node carries the internal attribute ``__offload`` (its own name; onnx allows attributes
+whose name starts with "__" on any operator). Without it onnxruntime's common subexpression
+elimination merges the H2Ds of two reload groups of one tensor (same op, same input) into the
+first one, which keeps the tensor on the device across the gap the plan offloads.
+
+Names: copy nodes are ``offload{id}/d2h``, ``offload{id}/h2d{g}`` and ``offload{id}/h2d_out``; copy
+outputs ``{tensor}__offload{id}_host`` and ``{tensor}__offload{id}_dev{g}`` (a renamed graph output:
+``{tensor}__offload{id}_device``); a suffix is added on any clash. Unnamed or duplicate-named
+nodes get the unique label the analysis gives them, so profiled node names match plan labels.
+
+The model keeps its IR version and opset imports. Inputs whose dimensions were pinned at planning
+time (``model.input_shapes`` of the plan) stay pinned: the plan's sizes hold for those shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import filecmp
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from offloadctl import __version__
+from offloadctl.analysis import Analysis, execution_order, is_constant_node
+from offloadctl.errors import OffloadError
+from offloadctl.files import atomic_write
+from offloadctl.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, register_schemas
+from offloadctl.metadata import (
+    KEY_OFFLOADS,
+    KEY_PLAN_SHA256,
+    KEY_SESSION,
+    KEY_VERSION,
+    make_session_settings,
+    plan_sha256,
+    session_settings,
+    set_metadata,
+)
+from offloadctl.model import TensorInfo
+
+__all__ = [
+    "ApplyResult",
+    "MAX_EMBEDDED_BYTES",
+    "apply_plan",
+    "external_locations",
+    "session_settings",
+    "write_model",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_EMBEDDED_BYTES = 2**31 - 1  # protobuf's limit for one serialized message
+_BACKWARD_ATTR = "__backwardpass"
+_COPY_ATTR = "__offload"  # the copy's own name: keeps copies of one tensor distinct (see module docstring)
+_HINT_REPLAN = "re-create the plan from this model (offloadctl plan) or pass the model the plan was made for"
+
+register_schemas()  # so onnx.checker accepts the models this module produces
+
+
+@dataclass
+class ApplyResult:
+    """What `apply_plan` inserted (for summaries and tests)."""
+
+    d2h: int = 0
+    h2d: int = 0
+    activations: int = 0
+    parameters: int = 0
+    reordered: int = 0  # nodes onnxruntime runs at another place than planned (Shape/Size first)
+    copy_nodes: list[str] = field(default_factory=list)
+
+
+def apply_plan(plan: dict[str, Any], analysis: Analysis, *, result: ApplyResult | None = None) -> onnx.ModelProto:
+    """Return a copy of the analysed model with the plan's copies inserted.
+
+    Args:
+        plan: a validated plan at stage "scheduled", made for this model.
+        analysis: the analysis of the model (with the plan's input shapes).
+        result: filled with counts of what was inserted, when given.
+
+    Raises:
+        OffloadError: the plan does not fit the model (unknown tensor, other kind, other uses,
+            positions beyond the model) or is not scheduled.
+    """
+    register_schemas()
+    if plan.get("stage") != "scheduled":
+        raise OffloadError(
+            f"the plan is at stage {plan.get('stage')!r}; apply needs a scheduled plan",
+            hint="run offloadctl prefetch on it first (or offloadctl plan to do every stage)",
+        )
+    _check_plan(plan, analysis)
+    return _Rewriter(plan, analysis, result if result is not None else ApplyResult()).run()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking the plan against the model
+
+
+def _use_key(use: dict[str, Any]) -> tuple[int, int, str]:
+    index = use["input_index"]
+    return (use["position"], -1 if index is None else index, use["node"])
+
+
+def _describe_use(key: tuple[int, int, str]) -> str:
+    where = "inside a subgraph" if key[1] < 0 else f"at input {key[1]}"
+    return f"node {key[2]!r} (position {key[0]}) {where}"
+
+
+def _check_plan(plan: dict[str, Any], analysis: Analysis) -> None:
+    n = analysis.num_positions
+    model_path = analysis.loaded.path
+    if plan["model"]["num_positions"] != n:
+        raise OffloadError(
+            f"the plan counts {plan['model']['num_positions']} positions but {model_path} has {n}",
+            hint=_HINT_REPLAN,
+        )
+    outputs = set(analysis.graph_outputs)
+    for off in plan["offloads"]:
+        tensor = off["tensor"]
+        exists = tensor in analysis.producer or tensor in analysis.weights or tensor in analysis.graph_inputs
+        if not exists:
+            raise OffloadError(
+                f"plan names tensor {tensor!r} which the model {model_path} does not have", hint=_HINT_REPLAN
+            )
+        kind = analysis.kind(tensor)
+        if kind != off["kind"]:
+            what = {"activation": "an activation", "parameter": "a weight", "input": "a graph input"}[kind]
+            raise OffloadError(
+                f"plan offloads tensor {tensor!r} as {off['kind']}, but in {model_path} it is {what}",
+                hint=_HINT_REPLAN if kind != "input" else "graph inputs cannot be offloaded; remove the entry",
+            )
+        if kind == "activation":
+            producer = analysis.producer[tensor]
+            if off["producer"]["position"] != producer or off["producer"]["node"] != analysis.node_names[producer]:
+                raise OffloadError(
+                    f"plan says tensor {tensor!r} is produced by node {off['producer']['node']!r} at position "
+                    f"{off['producer']['position']}, but in {model_path} node {analysis.node_names[producer]!r} at "
+                    f"position {producer} produces it",
+                    hint=_HINT_REPLAN,
+                )
+            if not producer <= off["d2h_after"] < n:
+                raise OffloadError(
+                    f"plan puts the D2H copy of tensor {tensor!r} after position {off['d2h_after']}, before its "
+                    f"producer (position {producer}) or beyond the model's {n} positions",
+                    hint="set d2h_after to the producer's position",
+                )
+            if off["graph_output"] != (tensor in outputs):
+                state = "is" if tensor in outputs else "is not"
+                raise OffloadError(
+                    f"plan says graph_output={str(off['graph_output']).lower()} for tensor {tensor!r}, but it {state} "
+                    f"a graph output of {model_path}",
+                    hint=_HINT_REPLAN,
+                )
+            out_h2d = off["output_h2d_before"]
+            if out_h2d is not None and not off["d2h_after"] < out_h2d <= n:
+                raise OffloadError(
+                    f"plan puts the H2D copy feeding graph output {tensor!r} before position {out_h2d}; it must lie "
+                    f"after the D2H (position {off['d2h_after']}) and at most {n} (the end)",
+                    hint="set output_h2d_before to the number of positions (the end)",
+                )
+        else:
+            if tensor in outputs:
+                raise OffloadError(
+                    f"plan offloads weight {tensor!r}, which is also a graph output of {model_path}",
+                    hint="remove the entry: a weight that is a graph output stays on the device",
+                )
+            if off["output_h2d_before"] is not None:
+                raise OffloadError(f"plan sets output_h2d_before for weight {tensor!r}", hint="set it to null")
+        info = analysis.infos.get(tensor)
+        if info is None or not info.copyable or info.elem_type is None:
+            raise OffloadError(
+                f"tensor {tensor!r} of {model_path} cannot be copied by MemcpyToHost/MemcpyFromHost "
+                f"({info.why_unknown() if info is not None else 'its type is unknown'})",
+                hint="remove the entry from the plan",
+            )
+        planned = [_use_key(u) for u in off["device_uses"]]
+        for group in off["reload_groups"]:
+            planned += [_use_key(u) for u in group["uses"]]
+        actual = [_use_key(u.to_json()) for u in analysis.uses.get(tensor, [])]
+        extra = sorted(set(planned) - set(actual))
+        if extra:
+            raise OffloadError(
+                f"plan names a read of tensor {tensor!r} by {_describe_use(extra[0])}, "
+                f"which {model_path} does not have",
+                hint=_HINT_REPLAN,
+            )
+        missing = sorted(set(actual) - set(planned))
+        if missing:
+            raise OffloadError(
+                f"plan does not say where {_describe_use(missing[0])} of {model_path} reads tensor {tensor!r}",
+                hint="list every use in device_uses or a reload group, or " + _HINT_REPLAN,
+            )
+        if len(planned) != len(set(planned)):
+            raise OffloadError(f"plan lists a use of tensor {tensor!r} twice", hint=_HINT_REPLAN)
+
+
+# ---------------------------------------------------------------------------------------------
+# Names and subgraphs
+
+
+def _attr_graphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for sub in _attr_graphs(node):
+            yield from _all_graphs(sub)
+
+
+def _tensor_names(graph: onnx.GraphProto) -> set[str]:
+    names: set[str] = set()
+    for g in _all_graphs(graph):
+        names.update(v.name for v in g.input)
+        names.update(v.name for v in g.output)
+        names.update(v.name for v in g.value_info)
+        names.update(t.name for t in g.initializer)
+        names.update(s.values.name for s in g.sparse_initializer)
+        for node in g.node:
+            names.update(node.input)
+            names.update(node.output)
+    return names
+
+
+def _defined_in(graph: onnx.GraphProto) -> set[str]:
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {s.values.name for s in graph.sparse_initializer}
+    for node in graph.node:
+        defined.update(node.output)
+    return defined
+
+
+def _rename_outer(node: onnx.NodeProto, old: str, new: str) -> int:
+    """Rename reads of the outer-scope name ``old`` inside ``node``'s subgraphs; return how many."""
+    return sum(_rename_in_graph(g, old, new) for g in _attr_graphs(node))
+
+
+def _rename_in_graph(graph: onnx.GraphProto, old: str, new: str) -> int:
+    if old in _defined_in(graph):  # the body defines its own ``old``: not the outer tensor
+        return 0
+    count = 0
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name == old:
+                node.input[k] = new
+                count += 1
+        count += _rename_outer(node, old, new)
+    for value in list(graph.output) + list(graph.value_info):
+        if value.name == old:
+            value.name = new
+            count += 1
+    return count
+
+
+class _Names:
+    """Hands out names that clash with nothing in the model and with each other."""
+
+    def __init__(self, taken: set[str]) -> None:
+        self.taken = set(taken)
+
+    def new(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            name = f"{base}_{k}"
+            k += 1
+        self.taken.add(name)
+        return name
+
+
+def _is_backward(node: onnx.NodeProto) -> bool:
+    return any(a.name == _BACKWARD_ATTR and a.i % 2 == 1 for a in node.attribute)
+
+
+def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
+    shape = None if info.shape is None else list(info.shape)
+    return helper.make_tensor_value_info(name, info.elem_type or TensorProto.UNDEFINED, shape)
+
+
+def _constant_to_initializer(node: onnx.NodeProto) -> TensorProto:
+    """The tensor a Constant node produces, as an initializer named like its output."""
+    for attr in node.attribute:
+        if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+            tensor = TensorProto()
+            tensor.CopyFrom(attr.t)
+            break
+        if attr.name == "value_float":
+            tensor = numpy_helper.from_array(np.array(attr.f, dtype=np.float32))
+            break
+        if attr.name == "value_floats":
+            tensor = numpy_helper.from_array(np.array(list(attr.floats), dtype=np.float32))
+            break
+        if attr.name == "value_int":
+            tensor = numpy_helper.from_array(np.array(attr.i, dtype=np.int64))
+            break
+        if attr.name == "value_ints":
+            tensor = numpy_helper.from_array(np.array(list(attr.ints), dtype=np.int64))
+            break
+    else:
+        raise OffloadError(
+            f"Constant node {node.name or node.output[0]!r} holds a sparse or string value, which cannot be offloaded",
+            hint=f"remove tensor {node.output[0]!r} from the plan",
+        )
+    tensor.name = node.output[0]
+    return tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# The rewrite
+
+
+class _Rewriter:
+    def __init__(self, plan: dict[str, Any], analysis: Analysis, result: ApplyResult) -> None:
+        self.plan = plan
+        self.analysis = analysis
+        self.result = result
+        source = analysis.loaded.proto
+        self.model = onnx.ModelProto()
+        self.model.CopyFrom(source)
+        self.graph = self.model.graph
+        # Independent copies of the nodes: the graph's node list is rebuilt at the end.
+        self.file_nodes = [self._copy(n) for n in source.graph.node]
+        self.pos_nodes = [self.file_nodes[i] for i in analysis.file_index]
+        self.constant_files = [i for i, n in enumerate(self.file_nodes) if is_constant_node(n)]
+        self.tensors = _Names(_tensor_names(source.graph))
+        self.before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+        self.after: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+        self.value_infos: list[onnx.ValueInfoProto] = []
+        self.converted: set[int] = set()  # file indices of Constant nodes turned into initializers
+        self._name_nodes()
+
+    @staticmethod
+    def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        return new
+
+    def _name_nodes(self) -> None:
+        """Give unnamed and duplicate-named nodes unique names; positions get the analysis labels."""
+        counts: dict[str, int] = defaultdict(int)
+        for node in self.file_nodes:
+            if node.name:
+                counts[node.name] += 1
+        self.nodes = _Names({name for name, c in counts.items() if c == 1})
+        for pos, node in enumerate(self.pos_nodes):
+            if not node.name or counts[node.name] > 1:
+                node.name = self.nodes.new(self.analysis.node_names[pos])
+        for i in self.constant_files:
+            node = self.file_nodes[i]
+            if not node.name or counts[node.name] > 1:
+                node.name = self.nodes.new(f"{node.name or node.op_type}#{i}")
+
+    def _copy_node(self, op: str, src: str, dst: str, name: str, beside: int) -> onnx.NodeProto:
+        node = helper.make_node(op, [src], [dst], name=self.nodes.new(name))
+        node.attribute.append(helper.make_attribute(_COPY_ATTR, node.name))
+        n = self.analysis.num_positions
+        if n and _is_backward(self.pos_nodes[min(beside, n - 1)]):
+            node.attribute.append(helper.make_attribute(_BACKWARD_ATTR, 1))
+        self.result.copy_nodes.append(node.name)
+        return node
+
+    def _reroute(self, use: dict[str, Any], old: str, new: str) -> None:
+        node = self.pos_nodes[use["position"]]
+        index = use["input_index"]
+        if index is None:
+            if _rename_outer(node, old, new) == 0:  # pragma: no cover - the plan check rules this out
+                raise AssertionError(f"node {node.name!r} has no subgraph read of {old!r}")
+            return
+        if node.input[index] != old:  # pragma: no cover - the plan check rules this out
+            raise AssertionError(f"node {node.name!r} input {index} is {node.input[index]!r}, not {old!r}")
+        node.input[index] = new
+
+    def _offload_activation(self, off: dict[str, Any], info: TensorInfo) -> None:
+        tensor, oid = off["tensor"], off["id"]
+        source = tensor
+        if off["graph_output"] and off["output_h2d_before"] is not None:
+            source = self.tensors.new(f"{tensor}__offload{oid}_device")
+            producer = self.pos_nodes[off["producer"]["position"]]
+            for k, name in enumerate(producer.output):
+                if name == tensor:
+                    producer.output[k] = source
+            for use in off["device_uses"]:
+                self._reroute(use, tensor, source)
+            for vi in self.graph.value_info:
+                if vi.name == tensor:
+                    vi.name = source
+            self.value_infos.append(_value_info(source, info))
+        host = self.tensors.new(f"{tensor}__offload{oid}_host")
+        d2h = self._copy_node(MEMCPY_TO_HOST, source, host, f"offload{oid}/d2h", off["d2h_after"])
+        self.after[off["d2h_after"]].append(d2h)
+        self.value_infos.append(_value_info(host, info))
+        self.result.d2h += 1
+        self._reload_groups(off, info, host)
+        if off["graph_output"] and off["output_h2d_before"] is not None:
+            at = off["output_h2d_before"]
+            self.before[at].append(self._copy_node(MEMCPY_FROM_HOST, host, tensor, f"offload{oid}/h2d_out", at))
+            self.result.h2d += 1
+
+    def _offload_parameter(self, off: dict[str, Any], info: TensorInfo) -> None:
+        tensor = off["tensor"]
+        if tensor in self.analysis.constants:
+            index = self.analysis.constants[tensor]
+            self.graph.initializer.append(_constant_to_initializer(self.file_nodes[index]))
+            self.converted.add(index)
+        if tensor not in {v.name for v in self.graph.input}:
+            self.graph.input.append(_value_info(tensor, info))
+        self._reload_groups(off, info, tensor)
+
+    def _reload_groups(self, off: dict[str, Any], info: TensorInfo, feed: str) -> None:
+        tensor, oid = off["tensor"], off["id"]
+        for g, group in enumerate(off["reload_groups"]):
+            out = self.tensors.new(f"{tensor}__offload{oid}_dev{g}")
+            at = group["h2d_before"]
+            self.before[at].append(self._copy_node(MEMCPY_FROM_HOST, feed, out, f"offload{oid}/h2d{g}", at))
+            self.value_infos.append(_value_info(out, info))
+            self.result.h2d += 1
+            for use in group["uses"]:
+                self._reroute(use, tensor, out)
+
+    def run(self) -> onnx.ModelProto:
+        analysis = self.analysis
+        for off in self.plan["offloads"]:
+            info = analysis.infos[off["tensor"]]
+            if off["kind"] == "activation":
+                self._offload_activation(off, info)
+                self.result.activations += 1
+            else:
+                self._offload_parameter(off, info)
+                self.result.parameters += 1
+
+        n = analysis.num_positions
+        planned: list[onnx.NodeProto] = []
+        for p in range(n):
+            planned += self.before.get(p, [])
+            planned.append(self.pos_nodes[p])
+            planned += self.after.get(p, [])
+        planned += self.before.get(n, [])
+        constants = [self.file_nodes[i] for i in self.constant_files if i not in self.converted]
+
+        graph = self.graph
+        available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+        available |= {s.values.name for s in graph.sparse_initializer}
+        available |= {o for node in constants for o in node.output if o}
+        order, _ = execution_order(planned, available)
+        self.result.reordered = sum(1 for k, i in enumerate(order) if k != i)
+        if self.result.reordered:
+            logger.info(
+                "onnxruntime runs %d node(s) at another place than planned (Shape/Size run as soon as ready); "
+                "the file follows onnxruntime's order",
+                self.result.reordered,
+            )
+        del graph.node[:]
+        graph.node.extend(constants + [planned[i] for i in order])
+        graph.value_info.extend(self.value_infos)
+
+        weights = any(off["kind"] == "parameter" for off in self.plan["offloads"])
+        settings = make_session_settings(weights_offloaded=weights)
+        set_metadata(
+            self.model,
+            {
+                KEY_VERSION: __version__,
+                KEY_PLAN_SHA256: plan_sha256(self.plan),
+                KEY_OFFLOADS: str(len(self.plan["offloads"])),
+                KEY_SESSION: json.dumps(settings, sort_keys=False),
+            },
+        )
+        return self.model
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    for g in _all_graphs(graph):
+        yield from g.initializer
+        for sparse in g.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == onnx.AttributeProto.TENSORS:
+                    yield from attr.tensors
+
+
+def external_locations(model: onnx.ModelProto) -> list[str]:
+    """The distinct external data files (``location`` values) the model's tensors refer to."""
+    found: set[str] = set()
+    for tensor in _graph_tensors(model.graph):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            found.add(next((e.value for e in tensor.external_data if e.key == "location"), ""))
+    return sorted(found)
+
+
+def _provide_external_data(locations: list[str], source_dir: Path, out_dir: Path) -> list[Path]:
+    """Copy each data file beside the output (streamed, never read into memory); return new files."""
+    created: list[Path] = []
+    if source_dir.resolve() == out_dir.resolve():
+        return created
+    try:
+        for location in locations:
+            if Path(location).is_absolute():
+                continue
+            src = source_dir / location
+            dst = out_dir / location
+            if not dst.resolve().is_relative_to(out_dir.resolve()):
+                raise OffloadError(
+                    f"external data file {location!r} lies outside the model's folder; it cannot be placed beside "
+                    f"{out_dir}",
+                    hint=f"write the output into the model's folder {source_dir}",
+                )
+            if dst.exists():
+                if os.path.samefile(src, dst) or filecmp.cmp(src, dst, shallow=False):
+                    continue
+                raise OffloadError(
+                    f"{dst} already exists and differs from the model's external data file {src}",
+                    hint="write the output into another folder, or remove that file",
+                )
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            # A copy, not a hard link: onnx >= 1.23 refuses to load external data files with more
+            # than one link (a "hardlink attack" guard), which would break the source model too.
+            atomic_write(dst, lambda tmp, src=src: shutil.copyfile(src, tmp))
+            created.append(dst)
+    except BaseException:
+        _remove(created)
+        raise
+    return created
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def write_model(
+    model: onnx.ModelProto,
+    out_path: str | os.PathLike[str],
+    *,
+    source_dir: str | os.PathLike[str],
+    max_embedded_bytes: int = MAX_EMBEDDED_BYTES,
+) -> list[Path]:
+    """Write ``model`` atomically to ``out_path``; return the data files written beside it.
+
+    External data files the model refers to (relative to ``source_dir``, the source model's
+    folder) are copied beside the output when it goes to another folder (not hard-linked: onnx
+    refuses to load external data files that have several links). A model larger than
+    ``max_embedded_bytes`` (protobuf cannot serialize more than 2 GiB) is written with its
+    embedded weights in one external file ``OUT.name + ".data"``.
+
+    Raises:
+        OffloadError: the output cannot be written, or a data file of that name exists and differs.
+    """
+    out = Path(out_path)
+    out_dir = out.parent if str(out.parent) else Path(".")
+    locations = external_locations(model)
+    created = _provide_external_data(locations, Path(source_dir), out_dir)
+    try:
+        if model.ByteSize() <= max_embedded_bytes:
+            data = model.SerializeToString()
+            atomic_write(out, lambda tmp: tmp.write_bytes(data))
+            return created
+        data_name = out.name + ".data"
+        if data_name in locations:
+            raise OffloadError(
+                f"cannot write the weights of {out} to {data_name}: the model already refers to a file of that name",
+                hint="choose another output name",
+            )
+        try:
+            with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out_dir) as tmp_dir:
+                copy = onnx.ModelProto()
+                copy.CopyFrom(model)
+                onnx.save_model(
+                    copy,
+                    os.path.join(tmp_dir, out.name),
+                    save_as_external_data=True,
+                    all_tensors_to_one_file=True,
+                    location=data_name,
+                    size_threshold=1024,
+                )
+                os.replace(os.path.join(tmp_dir, data_name), out_dir / data_name)
+                created.append(out_dir / data_name)
+                os.replace(os.path.join(tmp_dir, out.name), out)
+        except OSError as exc:
+            raise OffloadError(
+                f"cannot write {out}: {exc.strerror or exc}", hint="check the path and free disk space"
+            ) from exc
+        return created
+    except BaseException:
+        _remove(created)
+        raise

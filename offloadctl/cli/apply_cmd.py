@@ -1,0 +1,88 @@
+"""`offloadctl apply PLAN.json -o OUT.onnx [--model MODEL]`: rewrite a model by a scheduled plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from offloadctl.analysis import analyse
+from offloadctl.apply import ApplyResult, apply_plan, write_model
+from offloadctl.cli.options import output_option
+from offloadctl.cli.ui import out_console, progress
+from offloadctl.errors import OffloadError
+from offloadctl.files import check_output_path, sha256_file
+from offloadctl.model import external_data_files, load_model
+from offloadctl.plan import check_plan_model, read_plan
+
+__all__ = ["COMMANDS", "find_model"]
+
+
+def find_model(plan: dict, plan_path: str, model: str | None) -> Path:
+    """The model a plan applies to: ``model`` if given, else the plan's model.path as given
+    (relative to the current folder), else relative to the plan file's folder."""
+    if model is not None:
+        path = Path(model)
+        if not path.is_file():
+            raise OffloadError(f"model file {path} does not exist", hint="check the --model path")
+        return path
+    recorded = Path(plan["model"]["path"])
+    candidates = [recorded]
+    if not recorded.is_absolute():
+        candidates.append(Path(plan_path).parent / recorded)
+    for path in candidates:
+        if path.is_file():
+            return path
+    looked = " and ".join(str(p) for p in dict.fromkeys(candidates))
+    raise OffloadError(
+        f"the model of plan {plan_path} was not found (looked for {looked})",
+        hint="pass the model with --model MODEL",
+    )
+
+
+@click.command("apply")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=str))
+@output_option("the rewritten model")
+@click.option(
+    "--model",
+    type=click.Path(path_type=str),
+    default=None,
+    help="The model the plan was made for (default: the plan's model.path).",
+)
+def apply(plan_path: str, output: str, model: str | None) -> None:
+    """Insert the copies of a scheduled plan into its model and write OUT.onnx.
+
+    The input model is not modified. Run the result with `offloadctl run`, or in your own
+    onnxruntime session with the settings recorded in its metadata (offloadctl.session):
+    PRIORITY_BASED execution order, ConstantFolding disabled when weights are offloaded.
+    """
+    plan = read_plan(plan_path, stages=("scheduled",))
+    model_path = find_model(plan, plan_path, model)
+    check_output_path(output, plan_path, model_path)
+    check_plan_model(plan, sha256_file(model_path), model_path)
+    result = ApplyResult()
+    with progress() as bar:
+        task = bar.add_task(f"loading {model_path}", total=None) if bar else None
+        loaded = load_model(model_path, input_shapes=plan["model"]["input_shapes"])
+        check_output_path(output, *(f for _, f in external_data_files(loaded.proto, model_path.parent)))
+        if bar is not None:
+            bar.update(task, description=f"analysing {model_path}")
+        analysis = analyse(loaded)
+        if bar is not None:
+            bar.update(task, description=f"rewriting {model_path}")
+        proto = apply_plan(plan, analysis, result=result)
+        if bar is not None:
+            bar.update(task, description=f"writing {output}")
+        extra = write_model(proto, output, source_dir=model_path.parent)
+    console = out_console()
+    console.print(
+        f"inserted {result.d2h} device-to-host and {result.h2d} host-to-device copies "
+        f"({result.activations} activation(s), {result.parameters} weight(s) offloaded)",
+        soft_wrap=True,
+    )
+    for path in extra:
+        console.print(f"placed data file {path}", soft_wrap=True)
+    console.print(f"wrote {output}", soft_wrap=True)
+
+
+COMMANDS = [apply]
