@@ -1,0 +1,522 @@
+"""`offloadctl apply`: rewritten models run, give the same outputs and run in the planned order."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from offloadctl.analysis import analyse
+from offloadctl.apply import ApplyResult, apply_plan, write_model
+from offloadctl.errors import OffloadError
+from offloadctl.files import sha256_file
+from offloadctl.metadata import session_settings
+from offloadctl.model import load_model
+from offloadctl.plan import write_plan
+from offloadctl.stages import make_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_models"
+SAMPLE_NAMES = ["seed", "unet", "transformer", "training", "mlp"]
+COPY_OPS = ("MemcpyToHost", "MemcpyFromHost")
+DISABLE_ALL = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+ENABLE_ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _session(
+    path: Path, level, *, weights: bool = False, profile_prefix: Path | None = None, optimized: Path | None = None
+):
+    so = ort.SessionOptions()
+    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    so.graph_optimization_level = level
+    so.log_severity_level = 3
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profile_prefix)
+    if optimized is not None:
+        so.optimized_model_filepath = str(optimized)
+    disabled = ["ConstantFolding"] if weights else []
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"], disabled_optimizers=disabled)
+
+
+def _run(path: Path, feeds: dict, level=DISABLE_ALL, **kw) -> list[np.ndarray]:
+    return _session(path, level, **kw).run(None, feeds)
+
+
+def _profiled_order(path: Path, feeds: dict, prefix: Path, **kw) -> list[str]:
+    sess = _session(path, DISABLE_ALL, profile_prefix=prefix, **kw)
+    sess.run(None, feeds)
+    events = json.loads(Path(sess.end_profiling()).read_text())
+    kernels = sorted(
+        (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
+    )
+    return [e["name"][: -len("_kernel_time")] for e in kernels]
+
+
+def _file_order(model: onnx.ModelProto) -> list[str]:
+    return [n.name for n in model.graph.node if n.op_type != "Constant"]
+
+
+def _subgraph_node_count(graph: onnx.GraphProto) -> int:
+    """Nodes inside If/Loop/Scan bodies: profiling reports them too, under onnxruntime's own names."""
+    count = 0
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                count += len(sub.node) + _subgraph_node_count(sub)
+    return count
+
+
+def _copies(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type in COPY_OPS]
+
+
+def _feeds(name: str) -> dict:
+    with np.load(SAMPLES / f"{name}.inputs.npz") as data:
+        return {k: data[k] for k in data.files}
+
+
+def _rewrite(model_path: Path, out: Path, **plan_kw) -> tuple[dict, onnx.ModelProto, ApplyResult]:
+    analysis = analyse(load_model(model_path))
+    plan = make_plan(analysis, **plan_kw)
+    result = ApplyResult()
+    proto = apply_plan(plan, analysis, result=result)
+    write_model(proto, out, source_dir=model_path.parent)
+    return plan, proto, result
+
+
+def _check_equivalent(original: Path, rewritten: Path, feeds: dict, tmp_path: Path, *, weights: bool) -> None:
+    """Bit-identical at ORT_DISABLE_ALL, close at ORT_ENABLE_ALL, file order == run order, copies kept."""
+    want = _run(original, feeds)
+    got = _run(rewritten, feeds, weights=weights)
+    assert len(want) == len(got)
+    for w, g in zip(want, got):
+        assert np.array_equal(w, g)
+    want_opt = _run(original, feeds, ENABLE_ALL)
+    got_opt = _run(rewritten, feeds, ENABLE_ALL, weights=weights, optimized=tmp_path / "optimized.onnx")
+    for w, g in zip(want_opt, got_opt):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    model = onnx.load(str(rewritten))
+    inserted = len(_copies(model))
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False)
+    assert len(_copies(optimized)) >= inserted
+    profiled = _profiled_order(rewritten, feeds, tmp_path / "profile", weights=weights)
+    main = set(_file_order(model))
+    assert len([name for name in profiled if name not in main]) <= _subgraph_node_count(model.graph)
+    assert [name for name in profiled if name in main] == _file_order(model)
+    onnx.checker.check_model(model, full_check=True)
+
+
+def _write_plan_file(tmp_path: Path, model_path: Path, name: str = "plan.json", **plan_kw) -> Path:
+    plan = make_plan(analyse(load_model(model_path)), **plan_kw)
+    path = tmp_path / name
+    write_plan(path, plan)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The facts the design builds on
+
+
+def test_memcpy_ops_run_as_kernels_on_the_cpu_ep(tmp_path):
+    """SPEC fact: onnxruntime-cann runs MemcpyToHost/MemcpyFromHost on the CPU EP, in file order."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("MemcpyToHost", ["x"], ["h"], name="d2h"),
+            helper.make_node("MemcpyFromHost", ["h"], ["d"], name="h2d"),
+            helper.make_node("Mul", ["d", "x"], ["y"], name="mul"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+    )
+    path = tmp_path / "memcpy.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
+    x = np.array([1, 2, 3], np.float32)
+    assert np.array_equal(_run(path, {"x": x})[0], x * x)
+    assert _profiled_order(path, {"x": x}, tmp_path / "p") == ["d2h", "h2d", "mul"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every sample model, activations and weights offloaded
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+@pytest.mark.parametrize(("select_distance", "prefetch_distance"), [(3, 0), (3, 2), (8, 1)])
+def test_sample_rewrites_are_equivalent(name, select_distance, prefetch_distance, tmp_path):
+    model_path = SAMPLES / f"{name}.onnx"
+    before = sha256_file(model_path)
+    out = tmp_path / f"{name}.offload.onnx"
+    plan, proto, result = _rewrite(
+        model_path, out, params=True, select_distance=select_distance, prefetch_distance=prefetch_distance, min_bytes=0
+    )
+    weights = any(o["kind"] == "parameter" for o in plan["offloads"])
+    assert result.h2d == len(_copies(proto)) - result.d2h
+    _check_equivalent(model_path, out, _feeds(name), tmp_path, weights=weights)
+    assert sha256_file(model_path) == before
+    settings = session_settings(onnx.load(str(out)))
+    assert settings["execution_order"] == "PRIORITY_BASED"
+    assert ("disabled_optimizers" in settings) == weights
+
+
+def test_samples_exercise_activations_and_weights():
+    """The parametrized test above is only meaningful if the plans offload both kinds."""
+    kinds = set()
+    for name in SAMPLE_NAMES:
+        plan = make_plan(analyse(load_model(SAMPLES / f"{name}.onnx")), params=True, select_distance=3, min_bytes=0)
+        kinds |= {o["kind"] for o in plan["offloads"]}
+    assert kinds == {"activation", "parameter"}
+
+
+@pytest.mark.parametrize(
+    ("prefetch", "expected"),
+    [
+        (0, ["Div", "MemcpyToHost", "Mul", "Mul", "Add", "Mul", "MemcpyFromHost", "Sub"]),
+        (2, ["Div", "MemcpyToHost", "Mul", "Mul", "MemcpyFromHost", "Add", "Mul", "Sub"]),
+    ],
+)
+def test_seed_example_order(prefetch, expected, seed_path, tmp_path):
+    out = tmp_path / "seed.offload.onnx"
+    _, proto, _ = _rewrite(seed_path, out, select_distance=1, prefetch_distance=prefetch)
+    assert [n.op_type for n in proto.graph.node] == expected
+    d2h, h2d = _copies(proto)
+    assert list(d2h.input) == ["m1"]
+    assert list(h2d.input) == list(d2h.output)
+    sub = proto.graph.node[-1]
+    assert list(sub.input)[1] == h2d.output[0]  # Sub reads the reloaded m1; Mul still reads m1
+    assert "m1" in proto.graph.node[2].input
+    assert _profiled_order(out, _feeds("seed"), tmp_path / "p") == _file_order(proto)
+    _check_equivalent(seed_path, out, _feeds("seed"), tmp_path, weights=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Special cases
+
+
+GRAPH_OUTPUT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] a, float[4] y) {
+  a = Relu(x)
+  b = Neg(a)
+  c = Neg(b)
+  d = Neg(c)
+  e = Neg(d)
+  y = Add(e, a)
+}
+"""
+
+
+def test_offloaded_graph_output_keeps_its_name(write_model, tmp_path):
+    path = write_model(GRAPH_OUTPUT)
+    out = tmp_path / "out.onnx"
+    plan, proto, _ = _rewrite(path, out, select_distance=2, prefetch_distance=0)
+    (off,) = plan["offloads"]
+    assert off["tensor"] == "a" and off["graph_output"]
+    assert [o.name for o in proto.graph.output] == ["a", "y"]
+    last = proto.graph.node[-1]
+    assert last.op_type == "MemcpyFromHost" and list(last.output) == ["a"]
+    relu = proto.graph.node[0]
+    assert relu.output[0] != "a"
+    d2h = proto.graph.node[1]
+    assert d2h.op_type == "MemcpyToHost" and list(d2h.input) == [relu.output[0]]
+    assert list(proto.graph.node[2].input) == [relu.output[0]]  # the device use reads the renamed tensor
+    feeds = {"x": np.array([-1, 2, -3, 4], np.float32)}
+    _check_equivalent(path, out, feeds, tmp_path, weights=False)
+
+
+TWO_GROUPS = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y) {
+  a = Relu(x)
+  b = Neg(a)
+  c = Neg(b)
+  d = Neg(c)
+  e = Add(d, a)
+  f = Neg(e)
+  h = Neg(f)
+  i = Neg(h)
+  y = Mul(i, a)
+}
+"""
+
+
+def test_two_reload_groups(write_model, tmp_path):
+    path = write_model(TWO_GROUPS)
+    out = tmp_path / "out.onnx"
+    plan, proto, result = _rewrite(path, out, select_distance=2, prefetch_distance=1)
+    (off,) = plan["offloads"]
+    assert len(off["reload_groups"]) == 2
+    assert (result.d2h, result.h2d) == (1, 2)
+    nodes = {n.name: n for n in proto.graph.node}
+    host = nodes["offload0/d2h"].output[0]
+    first, second = nodes["offload0/h2d0"], nodes["offload0/h2d1"]
+    assert list(first.input) == list(second.input) == [host]
+    assert nodes[off["reload_groups"][0]["uses"][0]["node"]].input[1] == first.output[0]
+    assert nodes[off["reload_groups"][1]["uses"][0]["node"]].input[1] == second.output[0]
+    order = [n.name for n in proto.graph.node]
+    assert order.index("offload0/h2d1") == order.index(off["reload_groups"][1]["uses"][0]["node"]) - 2
+    feeds = {"x": np.array([-1, 2, -3, 4], np.float32)}
+    _check_equivalent(path, out, feeds, tmp_path, weights=False)
+
+
+IF_BRANCH = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4] x, bool cond) => (float[4] y) {
+  a = Relu(x)
+  b = Neg(a)
+  c = Neg(b)
+  d = Neg(c)
+  e = Neg(d)
+  y = If(cond) <
+    then_branch = then_g () => (float[4] t) { t = Add(e, a) },
+    else_branch = else_g () => (float[4] s) { s = Sub(e, a) }
+  >
+}
+"""
+
+
+def test_read_inside_if_branch_is_rerouted(write_model, tmp_path):
+    path = write_model(IF_BRANCH)
+    out = tmp_path / "out.onnx"
+    plan, proto, _ = _rewrite(path, out, select_distance=2, prefetch_distance=0)
+    (off,) = [o for o in plan["offloads"] if o["tensor"] == "a"]
+    (use,) = off["reload_groups"][0]["uses"]
+    assert use["input_index"] is None
+    if_node = next(n for n in proto.graph.node if n.op_type == "If")
+    dev = next(n for n in proto.graph.node if n.name == "offload0/h2d0").output[0]
+    for attr in if_node.attribute:
+        assert list(attr.g.node[0].input) == ["e", dev]
+    for cond in (True, False):
+        feeds = {"x": np.array([-1, 2, -3, 4], np.float32), "cond": np.array(cond)}
+        _check_equivalent(path, out, feeds, tmp_path, weights=False)
+
+
+CONSTANT_WEIGHT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y) {
+  w = Constant <value = float[4] {1.5, 2, 3, 4}> ()
+  a = Add(x, w)
+  b = Neg(a)
+  c = Neg(b)
+  d = Neg(c)
+  e = Neg(d)
+  y = Mul(e, w)
+}
+"""
+
+
+def test_constant_node_weight_becomes_an_initializer(write_model, tmp_path):
+    path = write_model(CONSTANT_WEIGHT)
+    out = tmp_path / "out.onnx"
+    plan, proto, result = _rewrite(path, out, params=True, activations=False, select_distance=2, prefetch_distance=1)
+    (off,) = plan["offloads"]
+    assert off["tensor"] == "w" and off["kind"] == "parameter"
+    assert result.d2h == 0 and result.h2d == 2
+    assert not any(n.op_type == "Constant" for n in proto.graph.node)
+    assert "w" in {i.name for i in proto.graph.initializer}
+    assert "w" in {i.name for i in proto.graph.input}
+    feeds = {"x": np.array([-1, 2, -3, 4], np.float32)}
+    _check_equivalent(path, out, feeds, tmp_path, weights=True)
+
+
+def test_unnamed_and_duplicate_nodes_get_unique_names(write_model, tmp_path):
+    path = write_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[4] x) => (float[4] y) {
+          a = Relu(x)
+          b = Neg(a)
+          c = Neg(b)
+          d = Neg(c)
+          y = Add(d, a)
+        }
+        """
+    )
+    out = tmp_path / "out.onnx"
+    _, proto, _ = _rewrite(path, out, select_distance=2, prefetch_distance=0)
+    names = [n.name for n in proto.graph.node]
+    assert all(names) and len(set(names)) == len(names)
+    _check_equivalent(path, out, {"x": np.array([-1, 2, -3, 4], np.float32)}, tmp_path, weights=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan checks and the command line
+
+
+def test_apply_command_writes_model_and_keeps_input(run_cli, seed_path, tmp_path):
+    plan = _write_plan_file(tmp_path, seed_path, select_distance=1, prefetch_distance=0)
+    before = seed_path.read_bytes()
+    out = tmp_path / "seed.offload.onnx"
+    result = run_cli("apply", plan, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert "1 device-to-host and 1 host-to-device" in result.stdout
+    assert seed_path.read_bytes() == before
+    model = onnx.load(str(out))
+    props = {p.key: p.value for p in model.metadata_props}
+    assert props["offloadctl.offloads"] == "1"
+    assert len(props["offloadctl.plan_sha256"]) == 64
+    assert model.ir_version == onnx.load(str(seed_path)).ir_version
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
+
+
+def test_plan_for_another_model_is_refused(run_cli, seed_path, tmp_path):
+    plan = _write_plan_file(tmp_path, seed_path, select_distance=1, prefetch_distance=0)
+    out = tmp_path / "out.onnx"
+    result = run_cli("apply", plan, "-o", out, "--model", SAMPLES / "mlp.onnx")
+    assert result.exit_code == 1
+    assert "the plan was made for" in result.stderr
+    assert not out.exists()
+
+
+def test_missing_model_is_refused(run_cli, seed_path, tmp_path):
+    plan_path = _write_plan_file(tmp_path, seed_path, select_distance=1, prefetch_distance=0)
+    plan = json.loads(plan_path.read_text())
+    plan["model"]["path"] = "no/such/model.onnx"
+    write_plan(plan_path, plan)
+    out = tmp_path / "out.onnx"
+    result = run_cli("apply", plan_path, "-o", out)
+    assert result.exit_code == 1
+    assert "was not found" in result.stderr and "--model" in result.stderr
+    assert not out.exists()
+
+
+def test_model_found_beside_the_plan(run_cli, seed_path, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "seed.onnx").write_bytes(seed_path.read_bytes())
+    monkeypatch.chdir(work)
+    plan_path = _write_plan_file(work, Path("seed.onnx"), select_distance=1, prefetch_distance=0)
+    monkeypatch.chdir(tmp_path)  # the plan's relative model path now only resolves beside the plan
+    result = run_cli("apply", plan_path, "-o", tmp_path / "out.onnx")
+    assert result.exit_code == 0, result.stderr
+
+
+def test_output_equal_to_input_is_refused(run_cli, seed_path, tmp_path):
+    model = tmp_path / "seed.onnx"
+    model.write_bytes(seed_path.read_bytes())
+    plan = _write_plan_file(tmp_path, model, select_distance=1, prefetch_distance=0)
+    before = model.read_bytes()
+    result = run_cli("apply", plan, "-o", model)
+    assert result.exit_code == 1
+    assert "same file as the input" in result.stderr
+    assert model.read_bytes() == before
+
+
+def test_unscheduled_plan_is_refused(run_cli, seed_path, tmp_path):
+    selected = tmp_path / "selected.json"
+    assert run_cli("select", seed_path, "-o", selected, "--select-distance", "1").exit_code == 0
+    result = run_cli("apply", selected, "-o", tmp_path / "out.onnx")
+    assert result.exit_code == 1
+    assert "stage" in result.stderr
+
+
+def _seed_plan():
+    analysis = analyse(load_model(SAMPLES / "seed.onnx"))
+    return make_plan(analysis, select_distance=1, prefetch_distance=0), analysis
+
+
+def test_plan_naming_an_unknown_tensor_is_refused():
+    plan, analysis = _seed_plan()
+    plan["offloads"][0]["tensor"] = "nope"
+    with pytest.raises(OffloadError, match="plan names tensor 'nope' which the model"):
+        apply_plan(plan, analysis)
+
+
+def test_plan_with_wrong_kind_is_refused():
+    plan, analysis = _seed_plan()
+    plan["offloads"][0]["tensor"] = "x"
+    with pytest.raises(OffloadError, match="'x' as activation, but .* it is a graph input"):
+        apply_plan(plan, analysis)
+
+
+def test_plan_with_wrong_uses_is_refused():
+    plan, analysis = _seed_plan()
+    bad = copy.deepcopy(plan)
+    bad["offloads"][0]["reload_groups"][0]["uses"][0]["input_index"] = 0
+    with pytest.raises(OffloadError, match="read of tensor 'm1' by node 'sub_out' .* at input 0"):
+        apply_plan(bad, analysis)
+    bad = copy.deepcopy(plan)
+    bad["offloads"][0]["device_uses"] = []
+    with pytest.raises(OffloadError, match="does not say where node 'mul_m3'"):
+        apply_plan(bad, analysis)
+
+
+def test_apply_plan_does_not_mutate_its_inputs():
+    plan, analysis = _seed_plan()
+    plan_before = copy.deepcopy(plan)
+    proto_before = analysis.loaded.proto.SerializeToString()
+    apply_plan(plan, analysis)
+    assert plan == plan_before
+    assert analysis.loaded.proto.SerializeToString() == proto_before
+
+
+def test_zero_offload_plan_gives_an_equivalent_model(run_cli, seed_path, tmp_path):
+    plan = _write_plan_file(tmp_path, seed_path)  # default distances: nothing to offload
+    assert json.loads(plan.read_text())["offloads"] == []
+    out = tmp_path / "out.onnx"
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+    model = onnx.load(str(out))
+    original = onnx.load(str(seed_path))
+    assert [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node] == [
+        (n.op_type, list(n.input), list(n.output)) for n in original.graph.node
+    ]
+    assert {p.key: p.value for p in model.metadata_props}["offloadctl.offloads"] == "0"
+    _check_equivalent(seed_path, out, _feeds("seed"), tmp_path, weights=False)
+
+
+def test_existing_metadata_is_kept_and_ours_replaced(write_model, tmp_path):
+    model = onnx.parser.parse_model(GRAPH_OUTPUT)
+    model.ir_version = 10
+    for key, value in (("author", "me"), ("offloadctl.offloads", "99")):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    path = tmp_path / "meta.onnx"
+    onnx.save(model, str(path))
+    _, proto, _ = _rewrite(path, tmp_path / "out.onnx", select_distance=2, prefetch_distance=0)
+    props = [(p.key, p.value) for p in proto.metadata_props]
+    assert ("author", "me") in props
+    assert [v for k, v in props if k == "offloadctl.offloads"] == ["1"]
+
+
+# ---------------------------------------------------------------------------------------------
+# External data
+
+
+def test_external_data_model_rewritten_into_another_folder(run_cli, tmp_path):
+    src = tmp_path / "src"
+    dst = tmp_path / "dst"
+    src.mkdir()
+    dst.mkdir()
+    model = onnx.load(str(SAMPLES / "mlp.onnx"))
+    model_path = src / "mlp.onnx"
+    onnx.save(model, str(model_path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="mlp.weights", size_threshold=0)
+    plan = _write_plan_file(tmp_path, model_path, params=True, select_distance=3, prefetch_distance=1, min_bytes=0)
+    out = dst / "mlp.offload.onnx"
+    result = run_cli("apply", plan, "-o", out)
+    assert result.exit_code == 0, result.stderr
+    assert (dst / "mlp.weights").is_file()
+    assert os.path.getsize(out) < 20_000  # the weights stayed external
+    _check_equivalent(SAMPLES / "mlp.onnx", out, _feeds("mlp"), tmp_path, weights=True)
+
+
+def test_large_model_is_written_with_external_data(tmp_path):
+    analysis = analyse(load_model(SAMPLES / "mlp.onnx"))
+    plan = make_plan(analysis, params=True, select_distance=3, prefetch_distance=1, min_bytes=0)
+    proto = apply_plan(plan, analysis)
+    out = tmp_path / "big.onnx"
+    written = write_model(proto, out, source_dir=SAMPLES, max_embedded_bytes=1000)
+    assert written == [tmp_path / "big.onnx.data"]
+    assert os.path.getsize(out) < 20_000
+    _check_equivalent(SAMPLES / "mlp.onnx", out, _feeds("mlp"), tmp_path, weights=True)
