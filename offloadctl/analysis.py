@@ -212,23 +212,24 @@ def analyse(loaded: LoadedModel) -> Analysis:
     """Compute execution order, producers, uses and sizes of a loaded model.
 
     Raises:
-        OffloadError: duplicate tensor names, a cycle, or a read of an undefined tensor.
+        OffloadError: duplicate tensor names, a cycle, a read of an undefined tensor, or a graph
+            output that nothing produces.
     """
     graph = loaded.proto.graph
     initializers = {i.name for i in graph.initializer} | {i.name for i in graph.sparse_initializer}
     graph_inputs = [i.name for i in graph.input if i.name not in initializers]
     constants: dict[str, int] = {}
     compute: list[tuple[int, onnx.NodeProto]] = []
-    defined: dict[str, str] = {name: "graph input" for name in graph_inputs}
+    defined: dict[str, str] = {name: "a graph input" for name in graph_inputs}
     for name in initializers:
-        defined[name] = "weight"
+        defined[name] = "a weight"
     for idx, node in enumerate(graph.node):
         for out in node.output:
             if not out:
                 continue
             if out in defined:
                 raise OffloadError(
-                    f"tensor {out!r} is defined twice in {loaded.path} (by node {_describe(node, idx)} and by a "
+                    f"tensor {out!r} is defined twice in {loaded.path} (by node {_describe(node, idx)} and by "
                     f"{defined[out]})",
                     hint="tensor names must be unique; re-export the model or rename one of them",
                 )
@@ -239,11 +240,22 @@ def analyse(loaded: LoadedModel) -> Analysis:
         else:
             compute.append((idx, node))
 
+    for out in graph.output:
+        if out.name not in defined:
+            raise OffloadError(
+                f"graph output {out.name!r} of {loaded.path} is not produced by any node, graph input or weight",
+                hint="the model is malformed; re-export it or fix the output name",
+            )
     available = set(graph_inputs) | initializers | set(constants)
-    order, was_sorted = execution_order([n for _, n in compute], available)
+    try:
+        order, was_sorted = execution_order([n for _, n in compute], available)
+    except OffloadError as exc:
+        raise OffloadError(f"{loaded.path}: {exc.message}", hint=exc.hint) from None
     if not was_sorted:
         logger.warning(
-            "%s: nodes are not in topological order; using the order onnxruntime will run", loaded.path
+            "%s: nodes are not topologically sorted; they were sorted into the order onnxruntime will run "
+            "and plan positions count in that order",
+            loaded.path,
         )
     nodes = [compute[i][1] for i in order]
     file_index = [compute[i][0] for i in order]

@@ -43,6 +43,12 @@ def check_output_path(output: str | os.PathLike[str], *inputs: str | os.PathLike
     if out.exists() and out.is_dir():
         raise OffloadError(f"output {out} is a directory", hint="give a file path for the output")
     parent = out.parent if str(out.parent) else Path(".")
+    blocking = next((a for a in (parent, *parent.parents) if a.exists() and not a.is_dir()), None)
+    if blocking is not None:
+        raise OffloadError(
+            f"cannot write {out}: {blocking} is a file, not a folder",
+            hint="choose an output path inside an existing folder",
+        )
     if not parent.is_dir():
         raise OffloadError(
             f"cannot write {out}: folder {parent} does not exist",

@@ -9,6 +9,7 @@ as zero.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
@@ -60,11 +62,12 @@ class TensorInfo:
     elem_type: int | None  # TensorProto data type; None for sequences, maps, optionals, unknown
     shape: tuple[int | str | None, ...] | None  # None when the rank is unknown
     copyable: bool  # a dense numeric tensor that MemcpyToHost/MemcpyFromHost can move
+    type_kind: str | None = None  # "sequence", "map", "optional", "sparse_tensor" for non-tensor values
 
     @property
     def dtype(self) -> str:
         if self.elem_type is None:
-            return "unknown" if self.copyable else "non-tensor"
+            return "unknown" if self.copyable else (self.type_kind or "non-tensor")
         return TensorProto.DataType.Name(self.elem_type).lower()
 
     @property
@@ -106,7 +109,13 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
                 f"--input-shape {spec!r}: dimensions must be integers", hint="for example --input-shape input=1,3,224,224"
             ) from None
         if any(v < 0 for v in values):
-            raise OffloadError(f"--input-shape {spec!r}: dimensions must be >= 0")
+            raise OffloadError(
+                f"--input-shape {spec!r}: dimensions must be >= 0", hint="for example --input-shape input=1,3,224,224"
+            )
+        if name in shapes:
+            raise OffloadError(
+                f"--input-shape gives input {name!r} twice", hint=f"keep one --input-shape {name}=D0,D1,..."
+            )
         shapes[name] = values
     return shapes
 
@@ -127,15 +136,29 @@ def load_model(
         raise OffloadError(f"model path {p} is a directory", hint="give the path of a .onnx file")
     if p.stat().st_size == 0:
         raise OffloadError(f"model file {p} is empty", hint="re-export the model")
+    if _looks_like_plan(p):
+        raise OffloadError(
+            f"{p} is an offload plan, not an ONNX model",
+            hint="pass the .onnx model here; plans go to offloadctl filter, prefetch or apply",
+        )
     try:
         proto = onnx.load(str(p), load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
+    except (
+        DecodeError,
+        json_format.ParseError,
+        text_format.ParseError,
+        onnx.parser.ParseError,
+        RuntimeError,
+        ValueError,
+        UnicodeDecodeError,
+    ) as exc:
+        detail = str(exc).splitlines()[0][:200] if str(exc) else ""
         raise OffloadError(
-            f"model file {p} is not a valid ONNX model ({type(exc).__name__}: {exc})",
+            f"model file {p} is not a valid ONNX model ({type(exc).__name__}: {detail})",
             hint="check that the file is a complete .onnx export (not truncated, not another format)",
         ) from None
     except OSError as exc:
-        raise OffloadError(f"cannot read model file {p}: {exc.strerror or exc}") from None
+        raise OffloadError(f"cannot read model file {p}: {exc.strerror or exc}", hint="check the file's permissions") from None
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
         raise OffloadError(
             f"model file {p} is not a valid ONNX model (no IR version, opset or graph)",
@@ -151,6 +174,19 @@ def load_model(
     if pinned:
         _pin_input_shapes(proto, pinned, p)
     return LoadedModel(proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned)
+
+
+def _looks_like_plan(path: Path) -> bool:
+    """True for a JSON document with the top-level keys of an offload plan."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1).lstrip()
+            if head != b"{":
+                return False
+            document = json.loads(head + f.read())
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and "offloads" in document and "schema_version" in document
 
 
 def external_data_files(proto: onnx.ModelProto, base_dir: Path) -> list[tuple[str, Path]]:
@@ -175,7 +211,10 @@ def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path
         value = inputs[name]
         tensor_type = value.type.tensor_type
         if not value.type.HasField("tensor_type"):
-            raise OffloadError(f"input {name!r} of {path} is not a tensor; --input-shape cannot pin it")
+            raise OffloadError(
+                f"input {name!r} of {path} is not a tensor; --input-shape cannot pin it",
+                hint=f"drop --input-shape {name}=...",
+            )
         old = tensor_type.shape.dim if tensor_type.HasField("shape") else []
         if tensor_type.HasField("shape") and len(old) != len(dims):
             raise OffloadError(
@@ -204,9 +243,10 @@ def _value_info_to_info(name: str, type_proto: onnx.TypeProto) -> TensorInfo:
                 d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
             )
         return TensorInfo(name, elem, shape, copyable)
-    if type_proto.WhichOneof("value") is None:
+    which = type_proto.WhichOneof("value")
+    if which is None:
         return TensorInfo(name, None, None, True)
-    return TensorInfo(name, None, None, False)
+    return TensorInfo(name, None, None, False, which.removesuffix("_type"))
 
 
 def tensor_infos(loaded: LoadedModel) -> dict[str, TensorInfo]:

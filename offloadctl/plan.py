@@ -36,6 +36,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 STAGES = ("selected", "filtered", "scheduled")
 Plan = dict[str, Any]
+_RECREATE = "fix that field or re-create the plan from the model with offloadctl plan"
 
 
 @lru_cache(maxsize=1)
@@ -64,7 +65,10 @@ def _where(error: jsonschema.ValidationError) -> str:
 def validate_plan(plan: Any, *, source: str = "plan") -> None:
     """Raise OffloadError naming the first offending field if ``plan`` breaks the schema or its rules."""
     if not isinstance(plan, dict):
-        raise OffloadError(f"{source} is not a plan: expected a JSON object, got {type(plan).__name__}")
+        raise OffloadError(
+            f"{source} is not a plan: expected a JSON object, got {type(plan).__name__}",
+            hint="pass a plan written by offloadctl select, filter, prefetch or plan",
+        )
     version = plan.get("schema_version")
     if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
         raise OffloadError(
@@ -92,15 +96,20 @@ def _check_rules(plan: Plan, source: str) -> None:
         seen.add(off["tensor"])
         is_act = off["kind"] == "activation"
         if is_act and (off["producer"] is None or off["d2h_after"] is None):
-            raise OffloadError(f"{source}: {where} is an activation without producer/d2h_after")
+            raise OffloadError(f"{source}: {where} is an activation without producer/d2h_after", hint=_RECREATE)
         if not is_act and (off["producer"] is not None or off["d2h_after"] is not None):
-            raise OffloadError(f"{source}: {where} is a parameter and must have producer and d2h_after null")
+            raise OffloadError(
+                f"{source}: {where} is a parameter and must have producer and d2h_after null", hint=_RECREATE
+            )
         positions = [u["position"] for u in off["device_uses"]]
         for g, group in enumerate(off["reload_groups"]):
             positions += [u["position"] for u in group["uses"]]
             h2d = group["h2d_before"]
             if scheduled and h2d is None:
-                raise OffloadError(f"{source}: {where} reload_groups/{g}/h2d_before is null in a scheduled plan")
+                raise OffloadError(
+                    f"{source}: {where} reload_groups/{g}/h2d_before is null in a scheduled plan",
+                    hint="give it a position or re-run offloadctl prefetch",
+                )
             if h2d is not None:
                 first = group["uses"][0]["position"]
                 low = off["d2h_after"] + 1 if is_act else 0
@@ -116,21 +125,28 @@ def _check_rules(plan: Plan, source: str) -> None:
                 hint="re-create the plan from the model",
             )
         if is_act and positions and off["producer"]["position"] >= positions[0]:
-            raise OffloadError(f"{source}: {where} is used before it is produced")
+            raise OffloadError(f"{source}: {where} is used before it is produced", hint=_RECREATE)
         for key in ("release_after", "output_h2d_before"):
             if off[key] is not None and off[key] > n:
-                raise OffloadError(f"{source}: {where} {key}={off[key]} is beyond the model's {n} positions")
+                raise OffloadError(f"{source}: {where} {key}={off[key]} is beyond the model's {n} positions", hint=_RECREATE)
 
 
 def read_plan(path: str | os.PathLike[str], *, stages: tuple[str, ...] = STAGES) -> Plan:
     """Read and validate a plan file whose stage is one of ``stages``."""
     p = Path(path)
+    if p.is_dir():
+        raise OffloadError(f"plan path {p} is a directory", hint="give the path of a plan .json file")
     if not p.is_file():
         raise OffloadError(f"plan file {p} does not exist", hint="check the path or create it with offloadctl select/plan")
     try:
         text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OffloadError(f"cannot read plan file {p}: {exc}") from None
+    except UnicodeDecodeError:
+        raise OffloadError(
+            f"plan file {p} is not a JSON text file (it is not UTF-8 text)",
+            hint="pass a plan written by offloadctl select, filter, prefetch or plan (an .onnx model is not a plan)",
+        ) from None
+    except OSError as exc:
+        raise OffloadError(f"cannot read plan file {p}: {exc.strerror or exc}", hint="check the file's permissions") from None
     try:
         plan = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -25,8 +25,6 @@ def load_and_analyse(model: str, input_shape: Sequence[str] = (), *, show_progre
         if bar is not None:
             bar.update(task, description=f"analysing {model}")
         analysis = analyse(loaded)
-    if not analysis.was_sorted:
-        logger.warning("%s is not topologically sorted: planning uses the order onnxruntime will run", model)
     dynamic = [
         name
         for name in analysis.graph_inputs
