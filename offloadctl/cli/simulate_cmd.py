@@ -1,0 +1,130 @@
+"""`offloadctl simulate`: peak device memory and estimated time of a model, with or without a plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import click
+from rich.table import Table
+
+from offloadctl.cli.common import load_and_analyse
+from offloadctl.cli.options import input_shape_option, model_argument
+from offloadctl.cli.ui import err_console, fmt_bytes, out_console, print_json
+from offloadctl.files import check_output_path
+from offloadctl.plan import check_plan_model, read_plan
+from offloadctl.profiles import DEFAULT_PROFILE, list_profiles, load_profile
+from offloadctl.simulate import SimResult, plot_timeline, simulate
+
+__all__ = ["COMMANDS", "simulate_cmd"]
+
+logger = logging.getLogger(__name__)
+
+
+def _where(at: dict) -> str:
+    if at["step"] is None:
+        return "-"
+    return f"#{at['position']} {at['node']}"
+
+
+def _pct(before: float, after: float) -> str:
+    if not before:
+        return ""
+    return f"{100.0 * (after - before) / before:+.1f}%"
+
+
+def _print_report(result: SimResult, doc: dict) -> None:
+    console = out_console()
+    plan = f"  plan {result.plan_path}" if result.plan_path else ("  (already rewritten)" if result.rewritten else "")
+    console.print(f"[bold]{result.model}[/]{plan}")
+    mem = Table(title="device memory", show_edge=False)
+    for col in ("", "before", "after", "change"):
+        mem.add_column(col, justify="left" if not col or col == "change" else "right")
+    peak = doc["peak_bytes"]
+    mem.add_row("peak", fmt_bytes(peak["before"]), fmt_bytes(peak["after"]), _pct(peak["before"], peak["after"]))
+    mem.add_row("peak at", _where(doc["peak_at"]["before"]), _where(doc["peak_at"]["after"]), "")
+    weights = doc["resident_weight_bytes"]
+    mem.add_row("resident weights", fmt_bytes(weights["before"]), fmt_bytes(weights["after"]), "")
+    console.print(mem)
+    lb = doc["lower_bound_at"]
+    console.print(
+        f"lower bound {fmt_bytes(doc['lower_bound_bytes'])} (largest single-node working set, #{lb['position']} {lb['node']})"
+    )
+    moved, copies = doc["transfer_bytes"], doc["copies"]
+    console.print(
+        f"copies: {copies['d2h']} D2H moving {fmt_bytes(moved['d2h'])}, {copies['h2d']} H2D moving {fmt_bytes(moved['h2d'])}; "
+        f"host peak {fmt_bytes(doc['host_peak_bytes'])}"
+    )
+    if result.times is not None and result.profile is not None:
+        t = doc["time_s"]
+        table = Table(title=f"estimated time, profile {result.profile.name}", show_edge=False)
+        for col in ("", "time", "stall", "slowdown"):
+            table.add_column(col, justify="left" if not col else "right")
+        table.add_row("baseline (no copies)", f"{t['baseline'] * 1e3:.3f} ms", "", "1.00x")
+        for key, label in (("serialized", "copies in line (onnxruntime today)"), ("overlapped", "copies on copy streams")):
+            table.add_row(
+                label, f"{t[key] * 1e3:.3f} ms", f"{doc['stall_s'][key] * 1e3:.3f} ms", f"{doc['slowdown'][key]:.2f}x"
+            )
+        console.print(table)
+        if result.profile.description:
+            console.print(f"profile {result.profile.name}: {result.profile.description}", style="dim")
+
+
+@click.command("simulate")
+@model_argument
+@click.option("--plan", "plan_path", type=click.Path(path_type=str), help="A scheduled plan for MODEL.")
+@click.option(
+    "--profile",
+    default=DEFAULT_PROFILE,
+    show_default=True,
+    metavar="NAME|FILE.json",
+    help=f"Device profile for the time model: {', '.join(list_profiles())}, or a JSON file of your own.",
+)
+@input_shape_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
+@click.option("--plot", type=click.Path(path_type=str), metavar="FILE.png|FILE.svg", help="Write the memory timeline plot.")
+@click.option(
+    "--timeline-limit",
+    type=click.IntRange(min=0),
+    default=10_000,
+    show_default=True,
+    help="Leave the per-step timeline out of --json when the run has more steps than this.",
+)
+def simulate_cmd(model, plan_path, profile, input_shape, as_json, plot, timeline_limit):
+    """Peak device memory before and after a plan, where it occurs, bytes moved, and estimated time.
+
+    MODEL is an original model (with or without --plan) or a model already rewritten by apply.
+    Memory follows onnxruntime's rules in its PRIORITY_BASED order; time comes from the device
+    profile's roofline and link figures (estimates, not measurements).
+    """
+    prof = load_profile(profile)
+    plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
+    if plot:
+        check_output_path(plot, model, plan_path)
+    if plan is not None and not input_shape and plan["model"]["input_shapes"]:
+        input_shape = tuple(f"{k}={','.join(map(str, v))}" for k, v in plan["model"]["input_shapes"].items())
+    analysis = load_and_analyse(model, input_shape, show_progress=not as_json)
+    if plan is not None:
+        check_plan_model(plan, analysis.loaded.sha256, model)
+    result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
+    result = dataclasses.replace(result, plan_path=plan_path)
+    doc = result.to_json(timeline_limit=timeline_limit)
+    if result.unknown_tensors:
+        shown = ", ".join(result.unknown_tensors[:8]) + (" …" if len(result.unknown_tensors) > 8 else "")
+        logger.warning(
+            "%d tensor(s) have an unknown size and count as 0 bytes in every figure: %s "
+            "(pin dynamic inputs with --input-shape NAME=D0,D1,...)",
+            len(result.unknown_tensors),
+            shown,
+        )
+    if plot:
+        plot_timeline(result, plot)
+    if as_json:
+        print_json(doc)
+    else:
+        _print_report(result, doc)
+    if plot:
+        (err_console() if as_json else out_console()).print(f"wrote {plot}")
+
+
+COMMANDS = [simulate_cmd]
