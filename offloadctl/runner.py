@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 
 from offloadctl.errors import OffloadError
+from offloadctl.metadata import KEY_SESSION, session_settings
 from offloadctl.model import load_model
 
 __all__ = [
@@ -81,7 +82,7 @@ OPT_LEVELS: dict[str, str] = {
     "all": "ORT_ENABLE_ALL",
 }
 
-SESSION_METADATA_KEY = "offloadctl.session"
+SESSION_METADATA_KEY = KEY_SESSION
 
 #: CANN provider options `run` uses unless the model's metadata or --ep-option says otherwise.
 #: With ``enable_cann_graph`` on (CANN's default) CANN compiles subgraphs and owns their memory,
@@ -149,34 +150,32 @@ def read_session_settings(model: str | os.PathLike[str] | onnx.ModelProto) -> di
     Raises:
         OffloadError: the file cannot be read, or the metadata entry is not a JSON object.
     """
-    proto = model if isinstance(model, onnx.ModelProto) else load_model(model).proto
-    where = "the model" if isinstance(model, onnx.ModelProto) else str(model)
-    for prop in proto.metadata_props:
-        if prop.key != SESSION_METADATA_KEY:
-            continue
-        try:
-            settings = json.loads(prop.value)
-        except json.JSONDecodeError as exc:
-            raise OffloadError(
-                f"metadata {SESSION_METADATA_KEY!r} of {where} is not valid JSON ({exc})",
-                hint="rewrite the model with `offloadctl apply` to regenerate it",
-            ) from None
-        if not isinstance(settings, dict):
-            raise OffloadError(
-                f"metadata {SESSION_METADATA_KEY!r} of {where} is not a JSON object",
-                hint="rewrite the model with `offloadctl apply` to regenerate it",
-            )
-        return settings
-    return {}
+    if isinstance(model, onnx.ModelProto):
+        return _settings_of(model)
+    try:
+        return _settings_of(load_model(model).proto)
+    except OffloadError as exc:
+        if str(model) in exc.message:
+            raise
+        raise OffloadError(f"{model}: {exc.message}", hint=exc.hint) from None
+
+
+def _settings_of(proto: onnx.ModelProto) -> dict[str, Any]:
+    return session_settings(proto) or {}
 
 
 def _has_memcpy_nodes(proto: onnx.ModelProto) -> bool:
     return any(n.op_type in _MEMCPY_OPS and n.domain in ("", "ai.onnx") for n in proto.graph.node)
 
 
-def _required_settings(proto: onnx.ModelProto) -> dict[str, Any]:
+def _required_settings(proto: onnx.ModelProto, where: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The settings record, or the minimum a model with copy nodes but no record needs."""
-    settings = read_session_settings(proto)
+    try:
+        settings = _settings_of(proto)
+    except OffloadError as exc:
+        if where is None:
+            raise
+        raise OffloadError(f"{where}: {exc.message}", hint=exc.hint) from None
     if not settings and _has_memcpy_nodes(proto):
         settings = {"execution_order": "PRIORITY_BASED"}
     return settings
@@ -372,13 +371,13 @@ def check_session_settings(
     """
     proto = load_model(model_path).proto
     warnings = []
-    settings = read_session_settings(proto)
-    if not settings and _has_memcpy_nodes(proto):
+    settings = _required_settings(proto, model_path)
+    if not read_session_settings(proto) and _has_memcpy_nodes(proto):
         warnings.append(
             f"{model_path} has copy nodes but no {SESSION_METADATA_KEY!r} metadata: its required session "
             "settings are unknown beyond PRIORITY_BASED order"
         )
-    return warnings + settings_warnings(_required_settings(proto), sess_options, disabled_optimizers, provider_options)
+    return warnings + settings_warnings(settings, sess_options, disabled_optimizers, provider_options)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -847,11 +846,6 @@ def _describe_value(value: Any) -> dict[str, Any]:
     return {"shape": None, "dtype": type(value).__name__}
 
 
-def _settings_for(path: str, proto: onnx.ModelProto) -> dict[str, Any]:
-    """The settings record, through `offloadctl.apply.session_settings` when it is available."""
-    return _required_settings(proto)
-
-
 def run_model(
     model: str,
     device: str,
@@ -891,7 +885,7 @@ def run_model(
     warnings: list[str] = []
     loaded = load_model(model)
     ort = import_onnxruntime(device)
-    settings = _settings_for(model, loaded.proto)
+    settings = _required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
     if ep_options and device == "cpu":
         warnings.append("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
@@ -932,7 +926,7 @@ def run_model(
         if atol is None:
             atol = 0.0 if opt_level == "disable" else _DEFAULT_ATOL
         original = load_model(compare_to)
-        original_settings = _settings_for(compare_to, original.proto)
+        original_settings = _required_settings(original.proto, compare_to)
         original_config = session_config(original_settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
         original_session = create_session(compare_to, original_config, device, ort=ort)
         original_feeds = _feeds_for(original_session, feeds_all, compare_to, model)

@@ -307,3 +307,43 @@ def test_missing_onnxruntime_says_how_to_install(monkeypatch):
         import_onnxruntime("ascend")
     assert info.value.message == "onnxruntime is not installed"
     assert "offloadctl[cann]" in info.value.hint
+
+
+def test_bad_metadata_names_the_file(run_cli, tmp_path):
+    model = onnx.load(str(SAMPLES / "seed.onnx"))
+    entry = model.metadata_props.add()
+    entry.key = SESSION_METADATA_KEY
+    entry.value = "{not json"
+    path = _save(model, tmp_path / "badmeta.onnx")
+    result = run_cli("run", path, "--device", "cpu")
+    assert result.exit_code == 1
+    assert "badmeta.onnx" in result.stderr and SESSION_METADATA_KEY in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_applied_plan_is_exact_and_runs_as_planned(run_cli, tmp_path, name):
+    model = SAMPLES / f"{name}.onnx"
+    plan, rewritten = tmp_path / "plan.json", tmp_path / f"{name}.offload.onnx"
+    made = run_cli("plan", model, "-o", plan, "--select-distance", "1", "--prefetch-distance", "2", "--params")
+    assert made.exit_code == 0, made.stderr
+    applied = run_cli("apply", plan, "-o", rewritten)
+    assert applied.exit_code == 0, applied.stderr
+    copies = sum(n.op_type in ("MemcpyToHost", "MemcpyFromHost") for n in onnx.load(str(rewritten)).graph.node)
+    assert copies > 0
+
+    result = run_cli("run", rewritten, "--device", "cpu", "--inputs", SAMPLES / f"{name}.inputs.npz",
+                     "--compare-to", model, "--opt-level", "disable", "--repeat", "1", "--strict-order", "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert all(c["identical"] for c in doc["comparison"].values())
+    assert doc["order"]["verdict"] == "as planned"
+    assert doc["order"]["ran_count"] == doc["order"]["planned_count"]  # every copy node ran, in file order
+    assert doc["order"]["planned_count"] == len(_planned_nodes(rewritten))
+    assert doc["session"]["disabled_optimizers"] == ["ConstantFolding"]
+    assert doc["session"]["model_settings"]["execution_order"] == "PRIORITY_BASED"
+    assert doc["warnings"] == []
+
+
+def _planned_nodes(path) -> list[str]:
+    return [n.name for n in onnx.load(str(path)).graph.node if n.op_type != "Constant"]
