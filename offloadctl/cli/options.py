@@ -15,8 +15,17 @@ from offloadctl.stages import (
     DEFAULT_SELECT_NUM,
 )
 from offloadctl.cli.ui import BytesParam
+from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH
 
-__all__ = ["model_argument", "input_shape_option", "select_options", "filter_options", "prefetch_options", "output_option"]
+__all__ = [
+    "model_argument",
+    "input_shape_option",
+    "select_options",
+    "filter_options",
+    "budget_options",
+    "prefetch_options",
+    "output_option",
+]
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -80,6 +89,36 @@ filter_options = _compose(
         show_default=True,
         help="Drop candidates smaller than this (accepts 4096, 64KiB, 1MB).",
     ),
+)
+
+budget_options = _compose(
+    click.option(
+        "--strategy",
+        type=click.Choice(["distance", "budget"]),
+        default=None,
+        help="distance: HyperOffload's rule (the default); budget: fit --budget at the least bytes moved.",
+    ),
+    click.option(
+        "--budget",
+        "budget",
+        type=BytesParam(),
+        default=None,
+        help="Peak device memory to fit (accepts 1.5GiB, 800MB); implies --strategy budget.",
+    ),
+    click.option(
+        "--stream-weights",
+        is_flag=True,
+        default=False,
+        help="Keep weights on the host and stream them in by layer group (implies --strategy budget).",
+    ),
+    click.option(
+        "--stream-depth",
+        type=click.IntRange(min=0),
+        default=DEFAULT_STREAM_DEPTH,
+        show_default=True,
+        help="With --stream-weights: how many layer groups ahead weights are copied in.",
+    ),
+    click.option("--explain", is_flag=True, default=False, help="Print every candidate, chosen or not, and why."),
 )
 
 prefetch_options = _compose(

@@ -5,17 +5,36 @@ from __future__ import annotations
 import click
 
 from offloadctl.cli.common import load_and_analyse, print_plan_summary
-from offloadctl.cli.options import filter_options, model_argument, output_option, prefetch_options, select_options
+from offloadctl.analysis import Analysis, analyse
+from offloadctl.cli.options import (
+    budget_options,
+    filter_options,
+    model_argument,
+    output_option,
+    prefetch_options,
+    select_options,
+)
+from offloadctl.cli.ui import out_console
+from offloadctl.errors import OffloadError
+from offloadctl.explain import explain_table
 from offloadctl.files import check_output_path
-from offloadctl.plan import read_plan, write_plan
-from offloadctl.stages import filter_plan, prefetch, select
+from offloadctl.model import load_model
+from offloadctl.plan import check_plan_model, read_plan, write_plan
+from offloadctl.stages import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, filter_plan, prefetch, select
+from offloadctl.stages.budget import budget_filter, check_budget
 
 __all__ = ["COMMANDS"]
 
 
 def _select(model: str, input_shape, select_distance, activations, params, force, never) -> dict:
+    return _analyse_and_select(model, input_shape, select_distance, activations, params, force, never)[1]
+
+
+def _analyse_and_select(
+    model: str, input_shape, select_distance, activations, params, force, never
+) -> tuple[Analysis, dict]:
     analysis = load_and_analyse(model, input_shape)
-    return select(
+    plan = select(
         analysis,
         select_distance=select_distance,
         activations=activations,
@@ -23,6 +42,30 @@ def _select(model: str, input_shape, select_distance, activations, params, force
         force=force,
         never=never,
     )
+    return analysis, plan
+
+
+def _use_budget(strategy: str | None, budget: int | None, stream_weights: bool) -> bool:
+    """Resolve --strategy/--budget/--stream-weights; bad combinations are usage errors."""
+    if strategy == "distance" and (budget is not None or stream_weights):
+        raise click.UsageError("--budget and --stream-weights need the budget strategy, not --strategy distance")
+    if strategy == "budget" and budget is None and not stream_weights:
+        raise click.UsageError("--strategy budget needs --budget BYTES (or --stream-weights)")
+    return strategy == "budget" or budget is not None or stream_weights
+
+
+def _plan_analysis(plan: dict, source: str) -> Analysis:
+    """Re-load the model a plan was made for (same input shapes) and check it is the same file."""
+    path = plan["model"]["path"]
+    try:
+        loaded = load_model(path, input_shapes=plan["model"]["input_shapes"])
+    except OffloadError as exc:
+        raise OffloadError(
+            f"the budget strategy needs the model of {source}, {path}: {exc.message}",
+            hint="run the command from the directory the plan was made in, or re-create the plan with offloadctl plan",
+        ) from None
+    check_plan_model(plan, loaded.sha256, path)
+    return analyse(loaded)
 
 
 @click.command("select")
@@ -41,12 +84,28 @@ def select_cmd(model, output, select_distance, activations, params, force, never
 @click.argument("selected", type=click.Path(path_type=str))
 @output_option("the filtered plan (stage 'filtered')")
 @filter_options
-def filter_cmd(selected, output, select_num, min_bytes):
-    """Keep the first --select-num candidates in first-use order (stage 'filtered')."""
+@budget_options
+def filter_cmd(selected, output, select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain):
+    """Keep the first --select-num candidates in first-use order (stage 'filtered').
+
+    With --budget (budget strategy) it instead chooses what to offload so the simulated peak fits,
+    assuming the default prefetch distance (each offload gets its own, smaller one if needed).
+    """
     check_output_path(output, selected)
-    plan = filter_plan(read_plan(selected, stages=("selected",)), select_num=select_num, min_bytes=min_bytes)
+    use_budget = _use_budget(strategy, budget, stream_weights)
+    selected_plan = read_plan(selected, stages=("selected",))
+    if use_budget:
+        plan = budget_filter(
+            selected_plan, _plan_analysis(selected_plan, f"plan file {selected}"), budget_bytes=budget,
+            prefetch_distance=DEFAULT_PREFETCH_DISTANCE, release_distance=DEFAULT_RELEASE_DISTANCE,
+            select_num=select_num, min_bytes=min_bytes, stream_weights=stream_weights, stream_depth=stream_depth,
+        )
+    else:
+        plan = filter_plan(selected_plan, select_num=select_num, min_bytes=min_bytes)
     write_plan(output, plan)
     print_plan_summary(plan, output)
+    if explain:
+        out_console().print(explain_table(plan))
 
 
 @click.command("prefetch")
@@ -70,18 +129,32 @@ def prefetch_cmd(filtered, output, prefetch_distance, release_distance):
 @output_option("the scheduled plan")
 @select_options
 @filter_options
+@budget_options
 @prefetch_options
 def plan_cmd(
     model, output, select_distance, activations, params, force, never, input_shape,
-    select_num, min_bytes, prefetch_distance, release_distance,
+    select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain,
+    prefetch_distance, release_distance,
 ):
     """select + filter + prefetch in one call; same document as chaining the three."""
     check_output_path(output, model)
-    selected = _select(model, input_shape, select_distance, activations, params, force, never)
-    filtered = filter_plan(selected, select_num=select_num, min_bytes=min_bytes)
+    use_budget = _use_budget(strategy, budget, stream_weights)
+    analysis, selected = _analyse_and_select(model, input_shape, select_distance, activations, params, force, never)
+    if use_budget:
+        filtered = budget_filter(
+            selected, analysis, budget_bytes=budget, prefetch_distance=prefetch_distance,
+            release_distance=release_distance, select_num=select_num, min_bytes=min_bytes,
+            stream_weights=stream_weights, stream_depth=stream_depth,
+        )
+    else:
+        filtered = filter_plan(selected, select_num=select_num, min_bytes=min_bytes)
     plan = prefetch(filtered, prefetch_distance=prefetch_distance, release_distance=release_distance)
+    if use_budget:
+        check_budget(analysis, plan)
     write_plan(output, plan)
     print_plan_summary(plan, output)
+    if explain:
+        out_console().print(explain_table(plan))
 
 
 COMMANDS = [select_cmd, filter_cmd, prefetch_cmd, plan_cmd]

@@ -1,0 +1,763 @@
+"""The budget strategy: choose what to offload so the peak device memory fits a budget.
+
+Where the distance strategy (HyperOffload) offloads every gap longer than ``select_distance``, the
+budget strategy chooses individual *intervals* — the gaps of an activation between consecutive
+producer/use positions, and the idle stretches of a weight (before its first use, between uses,
+after its last use) — so that the simulated peak fits ``budget_bytes`` while moving as few bytes
+as possible over the host link.
+
+Why bytes moved is the objective: every offloaded interval costs one host-to-device copy of the
+tensor (plus one device-to-host copy per activation, plus one more for an offloaded graph output).
+Those bytes are what the link pays for, and the stall an offload adds is proportional to them:
+with copies on the compute stream (onnxruntime today) every byte moved is time the model waits,
+and with a separate copy stream the bytes still share one link and can only hide behind compute.
+The number of offloads, by contrast, says nothing: one large tensor costs more than ten small ones.
+
+Algorithm (greedy on the peak step, then pruning, then prefetch placement):
+
+1. Candidates are what ``select`` accepts at select distance 0 (so ``--never``, unknown sizes,
+   host-side inputs, weights that are graph outputs, ``--min-bytes`` are all respected).
+   ``--force`` tensors start offloaded (their largest gap) and stay offloaded.
+2. While the peak exceeds the budget, look at the peak step. Among the intervals that would free it,
+   take the one with the largest reduction of over-budget memory (summed over all steps, each step
+   capped at its excess) per byte moved; update the memory profile incrementally and repeat.
+3. Pruning: drop every chosen interval whose removal keeps the peak within the budget (the most
+   expensive first).
+4. Prefetch: every reload is first placed at its use (distance 0). Then, in execution order, each
+   offload gets the largest per-tensor ``prefetch_distance`` <= the requested global distance that
+   keeps the peak within the budget (the memory profile is monotone in the distance, so a binary
+   search finds it).
+
+If the budget is below the lower bound (the largest single-node working set: inputs, outputs and
+weights one node reads), or the greedy cannot reach it, an ``OffloadError`` gives the lower bound
+and the best peak reachable. When the user did not enable weights (``--params``) and activations
+alone cannot reach the budget, weights are added as candidates and the plan says so.
+
+Weight streaming (``stream_weights``): weights stay on the host and come in by *layer group*.
+Groups are built from the execution order: eligible weights sorted by first use are packed into
+consecutive groups of at most the size of the largest single node's weights (so a group never has
+to be larger than what one node needs anyway; for a transformer this gives roughly the attention
+projections, the MLP up and the MLP down of each layer). Group k is copied in at the start of group
+k - depth's window and each weight is freed after its last use, so at most depth + 1 groups are on
+the device. A weight also read outside its group's window (shared across layers) stays resident.
+Streamed weights are fixed choices; the greedy then handles the rest of the budget.
+
+Memory model (the simulator's): over the execution order, steps 0..n-1 are the nodes and step n
+the end of the run. A tensor lives from its producer to its last consumer; graph inputs from step 0,
+graph outputs to the end; weights all the time unless offloaded. An offloaded activation keeps its
+device buffer from the producer to max(last device use, D2H, release_after); a reload lives from
+its ``h2d_before`` to the last use of its group (an offloaded graph output's final reload from
+``output_h2d_before`` to the end); an offloaded weight lives only from each group's H2D to the
+group's last use. Tensors of unknown size count 0 bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from offloadctl.analysis import Analysis, Use
+from offloadctl.errors import OffloadError
+from offloadctl.plan import check_plan_model, record_stage, validate_plan
+from offloadctl.stages.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, first_use_key
+from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
+from offloadctl.stages.select import select
+
+__all__ = [
+    "DEFAULT_STREAM_DEPTH",
+    "BudgetResult",
+    "budget_filter",
+    "lower_bound",
+    "memory_profile",
+    "plan_peak",
+    "bytes_moved",
+    "check_budget",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STREAM_DEPTH = 1
+
+
+# --------------------------------------------------------------------------------------------
+# Memory accounting from a plan (independent of the greedy's internal state)
+# --------------------------------------------------------------------------------------------
+
+
+def _size(analysis: Analysis, name: str) -> int:
+    info = analysis.infos.get(name)
+    return (info.bytes or 0) if info is not None else 0
+
+
+def lower_bound(analysis: Analysis) -> tuple[int, int]:
+    """The largest single-node working set: (bytes, position of that node).
+
+    A node's working set is the sum of the distinct tensors it reads (inputs, weights, outer-scope
+    reads of its subgraphs) and writes. The end of the run (position n) counts as one more node
+    whose inputs are the graph outputs, which must all be on the device when the run returns. No
+    plan can bring the peak below it.
+    """
+    n = analysis.num_positions
+    ws = np.zeros(n + 1, dtype=np.int64)
+    ws[n] = sum(_size(analysis, name) for name in set(analysis.graph_outputs))
+    for name, uses in analysis.uses.items():
+        b = _size(analysis, name)
+        for pos in sorted({u.position for u in uses}):
+            ws[pos] += b
+    for name, pos in analysis.producer.items():
+        ws[pos] += _size(analysis, name)
+    pos = int(np.argmax(ws))
+    return int(ws[pos]), pos
+
+
+def _where(analysis: Analysis, pos: int) -> str:
+    if pos >= analysis.num_positions:
+        return "the graph outputs, all on the device at the end of the run"
+    return f"the working set of node {analysis.node_names[pos]!r} at position {pos}: its inputs, outputs and weights"
+
+
+def _default_intervals(analysis: Analysis, name: str) -> list[tuple[int, int]]:
+    """Live steps (inclusive) of a tensor nobody offloads."""
+    n = analysis.num_positions
+    uses = analysis.uses.get(name, [])
+    is_output = name in analysis.graph_outputs
+    if name in analysis.producer:
+        start = analysis.producer[name]
+    elif name in analysis.weights:
+        return [(0, n)] if uses else []
+    else:  # graph input
+        start = 0
+    end = n if is_output else (uses[-1].position if uses else start)
+    return [(start, max(start, end))]
+
+
+def _offload_intervals(off: dict[str, Any], n: int, prefetch_distance: int) -> list[tuple[int, int]]:
+    """Live steps of an offloaded tensor from its plan entry (h2d_before null: use the distance)."""
+    is_act = off["kind"] == "activation"
+    distance = off["prefetch_distance"] if off["prefetch_distance"] is not None else prefetch_distance
+    low = off["d2h_after"] + 1 if is_act else 0
+    spans: list[tuple[int, int]] = []
+    if is_act:
+        p0 = off["d2h_after"]
+        last_dev = off["device_uses"][-1]["position"] if off["device_uses"] else p0
+        release = off["release_after"] if off["release_after"] is not None else last_dev
+        spans.append((off["producer"]["position"], max(last_dev, p0, release)))
+    for group in off["reload_groups"]:
+        first = group["uses"][0]["position"]
+        h2d = group["h2d_before"] if group["h2d_before"] is not None else max(low, first - distance)
+        spans.append((h2d, group["uses"][-1]["position"]))
+    if off.get("graph_output") and off.get("output_h2d_before") is not None:
+        spans.append((off["output_h2d_before"], n))
+    return spans
+
+
+def _add(mem: np.ndarray, spans: Iterable[tuple[int, int]], b: int) -> None:
+    for s, e in spans:
+        mem[s : e + 1] += b
+
+
+def memory_profile(
+    analysis: Analysis, plan: dict[str, Any] | None = None, *, prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE
+) -> np.ndarray:
+    """Device bytes live at each step 0..n (step n = the end of the run) under ``plan``.
+
+    A plan before the prefetch stage (``h2d_before`` null) is placed with each offload's own
+    ``prefetch_distance`` or else ``prefetch_distance``, as the prefetch stage would.
+    """
+    n = analysis.num_positions
+    mem = np.zeros(n + 1, dtype=np.int64)
+    offloads = {o["tensor"]: o for o in (plan["offloads"] if plan else [])}
+    names = list(analysis.graph_inputs) + list(analysis.producer) + sorted(analysis.weights)
+    for name in dict.fromkeys(names):
+        b = _size(analysis, name)
+        if not b:
+            continue
+        off = offloads.get(name)
+        spans = _offload_intervals(off, n, prefetch_distance) if off else _default_intervals(analysis, name)
+        _add(mem, spans, b)
+    return mem
+
+
+def plan_peak(
+    analysis: Analysis, plan: dict[str, Any] | None = None, *, prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE
+) -> tuple[int, int]:
+    """(peak bytes, step of the first peak) of :func:`memory_profile`."""
+    mem = memory_profile(analysis, plan, prefetch_distance=prefetch_distance)
+    pos = int(np.argmax(mem))
+    return int(mem[pos]), pos
+
+
+def bytes_moved(plan: dict[str, Any]) -> int:
+    """Bytes a plan copies per run: one D2H per activation, one H2D per reload group and output."""
+    total = 0
+    for off in plan["offloads"]:
+        copies = len(off["reload_groups"]) + (off["kind"] == "activation")
+        copies += bool(off.get("graph_output") and off.get("output_h2d_before") is not None)
+        total += copies * off["bytes"]
+    return total
+
+
+# --------------------------------------------------------------------------------------------
+# Internal model of one candidate tensor and its state
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Cand:
+    """One eligible tensor. Gap i of an activation lies between entries[i] and entries[i+1]
+    (entries = producer + distinct use positions); gap i of a weight lies between use positions
+    entries[i] and entries[i+1] (its outer stretches are freed by offloading it at all)."""
+
+    name: str
+    is_act: bool
+    b: int
+    start: int  # producer (activations) or 0
+    uses: list[Use]
+    entries: list[int]
+    output: bool
+    forced: bool
+    template: dict[str, Any]  # the select-stage entry (dtype, shape, producer...)
+
+    @property
+    def num_gaps(self) -> int:
+        return len(self.entries) - 1
+
+    def gap_len(self, i: int) -> int:
+        return self.entries[i + 1] - self.entries[i]
+
+    def gap_containing(self, pos: int) -> int | None:
+        """The gap whose interior holds ``pos``, if any."""
+        k = bisect.bisect_right(self.entries, pos) - 1
+        if 0 <= k < self.num_gaps and self.entries[k] < pos < self.entries[k + 1]:
+            return k
+        return None
+
+
+@dataclass(frozen=True)
+class _State:
+    offloaded: bool = False
+    cuts: frozenset[int] = frozenset()
+    distance: int = 0
+
+
+@dataclass
+class _Layout:
+    device_uses: list[Use]
+    groups: list[tuple[int, list[Use]]]  # (gap before it, uses)
+
+
+def _layout(c: _Cand, st: _State) -> _Layout:
+    """device_uses and reload groups of a candidate under a state (offloaded)."""
+    starts = {c.entries[i + 1] for i in st.cuts}
+    if not c.is_act:
+        starts.add(c.entries[0])
+    device: list[Use] = []
+    groups: list[tuple[int, list[Use]]] = []
+    prev = c.start
+    for u in c.uses:
+        if u.position in starts and (not groups or groups[-1][1][0].position != u.position):
+            groups.append((u.position - prev, [u]))
+        elif groups:
+            groups[-1][1].append(u)
+        else:
+            device.append(u)
+        prev = u.position
+    return _Layout(device, groups)
+
+
+def _spans(c: _Cand, st: _State, n: int, release_distance: int) -> list[tuple[int, int]]:
+    if not st.offloaded:
+        if c.is_act:
+            return [(c.start, n if c.output else c.entries[-1])]
+        return [(0, n)]
+    lay = _layout(c, st)
+    spans: list[tuple[int, int]] = []
+    low = c.start + 1 if c.is_act else 0
+    if c.is_act:
+        last_dev = lay.device_uses[-1].position if lay.device_uses else c.start
+        release = min(last_dev + release_distance, max(n - 1, 0))
+        spans.append((c.start, max(last_dev, release)))
+    for _, g in lay.groups:
+        spans.append((max(low, g[0].position - st.distance), g[-1].position))
+    if c.is_act and c.output:
+        spans.append((n, n))
+    return spans
+
+
+def _cost(c: _Cand, st: _State) -> int:
+    if not st.offloaded:
+        return 0
+    copies = (len(st.cuts) + 1 + (1 if c.output else 0)) if c.is_act else len(st.cuts) + 1
+    return copies * c.b
+
+
+# --------------------------------------------------------------------------------------------
+# The greedy
+# --------------------------------------------------------------------------------------------
+
+
+class _Planner:
+    def __init__(self, analysis: Analysis, cands: list[_Cand], release_distance: int) -> None:
+        self.analysis = analysis
+        self.n = analysis.num_positions
+        self.cands = {c.name: c for c in cands}
+        self.release = release_distance
+        self.state: dict[str, _State] = {c.name: _State() for c in cands}
+        self.fixed: set[str] = set()  # streamed weights: state never changed by the greedy
+        self.mem = memory_profile(analysis, None)
+
+    def spans(self, name: str, st: _State) -> list[tuple[int, int]]:
+        return _spans(self.cands[name], st, self.n, self.release)
+
+    def set(self, name: str, st: _State) -> None:
+        c = self.cands[name]
+        _add(self.mem, self.spans(name, self.state[name]), -c.b)
+        _add(self.mem, self.spans(name, st), c.b)
+        self.state[name] = st
+
+    def peak(self) -> tuple[int, int]:
+        pos = int(np.argmax(self.mem))
+        return int(self.mem[pos]), pos
+
+    def moved(self) -> int:
+        return sum(_cost(self.cands[k], s) for k, s in self.state.items())
+
+    def delta(self, name: str, st: _State) -> tuple[int, np.ndarray]:
+        """(first step, change of the profile from that step) if ``name`` moved to ``st``."""
+        old, new = self.spans(name, self.state[name]), self.spans(name, st)
+        lo = min(s for s, _ in old + new)
+        hi = max(e for _, e in old + new)
+        d = np.zeros(hi - lo + 1, dtype=np.int64)
+        b = self.cands[name].b
+        for s, e in old:
+            d[s - lo : e - lo + 1] -= b
+        for s, e in new:
+            d[s - lo : e - lo + 1] += b
+        return lo, d
+
+    def moves_at(self, pos: int) -> list[tuple[str, _State]]:
+        """State changes (one more interval each) that would free step ``pos``."""
+        out = []
+        for name, c in self.cands.items():
+            if name in self.fixed:
+                continue
+            st = self.state[name]
+            k = c.gap_containing(pos)
+            if c.is_act:
+                if pos < c.start or (pos > c.entries[-1] and not c.output):
+                    continue
+                if k is not None and k not in st.cuts:
+                    out.append((name, _State(True, st.cuts | {k}, st.distance)))
+                elif pos > c.entries[-1] and not st.offloaded:  # graph output's trailing stretch
+                    best = max(range(c.num_gaps), key=lambda i: (c.gap_len(i), -i))
+                    out.append((name, _State(True, frozenset({best}), st.distance)))
+            else:
+                if not st.offloaded and (pos < c.entries[0] or pos > c.entries[-1]):
+                    out.append((name, _State(True, st.cuts, st.distance)))
+                elif k is not None and k not in st.cuts:
+                    out.append((name, _State(True, st.cuts | {k}, st.distance)))
+        return out
+
+    def greedy(self, budget: int) -> bool:
+        """Add intervals until the peak fits; False when no interval frees the peak step."""
+        while True:
+            peak, pos = self.peak()
+            if peak <= budget:
+                return True
+            best: tuple[tuple, str, _State] | None = None
+            for name, st in self.moves_at(pos):
+                lo, d = self.delta(name, st)
+                if d[pos - lo] >= 0:
+                    continue
+                seg = self.mem[lo : lo + len(d)]
+                benefit = int((np.maximum(seg - budget, 0) - np.maximum(seg + d - budget, 0)).sum())
+                cost = _cost(self.cands[name], st) - _cost(self.cands[name], self.state[name])
+                key = (benefit / max(cost, 1), -cost, benefit, name)
+                if best is None or key > best[0]:
+                    best = (key, name, st)
+            if best is None:
+                return False
+            self.set(best[1], best[2])
+
+    def prune(self, budget: int) -> None:
+        """Drop every chosen interval whose removal keeps the peak within the budget."""
+        changed = True
+        while changed:
+            changed = False
+            options: list[tuple[int, str, _State]] = []
+            for name, st in self.state.items():
+                c = self.cands[name]
+                if not st.offloaded or name in self.fixed:
+                    continue
+                for k in st.cuts:
+                    rest = st.cuts - {k}
+                    if c.is_act and not rest:
+                        new = _State() if not c.forced else None
+                    else:
+                        new = _State(True, rest, st.distance)
+                    if new is not None:
+                        options.append((_cost(c, st) - _cost(c, new), name, new))
+                if not c.is_act and not st.cuts and not c.forced:
+                    options.append((_cost(c, st), name, _State()))
+            for _, name, new in sorted(options, key=lambda o: (-o[0], o[1])):
+                old = self.state[name]
+                if not old.offloaded or not _still_valid(old, new):
+                    continue
+                self.set(name, new)
+                if self.peak()[0] <= budget:
+                    changed = True
+                else:
+                    self.set(name, old)
+
+    def place_prefetch(self, budget: float, distance: int) -> None:
+        """Largest per-tensor distance <= ``distance`` keeping the peak within the budget."""
+        order = sorted(
+            (k for k, s in self.state.items() if s.offloaded and k not in self.fixed),
+            key=lambda k: (_layout(self.cands[k], self.state[k]).groups[0][1][0].position, k),
+        )
+        for name in order:
+            st = self.state[name]
+            lo, hi = 0, distance
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                self.set(name, _State(True, st.cuts, mid))
+                if self.peak()[0] <= budget:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            self.set(name, _State(True, st.cuts, lo))
+
+
+def _still_valid(old: _State, new: _State) -> bool:
+    """A pruning option computed before other removals is still a one-step removal from ``old``."""
+    if not new.offloaded:
+        return len(old.cuts) <= 1
+    return new.cuts < old.cuts and len(old.cuts - new.cuts) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Weight streaming
+# --------------------------------------------------------------------------------------------
+
+
+def _stream_groups(cands: list[_Cand]) -> tuple[list[list[_Cand]], list[int]]:
+    """Pack weights (by first use) into layer groups; returns (groups, window start of each)."""
+    weights = sorted((c for c in cands if not c.is_act), key=lambda c: (c.entries[0], c.name))
+    if not weights:
+        return [], []
+    per_node: dict[int, int] = {}
+    for c in weights:
+        per_node[c.entries[0]] = per_node.get(c.entries[0], 0) + c.b
+    cap = max(per_node.values())
+    groups: list[list[_Cand]] = []
+    size = 0
+    for c in weights:
+        same_node = groups and groups[-1][-1].entries[0] == c.entries[0]
+        if groups and (same_node or size + c.b <= cap):
+            groups[-1].append(c)
+            size += c.b
+        else:
+            groups.append([c])
+            size = c.b
+    starts = [g[0].entries[0] for g in groups]
+    return groups, starts
+
+
+def _stream_states(cands: list[_Cand], depth: int) -> tuple[dict[str, _State], dict[str, Any]]:
+    groups, starts = _stream_groups(cands)
+    states: dict[str, _State] = {}
+    resident: list[str] = []
+    group_bytes = []
+    for k, g in enumerate(groups):
+        window_end = starts[k + 1] - 1 if k + 1 < len(groups) else math.inf
+        load_at = starts[max(k - depth, 0)]
+        kept = 0
+        for c in g:
+            if c.entries[-1] > window_end:
+                resident.append(c.name)
+                continue
+            states[c.name] = _State(True, frozenset(), c.entries[0] - load_at)
+            kept += c.b
+        group_bytes.append(kept)
+    info = {
+        "depth": depth,
+        "groups": len(groups),
+        "largest_group_bytes": max(group_bytes, default=0),
+        "streamed_bytes": sum(group_bytes),
+        "resident_shared": sorted(resident),
+    }
+    return states, info
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BudgetResult:
+    """What the strategy found, besides the plan."""
+
+    requested: int | None
+    lower_bound: int
+    lower_bound_position: int
+    peak_before: int
+    peak: int
+    peak_position: int
+    moved: int
+    weights_added: bool = False
+    stream: dict[str, Any] | None = None
+    chosen: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self, prefetch_distance: int, release_distance: int) -> dict[str, Any]:
+        doc = {
+            "requested_bytes": self.requested,
+            "lower_bound_bytes": self.lower_bound,
+            "lower_bound_position": self.lower_bound_position,
+            "peak_before_bytes": self.peak_before,
+            "predicted_peak_bytes": self.peak,
+            "predicted_peak_position": self.peak_position,
+            "bytes_moved": self.moved,
+            "assumed_prefetch_distance": prefetch_distance,
+            "assumed_release_distance": release_distance,
+            "weights_added_by_budget": self.weights_added,
+            "chosen": self.chosen,
+        }
+        if self.stream is not None:
+            doc["stream_weights"] = self.stream
+        return doc
+
+
+def _candidates(analysis: Analysis, selected0: dict[str, Any], min_bytes: int) -> tuple[list[_Cand], list[dict]]:
+    outputs = set(analysis.graph_outputs)
+    cands: list[_Cand] = []
+    small: list[dict] = []
+    for off in selected0["offloads"]:
+        name = off["tensor"]
+        is_act = off["kind"] == "activation"
+        uses = analysis.uses[name]
+        start = analysis.producer[name] if is_act else 0
+        positions = sorted({u.position for u in uses})
+        entries = ([start] if is_act else []) + positions
+        if off["bytes"] < min_bytes and not off.get("forced"):
+            small.append(_reject(off["tensor"], off["kind"], off["bytes"], "min-bytes", f"{off['bytes']} bytes < --min-bytes {min_bytes}", entries))
+            continue
+        cands.append(
+            _Cand(name, is_act, off["bytes"], start, uses, entries, is_act and name in outputs, bool(off.get("forced")), off)
+        )
+    return cands, small
+
+
+def _max_gap(entries: list[int]) -> int | None:
+    return max((b - a for a, b in zip(entries, entries[1:])), default=None)
+
+
+def _reject(tensor: str, kind: str, b: int | None, reason: str, detail: str, entries: list[int]) -> dict[str, Any]:
+    return {"tensor": tensor, "kind": kind, "bytes": b, "stage": "filter", "reason": reason, "detail": detail, "max_gap": _max_gap(entries)}
+
+
+def _entry(c: _Cand, st: _State, n: int) -> dict[str, Any]:
+    lay = _layout(c, st)
+    e = dict(c.template)
+    e["device_uses"] = [u.to_json() for u in lay.device_uses]
+    e["reload_groups"] = [{"uses": [u.to_json() for u in g], "gap": gap, "h2d_before": None} for gap, g in lay.groups]
+    e["graph_output"] = c.output
+    e["output_h2d_before"] = n if c.output else None
+    e["release_after"] = None
+    e["prefetch_distance"] = st.distance
+    return e
+
+
+def _solve(
+    analysis: Analysis,
+    cands: list[_Cand],
+    *,
+    budget: int | None,
+    prefetch_distance: int,
+    release_distance: int,
+    stream: dict[str, _State] | None,
+) -> tuple[_Planner, bool]:
+    p = _Planner(analysis, cands, release_distance)
+    for c in cands:
+        if stream and c.name in stream:
+            p.fixed.add(c.name)
+            p.set(c.name, stream[c.name])
+        elif c.forced:
+            if c.is_act:
+                best = max(range(c.num_gaps), key=lambda i: (c.gap_len(i), -i))
+                p.set(c.name, _State(True, frozenset({best})))
+            else:
+                p.set(c.name, _State(True))
+    if budget is None:
+        p.place_prefetch(math.inf, prefetch_distance)
+        return p, True
+    if not p.greedy(budget):
+        return p, False
+    p.prune(budget)
+    p.place_prefetch(budget, prefetch_distance)
+    return p, True
+
+
+def _best_reachable(analysis: Analysis, cands: list[_Cand], release_distance: int, stream: dict[str, _State] | None) -> int:
+    p = _Planner(analysis, cands, release_distance)
+    for c in cands:
+        if stream and c.name in stream:
+            p.set(c.name, stream[c.name])
+        else:
+            p.set(c.name, _State(True, frozenset(range(c.num_gaps))))
+    return p.peak()[0]
+
+
+def budget_filter(
+    plan: dict[str, Any],
+    analysis: Analysis,
+    *,
+    budget_bytes: int | None,
+    prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
+    release_distance: int = DEFAULT_RELEASE_DISTANCE,
+    select_num: int = DEFAULT_SELECT_NUM,
+    min_bytes: int = DEFAULT_MIN_BYTES,
+    stream_weights: bool = False,
+    stream_depth: int = DEFAULT_STREAM_DEPTH,
+    profile: str | None = None,
+) -> dict[str, Any]:
+    """Turn a "selected" plan into a "filtered" plan whose simulated peak fits ``budget_bytes``.
+
+    Args:
+        plan: a plan at stage "selected" for ``analysis``'s model; its select options (activations,
+            params, force, never) are kept, its select distance is not used.
+        analysis: the analysed model the plan was made for.
+        budget_bytes: the peak to fit, or None to offload only what ``stream_weights`` and
+            ``--force`` ask for.
+        prefetch_distance: the global prefetch distance the prefetch stage will use; each offload
+            gets its own distance, at most this, so the peak stays within the budget.
+        release_distance: the release distance the prefetch stage will use.
+        select_num: recorded; the budget strategy does not cap the number of offloads.
+        min_bytes: candidates smaller than this are not considered.
+        stream_weights: stream weights in by layer group (see the module docstring).
+        stream_depth: how many groups ahead a group is copied in.
+        profile: device profile name, recorded.
+
+    Raises:
+        OffloadError: the plan is for another model, or the budget cannot be reached (the message
+            gives the lower bound and the best peak reachable).
+    """
+    check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
+    if select_num != DEFAULT_SELECT_NUM:
+        logger.warning("--select-num %d is not used by the budget strategy (it fits the budget instead)", select_num)
+    sel = plan["options"]["select"]
+    n = analysis.num_positions
+    lb, lb_pos = lower_bound(analysis)
+    before, _ = plan_peak(analysis, None)
+    if budget_bytes is not None and budget_bytes < lb:
+        raise OffloadError(
+            f"budget {budget_bytes} bytes is below the lower bound {lb} bytes of {analysis.loaded.path} "
+            f"({_where(analysis, lb_pos)}); the peak is {before} bytes without offload",
+            hint=f"give --budget {lb} or more",
+        )
+    params = sel["params"] or stream_weights
+    force, never = tuple(sel.get("force", ())), tuple(sel.get("never", ()))
+
+    def attempt(with_params: bool):
+        selected0 = select(
+            analysis, select_distance=0, activations=sel["activations"], params=with_params, force=force, never=never
+        )
+        cands, small = _candidates(analysis, selected0, min_bytes)
+        stream = None
+        info = None
+        if stream_weights:
+            stream, info = _stream_states(cands, stream_depth)
+        planner, ok = _solve(
+            analysis, cands, budget=budget_bytes, prefetch_distance=prefetch_distance,
+            release_distance=release_distance, stream=stream,
+        )
+        return selected0, cands, small, stream, info, planner, ok
+
+    selected0, cands, small, stream, stream_info, planner, ok = attempt(params)
+    weights_added = False
+    if not ok and not params:
+        retry = attempt(True)
+        if retry[-1]:
+            logger.warning("activations alone cannot fit the budget: weights were considered too (as with --params)")
+            selected0, cands, small, stream, stream_info, planner, ok = retry
+            weights_added = True
+    if not ok:
+        best = min(planner.peak()[0], _best_reachable(analysis, cands, release_distance, stream))
+        raise OffloadError(
+            f"the budget strategy cannot fit {analysis.loaded.path} into {budget_bytes} bytes: the best peak "
+            f"reachable is {best} bytes (lower bound {lb} bytes, peak without offload {before} bytes)",
+            hint=f"raise --budget to at least {best}, or allow more candidates (--params, fewer --never patterns)",
+        )
+
+    new = record_stage(
+        plan, "filtered", "filter",
+        {"select_num": select_num, "min_bytes": min_bytes, "strategy": "budget", "budget_bytes": budget_bytes, "profile": profile},
+    )
+    new["strategy"] = "budget"
+    offloads: list[dict[str, Any]] = []
+    rejected = [dict(r) for r in selected0["rejected"]] + small
+    chosen: dict[str, str] = {}
+    for c in cands:
+        st = planner.state[c.name]
+        if st.offloaded:
+            offloads.append(_entry(c, st, n))
+            if stream and c.name in stream:
+                chosen[c.name] = "streamed weight (layer group)"
+            elif c.forced:
+                chosen[c.name] = "forced (--force)"
+            else:
+                chosen[c.name] = "needed to fit the budget"
+        else:
+            why = "the peak fits the budget without it" if budget_bytes is not None else "no budget given"
+            rejected.append(_reject(c.name, "activation" if c.is_act else "parameter", c.b, "budget-not-needed", why, c.entries))
+    offloads.sort(key=first_use_key)
+    for i, e in enumerate(offloads):
+        e["id"] = i
+    new["offloads"] = offloads
+    new["rejected"] = rejected
+    peak, pos = plan_peak(analysis, new, prefetch_distance=prefetch_distance) if release_distance == 0 else planner.peak()
+    internal = planner.peak()
+    if release_distance == 0 and peak != internal[0]:  # pragma: no cover - two accountings disagree: a bug
+        raise AssertionError(f"budget accounting {internal[0]} != plan accounting {peak}")
+    result = BudgetResult(
+        requested=budget_bytes, lower_bound=lb, lower_bound_position=lb_pos, peak_before=before,
+        peak=internal[0], peak_position=internal[1], moved=bytes_moved(new), weights_added=weights_added,
+        stream=stream_info, chosen=chosen,
+    )
+    new["budget"] = result.to_json(prefetch_distance, release_distance)
+    validate_plan(new, source="filtered plan")
+    return new
+
+
+def check_budget(analysis: Analysis, plan: dict[str, Any]) -> dict[str, Any]:
+    """Check a scheduled budget plan with the simulator and record its figures in ``plan["budget"]``.
+
+    The simulator (``offloadctl.simulate.peak_memory``) is the judge of memory figures when it is
+    installed; the strategy's own accounting is used otherwise. Returns the plan (updated in place).
+
+    Raises:
+        AssertionError: the predicted peak exceeds the budget (a bug in the strategy).
+    """
+    try:
+        from offloadctl.simulate import peak_memory
+    except ImportError:  # pragma: no cover - the simulator ships with the package
+        peak, pos = plan_peak(analysis, plan)
+    else:
+        peak, pos = peak_memory(analysis, plan)
+    info = plan.get("budget")
+    if info is None:
+        return plan
+    requested = info.get("requested_bytes")
+    if requested is not None and peak > requested:  # pragma: no cover - the strategy guarantees it
+        raise AssertionError(f"budget plan peaks at {peak} bytes > budget {requested}")
+    info["predicted_peak_bytes"] = int(peak)
+    info["predicted_peak_position"] = pos
+    info["bytes_moved"] = bytes_moved(plan)
+    validate_plan(plan, source="scheduled plan")
+    return plan
