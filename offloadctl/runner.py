@@ -259,6 +259,9 @@ def session_config(
     so = ort.SessionOptions()
     so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt_level])
+    # onnxruntime warns once per weight listed in graph.input (how offloaded weights escape constant
+    # folding): keep its log to errors unless the user asked for detail (-v).
+    so.log_severity_level = 1 if logging.getLogger().isEnabledFor(logging.INFO) else 3
     provider = DEVICES[device]
     providers: list[Any]
     if provider == "CPUExecutionProvider":

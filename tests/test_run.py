@@ -61,11 +61,20 @@ def test_sample_runs_on_cpu_and_matches_itself(run_cli, name):
 
 
 def test_optimized_run_checks_relative_order(run_cli):
-    result = run_cli("run", SAMPLES / "transformer.onnx", "--device", "cpu", "--repeat", "1", "--json")
+    result = run_cli("run", SAMPLES / "transformer.onnx", "--device", "cpu", "--repeat", "1", "--opt-level", "all", "--json")
     assert result.exit_code == 0, result.stderr
     order = result.json()["order"]
     assert order["mode"] == "relative" and order["matches"] is True
     assert 0 < order["ran_count"] <= order["planned_count"]
+
+
+def test_default_run_verifies_the_plan_exactly(run_cli):
+    result = run_cli("run", SAMPLES / "seed.onnx", "--device", "cpu", "--repeat", "1", "--json",
+                     "--compare-to", SAMPLES / "seed.onnx")
+    assert result.exit_code == 0, result.stderr
+    report = result.json()
+    assert report["order"]["mode"] == "exact" and report["order"]["matches"] is True
+    assert all(c["identical"] for c in report["comparison"].values())
 
 
 def test_human_output_has_tables(run_cli):
