@@ -40,7 +40,9 @@ to be larger than what one node needs anyway; for a transformer this gives rough
 projections, the MLP up and the MLP down of each layer). Group k is copied in at the start of group
 k - depth's window and each weight is freed after its last use, so at most depth + 1 groups are on
 the device. A weight also read outside its group's window (shared across layers) stays resident.
-Streamed weights are fixed choices; the greedy then handles the rest of the budget.
+Streamed weights are fixed choices; with a budget they start loaded at their first use, the greedy
+handles the rest, and prefetch placement then gives each streamed weight the longest lead, up to its
+group's depth, that keeps the budget.
 
 Memory model (the simulator's): over the execution order, steps 0..n-1 are the nodes and step n
 the end of the run. A tensor lives from its producer to its last consumer; graph inputs from step 0,
@@ -415,15 +417,16 @@ class _Planner:
                 else:
                     self.set(name, old)
 
-    def place_prefetch(self, budget: float, distance: int) -> None:
-        """Largest per-tensor distance <= ``distance`` keeping the peak within the budget."""
+    def place_prefetch(self, budget: float, distance: int, caps: dict[str, int] | None = None) -> None:
+        """Largest per-tensor distance <= ``distance`` (or the tensor's cap) keeping the peak within budget."""
+        caps = caps or {}
         order = sorted(
-            (k for k, s in self.state.items() if s.offloaded and k not in self.fixed),
+            (k for k, s in self.state.items() if s.offloaded and (k not in self.fixed or k in caps)),
             key=lambda k: (_layout(self.cands[k], self.state[k]).groups[0][1][0].position, k),
         )
         for name in order:
             st = self.state[name]
-            lo, hi = 0, distance
+            lo, hi = 0, caps.get(name, distance)
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 self.set(name, _State(True, st.cuts, mid))
@@ -584,10 +587,16 @@ def _solve(
     stream: dict[str, _State] | None,
 ) -> tuple[_Planner, bool]:
     p = _Planner(analysis, cands, release_distance)
+    caps: dict[str, int] = {}
     for c in cands:
         if stream and c.name in stream:
+            # streamed weights are fixed choices; with a budget their lead (depth) may be shortened
             p.fixed.add(c.name)
-            p.set(c.name, stream[c.name])
+            if budget is None:
+                p.set(c.name, stream[c.name])
+            else:
+                caps[c.name] = stream[c.name].distance
+                p.set(c.name, _State(True, stream[c.name].cuts, 0))
         elif c.forced:
             if c.is_act:
                 best = max(range(c.num_gaps), key=lambda i: (c.gap_len(i), -i))
@@ -600,7 +609,7 @@ def _solve(
     if not p.greedy(budget):
         return p, False
     p.prune(budget)
-    p.place_prefetch(budget, prefetch_distance)
+    p.place_prefetch(budget, prefetch_distance, caps)
     return p, True
 
 
@@ -608,7 +617,7 @@ def _best_reachable(analysis: Analysis, cands: list[_Cand], release_distance: in
     p = _Planner(analysis, cands, release_distance)
     for c in cands:
         if stream and c.name in stream:
-            p.set(c.name, stream[c.name])
+            p.set(c.name, _State(True, stream[c.name].cuts, 0))
         else:
             p.set(c.name, _State(True, frozenset(range(c.num_gaps))))
     return p.peak()[0]
