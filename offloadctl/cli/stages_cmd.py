@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from offloadctl.cli.common import load_and_analyse, print_plan_summary
@@ -54,9 +56,16 @@ def _use_budget(strategy: str | None, budget: int | None, stream_weights: bool) 
     return strategy == "budget" or budget is not None or stream_weights
 
 
-def _plan_analysis(plan: dict, source: str) -> Analysis:
-    """Re-load the model a plan was made for (same input shapes) and check it is the same file."""
+def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
+    """Re-load the model a plan was made for (same input shapes) and check it is the same file.
+
+    The model is looked for at the path the plan records, then beside the plan file.
+    """
+    source = f"plan file {plan_path}"
     path = plan["model"]["path"]
+    beside = Path(plan_path).parent / Path(path).name
+    if not Path(path).exists() and beside.is_file():
+        path = str(beside)
     try:
         loaded = load_model(path, input_shapes=plan["model"]["input_shapes"])
     except OffloadError as exc:
@@ -96,7 +105,7 @@ def filter_cmd(selected, output, select_num, min_bytes, strategy, budget, stream
     selected_plan = read_plan(selected, stages=("selected",))
     if use_budget:
         plan = budget_filter(
-            selected_plan, _plan_analysis(selected_plan, f"plan file {selected}"), budget_bytes=budget,
+            selected_plan, _plan_analysis(selected_plan, selected), budget_bytes=budget,
             prefetch_distance=DEFAULT_PREFETCH_DISTANCE, release_distance=DEFAULT_RELEASE_DISTANCE,
             select_num=select_num, min_bytes=min_bytes, stream_weights=stream_weights, stream_depth=stream_depth,
         )

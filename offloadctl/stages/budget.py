@@ -688,8 +688,14 @@ def budget_filter(
         )
         return selected0, cands, small, stream, info, planner, ok
 
-    selected0, cands, small, stream, stream_info, planner, ok = attempt(params)
+    def reachable(attempted) -> int:
+        _, cands_, _, stream_, _, planner_, _ = attempted
+        return min(planner_.peak()[0], _best_reachable(analysis, cands_, release_distance, stream_))
+
+    first = attempt(params)
+    selected0, cands, small, stream, stream_info, planner, ok = first
     weights_added = False
+    retry = None
     if not ok and not params:
         retry = attempt(True)
         if retry[-1]:
@@ -697,7 +703,7 @@ def budget_filter(
             selected0, cands, small, stream, stream_info, planner, ok = retry
             weights_added = True
     if not ok:
-        best = min(planner.peak()[0], _best_reachable(analysis, cands, release_distance, stream))
+        best = min(reachable(a) for a in (first, retry) if a is not None)
         raise OffloadError(
             f"the budget strategy cannot fit {analysis.loaded.path} into {budget_bytes} bytes: the best peak "
             f"reachable is {best} bytes (lower bound {lb} bytes, peak without offload {before} bytes)",
