@@ -637,6 +637,8 @@ def _program_for(analysis: Analysis, plan: dict[str, Any] | None, source: str) -
                 hint="simulate the rewritten model on its own, or the original model with the plan",
             )
         return base, _rewritten_program(analysis, base)
+    if plan is not None:
+        check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
     if plan is None or not plan["offloads"]:
         if plan is not None:
             _plan_program(base, plan, source)  # checks stage and positions
@@ -655,8 +657,6 @@ def peak_memory(analysis: Analysis, plan: dict[str, Any] | None = None) -> tuple
         position it is anchored to (D2H: the node it follows; H2D: the node it precedes, or
         num_positions at the end); None for a model without nodes.
     """
-    if plan is not None:
-        check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
     _, program = _program_for(analysis, plan, "plan")
     device = _working_sets(program)
     s = _argmax(device)
@@ -922,8 +922,6 @@ def simulate(
     Raises:
         OffloadError: the plan is not scheduled, belongs to another model, or contradicts it.
     """
-    if plan is not None:
-        check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
     prof = load_profile(profile) if isinstance(profile, str) else profile
     base, program = _program_for(analysis, plan, plan_source)
     before_program = _before_program(base)

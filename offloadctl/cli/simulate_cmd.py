@@ -14,11 +14,25 @@ from offloadctl.cli.ui import err_console, fmt_bytes, out_console, print_json
 from offloadctl.files import check_output_path
 from offloadctl.plan import check_plan_model, read_plan
 from offloadctl.profiles import DEFAULT_PROFILE, list_profiles, load_profile
-from offloadctl.simulate import SimResult, plot_timeline, simulate
+from offloadctl.simulate import SimResult, is_rewritten, peak_memory, plot_timeline, simulate
 
-__all__ = ["COMMANDS", "simulate_cmd"]
+__all__ = ["COMMANDS", "simulate_cmd", "print_peak_change"]
 
 logger = logging.getLogger(__name__)
+
+
+def print_peak_change(analysis, plan: dict) -> None:
+    """One line: the simulated peak device memory without and with ``plan`` (used by `plan`)."""
+    if is_rewritten(analysis):
+        out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
+        return
+    before, _ = peak_memory(analysis)
+    after, at = peak_memory(analysis, plan)
+    where = f", at #{at} {analysis.node_names[at]}" if at is not None and at < analysis.num_positions else ""
+    out_console().print(
+        f"simulated peak device memory: {fmt_bytes(before)} before -> {fmt_bytes(after)} after"
+        f" ({_pct(before, after) or '+0.0%'}{where})"
+    )
 
 
 def _where(at: dict) -> str:
