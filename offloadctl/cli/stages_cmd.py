@@ -16,6 +16,7 @@ from offloadctl.cli.options import (
     prefetch_options,
     select_options,
 )
+from offloadctl.cli.simulate_cmd import print_peak_change
 from offloadctl.cli.ui import out_console
 from offloadctl.errors import OffloadError
 from offloadctl.explain import explain_table
@@ -164,6 +165,7 @@ def plan_cmd(
     print_plan_summary(plan, output)
     if explain:
         out_console().print(explain_table(plan))
+    print_peak_change(analysis, plan)
 
 
 COMMANDS = [select_cmd, filter_cmd, prefetch_cmd, plan_cmd]
