@@ -13,6 +13,7 @@ from offloadctl.analysis import analyse
 from offloadctl.apply import apply_plan, write_model
 from offloadctl.cli.ui import parse_bytes
 from offloadctl.errors import OffloadError
+from offloadctl.explain import explain_rows
 from offloadctl.model import load_model
 from offloadctl.simulate import peak_memory, simulate
 from offloadctl.stages import filter_plan, make_plan, prefetch, select
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
 SAMPLE_NAMES = ["seed", "unet", "transformer", "training", "mlp"]
 
-# `s` (4 bytes) is read early (position 1) and at the very end: a gap of 10. `b` (1 KiB) is read at
+# `s` (4 bytes) is read early (position 1) and at the very end (10): a gap of 9. `b` (1 KiB) is read at
 # 3 and 8: a gap of 5. The peak (4100 bytes: b, s, t1, t2, t3 at position 6) lies inside b's gap;
 # the lower bound is 3072 bytes (three 1 KiB tensors at Add t3 and at Add u).
 TWO_CANDIDATES = """
@@ -304,3 +305,30 @@ def test_bad_byte_size_is_a_usage_error(run_cli, write_model, tmp_path):
     result = run_cli("plan", write_model(TWO_CANDIDATES), "-o", tmp_path / "p.json", "--budget", "lots")
     assert result.exit_code == 2
     assert "not a byte size" in result.stderr
+
+
+def test_filter_finds_the_model_beside_the_plan(run_cli, write_model, tmp_path, monkeypatch):
+    model = write_model(TWO_CANDIDATES)
+    selected = tmp_path / "selected.json"
+    assert run_cli("select", model, "-o", selected).exit_code == 0
+    plan = json.loads(selected.read_text())
+    plan["model"]["path"] = "elsewhere/model.onnx"
+    selected.write_text(json.dumps(plan))
+    monkeypatch.chdir(tmp_path.parent)
+    result = run_cli("filter", selected, "-o", tmp_path / "filtered.json", "--budget", "3100")
+    assert result.exit_code == 0, result.stderr
+    other = write_model(TWO_CANDIDATES.replace("Relu(u)", "Sigmoid(u)"), name="other.onnx")
+    plan["model"]["path"] = str(other)
+    selected.write_text(json.dumps(plan))
+    result = run_cli("filter", selected, "-o", tmp_path / "f2.json", "--budget", "3100")
+    assert result.exit_code == 1 and "sha256" in result.stderr
+    assert not (tmp_path / "f2.json").exists()
+
+
+def test_explain_lists_distance_rejections(run_cli, write_model, tmp_path):
+    result = run_cli("plan", write_model(TWO_CANDIDATES), "-o", tmp_path / "p.json", "--select-distance", "6", "--explain")
+    assert result.exit_code == 0, result.stderr
+    assert "offloaded" in result.stdout and "rejected" in result.stdout
+    rows = {r["tensor"]: r for r in explain_rows(json.loads((tmp_path / "p.json").read_text()))}
+    assert rows["s"]["status"] == "offloaded" and rows["s"]["detail"].startswith("gap 9 > select distance 6")
+    assert rows["b"]["status"] == "rejected" and rows["b"]["reason"] == "short-gaps" and rows["b"]["max_gap"] == 5
