@@ -133,6 +133,7 @@ class _Base:
     canon: Callable[[str], str]  # node input name -> the tensor it stands for
     infos: dict[str, Any]
     unknown_set: set[str] = field(default_factory=set)
+    rewritten: bool = False  # the model contains copy nodes
     before: _Program | None = None
     costs: dict[str, list[float]] = field(default_factory=dict)
 
@@ -229,6 +230,7 @@ def _new_base(analysis: Analysis) -> _Base:
         canon=canon,
         infos=analysis.infos,
         unknown_set=set(unknown),
+        rewritten=bool(copy_nodes),
     )
 
 
@@ -630,7 +632,7 @@ def _lower_bound(base: _Base) -> tuple[int, int | None]:
 
 def _program_for(analysis: Analysis, plan: dict[str, Any] | None, source: str) -> tuple[_Base, _Program]:
     base = _base(analysis)
-    if is_rewritten(analysis):
+    if base.rewritten:
         if plan is not None:
             raise OffloadError(
                 f"{analysis.loaded.path} already contains MemcpyToHost/MemcpyFromHost copies; it cannot take a plan",
@@ -939,7 +941,7 @@ def simulate(
         times = _times(program, _node_costs(base, prof), prof)
     return SimResult(
         model=str(analysis.loaded.path),
-        rewritten=is_rewritten(analysis),
+        rewritten=base.rewritten,
         plan_path=None,
         before=before,
         after=after,
