@@ -514,6 +514,19 @@ def test_rewritten_model_refuses_a_plan(samples, tmp_path):
         simulate(rewritten, plan)
 
 
+def test_cli_rewritten_model_refuses_a_plan(run_cli, tmp_path, seed_path):
+    analysis = _analysis(seed_path)
+    plan = make_plan(analysis, select_distance=1, prefetch_distance=0)
+    plan_path = tmp_path / "plan.json"
+    write_plan(plan_path, plan)
+    _rewrite(analysis, plan, tmp_path / "seed.offload.onnx")
+    result = run_cli("simulate", tmp_path / "seed.offload.onnx", "--plan", plan_path)
+    assert result.exit_code == 1 and "already contains" in result.stderr
+    doc = run_cli("simulate", tmp_path / "seed.offload.onnx", "--json").json()
+    assert doc["rewritten"] and doc["peak_bytes"] == {"before": 516, "after": 388, "saved": 128}
+    assert doc["peak_at"]["after"]["node"] == "add_m5"
+
+
 @pytest.mark.parametrize("name", ["seed", "training"])
 def test_simulated_order_is_the_order_onnxruntime_runs(samples, tmp_path, name):
     analysis = samples[name]

@@ -12,7 +12,7 @@ from offloadctl.cli.common import load_and_analyse
 from offloadctl.cli.options import input_shape_option, model_argument
 from offloadctl.cli.ui import err_console, fmt_bytes, out_console, print_json
 from offloadctl.files import check_output_path
-from offloadctl.plan import check_plan_model, read_plan
+from offloadctl.plan import read_plan
 from offloadctl.profiles import DEFAULT_PROFILE, list_profiles, load_profile
 from offloadctl.simulate import SimResult, is_rewritten, peak_memory, plot_timeline, simulate
 
@@ -118,8 +118,6 @@ def simulate_cmd(model, plan_path, profile, input_shape, as_json, plot, timeline
     if plan is not None and not input_shape and plan["model"]["input_shapes"]:
         input_shape = tuple(f"{k}={','.join(map(str, v))}" for k, v in plan["model"]["input_shapes"].items())
     analysis = load_and_analyse(model, input_shape, show_progress=not as_json)
-    if plan is not None:
-        check_plan_model(plan, analysis.loaded.sha256, model)
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
