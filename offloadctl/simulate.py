@@ -42,7 +42,8 @@ tensor a subgraph reads counts as read by the parent node). Tensors whose size i
 low.
 
 Lower bound: the largest working set of a single node on its own (its inputs, including the weights
-it reads, and its outputs): no plan can go below it.
+it reads, and its outputs). The end of the run counts as one more such step whose inputs are the
+graph outputs, which must all be on the device when the run returns. No plan can go below it.
 
 Time model (needs a profile): a node takes ``max(flops / peak_flops, bytes / mem_bandwidth) +
 kernel_launch_s``. FLOPs are counted for MatMul/FusedMatMul/Gemm (2*M*N*K), Conv (2 * output
@@ -77,6 +78,8 @@ from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
 
 __all__ = [
     "COPY_OPS",
+    "lower_bound",
+    "step_label",
     "MemoryTrace",
     "TimeFigures",
     "SimResult",
@@ -627,7 +630,29 @@ def _lower_bound(base: _Base) -> tuple[int, int | None]:
         size = sum(base.sizes[t] for t in set(base.reads[p]) | set(base.writes[p]))
         if at is None or size > best:
             best, at = size, p
+    end = sum(base.sizes[t] for t in range(len(base.names)) if base.graph_output[t])
+    if end > best:
+        best, at = end, base.n
     return best, at
+
+
+def lower_bound(analysis: Analysis) -> tuple[int, int | None]:
+    """The largest single-step working set: (bytes, position), position num_positions = the end.
+
+    A node's working set is the distinct tensors it reads (inputs, weights, outer-scope reads of
+    its subgraphs) and writes; the end of the run reads every graph output. No plan can bring the
+    peak below it. None as position for a model without nodes or outputs.
+    """
+    return _lower_bound(_base(analysis))
+
+
+def step_label(analysis: Analysis, position: int | None) -> str | None:
+    """The node label at a position; the end of the run for ``num_positions``."""
+    if position is None:
+        return None
+    if position >= analysis.num_positions:
+        return "end of run (graph outputs)"
+    return analysis.node_names[position]
 
 
 def _program_for(analysis: Analysis, plan: dict[str, Any] | None, source: str) -> tuple[_Base, _Program]:
@@ -947,7 +972,7 @@ def simulate(
         after=after,
         lower_bound_bytes=bound,
         lower_bound_position=at,
-        lower_bound_node=base.labels[at] if at is not None else None,
+        lower_bound_node=(base.labels[at] if at < base.n else "end of run (graph outputs)") if at is not None else None,
         transfer_bytes=moved,
         copies=copies,
         unknown_tensors=list(base.unknown),
@@ -991,7 +1016,7 @@ def plot_timeline(result: SimResult, path: str, *, title: str | None = None) -> 
     ax.fill_between(range(n), [b / scale for b in before.device], step="mid", color="#bbbbbb", alpha=0.35)
     if after is not before:
         ax.step(xs_after, [b / scale for b in after.device], where="mid", color="#1f77b4", lw=1.8, label="after (with plan)")
-    ax.axhline(result.lower_bound_bytes / scale, color="#d62728", ls="--", lw=1, label="lower bound (largest node)")
+    ax.axhline(result.lower_bound_bytes / scale, color="#d62728", ls="--", lw=1, label="lower bound (largest single step)")
     for trace, xs, color, name in ((before, list(range(n)), "#555555", "before"), (after, xs_after, "#1f77b4", "after")):
         s = trace.peak_step
         if s is None or (name == "after" and after is before):

@@ -554,3 +554,17 @@ def test_plan_command_prints_the_simulated_peak(run_cli, tmp_path, seed_path):
     result = run_cli("plan", seed_path, "-o", tmp_path / "plan.json", "--select-distance", "1", "--prefetch-distance", "0")
     assert result.exit_code == 0, result.stderr
     assert "simulated peak device memory: 516 B before -> 388 B after (-24.8%" in result.stdout
+
+
+def test_lower_bound_counts_the_graph_outputs_at_the_end():
+    from offloadctl.analysis import analyse
+    from offloadctl.model import load_model
+    from offloadctl.simulate import lower_bound, simulate
+    from tests.conftest import SAMPLES
+
+    analysis = analyse(load_model(SAMPLES / "training.onnx"))
+    outputs = sum(analysis.infos[o].bytes for o in analysis.graph_outputs)
+    bound, at = lower_bound(analysis)
+    assert bound >= outputs and at == analysis.num_positions  # the gradients dominate: all outputs at the end
+    result = simulate(analysis)
+    assert result.lower_bound_bytes == bound and result.lower_bound_node == "end of run (graph outputs)"

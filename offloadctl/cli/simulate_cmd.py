@@ -62,7 +62,7 @@ def _print_report(result: SimResult, doc: dict) -> None:
     console.print(mem)
     lb = doc["lower_bound_at"]
     console.print(
-        f"lower bound {fmt_bytes(doc['lower_bound_bytes'])} (largest single-node working set, #{lb['position']} {lb['node']})"
+        f"lower bound {fmt_bytes(doc['lower_bound_bytes'])} (largest single-step working set, #{lb['position']} {lb['node']})"
     )
     moved, copies = doc["transfer_bytes"], doc["copies"]
     console.print(

@@ -70,6 +70,7 @@ from offloadctl.plan import check_plan_model, record_stage, validate_plan
 from offloadctl.stages.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, first_use_key
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
 from offloadctl.stages.select import select
+from offloadctl.simulate import lower_bound, peak_memory
 
 __all__ = [
     "DEFAULT_STREAM_DEPTH",
@@ -95,27 +96,6 @@ DEFAULT_STREAM_DEPTH = 1
 def _size(analysis: Analysis, name: str) -> int:
     info = analysis.infos.get(name)
     return (info.bytes or 0) if info is not None else 0
-
-
-def lower_bound(analysis: Analysis) -> tuple[int, int]:
-    """The largest single-node working set: (bytes, position of that node).
-
-    A node's working set is the sum of the distinct tensors it reads (inputs, weights, outer-scope
-    reads of its subgraphs) and writes. The end of the run (position n) counts as one more node
-    whose inputs are the graph outputs, which must all be on the device when the run returns. No
-    plan can bring the peak below it.
-    """
-    n = analysis.num_positions
-    ws = np.zeros(n + 1, dtype=np.int64)
-    ws[n] = sum(_size(analysis, name) for name in set(analysis.graph_outputs))
-    for name, uses in analysis.uses.items():
-        b = _size(analysis, name)
-        for pos in sorted({u.position for u in uses}):
-            ws[pos] += b
-    for name, pos in analysis.producer.items():
-        ws[pos] += _size(analysis, name)
-    pos = int(np.argmax(ws))
-    return int(ws[pos]), pos
 
 
 def _where(analysis: Analysis, pos: int) -> str:
@@ -753,18 +733,13 @@ def budget_filter(
 def check_budget(analysis: Analysis, plan: dict[str, Any]) -> dict[str, Any]:
     """Check a scheduled budget plan with the simulator and record its figures in ``plan["budget"]``.
 
-    The simulator (``offloadctl.simulate.peak_memory``) is the judge of memory figures when it is
-    installed; the strategy's own accounting is used otherwise. Returns the plan (updated in place).
+    The simulator (``offloadctl.simulate.peak_memory``) is the judge of memory figures. Returns the
+    plan (updated in place).
 
     Raises:
         AssertionError: the predicted peak exceeds the budget (a bug in the strategy).
     """
-    try:
-        from offloadctl.simulate import peak_memory
-    except ImportError:  # pragma: no cover - the simulator ships with the package
-        peak, pos = plan_peak(analysis, plan)
-    else:
-        peak, pos = peak_memory(analysis, plan)
+    peak, pos = peak_memory(analysis, plan)
     info = plan.get("budget")
     if info is None:
         return plan
