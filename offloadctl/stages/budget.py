@@ -56,6 +56,7 @@ group's last use. Tensors of unknown size count 0 bytes.
 from __future__ import annotations
 
 import bisect
+import fnmatch
 import logging
 import math
 from collections.abc import Iterable
@@ -336,9 +337,9 @@ class _Planner:
                     continue
                 if k is not None and k not in st.cuts:
                     out.append((name, _State(True, st.cuts | {k}, st.distance)))
-                elif pos > c.entries[-1] and not st.offloaded:  # graph output's trailing stretch
-                    best = max(range(c.num_gaps), key=lambda i: (c.gap_len(i), -i))
-                    out.append((name, _State(True, frozenset({best}), st.distance)))
+                elif pos > c.entries[-1] and not st.offloaded:
+                    # a graph output's trailing stretch: D2H after the producer, back at the end
+                    out.append((name, _State(True, frozenset(), st.distance)))
             else:
                 if not st.offloaded and (pos < c.entries[0] or pos > c.entries[-1]):
                     out.append((name, _State(True, st.cuts, st.distance)))
@@ -379,13 +380,13 @@ class _Planner:
                     continue
                 for k in st.cuts:
                     rest = st.cuts - {k}
-                    if c.is_act and not rest:
+                    if c.is_act and not rest and not c.output:
                         new = _State() if not c.forced else None
-                    else:
+                    else:  # a graph output keeps its trailing stretch offloaded
                         new = _State(True, rest, st.distance)
                     if new is not None:
                         options.append((_cost(c, st) - _cost(c, new), name, new))
-                if not c.is_act and not st.cuts and not c.forced:
+                if (not c.is_act or c.output) and not st.cuts and not c.forced:
                     options.append((_cost(c, st), name, _State()))
             for _, name, new in sorted(options, key=lambda o: (-o[0], o[1])):
                 old = self.state[name]
@@ -402,7 +403,7 @@ class _Planner:
         caps = caps or {}
         order = sorted(
             (k for k, s in self.state.items() if s.offloaded and (k not in self.fixed or k in caps)),
-            key=lambda k: (_layout(self.cands[k], self.state[k]).groups[0][1][0].position, k),
+            key=lambda k: (_first_reload(self.cands[k], self.state[k], self.n), k),
         )
         for name in order:
             st = self.state[name]
@@ -415,6 +416,11 @@ class _Planner:
                 else:
                     hi = mid - 1
             self.set(name, _State(True, st.cuts, lo))
+
+
+def _first_reload(c: _Cand, st: _State, n: int) -> int:
+    groups = _layout(c, st).groups
+    return groups[0][1][0].position if groups else n
 
 
 def _still_valid(old: _State, new: _State) -> bool:
@@ -534,7 +540,44 @@ def _candidates(analysis: Analysis, selected0: dict[str, Any], min_bytes: int) -
         cands.append(
             _Cand(name, is_act, off["bytes"], start, uses, entries, is_act and name in outputs, bool(off.get("forced")), off)
         )
+    cands.extend(_unread_outputs(analysis, selected0, min_bytes, small))
     return cands, small
+
+
+def _unread_outputs(analysis: Analysis, selected0: dict[str, Any], min_bytes: int, small: list[dict]) -> list[_Cand]:
+    """Graph outputs no node reads (e.g. gradients): offloadable over their trailing stretch only.
+
+    ``select`` rejects them as unused (HyperOffload offloads by uses); here a D2H right after the
+    producer and the final H2D free the device buffer until the end of the run.
+    """
+    sel = selected0["options"]["select"]
+    never, force = tuple(sel.get("never", ())), tuple(sel.get("force", ()))
+    n = analysis.num_positions
+    found = []
+    for r in selected0["rejected"]:
+        name = r["tensor"]
+        if r["reason"] != "unused" or r["kind"] != "activation" or name not in analysis.graph_outputs:
+            continue
+        forced = any(fnmatch.fnmatchcase(name, pat) for pat in force)
+        if any(fnmatch.fnmatchcase(name, pat) for pat in never) or not (sel["activations"] or forced):
+            continue
+        info = analysis.infos.get(name)
+        if info is None or info.bytes is None:
+            continue
+        start = analysis.producer[name]
+        if info.bytes < min_bytes and not forced:
+            small.append(_reject(name, "activation", info.bytes, "min-bytes", f"{info.bytes} bytes < --min-bytes {min_bytes}", [start]))
+            continue
+        template = {
+            "id": 0, "tensor": name, "kind": "activation", "dtype": info.dtype, "shape": list(info.shape or ()),
+            "bytes": info.bytes, "producer": {"position": start, "node": analysis.node_names[start]},
+            "d2h_after": start, "device_uses": [], "reload_groups": [], "graph_output": True,
+            "output_h2d_before": n, "release_after": None, "prefetch_distance": None,
+        }
+        if forced:
+            template["forced"] = True
+        found.append(_Cand(name, True, info.bytes, start, [], [start], True, forced, template))
+    return found
 
 
 def _max_gap(entries: list[int]) -> int | None:
@@ -578,9 +621,11 @@ def _solve(
                 caps[c.name] = stream[c.name].distance
                 p.set(c.name, _State(True, stream[c.name].cuts, 0))
         elif c.forced:
-            if c.is_act:
+            if c.is_act and c.num_gaps:
                 best = max(range(c.num_gaps), key=lambda i: (c.gap_len(i), -i))
                 p.set(c.name, _State(True, frozenset({best})))
+            elif c.is_act:  # a graph output nobody reads: its trailing stretch
+                p.set(c.name, _State(True))
             else:
                 p.set(c.name, _State(True))
     if budget is None:
@@ -696,7 +741,8 @@ def budget_filter(
     )
     new["strategy"] = "budget"
     offloads: list[dict[str, Any]] = []
-    rejected = [dict(r) for r in selected0["rejected"]] + small
+    handled = {c.name for c in cands} | {r["tensor"] for r in small}
+    rejected = [dict(r) for r in selected0["rejected"] if r["tensor"] not in handled] + small
     chosen: dict[str, str] = {}
     for c in cands:
         st = planner.state[c.name]

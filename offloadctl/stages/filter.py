@@ -20,8 +20,16 @@ DEFAULT_MIN_BYTES = 0
 
 
 def first_use_key(offload: dict[str, Any]) -> tuple[int, int]:
-    """(position, input index) of the offload's first use; subgraph reads sort after inputs."""
-    first = offload["device_uses"][0] if offload["device_uses"] else offload["reload_groups"][0]["uses"][0]
+    """(position, input index) of the offload's first use; subgraph reads sort after inputs.
+
+    A graph output that no node reads sorts at its final reload (the end of the run).
+    """
+    if offload["device_uses"]:
+        first = offload["device_uses"][0]
+    elif offload["reload_groups"]:
+        first = offload["reload_groups"][0]["uses"][0]
+    else:
+        return (offload["output_h2d_before"], 0)
     index = first["input_index"]
     return (first["position"], index if index is not None else 1 << 30)
 
