@@ -26,6 +26,8 @@ from offloadctl.plan import validate_plan
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 HAVE_APPLY = importlib.util.find_spec("offloadctl.apply") is not None
 needs_apply = pytest.mark.skipif(not HAVE_APPLY, reason="offloadctl apply is not part of this tree yet")
+HAVE_RUN = importlib.util.find_spec("offloadctl.runner") is not None
+needs_run = pytest.mark.skipif(not HAVE_RUN, reason="offloadctl run is not part of this tree yet")
 
 
 def assert_clean_failure(result, *needles: str) -> None:
@@ -368,6 +370,19 @@ def test_plan_at_the_wrong_stage(run_cli, plans, outputs, command, stage, needle
 
 
 @needs_apply
+def test_apply_never_writes_over_its_inputs(run_cli, tmp_path, plans):
+    model = tmp_path / "seed.onnx"
+    shutil.copy(SAMPLES / "seed.onnx", model)
+    plan_path = tmp_path / "plan.json"
+    assert run_cli("plan", model, "-o", plan_path, "--select-distance", "1").exit_code == 0
+    before = {p: p.read_bytes() for p in (model, plan_path)}
+    for out in (model, plan_path):
+        res = run_cli("apply", plan_path, "-o", out, "--model", model)
+        assert_clean_failure(res, "is the same file as the input")
+    assert {p: p.read_bytes() for p in (model, plan_path)} == before
+
+
+@needs_apply
 def test_apply_refuses_a_plan_that_is_not_scheduled(run_cli, plans, outputs):
     path, _ = plans["filtered"]
     res = run_cli("apply", path, "-o", outputs.folder / "m.onnx", "--model", SAMPLES / "seed.onnx")
@@ -607,3 +622,58 @@ def test_an_empty_graph_plans_to_an_empty_plan(run_cli, tmp_path):
     assert run_cli("plan", path, "-o", out).exit_code == 0
     plan = json.loads(out.read_text())
     assert plan["model"]["num_positions"] == 0 and plan["offloads"] == [] and plan["rejected"] == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# offloadctl run
+# ---------------------------------------------------------------------------------------------------
+
+
+def _run_case(tmp_path: Path, case: str) -> tuple[list, list[str]]:
+    seed = SAMPLES / "seed.onnx"
+    if case == "missing-model":
+        return [tmp_path / "nope.onnx"], ["nope.onnx", "does not exist"]
+    if case == "truncated-model":
+        _truncated(tmp_path / "cut.onnx")
+        return [tmp_path / "cut.onnx"], ["cut.onnx", "not a valid ONNX model"]
+    if case == "inputs-not-npz":
+        (tmp_path / "in.npz").write_text("not an archive")
+        return [seed, "--inputs", tmp_path / "in.npz"], ["in.npz"]
+    if case == "inputs-wrong-name":
+        np.savez(tmp_path / "in.npz", y=np.zeros((4, 8), np.float32))
+        return [seed, "--inputs", tmp_path / "in.npz"], ["in.npz", "'y'"]
+    if case == "inputs-wrong-shape":
+        np.savez(tmp_path / "in.npz", x=np.zeros((3, 3), np.float32))
+        return [seed, "--inputs", tmp_path / "in.npz"], ["in.npz", "'x'", "[3, 3]"]
+    if case == "compare-to-missing":
+        return [seed, "--compare-to", tmp_path / "nope.onnx"], ["nope.onnx", "does not exist"]
+    if case == "ir-version-too-new":
+        model = long_reuse_model()
+        model.ir_version = 14
+        save(model, tmp_path / "ir14.onnx")
+        return [tmp_path / "ir14.onnx"], ["ir14.onnx", "IR version 14"]
+    raise AssertionError(case)
+
+
+@needs_run
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing-model",
+        "truncated-model",
+        "inputs-not-npz",
+        "inputs-wrong-name",
+        "inputs-wrong-shape",
+        "compare-to-missing",
+        "ir-version-too-new",
+    ],
+)
+def test_run_bad_inputs(run_cli, tmp_path, case):
+    args, needles = _run_case(tmp_path, case)
+    assert_clean_failure(run_cli("run", *args, "--device", "cpu", "--repeat", "1"), *needles)
+
+
+@needs_run
+def test_run_refuses_a_plan_given_as_model(run_cli, plans):
+    path, _ = plans["scheduled"]
+    assert_clean_failure(run_cli("run", path, "--device", "cpu"), str(path), "offload plan")
