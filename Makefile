@@ -25,12 +25,11 @@ demo: install
 	@mkdir -p $(OUT)
 	$(BIN)/offloadctl inspect sample_models/unet.onnx --top 5
 	$(BIN)/offloadctl plan sample_models/unet.onnx -o $(OUT)/unet.plan.json --select-distance 10 --prefetch-distance 3 --params
-	@if $(BIN)/offloadctl apply --help >/dev/null 2>&1; then \
-	  $(BIN)/offloadctl apply $(OUT)/unet.plan.json -o $(OUT)/unet.offload.onnx && \
-	  $(BIN)/offloadctl run $(OUT)/unet.offload.onnx --device cpu --inputs sample_models/unet.inputs.npz \
-	    --compare-to sample_models/unet.onnx; fi
-	@if $(BIN)/offloadctl simulate --help >/dev/null 2>&1; then \
-	  $(BIN)/offloadctl simulate sample_models/unet.onnx --plan $(OUT)/unet.plan.json; fi
+	$(BIN)/offloadctl apply $(OUT)/unet.plan.json -o $(OUT)/unet.offload.onnx
+	$(BIN)/offloadctl run $(OUT)/unet.offload.onnx --device cpu --inputs sample_models/unet.inputs.npz \
+	  --compare-to sample_models/unet.onnx
+	$(BIN)/offloadctl simulate sample_models/unet.onnx --plan $(OUT)/unet.plan.json --plot $(OUT)/unet.memory.png
+	$(BIN)/offloadctl plan sample_models/transformer.onnx -o $(OUT)/transformer.budget.json --budget 800KiB
 
 test: install
 	$(BIN)/python -m pytest -q

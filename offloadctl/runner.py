@@ -259,6 +259,12 @@ def session_config(
     so = ort.SessionOptions()
     so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt_level])
+    if opt_level == "disable":
+        # Weight pre-packing is a kernel-level rewrite that graph optimizations do not govern:
+        # onnxruntime pre-packs a constant MatMul weight but not one that arrives through
+        # MemcpyFromHost, and the two paths may round differently in the last bit. Verifying a plan
+        # compares like with like.
+        so.add_session_config_entry("session.disable_prepacking", "1")
     # onnxruntime warns once per weight listed in graph.input (how offloaded weights escape constant
     # folding): keep its log to errors unless the user asked for detail (-v).
     so.log_severity_level = 1 if logging.getLogger().isEnabledFor(logging.INFO) else 3
@@ -512,11 +518,12 @@ def generate_inputs(specs: Sequence[InputSpec], *, seed: int = 0) -> tuple[dict[
                     "(give real inputs with --inputs FILE.npz)"
                 )
         if dtype.kind == "f":
-            inputs[spec.name] = rng.standard_normal(shape).astype(dtype)
+            value = rng.standard_normal(shape)
         elif dtype.kind in "iu":
-            inputs[spec.name] = rng.integers(0, 4, size=shape).astype(dtype)
+            value = rng.integers(0, 4, size=shape)
         else:
-            inputs[spec.name] = rng.random(shape) < 0.5
+            value = rng.random(shape) < 0.5
+        inputs[spec.name] = np.asarray(value).astype(dtype)  # rank 0 gives a scalar: keep an array
     return inputs, warnings
 
 
@@ -781,6 +788,25 @@ def _run_once(session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: An
     return dict(zip(names, values))
 
 
+def _check_same_inputs(specs: Sequence[InputSpec], feeds: Mapping[str, np.ndarray], original: str, model: str) -> None:
+    """Refuse a comparison between models whose inputs differ in dtype or fixed dimensions."""
+    for spec in specs:
+        value = feeds.get(spec.name)
+        if value is None:
+            continue  # reported by _feeds_for
+        fixed = [d if isinstance(d, int) else None for d in spec.shape] if spec.shape is not None else None
+        wrong_type = spec.dtype is not None and value.dtype != spec.dtype
+        wrong_shape = fixed is not None and (
+            value.ndim != len(fixed) or any(d is not None and d != a for d, a in zip(fixed, value.shape))
+        )
+        if wrong_type or wrong_shape:
+            raise OffloadError(
+                f"--compare-to {original} expects input {spec.name!r} as {spec.describe()}, but the inputs for {model} "
+                f"are {value.dtype}{list(value.shape)}",
+                hint="compare a rewritten model with the model its plan was made from",
+            )
+
+
 def _feeds_for(session: Any, inputs: Mapping[str, np.ndarray], model: str, source: str) -> dict[str, np.ndarray]:
     feeds = {}
     for arg in session.get_inputs():
@@ -929,6 +955,7 @@ def run_model(
         if atol is None:
             atol = 0.0 if opt_level == "disable" else _DEFAULT_ATOL
         original = load_model(compare_to)
+        _check_same_inputs(input_specs(original.proto), feeds_all, compare_to, model)
         original_settings = _required_settings(original.proto, compare_to)
         original_config = session_config(original_settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
         original_session = create_session(compare_to, original_config, device, ort=ort)

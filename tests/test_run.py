@@ -356,3 +356,45 @@ def test_applied_plan_is_exact_and_runs_as_planned(run_cli, tmp_path, name):
 
 def _planned_nodes(path) -> list[str]:
     return [n.name for n in onnx.load(str(path)).graph.node if n.op_type != "Constant"]
+
+
+def test_generated_rank0_bool_input_runs(run_cli, write_model):
+    path = write_model("""
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[2] x, bool c) => (float[2] y) {
+        y = If(c) <then_branch = g1 () => (float[2] a) { a = Neg(x) },
+                   else_branch = g2 () => (float[2] b) { b = Relu(x) }>
+    }
+    """)
+    result = run_cli("run", path, "--device", "cpu", "--repeat", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["outputs"]["y"]["shape"] == [2]
+
+
+def test_offloaded_matmul_weight_is_bit_identical_by_default(run_cli, tmp_path):
+    # onnxruntime pre-packs constant MatMul weights, not ones that arrive through MemcpyFromHost,
+    # and the two paths round differently for a single-row input; the verifying run compares like
+    # with like.
+    rng = np.random.default_rng(3)
+    weight = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 64])], initializer=[weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = IR_VERSION
+    path = _save(model, tmp_path / "mm.onnx")
+    plan, out = tmp_path / "plan.json", tmp_path / "out.onnx"
+    assert run_cli("plan", path, "-o", plan, "--params", "--force", "w", "--select-distance", "0").exit_code == 0
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+    result = run_cli("run", out, "--device", "cpu", "--compare-to", path, "--repeat", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["comparison"]["m"]["identical"] is True
+
+
+def test_compare_to_a_model_with_other_inputs_is_refused_clearly(run_cli):
+    result = run_cli("run", SAMPLES / "seed.onnx", "--device", "cpu", "--compare-to", SAMPLES / "mlp.onnx")
+    assert result.exit_code == 1
+    assert "expects input 'x'" in result.stderr and "made from" in result.stderr
+    assert "INVALID_ARGUMENT" not in result.stderr

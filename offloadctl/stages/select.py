@@ -153,7 +153,8 @@ def select(
             why = info.why_unknown() if info is not None else "shape inference could not find its type"
             reason = "not-copyable" if info is not None and not info.copyable else "unknown-size"
             hint = "" if reason == "not-copyable" else "; pin dynamic inputs with --input-shape NAME=D0,D1,..."
-            reject(name, kind, uses, reason, f"size unknown: {why}{hint}", max_gap)
+            detail = why if reason == "not-copyable" else f"size unknown: {why}{hint}"
+            reject(name, kind, uses, reason, detail, max_gap)
             continue
         host_use = next((u for u in uses if _reads_on_host(analysis, u)), None)
         if host_use is not None and not forced_name(name):
