@@ -1,0 +1,251 @@
+"""Scale: the large-model generator, planning without weight bytes, and the fast paths of planning.
+
+The benchmark itself (bench/bench_scale.py) measures time and memory; these tests check, on small
+models and without timing, that what makes planning fast does not change its results: analysis
+equals a plain re-statement of the PRIORITY_BASED order and of producers and uses, the compiled plan
+check never accepts a plan jsonschema rejects, plan copies equal ``copy.deepcopy``, and planning
+never reads the weights' data file.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import importlib.util
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+import jsonschema
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto
+
+from offloadctl import plan as plan_module
+from offloadctl.analysis import analyse, is_constant_node, subgraph_outer_names
+from offloadctl.model import load_model
+from offloadctl.plan import dump_plan, plan_schema, validate_plan
+from offloadctl.stages import make_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("gen_large", ROOT / "bench" / "gen_large.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    sys.modules["gen_large"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gen_large = _load_generator()
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("large")
+    config = gen_large.LargeModelConfig(layers=6, hidden=8, nodes_per_layer=20, seq=4, fill="pattern")
+    return gen_large.generate(folder / "model.onnx", config)
+
+
+def test_generator_writes_a_checked_model_with_the_requested_size_and_external_weights(small_model):
+    gen = small_model
+    onnx.checker.check_model(str(gen.path))
+    model = onnx.load(str(gen.path), load_external_data=False)
+    assert model.ir_version == 10 and [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
+    assert len(model.graph.node) == gen.config.num_nodes == 2 + 6 * 20 == gen.num_nodes
+    layers = {n.name.split("/")[0] for n in model.graph.node if n.name.startswith("layer")}
+    assert layers == {f"layer{i}" for i in range(6)}
+    for i in range(6):
+        assert sum(n.name.startswith(f"layer{i}/") for n in model.graph.node) == 20
+    assert model.graph.initializer and all(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+    assert not any(t.HasField("raw_data") for t in model.graph.initializer)
+    assert gen.data_path.stat().st_size == gen.weight_bytes == gen.config.weight_bytes
+    # The weights load back from the data file with the bytes written.
+    full = onnx.load(str(gen.path))
+    w = next(t for t in full.graph.initializer if t.name == "layer0/wq")
+    assert list(w.dims) == [8, 8] and len(w.raw_data) == 8 * 8 * 4
+    onnx.checker.check_model(full, full_check=True)
+
+
+def test_generator_derives_layers_from_a_node_count(tmp_path):
+    assert gen_large.layers_for_nodes(1000) == 59
+    assert gen_large.LargeModelConfig(layers=59).num_nodes >= 1000
+    with pytest.raises(ValueError):
+        gen_large.LargeModelConfig(layers=2, nodes_per_layer=gen_large.BASE_NODES_PER_LAYER - 1)
+    gen_large.main([str(tmp_path / "cli.onnx"), "--nodes", "60", "--hidden", "4", "--check"])
+    assert len(onnx.load(str(tmp_path / "cli.onnx"), load_external_data=False).graph.node) == 70
+
+
+def test_planning_a_generated_model_gives_a_schema_valid_plan(small_model):
+    analysis = analyse(load_model(small_model.path))
+    plan = make_plan(analysis, select_distance=10, params=True, prefetch_distance=3)
+    validate_plan(plan)
+    assert not list(jsonschema.Draft202012Validator(plan_schema()).iter_errors(plan))
+    assert plan["offloads"], "the shared memory tensor and the weights have gaps over 10 positions"
+    assert any(o["tensor"] == "embed/out" and o["kind"] == "activation" for o in plan["offloads"])
+    json.loads(dump_plan(plan))
+
+
+def test_planning_never_reads_the_weights_data_file(small_model, tmp_path, monkeypatch):
+    # A copy of the model whose data file holds nothing: planning must not notice.
+    model = tmp_path / "model.onnx"
+    model.write_bytes(small_model.path.read_bytes())
+    data = tmp_path / small_model.data_path.name
+    data.write_bytes(b"")
+    opened: list[str] = []
+    real_open, real_io_open, real_os_open = builtins.open, io.open, os.open
+
+    def spy(real):
+        def wrapped(file, *args, **kwargs):
+            if str(file).endswith(".data"):
+                opened.append(str(file))
+            return real(file, *args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(builtins, "open", spy(real_open))
+    monkeypatch.setattr(io, "open", spy(real_io_open))
+    monkeypatch.setattr(os, "open", spy(real_os_open))
+    plan = make_plan(analyse(load_model(model)), select_distance=10, params=True)
+    monkeypatch.undo()
+    assert opened == []
+    reference = make_plan(analyse(load_model(small_model.path)), select_distance=10, params=True)
+    for key in ("offloads", "rejected"):
+        assert plan[key] == reference[key]
+
+
+def _reference_analysis(model: onnx.ModelProto):
+    """Order, producers and uses computed the plain way: quadratic scans, no shortcuts."""
+    graph = model.graph
+    nodes = [(i, n) for i, n in enumerate(graph.node) if not is_constant_node(n)]
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    available |= {n.output[0] for n in graph.node if is_constant_node(n)}
+
+    def reads(node):
+        return [x for x in node.input if x] + sorted(subgraph_outer_names(node))
+
+    done: set[str] = set(available)
+    order: list[int] = []
+    left = list(range(len(nodes)))
+    while left:
+        ready = [k for k in left if all(r in done for r in reads(nodes[k][1]))]
+        pick = min(ready, key=lambda k: (0 if nodes[k][1].op_type in ("Shape", "Size") else 1, k))
+        order.append(pick)
+        left.remove(pick)
+        done.update(nodes[pick][1].output)
+    ordered = [nodes[k][1] for k in order]
+    producer = {out: pos for pos, n in enumerate(ordered) for out in n.output if out}
+    names = sorted({x for n in ordered for x in reads(n)})
+    uses = {}
+    for name in names:
+        found = []
+        for pos, n in enumerate(ordered):
+            found += [(pos, k) for k, x in enumerate(n.input) if x == name]
+            if name in subgraph_outer_names(n):
+                found.append((pos, None))
+        uses[name] = found
+    return [nodes[k][0] for k in order], producer, uses
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_analysis_equals_a_plain_reference(small_model, tmp_path, shuffle):
+    model = onnx.load(str(small_model.path), load_external_data=False)
+    if shuffle:  # not topologically sorted: analysis must sort it like onnxruntime
+        reordered = list(model.graph.node)[::-1]
+        del model.graph.node[:]
+        model.graph.node.extend(reordered)
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model.SerializeToString())
+    (tmp_path / small_model.data_path.name).write_bytes(b"")
+    analysis = analyse(load_model(path))
+    file_index, producer, uses = _reference_analysis(model)
+    assert analysis.file_index == file_index
+    assert analysis.was_sorted is (not shuffle)
+    assert analysis.producer == producer
+    got = {name: [(u.position, u.input_index) for u in lst] for name, lst in analysis.uses.items()}
+    assert got == uses
+
+
+def _sample_plans() -> list[dict]:
+    plans = []
+    for name in ("seed", "unet", "transformer", "training"):
+        analysis = analyse(load_model(ROOT / "sample_models" / f"{name}.onnx"))
+        plans.append(make_plan(analysis, select_distance=1, params=True, prefetch_distance=2))
+    return plans
+
+
+SAMPLE_PLANS = _sample_plans()
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(-2, 2) | st.sampled_from(["", "x", "activation"]),
+    lambda children: st.lists(children, max_size=2) | st.dictionaries(st.sampled_from(["a", "tensor"]), children, max_size=2),
+    max_leaves=4,
+)
+
+
+def _paths(doc, prefix=()):
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _paths(v, prefix + (i,))
+
+
+def test_the_compiled_plan_check_covers_the_schema_and_accepts_valid_plans():
+    check = plan_module._fast_check()
+    assert check is not None, "the plan schema uses a keyword the compiled check lacks: add it to plan.py"
+    for plan in SAMPLE_PLANS:
+        assert check(plan)
+        assert check(json.loads(json.dumps(plan)))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_compiled_plan_check_never_accepts_what_jsonschema_rejects(data):
+    plan = copy.deepcopy(data.draw(st.sampled_from(SAMPLE_PLANS)))
+    paths = [p for p in _paths(plan) if p]
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(paths))
+        parent = plan
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            action = data.draw(st.sampled_from(["replace", "delete", "add"]))
+            if action == "replace":
+                parent[path[-1]] = data.draw(JSON_VALUES)
+            elif action == "delete":
+                del parent[path[-1]]
+            elif isinstance(parent, dict):
+                parent[data.draw(st.sampled_from(["extra", "tensor", "kind", "gap"]))] = data.draw(JSON_VALUES)
+        except (KeyError, IndexError, TypeError):
+            continue
+    schema_valid = not list(jsonschema.Draft202012Validator(plan_schema()).iter_errors(plan))
+    assert plan_module._fast_check()(plan) == schema_valid
+
+
+def test_validating_a_valid_plan_does_not_run_jsonschema(monkeypatch):
+    def refuse():
+        raise AssertionError("jsonschema ran on a valid plan")
+
+    monkeypatch.setattr(plan_module, "_validator", refuse)
+    for plan in SAMPLE_PLANS:
+        validate_plan(plan)
+
+
+def test_plan_copies_equal_deepcopy_and_keep_shared_objects_shared():
+    for plan in SAMPLE_PLANS:
+        new = plan_module._copy_json(plan, {})
+        assert new == copy.deepcopy(plan) and new is not plan
+        assert new["options"]["select"] is new["history"][0]["options"]
+        assert plan["options"]["select"] is plan["history"][0]["options"]
+        new["offloads"][0]["tensor"] = "changed"
+        assert plan["offloads"][0]["tensor"] != "changed"
+    doc = {"t": (1, [2]), "s": {1, 2}}
+    assert plan_module._copy_json(doc, {}) == copy.deepcopy(doc)
