@@ -1,0 +1,241 @@
+"""Scale benchmark: planning and rewriting large models against the I/O floor of onnx load + save.
+
+For several model sizes (transformer-like stacks from ``bench/gen_large.py``, weights in one
+external data file) it measures, each in a fresh subprocess, side by side in one run:
+
+- floor: ``onnx.load`` (with external data) + ``onnx.save`` to one external data file, i.e. the
+  cost of reading and writing the same model with the same external-data handling;
+- plan: ``load_model`` + ``analyse`` + ``make_plan`` + ``write_plan`` (default options), and the same
+  with ``params=True`` (``--params``);
+- apply: ``offloadctl apply PLAN -o OUT --model MODEL`` on the ``--params`` plan, the output in
+  another folder (so the weights are copied beside it); measured whenever the ``apply`` command
+  is available;
+- peak memory (VmHWM) of the planning subprocess, next to the size of the graph proto without
+  weights and the peak of a subprocess that only imports offloadctl; and, for one size, the
+  planning peak of the same graph with about 10x the weight bytes.
+
+Figures are ratios measured on this machine in this run, not absolute claims. Goals (reported, not
+asserted): plan + apply within 3x the floor at 100k nodes; planning memory independent of weight
+bytes.
+
+    python bench/bench_scale.py            # 1k, 10k, 100k nodes (a few minutes on 2 cores)
+    python bench/bench_scale.py --quick    # small sizes, seconds
+    python bench/bench_scale.py --big      # adds a model with over 2 GiB of weights (disk!)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gen_large  # noqa: E402
+
+__all__ = ["main"]
+
+_CHILD = "--child"
+
+
+def _peak_rss() -> int:
+    """Peak resident set size of this process in bytes (VmHWM)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    import resource  # pragma: no cover - systems without /proc
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # pragma: no cover
+
+
+def _child(task: str, args: list[str]) -> dict:
+    """Run one measured task in this (fresh) process; return seconds and peak memory."""
+    import onnx  # imported before the clock starts, like offloadctl below
+
+    import offloadctl.analysis
+    import offloadctl.model
+    import offloadctl.plan
+    import offloadctl.stages
+
+    start = time.perf_counter()
+    if task == "import":
+        pass
+    elif task == "floor":
+        model_path, out_path = args
+        model = onnx.load(model_path)
+        onnx.save(
+            model, out_path, save_as_external_data=True, all_tensors_to_one_file=True,
+            location=Path(out_path).name + ".data",
+        )
+    elif task == "plan":
+        model_path, out_path, params = args
+        loaded = offloadctl.model.load_model(model_path)
+        analysis = offloadctl.analysis.analyse(loaded)
+        plan = offloadctl.stages.make_plan(analysis, params=params == "params")
+        offloadctl.plan.write_plan(out_path, plan)
+    elif task == "apply":
+        from offloadctl.cli import cli
+
+        plan_path, out_path, model_path = args
+        cli.main(["apply", plan_path, "-o", out_path, "--model", model_path], standalone_mode=False)
+    else:
+        raise SystemExit(f"unknown task {task}")
+    return {"seconds": time.perf_counter() - start, "peak": _peak_rss()}
+
+
+def _measure(task: str, *args: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, __file__, _CHILD, task, *args], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{task} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def apply_available() -> bool:
+    """True when this offloadctl has the apply command (offloadctl/apply.py and its CLI module)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "from offloadctl.cli import cli; import sys; sys.exit('apply' not in cli.commands)"],
+        capture_output=True,
+        check=False,
+    )
+    return proc.returncode == 0
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def _bench_size(work: Path, nodes: int, hidden: int, with_apply: bool, console: Console) -> dict:
+    folder = work / f"n{nodes}_h{hidden}"
+    folder.mkdir()
+    out_dir = folder / "out"
+    out_dir.mkdir()
+    config = gen_large.LargeModelConfig(layers=gen_large.layers_for_nodes(nodes), hidden=hidden)
+    console.log(f"generating {config.num_nodes} nodes, hidden {hidden}, {_fmt_bytes(config.weight_bytes)} of weights")
+    gen = gen_large.generate(folder / "model.onnx", config)
+    row = {"nodes": gen.num_nodes, "weights": gen.weight_bytes, "proto": gen.path.stat().st_size}
+    console.log("  load + save floor")
+    row["floor"] = _measure("floor", str(gen.path), str(out_dir / "roundtrip.onnx"))
+    for f in out_dir.iterdir():
+        f.unlink()
+    console.log("  plan")
+    row["plan"] = _measure("plan", str(gen.path), str(folder / "plan.json"), "")
+    console.log("  plan --params")
+    row["plan_params"] = _measure("plan", str(gen.path), str(folder / "plan_params.json"), "params")
+    row["offloads"] = len(json.loads((folder / "plan_params.json").read_text())["offloads"])
+    if with_apply:
+        console.log("  apply")
+        row["apply"] = _measure("apply", str(folder / "plan_params.json"), str(out_dir / "model.offload.onnx"), str(gen.path))
+    shutil.rmtree(folder)
+    return row
+
+
+def _memory_check(work: Path, nodes: int, hidden: int, console: Console) -> list[dict]:
+    """Planning peak memory for the same graph with 1x and about 10x the weight bytes."""
+    rows = []
+    for h in (hidden, int(round(hidden * math.sqrt(10)))):
+        folder = work / f"mem_h{h}"
+        folder.mkdir()
+        config = gen_large.LargeModelConfig(layers=gen_large.layers_for_nodes(nodes), hidden=h)
+        console.log(f"memory check: {config.num_nodes} nodes, {_fmt_bytes(config.weight_bytes)} of weights")
+        gen = gen_large.generate(folder / "model.onnx", config)
+        m = _measure("plan", str(gen.path), str(folder / "plan.json"), "params")
+        rows.append({"hidden": h, "weights": gen.weight_bytes, "proto": gen.path.stat().st_size, **m})
+        shutil.rmtree(folder)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Plan/apply time and planning memory on large generated models.")
+    parser.add_argument("--quick", action="store_true", help="small sizes only (seconds)")
+    parser.add_argument("--big", action="store_true", help="also a model with over 2 GiB of weights (needs ~7 GiB disk)")
+    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="node counts, e.g. 1000,10000")
+    parser.add_argument("--hidden", type=int, default=32, help="hidden size of the generated models (default 32)")
+    parser.add_argument("--workdir", type=Path, default=None, help="where to write the models (default: a temp dir)")
+    args = parser.parse_args(argv)
+    sizes = args.sizes or ([300, 3000] if args.quick else [1000, 10_000, 100_000])
+    console = Console(stderr=True)
+    out = Console() if sys.stdout.isatty() else Console(width=120)
+    with_apply = apply_available()
+    if not with_apply:
+        console.log("offloadctl has no apply command yet: apply is not timed (it will be once it exists)")
+    work = Path(tempfile.mkdtemp(prefix="offloadctl-bench-", dir=args.workdir))
+    try:
+        baseline = _measure("import")["peak"]
+        rows = [_bench_size(work, n, args.hidden, with_apply, console) for n in sizes]
+        big = None
+        if args.big:
+            # ~2.3 GiB of weights: hidden 1024 is 48 MiB per layer.
+            big = _bench_size(work, 48 * gen_large.BASE_NODES_PER_LAYER + 2, 1024, with_apply, console)
+        memory = _memory_check(work, sizes[min(1, len(sizes) - 1)], args.hidden, console)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    table = Table(title="time over the load + save floor (same run, same machine)")
+    for col in ("nodes", "weights", "floor s", "plan s", "×floor", "plan --params s", "×floor"):
+        table.add_column(col, justify="right")
+    if with_apply:
+        for col in ("apply s", "plan --params + apply ×floor"):
+            table.add_column(col, justify="right")
+    memory_table = Table(title="planning peak memory (VmHWM of the planning process)")
+    for col in ("nodes", "graph proto", "plan peak RSS", "peak − import-only", "÷ graph proto"):
+        memory_table.add_column(col, justify="right")
+    for row in rows + ([big] if big else []):
+        floor = row["floor"]["seconds"]
+        cells = [
+            f"{row['nodes']:,}",
+            _fmt_bytes(row["weights"]),
+            f"{floor:.2f}",
+            f"{row['plan']['seconds']:.2f}",
+            f"{row['plan']['seconds'] / floor:.2f}",
+            f"{row['plan_params']['seconds']:.2f}",
+            f"{row['plan_params']['seconds'] / floor:.2f}",
+        ]
+        if with_apply:
+            apply_s = row["apply"]["seconds"]
+            cells += [f"{apply_s:.2f}", f"{(row['plan_params']['seconds'] + apply_s) / floor:.2f}"]
+        table.add_row(*cells)
+        peak = max(row["plan"]["peak"], row["plan_params"]["peak"])
+        memory_table.add_row(
+            f"{row['nodes']:,}", _fmt_bytes(row["proto"]), _fmt_bytes(peak), _fmt_bytes(peak - baseline),
+            f"{(peak - baseline) / row['proto']:.1f}",
+        )
+    out.print(table)
+    out.print(
+        f"plan + apply uses the --params plan ({', '.join(str(r['offloads']) for r in rows)} offloads); "
+        "apply writes to another folder, so it also copies the data file."
+    )
+    out.print(memory_table)
+    out.print(f"import-only peak RSS: {_fmt_bytes(baseline)}")
+
+    mem = Table(title="planning peak memory vs weight bytes (same graph, other hidden size)")
+    for col in ("hidden", "weights", "graph proto", "plan --params peak RSS", "plan s"):
+        mem.add_column(col, justify="right")
+    for m in memory:
+        mem.add_row(str(m["hidden"]), _fmt_bytes(m["weights"]), _fmt_bytes(m["proto"]), _fmt_bytes(m["peak"]), f"{m['seconds']:.2f}")
+    out.print(mem)
+    ratio = memory[1]["weights"] / memory[0]["weights"]
+    growth = memory[1]["peak"] / memory[0]["peak"]
+    out.print(f"weights x{ratio:.1f} -> planning peak x{growth:.2f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == _CHILD:
+        print(json.dumps(_child(sys.argv[2], sys.argv[3:])))
+    else:
+        main()
