@@ -286,7 +286,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
         constants=constants,
         producer=producer,
         uses=uses,
-        infos=tensor_infos(loaded),
+        infos=tensor_infos(loaded, None if was_sorted else sorted(constants.values()) + file_index),
         node_names=node_names,
     )
 

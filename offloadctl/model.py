@@ -222,7 +222,7 @@ def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path
                 hint=f"give exactly {len(old)} comma-separated dimensions",
             )
         for i, d in enumerate(old):
-            if d.HasField("dim_value") and d.dim_value != dims[i]:
+            if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != dims[i]:
                 raise OffloadError(
                     f"--input-shape {name}: dimension {i} is fixed to {d.dim_value} in the model, not {dims[i]}",
                     hint="pin only the dynamic dimensions to other values",
@@ -240,7 +240,7 @@ def _value_info_to_info(name: str, type_proto: onnx.TypeProto) -> TensorInfo:
         shape: tuple[int | str | None, ...] | None = None
         if tt.HasField("shape"):
             shape = tuple(
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
+                d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None) for d in tt.shape.dim
             )
         return TensorInfo(name, elem, shape, copyable)
     which = type_proto.WhichOneof("value")
@@ -249,9 +249,22 @@ def _value_info_to_info(name: str, type_proto: onnx.TypeProto) -> TensorInfo:
     return TensorInfo(name, None, None, False, which.removesuffix("_type"))
 
 
-def tensor_infos(loaded: LoadedModel) -> dict[str, TensorInfo]:
-    """Type and shape of every main-graph tensor: inputs, weights, node outputs (after inference)."""
+def tensor_infos(loaded: LoadedModel, node_order: Sequence[int] | None = None) -> dict[str, TensorInfo]:
+    """Type and shape of every main-graph tensor: inputs, weights, node outputs (after inference).
+
+    Args:
+        loaded: the model.
+        node_order: file indices of the nodes in a topological order, for a file whose nodes are
+            not sorted (onnx's shape inference walks the file order and would stop at the first
+            node whose input comes later).
+    """
     proto = loaded.proto
+    if node_order is not None:
+        sorted_proto = onnx.ModelProto()
+        sorted_proto.CopyFrom(proto)
+        del sorted_proto.graph.node[:]
+        sorted_proto.graph.node.extend(proto.graph.node[i] for i in node_order)
+        proto = sorted_proto
     infos: dict[str, TensorInfo] = {}
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
@@ -259,11 +272,12 @@ def tensor_infos(loaded: LoadedModel) -> dict[str, TensorInfo]:
     except Exception as exc:  # inference is best effort: unknown sizes are excluded with a reason
         logger.warning("shape inference failed on %s (%s); sizes come from the file's value_info", loaded.path, exc)
         graph = proto.graph
-    for vi in list(graph.value_info) + list(graph.input) + list(graph.output):
-        info = _value_info_to_info(vi.name, vi.type)
-        old = infos.get(vi.name)
-        if old is None or (old.bytes is None and info.bytes is not None):
-            infos[vi.name] = info
+    _merge_value_infos(infos, list(graph.value_info) + list(graph.input) + list(graph.output))
+    unknown = [o for n in proto.graph.node for o in n.output if o and (o not in infos or infos[o].bytes is None)]
+    if unknown:
+        symbolic = _symbolic_value_infos(proto, loaded.path)
+        if symbolic:
+            _merge_value_infos(infos, symbolic)
     for init in proto.graph.initializer:
         infos[init.name] = TensorInfo(init.name, init.data_type, tuple(init.dims), init.data_type != TensorProto.STRING)
     for node in proto.graph.node:
@@ -272,6 +286,38 @@ def tensor_infos(loaded: LoadedModel) -> dict[str, TensorInfo]:
             if info is not None:
                 infos[node.output[0]] = info
     return infos
+
+
+def _merge_value_infos(infos: dict[str, TensorInfo], value_infos: Sequence[onnx.ValueInfoProto]) -> None:
+    """Add what ``value_infos`` know, never replacing a known size by an unknown one."""
+    for vi in value_infos:
+        info = _value_info_to_info(vi.name, vi.type)
+        old = infos.get(vi.name)
+        if old is None or (old.bytes is None and info.bytes is not None):
+            infos[vi.name] = info
+
+
+def _symbolic_value_infos(proto: onnx.ModelProto, path: Path) -> list[onnx.ValueInfoProto]:
+    """Shapes from onnxruntime's symbolic shape inference, when onnxruntime is installed.
+
+    onnx's own inference stops where data propagation does (e.g. a Reshape whose shape is sliced out
+    of a Shape); onnxruntime's tool (``onnxruntime.tools.symbolic_shape_infer``, shipped with every
+    onnxruntime build) computes such shapes. Planning works without onnxruntime: then those sizes
+    stay unknown and the tensors are rejected with a reason.
+    """
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except Exception:  # onnxruntime (or its sympy) missing: onnx's inference is all there is
+        logger.info("onnxruntime's symbolic shape inference is not available; some sizes of %s stay unknown", path)
+        return []
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True, guess_output_rank=False)
+    except Exception as exc:  # best effort, like onnx's inference
+        logger.info("onnxruntime's symbolic shape inference failed on %s (%s)", path, exc)
+        return []
+    if inferred is None:
+        return []
+    return list(inferred.graph.value_info) + list(inferred.graph.output)
 
 
 def _constant_info(node: onnx.NodeProto) -> TensorInfo | None:

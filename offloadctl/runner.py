@@ -428,7 +428,7 @@ def input_specs(proto: onnx.ModelProto) -> list[InputSpec]:
         tt = value.type.tensor_type
         shape = None
         if tt.HasField("shape"):
-            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+            shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None) for d in tt.shape.dim)
         specs.append(InputSpec(value.name, tt.elem_type or None, shape))
     return specs
 

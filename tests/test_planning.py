@@ -367,3 +367,46 @@ def test_tensors_read_as_shape_inputs_stay_where_onnxruntime_wants_them(write_mo
     assert rejected["shape"]["reason"] == "host-input"
     assert "Reshape" in rejected["shape"]["detail"]
     assert "a" in _by_tensor(plan)
+
+
+def test_sizes_behind_computed_reshape_shapes_are_known(write_model):
+    # Shape -> Slice -> Concat -> Reshape (as exported by paddle2onnx): onnx's data propagation stops
+    # at the Slice; onnxruntime's symbolic shape inference finishes the job.
+    text = """
+    <ir_version: 8, opset_import: ["" : 12]>
+    g (float[1, 8, 1, 40] x) => (float[1, 40, 8] y) {
+        s = Shape(x)
+        starts = Constant<value = int64[1] {0}>()
+        ends = Constant<value = int64[1] {1}>()
+        axes = Constant<value = int64[1] {0}>()
+        head = Slice(s, starts, ends, axes)
+        tail = Constant<value = int64[2] {-1, 8}>()
+        shape = Concat<axis = 0>(head, tail)
+        r = Reshape(x, shape)
+        y = Neg(r)
+    }
+    """
+    analysis = _analysis(write_model(text))
+    assert analysis.infos["r"].bytes == 1 * 8 * 40 * 4
+    assert analysis.infos["r"].shape == (1, 40, 8)
+
+
+def test_unsorted_files_get_shapes_in_execution_order(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Relu", ["a"], ["b"], name="relu_b"),
+        helper.make_node("Neg", ["x"], ["a"], name="neg_a"),
+        helper.make_node("Add", ["b", "a"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    path = tmp_path / "unsorted.onnx"
+    onnx.save(model, str(path))
+    analysis = _analysis(path)
+    assert [analysis.infos[t].bytes for t in ("a", "b", "y")] == [24, 24, 24]
