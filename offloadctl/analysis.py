@@ -60,9 +60,11 @@ def subgraph_outer_names(node: onnx.NodeProto) -> set[str]:
     """Names a node's subgraphs (at any depth) read from scopes outside the node."""
     names: set[str] = set()
     for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for g in graphs:
-            names |= _graph_outer_names(g)
+        if attr.type == onnx.AttributeProto.GRAPH:
+            names |= _graph_outer_names(attr.g)
+        elif attr.graphs:
+            for g in attr.graphs:
+                names |= _graph_outer_names(g)
     return names
 
 
@@ -220,7 +222,9 @@ def analyse(loaded: LoadedModel) -> Analysis:
     graph_inputs = [i.name for i in graph.input if i.name not in initializers]
     constants: dict[str, int] = {}
     compute: list[tuple[int, onnx.NodeProto]] = []
-    defined: dict[str, str] = {name: "a graph input" for name in graph_inputs}
+    # What defines each name: "a graph input", "a weight", or the file index of a node (described
+    # only when reporting a duplicate, so big graphs do not format a label per tensor).
+    defined: dict[str, str | int] = {name: "a graph input" for name in graph_inputs}
     for name in initializers:
         defined[name] = "a weight"
     for idx, node in enumerate(graph.node):
@@ -228,12 +232,14 @@ def analyse(loaded: LoadedModel) -> Analysis:
             if not out:
                 continue
             if out in defined:
+                first = defined[out]
+                by = f"node {_describe(graph.node[first], first)}" if isinstance(first, int) else first
                 raise OffloadError(
                     f"tensor {out!r} is defined twice in {loaded.path} (by node {_describe(node, idx)} and by "
-                    f"{defined[out]})",
+                    f"{by})",
                     hint="tensor names must be unique; re-export the model or rename one of them",
                 )
-            defined[out] = f"node {_describe(node, idx)}"
+            defined[out] = idx
         if is_constant_node(node):
             if node.output and node.output[0]:
                 constants[node.output[0]] = idx
@@ -272,8 +278,8 @@ def analyse(loaded: LoadedModel) -> Analysis:
                 uses.setdefault(name, []).append(Use(pos, k, node_names[pos]))
         for name in sorted(subgraph_outer_names(node)):
             uses.setdefault(name, []).append(Use(pos, None, node_names[pos]))
-    for lst in uses.values():
-        lst.sort(key=lambda u: u.sort_key)
+    # Each list is already in execution order: positions ascend, and within a node the input
+    # indices ascend before the subgraph reads (input_index None), which is Use.sort_key's order.
 
     return Analysis(
         loaded=loaded,

@@ -31,7 +31,7 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 def check_output_path(output: str | os.PathLike[str], *inputs: str | os.PathLike[str] | None) -> Path:
     """Refuse an output that would overwrite an input or cannot be written; return it as a Path."""
     out = Path(output)
-    for src in inputs:
+    for src in dict.fromkeys(inputs):  # each distinct input once: a model may name one data file per weight
         if src is None:
             continue
         src_path = Path(src)

@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import onnx
@@ -42,6 +43,11 @@ _SUB_BYTE_TYPES = {
     if hasattr(TensorProto, name)
 }
 _SUB_BYTE_BITS = {getattr(TensorProto, n): 2 for n in ("INT2", "UINT2") if hasattr(TensorProto, n)}
+
+
+@lru_cache(maxsize=None)
+def _itemsize(elem_type: int) -> int:
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ class TensorInfo:
         if self.elem_type in _SUB_BYTE_TYPES:
             bits = _SUB_BYTE_BITS.get(self.elem_type, 4)
             return (count * bits + 7) // 8
-        return count * onnx.helper.tensor_dtype_to_np_dtype(self.elem_type).itemsize
+        return count * _itemsize(self.elem_type)
 
     def why_unknown(self) -> str:
         """Human-readable reason why `bytes` is None."""
@@ -164,7 +170,11 @@ def load_model(
             f"model file {p} is not a valid ONNX model (no IR version, opset or graph)",
             hint="check that the file is a complete .onnx export (not truncated, not another format)",
         )
+    checked: set[Path] = set()  # models name the same data file for thousands of weights
     for tensor_name, data_file in external_data_files(proto, p.parent):
+        if data_file in checked:
+            continue
+        checked.add(data_file)
         if not data_file.is_file():
             raise OffloadError(
                 f"external data file {data_file} for weight {tensor_name!r} of {p} is missing",
@@ -192,10 +202,14 @@ def _looks_like_plan(path: Path) -> bool:
 def external_data_files(proto: onnx.ModelProto, base_dir: Path) -> list[tuple[str, Path]]:
     """(tensor name, data file) for every initializer stored as external data in the main graph."""
     found = []
+    paths: dict[str, Path] = {}
     for init in proto.graph.initializer:
         if init.data_location == TensorProto.EXTERNAL:
             location = next((e.value for e in init.external_data if e.key == "location"), "")
-            found.append((init.name, base_dir / location))
+            path = paths.get(location)
+            if path is None:
+                path = paths[location] = base_dir / location
+            found.append((init.name, path))
     return found
 
 

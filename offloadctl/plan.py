@@ -102,7 +102,8 @@ _FAST_TYPE_EXPR = {
     "object": "isinstance({x}, dict)",
     "array": "isinstance({x}, list)",
     "string": "isinstance({x}, str)",
-    "integer": "((isinstance({x}, int) and not isinstance({x}, bool)) or (isinstance({x}, float) and {x}.is_integer()))",
+    "integer": "(type({x}) is int or (isinstance({x}, int) and not isinstance({x}, bool)) "
+    "or (isinstance({x}, float) and {x}.is_integer()))",
     "number": "(isinstance({x}, (int, float)) and not isinstance({x}, bool))",
     "boolean": "isinstance({x}, bool)",
     "null": "{x} is None",
@@ -210,7 +211,10 @@ def _compile_schema(root: dict[str, Any]) -> _Check:
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise _Unsupported(key)
             bad = _FAST_BOUNDS[key]
-            return [f"if isinstance(x, _Number) and not isinstance(x, bool) and x {bad} {const(value)}: return False"]
+            return [
+                f"if (type(x) is int or type(x) is float or (isinstance(x, _Number) and not isinstance(x, bool))) "
+                f"and x {bad} {const(value)}: return False"
+            ]
         if key == "enum":
             if not isinstance(value, list):
                 raise _Unsupported(key)
@@ -272,6 +276,9 @@ def _schema_error(plan: Any) -> jsonschema.ValidationError | None:
     return jsonschema.exceptions.best_match(_validator().iter_errors(plan))
 
 
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
 def _copy_json(value: Any, memo: dict[int, Any]) -> Any:
     """Deep copy of a JSON-like document; same result as copy.deepcopy, shared objects stay shared."""
     if isinstance(value, (str, int, float, type(None))):
@@ -279,16 +286,18 @@ def _copy_json(value: Any, memo: dict[int, Any]) -> Any:
     found = memo.get(id(value))
     if found is not None:
         return found
+    scalar = _SCALAR_TYPES
     if type(value) is dict:
         new: Any = {}
         memo[id(value)] = new
         for k, v in value.items():
-            new[k] = v if isinstance(v, (str, int, float, type(None))) else _copy_json(v, memo)
+            new[k] = v if type(v) in scalar else _copy_json(v, memo)
         return new
     if type(value) is list:
         new = []
         memo[id(value)] = new
-        new.extend(v if isinstance(v, (str, int, float, type(None))) else _copy_json(v, memo) for v in value)
+        for v in value:
+            new.append(v if type(v) in scalar else _copy_json(v, memo))
         return new
     return copy.deepcopy(value, memo)
 
