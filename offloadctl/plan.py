@@ -22,7 +22,7 @@ import jsonschema
 
 from offloadctl import __version__
 from offloadctl.errors import OffloadError
-from offloadctl.files import atomic_write_text
+from offloadctl.files import atomic_write
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -423,8 +423,21 @@ def dump_plan(plan: Plan) -> str:
 
 
 def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
-    """Validate and write a plan atomically."""
-    atomic_write_text(path, dump_plan(plan))
+    """Validate and write a plan atomically; the same text as ``dump_plan``, streamed in pieces."""
+    validate_plan(plan, source="plan being written")
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            pieces: list[str] = []
+            for piece in json.JSONEncoder(indent=1, sort_keys=False).iterencode(plan):
+                pieces.append(piece)
+                if len(pieces) >= 1 << 16:
+                    f.write("".join(pieces))
+                    pieces.clear()
+            pieces.append("\n")
+            f.write("".join(pieces))
+
+    atomic_write(path, write)
 
 
 def record_stage(plan: Plan, stage: str, options_key: str, options: dict[str, Any]) -> Plan:

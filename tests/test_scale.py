@@ -249,3 +249,13 @@ def test_plan_copies_equal_deepcopy_and_keep_shared_objects_shared():
         assert plan["offloads"][0]["tensor"] != "changed"
     doc = {"t": (1, [2]), "s": {1, 2}}
     assert plan_module._copy_json(doc, {}) == copy.deepcopy(doc)
+
+
+def test_write_plan_streams_exactly_the_dumped_text(tmp_path):
+    gen = gen_large.generate(tmp_path / "m.onnx", gen_large.LargeModelConfig(layers=200, hidden=4, seq=2))
+    plan = make_plan(analyse(load_model(gen.path)), select_distance=10, params=True, select_num=10**6)
+    text = dump_plan(plan)
+    assert text.count("\n") > 1 << 16  # more pieces than one buffered write
+    plan_module.write_plan(tmp_path / "plan.json", plan)
+    assert (tmp_path / "plan.json").read_text(encoding="utf-8") == text
+    assert json.loads(text) == plan

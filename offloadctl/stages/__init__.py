@@ -37,8 +37,20 @@ def make_plan(
     release_distance: int = DEFAULT_RELEASE_DISTANCE,
 ):
     """select, filter and prefetch in one call; the result equals chaining the three stages."""
-    selected = select(
-        analysis, select_distance=select_distance, activations=activations, params=params, force=force, never=never
+    # Chained, so each stage's input can be freed once the next stage has copied it (big plans).
+    return prefetch(
+        filter_plan(
+            select(
+                analysis,
+                select_distance=select_distance,
+                activations=activations,
+                params=params,
+                force=force,
+                never=never,
+            ),
+            select_num=select_num,
+            min_bytes=min_bytes,
+        ),
+        prefetch_distance=prefetch_distance,
+        release_distance=release_distance,
     )
-    filtered = filter_plan(selected, select_num=select_num, min_bytes=min_bytes)
-    return prefetch(filtered, prefetch_distance=prefetch_distance, release_distance=release_distance)
