@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -101,11 +100,13 @@ def execution_order(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[l
                 producer[out] = i
     consumers: list[list[int]] = [[] for _ in nodes]
     indegree = [0] * len(nodes)
+    producer_of = producer.get
     for i, node in enumerate(nodes):
         preds = set()
         for name in _all_reads(node):
-            if name in producer:
-                preds.add(producer[name])
+            p = producer_of(name)
+            if p is not None:
+                preds.add(p)
             elif name not in available:
                 raise OffloadError(
                     f"node {_describe(node, i)} reads tensor {name!r}, which no node, graph input or weight provides",
@@ -119,21 +120,23 @@ def execution_order(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[l
         node = nodes[i]
         high = 0 if node.op_type in HIGH_PRIORITY_OPS else 1
         backward = 0
-        for attr in node.attribute:
-            if attr.name == BACKWARD_ATTR:
-                backward = 1 if attr.i % 2 == 1 else 0
+        if node.attribute:
+            for attr in node.attribute:
+                if attr.name == BACKWARD_ATTR:
+                    backward = 1 if attr.i % 2 == 1 else 0
         return (high, backward, i)
 
     heap = [key(i) for i in range(len(nodes)) if indegree[i] == 0]
     heapq.heapify(heap)
     order: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
     while heap:
-        *_, i = heapq.heappop(heap)
+        i = pop(heap)[2]
         order.append(i)
         for c in consumers[i]:
             indegree[c] -= 1
             if indegree[c] == 0:
-                heapq.heappush(heap, key(c))
+                push(heap, key(c))
     if len(order) != len(nodes):
         stuck = [i for i in range(len(nodes)) if indegree[i] > 0]
         graph = nx.DiGraph((p, c) for p in stuck for c in consumers[p] if indegree[c] > 0)
@@ -147,11 +150,11 @@ def execution_order(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[l
     return order, was_sorted
 
 
-def _all_reads(node: onnx.NodeProto) -> Iterator[str]:
-    for name in node.input:
-        if name:
-            yield name
-    yield from subgraph_outer_names(node)
+def _all_reads(node: onnx.NodeProto) -> list[str]:
+    reads = [name for name in node.input if name]
+    if node.attribute:  # only a node with attributes can have subgraphs
+        reads.extend(subgraph_outer_names(node))
+    return reads
 
 
 def _describe(node: onnx.NodeProto, index: int) -> str:
@@ -270,14 +273,16 @@ def analyse(loaded: LoadedModel) -> Analysis:
     producer: dict[str, int] = {}
     uses: dict[str, list[Use]] = {}
     for pos, node in enumerate(nodes):
+        label = node_names[pos]
         for out in node.output:
             if out:
                 producer[out] = pos
         for k, name in enumerate(node.input):
             if name:
-                uses.setdefault(name, []).append(Use(pos, k, node_names[pos]))
-        for name in sorted(subgraph_outer_names(node)):
-            uses.setdefault(name, []).append(Use(pos, None, node_names[pos]))
+                uses.setdefault(name, []).append(Use(pos, k, label))
+        if node.attribute:  # only a node with attributes can have subgraphs
+            for name in sorted(subgraph_outer_names(node)):
+                uses.setdefault(name, []).append(Use(pos, None, label))
     # Each list is already in execution order: positions ascend, and within a node the input
     # indices ascend before the subgraph reads (input_index None), which is Use.sort_key's order.
 

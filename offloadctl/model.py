@@ -246,6 +246,14 @@ def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path
             tensor_type.shape.dim.add().dim_value = d
 
 
+def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
+    """A known size (>= 0), a symbolic name, or None."""
+    if d.WhichOneof("value") == "dim_value":
+        value = d.dim_value
+        return value if value >= 0 else None
+    return d.dim_param or None
+
+
 def _value_info_to_info(name: str, type_proto: onnx.TypeProto) -> TensorInfo:
     if type_proto.HasField("tensor_type"):
         tt = type_proto.tensor_type
@@ -253,9 +261,7 @@ def _value_info_to_info(name: str, type_proto: onnx.TypeProto) -> TensorInfo:
         copyable = elem != TensorProto.STRING
         shape: tuple[int | str | None, ...] | None = None
         if tt.HasField("shape"):
-            shape = tuple(
-                d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None) for d in tt.shape.dim
-            )
+            shape = tuple(map(_dim, tt.shape.dim))
         return TensorInfo(name, elem, shape, copyable)
     which = type_proto.WhichOneof("value")
     if which is None:
