@@ -92,7 +92,8 @@ def bench_model(name: str, profile: str, console: Console) -> None:
             dist = (f"none fits (best {_kib(best[2])})", "-", "-", "-")
         t0 = time.perf_counter()
         try:
-            filtered = budget_filter(select(analysis), analysis, budget_bytes=budget, prefetch_distance=3)
+            # same candidates as the distance search: activations and weights
+            filtered = budget_filter(select(analysis, params=True), analysis, budget_bytes=budget, prefetch_distance=3)
             plan = prefetch(filtered, prefetch_distance=3)
             elapsed = time.perf_counter() - t0
             ours = (_kib(peak_memory(analysis, plan)[0]), _kib(bytes_moved(plan)), _slow(analysis, plan, profile))
