@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import onnx
@@ -76,7 +76,7 @@ class TensorInfo:
             return "unknown" if self.copyable else (self.type_kind or "non-tensor")
         return TensorProto.DataType.Name(self.elem_type).lower()
 
-    @property
+    @cached_property
     def bytes(self) -> int | None:
         """Byte size, or None when a dimension or the element type is unknown."""
         if not self.copyable or self.shape is None or self.elem_type is None:

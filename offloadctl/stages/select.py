@@ -75,6 +75,8 @@ def _reads_on_host(analysis: Analysis, use: Use) -> bool:
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
+    if not patterns:  # the usual case, for every tensor of a big graph
+        return False
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
