@@ -2,6 +2,8 @@
 
 ``select`` (model -> "selected"), ``filter_plan`` ("selected" -> "filtered"), ``prefetch``
 ("filtered" -> "scheduled"), and ``make_plan`` for all three in one call. None of them edits ONNX.
+Plans are validated where they cross a boundary (`offloadctl.plan.read_plan` and `write_plan`);
+a caller that hands an edited plan to a stage directly can check it with `validate_plan` first.
 """
 
 from __future__ import annotations

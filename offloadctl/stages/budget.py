@@ -67,7 +67,7 @@ import numpy as np
 
 from offloadctl.analysis import Analysis, Use
 from offloadctl.errors import OffloadError
-from offloadctl.plan import check_plan_model, record_stage, validate_plan
+from offloadctl.plan import check_plan_model, record_stage
 from offloadctl.stages.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, first_use_key
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
 from offloadctl.stages.select import select
@@ -772,7 +772,6 @@ def budget_filter(
         stream=stream_info, chosen=chosen,
     )
     new["budget"] = result.to_json(prefetch_distance, release_distance)
-    validate_plan(new, source="filtered plan")
     return new
 
 
@@ -795,5 +794,4 @@ def check_budget(analysis: Analysis, plan: dict[str, Any]) -> dict[str, Any]:
     info["predicted_peak_bytes"] = int(peak)
     info["predicted_peak_position"] = pos
     info["bytes_moved"] = bytes_moved(plan)
-    validate_plan(plan, source="scheduled plan")
     return plan

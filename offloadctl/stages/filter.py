@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from offloadctl.plan import record_stage, validate_plan
+from offloadctl.plan import record_stage
 
 __all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_SELECT_NUM", "filter_plan", "first_use_key"]
 
@@ -51,11 +51,10 @@ def filter_plan(
     plan: dict[str, Any], *, select_num: int = DEFAULT_SELECT_NUM, min_bytes: int = DEFAULT_MIN_BYTES
 ) -> dict[str, Any]:
     """Return a "filtered" plan keeping the first ``select_num`` candidates in first-use order."""
-    new = record_stage(plan, "filtered", "filter", {"select_num": select_num, "min_bytes": min_bytes})
     kept: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
     count = 0
-    for off in sorted(new["offloads"], key=first_use_key):
+    for off in sorted(plan["offloads"], key=first_use_key):
         if off.get("forced"):
             kept.append(off)
         elif off["bytes"] < min_bytes:
@@ -65,7 +64,7 @@ def filter_plan(
             count += 1
         else:
             dropped.append(_rejection(off, "select-num", f"beyond the first {select_num} candidates in first-use order"))
-    new["offloads"] = kept
-    new["rejected"] = new["rejected"] + dropped
-    validate_plan(new, source="filtered plan")
+    # only the kept candidates are copied into the new plan (the input plan is left as it was)
+    new = record_stage({**plan, "offloads": kept}, "filtered", "filter", {"select_num": select_num, "min_bytes": min_bytes})
+    new["rejected"] += dropped
     return new

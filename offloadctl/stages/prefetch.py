@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from offloadctl.plan import record_stage, validate_plan
+from offloadctl.plan import record_stage
 
 __all__ = ["DEFAULT_PREFETCH_DISTANCE", "DEFAULT_RELEASE_DISTANCE", "prefetch"]
 
@@ -47,5 +47,4 @@ def prefetch(
         if is_act:
             last_device_use = off["device_uses"][-1]["position"] if off["device_uses"] else off["d2h_after"]
             off["release_after"] = min(last_device_use + release_distance, last)
-    validate_plan(new, source="scheduled plan")
     return new
