@@ -17,7 +17,7 @@ from offloadctl.cli.options import (
     select_options,
 )
 from offloadctl.cli.simulate_cmd import print_peak_change
-from offloadctl.cli.ui import out_console
+from offloadctl.cli.ui import out_console, steps
 from offloadctl.errors import OffloadError
 from offloadctl.explain import explain_table
 from offloadctl.files import check_output_path
@@ -37,14 +37,16 @@ def _analyse_and_select(
     model: str, input_shape, select_distance, activations, params, force, never
 ) -> tuple[Analysis, dict]:
     analysis = load_and_analyse(model, input_shape)
-    plan = select(
-        analysis,
-        select_distance=select_distance,
-        activations=activations,
-        params=params,
-        force=force,
-        never=never,
-    )
+    with steps() as step:
+        step("selecting")
+        plan = select(
+            analysis,
+            select_distance=select_distance,
+            activations=activations,
+            params=params,
+            force=force,
+            never=never,
+        )
     return analysis, plan
 
 
@@ -150,22 +152,29 @@ def plan_cmd(
     check_output_path(output, model)
     use_budget = _use_budget(strategy, budget, stream_weights)
     analysis, selected = _analyse_and_select(model, input_shape, select_distance, activations, params, force, never)
-    if use_budget:
-        filtered = budget_filter(
-            selected, analysis, budget_bytes=budget, prefetch_distance=prefetch_distance,
-            release_distance=release_distance, select_num=select_num, min_bytes=min_bytes,
-            stream_weights=stream_weights, stream_depth=stream_depth,
-        )
-    else:
-        filtered = filter_plan(selected, select_num=select_num, min_bytes=min_bytes)
-    plan = prefetch(filtered, prefetch_distance=prefetch_distance, release_distance=release_distance)
-    if use_budget:
-        check_budget(analysis, plan)
-    write_plan(output, plan)
+    with steps() as step:
+        if use_budget:
+            step("fitting the budget")
+            filtered = budget_filter(
+                selected, analysis, budget_bytes=budget, prefetch_distance=prefetch_distance,
+                release_distance=release_distance, select_num=select_num, min_bytes=min_bytes,
+                stream_weights=stream_weights, stream_depth=stream_depth,
+            )
+        else:
+            step("filtering")
+            filtered = filter_plan(selected, select_num=select_num, min_bytes=min_bytes)
+        step("scheduling")
+        plan = prefetch(filtered, prefetch_distance=prefetch_distance, release_distance=release_distance)
+        if use_budget:
+            check_budget(analysis, plan)
+        step(f"writing {output}")
+        write_plan(output, plan)
     print_plan_summary(plan, output)
     if explain:
         out_console().print(explain_table(plan))
-    print_peak_change(analysis, plan)
+    with steps() as step:
+        step("simulating peak memory")
+        print_peak_change(analysis, plan)
 
 
 COMMANDS = [select_cmd, filter_cmd, prefetch_cmd, plan_cmd]

@@ -11,7 +11,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -26,6 +26,7 @@ __all__ = [
     "err_console",
     "setup_logging",
     "progress",
+    "steps",
     "fmt_bytes",
     "parse_bytes",
     "print_json",
@@ -67,6 +68,20 @@ def progress(enabled: bool = True) -> Iterator[Progress | None]:
         transient=True,
     ) as bar:
         yield bar
+
+
+@contextlib.contextmanager
+def steps(enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """A one-line progress display naming the current step: ``step("writing plan")``.
+
+    Shown on stderr only when it is a terminal and ``enabled``; otherwise ``step`` does nothing.
+    """
+    with progress(enabled) as bar:
+        if bar is None:
+            yield lambda description: None
+            return
+        task = bar.add_task("", total=None)
+        yield lambda description: bar.update(task, description=description)
 
 
 def fmt_bytes(n: int | float | None) -> str:
