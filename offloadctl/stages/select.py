@@ -15,6 +15,8 @@ import fnmatch
 from collections.abc import Iterable
 from typing import Any
 
+from onnx import TensorProto
+
 from offloadctl import __version__
 from offloadctl.analysis import Analysis, Use
 from offloadctl.plan import SCHEMA_VERSION
@@ -72,6 +74,58 @@ def split_reload_groups(
 def _reads_on_host(analysis: Analysis, use: Use) -> bool:
     node = analysis.nodes[use.position]
     return use.input_index is not None and use.input_index in HOST_INPUTS.get(node.op_type, frozenset())
+
+
+# Element types of shape arithmetic (Shape's output, Gather/Concat/Unsqueeze of dimensions).
+_SHAPE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
+
+
+def _shape_feeders(analysis: Analysis) -> dict[str, Use]:
+    """Integer tensors that only feed shape computations, each with one host read it ends in.
+
+    An integer tensor whose every read is by a node all of whose outputs end, directly or through
+    more such nodes, at inputs onnxruntime keeps in host memory (a Concat of dimensions that becomes
+    an Expand's shape, a Gather index on a Shape output). onnxruntime places these small shape
+    computations on the host; copying their inputs to the device only adds copies back and hides
+    the shape values from shape inference. Computed in reverse execution order, so a node's outputs
+    are decided before its inputs.
+    """
+    outputs = set(analysis.graph_outputs)
+    ends: dict[str, Use] = {}  # tensor -> a host read it (eventually) feeds
+
+    def end_of(name: str) -> Use | None:
+        if name in outputs:
+            return None
+        info = analysis.infos.get(name)
+        if info is None or info.elem_type not in _SHAPE_TYPES:
+            return None
+        uses = analysis.uses.get(name)
+        if not uses:
+            return None
+        found: Use | None = None
+        for use in uses:
+            if _reads_on_host(analysis, use):
+                found = found or use
+                continue
+            if use.input_index is None:
+                return None
+            node_outputs = [o for o in analysis.nodes[use.position].output if o]
+            if not node_outputs or any(o not in ends for o in node_outputs):
+                return None
+            found = found or ends[node_outputs[0]]
+        return found
+
+    for position in range(analysis.num_positions - 1, -1, -1):
+        for name in analysis.nodes[position].output:
+            if name:
+                end = end_of(name)
+                if end is not None:
+                    ends[name] = end
+    for name in analysis.weights:
+        end = end_of(name)
+        if end is not None:
+            ends[name] = end
+    return ends
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
@@ -134,6 +188,7 @@ def select(
     candidates = [(t, "activation") for t in analysis.producer] + [
         (t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses
     ]
+    shape_feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
     for name, kind in candidates:
         uses = analysis.uses.get(name, [])
         enabled = activations if kind == "activation" else params
@@ -164,6 +219,18 @@ def select(
             reject(
                 name, kind, uses, "host-input",
                 f"read as input {host_use.input_index} of {op} {host_use.node!r}, which onnxruntime keeps in host memory",
+                max_gap,
+            )
+            continue
+        if shape_feeders is None:
+            shape_feeders = _shape_feeders(analysis)
+        host_end = shape_feeders.get(name)
+        if host_end is not None and not forced_name(name):
+            op = analysis.nodes[host_end.position].op_type
+            reject(
+                name, kind, uses, "host-input",
+                f"feeds only shape computations ending at input {host_end.input_index} of {op} {host_end.node!r}, "
+                "which onnxruntime keeps in host memory",
                 max_gap,
             )
             continue

@@ -1,0 +1,80 @@
+"""Patterns found in real exported models (PyTorch, paddle2onnx, silero, ...), each reduced to a tiny graph.
+
+Each test names the pattern it stands for; the models are written by hand so the suite needs no
+exporter and no downloaded file.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from offloadctl.analysis import analyse
+from offloadctl.apply import apply_plan
+from offloadctl.model import load_model
+from offloadctl.simulate import simulate
+from offloadctl.stages import make_plan
+
+# PyTorch's LSTM export builds its initial state's shape at run time:
+# Shape(x) -> Gather(idx) -> Unsqueeze -> Concat(with a constant) -> Expand's shape input.
+# `idx` and `tail` are int64 weights and `u` an int64 activation that only feed that shape
+# computation; `w` is a float weight and `tok`/`emb` an int64 index into float data: real offloads.
+SHAPE_PATH_MODEL = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4, 8] x, int64[4] tok) => (float[4, 4, 8] y, float[4, 8] z)
+  <int64 idx = {0}, int64[2] tail = {4, 8}, int64[1] ax = {0}, float[8] w = {1, 2, 3, 4, 5, 6, 7, 8},
+   float[4, 8] emb = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0, 3.1}>
+{
+    a = Relu(x)
+    s = Shape(a)
+    g0 = Gather(s, idx)
+    b = Neg(a)
+    c = Neg(b)
+    d = Neg(c)
+    u = Unsqueeze(g0, ax)
+    e = Neg(d)
+    f = Neg(e)
+    full = Concat<axis = 0>(u, tail)
+    h = Mul(f, w)
+    y0 = Expand(h, full)
+    y = Relu(y0)
+    k = Gather(emb, tok)
+    m = Add(k, w)
+    z = Add(m, a)
+}
+"""
+
+
+def _analysis(path, **shapes):
+    return analyse(load_model(path, input_shapes=shapes or None))
+
+
+def test_weights_and_activations_feeding_only_shape_computations_are_host_inputs(write_model):
+    path = write_model(SHAPE_PATH_MODEL)
+    analysis = _analysis(path)
+    plan = make_plan(analysis, select_distance=0, params=True, prefetch_distance=0)
+    offloaded = {o["tensor"] for o in plan["offloads"]}
+    rejected = {r["tensor"]: r for r in plan["rejected"]}
+    for name in ("idx", "tail", "g0", "s", "u", "ax"):
+        assert rejected[name]["reason"] == "host-input", name
+    assert "shape computations" in rejected["idx"]["detail"]
+    assert "Expand" in rejected["idx"]["detail"]
+    assert rejected["full"]["reason"] == "host-input"  # read directly as Expand's shape
+    # Float data and an int64 index into float data are still offloaded.
+    assert {"w", "emb", "a"} <= offloaded
+    assert "tok" not in rejected or rejected["tok"]["reason"] != "host-input"
+
+
+def test_rewritten_shape_path_model_simulates_like_its_plan(write_model, tmp_path):
+    # Offloading a shape-path weight hid the Expand's shape from shape inference on the rewritten
+    # model, so `simulate` of the rewritten model disagreed with the plan's prediction.
+    path = write_model(SHAPE_PATH_MODEL)
+    analysis = _analysis(path)
+    plan = make_plan(analysis, select_distance=0, params=True, prefetch_distance=0)
+    out = tmp_path / "rewritten.onnx"
+    onnx.save(apply_plan(plan, analysis), str(out))
+    rewritten = analyse(load_model(out))
+    predicted = simulate(analysis, plan, profile=None)
+    measured = simulate(rewritten, profile=None)
+    assert rewritten.infos["y0"].bytes == 4 * 4 * 8 * 4
+    assert measured.peak_after == predicted.peak_after
+    assert measured.peak_before == predicted.peak_before
