@@ -25,6 +25,7 @@ from onnx import TensorProto
 
 from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
+from offloadctl.inline import expand_inlined_functions, inlined_calls
 
 __all__ = [
     "LoadedModel",
@@ -183,6 +184,13 @@ def load_model(
     pinned = {k: list(v) for k, v in (input_shapes or {}).items()}
     if pinned:
         _pin_input_shapes(proto, pinned, p)
+    inlined_ops = sorted({n.op_type for n in inlined_calls(proto)})
+    if expand_inlined_functions(proto):
+        logger.warning(
+            "%s: onnxruntime runs %s as function bodies; they were expanded in place and plan positions "
+            "count the expanded nodes",
+            p, ", ".join(inlined_ops),
+        )
     return LoadedModel(proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned)
 
 

@@ -78,3 +78,75 @@ def test_rewritten_shape_path_model_simulates_like_its_plan(write_model, tmp_pat
     assert rewritten.infos["y0"].bytes == 4 * 4 * 8 * 4
     assert measured.peak_after == predicted.peak_after
     assert measured.peak_before == predicted.peak_before
+
+
+# A training step as torch's exporter writes it: the loss is one NegativeLogLikelihoodLoss node (an
+# ONNX function onnxruntime has no kernel for and inlines), and the model has a local function
+# (`local.gelu_block`). onnxruntime gives inlined nodes new, higher indices and, in PRIORITY_BASED
+# order, runs them only when nothing else is ready: the loss ran after the whole backward part.
+FUNCTION_MODEL = """
+<ir_version: 10, opset_import: ["" : 17, "local" : 1]>
+g (float[4, 8] x, int64[4] t, float[8, 3] w) => (float loss, float[4, 3] grad_in, float[8, 3] grad_w) {
+    h = MatMul(x, w)
+    a = local.gelu_block(h)
+    logp = LogSoftmax<axis = 1>(a)
+    loss = NegativeLogLikelihoodLoss<reduction = "mean">(logp, t)
+    p = Exp(logp)
+    g1 = Neg(p)
+    g2 = Mul(g1, a)
+    g3 = Sigmoid(g2)
+    grad_in = Mul(g3, p)
+    xt = Transpose<perm = [1, 0]>(x)
+    grad_w = MatMul(xt, grad_in)
+}
+<domain: "local", opset_import: ["" : 17]>
+gelu_block (v) => (r) {
+    s = Sigmoid(v)
+    r = Mul(v, s)
+}
+"""
+
+
+def test_functions_onnxruntime_inlines_are_expanded_in_file_order(write_model):
+    from offloadctl.inline import inlined_calls
+
+    path = write_model(FUNCTION_MODEL)
+    original = onnx.load(str(path))
+    assert len(inlined_calls(original)) == 2
+    analysis = _analysis(path)
+    ops = [n.op_type for n in analysis.nodes]
+    assert "NegativeLogLikelihoodLoss" not in ops and "gelu_block" not in ops
+    assert not analysis.loaded.proto.functions
+    # The loss's body sits where the loss node was: before Exp, not at the end.
+    names = analysis.node_names
+    loss_body = [i for i, n in enumerate(analysis.nodes) if n.name.startswith("NegativeLogLikelihoodLoss_")]
+    assert loss_body and max(loss_body) < ops.index("Exp")
+    assert len(set(names)) == len(names)
+    # Expanded nodes are named after their call; the file's own (unnamed) nodes stay as they were.
+    unnamed = [n.op_type for n in analysis.nodes if not n.name]
+    assert sorted(unnamed) == sorted(n.op_type for n in original.graph.node if n.op_type not in ("NegativeLogLikelihoodLoss", "gelu_block"))
+
+
+def test_model_with_inlined_functions_runs_in_the_planned_order_bit_identically(write_model, tmp_path):
+    import numpy as np
+
+    from offloadctl.runner import run_model
+
+    path = write_model(FUNCTION_MODEL)
+    analysis = _analysis(path)
+    plan = make_plan(analysis, select_distance=1, params=True, prefetch_distance=1)
+    assert plan["offloads"]
+    out = tmp_path / "rewritten.onnx"
+    onnx.save(apply_plan(plan, analysis), str(out))
+    rng = np.random.default_rng(0)
+    inputs = tmp_path / "inputs.npz"
+    np.savez(
+        inputs,
+        x=rng.standard_normal((4, 8)).astype(np.float32),
+        t=np.array([0, 2, 1, 0], dtype=np.int64),
+        w=rng.standard_normal((8, 3)).astype(np.float32),
+    )
+    report = run_model(str(out), "cpu", inputs=inputs, compare_to=str(path), repeat=1, opt_level="disable")
+    assert report.order.matches, report.order.to_json()
+    assert not report.order.missing
+    assert all(c.identical for c in report.comparison.values())
