@@ -50,17 +50,35 @@ def expand_inlined_functions(proto: onnx.ModelProto) -> int:
     ids = [(f.domain, f.name) for f in proto.functions]
     ids += sorted({("", n.op_type) for n in calls if (n.domain or "") in ("", "ai.onnx") and n.op_type in ONNXRUNTIME_INLINED_OPS})
     try:
-        expanded = onnx.inliner.inline_selected_functions(proto, ids, exclude=False, inline_schema_functions=True)
+        expanded = onnx.inliner.inline_selected_functions(_typed_copy(proto), ids, exclude=False, inline_schema_functions=True)
     except Exception:  # noqa: BLE001 - onnx raises bare RuntimeErrors on bodies it cannot expand
         return 0
     named = _name_expanded(list(proto.graph.node), list(expanded.graph.node), {(f.domain, f.name) for f in proto.functions})
     if named is None:
         return 0
-    del expanded.graph.node[:]
-    expanded.graph.node.extend(named)
-    del expanded.functions[:]
-    proto.CopyFrom(expanded)
+    del proto.graph.node[:]
+    proto.graph.node.extend(named)
+    del proto.functions[:]
+    have = {o.domain for o in proto.opset_import}
+    proto.opset_import.extend(o for o in expanded.opset_import if o.domain not in have)
     return len(calls)
+
+
+def _typed_copy(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy with every tensor's type known: onnx's inliner needs the input types of the bodies
+    that depend on them (GroupNormalization, the losses), weights included."""
+    work = onnx.ModelProto()
+    work.CopyFrom(proto)
+    try:
+        work = onnx.shape_inference.infer_shapes(work)
+    except Exception:  # noqa: BLE001 - types stay as declared; the inliner says if it needs more
+        pass
+    graph = work.graph
+    known = {v.name for v in graph.value_info} | {v.name for v in graph.input} | {v.name for v in graph.output}
+    graph.value_info.extend(
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in graph.initializer if t.name not in known
+    )
+    return work
 
 
 def _name_expanded(

@@ -150,3 +150,30 @@ def test_model_with_inlined_functions_runs_in_the_planned_order_bit_identically(
     assert report.order.matches, report.order.to_json()
     assert not report.order.missing
     assert all(c.identical for c in report.comparison.values())
+
+
+# GroupNormalization (opset 21) with its scale and bias as weights, as in diffusion UNets: its body
+# depends on the input types, which onnx's inliner only finds when weights have a declared type.
+GROUP_NORM_MODEL = """
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[2, 4, 3, 3] x) => (float[2, 4, 3, 3] y) <float[4] scale = {1.0, 0.5, 2.0, 1.5}, float[4] bias = {0.0, 0.1, 0.2, 0.3}> {
+    r = Relu(x)
+    n = GroupNormalization<num_groups = 2>(r, scale, bias)
+    m = Neg(n)
+    y = Add(m, x)
+}
+"""
+
+
+def test_group_normalization_with_weight_scale_is_expanded_and_runs_in_order(write_model, tmp_path):
+    from offloadctl.runner import run_model
+
+    path = write_model(GROUP_NORM_MODEL)
+    analysis = _analysis(path)
+    assert "GroupNormalization" not in {n.op_type for n in analysis.nodes}
+    plan = make_plan(analysis, select_distance=1, params=True, prefetch_distance=0)
+    out = tmp_path / "rewritten.onnx"
+    onnx.save(apply_plan(plan, analysis), str(out))
+    report = run_model(str(out), "cpu", compare_to=str(path), repeat=1, opt_level="disable")
+    assert report.order.matches, report.order.to_json()
+    assert all(c.identical for c in report.comparison.values())
