@@ -625,9 +625,19 @@ def _trace(program: _Program, base: _Base) -> MemoryTrace:
 
 
 def _lower_bound(base: _Base) -> tuple[int, int | None]:
+    # Graph inputs are never offloaded: each one is on the device from the start to its last read,
+    # so it counts in every step up to there, read by the step or not.
+    inputs_until = [0] * (base.n + 1)
+    for t, is_input in enumerate(base.graph_input):
+        if is_input and not base.weight[t] and base.use_positions.get(t):
+            inputs_until[0] += base.sizes[t]
+            inputs_until[max(base.use_positions[t]) + 1] -= base.sizes[t]
     best, at = 0, None
+    live_inputs = 0
     for p in range(base.n):
-        size = sum(base.sizes[t] for t in set(base.reads[p]) | set(base.writes[p]))
+        live_inputs += inputs_until[p]
+        step = set(base.reads[p]) | set(base.writes[p])
+        size = live_inputs + sum(base.sizes[t] for t in step if not (base.graph_input[t] and not base.weight[t]))
         if at is None or size > best:
             best, at = size, p
     end = sum(base.sizes[t] for t in range(len(base.names)) if base.graph_output[t])
@@ -640,8 +650,8 @@ def lower_bound(analysis: Analysis) -> tuple[int, int | None]:
     """The largest single-step working set: (bytes, position), position num_positions = the end.
 
     A node's working set is the distinct tensors it reads (inputs, weights, outer-scope reads of
-    its subgraphs) and writes; the end of the run reads every graph output. No plan can bring the
-    peak below it. None as position for a model without nodes or outputs.
+    its subgraphs) and writes, plus the graph inputs still to be read after it (they are never
+    offloaded); the end of the run reads every graph output. No plan can bring the peak below it. None as position for a model without nodes or outputs.
     """
     return _lower_bound(_base(analysis))
 
