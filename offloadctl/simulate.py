@@ -651,7 +651,8 @@ def lower_bound(analysis: Analysis) -> tuple[int, int | None]:
 
     A node's working set is the distinct tensors it reads (inputs, weights, outer-scope reads of
     its subgraphs) and writes, plus the graph inputs still to be read after it (they are never
-    offloaded); the end of the run reads every graph output. No plan can bring the peak below it. None as position for a model without nodes or outputs.
+    offloaded); the end of the run reads every graph output. No plan can bring the peak below it.
+    None as position for a model without nodes or outputs.
     """
     return _lower_bound(_base(analysis))
 
