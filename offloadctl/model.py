@@ -338,6 +338,7 @@ def _symbolic_value_infos(proto: onnx.ModelProto, path: Path) -> list[onnx.Value
     except Exception:  # onnxruntime (or its sympy) missing: onnx's inference is all there is
         logger.info("onnxruntime's symbolic shape inference is not available; some sizes of %s stay unknown", path)
         return []
+    proto = _copies_as_identity(proto)
     try:
         inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True, guess_output_rank=False)
     except Exception as exc:  # best effort, like onnx's inference
@@ -346,6 +347,49 @@ def _symbolic_value_infos(proto: onnx.ModelProto, path: Path) -> list[onnx.Value
     if inferred is None:
         return []
     return list(inferred.graph.value_info) + list(inferred.graph.output)
+
+
+def _copies_as_identity(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model without its MemcpyToHost/MemcpyFromHost copies (a copy; the model itself when it
+    has none), for onnxruntime's symbolic shape inference, which gives up on ops it does not know
+    and needs constant inputs (axes, shapes) as constants: each copy becomes an Identity and every
+    reader of a copy, in subgraphs too, reads the copied tensor itself."""
+    copies = [
+        i for i, n in enumerate(proto.graph.node)
+        if n.op_type in ("MemcpyToHost", "MemcpyFromHost") and n.domain in ("", "ai.onnx") and len(n.input) == 1
+    ]
+    if not copies:
+        return proto
+    plain = onnx.ModelProto()
+    plain.CopyFrom(proto)
+    source: dict[str, str] = {}
+    for i in copies:
+        node = plain.graph.node[i]
+        node.op_type = "Identity"
+        del node.attribute[:]
+        source[node.output[0]] = node.input[0]
+
+    def original(name: str) -> str:
+        for _ in range(len(source) + 1):
+            if name not in source:
+                break
+            name = source[name]
+        return name
+
+    def reroute(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            if node.op_type != "Identity" or node.output[0] not in source:
+                for k, name in enumerate(node.input):
+                    if name in source:
+                        node.input[k] = original(name)
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    reroute(attr.g)
+                for g in attr.graphs:
+                    reroute(g)
+
+    reroute(plain.graph)
+    return plain
 
 
 def _constant_info(node: onnx.NodeProto) -> TensorInfo | None:

@@ -228,3 +228,59 @@ def test_budget_at_1_1x_lower_bound_fits_with_a_long_lived_input(write_model, tm
     selected = select(analysis, select_distance=0, params=True)
     plan = prefetch(budget_filter(selected, analysis, budget_bytes=budget), prefetch_distance=0)
     assert simulate(analysis, plan, profile=None).peak_after <= budget
+
+
+# silero VAD (op18, "ifless"): the network's last part is an If whose branches read a weight as
+# Unsqueeze's axes, and the graph outputs carry a symbolic batch dimension. Only onnxruntime's
+# symbolic shape inference sizes them; it gave up on the rewritten model (it knows neither
+# MemcpyFromHost nor axes that arrive through a copy), so `simulate` of the rewritten model counted
+# the outputs as 0 bytes and disagreed with the plan.
+IF_AXES_MODEL = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[N, 4] x, bool c) => (float[N, 1, 4] y) <int64[1] ax = {1}> {
+    a = Relu(x)
+    b = Neg(a)
+    d = Neg(b)
+    e = Neg(d)
+    y = If(c) <
+        then_branch = t () => (float[N, 1, 4] o1) { o1 = Unsqueeze(e, ax) },
+        else_branch = f () => (float[N, 1, 4] o2) { n = Neg(e)  m = Sigmoid(n)  o2 = Unsqueeze(m, ax) }
+    >
+}
+"""
+
+
+def test_rewritten_model_keeps_sizes_that_need_symbolic_shape_inference(write_model, tmp_path):
+    path = write_model(IF_AXES_MODEL)
+    analysis = _analysis(path, x=[2, 4])
+    assert analysis.infos["y"].bytes == 2 * 4 * 4
+    plan = make_plan(analysis, select_distance=1, params=True, prefetch_distance=0)
+    assert "ax" in {o["tensor"] for o in plan["offloads"]}
+    out = tmp_path / "rewritten.onnx"
+    onnx.save(apply_plan(plan, analysis), str(out))
+    rewritten = analyse(load_model(out, input_shapes={"x": [2, 4]}))
+    assert rewritten.infos["y"].bytes == 2 * 4 * 4
+    assert simulate(rewritten, profile=None).peak_after == simulate(analysis, plan, profile=None).peak_after
+
+
+def test_shape_inference_reads_through_copies_inside_subgraphs():
+    # An If branch reads an offloaded weight as Unsqueeze's axes (silero VAD's pattern): the
+    # symbolic inference needs the weight itself there, not the copy's output.
+    from offloadctl.model import _copies_as_identity
+
+    model = onnx.parser.parse_model("""
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[4] x, bool c) => (float[1, 4] y) <int64[1] ax = {0}> {
+        ax_dev = MemcpyFromHost(ax)
+        y = If(c) <
+            then_branch = t () => (float[1, 4] o1) { o1 = Unsqueeze(x, ax_dev) },
+            else_branch = e () => (float[1, 4] o2) { n = Neg(x)  o2 = Unsqueeze(n, ax_dev) }
+        >
+    }
+    """)
+    plain = _copies_as_identity(model)
+    assert [n.op_type for n in plain.graph.node] == ["Identity", "If"]
+    branches = {a.name: a.g for a in plain.graph.node[1].attribute}
+    assert branches["then_branch"].node[0].input[1] == "ax"
+    assert branches["else_branch"].node[1].input[1] == "ax"
+    assert model.graph.node[0].op_type == "MemcpyFromHost"  # the model itself is left alone
