@@ -254,13 +254,23 @@ def test_rewritten_model_keeps_sizes_that_need_symbolic_shape_inference(write_mo
     path = write_model(IF_AXES_MODEL)
     analysis = _analysis(path, x=[2, 4])
     assert analysis.infos["y"].bytes == 2 * 4 * 4
-    plan = make_plan(analysis, select_distance=1, params=True, prefetch_distance=0)
+    # Forced: left to itself, select keeps `ax` on the host (see the next test).
+    plan = make_plan(analysis, select_distance=1, params=True, prefetch_distance=0, force=("ax",))
     assert "ax" in {o["tensor"] for o in plan["offloads"]}
     out = tmp_path / "rewritten.onnx"
     onnx.save(apply_plan(plan, analysis), str(out))
     rewritten = analyse(load_model(out, input_shapes={"x": [2, 4]}))
     assert rewritten.infos["y"].bytes == 2 * 4 * 4
     assert simulate(rewritten, profile=None).peak_after == simulate(analysis, plan, profile=None).peak_after
+
+
+def test_weight_read_at_a_host_input_inside_a_subgraph_is_a_host_input(write_model):
+    analysis = _analysis(write_model(IF_AXES_MODEL), x=[2, 4])
+    plan = make_plan(analysis, select_distance=1, params=True, prefetch_distance=0)
+    rejected = {r["tensor"]: r for r in plan["rejected"]}
+    assert rejected["ax"]["reason"] == "host-input"
+    assert "inside a subgraph of If" in rejected["ax"]["detail"]
+    assert rejected["e"]["reason"] == "short-gaps"  # the data the If reads is no host input
 
 
 def test_shape_inference_reads_through_copies_inside_subgraphs():

@@ -15,6 +15,7 @@ import fnmatch
 from collections.abc import Iterable
 from typing import Any
 
+import onnx
 from onnx import TensorProto
 
 from offloadctl import __version__
@@ -71,16 +72,44 @@ def split_reload_groups(
     return device, groups
 
 
-def _reads_on_host(analysis: Analysis, use: Use) -> bool:
+def _reads_on_host(analysis: Analysis, use: Use, name: str | None = None, cache: dict[int, frozenset[str]] | None = None) -> bool:
+    """True when ``use`` reads at an input onnxruntime keeps in host memory.
+
+    A read inside a subgraph (``input_index`` None) counts when the body reads ``name`` at such an
+    input (an If branch's Unsqueeze axes, a Loop body's Reshape shape).
+    """
     node = analysis.nodes[use.position]
-    return use.input_index is not None and use.input_index in HOST_INPUTS.get(node.op_type, frozenset())
+    if use.input_index is not None:
+        return use.input_index in HOST_INPUTS.get(node.op_type, frozenset())
+    if name is None or cache is None:
+        return False
+    reads = cache.get(use.position)
+    if reads is None:
+        reads = cache[use.position] = _subgraph_host_reads(node)
+    return name in reads
+
+
+def _subgraph_host_reads(node: onnx.NodeProto) -> frozenset[str]:
+    """Names a node's subgraphs (at any depth) read at inputs onnxruntime keeps in host memory."""
+    found: set[str] = set()
+    graphs = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+    graphs += [g for a in node.attribute for g in a.graphs]
+    while graphs:
+        graph = graphs.pop()
+        for inner in graph.node:
+            for k in HOST_INPUTS.get(inner.op_type, ()):
+                if k < len(inner.input) and inner.input[k]:
+                    found.add(inner.input[k])
+            graphs += [a.g for a in inner.attribute if a.type == onnx.AttributeProto.GRAPH]
+            graphs += [g for a in inner.attribute for g in a.graphs]
+    return frozenset(found)
 
 
 # Element types of shape arithmetic (Shape's output, Gather/Concat/Unsqueeze of dimensions).
 _SHAPE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
 
 
-def _shape_feeders(analysis: Analysis) -> dict[str, Use]:
+def _shape_feeders(analysis: Analysis, cache: dict[int, frozenset[str]]) -> dict[str, Use]:
     """Integer tensors that only feed shape computations, each with one host read it ends in.
 
     An integer tensor whose every read is by a node all of whose outputs end, directly or through
@@ -104,7 +133,7 @@ def _shape_feeders(analysis: Analysis) -> dict[str, Use]:
             return None
         found: Use | None = None
         for use in uses:
-            if _reads_on_host(analysis, use):
+            if _reads_on_host(analysis, use, name, cache):
                 found = found or use
                 continue
             if use.input_index is None:
@@ -189,6 +218,7 @@ def select(
         (t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses
     ]
     shape_feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
+    host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
     for name, kind in candidates:
         uses = analysis.uses.get(name, [])
         enabled = activations if kind == "activation" else params
@@ -213,17 +243,18 @@ def select(
             detail = why if reason == "not-copyable" else f"size unknown: {why}{hint}"
             reject(name, kind, uses, reason, detail, max_gap)
             continue
-        host_use = next((u for u in uses if _reads_on_host(analysis, u)), None)
+        host_use = next((u for u in uses if _reads_on_host(analysis, u, name, host_reads)), None)
         if host_use is not None and not forced_name(name):
             op = analysis.nodes[host_use.position].op_type
-            reject(
-                name, kind, uses, "host-input",
-                f"read as input {host_use.input_index} of {op} {host_use.node!r}, which onnxruntime keeps in host memory",
-                max_gap,
+            where = (
+                f"read as input {host_use.input_index} of {op} {host_use.node!r}"
+                if host_use.input_index is not None
+                else f"read inside a subgraph of {op} {host_use.node!r} at an input"
             )
+            reject(name, kind, uses, "host-input", f"{where}, which onnxruntime keeps in host memory", max_gap)
             continue
         if shape_feeders is None:
-            shape_feeders = _shape_feeders(analysis)
+            shape_feeders = _shape_feeders(analysis, host_reads)
         host_end = shape_feeders.get(name)
         if host_end is not None and not forced_name(name):
             op = analysis.nodes[host_end.position].op_type
