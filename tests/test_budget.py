@@ -358,3 +358,21 @@ def test_graph_outputs_nobody_reads_are_offloaded_over_their_trailing_stretch(tm
     want = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"]).run(None, inputs)
     got = ort.InferenceSession(str(rewritten), so, providers=["CPUExecutionProvider"]).run(None, inputs)
     assert all(np.array_equal(a, b) for a, b in zip(want, got))
+
+
+def test_budget_with_dynamic_inputs_not_pinned_is_refused(run_cli, write_model, tmp_path):
+    path = write_model("""
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[N, 64] x) => (float[N, 64] y) {
+        a = Neg(x)
+        b = Relu(a)
+        c = Relu(b)
+        y = Add(c, a)
+    }
+    """)
+    result = run_cli("plan", path, "-o", tmp_path / "p.json", "--budget", "1KiB")
+    assert result.exit_code == 1
+    assert "dynamic" in result.stderr and "--input-shape" in result.stderr
+    assert not (tmp_path / "p.json").exists()
+    pinned = run_cli("plan", path, "-o", tmp_path / "p.json", "--budget", "2KiB", "--input-shape", "x=2,64")
+    assert pinned.exit_code == 0, pinned.stderr

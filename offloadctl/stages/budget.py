@@ -50,7 +50,8 @@ graph outputs to the end; weights all the time unless offloaded. An offloaded ac
 device buffer from the producer to max(last device use, D2H, release_after); a reload lives from
 its ``h2d_before`` to the last use of its group (an offloaded graph output's final reload from
 ``output_h2d_before`` to the end); an offloaded weight lives only from each group's H2D to the
-group's last use. Tensors of unknown size count 0 bytes.
+group's last use. A model with dynamic input dimensions is refused until they are pinned
+(``--input-shape``); other tensors of unknown size count 0 bytes.
 """
 
 from __future__ import annotations
@@ -683,6 +684,16 @@ def budget_filter(
             gives the lower bound and the best peak reachable).
     """
     check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
+    dynamic = [
+        name for name in analysis.graph_inputs
+        if (info := analysis.infos.get(name)) is not None and info.copyable and info.bytes is None
+    ]
+    if dynamic:
+        raise OffloadError(
+            f"a budget cannot be checked for {analysis.loaded.path}: input(s) {', '.join(dynamic)} have dynamic "
+            "dimensions, so the sizes of the tensors computed from them are unknown",
+            hint="pin them with --input-shape NAME=D0,D1,... (on select or plan)",
+        )
     if select_num != DEFAULT_SELECT_NUM:
         logger.warning("--select-num %d is not used by the budget strategy (it fits the budget instead)", select_num)
     sel = plan["options"]["select"]
