@@ -141,6 +141,21 @@ class _Base:
     costs: dict[str, list[float]] = field(default_factory=dict)
 
 
+def _interner() -> tuple[list[str], dict[str, int], Callable[[str], int]]:
+    """(names, index, intern): ``intern(name)`` gives each new name the next id, in first-seen order."""
+    names: list[str] = []
+    index: dict[str, int] = {}
+
+    def intern(name: str) -> int:
+        t = index.get(name)
+        if t is None:
+            t = index[name] = len(names)
+            names.append(name)
+        return t
+
+    return names, index, intern
+
+
 def _new_base(analysis: Analysis) -> _Base:
     copy_nodes = {p for p, node in enumerate(analysis.nodes) if _copy_kind(node) is not None}
     source: dict[str, str] = {}
@@ -161,16 +176,10 @@ def _new_base(analysis: Analysis) -> _Base:
             seen += 1
         return name
 
-    names: list[str] = []
-    index: dict[str, int] = {}
+    names, index, intern = _interner()
 
     def tid(name: str) -> int:
-        name = canon(name)
-        t = index.get(name)
-        if t is None:
-            t = index[name] = len(names)
-            names.append(name)
-        return t
+        return intern(canon(name))
 
     for name in analysis.graph_inputs:
         tid(name)
@@ -432,15 +441,7 @@ def _rewritten_program(analysis: Analysis, base: _Base) -> _Program:
             originals += 1
         else:
             positions.append(originals - 1 if kind == "d2h" else originals)
-    names: list[str] = []
-    index: dict[str, int] = {}
-
-    def tid(name: str) -> int:
-        t = index.get(name)
-        if t is None:
-            t = index[name] = len(names)
-            names.append(name)
-        return t
+    names, index, tid = _interner()
 
     for name in analysis.graph_inputs:
         tid(name)
