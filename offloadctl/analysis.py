@@ -22,7 +22,7 @@ import networkx as nx
 import onnx
 
 from offloadctl.errors import OffloadError
-from offloadctl.model import LoadedModel, TensorInfo, tensor_infos
+from offloadctl.model import LoadedModel, TensorInfos, tensor_infos
 
 __all__ = ["Use", "Analysis", "analyse", "execution_order", "subgraph_outer_names", "is_constant_node"]
 
@@ -175,7 +175,7 @@ class Analysis:
     constants: dict[str, int]  # Constant-node output -> file index of the Constant node
     producer: dict[str, int]  # activation name -> position of its producer
     uses: dict[str, list[Use]]  # tensor -> uses in execution order (position, input index)
-    infos: dict[str, TensorInfo]
+    infos: TensorInfos  # lazy: looked-up tensors are converted (and inference run) on demand
     node_names: list[str]  # a unique label for each position (node name, or generated)
 
     @property

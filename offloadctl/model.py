@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import onnx
 from google.protobuf import json_format, text_format
@@ -30,6 +30,8 @@ from offloadctl.inline import expand_inlined_functions, inlined_calls
 __all__ = [
     "LoadedModel",
     "TensorInfo",
+    "TensorInfos",
+    "tensor_info",
     "load_model",
     "parse_input_shapes",
     "tensor_infos",
@@ -61,34 +63,21 @@ class LoadedModel:
     input_shapes: dict[str, list[int]]
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    """What planning knows about one tensor of the main graph."""
+class TensorInfo(NamedTuple):
+    """What planning knows about one tensor of the main graph (build it with `tensor_info`)."""
 
     name: str
     elem_type: int | None  # TensorProto data type; None for sequences, maps, optionals, unknown
     shape: tuple[int | str | None, ...] | None  # None when the rank is unknown
     copyable: bool  # a dense numeric tensor that MemcpyToHost/MemcpyFromHost can move
     type_kind: str | None = None  # "sequence", "map", "optional", "sparse_tensor" for non-tensor values
+    bytes: int | None = None  # byte size, or None when a dimension or the element type is unknown
 
     @property
     def dtype(self) -> str:
         if self.elem_type is None:
             return "unknown" if self.copyable else (self.type_kind or "non-tensor")
         return TensorProto.DataType.Name(self.elem_type).lower()
-
-    @cached_property
-    def bytes(self) -> int | None:
-        """Byte size, or None when a dimension or the element type is unknown."""
-        if not self.copyable or self.shape is None or self.elem_type is None:
-            return None
-        if not all(isinstance(d, int) and d >= 0 for d in self.shape):
-            return None
-        count = math.prod(self.shape)  # type: ignore[arg-type]
-        if self.elem_type in _SUB_BYTE_TYPES:
-            bits = _SUB_BYTE_BITS.get(self.elem_type, 4)
-            return (count * bits + 7) // 8
-        return count * _itemsize(self.elem_type)
 
     def why_unknown(self) -> str:
         """Human-readable reason why `bytes` is None."""
@@ -98,6 +87,30 @@ class TensorInfo:
             return "shape inference could not find its shape"
         unknown = [str(d) if d is not None else "?" for d in self.shape if not isinstance(d, int)]
         return f"dimension(s) {', '.join(unknown)} unknown"
+
+
+def tensor_info(
+    name: str,
+    elem_type: int | None,
+    shape: tuple[int | str | None, ...] | None,
+    copyable: bool,
+    type_kind: str | None = None,
+) -> TensorInfo:
+    """A `TensorInfo` with its byte size computed (None when a dimension or the type is unknown)."""
+    size = None
+    if copyable and shape is not None and elem_type:
+        count = 1
+        for d in shape:
+            if type(d) is not int or d < 0:
+                count = -1
+                break
+            count *= d
+        if count >= 0:
+            if elem_type in _SUB_BYTE_TYPES:
+                size = (count * _SUB_BYTE_BITS.get(elem_type, 4) + 7) // 8
+            else:
+                size = count * _itemsize(elem_type)
+    return TensorInfo(name, elem_type, shape, copyable, type_kind, size)
 
 
 def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
@@ -262,23 +275,142 @@ def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
     return d.dim_param or None
 
 
-def _value_info_to_info(name: str, type_proto: onnx.TypeProto) -> TensorInfo:
-    if type_proto.HasField("tensor_type"):
+def _type_to_info(name: str, type_proto: onnx.TypeProto) -> TensorInfo:
+    which = type_proto.WhichOneof("value")
+    if which == "tensor_type":
         tt = type_proto.tensor_type
         elem = tt.elem_type or None
-        copyable = elem != TensorProto.STRING
         shape: tuple[int | str | None, ...] | None = None
         if tt.HasField("shape"):
             shape = tuple(map(_dim, tt.shape.dim))
-        return TensorInfo(name, elem, shape, copyable)
-    which = type_proto.WhichOneof("value")
+        return tensor_info(name, elem, shape, elem != TensorProto.STRING)
     if which is None:
-        return TensorInfo(name, None, None, True)
-    return TensorInfo(name, None, None, False, which.removesuffix("_type"))
+        return tensor_info(name, None, None, True)
+    return tensor_info(name, None, None, False, which.removesuffix("_type"))
 
 
-def tensor_infos(loaded: LoadedModel, node_order: Sequence[int] | None = None) -> dict[str, TensorInfo]:
+class TensorInfos(Mapping[str, TensorInfo]):
     """Type and shape of every main-graph tensor: inputs, weights, node outputs (after inference).
+
+    Built lazily, because a big model has a few hundred thousand tensors and most commands need
+    a handful: weights come from their initializers or Constant nodes; the other tensors from onnx's
+    shape inference (with data propagation), run on the first lookup of a non-weight, and converted
+    one by one as they are looked up. When onnx's inference leaves a looked-up tensor's size unknown,
+    onnxruntime's symbolic shape inference runs once and fills what it can. What a tensor maps to
+    does not depend on the order of lookups. Iterating lists every tensor (and runs the inference).
+    """
+
+    def __init__(self, loaded: LoadedModel, node_order: Sequence[int] | None = None) -> None:
+        self._loaded = loaded
+        self._node_order = node_order
+        self._weights: dict[str, TensorProto | onnx.NodeProto] = {}
+        graph = loaded.proto.graph
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+                self._weights[node.output[0]] = node
+        for init in graph.initializer:
+            self._weights.setdefault(init.name, init)
+        self._done: dict[str, TensorInfo] = {}
+        self._types: dict[str, list[onnx.TypeProto]] | None = None  # after onnx's inference
+        self._symbolic: dict[str, list[onnx.TypeProto]] | None = None  # after onnxruntime's, if run
+
+    def _sorted_proto(self) -> onnx.ModelProto:
+        proto = self._loaded.proto
+        if self._node_order is None:
+            return proto
+        # onnx's shape inference walks the file order and stops at a node whose input comes later.
+        sorted_proto = onnx.ModelProto()
+        sorted_proto.CopyFrom(proto)
+        del sorted_proto.graph.node[:]
+        sorted_proto.graph.node.extend(proto.graph.node[i] for i in self._node_order)
+        return sorted_proto
+
+    def _inferred(self) -> dict[str, list[onnx.TypeProto]]:
+        if self._types is None:
+            proto = self._sorted_proto()
+            try:
+                inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+                graph = inferred.graph
+            except Exception as exc:  # inference is best effort: unknown sizes are excluded with a reason
+                logger.warning("shape inference failed on %s (%s); sizes come from the file's value_info", self._loaded.path, exc)
+                graph = proto.graph
+            self._types = _types_by_name((graph.value_info, graph.input, graph.output))
+        return self._types
+
+    def _symbolic_types(self) -> dict[str, list[onnx.TypeProto]]:
+        if self._symbolic is None:
+            self._symbolic = _types_by_name((_symbolic_value_infos(self._sorted_proto(), self._loaded.path),))
+        return self._symbolic
+
+    def _compute(self, name: str) -> TensorInfo | None:
+        weight = self._weights.get(name)
+        if weight is not None:
+            if isinstance(weight, onnx.NodeProto):
+                info = _constant_info(weight)
+                if info is not None:
+                    return info
+            else:
+                return tensor_info(name, weight.data_type, tuple(weight.dims), weight.data_type != TensorProto.STRING)
+        info = _first_known(name, self._inferred().get(name, ()))
+        if info is None or info.bytes is None:
+            # Never replace a known size by an unknown one (the first of equals wins).
+            better = _first_known(name, self._symbolic_types().get(name, ()))
+            if better is not None and (info is None or better.bytes is not None):
+                info = better
+        return info
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        info = self._done.get(name)
+        if info is None:
+            info = self._compute(name)
+            if info is None:
+                raise KeyError(name)
+            self._done[name] = info
+        return info
+
+    def __contains__(self, name: object) -> bool:
+        return self.get(name) is not None  # type: ignore[arg-type]
+
+    def _names(self) -> dict[str, None]:
+        names = dict.fromkeys(self._inferred())
+        names.update(dict.fromkeys(self._weights))
+        if any(self.get(n) is not None and self[n].bytes is None for n in names):
+            names.update(dict.fromkeys(self._symbolic_types()))
+        return {n: None for n in names if self.get(n) is not None}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
+def _types_by_name(groups: Iterable[Iterable[onnx.ValueInfoProto]]) -> dict[str, list[onnx.TypeProto]]:
+    found: dict[str, list[onnx.TypeProto]] = {}
+    for values in groups:
+        for vi in values:
+            entry = found.get(vi.name)
+            if entry is None:
+                found[vi.name] = [vi.type]
+            else:
+                entry.append(vi.type)
+    return found
+
+
+def _first_known(name: str, types: Sequence[onnx.TypeProto]) -> TensorInfo | None:
+    """The first description with a known size, else the first one (None if there is none)."""
+    first = None
+    for t in types:
+        info = _type_to_info(name, t)
+        if info.bytes is not None:
+            return info
+        if first is None:
+            first = info
+    return first
+
+
+def tensor_infos(loaded: LoadedModel, node_order: Sequence[int] | None = None) -> TensorInfos:
+    """Type and shape of every main-graph tensor (a lazy mapping, see `TensorInfos`).
 
     Args:
         loaded: the model.
@@ -286,43 +418,7 @@ def tensor_infos(loaded: LoadedModel, node_order: Sequence[int] | None = None) -
             not sorted (onnx's shape inference walks the file order and would stop at the first
             node whose input comes later).
     """
-    proto = loaded.proto
-    if node_order is not None:
-        sorted_proto = onnx.ModelProto()
-        sorted_proto.CopyFrom(proto)
-        del sorted_proto.graph.node[:]
-        sorted_proto.graph.node.extend(proto.graph.node[i] for i in node_order)
-        proto = sorted_proto
-    infos: dict[str, TensorInfo] = {}
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
-        graph = inferred.graph
-    except Exception as exc:  # inference is best effort: unknown sizes are excluded with a reason
-        logger.warning("shape inference failed on %s (%s); sizes come from the file's value_info", loaded.path, exc)
-        graph = proto.graph
-    _merge_value_infos(infos, list(graph.value_info) + list(graph.input) + list(graph.output))
-    unknown = [o for n in proto.graph.node for o in n.output if o and (o not in infos or infos[o].bytes is None)]
-    if unknown:
-        symbolic = _symbolic_value_infos(proto, loaded.path)
-        if symbolic:
-            _merge_value_infos(infos, symbolic)
-    for init in proto.graph.initializer:
-        infos[init.name] = TensorInfo(init.name, init.data_type, tuple(init.dims), init.data_type != TensorProto.STRING)
-    for node in proto.graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
-            info = _constant_info(node)
-            if info is not None:
-                infos[node.output[0]] = info
-    return infos
-
-
-def _merge_value_infos(infos: dict[str, TensorInfo], value_infos: Sequence[onnx.ValueInfoProto]) -> None:
-    """Add what ``value_infos`` know, never replacing a known size by an unknown one."""
-    for vi in value_infos:
-        info = _value_info_to_info(vi.name, vi.type)
-        old = infos.get(vi.name)
-        if old is None or (old.bytes is None and info.bytes is not None):
-            infos[vi.name] = info
+    return TensorInfos(loaded, node_order)
 
 
 def _symbolic_value_infos(proto: onnx.ModelProto, path: Path) -> list[onnx.ValueInfoProto]:
@@ -396,14 +492,14 @@ def _constant_info(node: onnx.NodeProto) -> TensorInfo | None:
     for attr in node.attribute:
         if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
             t = attr.t
-            return TensorInfo(node.output[0], t.data_type, tuple(t.dims), t.data_type != TensorProto.STRING)
+            return tensor_info(node.output[0], t.data_type, tuple(t.dims), t.data_type != TensorProto.STRING)
         if attr.name in ("value_float", "value_int"):
             elem = TensorProto.FLOAT if attr.name == "value_float" else TensorProto.INT64
-            return TensorInfo(node.output[0], elem, (), True)
+            return tensor_info(node.output[0], elem, (), True)
         if attr.name in ("value_floats", "value_ints"):
             elem = TensorProto.FLOAT if attr.name == "value_floats" else TensorProto.INT64
             n = len(attr.floats) if attr.name == "value_floats" else len(attr.ints)
-            return TensorInfo(node.output[0], elem, (n,), True)
+            return tensor_info(node.output[0], elem, (n,), True)
         if attr.name in ("value_string", "value_strings"):
-            return TensorInfo(node.output[0], TensorProto.STRING, None, False)
+            return tensor_info(node.output[0], TensorProto.STRING, None, False)
     return None
