@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import heapq
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 import networkx as nx
 import onnx
@@ -24,7 +25,7 @@ import onnx
 from offloadctl.errors import OffloadError
 from offloadctl.model import LoadedModel, TensorInfos, tensor_infos
 
-__all__ = ["Use", "Analysis", "analyse", "execution_order", "subgraph_outer_names", "is_constant_node"]
+__all__ = ["Use", "Analysis", "analyse", "execution_order", "node_reads", "subgraph_outer_names", "is_constant_node"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +33,7 @@ HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
 BACKWARD_ATTR = "__backwardpass"
 
 
-@dataclass(frozen=True, order=True)
-class Use:
+class Use(NamedTuple):
     """One read of a tensor: by the node at ``position``, at ``input_index``.
 
     ``input_index`` is None for a read inside a subgraph of that node (an outer-scope name).
@@ -41,7 +41,7 @@ class Use:
 
     position: int
     input_index: int | None
-    node: str = field(compare=False)
+    node: str
 
     @property
     def sort_key(self) -> tuple[int, int]:
@@ -79,12 +79,15 @@ def _graph_outer_names(graph: onnx.GraphProto) -> set[str]:
     return used - defined
 
 
-def execution_order(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[list[int], bool]:
+def execution_order(
+    nodes: list[onnx.NodeProto], available: set[str], reads: list[list[str]] | None = None
+) -> tuple[list[int], bool]:
     """Order node indices as onnxruntime's PRIORITY_BASED mode does.
 
     Args:
         nodes: the nodes that take part (Constant nodes already removed), in file order.
         available: tensor names present before any node runs (inputs, initializers, constants).
+        reads: ``node_reads(node)`` of each node, when the caller has them already.
 
     Returns:
         (order, was_sorted): indices into ``nodes``, and whether ``nodes`` was already in a
@@ -93,50 +96,55 @@ def execution_order(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[l
     Raises:
         OffloadError: the graph has a cycle or reads a tensor nobody provides.
     """
+    if reads is None:
+        reads = [node_reads(node) for node in nodes]
     producer: dict[str, int] = {}
     for i, node in enumerate(nodes):
         for out in node.output:
-            if out:
-                producer[out] = i
+            producer[out] = i
+    producer.pop("", None)
     consumers: list[list[int]] = [[] for _ in nodes]
     indegree = [0] * len(nodes)
     producer_of = producer.get
-    for i, node in enumerate(nodes):
-        preds = set()
-        for name in _all_reads(node):
-            p = producer_of(name)
-            if p is not None:
-                preds.add(p)
-            elif name not in available:
+    for i, names in enumerate(reads):
+        preds = {producer_of(name, -1) for name in names}
+        if -1 in preds:
+            preds.discard(-1)
+            missing = next((name for name in names if name not in producer and name not in available), None)
+            if missing is not None:
                 raise OffloadError(
-                    f"node {_describe(node, i)} reads tensor {name!r}, which no node, graph input or weight provides",
+                    f"node {_describe(nodes[i], i)} reads tensor {missing!r}, which no node, graph input or weight provides",
                     hint="the model is malformed; re-export it or fix the tensor name",
                 )
         for p in preds:
             consumers[p].append(i)
         indegree[i] = len(preds)
 
-    def key(i: int) -> tuple[int, int, int]:
-        node = nodes[i]
-        high = 0 if node.op_type in HIGH_PRIORITY_OPS else 1
-        backward = 0
+    # Sort keys: Shape/Size first, then forward before backward (``__backwardpass``), then file index.
+    rank = [0] * len(nodes)
+    for i, node in enumerate(nodes):
+        r = 0 if node.op_type in HIGH_PRIORITY_OPS else 2
         if node.attribute:
             for attr in node.attribute:
-                if attr.name == BACKWARD_ATTR:
-                    backward = 1 if attr.i % 2 == 1 else 0
-        return (high, backward, i)
-
-    heap = [key(i) for i in range(len(nodes)) if indegree[i] == 0]
+                if attr.name == BACKWARD_ATTR and attr.i % 2 == 1:
+                    r += 1
+        rank[i] = r
+    if not any(r != 2 for r in rank):
+        was_sorted = all(p < i for i, names in enumerate(reads) for p in map(producer_of, names) if p is not None)
+        if was_sorted:
+            # Kahn's algorithm by file index alone returns a topological file order unchanged.
+            return list(range(len(nodes))), True
+    heap = [(rank[i], i) for i in range(len(nodes)) if indegree[i] == 0]
     heapq.heapify(heap)
     order: list[int] = []
     pop, push = heapq.heappop, heapq.heappush
     while heap:
-        i = pop(heap)[2]
+        i = pop(heap)[1]
         order.append(i)
         for c in consumers[i]:
             indegree[c] -= 1
             if indegree[c] == 0:
-                push(heap, key(c))
+                push(heap, (rank[c], c))
     if len(order) != len(nodes):
         stuck = [i for i in range(len(nodes)) if indegree[i] > 0]
         graph = nx.DiGraph((p, c) for p in stuck for c in consumers[p] if indegree[c] > 0)
@@ -150,10 +158,11 @@ def execution_order(nodes: list[onnx.NodeProto], available: set[str]) -> tuple[l
     return order, was_sorted
 
 
-def _all_reads(node: onnx.NodeProto) -> list[str]:
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Every tensor a node reads: its inputs, then (sorted) what its subgraphs read from outside."""
     reads = [name for name in node.input if name]
     if node.attribute:  # only a node with attributes can have subgraphs
-        reads.extend(subgraph_outer_names(node))
+        reads.extend(sorted(subgraph_outer_names(node)))
     return reads
 
 
@@ -224,30 +233,30 @@ def analyse(loaded: LoadedModel) -> Analysis:
     initializers = {i.name for i in graph.initializer} | {i.name for i in graph.sparse_initializer}
     graph_inputs = [i.name for i in graph.input if i.name not in initializers]
     constants: dict[str, int] = {}
-    compute: list[tuple[int, onnx.NodeProto]] = []
+    compute: list[int] = []  # file indices of the nodes that take positions
     # What defines each name: "a graph input", "a weight", or the file index of a node (described
     # only when reporting a duplicate, so big graphs do not format a label per tensor).
     defined: dict[str, str | int] = {name: "a graph input" for name in graph_inputs}
-    for name in initializers:
-        defined[name] = "a weight"
-    for idx, node in enumerate(graph.node):
-        for out in node.output:
-            if not out:
-                continue
-            if out in defined:
+    defined.update(dict.fromkeys(initializers, "a weight"))
+    file_nodes = list(graph.node)
+    for idx, node in enumerate(file_nodes):
+        outputs = node.output
+        for out in outputs:
+            if out in defined and out:
                 first = defined[out]
-                by = f"node {_describe(graph.node[first], first)}" if isinstance(first, int) else first
+                by = f"node {_describe(file_nodes[first], first)}" if isinstance(first, int) else first
                 raise OffloadError(
                     f"tensor {out!r} is defined twice in {loaded.path} (by node {_describe(node, idx)} and by "
                     f"{by})",
                     hint="tensor names must be unique; re-export the model or rename one of them",
                 )
             defined[out] = idx
-        if is_constant_node(node):
-            if node.output and node.output[0]:
-                constants[node.output[0]] = idx
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            if outputs and outputs[0]:
+                constants[outputs[0]] = idx
         else:
-            compute.append((idx, node))
+            compute.append(idx)
+    defined.pop("", None)
 
     for out in graph.output:
         if out.name not in defined:
@@ -256,8 +265,13 @@ def analyse(loaded: LoadedModel) -> Analysis:
                 hint="the model is malformed; re-export it or fix the output name",
             )
     available = set(graph_inputs) | initializers | set(constants)
+    compute_nodes = [file_nodes[i] for i in compute]
+    inputs = [list(node.input) for node in compute_nodes]
+    # Reads inside subgraphs (outer-scope names), sorted; only a node with attributes has subgraphs.
+    outer = [sorted(subgraph_outer_names(node)) if node.attribute else () for node in compute_nodes]
+    reads = [[name for name in ins if name] + list(out) for ins, out in zip(inputs, outer)]
     try:
-        order, was_sorted = execution_order([n for _, n in compute], available)
+        order, was_sorted = execution_order(compute_nodes, available, reads)
     except OffloadError as exc:
         raise OffloadError(f"{loaded.path}: {exc.message}", hint=exc.hint) from None
     if not was_sorted:
@@ -266,23 +280,27 @@ def analyse(loaded: LoadedModel) -> Analysis:
             "and plan positions count in that order",
             loaded.path,
         )
-    nodes = [compute[i][1] for i in order]
-    file_index = [compute[i][0] for i in order]
+    nodes = [compute_nodes[i] for i in order]
+    file_index = [compute[i] for i in order]
 
     node_names = _unique_labels(nodes, file_index)
     producer: dict[str, int] = {}
     uses: dict[str, list[Use]] = {}
-    for pos, node in enumerate(nodes):
+    get = uses.get
+    for pos, i in enumerate(order):
         label = node_names[pos]
-        for out in node.output:
-            if out:
-                producer[out] = pos
-        for k, name in enumerate(node.input):
+        for out in nodes[pos].output:
+            producer[out] = pos
+        for k, name in enumerate(inputs[i]):
             if name:
-                uses.setdefault(name, []).append(Use(pos, k, label))
-        if node.attribute:  # only a node with attributes can have subgraphs
-            for name in sorted(subgraph_outer_names(node)):
-                uses.setdefault(name, []).append(Use(pos, None, label))
+                lst = get(name)
+                if lst is None:
+                    uses[name] = [Use(pos, k, label)]
+                else:
+                    lst.append(Use(pos, k, label))
+        for name in outer[i]:
+            uses.setdefault(name, []).append(Use(pos, None, label))
+    producer.pop("", None)
     # Each list is already in execution order: positions ascend, and within a node the input
     # indices ascend before the subgraph reads (input_index None), which is Use.sort_key's order.
 
@@ -303,14 +321,11 @@ def analyse(loaded: LoadedModel) -> Analysis:
 
 
 def _unique_labels(nodes: list[onnx.NodeProto], file_index: list[int]) -> list[str]:
+    names = [node.name for node in nodes]
     seen: dict[str, int] = {}
-    for node in nodes:
-        if node.name:
-            seen[node.name] = seen.get(node.name, 0) + 1
-    labels = []
-    for node, idx in zip(nodes, file_index):
-        if node.name and seen[node.name] == 1:
-            labels.append(node.name)
-        else:
-            labels.append(f"{node.name or node.op_type}#{idx}")
-    return labels
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+    return [
+        name if name and seen[name] == 1 else f"{name or node.op_type}#{idx}"
+        for name, node, idx in zip(names, nodes, file_index)
+    ]
