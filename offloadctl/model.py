@@ -275,7 +275,17 @@ def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
     return d.dim_param or None
 
 
-def _type_to_info(name: str, type_proto: onnx.TypeProto) -> TensorInfo:
+def _type_to_info(name: str, type_proto: onnx.TypeProto, cache: dict[bytes, tuple]) -> TensorInfo:
+    """Convert a TypeProto. ``cache`` maps serialized types to converted fields: models repeat a
+    few types over thousands of tensors, and serializing one is much cheaper than walking its dims."""
+    key = type_proto.SerializeToString()
+    fields = cache.get(key)
+    if fields is None:
+        fields = cache[key] = _type_fields(type_proto)
+    return TensorInfo(name, *fields)
+
+
+def _type_fields(type_proto: onnx.TypeProto) -> tuple:
     which = type_proto.WhichOneof("value")
     if which == "tensor_type":
         tt = type_proto.tensor_type
@@ -283,10 +293,12 @@ def _type_to_info(name: str, type_proto: onnx.TypeProto) -> TensorInfo:
         shape: tuple[int | str | None, ...] | None = None
         if tt.HasField("shape"):
             shape = tuple(map(_dim, tt.shape.dim))
-        return tensor_info(name, elem, shape, elem != TensorProto.STRING)
-    if which is None:
-        return tensor_info(name, None, None, True)
-    return tensor_info(name, None, None, False, which.removesuffix("_type"))
+        info = tensor_info("", elem, shape, elem != TensorProto.STRING)
+    elif which is None:
+        info = tensor_info("", None, None, True)
+    else:
+        info = tensor_info("", None, None, False, which.removesuffix("_type"))
+    return info[1:]
 
 
 class TensorInfos(Mapping[str, TensorInfo]):
@@ -311,6 +323,8 @@ class TensorInfos(Mapping[str, TensorInfo]):
         for init in graph.initializer:
             self._weights.setdefault(init.name, init)
         self._done: dict[str, TensorInfo] = {}
+        self._type_cache: dict[bytes, tuple] = {}  # serialized TypeProto -> TensorInfo fields after the name
+        self._weight_cache: dict[tuple[int, tuple[int, ...]], tuple] = {}  # (data type, dims) -> the same
         self._types: dict[str, list[onnx.TypeProto]] | None = None  # after onnx's inference
         self._symbolic: dict[str, list[onnx.TypeProto]] | None = None  # after onnxruntime's, if run
 
@@ -350,26 +364,36 @@ class TensorInfos(Mapping[str, TensorInfo]):
                 if info is not None:
                     return info
             else:
-                return tensor_info(name, weight.data_type, tuple(weight.dims), weight.data_type != TensorProto.STRING)
-        info = _first_known(name, self._inferred().get(name, ()))
+                key = (weight.data_type, tuple(weight.dims))
+                fields = self._weight_cache.get(key)
+                if fields is None:
+                    fields = self._weight_cache[key] = tensor_info("", *key, key[0] != TensorProto.STRING)[1:]
+                return TensorInfo(name, *fields)
+        info = _first_known(name, self._inferred().get(name, ()), self._type_cache)
         if info is None or info.bytes is None:
             # Never replace a known size by an unknown one (the first of equals wins).
-            better = _first_known(name, self._symbolic_types().get(name, ()))
+            better = _first_known(name, self._symbolic_types().get(name, ()), self._type_cache)
             if better is not None and (info is None or better.bytes is not None):
                 info = better
         return info
 
-    def __getitem__(self, name: str) -> TensorInfo:
+    def get(self, name: str, default: TensorInfo | None = None) -> TensorInfo | None:  # type: ignore[override]
         info = self._done.get(name)
         if info is None:
             info = self._compute(name)
             if info is None:
-                raise KeyError(name)
+                return default
             self._done[name] = info
         return info
 
+    def __getitem__(self, name: str) -> TensorInfo:
+        info = self.get(name)
+        if info is None:
+            raise KeyError(name)
+        return info
+
     def __contains__(self, name: object) -> bool:
-        return self.get(name) is not None  # type: ignore[arg-type]
+        return isinstance(name, str) and self.get(name) is not None
 
     def _names(self) -> dict[str, None]:
         names = dict.fromkeys(self._inferred())
@@ -397,11 +421,11 @@ def _types_by_name(groups: Iterable[Iterable[onnx.ValueInfoProto]]) -> dict[str,
     return found
 
 
-def _first_known(name: str, types: Sequence[onnx.TypeProto]) -> TensorInfo | None:
+def _first_known(name: str, types: Sequence[onnx.TypeProto], cache: dict[bytes, tuple]) -> TensorInfo | None:
     """The first description with a known size, else the first one (None if there is none)."""
     first = None
     for t in types:
-        info = _type_to_info(name, t)
+        info = _type_to_info(name, t, cache)
         if info.bytes is not None:
             return info
         if first is None:
