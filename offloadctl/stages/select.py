@@ -164,8 +164,17 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
 
 
 def _max_gap(start: int, uses: list[Use], end: int | None = None) -> int:
-    points = [start] + [u.position for u in uses] + ([end] if end is not None else [])
-    return max((b - a for a, b in zip(points, points[1:])), default=0)
+    """The largest distance between consecutive entries of [start] + use positions (+ [end])."""
+    best = 0
+    prev = start
+    for use in uses:
+        position = use[0]
+        if position - prev > best:
+            best = position - prev
+        prev = position
+    if end is not None and end - prev > best:
+        best = end - prev
+    return best
 
 
 def select(
@@ -188,9 +197,6 @@ def select(
         never: glob patterns of tensors never to offload (wins over ``force``).
     """
     force, never = tuple(force), tuple(never)
-
-    def forced_name(name: str) -> bool:
-        return _matches(name, force)
     n = analysis.num_positions
     outputs = set(analysis.graph_outputs)
     chosen: list[tuple[tuple[int, int], dict[str, Any]]] = []
@@ -235,6 +241,13 @@ def select(
         if _matches(name, never):
             reject(name, kind, uses, "never", "matches a --never pattern", max_gap)
             continue
+        forced = _matches(name, force)
+        if max_gap <= select_distance and not forced:
+            # Checked before size and placement: no idle stretch qualifies, whatever else holds.
+            reject(
+                name, kind, uses, "short-gaps", f"largest idle stretch {max_gap} <= select distance {select_distance}", max_gap
+            )
+            continue
         info = analysis.infos.get(name)
         if info is None or info.bytes is None:
             why = info.why_unknown() if info is not None else "shape inference could not find its type"
@@ -243,8 +256,8 @@ def select(
             detail = why if reason == "not-copyable" else f"size unknown: {why}{hint}"
             reject(name, kind, uses, reason, detail, max_gap)
             continue
-        host_use = next((u for u in uses if _reads_on_host(analysis, u, name, host_reads)), None)
-        if host_use is not None and not forced_name(name):
+        host_use = None if forced else next((u for u in uses if _reads_on_host(analysis, u, name, host_reads)), None)
+        if host_use is not None:
             op = analysis.nodes[host_use.position].op_type
             where = (
                 f"read as input {host_use.input_index} of {op} {host_use.node!r}"
@@ -253,10 +266,12 @@ def select(
             )
             reject(name, kind, uses, "host-input", f"{where}, which onnxruntime keeps in host memory", max_gap)
             continue
-        if shape_feeders is None:
-            shape_feeders = _shape_feeders(analysis, host_reads)
-        host_end = shape_feeders.get(name)
-        if host_end is not None and not forced_name(name):
+        host_end = None
+        if info.elem_type in _SHAPE_TYPES and not forced:  # only integer tensors feed shape computations
+            if shape_feeders is None:
+                shape_feeders = _shape_feeders(analysis, host_reads)
+            host_end = shape_feeders.get(name)
+        if host_end is not None and not forced:
             op = analysis.nodes[host_end.position].op_type
             reject(
                 name, kind, uses, "host-input",
@@ -268,17 +283,8 @@ def select(
         if not is_act and name in outputs:
             reject(name, kind, uses, "graph-output-weight", "a weight that is also a graph output stays on the device", max_gap)
             continue
-        forced = _matches(name, force)
         device, groups = split_reload_groups(start, uses, select_distance, first_group_at_start=not is_act)
-        if not is_act and max_gap <= select_distance and not forced:
-            groups = []
-        if not groups:
-            if not forced:
-                reject(
-                    name, kind, uses, "short-gaps",
-                    f"largest idle stretch {max_gap} <= select distance {select_distance}", max_gap,
-                )
-                continue
+        if not groups:  # only a forced tensor gets here: one group holding every use
             device, groups = ([], [(uses[0].position - start, list(uses))])
         entry = {
             "id": 0,
