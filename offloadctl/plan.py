@@ -234,12 +234,14 @@ def _plan_text(plan: Plan) -> str:
     """The plan as JSON: indented, with one line per rejected candidate.
 
     A big model has a rejected entry for almost every tensor; one compact line each keeps the file
-    readable and lets json's C encoder write them (it is not used for indented output).
+    readable. The list is encoded in one call of json's C encoder (indented output does not use it)
+    and then broken into lines between entries: entries are flat objects of scalars (the schema
+    says so, and the plan is validated before this runs), and a string value cannot contain the
+    characters ``}, {"`` (its quotes are escaped), so that sequence occurs only between entries.
     """
     text = json.dumps({**plan, "rejected": _REJECTED_SLOT}, indent=1)
     rejected = plan.get("rejected") or []
-    lines = ",\n".join("  " + json.dumps(entry) for entry in rejected)
-    listing = "[\n" + lines + "\n ]" if rejected else "[]"
+    listing = "[\n  " + json.dumps(rejected)[1:-1].replace('}, {"', '},\n  {"') + "\n ]" if rejected else "[]"
     return text.replace(json.dumps(_REJECTED_SLOT), listing, 1) + "\n"
 
 
