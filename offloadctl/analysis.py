@@ -25,7 +25,7 @@ import onnx
 from offloadctl.errors import OffloadError
 from offloadctl.model import LoadedModel, TensorInfos, tensor_infos
 
-__all__ = ["Use", "Analysis", "analyse", "execution_order", "node_reads", "subgraph_outer_names", "is_constant_node"]
+__all__ = ["Use", "Analysis", "analyse", "execution_order", "node_reads", "priority_ranks", "subgraph_outer_names", "is_constant_node"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +79,28 @@ def _graph_outer_names(graph: onnx.GraphProto) -> set[str]:
     return used - defined
 
 
+_PLAIN_RANK = 2  # a forward node that is not Shape/Size: ordered by file index alone
+
+
+def priority_ranks(nodes: list[onnx.NodeProto]) -> list[int]:
+    """Each node's first sort key in onnxruntime's priority order: Shape/Size first, then forward
+    before backward (``__backwardpass``); ties are broken by file index."""
+    ranks = [_PLAIN_RANK] * len(nodes)
+    for i, node in enumerate(nodes):
+        rank = 0 if node.op_type in HIGH_PRIORITY_OPS else _PLAIN_RANK
+        if node.attribute:
+            for attr in node.attribute:
+                if attr.name == BACKWARD_ATTR and attr.i % 2 == 1:
+                    rank += 1
+        ranks[i] = rank
+    return ranks
+
+
 def execution_order(
-    nodes: list[onnx.NodeProto], available: set[str], reads: list[list[str]] | None = None
+    nodes: list[onnx.NodeProto],
+    available: set[str],
+    reads: list[list[str]] | None = None,
+    ranks: list[int] | None = None,
 ) -> tuple[list[int], bool]:
     """Order node indices as onnxruntime's PRIORITY_BASED mode does.
 
@@ -88,6 +108,7 @@ def execution_order(
         nodes: the nodes that take part (Constant nodes already removed), in file order.
         available: tensor names present before any node runs (inputs, initializers, constants).
         reads: ``node_reads(node)`` of each node, when the caller has them already.
+        ranks: ``priority_ranks(nodes)``, when the caller has them already.
 
     Returns:
         (order, was_sorted): indices into ``nodes``, and whether ``nodes`` was already in a
@@ -120,16 +141,8 @@ def execution_order(
             consumers[p].append(i)
         indegree[i] = len(preds)
 
-    # Sort keys: Shape/Size first, then forward before backward (``__backwardpass``), then file index.
-    rank = [0] * len(nodes)
-    for i, node in enumerate(nodes):
-        r = 0 if node.op_type in HIGH_PRIORITY_OPS else 2
-        if node.attribute:
-            for attr in node.attribute:
-                if attr.name == BACKWARD_ATTR and attr.i % 2 == 1:
-                    r += 1
-        rank[i] = r
-    if not any(r != 2 for r in rank):
+    rank = priority_ranks(nodes) if ranks is None else ranks
+    if all(r == _PLAIN_RANK for r in rank):
         was_sorted = all(p < i for i, names in enumerate(reads) for p in map(producer_of, names) if p is not None)
         if was_sorted:
             # Kahn's algorithm by file index alone returns a topological file order unchanged.
@@ -178,6 +191,7 @@ class Analysis:
     nodes: list[onnx.NodeProto]  # original nodes in execution order; index = position
     file_index: list[int]  # file index (in graph.node) of the node at each position
     was_sorted: bool
+    plain_priority: bool  # no Shape/Size and no backward node: onnxruntime runs a sorted file in file order
     graph_inputs: list[str]
     graph_outputs: list[str]
     initializers: set[str]
@@ -191,7 +205,7 @@ class Analysis:
     def num_positions(self) -> int:
         return len(self.nodes)
 
-    @property
+    @cached_property
     def weights(self) -> set[str]:
         return self.initializers | set(self.constants)
 
@@ -270,8 +284,9 @@ def analyse(loaded: LoadedModel) -> Analysis:
     # Reads inside subgraphs (outer-scope names), sorted; only a node with attributes has subgraphs.
     outer = [sorted(subgraph_outer_names(node)) if node.attribute else () for node in compute_nodes]
     reads = [[name for name in ins if name] + list(out) for ins, out in zip(inputs, outer)]
+    ranks = priority_ranks(compute_nodes)
     try:
-        order, was_sorted = execution_order(compute_nodes, available, reads)
+        order, was_sorted = execution_order(compute_nodes, available, reads, ranks)
     except OffloadError as exc:
         raise OffloadError(f"{loaded.path}: {exc.message}", hint=exc.hint) from None
     if not was_sorted:
@@ -309,6 +324,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
         nodes=nodes,
         file_index=file_index,
         was_sorted=was_sorted,
+        plain_priority=all(r == _PLAIN_RANK for r in ranks),
         graph_inputs=graph_inputs,
         graph_outputs=[o.name for o in graph.output],
         initializers=initializers,

@@ -252,17 +252,27 @@ def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
             yield from _all_graphs(sub)
 
 
-def _tensor_names(graph: onnx.GraphProto) -> set[str]:
-    names: set[str] = set()
-    for g in _all_graphs(graph):
-        names.update(v.name for v in g.input)
-        names.update(v.name for v in g.output)
-        names.update(v.name for v in g.value_info)
-        names.update(t.name for t in g.initializer)
-        names.update(s.values.name for s in g.sparse_initializer)
-        for node in g.node:
-            names.update(node.input)
-            names.update(node.output)
+def _tensor_names(analysis: Analysis, nodes: list[onnx.NodeProto]) -> set[str]:
+    """Every tensor name of the model, subgraphs included (new names must clash with none)."""
+    graph = analysis.loaded.proto.graph
+    names = set(analysis.producer) | set(analysis.uses) | analysis.weights | set(analysis.graph_inputs)
+    names.update(analysis.graph_outputs)
+    names.update(v.name for v in graph.value_info)
+    names.update(v.name for v in graph.input)
+    names.update(s.values.name for s in graph.sparse_initializer)
+    for node in nodes:
+        if node.attribute:
+            for sub in _attr_graphs(node):
+                for g in _all_graphs(sub):
+                    names.update(v.name for v in g.input)
+                    names.update(v.name for v in g.output)
+                    names.update(v.name for v in g.value_info)
+                    names.update(t.name for t in g.initializer)
+                    names.update(s.values.name for s in g.sparse_initializer)
+                    for inner in g.node:
+                        names.update(inner.input)
+                        names.update(inner.output)
+    names.discard("")
     return names
 
 
@@ -361,22 +371,17 @@ class _Rewriter:
         self.model = onnx.ModelProto()
         self.model.CopyFrom(source)
         self.graph = self.model.graph
-        # Independent copies of the nodes: the graph's node list is rebuilt at the end.
-        self.file_nodes = [self._copy(n) for n in source.graph.node]
+        # The copy's own nodes, edited in place; the graph's node list is rebuilt from them at the
+        # end (protobuf keeps these references valid after they are removed from the list).
+        self.file_nodes = list(self.graph.node)
         self.pos_nodes = [self.file_nodes[i] for i in analysis.file_index]
         self.constant_files = [i for i, n in enumerate(self.file_nodes) if is_constant_node(n)]
-        self.tensors = _Names(_tensor_names(source.graph))
+        self.tensors = _Names(_tensor_names(analysis, self.pos_nodes))
         self.before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
         self.after: dict[int, list[onnx.NodeProto]] = defaultdict(list)
         self.value_infos: list[onnx.ValueInfoProto] = []
         self.converted: set[int] = set()  # file indices of Constant nodes turned into initializers
         self._name_nodes()
-
-    @staticmethod
-    def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
-        new = onnx.NodeProto()
-        new.CopyFrom(node)
-        return new
 
     def _name_nodes(self) -> None:
         """Give unnamed and duplicate-named nodes unique names; positions get the analysis labels."""
@@ -481,10 +486,15 @@ class _Rewriter:
         constants = [self.file_nodes[i] for i in self.constant_files if i not in self.converted]
 
         graph = self.graph
-        available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-        available |= {s.values.name for s in graph.sparse_initializer}
-        available |= {o for node in constants for o in node.output if o}
-        order, _ = execution_order(planned, available)
+        if analysis.plain_priority:
+            # No Shape/Size and no backward node (so no backward copy): onnxruntime's priority order
+            # is the file order, and the planned order is topological by construction.
+            order = list(range(len(planned)))
+        else:
+            available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+            available |= {s.values.name for s in graph.sparse_initializer}
+            available |= {o for node in constants for o in node.output if o}
+            order, _ = execution_order(planned, available)
         self.result.reordered = sum(1 for k, i in enumerate(order) if k != i)
         if self.result.reordered:
             logger.info(
