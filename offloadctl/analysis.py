@@ -101,14 +101,15 @@ def execution_order(
     available: set[str],
     reads: list[list[str]] | None = None,
     ranks: list[int] | None = None,
+    outputs: list[list[str]] | None = None,
 ) -> tuple[list[int], bool]:
     """Order node indices as onnxruntime's PRIORITY_BASED mode does.
 
     Args:
         nodes: the nodes that take part (Constant nodes already removed), in file order.
         available: tensor names present before any node runs (inputs, initializers, constants).
-        reads: ``node_reads(node)`` of each node, when the caller has them already.
-        ranks: ``priority_ranks(nodes)``, when the caller has them already.
+        reads, ranks, outputs: ``node_reads(node)``, ``priority_ranks(nodes)`` and the outputs of
+            each node, when the caller has them already (big graphs: protobuf fields are slow to read).
 
     Returns:
         (order, was_sorted): indices into ``nodes``, and whether ``nodes`` was already in a
@@ -120,13 +121,13 @@ def execution_order(
     if reads is None:
         reads = [node_reads(node) for node in nodes]
     producer: dict[str, int] = {}
-    for i, node in enumerate(nodes):
-        for out in node.output:
+    for i, outs in enumerate(outputs if outputs is not None else (node.output for node in nodes)):
+        for out in outs:
             producer[out] = i
     producer.pop("", None)
-    consumers: list[list[int]] = [[] for _ in nodes]
-    indegree = [0] * len(nodes)
     producer_of = producer.get
+    all_preds: list[set[int]] = []
+    topological = True
     for i, names in enumerate(reads):
         preds = {producer_of(name, -1) for name in names}
         if -1 in preds:
@@ -137,16 +138,20 @@ def execution_order(
                     f"node {_describe(nodes[i], i)} reads tensor {missing!r}, which no node, graph input or weight provides",
                     hint="the model is malformed; re-export it or fix the tensor name",
                 )
+        if preds and max(preds) >= i:
+            topological = False
+        all_preds.append(preds)
+    rank = priority_ranks(nodes) if ranks is None else ranks
+    if topological and all(r == _PLAIN_RANK for r in rank):
+        # Kahn's algorithm by file index alone returns a topological file order unchanged.
+        return list(range(len(nodes))), True
+
+    consumers: list[list[int]] = [[] for _ in nodes]
+    indegree = [0] * len(nodes)
+    for i, preds in enumerate(all_preds):
         for p in preds:
             consumers[p].append(i)
         indegree[i] = len(preds)
-
-    rank = priority_ranks(nodes) if ranks is None else ranks
-    if all(r == _PLAIN_RANK for r in rank):
-        was_sorted = all(p < i for i, names in enumerate(reads) for p in map(producer_of, names) if p is not None)
-        if was_sorted:
-            # Kahn's algorithm by file index alone returns a topological file order unchanged.
-            return list(range(len(nodes))), True
     heap = [(rank[i], i) for i in range(len(nodes)) if indegree[i] == 0]
     heapq.heapify(heap)
     order: list[int] = []
@@ -253,8 +258,9 @@ def analyse(loaded: LoadedModel) -> Analysis:
     defined: dict[str, str | int] = {name: "a graph input" for name in graph_inputs}
     defined.update(dict.fromkeys(initializers, "a weight"))
     file_nodes = list(graph.node)
+    file_outputs = [list(node.output) for node in file_nodes]
     for idx, node in enumerate(file_nodes):
-        outputs = node.output
+        outputs = file_outputs[idx]
         for out in outputs:
             if out in defined and out:
                 first = defined[out]
@@ -286,7 +292,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
     reads = [[name for name in ins if name] + list(out) for ins, out in zip(inputs, outer)]
     ranks = priority_ranks(compute_nodes)
     try:
-        order, was_sorted = execution_order(compute_nodes, available, reads, ranks)
+        order, was_sorted = execution_order(compute_nodes, available, reads, ranks, [file_outputs[i] for i in compute])
     except OffloadError as exc:
         raise OffloadError(f"{loaded.path}: {exc.message}", hint=exc.hint) from None
     if not was_sorted:
@@ -304,7 +310,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
     get = uses.get
     for pos, i in enumerate(order):
         label = node_names[pos]
-        for out in nodes[pos].output:
+        for out in file_outputs[file_index[pos]]:
             producer[out] = pos
         for k, name in enumerate(inputs[i]):
             if name:

@@ -76,7 +76,7 @@ from offloadctl.metadata import (
     session_settings,
     set_metadata,
 )
-from offloadctl.model import TensorInfo
+from offloadctl.model import TensorInfo, external_location
 
 __all__ = [
     "ApplyResult",
@@ -531,6 +531,8 @@ def _graph_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
             yield sparse.values
             yield sparse.indices
         for node in g.node:
+            if not node.attribute:  # most nodes of a big graph
+                continue
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
                     yield attr.t
@@ -543,7 +545,7 @@ def external_locations(model: onnx.ModelProto) -> list[str]:
     found: set[str] = set()
     for tensor in _graph_tensors(model.graph):
         if tensor.data_location == TensorProto.EXTERNAL:
-            found.add(next((e.value for e in tensor.external_data if e.key == "location"), ""))
+            found.add(external_location(tensor))
     return sorted(found)
 
 

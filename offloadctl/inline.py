@@ -34,17 +34,20 @@ def _is_call(node: onnx.NodeProto, local: set[tuple[str, str]]) -> bool:
 def inlined_calls(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
     """Main-graph nodes onnxruntime would replace by a function body (empty for most models)."""
     local = {(f.domain, f.name) for f in proto.functions}
-    return [n for n in proto.graph.node if _is_call(n, local)]
+    names = {name for _, name in local} | ONNXRUNTIME_INLINED_OPS
+    # The op type alone rules out almost every node of a big graph.
+    return [n for n in proto.graph.node if n.op_type in names and _is_call(n, local)]
 
 
-def expand_inlined_functions(proto: onnx.ModelProto) -> int:
+def expand_inlined_functions(proto: onnx.ModelProto, calls: list[onnx.NodeProto] | None = None) -> int:
     """Expand, in place and in file order, every node onnxruntime would inline; return how many.
 
     Calls to local functions and the ops in `ONNXRUNTIME_INLINED_OPS` are replaced by their bodies
     (in the main graph and in subgraphs); local functions are then dropped. A model without such
     nodes is left untouched. Raises nothing: a body onnx cannot expand leaves the model as it was.
+    ``calls`` is ``inlined_calls(proto)``, when the caller has it already.
     """
-    calls = inlined_calls(proto)
+    calls = inlined_calls(proto) if calls is None else calls
     if not calls and not proto.functions:
         return 0
     ids = [(f.domain, f.name) for f in proto.functions]

@@ -36,6 +36,7 @@ __all__ = [
     "parse_input_shapes",
     "tensor_infos",
     "external_data_files",
+    "external_location",
 ]
 
 logger = logging.getLogger(__name__)
@@ -197,8 +198,9 @@ def load_model(
     pinned = {k: list(v) for k, v in (input_shapes or {}).items()}
     if pinned:
         _pin_input_shapes(proto, pinned, p)
-    inlined_ops = sorted({n.op_type for n in inlined_calls(proto)})
-    if expand_inlined_functions(proto):
+    calls = inlined_calls(proto)
+    inlined_ops = sorted({n.op_type for n in calls})
+    if expand_inlined_functions(proto, calls):
         logger.warning(
             "%s: onnxruntime runs %s as function bodies; they were expanded in place and plan positions "
             "count the expanded nodes",
@@ -220,13 +222,21 @@ def _looks_like_plan(path: Path) -> bool:
     return isinstance(document, dict) and "offloads" in document and "schema_version" in document
 
 
+def external_location(tensor: TensorProto) -> str:
+    """The ``location`` entry of a tensor stored as external data ("" if it has none)."""
+    entries = tensor.external_data
+    if entries and entries[0].key == "location":  # where onnx writes it
+        return entries[0].value
+    return next((e.value for e in entries if e.key == "location"), "")
+
+
 def external_data_files(proto: onnx.ModelProto, base_dir: Path) -> list[tuple[str, Path]]:
     """(tensor name, data file) for every initializer stored as external data in the main graph."""
     found = []
     paths: dict[str, Path] = {}
     for init in proto.graph.initializer:
         if init.data_location == TensorProto.EXTERNAL:
-            location = next((e.value for e in init.external_data if e.key == "location"), "")
+            location = external_location(init)
             path = paths.get(location)
             if path is None:
                 path = paths[location] = base_dir / location
