@@ -132,12 +132,13 @@ def execution_order(
         preds = {producer_of(name, -1) for name in names}
         if -1 in preds:
             preds.discard(-1)
-            missing = next((name for name in names if name not in producer and name not in available), None)
-            if missing is not None:
-                raise OffloadError(
-                    f"node {_describe(nodes[i], i)} reads tensor {missing!r}, which no node, graph input or weight provides",
-                    hint="the model is malformed; re-export it or fix the tensor name",
-                )
+            for name in names:
+                if name not in producer and name not in available:
+                    raise OffloadError(
+                        f"node {_describe(nodes[i], i)} reads tensor {name!r}, which no node, graph input or weight "
+                        "provides",
+                        hint="the model is malformed; re-export it or fix the tensor name",
+                    )
         if preds and max(preds) >= i:
             topological = False
         all_preds.append(preds)
@@ -287,10 +288,22 @@ def analyse(loaded: LoadedModel) -> Analysis:
     available = set(graph_inputs) | initializers | set(constants)
     compute_nodes = [file_nodes[i] for i in compute]
     inputs = [list(node.input) for node in compute_nodes]
-    # Reads inside subgraphs (outer-scope names), sorted; only a node with attributes has subgraphs.
-    outer = [sorted(subgraph_outer_names(node)) if node.attribute else () for node in compute_nodes]
-    reads = [[name for name in ins if name] + list(out) for ins, out in zip(inputs, outer)]
-    ranks = priority_ranks(compute_nodes)
+    # Reads inside subgraphs (outer-scope names, sorted) and priority ranks: both come from the
+    # attributes, which most nodes of a big graph do not have.
+    outer: list[list[str]] = [[]] * len(compute_nodes)  # shared empty list, never mutated
+    ranks = [_PLAIN_RANK] * len(compute_nodes)
+    for i, node in enumerate(compute_nodes):
+        if node.attribute:
+            ranks[i] = priority_ranks([node])[0]
+            names = subgraph_outer_names(node)
+            if names:
+                outer[i] = sorted(names)
+        elif node.op_type in HIGH_PRIORITY_OPS:
+            ranks[i] = 0
+    reads = []
+    for ins, out in zip(inputs, outer):
+        present = ins if "" not in ins else [name for name in ins if name]  # optional inputs left out
+        reads.append(present + out if out else present)
     try:
         order, was_sorted = execution_order(compute_nodes, available, reads, ranks, [file_outputs[i] for i in compute])
     except OffloadError as exc:
@@ -308,17 +321,21 @@ def analyse(loaded: LoadedModel) -> Analysis:
     producer: dict[str, int] = {}
     uses: dict[str, list[Use]] = {}
     get = uses.get
+    new_use = tuple.__new__  # Use(...) without the NamedTuple's Python-level __new__ (big graphs)
     for pos, i in enumerate(order):
         label = node_names[pos]
         for out in file_outputs[file_index[pos]]:
             producer[out] = pos
-        for k, name in enumerate(inputs[i]):
+        k = 0
+        for name in inputs[i]:
             if name:
+                use = new_use(Use, (pos, k, label))
                 lst = get(name)
                 if lst is None:
-                    uses[name] = [Use(pos, k, label)]
+                    uses[name] = [use]
                 else:
-                    lst.append(Use(pos, k, label))
+                    lst.append(use)
+            k += 1
         for name in outer[i]:
             uses.setdefault(name, []).append(Use(pos, None, label))
     producer.pop("", None)
@@ -337,7 +354,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
         constants=constants,
         producer=producer,
         uses=uses,
-        infos=tensor_infos(loaded, None if was_sorted else sorted(constants.values()) + file_index),
+        infos=tensor_infos(loaded, None if was_sorted else sorted(constants.values()) + file_index, constants),
         node_names=node_names,
     )
 

@@ -322,14 +322,24 @@ class TensorInfos(Mapping[str, TensorInfo]):
     does not depend on the order of lookups. Iterating lists every tensor (and runs the inference).
     """
 
-    def __init__(self, loaded: LoadedModel, node_order: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        node_order: Sequence[int] | None = None,
+        constants: Mapping[str, int] | None = None,
+    ) -> None:
         self._loaded = loaded
         self._node_order = node_order
         self._weights: dict[str, TensorProto | onnx.NodeProto] = {}
         graph = loaded.proto.graph
-        for node in graph.node:
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
-                self._weights[node.output[0]] = node
+        if constants is None:
+            constants = {
+                node.output[0]: i
+                for i, node in enumerate(graph.node)
+                if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output
+            }
+        for name, index in constants.items():
+            self._weights[name] = graph.node[index]
         for init in graph.initializer:
             self._weights.setdefault(init.name, init)
         self._done: dict[str, TensorInfo] = {}
@@ -443,7 +453,9 @@ def _first_known(name: str, types: Sequence[onnx.TypeProto], cache: dict[bytes, 
     return first
 
 
-def tensor_infos(loaded: LoadedModel, node_order: Sequence[int] | None = None) -> TensorInfos:
+def tensor_infos(
+    loaded: LoadedModel, node_order: Sequence[int] | None = None, constants: Mapping[str, int] | None = None
+) -> TensorInfos:
     """Type and shape of every main-graph tensor (a lazy mapping, see `TensorInfos`).
 
     Args:
@@ -451,8 +463,9 @@ def tensor_infos(loaded: LoadedModel, node_order: Sequence[int] | None = None) -
         node_order: file indices of the nodes in a topological order, for a file whose nodes are
             not sorted (onnx's shape inference walks the file order and would stop at the first
             node whose input comes later).
+        constants: output name -> file index of each Constant node, when the caller knows them.
     """
-    return TensorInfos(loaded, node_order)
+    return TensorInfos(loaded, node_order, constants)
 
 
 def _symbolic_value_infos(proto: onnx.ModelProto, path: Path) -> list[onnx.ValueInfoProto]:
