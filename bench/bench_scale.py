@@ -8,8 +8,7 @@ external data file) it measures, each in a fresh subprocess, side by side in one
 - plan: ``load_model`` + ``analyse`` + ``make_plan`` + ``write_plan`` (default options), and the same
   with ``params=True`` (``--params``);
 - apply: ``offloadctl apply PLAN -o OUT --model MODEL`` on the ``--params`` plan, the output in
-  another folder (so the weights are copied beside it); measured whenever the ``apply`` command
-  is available;
+  another folder (so the weights are copied beside it);
 - peak memory (VmHWM) of the planning subprocess, next to the size of the graph proto without
   weights and the peak of a subprocess that only imports offloadctl; and, for one size, the
   planning peak of the same graph with about 10x the weight bytes.
@@ -102,16 +101,6 @@ def _measure(task: str, *args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def apply_available() -> bool:
-    """True when this offloadctl has the apply command (offloadctl/apply.py and its CLI module)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "from offloadctl.cli import cli; import sys; sys.exit('apply' not in cli.commands)"],
-        capture_output=True,
-        check=False,
-    )
-    return proc.returncode == 0
-
-
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -120,7 +109,7 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover
 
 
-def _bench_size(work: Path, nodes: int, hidden: int, with_apply: bool, console: Console) -> dict:
+def _bench_size(work: Path, nodes: int, hidden: int, console: Console) -> dict:
     folder = work / f"n{nodes}_h{hidden}"
     folder.mkdir()
     out_dir = folder / "out"
@@ -138,9 +127,8 @@ def _bench_size(work: Path, nodes: int, hidden: int, with_apply: bool, console: 
     console.log("  plan --params")
     row["plan_params"] = _measure("plan", str(gen.path), str(folder / "plan_params.json"), "params")
     row["offloads"] = len(json.loads((folder / "plan_params.json").read_text())["offloads"])
-    if with_apply:
-        console.log("  apply")
-        row["apply"] = _measure("apply", str(folder / "plan_params.json"), str(out_dir / "model.offload.onnx"), str(gen.path))
+    console.log("  apply")
+    row["apply"] = _measure("apply", str(folder / "plan_params.json"), str(out_dir / "model.offload.onnx"), str(gen.path))
     shutil.rmtree(folder)
     return row
 
@@ -171,27 +159,22 @@ def main(argv: list[str] | None = None) -> None:
     sizes = args.sizes or ([300, 3000] if args.quick else [1000, 10_000, 100_000])
     console = Console(stderr=True)
     out = Console() if sys.stdout.isatty() else Console(width=120)
-    with_apply = apply_available()
-    if not with_apply:
-        console.log("offloadctl has no apply command yet: apply is not timed (it will be once it exists)")
     work = Path(tempfile.mkdtemp(prefix="offloadctl-bench-", dir=args.workdir))
     try:
         baseline = _measure("import")["peak"]
-        rows = [_bench_size(work, n, args.hidden, with_apply, console) for n in sizes]
+        rows = [_bench_size(work, n, args.hidden, console) for n in sizes]
         big = None
         if args.big:
             # ~2.3 GiB of weights: hidden 1024 is 48 MiB per layer.
-            big = _bench_size(work, 48 * gen_large.BASE_NODES_PER_LAYER + 2, 1024, with_apply, console)
+            big = _bench_size(work, 48 * gen_large.BASE_NODES_PER_LAYER + 2, 1024, console)
         memory = _memory_check(work, sizes[min(1, len(sizes) - 1)], args.hidden, console)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     table = Table(title="time over the load + save floor (same run, same machine)")
-    for col in ("nodes", "weights", "floor s", "plan s", "×floor", "plan --params s", "×floor"):
+    for col in ("nodes", "weights", "floor s", "plan s", "×floor", "plan --params s", "×floor", "apply s",
+                "plan --params + apply ×floor"):
         table.add_column(col, justify="right")
-    if with_apply:
-        for col in ("apply s", "plan --params + apply ×floor"):
-            table.add_column(col, justify="right")
     memory_table = Table(title="planning peak memory (VmHWM of the planning process)")
     for col in ("nodes", "graph proto", "plan peak RSS", "peak − import-only", "÷ graph proto"):
         memory_table.add_column(col, justify="right")
@@ -205,10 +188,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['plan']['seconds'] / floor:.2f}",
             f"{row['plan_params']['seconds']:.2f}",
             f"{row['plan_params']['seconds'] / floor:.2f}",
+            f"{row['apply']['seconds']:.2f}",
+            f"{(row['plan_params']['seconds'] + row['apply']['seconds']) / floor:.2f}",
         ]
-        if with_apply:
-            apply_s = row["apply"]["seconds"]
-            cells += [f"{apply_s:.2f}", f"{(row['plan_params']['seconds'] + apply_s) / floor:.2f}"]
         table.add_row(*cells)
         peak = max(row["plan"]["peak"], row["plan_params"]["peak"])
         memory_table.add_row(

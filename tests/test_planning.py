@@ -369,6 +369,32 @@ def test_tensors_read_as_shape_inputs_stay_where_onnxruntime_wants_them(write_mo
     assert "a" in _by_tensor(plan)
 
 
+def test_a_rejected_tensor_gets_the_first_reason_in_the_documented_order(write_model):
+    text = """
+    <ir_version: 10, opset_import: ["" : 17]>
+    g (float[2, 3] x) => (float[3, 2] y) <int64[2] shape = {3, 2}> {
+        a = Neg(x)
+        b = Relu(a)
+        c = Relu(b)
+        d = Relu(c)
+        e = Add(d, a)
+        y = Reshape(e, shape)
+    }
+    """
+    analysis = _analysis(write_model(text))
+    # The weight "shape" is idle for 5 positions before its only use and is read on the host: with
+    # gaps too short to qualify, short-gaps is the reason; with qualifying gaps, host-input.
+    short = {r["tensor"]: r for r in make_plan(analysis, select_distance=5, params=True)["rejected"]}
+    assert short["shape"]["reason"] == "short-gaps" and short["shape"]["max_gap"] == 5
+    assert short["a"]["reason"] == "short-gaps"
+    long = {r["tensor"]: r for r in make_plan(analysis, select_distance=4, params=True)["rejected"]}
+    assert long["shape"]["reason"] == "host-input"
+    disabled = {r["tensor"]: r for r in make_plan(analysis, select_distance=5, params=False)["rejected"]}
+    assert disabled["shape"]["reason"] == "disabled"  # before short-gaps
+    never = {r["tensor"]: r for r in make_plan(analysis, select_distance=5, never=("a",))["rejected"]}
+    assert never["a"]["reason"] == "never"  # before short-gaps
+
+
 def test_sizes_behind_computed_reshape_shapes_are_known(write_model):
     # Shape -> Slice -> Concat -> Reshape (as exported by paddle2onnx): onnx's data propagation stops
     # at the Slice; onnxruntime's symbolic shape inference finishes the job.

@@ -258,3 +258,38 @@ def test_write_plan_streams_exactly_the_dumped_text(tmp_path):
     plan_module.write_plan(tmp_path / "plan.json", plan)
     assert (tmp_path / "plan.json").read_text(encoding="utf-8") == text
     assert json.loads(text) == plan
+
+
+def test_plan_text_writes_one_line_per_rejected_entry_whatever_the_names(tmp_path):
+    plan = copy.deepcopy(SAMPLE_PLANS[1])
+    tricky = ['a}, {"b', '}, {"', 'q"uote', "back\\slash\\", "new\nline", "ünï", "", "x}, {\"tensor\": \"y"]
+    template = plan["rejected"][0]
+    plan["rejected"] = [dict(template, tensor=name, detail=name) for name in tricky] + plan["rejected"]
+    text = dump_plan(plan)
+    assert json.loads(text) == plan
+    lines = text.splitlines()
+    start = lines.index(' "rejected": [')
+    listed = lines[start + 1 : start + 1 + len(plan["rejected"])]
+    assert [json.loads(line.strip().rstrip(",")) for line in listed] == plan["rejected"]
+    assert lines[start + 1 + len(plan["rejected"])] == " ]"
+
+
+def test_tensor_infos_do_not_depend_on_lookup_order_and_weights_need_no_inference(small_model, monkeypatch):
+    reference = analyse(load_model(small_model.path))
+    everything = {name: reference.infos[name] for name in reference.infos}
+    assert set(everything) >= set(reference.producer) | reference.weights
+
+    analysis = analyse(load_model(small_model.path))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("shape inference ran for a weight lookup")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", refuse)
+    for name in sorted(analysis.weights, reverse=True):
+        assert analysis.infos[name] == everything[name]
+    monkeypatch.undo()
+    for name in sorted(analysis.producer, reverse=True):
+        assert analysis.infos.get(name) == everything[name]
+    assert analysis.infos.get("no such tensor") is None and "no such tensor" not in analysis.infos
+    with pytest.raises(KeyError):
+        analysis.infos["no such tensor"]
