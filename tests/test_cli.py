@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 
@@ -36,3 +37,51 @@ def test_user_error_exits_1_without_traceback(tmp_path):
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
     assert not (tmp_path / "p.json").exists()
+
+
+def _terminals(monkeypatch, *, stdout: bool, stderr: bool) -> None:
+    from rich.console import Console
+
+    from offloadctl.cli import ui
+
+    monkeypatch.setattr(ui, "_consoles", {
+        "out": Console(file=sys.stdout, force_terminal=stdout),
+        "err": Console(file=sys.stderr, force_terminal=stderr),
+    })
+
+
+def test_progress_is_drawn_only_when_stdout_and_stderr_are_terminals(monkeypatch):
+    from offloadctl.cli import ui
+
+    for stdout, stderr in ((False, True), (True, False), (False, False)):
+        _terminals(monkeypatch, stdout=stdout, stderr=stderr)
+        with ui.progress() as bar:
+            assert bar is None
+        with ui.steps(total=2) as step:
+            step("loading")  # does nothing, draws nothing
+    _terminals(monkeypatch, stdout=True, stderr=True)
+    with ui.progress(enabled=False) as bar:
+        assert bar is None
+    with ui.progress() as bar:
+        assert bar is not None
+
+
+def test_steps_count_the_steps_done(monkeypatch):
+    from offloadctl.cli import ui
+
+    _terminals(monkeypatch, stdout=True, stderr=True)
+    seen = []
+    real = ui.progress
+
+    @contextlib.contextmanager
+    def spy(enabled=True):
+        with real(enabled) as bar:
+            seen.append(bar)
+            yield bar
+
+    monkeypatch.setattr(ui, "progress", spy)
+    with ui.steps(total=3) as step:
+        step("one")
+        step("two")
+        (task,) = seen[0].tasks
+        assert (task.description, task.completed, task.total) == ("two", 1, 3)

@@ -9,7 +9,7 @@ import click
 from offloadctl.analysis import analyse
 from offloadctl.apply import ApplyResult, apply_plan, write_model
 from offloadctl.cli.options import output_option
-from offloadctl.cli.ui import out_console, progress
+from offloadctl.cli.ui import out_console, steps
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_output_path, sha256_file
 from offloadctl.model import external_data_files, load_model
@@ -61,18 +61,15 @@ def apply(plan_path: str, output: str, model: str | None) -> None:
     check_output_path(output, plan_path, model_path)
     check_plan_model(plan, sha256_file(model_path), model_path)
     result = ApplyResult()
-    with progress() as bar:
-        task = bar.add_task(f"loading {model_path}", total=None) if bar else None
+    with steps(total=4) as step:
+        step(f"loading {model_path}")
         loaded = load_model(model_path, input_shapes=plan["model"]["input_shapes"])
-        check_output_path(output, *(f for _, f in external_data_files(loaded.proto, model_path.parent)))
-        if bar is not None:
-            bar.update(task, description=f"analysing {model_path}")
+        check_output_path(output, *{f for _, f in external_data_files(loaded.proto, model_path.parent)})
+        step(f"analysing {model_path}")
         analysis = analyse(loaded)
-        if bar is not None:
-            bar.update(task, description=f"rewriting {model_path}")
+        step(f"rewriting {model_path}")
         proto = apply_plan(plan, analysis, result=result)
-        if bar is not None:
-            bar.update(task, description=f"writing {output}")
+        step(f"writing {output}")
         extra = write_model(proto, output, source_dir=model_path.parent)
     console = out_console()
     console.print(

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from offloadctl.analysis import Analysis, analyse
-from offloadctl.cli.ui import fmt_bytes, out_console, progress
+from offloadctl.cli.ui import fmt_bytes, out_console, steps
 from offloadctl.model import load_model, parse_input_shapes
 
 __all__ = ["load_and_analyse", "print_plan_summary"]
@@ -19,11 +19,10 @@ logger = logging.getLogger(__name__)
 def load_and_analyse(model: str, input_shape: Sequence[str] = (), *, show_progress: bool = True) -> Analysis:
     """Load MODEL (weights stay on disk), pin input shapes and analyse it, with progress on a terminal."""
     shapes = parse_input_shapes(input_shape)
-    with progress(show_progress) as bar:
-        task = bar.add_task(f"loading {model}", total=None) if bar else None
+    with steps(show_progress, total=2) as step:
+        step(f"loading {model}")
         loaded = load_model(model, input_shapes=shapes)
-        if bar is not None:
-            bar.update(task, description=f"analysing {model}")
+        step(f"analysing {model}")
         analysis = analyse(loaded)
     dynamic = [
         name

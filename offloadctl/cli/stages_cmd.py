@@ -152,7 +152,7 @@ def plan_cmd(
     check_output_path(output, model)
     use_budget = _use_budget(strategy, budget, stream_weights)
     analysis, selected = _analyse_and_select(model, input_shape, select_distance, activations, params, force, never)
-    with steps() as step:
+    with steps(total=3) as step:
         if use_budget:
             step("fitting the budget")
             filtered = budget_filter(

@@ -53,10 +53,16 @@ def setup_logging(level: int) -> None:
     logging.basicConfig(level=level, format="%(message)s", handlers=[handler], force=True)
 
 
+def _interactive() -> bool:
+    """Progress is drawn on stderr, and only when both stdout and stderr are terminals: output piped
+    to a file or a CI log stays free of it."""
+    return err_console().is_terminal and out_console().is_terminal
+
+
 @contextlib.contextmanager
 def progress(enabled: bool = True) -> Iterator[Progress | None]:
-    """A rich progress display on stderr, only when stderr is a terminal and ``enabled``."""
-    if not enabled or not err_console().is_terminal:
+    """A rich progress display on stderr when ``enabled`` and interactive (see `_interactive`)."""
+    if not enabled or not _interactive():
         yield None
         return
     with Progress(
@@ -71,17 +77,25 @@ def progress(enabled: bool = True) -> Iterator[Progress | None]:
 
 
 @contextlib.contextmanager
-def steps(enabled: bool = True) -> Iterator[Callable[[str], None]]:
+def steps(enabled: bool = True, total: int | None = None) -> Iterator[Callable[[str], None]]:
     """A one-line progress display naming the current step: ``step("writing plan")``.
 
-    Shown on stderr only when it is a terminal and ``enabled``; otherwise ``step`` does nothing.
+    With ``total``, the bar also counts the steps done out of ``total``. Shown only when
+    ``enabled`` and interactive (see `_interactive`); otherwise ``step`` does nothing.
     """
     with progress(enabled) as bar:
         if bar is None:
             yield lambda description: None
             return
-        task = bar.add_task("", total=None)
-        yield lambda description: bar.update(task, description=description)
+        task = bar.add_task("", total=total)
+        started = False
+
+        def step(description: str) -> None:
+            nonlocal started
+            bar.update(task, description=description, advance=1 if started else 0)
+            started = True
+
+        yield step
 
 
 def fmt_bytes(n: int | float | None) -> str:
