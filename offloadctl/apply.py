@@ -381,6 +381,7 @@ class _Rewriter:
         self.after: dict[int, list[onnx.NodeProto]] = defaultdict(list)
         self.value_infos: list[onnx.ValueInfoProto] = []
         self.converted: set[int] = set()  # file indices of Constant nodes turned into initializers
+        self.graph_input_names = {v.name for v in self.graph.input}
         self._name_nodes()
 
     def _name_nodes(self) -> None:
@@ -450,8 +451,9 @@ class _Rewriter:
             index = self.analysis.constants[tensor]
             self.graph.initializer.append(_constant_to_initializer(self.file_nodes[index]))
             self.converted.add(index)
-        if tensor not in {v.name for v in self.graph.input}:
+        if tensor not in self.graph_input_names:
             self.graph.input.append(_value_info(tensor, info))
+            self.graph_input_names.add(tensor)
         self._reload_groups(off, info, tensor)
 
     def _reload_groups(self, off: dict[str, Any], info: TensorInfo, feed: str) -> None:
