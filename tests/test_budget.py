@@ -376,3 +376,20 @@ def test_budget_with_dynamic_inputs_not_pinned_is_refused(run_cli, write_model, 
     assert not (tmp_path / "p.json").exists()
     pinned = run_cli("plan", path, "-o", tmp_path / "p.json", "--budget", "2KiB", "--input-shape", "x=2,64")
     assert pinned.exit_code == 0, pinned.stderr
+
+
+def test_the_budget_search_reports_the_peak_left_to_fit():
+    analysis = _analysis(SAMPLES / "transformer.onnx")
+    lb, _ = lower_bound(analysis)
+    before, _ = plan_peak(analysis, None)
+    lines: list[str] = []
+    budget = int(lb * 1.1)
+    assert budget < before
+    budget_filter(select(analysis), analysis, budget_bytes=budget, report=lines.append)
+    searching = [line for line in lines if "peak" in line]
+    assert searching and all(f"budget {budget / 2**20:.1f} MiB" in line for line in searching)
+    assert f"peak {before / 2**20:.1f} MiB" in searching[0]
+    assert lines[-2:] == [
+        "fitting the budget: dropping offloads it does not need",
+        "fitting the budget: placing prefetches",
+    ]

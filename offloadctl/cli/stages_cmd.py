@@ -107,11 +107,14 @@ def filter_cmd(selected, output, select_num, min_bytes, strategy, budget, stream
     use_budget = _use_budget(strategy, budget, stream_weights)
     selected_plan = read_plan(selected, stages=("selected",))
     if use_budget:
-        plan = budget_filter(
-            selected_plan, _plan_analysis(selected_plan, selected), budget_bytes=budget,
-            prefetch_distance=DEFAULT_PREFETCH_DISTANCE, release_distance=DEFAULT_RELEASE_DISTANCE,
-            select_num=select_num, min_bytes=min_bytes, stream_weights=stream_weights, stream_depth=stream_depth,
-        )
+        analysis = _plan_analysis(selected_plan, selected)
+        with steps() as step:
+            plan = budget_filter(
+                selected_plan, analysis, budget_bytes=budget,
+                prefetch_distance=DEFAULT_PREFETCH_DISTANCE, release_distance=DEFAULT_RELEASE_DISTANCE,
+                select_num=select_num, min_bytes=min_bytes, stream_weights=stream_weights, stream_depth=stream_depth,
+                report=step,
+            )
     else:
         plan = filter_plan(selected_plan, select_num=select_num, min_bytes=min_bytes)
     write_plan(output, plan)
@@ -159,6 +162,7 @@ def plan_cmd(
                 selected, analysis, budget_bytes=budget, prefetch_distance=prefetch_distance,
                 release_distance=release_distance, select_num=select_num, min_bytes=min_bytes,
                 stream_weights=stream_weights, stream_depth=stream_depth,
+                report=lambda text: step(text, new=False),
             )
         else:
             step("filtering")

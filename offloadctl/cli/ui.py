@@ -80,19 +80,20 @@ def progress(enabled: bool = True) -> Iterator[Progress | None]:
 def steps(enabled: bool = True, total: int | None = None) -> Iterator[Callable[[str], None]]:
     """A one-line progress display naming the current step: ``step("writing plan")``.
 
-    With ``total``, the bar also counts the steps done out of ``total``. Shown only when
-    ``enabled`` and interactive (see `_interactive`); otherwise ``step`` does nothing.
+    With ``total``, the bar also counts the steps done out of ``total``; ``step(text, new=False)``
+    rewords the current step (news from a long step). Shown only when ``enabled`` and interactive
+    (see `_interactive`); otherwise ``step`` does nothing.
     """
     with progress(enabled) as bar:
         if bar is None:
-            yield lambda description: None
+            yield lambda description, new=True: None
             return
         task = bar.add_task("", total=total)
         started = False
 
-        def step(description: str) -> None:
+        def step(description: str, new: bool = True) -> None:
             nonlocal started
-            bar.update(task, description=description, advance=1 if started else 0)
+            bar.update(task, description=description, advance=1 if started and new else 0)
             started = True
 
         yield step

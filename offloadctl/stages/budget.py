@@ -60,7 +60,7 @@ import bisect
 import fnmatch
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,7 +287,10 @@ def _cost(c: _Cand, st: _State) -> int:
 
 
 class _Planner:
-    def __init__(self, analysis: Analysis, cands: list[_Cand], release_distance: int) -> None:
+    def __init__(
+        self, analysis: Analysis, cands: list[_Cand], release_distance: int, report: Callable[[str], None] | None = None
+    ) -> None:
+        self.report = report or (lambda text: None)
         self.analysis = analysis
         self.n = analysis.num_positions
         self.cands = {c.name: c for c in cands}
@@ -354,6 +357,7 @@ class _Planner:
             peak, pos = self.peak()
             if peak <= budget:
                 return True
+            self.report(f"fitting the budget: peak {peak / 2**20:.1f} MiB, budget {budget / 2**20:.1f} MiB")
             best: tuple[tuple, str, _State] | None = None
             for name, st in self.moves_at(pos):
                 lo, d = self.delta(name, st)
@@ -609,8 +613,9 @@ def _solve(
     prefetch_distance: int,
     release_distance: int,
     stream: dict[str, _State] | None,
+    report: Callable[[str], None] | None = None,
 ) -> tuple[_Planner, bool]:
-    p = _Planner(analysis, cands, release_distance)
+    p = _Planner(analysis, cands, release_distance, report)
     caps: dict[str, int] = {}
     for c in cands:
         if stream and c.name in stream:
@@ -634,7 +639,9 @@ def _solve(
         return p, True
     if not p.greedy(budget):
         return p, False
+    p.report("fitting the budget: dropping offloads it does not need")
     p.prune(budget)
+    p.report("fitting the budget: placing prefetches")
     p.place_prefetch(budget, prefetch_distance, caps)
     return p, True
 
@@ -661,6 +668,7 @@ def budget_filter(
     stream_weights: bool = False,
     stream_depth: int = DEFAULT_STREAM_DEPTH,
     profile: str | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Turn a "selected" plan into a "filtered" plan whose simulated peak fits ``budget_bytes``.
 
@@ -678,6 +686,8 @@ def budget_filter(
         stream_weights: stream weights in by layer group (see the module docstring).
         stream_depth: how many groups ahead a group is copied in.
         profile: device profile name, recorded.
+        report: called with a line of text as the search goes (the peak left to fit): the time the
+            search takes grows with candidates x steps x offloads chosen, minutes on big graphs.
 
     Raises:
         OffloadError: the plan is for another model, or the budget cannot be reached (the message
@@ -720,7 +730,7 @@ def budget_filter(
             stream, info = _stream_states(cands, stream_depth)
         planner, ok = _solve(
             analysis, cands, budget=budget_bytes, prefetch_distance=prefetch_distance,
-            release_distance=release_distance, stream=stream,
+            release_distance=release_distance, stream=stream, report=report,
         )
         return selected0, cands, small, stream, info, planner, ok
 
