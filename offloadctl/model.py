@@ -285,13 +285,12 @@ def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
     return d.dim_param or None
 
 
-def _type_to_info(name: str, type_proto: onnx.TypeProto, cache: dict[bytes, tuple]) -> TensorInfo:
-    """Convert a TypeProto. ``cache`` maps serialized types to converted fields: models repeat a
-    few types over thousands of tensors, and serializing one is much cheaper than walking its dims."""
-    key = type_proto.SerializeToString()
-    fields = cache.get(key)
+def _type_to_info(name: str, serialized: bytes, cache: dict[bytes, tuple]) -> TensorInfo:
+    """Convert a serialized TypeProto. ``cache`` maps serialized types to converted fields: models
+    repeat a few types over thousands of tensors, so most lookups parse nothing."""
+    fields = cache.get(serialized)
     if fields is None:
-        fields = cache[key] = _type_fields(type_proto)
+        fields = cache[serialized] = _type_fields(onnx.TypeProto.FromString(serialized))
     return TensorInfo(name, *fields)
 
 
@@ -345,8 +344,10 @@ class TensorInfos(Mapping[str, TensorInfo]):
         self._done: dict[str, TensorInfo] = {}
         self._type_cache: dict[bytes, tuple] = {}  # serialized TypeProto -> TensorInfo fields after the name
         self._weight_cache: dict[tuple[int, tuple[int, ...]], tuple] = {}  # (data type, dims) -> the same
-        self._types: dict[str, list[onnx.TypeProto]] | None = None  # after onnx's inference
-        self._symbolic: dict[str, list[onnx.TypeProto]] | None = None  # after onnxruntime's, if run
+        # Serialized TypeProtos by tensor name, after onnx's inference and (if run) onnxruntime's:
+        # bytes, so that the inferred model is not kept alive.
+        self._types: dict[str, list[bytes]] | None = None
+        self._symbolic: dict[str, list[bytes]] | None = None
 
     def _sorted_proto(self) -> onnx.ModelProto:
         proto = self._loaded.proto
@@ -359,7 +360,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
         sorted_proto.graph.node.extend(proto.graph.node[i] for i in self._node_order)
         return sorted_proto
 
-    def _inferred(self) -> dict[str, list[onnx.TypeProto]]:
+    def _inferred(self) -> dict[str, list[bytes]]:
         if self._types is None:
             proto = self._sorted_proto()
             try:
@@ -371,7 +372,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
             self._types = _types_by_name((graph.value_info, graph.input, graph.output))
         return self._types
 
-    def _symbolic_types(self) -> dict[str, list[onnx.TypeProto]]:
+    def _symbolic_types(self) -> dict[str, list[bytes]]:
         if self._symbolic is None:
             self._symbolic = _types_by_name((_symbolic_value_infos(self._sorted_proto(), self._loaded.path),))
         return self._symbolic
@@ -429,19 +430,19 @@ class TensorInfos(Mapping[str, TensorInfo]):
         return len(self._names())
 
 
-def _types_by_name(groups: Iterable[Iterable[onnx.ValueInfoProto]]) -> dict[str, list[onnx.TypeProto]]:
-    found: dict[str, list[onnx.TypeProto]] = {}
+def _types_by_name(groups: Iterable[Iterable[onnx.ValueInfoProto]]) -> dict[str, list[bytes]]:
+    found: dict[str, list[bytes]] = {}
     for values in groups:
         for vi in values:
             entry = found.get(vi.name)
             if entry is None:
-                found[vi.name] = [vi.type]
+                found[vi.name] = [vi.type.SerializeToString()]
             else:
-                entry.append(vi.type)
+                entry.append(vi.type.SerializeToString())
     return found
 
 
-def _first_known(name: str, types: Sequence[onnx.TypeProto], cache: dict[bytes, tuple]) -> TensorInfo | None:
+def _first_known(name: str, types: Sequence[bytes], cache: dict[bytes, tuple]) -> TensorInfo | None:
     """The first description with a known size, else the first one (None if there is none)."""
     first = None
     for t in types:

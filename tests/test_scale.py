@@ -293,3 +293,9 @@ def test_tensor_infos_do_not_depend_on_lookup_order_and_weights_need_no_inferenc
     assert analysis.infos.get("no such tensor") is None and "no such tensor" not in analysis.infos
     with pytest.raises(KeyError):
         analysis.infos["no such tensor"]
+
+
+def test_the_plan_schema_is_a_valid_draft_2020_12_schema():
+    schema = plan_schema()
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    jsonschema.Draft202012Validator.check_schema(schema)
