@@ -20,6 +20,7 @@ bytes.
     python bench/bench_scale.py            # 1k, 10k, 100k nodes (a few minutes on 2 cores)
     python bench/bench_scale.py --quick    # small sizes, seconds
     python bench/bench_scale.py --big      # adds a model with over 2 GiB of weights (disk!)
+    python bench/bench_scale.py --json     # one JSON document on stdout (progress on stderr)
 """
 
 from __future__ import annotations
@@ -148,6 +149,29 @@ def _memory_check(work: Path, nodes: int, hidden: int, console: Console) -> list
     return rows
 
 
+def _summary(rows: list[dict], big: dict | None, memory: list[dict], baseline: int) -> dict:
+    """The measurements with their ratios, as plain JSON values."""
+    sized = []
+    for row in rows + ([big] if big else []):
+        floor = row["floor"]["seconds"]
+        sized.append({
+            **{k: row[k] for k in ("nodes", "weights", "proto", "offloads")},
+            "floor_s": floor,
+            "plan_s": row["plan"]["seconds"],
+            "plan_params_s": row["plan_params"]["seconds"],
+            "apply_s": row["apply"]["seconds"],
+            "plan_params_plus_apply_over_floor": (row["plan_params"]["seconds"] + row["apply"]["seconds"]) / floor,
+            "plan_peak_rss": max(row["plan"]["peak"], row["plan_params"]["peak"]),
+        })
+    return {
+        "sizes": sized,
+        "import_peak_rss": baseline,
+        "weights_check": [{k: m[k] for k in ("hidden", "weights", "proto", "peak", "seconds")} for m in memory],
+        "weights_ratio": memory[1]["weights"] / memory[0]["weights"],
+        "peak_ratio": memory[1]["peak"] / memory[0]["peak"],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Plan/apply time and planning memory on large generated models.")
     parser.add_argument("--quick", action="store_true", help="small sizes only (seconds)")
@@ -155,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="node counts, e.g. 1000,10000")
     parser.add_argument("--hidden", type=int, default=32, help="hidden size of the generated models (default 32)")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write the models (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="print the measurements as one JSON document (for CI)")
     args = parser.parse_args(argv)
     sizes = args.sizes or ([300, 3000] if args.quick else [1000, 10_000, 100_000])
     console = Console(stderr=True)
@@ -171,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+    if args.json:
+        print(json.dumps(_summary(rows, big, memory, baseline), indent=1))
+        return
     table = Table(title="time over the load + save floor (same run, same machine)")
     for col in ("nodes", "weights", "floor s", "plan s", "×floor", "plan --params s", "×floor", "apply s",
                 "plan --params + apply ×floor"):
