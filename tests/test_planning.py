@@ -350,19 +350,22 @@ def test_schema_ships_inside_the_wheel(tmp_path):
     assert "offloadctl/_schemas/plan.schema.json" in zipfile.ZipFile(wheel).namelist()
 
 
+# A weight ("shape") read only as Reshape's shape input, 5 positions after the start.
+RESHAPE_BY_WEIGHT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[2, 3] x) => (float[3, 2] y) <int64[2] shape = {3, 2}> {
+    a = Neg(x)
+    b = Relu(a)
+    c = Relu(b)
+    d = Relu(c)
+    e = Add(d, a)
+    y = Reshape(e, shape)
+}
+"""
+
+
 def test_tensors_read_as_shape_inputs_stay_where_onnxruntime_wants_them(write_model):
-    text = """
-    <ir_version: 10, opset_import: ["" : 17]>
-    g (float[2, 3] x) => (float[3, 2] y) <int64[2] shape = {3, 2}> {
-        a = Neg(x)
-        b = Relu(a)
-        c = Relu(b)
-        d = Relu(c)
-        e = Add(d, a)
-        y = Reshape(e, shape)
-    }
-    """
-    plan = make_plan(_analysis(write_model(text)), select_distance=1, params=True, prefetch_distance=0)
+    plan = make_plan(_analysis(write_model(RESHAPE_BY_WEIGHT)), select_distance=1, params=True, prefetch_distance=0)
     rejected = {r["tensor"]: r for r in plan["rejected"]}
     assert rejected["shape"]["reason"] == "host-input"
     assert "Reshape" in rejected["shape"]["detail"]
@@ -370,18 +373,7 @@ def test_tensors_read_as_shape_inputs_stay_where_onnxruntime_wants_them(write_mo
 
 
 def test_a_rejected_tensor_gets_the_first_reason_in_the_documented_order(write_model):
-    text = """
-    <ir_version: 10, opset_import: ["" : 17]>
-    g (float[2, 3] x) => (float[3, 2] y) <int64[2] shape = {3, 2}> {
-        a = Neg(x)
-        b = Relu(a)
-        c = Relu(b)
-        d = Relu(c)
-        e = Add(d, a)
-        y = Reshape(e, shape)
-    }
-    """
-    analysis = _analysis(write_model(text))
+    analysis = _analysis(write_model(RESHAPE_BY_WEIGHT))
     # The weight "shape" is idle for 5 positions before its only use and is read on the host: with
     # gaps too short to qualify, short-gaps is the reason; with qualifying gaps, host-input.
     short = {r["tensor"]: r for r in make_plan(analysis, select_distance=5, params=True)["rejected"]}
