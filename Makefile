@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 EXTRA  ?= cann
 OUT    ?= build/demo
 
-.PHONY: install demo test bench samples lint clean
+.PHONY: install demo test bench samples clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

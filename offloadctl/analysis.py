@@ -25,7 +25,16 @@ import onnx
 from offloadctl.errors import OffloadError
 from offloadctl.model import LoadedModel, TensorInfos, tensor_infos
 
-__all__ = ["Use", "Analysis", "analyse", "execution_order", "node_reads", "priority_ranks", "subgraph_outer_names", "is_constant_node"]
+__all__ = [
+    "Use",
+    "Analysis",
+    "analyse",
+    "execution_order",
+    "node_reads",
+    "priority_ranks",
+    "subgraph_outer_names",
+    "is_constant_node",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -367,7 +367,9 @@ class TensorInfos(Mapping[str, TensorInfo]):
                 inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
                 graph = inferred.graph
             except Exception as exc:  # inference is best effort: unknown sizes are excluded with a reason
-                logger.warning("shape inference failed on %s (%s); sizes come from the file's value_info", self._loaded.path, exc)
+                logger.warning(
+                    "shape inference failed on %s (%s); sizes come from the file's value_info", self._loaded.path, exc
+                )
                 graph = proto.graph
             self._types = _types_by_name((graph.value_info, graph.input, graph.output))
         return self._types
