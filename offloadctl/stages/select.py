@@ -271,7 +271,7 @@ def select(
             if shape_feeders is None:
                 shape_feeders = _shape_feeders(analysis, host_reads)
             host_end = shape_feeders.get(name)
-        if host_end is not None and not forced:
+        if host_end is not None:
             op = analysis.nodes[host_end.position].op_type
             reject(
                 name, kind, uses, "host-input",
