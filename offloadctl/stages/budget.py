@@ -304,15 +304,24 @@ class _Planner:
         self.state: dict[str, _State] = {c.name: _State() for c in cands}
         self.fixed: set[str] = set()  # streamed weights: state never changed by the greedy
         self.mem = memory_profile(analysis, None)
+        self.current: dict[str, list[tuple[int, int]]] = {}  # spans of each candidate's state, once computed
 
     def spans(self, name: str, st: _State) -> list[tuple[int, int]]:
         return _spans(self.cands[name], st, self.n, self.release)
 
+    def current_spans(self, name: str) -> list[tuple[int, int]]:
+        spans = self.current.get(name)
+        if spans is None:
+            spans = self.current[name] = self.spans(name, self.state[name])
+        return spans
+
     def set(self, name: str, st: _State) -> None:
         c = self.cands[name]
-        _add(self.mem, self.spans(name, self.state[name]), -c.b)
-        _add(self.mem, self.spans(name, st), c.b)
+        new = self.spans(name, st)
+        _add(self.mem, self.current_spans(name), -c.b)
+        _add(self.mem, new, c.b)
         self.state[name] = st
+        self.current[name] = new
 
     def peak(self) -> tuple[int, int]:
         pos = int(np.argmax(self.mem))
@@ -321,18 +330,38 @@ class _Planner:
     def moved(self) -> int:
         return sum(_cost(self.cands[k], s) for k, s in self.state.items())
 
-    def delta(self, name: str, st: _State) -> tuple[int, np.ndarray]:
-        """(first step, change of the profile from that step) if ``name`` moved to ``st``."""
-        old, new = self.spans(name, self.state[name]), self.spans(name, st)
-        lo = min(s for s, _ in old + new)
-        hi = max(e for _, e in old + new)
-        d = np.zeros(hi - lo + 1, dtype=np.int64)
+    def change(self, name: str, st: _State) -> list[tuple[int, int, int]]:
+        """How the profile changes if ``name`` moves to ``st``: (first step, last step, bytes) pieces,
+        in order, covering only the steps that change."""
         b = self.cands[name].b
-        for s, e in old:
-            d[s - lo : e - lo + 1] -= b
-        for s, e in new:
-            d[s - lo : e - lo + 1] += b
-        return lo, d
+        events: dict[int, int] = {}
+        for spans, sign in ((self.current_spans(name), -b), (self.spans(name, st), b)):
+            for s, e in spans:
+                events[s] = events.get(s, 0) + sign
+                events[e + 1] = events.get(e + 1, 0) - sign
+        pieces = []
+        level = 0
+        points = sorted(events)
+        for k, at in enumerate(points[:-1]):
+            level += events[at]
+            if level:
+                pieces.append((at, points[k + 1] - 1, level))
+        return pieces
+
+    def benefit(self, pieces: list[tuple[int, int, int]], excess: np.ndarray, budget: int) -> int:
+        """Reduction of the over-budget bytes summed over all steps, for a change given as pieces.
+
+        Step by step this is max(m - budget, 0) - max(m + delta - budget, 0), which equals
+        min(excess, -delta) where delta < 0 and -min(max(m + delta - budget, 0), delta) where
+        delta > 0: exact integers, computed on the changed steps only.
+        """
+        total = 0
+        for s, e, delta in pieces:
+            if delta < 0:
+                total += int(np.minimum(excess[s : e + 1], -delta).sum())
+            else:
+                total -= int(np.minimum(np.maximum(self.mem[s : e + 1] + (delta - budget), 0), delta).sum())
+        return total
 
     def moves_at(self, pos: int) -> list[tuple[str, _State]]:
         """State changes (one more interval each) that would free step ``pos``."""
@@ -365,12 +394,12 @@ class _Planner:
                 return True
             self.report(f"fitting the budget: peak {peak / 2**20:.1f} MiB, budget {budget / 2**20:.1f} MiB")
             best: tuple[tuple, str, _State] | None = None
+            excess = np.maximum(self.mem - budget, 0)
             for name, st in self.moves_at(pos):
-                lo, d = self.delta(name, st)
-                if d[pos - lo] >= 0:
-                    continue
-                seg = self.mem[lo : lo + len(d)]
-                benefit = int((np.maximum(seg - budget, 0) - np.maximum(seg + d - budget, 0)).sum())
+                pieces = self.change(name, st)
+                if not any(s <= pos <= e and delta < 0 for s, e, delta in pieces):
+                    continue  # does not free the peak step
+                benefit = self.benefit(pieces, excess, budget)
                 cost = _cost(self.cands[name], st) - _cost(self.cands[name], self.state[name])
                 key = (benefit / max(cost, 1), -cost, benefit, name)
                 if best is None or key > best[0]:
