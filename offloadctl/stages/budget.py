@@ -90,7 +90,7 @@ logger = logging.getLogger(__name__)
 
 # steps x candidates above which the budget search warns that it may take minutes. Measured on the
 # generated transformer-like graphs with weights (bench/gen_large.py, 2 cores): 1.6 million at 1,000
-# nodes took about 1 s, 14 million at 3,000 nodes about a minute.
+# nodes took about 1 s, 14 million at 3,000 nodes about 40 s.
 SLOW_SEARCH_SIZE = 5_000_000
 
 DEFAULT_STREAM_DEPTH = 1
