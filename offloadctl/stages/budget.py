@@ -305,6 +305,11 @@ class _Planner:
         self.fixed: set[str] = set()  # streamed weights: state never changed by the greedy
         self.mem = memory_profile(analysis, None)
         self.current: dict[str, list[tuple[int, int]]] = {}  # spans of each candidate's state, once computed
+        # First and last step each candidate's current spans cover: only a candidate resident at a
+        # step can free it, so moves_at looks at those alone (a vectorized test over all of them).
+        self.names = list(self.cands)
+        self.row = {name: i for i, name in enumerate(self.names)}
+        self.cover = np.array([_cover(self.current_spans(name)) for name in self.names], dtype=np.int64).reshape(-1, 2)
 
     def spans(self, name: str, st: _State) -> list[tuple[int, int]]:
         return _spans(self.cands[name], st, self.n, self.release)
@@ -322,6 +327,7 @@ class _Planner:
         _add(self.mem, new, c.b)
         self.state[name] = st
         self.current[name] = new
+        self.cover[self.row[name]] = _cover(new)
 
     def peak(self) -> tuple[int, int]:
         pos = int(np.argmax(self.mem))
@@ -366,7 +372,10 @@ class _Planner:
     def moves_at(self, pos: int) -> list[tuple[str, _State]]:
         """State changes (one more interval each) that would free step ``pos``."""
         out = []
-        for name, c in self.cands.items():
+        resident = np.flatnonzero((self.cover[:, 0] <= pos) & (pos <= self.cover[:, 1]))
+        for row in resident.tolist():  # in candidate order
+            name = self.names[row]
+            c = self.cands[name]
             if name in self.fixed:
                 continue
             st = self.state[name]
@@ -456,6 +465,13 @@ class _Planner:
                 else:
                     hi = mid - 1
             self.set(name, _State(True, st.cuts, lo))
+
+
+def _cover(spans: list[tuple[int, int]]) -> tuple[int, int]:
+    """(first step, last step) the spans cover; an empty range when there are none."""
+    if not spans:
+        return (1, 0)
+    return (min(s for s, _ in spans), max(e for _, e in spans))
 
 
 def _first_reload(c: _Cand, st: _State, n: int) -> int:
