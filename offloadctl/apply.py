@@ -330,6 +330,15 @@ def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, info.elem_type or TensorProto.UNDEFINED, shape)
 
 
+# Constant attributes holding a number or a list: the field that holds it and the numpy type.
+_CONSTANT_NUMBERS = {
+    "value_float": ("f", np.float32),
+    "value_floats": ("floats", np.float32),
+    "value_int": ("i", np.int64),
+    "value_ints": ("ints", np.int64),
+}
+
+
 def _constant_to_initializer(node: onnx.NodeProto) -> TensorProto:
     """The tensor a Constant node produces, as an initializer named like its output."""
     for attr in node.attribute:
@@ -337,17 +346,10 @@ def _constant_to_initializer(node: onnx.NodeProto) -> TensorProto:
             tensor = TensorProto()
             tensor.CopyFrom(attr.t)
             break
-        if attr.name == "value_float":
-            tensor = numpy_helper.from_array(np.array(attr.f, dtype=np.float32))
-            break
-        if attr.name == "value_floats":
-            tensor = numpy_helper.from_array(np.array(list(attr.floats), dtype=np.float32))
-            break
-        if attr.name == "value_int":
-            tensor = numpy_helper.from_array(np.array(attr.i, dtype=np.int64))
-            break
-        if attr.name == "value_ints":
-            tensor = numpy_helper.from_array(np.array(list(attr.ints), dtype=np.int64))
+        if attr.name in _CONSTANT_NUMBERS:
+            field, dtype = _CONSTANT_NUMBERS[attr.name]
+            value = getattr(attr, field)
+            tensor = numpy_helper.from_array(np.array(value if field in ("f", "i") else list(value), dtype=dtype))
             break
     else:
         raise OffloadError(

@@ -558,3 +558,19 @@ def test_unknown_tensor_refused_by_the_command(run_cli, seed_path, tmp_path):
 
 def test_session_settings_absent_on_a_plain_model(seed_path):
     assert session_settings(onnx.load(str(seed_path))) is None
+
+
+@pytest.mark.parametrize(
+    ("attr", "value", "dtype"),
+    [("value_float", 1.5, np.float32), ("value_floats", [1.0, 2.0], np.float32), ("value_int", 3, np.int64),
+     ("value_ints", [4, 5], np.int64)],
+)
+def test_constant_numbers_become_initializers_of_their_type_and_shape(attr, value, dtype):
+    from onnx import helper, numpy_helper
+
+    from offloadctl.apply import _constant_to_initializer
+
+    tensor = _constant_to_initializer(helper.make_node("Constant", [], ["c"], **{attr: value}))
+    assert tensor.name == "c"
+    array = numpy_helper.to_array(tensor)
+    assert array.dtype == dtype and array.tolist() == value
