@@ -31,6 +31,7 @@ __all__ = [
     "analyse",
     "execution_order",
     "node_reads",
+    "priority_rank",
     "priority_ranks",
     "subgraph_outer_names",
     "is_constant_node",
@@ -91,18 +92,20 @@ def _graph_outer_names(graph: onnx.GraphProto) -> set[str]:
 _PLAIN_RANK = 2  # a forward node that is not Shape/Size: ordered by file index alone
 
 
-def priority_ranks(nodes: list[onnx.NodeProto]) -> list[int]:
-    """Each node's first sort key in onnxruntime's priority order: Shape/Size first, then forward
+def priority_rank(node: onnx.NodeProto) -> int:
+    """A node's first sort key in onnxruntime's priority order: Shape/Size first, then forward
     before backward (``__backwardpass``); ties are broken by file index."""
-    ranks = [_PLAIN_RANK] * len(nodes)
-    for i, node in enumerate(nodes):
-        rank = 0 if node.op_type in HIGH_PRIORITY_OPS else _PLAIN_RANK
-        if node.attribute:
-            for attr in node.attribute:
-                if attr.name == BACKWARD_ATTR and attr.i % 2 == 1:
-                    rank += 1
-        ranks[i] = rank
-    return ranks
+    rank = 0 if node.op_type in HIGH_PRIORITY_OPS else _PLAIN_RANK
+    if node.attribute:
+        for attr in node.attribute:
+            if attr.name == BACKWARD_ATTR and attr.i % 2 == 1:
+                rank += 1
+    return rank
+
+
+def priority_ranks(nodes: list[onnx.NodeProto]) -> list[int]:
+    """`priority_rank` of each node."""
+    return [priority_rank(node) for node in nodes]
 
 
 def execution_order(
@@ -303,7 +306,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
     ranks = [_PLAIN_RANK] * len(compute_nodes)
     for i, node in enumerate(compute_nodes):
         if node.attribute:
-            ranks[i] = priority_ranks([node])[0]
+            ranks[i] = priority_rank(node)
             names = subgraph_outer_names(node)
             if names:
                 outer[i] = sorted(names)
