@@ -50,9 +50,10 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ from onnx import TensorProto, helper, numpy_helper
 from offloadctl import __version__
 from offloadctl.analysis import Analysis, execution_order, is_constant_node
 from offloadctl.errors import OffloadError
-from offloadctl.files import atomic_write
+from offloadctl.files import atomic_write, check_distinct_outputs, same_file
 from offloadctl.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, register_schemas
 from offloadctl.metadata import (
     KEY_OFFLOADS,
@@ -76,12 +77,14 @@ from offloadctl.metadata import (
     session_settings,
     set_metadata,
 )
-from offloadctl.model import TensorInfo, external_location
+from offloadctl.model import TensorInfo, external_data_entries, iter_graphs
 
 __all__ = [
     "ApplyResult",
     "MAX_EMBEDDED_BYTES",
     "apply_plan",
+    "check_model_outputs",
+    "data_copies",
     "external_locations",
     "session_settings",
     "write_model",
@@ -245,13 +248,6 @@ def _attr_graphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
             yield from attr.graphs
 
 
-def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for sub in _attr_graphs(node):
-            yield from _all_graphs(sub)
-
-
 def _tensor_names(analysis: Analysis, nodes: list[onnx.NodeProto]) -> set[str]:
     """Every tensor name of the model, subgraphs included (new names must clash with none)."""
     graph = analysis.loaded.proto.graph
@@ -263,7 +259,7 @@ def _tensor_names(analysis: Analysis, nodes: list[onnx.NodeProto]) -> set[str]:
     for node in nodes:
         if node.attribute:
             for sub in _attr_graphs(node):
-                for g in _all_graphs(sub):
+                for g in iter_graphs(sub):
                     names.update(v.name for v in g.input)
                     names.update(v.name for v in g.output)
                     names.update(v.name for v in g.value_info)
@@ -528,46 +524,67 @@ class _Rewriter:
 # Writing
 
 
-def _graph_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
-    for g in _all_graphs(graph):
-        yield from g.initializer
-        for sparse in g.sparse_initializer:
-            yield sparse.values
-            yield sparse.indices
-        for node in g.node:
-            if not node.attribute:  # most nodes of a big graph
-                continue
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.TENSOR:
-                    yield attr.t
-                elif attr.type == onnx.AttributeProto.TENSORS:
-                    yield from attr.tensors
-
-
 def external_locations(model: onnx.ModelProto) -> list[str]:
     """The distinct external data files (``location`` values) the model's tensors refer to."""
-    found: set[str] = set()
-    for tensor in _graph_tensors(model.graph):
-        if tensor.data_location == TensorProto.EXTERNAL:
-            found.add(external_location(tensor))
-    return sorted(found)
+    return sorted({location for _, location in external_data_entries(model)})
+
+
+def data_copies(model: onnx.ModelProto, out_path: str | os.PathLike[str], source_dir: str | os.PathLike[str]) -> list[Path]:
+    """Where `write_model` copies the model's external data files (none when the output goes to
+    the source's folder)."""
+    out = Path(out_path)
+    out_dir = out.parent if str(out.parent) else Path(".")
+    if Path(source_dir).resolve() == out_dir.resolve():
+        return []
+    return [out_dir / location for location in external_locations(model)]
+
+
+def check_model_outputs(
+    model: onnx.ModelProto,
+    out_path: str | os.PathLike[str],
+    source_dir: str | os.PathLike[str],
+    protected: Sequence[str | os.PathLike[str]] = (),
+    *,
+    big: bool = False,
+) -> None:
+    """Refuse a write of ``model`` to ``out_path`` whose files (the model, the copies of its data
+    files, with ``big`` the data file of a model over 2 GiB) collide with each other or with a
+    ``protected`` file (one the command reads)."""
+    out = Path(out_path)
+    out_dir = out.parent if str(out.parent) else Path(".")
+    outputs = [("the rewritten model", out)]
+    outputs += [(f"the copy of external data file {p.name}", p) for p in data_copies(model, out, source_dir)]
+    if big:
+        outputs.append((f"the weights of the rewritten model ({out.name}.data)", out_dir / f"{out.name}.data"))
+    check_distinct_outputs(outputs)
+    for what, path in outputs:
+        for src in protected:
+            if same_file(path, src):
+                raise OffloadError(
+                    f"{what} would overwrite {src}, which the command reads",
+                    hint="write the output to another path or folder; inputs are never modified",
+                )
 
 
 def _provide_external_data(locations: list[str], source_dir: Path, out_dir: Path) -> list[Path]:
-    """Copy each data file beside the output (streamed, never read into memory); return new files."""
+    """Copy each data file beside the output (streamed, never read into memory, keeping its
+    permission bits); return the new files."""
     created: list[Path] = []
     if source_dir.resolve() == out_dir.resolve():
         return created
     try:
         for location in locations:
-            if Path(location).is_absolute():
-                continue
             src = source_dir / location
             dst = out_dir / location
+            if Path(location).is_absolute() or not src.resolve().is_relative_to(source_dir.resolve()):
+                raise OffloadError(
+                    f"external data file {location!r} lies outside the model's folder {source_dir}",
+                    hint="keep the model's data files inside its folder (no absolute paths, no '..', no symlinks to "
+                    "elsewhere)",
+                )
             if not dst.resolve().is_relative_to(out_dir.resolve()):
                 raise OffloadError(
-                    f"external data file {location!r} lies outside the model's folder; it cannot be placed beside "
-                    f"{out_dir}",
+                    f"external data file {location!r} would be placed outside the output folder {out_dir}",
                     hint=f"write the output into the model's folder {source_dir}",
                 )
             if dst.exists():
@@ -580,7 +597,8 @@ def _provide_external_data(locations: list[str], source_dir: Path, out_dir: Path
             dst.parent.mkdir(parents=True, exist_ok=True)
             # A copy, not a hard link: onnx >= 1.23 refuses to load external data files with more
             # than one link (a "hardlink attack" guard), which would break the source model too.
-            atomic_write(dst, lambda tmp, src=src: shutil.copyfile(src, tmp))
+            mode = stat.S_IMODE(src.stat().st_mode)
+            atomic_write(dst, lambda tmp, src=src: shutil.copyfile(src, tmp), mode=mode)
             created.append(dst)
     except BaseException:
         _remove(created)
@@ -600,6 +618,7 @@ def write_model(
     *,
     source_dir: str | os.PathLike[str],
     max_embedded_bytes: int = MAX_EMBEDDED_BYTES,
+    protected: Sequence[str | os.PathLike[str]] = (),
 ) -> list[Path]:
     """Write ``model`` atomically to ``out_path``; return the data files written beside it.
 
@@ -609,12 +628,18 @@ def write_model(
     ``max_embedded_bytes`` (protobuf cannot serialize more than 2 GiB) is written with its
     embedded weights in one external file ``OUT.name + ".data"``.
 
+    ``protected`` are files that must not be written (the inputs of the command): the output, the
+    copied data files and the data file of a model over 2 GiB are checked against them and against
+    each other before anything is written.
+
     Raises:
-        OffloadError: the output cannot be written, or a data file of that name exists and differs.
+        OffloadError: the output cannot be written, an output would overwrite a protected file or
+            another output, or a data file of that name exists and differs.
     """
     out = Path(out_path)
     out_dir = out.parent if str(out.parent) else Path(".")
     locations = external_locations(model)
+    check_model_outputs(model, out, source_dir, protected, big=model.ByteSize() > max_embedded_bytes)
     created = _provide_external_data(locations, Path(source_dir), out_dir)
     try:
         if model.ByteSize() <= max_embedded_bytes:

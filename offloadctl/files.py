@@ -11,12 +11,12 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from offloadctl.errors import OffloadError
 
-__all__ = ["sha256_file", "check_output_path", "atomic_write", "atomic_write_text"]
+__all__ = ["sha256_file", "same_file", "check_output_path", "check_distinct_outputs", "atomic_write", "atomic_write_text"]
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -28,40 +28,87 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """True when two paths name the same file: equal after resolving symlinks, or hard links of one file."""
+    pa, pb = Path(a), Path(b)
+    try:
+        if pa.resolve() == pb.resolve():
+            return True
+        return pa.exists() and pb.exists() and os.path.samefile(pa, pb)
+    except (OSError, RuntimeError):  # unreadable or looping paths: compare them as written
+        return os.path.abspath(pa) == os.path.abspath(pb)
+
+
 def check_output_path(output: str | os.PathLike[str], *inputs: str | os.PathLike[str] | None) -> Path:
-    """Refuse an output that would overwrite an input or cannot be written; return it as a Path."""
+    """Refuse an output that would overwrite an input or cannot be written; return it as a Path.
+
+    ``inputs`` are every file the command reads (a model's external data files included): an
+    output equal to one of them, through symlinks or as a hard link, is refused.
+    """
     out = Path(output)
-    for src in dict.fromkeys(inputs):  # each distinct input once: a model may name one data file per weight
-        if src is None:
-            continue
-        src_path = Path(src)
-        if out.resolve() == src_path.resolve():
+    try:
+        for src in dict.fromkeys(inputs):  # each distinct input once: a model may name one data file per weight
+            if src is None:
+                continue
+            if same_file(out, src):
+                raise OffloadError(
+                    f"output {out} is the same file as the input {src}",
+                    hint="write the result to a new path; inputs are never modified",
+                )
+        if out.is_dir():
+            raise OffloadError(f"output {out} is a directory", hint="give a file path for the output")
+        parent = out.parent if str(out.parent) else Path(".")
+        blocking = next((a for a in (parent, *parent.parents) if a.exists() and not a.is_dir()), None)
+        if blocking is not None:
             raise OffloadError(
-                f"output {out} is the same file as the input {src_path}",
-                hint="write the result to a new path; inputs are never modified",
+                f"cannot write {out}: {blocking} is a file, not a folder",
+                hint="choose an output path inside an existing folder",
             )
-    if out.exists() and out.is_dir():
-        raise OffloadError(f"output {out} is a directory", hint="give a file path for the output")
-    parent = out.parent if str(out.parent) else Path(".")
-    blocking = next((a for a in (parent, *parent.parents) if a.exists() and not a.is_dir()), None)
-    if blocking is not None:
-        raise OffloadError(
-            f"cannot write {out}: {blocking} is a file, not a folder",
-            hint="choose an output path inside an existing folder",
-        )
-    if not parent.is_dir():
-        raise OffloadError(
-            f"cannot write {out}: folder {parent} does not exist",
-            hint=f"create it first (mkdir -p {parent}) or choose another output path",
-        )
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise OffloadError(
-            f"cannot write {out}: folder {parent} is not writable",
-            hint="choose an output path in a folder you can write to",
-        )
-    if out.exists() and not os.access(out, os.W_OK):
-        raise OffloadError(f"cannot write {out}: file is read-only", hint="choose another output path")
+        if not parent.is_dir():
+            raise OffloadError(
+                f"cannot write {out}: folder {parent} does not exist",
+                hint=f"create it first (mkdir -p {parent}) or choose another output path",
+            )
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise OffloadError(
+                f"cannot write {out}: folder {parent} is not writable",
+                hint="choose an output path in a folder you can write to",
+            )
+        if out.exists() and not os.access(out, os.W_OK):
+            raise OffloadError(f"cannot write {out}: file is read-only", hint="choose another output path")
+        _check_name_length(out)
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise OffloadError(f"cannot write {out}: {exc.strerror or exc}", hint="choose a shorter or valid output path") from None
     return out
+
+
+def _check_name_length(out: Path) -> None:
+    """Refuse a file name the temporary file beside it could not get (``.NAME.random.tmp``)."""
+    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        limit = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(out.name)) + len(".") + 8 + len(".tmp") + 1 > limit:
+        raise OffloadError(
+            f"cannot write {out}: the file name is {len(os.fsencode(out.name))} bytes long; this folder allows "
+            f"names of at most {limit} bytes, and the output is first written under a slightly longer temporary name",
+            hint=f"choose a file name shorter than {limit - 14} bytes",
+        )
+
+
+def check_distinct_outputs(outputs: Sequence[tuple[str, str | os.PathLike[str]]]) -> None:
+    """Refuse two outputs of one command that land on the same file.
+
+    ``outputs`` are (what it is, path) pairs, e.g. ("the rewritten model", "out/m.onnx").
+    """
+    for i, (what, path) in enumerate(outputs):
+        for other_what, other in outputs[:i]:
+            if same_file(path, other):
+                raise OffloadError(
+                    f"{what} and {other_what} would both be written to {path}",
+                    hint="choose another output path, so that each file is written once",
+                )
 
 
 @contextlib.contextmanager
@@ -77,16 +124,21 @@ def _temporary_beside(path: Path) -> Iterator[Path]:
         raise
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp_path)`` to fill a temporary file, then rename it over ``path``."""
+def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None], *, mode: int | None = None) -> None:
+    """Call ``write(tmp_path)`` to fill a temporary file, then rename it over ``path``.
+
+    The result gets permission bits ``mode`` (a copy of a file keeps its source's), by default
+    the usual ones for a new file (0666 less the umask).
+    """
     out = Path(path)
     try:
         with _temporary_beside(out) as tmp:
             write(tmp)
-            # mkstemp creates 0600 files; give the result the usual permissions.
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
+            if mode is None:  # mkstemp creates 0600 files
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o666 & ~umask
+            os.chmod(tmp, mode)
             os.replace(tmp, out)
     except OSError as exc:
         raise OffloadError(f"cannot write {out}: {exc.strerror or exc}", hint="check the path and free disk space") from exc

@@ -38,6 +38,9 @@ __all__ = [
     "tensor_infos",
     "external_data_files",
     "external_location",
+    "external_data_entries",
+    "iter_graphs",
+    "iter_tensor_protos",
 ]
 
 logger = logging.getLogger(__name__)
@@ -63,6 +66,12 @@ class LoadedModel:
     path: Path
     sha256: str
     input_shapes: dict[str, list[int]]
+    data_files: tuple[Path, ...] = ()  # every external data file the model reads, subgraphs included
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file the model is read from: the model file and its external data files."""
+        return (self.path, *self.data_files)
 
 
 class TensorInfo(NamedTuple):
@@ -186,16 +195,7 @@ def load_model(
             f"model file {p} is not a valid ONNX model (no IR version, opset or graph)",
             hint="check that the file is a complete .onnx export (not truncated, not another format)",
         )
-    checked: set[Path] = set()  # models name the same data file for thousands of weights
-    for tensor_name, data_file in external_data_files(proto, p.parent):
-        if data_file in checked:
-            continue
-        checked.add(data_file)
-        if not data_file.is_file():
-            raise OffloadError(
-                f"external data file {data_file} for weight {tensor_name!r} of {p} is missing",
-                hint="keep the model's data files in the folder the model refers to",
-            )
+    data_files = _checked_data_files(proto, p)
     pinned = {k: list(v) for k, v in (input_shapes or {}).items()}
     if pinned:
         _pin_input_shapes(proto, pinned, p)
@@ -207,7 +207,7 @@ def load_model(
             "count the expanded nodes",
             p, ", ".join(inlined_ops),
         )
-    return LoadedModel(proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned)
+    return LoadedModel(proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned, data_files=data_files)
 
 
 def _looks_like_plan(path: Path) -> bool:
@@ -231,18 +231,114 @@ def external_location(tensor: TensorProto) -> str:
     return next((e.value for e in entries if e.key == "location"), "")
 
 
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph (If/Loop/Scan bodies, at any depth)."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        yield g
+        for node in g.node:
+            if not node.attribute:  # most nodes of a big graph
+                continue
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(attr.graphs)
+
+
+def iter_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Every TensorProto that may hold data, in ``graph`` and its subgraphs: initializers, the
+    values and indices of sparse initializers, and tensor attributes (Constant values, sparse ones
+    included)."""
+    for g in iter_graphs(graph):
+        yield from g.initializer
+        for sparse in g.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        for node in g.node:
+            if not node.attribute:
+                continue
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == onnx.AttributeProto.TENSORS:
+                    yield from attr.tensors
+                elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+                    yield attr.sparse_tensor.values
+                    yield attr.sparse_tensor.indices
+                elif attr.type == onnx.AttributeProto.SPARSE_TENSORS:
+                    for sparse in attr.sparse_tensors:
+                        yield sparse.values
+                        yield sparse.indices
+
+
+def external_data_entries(proto: onnx.ModelProto) -> list[tuple[str, str]]:
+    """(tensor name, ``location`` as written) of every tensor stored as external data, anywhere in
+    the model."""
+    return [
+        (tensor.name, external_location(tensor))
+        for tensor in iter_tensor_protos(proto.graph)
+        if tensor.data_location == TensorProto.EXTERNAL
+    ]
+
+
 def external_data_files(proto: onnx.ModelProto, base_dir: Path) -> list[tuple[str, Path]]:
-    """(tensor name, data file) for every initializer stored as external data in the main graph."""
-    found = []
+    """(tensor name, data file) for every tensor stored as external data, anywhere in the model."""
     paths: dict[str, Path] = {}
-    for init in proto.graph.initializer:
-        if init.data_location == TensorProto.EXTERNAL:
-            location = external_location(init)
-            path = paths.get(location)
-            if path is None:
-                path = paths[location] = base_dir / location
-            found.append((init.name, path))
+    found = []
+    for name, location in external_data_entries(proto):
+        path = paths.get(location)
+        if path is None:
+            path = paths[location] = base_dir / location
+        found.append((name, path))
     return found
+
+
+def _checked_data_files(proto: onnx.ModelProto, path: Path) -> tuple[Path, ...]:
+    """The distinct external data files of a model, each checked: a relative location inside the
+    model's folder (after symlinks), naming a file that exists.
+
+    onnxruntime refuses absolute locations, and a location that leaves the model's folder would
+    make `apply` copy bytes from elsewhere into the output folder.
+    """
+    base = path.parent
+    folder = base.resolve()
+    files: dict[Path, None] = {}
+    seen: set[str] = set()
+    for tensor_name, location in external_data_entries(proto):
+        if location in seen:  # models name the same data file for thousands of weights
+            continue
+        seen.add(location)
+        if not location:
+            raise OffloadError(
+                f"weight {tensor_name!r} of {path} is stored as external data but names no data file",
+                hint="re-export the model (its external_data entry has no 'location')",
+            )
+        if Path(location).is_absolute():
+            raise OffloadError(
+                f"weight {tensor_name!r} of {path} names its external data file by the absolute path {location}; "
+                "onnxruntime refuses absolute locations",
+                hint="move the data file into the model's folder and store its location relative to the model",
+            )
+        data_file = base / location
+        try:
+            resolved = data_file.resolve()
+        except (OSError, RuntimeError):
+            resolved = data_file.absolute()
+        if not resolved.is_relative_to(folder):
+            raise OffloadError(
+                f"the external data file {location!r} of weight {tensor_name!r} of {path} lies outside the model's "
+                f"folder {base} (it resolves to {resolved})",
+                hint="keep the model's data files inside its folder (no '..' in locations, no symlinks to elsewhere)",
+            )
+        if not data_file.is_file():
+            raise OffloadError(
+                f"external data file {data_file} for weight {tensor_name!r} of {path} is missing",
+                hint="keep the model's data files in the folder the model refers to",
+            )
+        files[data_file] = None
+    return tuple(files)
 
 
 def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path: Path) -> None:

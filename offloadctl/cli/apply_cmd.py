@@ -7,12 +7,12 @@ from pathlib import Path
 import click
 
 from offloadctl.analysis import analyse
-from offloadctl.apply import ApplyResult, apply_plan, write_model
+from offloadctl.apply import ApplyResult, apply_plan, check_model_outputs, write_model
 from offloadctl.cli.options import output_option
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_output_path, sha256_file
-from offloadctl.model import external_data_files, load_model
+from offloadctl.model import load_model
 from offloadctl.plan import check_plan_model, read_plan
 
 __all__ = ["COMMANDS", "find_model"]
@@ -23,6 +23,8 @@ def find_model(plan: dict, plan_path: str, model: str | None) -> Path:
     (relative to the current folder), else relative to the plan file's folder."""
     if model is not None:
         path = Path(model)
+        if path.is_dir():
+            raise OffloadError(f"--model {path} is a directory", hint="give the path of the .onnx model the plan was made for")
         if not path.is_file():
             raise OffloadError(f"model file {path} does not exist", hint="check the --model path")
         return path
@@ -64,13 +66,15 @@ def apply(plan_path: str, output: str, model: str | None) -> None:
     with steps(total=4) as step:
         step(f"loading {model_path}")
         loaded = load_model(model_path, input_shapes=plan["model"]["input_shapes"])
-        check_output_path(output, *{f for _, f in external_data_files(loaded.proto, model_path.parent)})
+        reads = (Path(plan_path), *loaded.files)
+        check_output_path(output, *reads)
+        check_model_outputs(loaded.proto, output, model_path.parent, reads)
         step(f"analysing {model_path}")
         analysis = analyse(loaded)
         step(f"rewriting {model_path}")
         proto = apply_plan(plan, analysis, result=result)
         step(f"writing {output}")
-        extra = write_model(proto, output, source_dir=model_path.parent)
+        extra = write_model(proto, output, source_dir=model_path.parent, protected=reads)
     console = out_console()
     console.print(
         f"inserted {result.d2h} device-to-host and {result.h2d} host-to-device copies "

@@ -118,6 +118,8 @@ def simulate_cmd(model, plan_path, profile, input_shape, as_json, plot, timeline
     if plan is not None and not input_shape and plan["model"]["input_shapes"]:
         input_shape = tuple(f"{k}={','.join(map(str, v))}" for k, v in plan["model"]["input_shapes"].items())
     analysis = load_and_analyse(model, input_shape, show_progress=not as_json)
+    if plot:
+        check_output_path(plot, plan_path, *analysis.loaded.files)
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)

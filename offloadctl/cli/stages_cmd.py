@@ -29,10 +29,6 @@ from offloadctl.stages.budget import budget_filter, check_budget
 __all__ = ["COMMANDS"]
 
 
-def _select(model: str, input_shape, select_distance, activations, params, force, never) -> dict:
-    return _analyse_and_select(model, input_shape, select_distance, activations, params, force, never)[1]
-
-
 def _analyse_and_select(
     model: str, input_shape, select_distance, activations, params, force, never
 ) -> tuple[Analysis, dict]:
@@ -87,7 +83,8 @@ def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
 def select_cmd(model, output, select_distance, activations, params, force, never, input_shape):
     """Find tensors idle for more than --select-distance positions (stage 'selected')."""
     check_output_path(output, model)
-    plan = _select(model, input_shape, select_distance, activations, params, force, never)
+    analysis, plan = _analyse_and_select(model, input_shape, select_distance, activations, params, force, never)
+    check_output_path(output, *analysis.loaded.files)
     write_plan(output, plan)
     print_plan_summary(plan, output)
 
@@ -108,6 +105,7 @@ def filter_cmd(selected, output, select_num, min_bytes, strategy, budget, stream
     selected_plan = read_plan(selected, stages=("selected",))
     if use_budget:
         analysis = _plan_analysis(selected_plan, selected)
+        check_output_path(output, selected, *analysis.loaded.files)
         with steps() as step:
             plan = budget_filter(
                 selected_plan, analysis, budget_bytes=budget,
@@ -155,6 +153,7 @@ def plan_cmd(
     check_output_path(output, model)
     use_budget = _use_budget(strategy, budget, stream_weights)
     analysis, selected = _analyse_and_select(model, input_shape, select_distance, activations, params, force, never)
+    check_output_path(output, *analysis.loaded.files)
     with steps(total=3) as step:
         if use_budget:
             step("fitting the budget")
