@@ -1,5 +1,5 @@
-"""`python -m offloadctl` runs the command line."""
+"""`python -m offloadctl`: the same command line as the `offloadctl` script."""
 
-from offloadctl.cli import main
+from offloadctl._entry import main
 
 main()

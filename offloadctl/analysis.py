@@ -79,7 +79,7 @@ def subgraph_outer_names(node: onnx.NodeProto) -> set[str]:
 
 def _graph_outer_names(graph: onnx.GraphProto) -> set[str]:
     defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    defined |= {i.name for i in graph.sparse_initializer}
+    defined |= {i.values.name for i in graph.sparse_initializer}
     used: set[str] = set()
     for node in graph.node:
         used.update(n for n in node.input if n)
@@ -218,6 +218,7 @@ class Analysis:
     uses: dict[str, list[Use]]  # tensor -> uses in execution order (position, input index)
     infos: TensorInfos  # lazy: looked-up tensors are converted (and inference run) on demand
     node_names: list[str]  # a unique label for each position (node name, or generated)
+    sparse_weights: frozenset[str] = frozenset()  # sparse initializers and Constant sparse_values
 
     @property
     def num_positions(self) -> int:
@@ -262,7 +263,8 @@ def analyse(loaded: LoadedModel) -> Analysis:
             output that nothing produces.
     """
     graph = loaded.proto.graph
-    initializers = {i.name for i in graph.initializer} | {i.name for i in graph.sparse_initializer}
+    sparse = {i.values.name for i in graph.sparse_initializer}
+    initializers = {i.name for i in graph.initializer} | sparse
     graph_inputs = [i.name for i in graph.input if i.name not in initializers]
     constants: dict[str, int] = {}
     compute: list[int] = []  # file indices of the nodes that take positions
@@ -287,6 +289,8 @@ def analyse(loaded: LoadedModel) -> Analysis:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             if outputs and outputs[0]:
                 constants[outputs[0]] = idx
+                if any(a.name == "sparse_value" for a in node.attribute):
+                    sparse.add(outputs[0])
         else:
             compute.append(idx)
     defined.pop("", None)
@@ -368,6 +372,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
         uses=uses,
         infos=tensor_infos(loaded, None if was_sorted else sorted(constants.values()) + file_index, constants),
         node_names=node_names,
+        sparse_weights=frozenset(sparse),
     )
 
 

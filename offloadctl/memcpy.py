@@ -10,6 +10,12 @@ on the CPU execution provider). The onnx package does not define them, so ``onnx
 a model that uses them until their schemas are registered: `register_schemas` does that, once per
 process. The schemas have no shape inference; the rewrite writes ``value_info`` for every copy
 output instead.
+
+Not every element type can be copied: onnxruntime registers the copy kernels for the fixed-size
+types of IR version 4 (`COPY_TYPES`: CUDA's ``AllFixedSizeTensorTypes``, CANN's
+``AllFixedSizeTensorAndSequenceTensorTypes``; the CPU provider also takes the float8 types). A model
+that copies an int4, float4, float8, complex or string tensor does not load on every provider, so
+such tensors are never offloaded.
 """
 
 from __future__ import annotations
@@ -17,11 +23,21 @@ from __future__ import annotations
 import onnx
 import onnx.defs
 
-__all__ = ["MEMCPY_TO_HOST", "MEMCPY_FROM_HOST", "COPY_OPS", "register_schemas"]
+__all__ = ["MEMCPY_TO_HOST", "MEMCPY_FROM_HOST", "COPY_OPS", "COPY_TYPES", "register_schemas"]
 
 MEMCPY_TO_HOST = "MemcpyToHost"
 MEMCPY_FROM_HOST = "MemcpyFromHost"
 COPY_OPS = (MEMCPY_TO_HOST, MEMCPY_FROM_HOST)
+
+#: Element types every supported provider's copy kernels take (see the module docstring).
+COPY_TYPES = frozenset(
+    {
+        onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+        onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64,
+        onnx.TensorProto.BOOL,
+    }
+)
 
 _DOCS = {
     MEMCPY_TO_HOST: "onnxruntime internal copy of a tensor from device memory to host memory.",

@@ -84,6 +84,11 @@ def session_settings(model: onnx.ModelProto) -> dict[str, Any] | None:
                     f"model metadata {KEY_SESSION!r} is not valid JSON ({exc.msg})",
                     hint="re-create the model with offloadctl apply",
                 ) from None
+            except RecursionError:
+                raise OffloadError(
+                    f"model metadata {KEY_SESSION!r} is not valid: its JSON is nested too deeply",
+                    hint="re-create the model with offloadctl apply",
+                ) from None
             if not isinstance(value, dict):
                 raise OffloadError(
                     f"model metadata {KEY_SESSION!r} is not a JSON object",

@@ -27,6 +27,7 @@ from onnx import TensorProto
 from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
 from offloadctl.inline import expand_inlined_functions, inlined_calls
+from offloadctl.memcpy import COPY_TYPES
 
 __all__ = [
     "LoadedModel",
@@ -51,11 +52,23 @@ _SUB_BYTE_TYPES = {
     if hasattr(TensorProto, name)
 }
 _SUB_BYTE_BITS = {getattr(TensorProto, n): 2 for n in ("INT2", "UINT2") if hasattr(TensorProto, n)}
+_DEFINED_TYPES = frozenset(TensorProto.DataType.values()) - {TensorProto.UNDEFINED}
+
+#: Above this a tensor's size is a mistake in its declared shape: no device holds it, and sums of
+#: such sizes would overflow the 64-bit integers the memory figures use.
+MAX_TENSOR_BYTES = 1 << 50
+_MAX_DIM = 2**63 - 1  # a dimension is an int64 in onnx
 
 
 @lru_cache(maxsize=None)
-def _itemsize(elem_type: int) -> int:
-    return onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
+def _itemsize(elem_type: int) -> int | None:
+    """Bytes per element, or None for types without a fixed size (strings) or unknown to numpy."""
+    if elem_type == TensorProto.STRING:
+        return None
+    try:
+        return onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -80,22 +93,31 @@ class TensorInfo(NamedTuple):
     name: str
     elem_type: int | None  # TensorProto data type; None for sequences, maps, optionals, unknown
     shape: tuple[int | str | None, ...] | None  # None when the rank is unknown
-    copyable: bool  # a dense numeric tensor that MemcpyToHost/MemcpyFromHost can move
-    type_kind: str | None = None  # "sequence", "map", "optional", "sparse_tensor" for non-tensor values
+    copyable: bool  # a dense tensor whose type MemcpyToHost/MemcpyFromHost can move (memcpy.COPY_TYPES)
+    type_kind: str | None = None  # "sequence", "map", "optional", "sparse_tensor", or "undefined" (no onnx type)
     bytes: int | None = None  # byte size, or None when a dimension or the element type is unknown
 
     @property
     def dtype(self) -> str:
+        if self.type_kind == "undefined":
+            return f"undefined element type {self.elem_type}"
         if self.elem_type is None:
-            return "unknown" if self.copyable else (self.type_kind or "non-tensor")
+            return self.type_kind or "unknown"
         return TensorProto.DataType.Name(self.elem_type).lower()
 
+    @property
+    def sized(self) -> bool:
+        """A dense tensor whose element type has a fixed size (its bytes are known once its shape is)."""
+        return self.type_kind is None and (self.elem_type is None or _itemsize(self.elem_type) is not None)
+
     def why_unknown(self) -> str:
-        """Human-readable reason why `bytes` is None."""
-        if not self.copyable:
+        """Human-readable reason why `bytes` is None (or, for a tensor that cannot be copied, why not)."""
+        if self.type_kind is not None or (self.elem_type is not None and _itemsize(self.elem_type) is None):
             return f"type {self.dtype} cannot be copied by MemcpyToHost/MemcpyFromHost"
         if self.shape is None or self.elem_type is None:
             return "shape inference could not find its shape"
+        if not self.copyable:
+            return f"type {self.dtype} cannot be copied by MemcpyToHost/MemcpyFromHost"
         unknown = [str(d) if d is not None else "?" for d in self.shape if not isinstance(d, int)]
         return f"dimension(s) {', '.join(unknown)} unknown"
 
@@ -104,12 +126,18 @@ def tensor_info(
     name: str,
     elem_type: int | None,
     shape: tuple[int | str | None, ...] | None,
-    copyable: bool,
     type_kind: str | None = None,
 ) -> TensorInfo:
-    """A `TensorInfo` with its byte size computed (None when a dimension or the type is unknown)."""
+    """A `TensorInfo` with its byte size computed (None when a dimension or the type is unknown).
+
+    ``type_kind`` names a value that is not a dense tensor (see `TensorInfo`); an element type onnx
+    does not define gets ``type_kind="undefined"``.
+    """
+    if type_kind is None and elem_type and elem_type not in _DEFINED_TYPES:
+        type_kind = "undefined"
     size = None
-    if copyable and shape is not None and elem_type:
+    itemsize = _itemsize(elem_type) if elem_type and type_kind is None else None
+    if itemsize is not None and shape is not None:
         count = 1
         for d in shape:
             if type(d) is not int or d < 0:
@@ -120,7 +148,8 @@ def tensor_info(
             if elem_type in _SUB_BYTE_TYPES:
                 size = (count * _SUB_BYTE_BITS.get(elem_type, 4) + 7) // 8
             else:
-                size = count * _itemsize(elem_type)
+                size = count * itemsize
+    copyable = type_kind is None and (elem_type is None or elem_type in COPY_TYPES)
     return TensorInfo(name, elem_type, shape, copyable, type_kind, size)
 
 
@@ -218,7 +247,7 @@ def _looks_like_plan(path: Path) -> bool:
             if head != b"{":
                 return False
             document = json.loads(head + f.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(document, dict) and "offloads" in document and "schema_version" in document
 
@@ -363,6 +392,12 @@ def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path
                 f"--input-shape {name}: gave {len(dims)} dimensions, the model declares {len(old)}",
                 hint=f"give exactly {len(old)} comma-separated dimensions",
             )
+        for i, d in enumerate(dims):
+            if d > _MAX_DIM:
+                raise OffloadError(
+                    f"--input-shape {name}: dimension {i} is {d}, larger than onnx allows (at most {_MAX_DIM})",
+                    hint="give the real size of that dimension",
+                )
         for i, d in enumerate(old):
             if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != dims[i]:
                 raise OffloadError(
@@ -399,11 +434,11 @@ def _type_fields(type_proto: onnx.TypeProto) -> tuple:
         shape: tuple[int | str | None, ...] | None = None
         if tt.HasField("shape"):
             shape = tuple(map(_dim, tt.shape.dim))
-        info = tensor_info("", elem, shape, elem != TensorProto.STRING)
+        info = tensor_info("", elem, shape)
     elif which is None:
-        info = tensor_info("", None, None, True)
+        info = tensor_info("", None, None)
     else:
-        info = tensor_info("", None, None, False, which.removesuffix("_type"))
+        info = tensor_info("", None, None, which.removesuffix("_type"))
     return info[1:]
 
 
@@ -426,7 +461,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
     ) -> None:
         self._loaded = loaded
         self._node_order = node_order
-        self._weights: dict[str, TensorProto | onnx.NodeProto] = {}
+        self._weights: dict[str, TensorProto | onnx.SparseTensorProto | onnx.NodeProto] = {}
         graph = loaded.proto.graph
         if constants is None:
             constants = {
@@ -438,28 +473,57 @@ class TensorInfos(Mapping[str, TensorInfo]):
             self._weights[name] = graph.node[index]
         for init in graph.initializer:
             self._weights.setdefault(init.name, init)
+        for sparse in graph.sparse_initializer:
+            # onnxruntime makes a dense initializer of it: its dense size is what the device holds
+            self._weights.setdefault(sparse.values.name, sparse)
         self._done: dict[str, TensorInfo] = {}
         self._type_cache: dict[bytes, tuple] = {}  # serialized TypeProto -> TensorInfo fields after the name
         self._weight_cache: dict[tuple[int, tuple[int, ...]], tuple] = {}  # (data type, dims) -> the same
         # Serialized TypeProtos by tensor name, after onnx's inference and (if run) onnxruntime's:
         # bytes, so that the inferred model is not kept alive.
         self._types: dict[str, list[bytes]] | None = None
+        self._declared: dict[str, list[bytes]] | None = None
         self._symbolic: dict[str, list[bytes]] | None = None
+        self._inference_model: onnx.ModelProto | None = None
 
-    def _sorted_proto(self) -> onnx.ModelProto:
+    def _inference_proto(self) -> onnx.ModelProto:
+        """The model as shape inference should see it (the loaded model itself when nothing changes):
+
+        - nodes in a topological order (onnx's shape inference walks the file order and stops at a
+          node whose input comes later);
+        - without the file's declared types for outputs of nodes onnx can infer: onnx's inference
+          keeps a declared type over the one it infers and propagates it, so one stale or duplicate
+          ``value_info`` entry would give wrong sizes to every tensor computed from it. Declared
+          types stay for outputs of ops onnx does not know (custom domains), and serve as a fallback.
+        """
+        if self._inference_model is not None:
+            return self._inference_model
         proto = self._loaded.proto
-        if self._node_order is None:
+        graph = proto.graph
+        inferable = _inferable_outputs(graph)
+        stale_values = any(vi.name in inferable for vi in graph.value_info)
+        stale_outputs = any(o.name in inferable and o.type.tensor_type.HasField("shape") for o in graph.output)
+        if self._node_order is None and not stale_values and not stale_outputs:
+            self._inference_model = proto
             return proto
-        # onnx's shape inference walks the file order and stops at a node whose input comes later.
-        sorted_proto = onnx.ModelProto()
-        sorted_proto.CopyFrom(proto)
-        del sorted_proto.graph.node[:]
-        sorted_proto.graph.node.extend(proto.graph.node[i] for i in self._node_order)
-        return sorted_proto
+        work = onnx.ModelProto()
+        work.CopyFrom(proto)
+        if self._node_order is not None:
+            del work.graph.node[:]
+            work.graph.node.extend(proto.graph.node[i] for i in self._node_order)
+        if stale_values:
+            kept = [vi for vi in graph.value_info if vi.name not in inferable]
+            del work.graph.value_info[:]
+            work.graph.value_info.extend(kept)
+        for out in work.graph.output:
+            if out.name in inferable and out.type.HasField("tensor_type"):
+                out.type.tensor_type.ClearField("shape")
+        self._inference_model = work
+        return work
 
     def _inferred(self) -> dict[str, list[bytes]]:
         if self._types is None:
-            proto = self._sorted_proto()
+            proto = self._inference_proto()
             try:
                 inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
                 graph = inferred.graph
@@ -467,13 +531,20 @@ class TensorInfos(Mapping[str, TensorInfo]):
                 logger.warning(
                     "shape inference failed on %s (%s); sizes come from the file's value_info", self._loaded.path, exc
                 )
-                graph = proto.graph
+                graph = self._loaded.proto.graph
             self._types = _types_by_name((graph.value_info, graph.input, graph.output))
         return self._types
 
+    def _declared_types(self) -> dict[str, list[bytes]]:
+        """The types the file declares (value_info and graph outputs), by name."""
+        if self._declared is None:
+            graph = self._loaded.proto.graph
+            self._declared = _types_by_name((graph.value_info, graph.output))
+        return self._declared
+
     def _symbolic_types(self) -> dict[str, list[bytes]]:
         if self._symbolic is None:
-            self._symbolic = _types_by_name((_symbolic_value_infos(self._sorted_proto(), self._loaded.path),))
+            self._symbolic = _types_by_name((_symbolic_value_infos(self._inference_proto(), self._loaded.path),))
         return self._symbolic
 
     def _compute(self, name: str) -> TensorInfo | None:
@@ -484,17 +555,43 @@ class TensorInfos(Mapping[str, TensorInfo]):
                 if info is not None:
                     return info
             else:
-                key = (weight.data_type, tuple(weight.dims))
+                key = (
+                    (weight.values.data_type, tuple(weight.dims))
+                    if isinstance(weight, onnx.SparseTensorProto)
+                    else (weight.data_type, tuple(weight.dims))
+                )
                 fields = self._weight_cache.get(key)
                 if fields is None:
-                    fields = self._weight_cache[key] = tensor_info("", *key, key[0] != TensorProto.STRING)[1:]
+                    fields = self._weight_cache[key] = tensor_info("", *key)[1:]
                 return TensorInfo(name, *fields)
         info = _first_known(name, self._inferred().get(name, ()), self._type_cache)
+        if info is None or info.bytes is None:
+            declared = self._declared_types().get(name, ())
+            if len(set(declared)) == 1:  # several declarations that disagree are not evidence
+                better = _first_known(name, declared[:1], self._type_cache)
+                if better is not None and (info is None or better.bytes is not None):
+                    info = better
         if info is None or info.bytes is None:
             # Never replace a known size by an unknown one (the first of equals wins).
             better = _first_known(name, self._symbolic_types().get(name, ()), self._type_cache)
             if better is not None and (info is None or better.bytes is not None):
                 info = better
+        return info
+
+    def _checked(self, info: TensorInfo) -> TensorInfo:
+        """Refuse a tensor no model can really have: an undefined element type, an absurd size."""
+        where = f"tensor {info.name!r} of {self._loaded.path}"
+        if info.type_kind == "undefined":
+            raise OffloadError(
+                f"{where} has element type {info.elem_type}, which onnx does not define",
+                hint="re-export the model, or fix the type of that initializer or value_info entry",
+            )
+        if info.bytes is not None and info.bytes > MAX_TENSOR_BYTES:
+            raise OffloadError(
+                f"{where} would take {info.bytes} bytes ({info.dtype}{list(info.shape or ())}), more than any "
+                "device holds",
+                hint="check the model's declared shapes, or pin smaller dimensions with --input-shape NAME=D0,D1,...",
+            )
         return info
 
     def get(self, name: str, default: TensorInfo | None = None) -> TensorInfo | None:  # type: ignore[override]
@@ -503,7 +600,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
             info = self._compute(name)
             if info is None:
                 return default
-            self._done[name] = info
+            self._done[name] = info = self._checked(info)
         return info
 
     def __getitem__(self, name: str) -> TensorInfo:
@@ -527,6 +624,31 @@ class TensorInfos(Mapping[str, TensorInfo]):
 
     def __len__(self) -> int:
         return len(self._names())
+
+
+_INFERRED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
+
+
+@lru_cache(maxsize=None)
+def _has_inference(op_type: str, domain: str) -> bool:
+    """True when onnx's shape inference computes this op's outputs (an op of an onnx domain it
+    knows; the copy ops registered by offloadctl have no inference function)."""
+    if domain not in _INFERRED_DOMAINS or op_type in ("MemcpyToHost", "MemcpyFromHost"):
+        return False
+    try:
+        return onnx.defs.has(op_type, "" if domain == "ai.onnx" else domain)
+    except Exception:  # noqa: BLE001 - an odd domain name: not inferable
+        return False
+
+
+def _inferable_outputs(graph: onnx.GraphProto) -> set[str]:
+    """Outputs of the main graph's nodes whose types onnx's shape inference computes itself."""
+    found: set[str] = set()
+    for node in graph.node:
+        if _has_inference(node.op_type, node.domain):
+            found.update(node.output)
+    found.discard("")
+    return found
 
 
 def _types_by_name(groups: Iterable[Iterable[onnx.ValueInfoProto]]) -> dict[str, list[bytes]]:
@@ -639,14 +761,18 @@ def _constant_info(node: onnx.NodeProto) -> TensorInfo | None:
     for attr in node.attribute:
         if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
             t = attr.t
-            return tensor_info(node.output[0], t.data_type, tuple(t.dims), t.data_type != TensorProto.STRING)
+            return tensor_info(node.output[0], t.data_type, tuple(t.dims))
         if attr.name in ("value_float", "value_int"):
             elem = TensorProto.FLOAT if attr.name == "value_float" else TensorProto.INT64
-            return tensor_info(node.output[0], elem, (), True)
+            return tensor_info(node.output[0], elem, ())
         if attr.name in ("value_floats", "value_ints"):
             elem = TensorProto.FLOAT if attr.name == "value_floats" else TensorProto.INT64
             n = len(attr.floats) if attr.name == "value_floats" else len(attr.ints)
-            return tensor_info(node.output[0], elem, (n,), True)
+            return tensor_info(node.output[0], elem, (n,))
         if attr.name in ("value_string", "value_strings"):
-            return tensor_info(node.output[0], TensorProto.STRING, None, False)
+            return tensor_info(node.output[0], TensorProto.STRING, None)
+        if attr.name == "sparse_value" and attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+            # onnxruntime makes the dense tensor: its size counts, whatever is stored
+            sparse = attr.sparse_tensor
+            return tensor_info(node.output[0], sparse.values.data_type, tuple(sparse.dims))
     return None

@@ -138,8 +138,42 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
     _check_rules(plan, source)
 
 
+def _whole_numbers(plan: Plan, source: str) -> None:
+    """Refuse a position, index or size written as a non-integer number (``6.0``).
+
+    JSON Schema counts 6.0 as an integer, but these fields index the model's nodes and inputs.
+    `read_plan` turns whole numbers written with a fraction into integers first; a plan built in
+    memory must use ints.
+    """
+
+    def check(value: Any, where: str) -> None:
+        if value is not None and (type(value) is not int):
+            raise OffloadError(
+                f"{source}: field {where} is {value!r}, not an integer",
+                hint="write positions, indices and sizes as whole numbers (6, not 6.0)",
+            )
+
+    check(plan["model"]["num_positions"], "model/num_positions")
+    for i, off in enumerate(plan["offloads"]):
+        at = f"offloads/{i}"
+        for key in ("id", "bytes", "d2h_after", "output_h2d_before", "release_after", "prefetch_distance"):
+            check(off.get(key), f"{at}/{key}")
+        if off["producer"] is not None:
+            check(off["producer"]["position"], f"{at}/producer/position")
+        for k, use in enumerate(off["device_uses"]):
+            check(use["position"], f"{at}/device_uses/{k}/position")
+            check(use["input_index"], f"{at}/device_uses/{k}/input_index")
+        for g, group in enumerate(off["reload_groups"]):
+            check(group["h2d_before"], f"{at}/reload_groups/{g}/h2d_before")
+            check(group["gap"], f"{at}/reload_groups/{g}/gap")
+            for k, use in enumerate(group["uses"]):
+                check(use["position"], f"{at}/reload_groups/{g}/uses/{k}/position")
+                check(use["input_index"], f"{at}/reload_groups/{g}/uses/{k}/input_index")
+
+
 def _check_rules(plan: Plan, source: str) -> None:
-    """Rules JSON Schema cannot express: unique tensors, positions in range, ordered groups."""
+    """Rules JSON Schema cannot express: whole numbers, unique tensors, positions in range, ordered groups."""
+    _whole_numbers(plan, source)
     n = plan["model"]["num_positions"]
     seen: set[str] = set()
     scheduled = plan["stage"] == "scheduled"
@@ -185,6 +219,12 @@ def _check_rules(plan: Plan, source: str) -> None:
                 raise OffloadError(f"{source}: {where} {key}={off[key]} is beyond the model's {n} positions", hint=_RECREATE)
 
 
+def _number(text: str) -> int | float:
+    """A JSON number with a fraction or exponent: an int when it is whole (``6.0`` -> 6)."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
 def read_plan(path: str | os.PathLike[str], *, stages: tuple[str, ...] = STAGES) -> Plan:
     """Read and validate a plan file whose stage is one of ``stages``."""
     p = Path(path)
@@ -202,11 +242,16 @@ def read_plan(path: str | os.PathLike[str], *, stages: tuple[str, ...] = STAGES)
     except OSError as exc:
         raise OffloadError(f"cannot read plan file {p}: {exc.strerror or exc}", hint="check the file's permissions") from None
     try:
-        plan = json.loads(text)
+        plan = json.loads(text, parse_float=_number)
     except json.JSONDecodeError as exc:
         raise OffloadError(
             f"plan file {p} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
             hint="fix the syntax or re-create the plan",
+        ) from None
+    except RecursionError:
+        raise OffloadError(
+            f"plan file {p} is not a plan: its JSON is nested too deeply",
+            hint="pass a plan written by offloadctl select, filter, prefetch or plan",
         ) from None
     validate_plan(plan, source=f"plan file {p}")
     if plan["stage"] not in stages:

@@ -417,7 +417,7 @@ class InputSpec:
 
 def input_specs(proto: onnx.ModelProto) -> list[InputSpec]:
     """The inputs a caller must feed, in graph order."""
-    initializers = {i.name for i in proto.graph.initializer} | {i.name for i in proto.graph.sparse_initializer}
+    initializers = {i.name for i in proto.graph.initializer} | {i.values.name for i in proto.graph.sparse_initializer}
     specs = []
     for value in proto.graph.input:
         if value.name in initializers:

@@ -228,3 +228,320 @@ def test_a_missing_data_file_inside_an_if_branch_fails_at_planning(run_cli, ext,
     (ext.parent / "b.bin").unlink()
     assert_clean_failure(run_cli("plan", ext, "-o", tmp_path / "p.json"), "b.bin", "'B'", "is missing")
     assert not (tmp_path / "p.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hostile inputs that used to end in a traceback
+# ---------------------------------------------------------------------------------------------------
+
+
+def _sparse_initializer_model(path: Path) -> Path:
+    values = numpy_helper.from_array(np.array([1.0, 2.0], np.float32), "S")
+    indices = numpy_helper.from_array(np.array([0, 5], np.int64), "S_indices")
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Neg", ["a"], ["b"], name="neg"),
+        helper.make_node("Add", ["b", "S"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(nodes, "g", [tensor("x")], [tensor("y")])
+    graph.sparse_initializer.append(helper.make_sparse_tensor(values, indices, [4, 8]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    return save(model, path)
+
+
+def test_sparse_initializers_count_at_their_dense_size_and_stay_on_the_device(run_cli, tmp_path):
+    path = _sparse_initializer_model(tmp_path / "sparse.onnx")
+    inspect = run_cli("inspect", path, "--json")
+    assert inspect.exit_code == 0, inspect.stderr
+    assert inspect.json()["weights"]["bytes"] == 4 * 8 * 4
+    sim = run_cli("simulate", path, "--json")
+    assert sim.exit_code == 0, sim.stderr
+    assert sim.json()["resident_weight_bytes"]["before"] == 128
+    plan_path = _plan(run_cli, path, tmp_path / "p.json", "--params", "--select-distance", "0", "--prefetch-distance", "0")
+    plan = json.loads(plan_path.read_text())
+    assert {r["tensor"]: r["reason"] for r in plan["rejected"]}["S"] == "not-copyable"
+    out = tmp_path / "o.onnx"
+    assert run_cli("apply", plan_path, "-o", out).exit_code == 0
+    res = run_cli("run", out, "--device", "cpu", "--compare-to", path, "--json")
+    assert res.exit_code == 0, res.stderr
+    assert all(c["identical"] for c in res.json()["comparison"].values())
+
+
+def test_a_sparse_constant_is_never_planned_so_the_plan_always_applies(run_cli, tmp_path):
+    sparse = helper.make_sparse_tensor(
+        numpy_helper.from_array(np.array([1.0], np.float32), "v"), numpy_helper.from_array(np.array([3], np.int64), "i"), [4, 8]
+    )
+    nodes = [
+        helper.make_node("Constant", [], ["C"], sparse_value=sparse, name="const"),
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Neg", ["a"], ["b"], name="neg_b"),
+        helper.make_node("Neg", ["b"], ["c"], name="neg_c"),
+        helper.make_node("Add", ["c", "C"], ["y"], name="add"),
+    ]
+    path = save(make_model(nodes, [tensor("x")], [tensor("y")]), tmp_path / "m.onnx")
+    plan = _plan(run_cli, path, tmp_path / "p.json", "--params", "--select-distance", "0", "--prefetch-distance", "0")
+    assert {r["tensor"]: r["reason"] for r in json.loads(plan.read_text())["rejected"]}["C"] == "not-copyable"
+    res = run_cli("apply", plan, "-o", tmp_path / "o.onnx")
+    assert res.exit_code == 0, res.stderr
+
+
+@pytest.mark.parametrize("where", ["initializer", "value_info-of-an-input"])
+def test_an_element_type_onnx_does_not_define(run_cli, tmp_path, where):
+    if where == "initializer":
+        w = numpy_helper.from_array(np.ones((4, 8), np.float32), "W")
+        w.data_type = 99
+        model = make_model([helper.make_node("Add", ["x", "W"], ["y"], name="add")], [tensor("x")], [tensor("y")], initializers=[w], check=False)
+        needle = "'W'"
+    else:
+        model = make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [tensor("x", elem_type=99)], [tensor("y")], check=False)
+        needle = "'x'"
+    path = save(model, tmp_path / "m.onnx")
+    for args in (["inspect", path], ["plan", path, "-o", tmp_path / "p.json", "--params"], ["simulate", path]):
+        assert_clean_failure(run_cli(*args), needle, "element type 99", "onnx does not define")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_a_stale_value_info_of_an_undefined_type_is_ignored(run_cli, tmp_path):
+    """A declared type for a tensor onnx infers itself is not trusted: inference decides."""
+    model = make_model(_chain(), [tensor("x")], [tensor("y")], check=False)
+    model.graph.value_info.append(helper.make_tensor_value_info("b", 99, [4, 8]))
+    path = save(model, tmp_path / "m.onnx")
+    res = run_cli("inspect", path, "--json")
+    assert res.exit_code == 0, res.stderr
+    assert res.json()["activations"]["bytes"] == 5 * 128  # a, b, c, d, y
+
+
+def _chain():
+    from models import chain_nodes
+
+    return chain_nodes()
+
+
+def test_positions_written_as_whole_floats_are_read_as_integers(run_cli, tmp_path):
+    plan_path = _plan(run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json", "--select-distance", "1", "--prefetch-distance", "0")
+    text = plan_path.read_text()
+    plan = json.loads(text)
+    group = plan["offloads"][0]["reload_groups"][0]
+    group["h2d_before"] = float(group["h2d_before"])
+    plan["offloads"][0]["d2h_after"] = float(plan["offloads"][0]["d2h_after"])
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(plan, indent=1))
+    assert '.0,' in edited.read_text()
+    for args in (["apply", edited, "-o", tmp_path / "o.onnx"], ["simulate", SAMPLES / "seed.onnx", "--plan", edited]):
+        res = run_cli(*args)
+        assert res.exit_code == 0, res.stderr
+
+
+def test_positions_with_a_fraction_are_refused(run_cli, tmp_path):
+    plan_path = _plan(run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json", "--select-distance", "1", "--prefetch-distance", "0")
+    plan = json.loads(plan_path.read_text())
+    plan["offloads"][0]["reload_groups"][0]["h2d_before"] = 5.5
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(plan))
+    for args in (["apply", edited, "-o", tmp_path / "o.onnx"], ["simulate", SAMPLES / "seed.onnx", "--plan", edited]):
+        assert_clean_failure(run_cli(*args), "h2d_before")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_plans_built_in_memory_must_use_integers():
+    from offloadctl.errors import OffloadError
+    from offloadctl.plan import validate_plan
+
+    plan = json.loads((SAMPLES / "seed.onnx").with_suffix(".onnx").parent.joinpath("seed.onnx").read_bytes()[:0] or b"{}")
+    from offloadctl.analysis import analyse
+    from offloadctl.model import load_model
+    from offloadctl.stages import make_plan
+
+    plan = make_plan(analyse(load_model(SAMPLES / "seed.onnx")), select_distance=1, prefetch_distance=0)
+    validate_plan(plan)
+    plan["offloads"][0]["reload_groups"][0]["uses"][0]["position"] = 5.0
+    with pytest.raises(OffloadError, match="uses/0/position is 5.0, not an integer"):
+        validate_plan(plan)
+
+
+def _deep(kind: str) -> str:
+    return ('{"a": ' if kind == "object" else "") + "[" * 100_000 + "]" * 100_000 + ("}" if kind == "object" else "")
+
+
+def test_deeply_nested_json_is_refused_everywhere(run_cli, tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text(_deep("object"))
+    assert_clean_failure(run_cli("apply", deep, "-o", tmp_path / "o.onnx"), "nested too deeply")
+    assert_clean_failure(run_cli("filter", deep, "-o", tmp_path / "f.json"), "nested too deeply")
+    assert_clean_failure(run_cli("simulate", SAMPLES / "seed.onnx", "--profile", deep), "nested too deeply")
+    assert_clean_failure(run_cli("inspect", deep), str(deep))
+    model_json = tmp_path / "model.json"
+    model_json.write_text('{"graph": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert_clean_failure(run_cli("plan", model_json, "-o", tmp_path / "p.json"), "not a valid ONNX model")
+    assert not any(p.name in ("o.onnx", "f.json", "p.json") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", ["--budget", "--min-bytes"])
+def test_byte_sizes_beyond_64_bits_are_refused(run_cli, tmp_path, option):
+    res = run_cli("plan", SAMPLES / "seed.onnx", "-o", tmp_path / "p.json", option, "99999999999999999999999")
+    assert res.exit_code == 2 and "Traceback" not in res.stderr
+    assert "more bytes than any device has" in res.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_byte_sizes_are_parsed_exactly():
+    from offloadctl.cli.ui import parse_bytes
+
+    assert parse_bytes("9007199254740993") == 9007199254740993  # 2**53 + 1: a float would round it
+    assert parse_bytes("1.5GiB") == 3 * 2**29
+    assert parse_bytes("0.1KB") == 100
+
+
+def test_absurd_shapes_are_refused(run_cli, tmp_path):
+    from models import long_reuse_model
+
+    path = save(long_reuse_model(dynamic=True), tmp_path / "dyn.onnx")
+    res = run_cli("plan", path, "-o", tmp_path / "p.json", "--input-shape", "x=10000000000000000000,8")
+    assert_clean_failure(res, "dimension 0", "larger than onnx allows")
+    res = run_cli("plan", path, "-o", tmp_path / "p.json", "--input-shape", "x=100000000000000000,8", "--budget", "1MB")
+    assert_clean_failure(res, "tensor 'x'", "more than any device holds")
+    huge = make_model(_chain(), [tensor("x", (2**40, 2**40))], [tensor("y", (2**40, 2**40))], check=False)
+    huge_path = save(huge, tmp_path / "huge.onnx")
+    for args in (["inspect", huge_path], ["plan", huge_path, "-o", tmp_path / "p.json", "--budget", "10MB"]):
+        assert_clean_failure(run_cli(*args), "more than any device holds")
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_an_output_name_too_long_for_the_file_system(run_cli, tmp_path):
+    for length in (305, 250):
+        res = run_cli("plan", SAMPLES / "seed.onnx", "-o", tmp_path / ("a" * length + ".json"))
+        assert_clean_failure(res, "cannot write")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_int4_weights_are_not_copyable(run_cli, tmp_path):
+    w4 = helper.make_tensor("W4", TensorProto.INT4, [4, 8], [1] * 32)
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Neg", ["a"], ["b"], name="neg"),
+        helper.make_node("Cast", ["W4"], ["w"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("Add", ["b", "w"], ["y"], name="add"),
+    ]
+    model = make_model(nodes, [tensor("x")], [tensor("y")], initializers=[w4], check=False)
+    model.opset_import[0].version = 21
+    path = save(model, tmp_path / "m.onnx")
+    plan_path = _plan(run_cli, path, tmp_path / "p.json", "--params", "--select-distance", "0", "--prefetch-distance", "0")
+    plan = json.loads(plan_path.read_text())
+    assert "W4" not in {o["tensor"] for o in plan["offloads"]}
+    rejected = {r["tensor"]: r for r in plan["rejected"]}
+    assert rejected["W4"]["reason"] == "not-copyable" and "int4" in rejected["W4"]["detail"]
+    assert rejected["W4"]["bytes"] == 16  # still counted: 32 four-bit values
+    out = tmp_path / "o.onnx"
+    assert run_cli("apply", plan_path, "-o", out).exit_code == 0
+    res = run_cli("run", out, "--device", "cpu", "--compare-to", path, "--json")
+    assert res.exit_code == 0, res.stderr
+
+
+def test_only_the_copy_kernels_types_are_copyable():
+    from offloadctl.memcpy import COPY_TYPES
+    from offloadctl.model import tensor_info
+
+    assert tensor_info("t", TensorProto.FLOAT, (2,)).copyable
+    for elem in (TensorProto.INT4, TensorProto.UINT4, TensorProto.FLOAT8E4M3FN, TensorProto.COMPLEX64, TensorProto.STRING):
+        assert elem not in COPY_TYPES
+        assert not tensor_info("t", elem, (2,)).copyable
+    assert tensor_info("t", TensorProto.COMPLEX64, (2,)).bytes == 16  # not copyable, still counted
+
+
+@pytest.mark.parametrize("order", ["stale-first", "stale-last"])
+def test_conflicting_value_info_entries_do_not_change_sizes(run_cli, tmp_path, order):
+    """Shape inference decides; a stale or duplicate declaration changes no size and no copy's shape."""
+    model = make_model(_chain(), [tensor("x")], [tensor("y")], check=False)
+    entries = [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 2]), helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 8])]
+    model.graph.value_info.extend(entries if order == "stale-first" else entries[::-1])
+    model.graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [3, 3]))
+    path = save(model, tmp_path / "m.onnx")
+    plan_path = _plan(run_cli, path, tmp_path / "p.json", "--select-distance", "0", "--prefetch-distance", "0")
+    plan = json.loads(plan_path.read_text())
+    assert {o["tensor"]: (o["bytes"], o["shape"]) for o in plan["offloads"]} == {t: (128, [4, 8]) for t in "abcd"}
+    out = tmp_path / "o.onnx"
+    assert run_cli("apply", plan_path, "-o", out).exit_code == 0
+    rewritten = onnx.load(str(out))
+    copies = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in rewritten.graph.value_info if "__offload" in vi.name}
+    assert copies and all(shape == [4, 8] for shape in copies.values())
+    from offloadctl.memcpy import register_schemas
+
+    register_schemas()
+    own = [vi for vi in rewritten.graph.value_info if "__offload" in vi.name]
+    del rewritten.graph.value_info[:]
+    rewritten.graph.value_info.extend(own)  # the model's own stale entries are left as they were
+    onnx.shape_inference.infer_shapes(rewritten, strict_mode=True)  # the copies agree with inference
+    res = run_cli("run", out, "--device", "cpu", "--compare-to", path, "--json")
+    assert res.exit_code == 0, res.stderr
+
+
+def test_a_declared_type_still_serves_an_op_onnx_cannot_infer(tmp_path):
+    """Custom-domain ops have no inference: their declared output types are used."""
+    from offloadctl.model import load_model, tensor_infos
+
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Custom", ["a"], ["b"], domain="my.ops", name="custom"),
+        helper.make_node("Neg", ["b"], ["y"], name="neg"),
+    ]
+    graph = helper.make_graph(nodes, "g", [tensor("x")], [tensor("y")], value_info=[tensor("b", (2, 16))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("my.ops", 1)])
+    model.ir_version = IR_VERSION
+    infos = tensor_infos(load_model(save(model, tmp_path / "m.onnx")))
+    assert infos["b"].bytes == 2 * 16 * 4
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ctrl-C
+# ---------------------------------------------------------------------------------------------------
+
+_INTERRUPT_DURING_IMPORT = """
+import builtins, sys
+real = builtins.__import__
+def interrupting(name, *args, **kwargs):
+    if name == {module!r}:
+        raise KeyboardInterrupt
+    return real(name, *args, **kwargs)
+builtins.__import__ = interrupting
+sys.argv = ["offloadctl", "inspect", {model!r}]
+from offloadctl._entry import main
+main()
+"""
+
+
+@pytest.mark.parametrize("module", ["onnx", "rich.table", "networkx"])
+def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path, module):
+    import subprocess
+    import sys
+
+    code = _INTERRUPT_DURING_IMPORT.format(module=module, model=str(SAMPLES / "seed.onnx"))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 130, res.stderr
+    assert res.stderr.strip() == "offloadctl: interrupted"
+    assert res.stdout == ""
+
+
+def test_ctrl_c_while_working_exits_130_and_leaves_no_file(tmp_path):
+    import subprocess
+    import sys
+
+    code = """
+import sys
+import offloadctl.files as files
+import offloadctl.plan as plan_module
+real = files.atomic_write
+def write(path, fill, **kw):  # Ctrl-C once the plan's bytes are in the temporary file
+    def fill_then_stop(tmp):
+        fill(tmp)
+        raise KeyboardInterrupt
+    return real(path, fill_then_stop, **kw)
+plan_module.atomic_write = write
+sys.argv = ["offloadctl", "plan", {model!r}, "-o", "p.json"]
+from offloadctl._entry import main
+main()
+""".format(model=str(SAMPLES / "seed.onnx"))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 130, res.stderr
+    assert "Traceback" not in res.stderr and res.stderr.strip().endswith("offloadctl: interrupted")
+    assert list(tmp_path.iterdir()) == []  # neither the plan nor its temporary file

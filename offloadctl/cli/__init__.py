@@ -64,5 +64,7 @@ _register()
 
 
 def main() -> None:
-    """Console-script entry point."""
-    sys.exit(cli.main(prog_name="offloadctl", standalone_mode=True))
+    """Console-script entry point (`offloadctl._entry.main`: exit 130 on Ctrl-C, even during start-up)."""
+    from offloadctl._entry import main as entry
+
+    entry()

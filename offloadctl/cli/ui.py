@@ -11,6 +11,7 @@ import json
 import logging
 import re
 import sys
+from fractions import Fraction
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -117,12 +118,21 @@ _UNITS = {
 }
 
 
+MAX_BYTES = 2**63 - 1  # sizes are 64-bit integers everywhere (onnxruntime, numpy, the plan)
+
+
 def parse_bytes(text: str) -> int:
-    """Parse '1.5GiB', '800MB', '4096' into bytes."""
+    """Parse '1.5GiB', '800MB', '4096' into bytes (exactly: no floating-point rounding)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNITS:
         raise OffloadError(f"{text!r} is not a byte size", hint="write it like 4096, 800MB or 1.5GiB")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    value = int(Fraction(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value > MAX_BYTES:
+        raise OffloadError(
+            f"{text!r} is more bytes than any device has (at most {MAX_BYTES} bytes, 8 EiB)",
+            hint="write it like 4096, 800MB or 1.5GiB",
+        )
+    return value
 
 
 class BytesParam(click.ParamType):

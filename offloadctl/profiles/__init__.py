@@ -168,6 +168,11 @@ def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> Prof
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise OffloadError(f"cannot read profile file {path}: {exc}") from None
+    except RecursionError:
+        raise OffloadError(
+            f"profile file {path} is not a profile: its JSON is nested too deeply",
+            hint="see a bundled profile (offloadctl/profiles/*.json) for the format",
+        ) from None
     except json.JSONDecodeError as exc:
         raise OffloadError(
             f"profile file {path} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",

@@ -249,12 +249,18 @@ def select(
             )
             continue
         info = analysis.infos.get(name)
+        if name in analysis.sparse_weights:
+            reject(name, kind, uses, "not-copyable", "a sparse weight (onnxruntime makes it dense when it loads the model); "
+                   "offloadctl copies dense tensors only", max_gap)
+            continue
+        if info is not None and not info.copyable:
+            reject(name, kind, uses, "not-copyable", info.why_unknown() if info.bytes is None else
+                   f"type {info.dtype} cannot be copied by onnxruntime's MemcpyToHost/MemcpyFromHost on every provider", max_gap)
+            continue
         if info is None or info.bytes is None:
             why = info.why_unknown() if info is not None else "shape inference could not find its type"
-            reason = "not-copyable" if info is not None and not info.copyable else "unknown-size"
-            hint = "" if reason == "not-copyable" else "; pin dynamic inputs with --input-shape NAME=D0,D1,..."
-            detail = why if reason == "not-copyable" else f"size unknown: {why}{hint}"
-            reject(name, kind, uses, reason, detail, max_gap)
+            reject(name, kind, uses, "unknown-size",
+                   f"size unknown: {why}; pin dynamic inputs with --input-shape NAME=D0,D1,...", max_gap)
             continue
         host_use = None if forced else next((u for u in uses if _reads_on_host(analysis, u, name, host_reads)), None)
         if host_use is not None:
