@@ -78,6 +78,7 @@ from offloadctl.metadata import (
     set_metadata,
 )
 from offloadctl.model import TensorInfo, external_data_entries, iter_graphs
+from offloadctl.plancheck import check_plan_for_model
 
 __all__ = [
     "ApplyResult",
@@ -95,7 +96,6 @@ logger = logging.getLogger(__name__)
 MAX_EMBEDDED_BYTES = 2**31 - 1  # protobuf's limit for one serialized message
 _BACKWARD_ATTR = "__backwardpass"
 _COPY_ATTR = "__offload"  # the copy's own name: keeps copies of one tensor distinct (see module docstring)
-_HINT_REPLAN = "re-create the plan from this model (offloadctl plan) or pass the model the plan was made for"
 
 register_schemas()  # so onnx.checker accepts the models this module produces
 
@@ -130,110 +130,8 @@ def apply_plan(plan: dict[str, Any], analysis: Analysis, *, result: ApplyResult 
             f"the plan is at stage {plan.get('stage')!r}; apply needs a scheduled plan",
             hint="run offloadctl prefetch on it first (or offloadctl plan to do every stage)",
         )
-    _check_plan(plan, analysis)
+    check_plan_for_model(plan, analysis)
     return _Rewriter(plan, analysis, result if result is not None else ApplyResult()).run()
-
-
-# ---------------------------------------------------------------------------------------------
-# Checking the plan against the model
-
-
-def _use_key(use: dict[str, Any]) -> tuple[int, int, str]:
-    index = use["input_index"]
-    return (use["position"], -1 if index is None else index, use["node"])
-
-
-def _describe_use(key: tuple[int, int, str]) -> str:
-    where = "inside a subgraph" if key[1] < 0 else f"at input {key[1]}"
-    return f"node {key[2]!r} (position {key[0]}) {where}"
-
-
-def _check_plan(plan: dict[str, Any], analysis: Analysis) -> None:
-    n = analysis.num_positions
-    model_path = analysis.loaded.path
-    if plan["model"]["num_positions"] != n:
-        raise OffloadError(
-            f"the plan counts {plan['model']['num_positions']} positions but {model_path} has {n}",
-            hint=_HINT_REPLAN,
-        )
-    outputs = set(analysis.graph_outputs)
-    for off in plan["offloads"]:
-        tensor = off["tensor"]
-        exists = tensor in analysis.producer or tensor in analysis.weights or tensor in analysis.graph_inputs
-        if not exists:
-            raise OffloadError(
-                f"plan names tensor {tensor!r} which the model {model_path} does not have", hint=_HINT_REPLAN
-            )
-        kind = analysis.kind(tensor)
-        if kind != off["kind"]:
-            what = {"activation": "an activation", "parameter": "a weight", "input": "a graph input"}[kind]
-            raise OffloadError(
-                f"plan offloads tensor {tensor!r} as {off['kind']}, but in {model_path} it is {what}",
-                hint=_HINT_REPLAN if kind != "input" else "graph inputs cannot be offloaded; remove the entry",
-            )
-        if kind == "activation":
-            producer = analysis.producer[tensor]
-            if off["producer"]["position"] != producer or off["producer"]["node"] != analysis.node_names[producer]:
-                raise OffloadError(
-                    f"plan says tensor {tensor!r} is produced by node {off['producer']['node']!r} at position "
-                    f"{off['producer']['position']}, but in {model_path} node {analysis.node_names[producer]!r} at "
-                    f"position {producer} produces it",
-                    hint=_HINT_REPLAN,
-                )
-            if not producer <= off["d2h_after"] < n:
-                raise OffloadError(
-                    f"plan puts the D2H copy of tensor {tensor!r} after position {off['d2h_after']}, before its "
-                    f"producer (position {producer}) or beyond the model's {n} positions",
-                    hint="set d2h_after to the producer's position",
-                )
-            if off["graph_output"] != (tensor in outputs):
-                state = "is" if tensor in outputs else "is not"
-                raise OffloadError(
-                    f"plan says graph_output={str(off['graph_output']).lower()} for tensor {tensor!r}, but it {state} "
-                    f"a graph output of {model_path}",
-                    hint=_HINT_REPLAN,
-                )
-            out_h2d = off["output_h2d_before"]
-            if out_h2d is not None and not off["d2h_after"] < out_h2d <= n:
-                raise OffloadError(
-                    f"plan puts the H2D copy feeding graph output {tensor!r} before position {out_h2d}; it must lie "
-                    f"after the D2H (position {off['d2h_after']}) and at most {n} (the end)",
-                    hint="set output_h2d_before to the number of positions (the end)",
-                )
-        else:
-            if tensor in outputs:
-                raise OffloadError(
-                    f"plan offloads weight {tensor!r}, which is also a graph output of {model_path}",
-                    hint="remove the entry: a weight that is a graph output stays on the device",
-                )
-            if off["output_h2d_before"] is not None:
-                raise OffloadError(f"plan sets output_h2d_before for weight {tensor!r}", hint="set it to null")
-        info = analysis.infos.get(tensor)
-        if info is None or not info.copyable or info.elem_type is None:
-            raise OffloadError(
-                f"tensor {tensor!r} of {model_path} cannot be copied by MemcpyToHost/MemcpyFromHost "
-                f"({info.why_unknown() if info is not None else 'its type is unknown'})",
-                hint="remove the entry from the plan",
-            )
-        planned = [_use_key(u) for u in off["device_uses"]]
-        for group in off["reload_groups"]:
-            planned += [_use_key(u) for u in group["uses"]]
-        actual = [_use_key(u.to_json()) for u in analysis.uses.get(tensor, [])]
-        extra = sorted(set(planned) - set(actual))
-        if extra:
-            raise OffloadError(
-                f"plan names a read of tensor {tensor!r} by {_describe_use(extra[0])}, "
-                f"which {model_path} does not have",
-                hint=_HINT_REPLAN,
-            )
-        missing = sorted(set(actual) - set(planned))
-        if missing:
-            raise OffloadError(
-                f"plan does not say where {_describe_use(missing[0])} of {model_path} reads tensor {tensor!r}",
-                hint="list every use in device_uses or a reload group, or " + _HINT_REPLAN,
-            )
-        if len(planned) != len(set(planned)):
-            raise OffloadError(f"plan lists a use of tensor {tensor!r} twice", hint=_HINT_REPLAN)
 
 
 # ---------------------------------------------------------------------------------------------

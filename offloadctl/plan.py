@@ -32,6 +32,7 @@ __all__ = [
     "write_plan",
     "dump_plan",
     "record_stage",
+    "require_stage",
     "check_plan_model",
 ]
 
@@ -298,6 +299,20 @@ def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
     """Validate and write a plan atomically (the text of ``dump_plan``)."""
     text = dump_plan(plan)
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def require_stage(plan: Plan, stage: str, step: str) -> None:
+    """Refuse a plan that is not at ``stage``, the stage ``step`` (a stage function) reads.
+
+    A stage run on a plan of another stage would carry stale fields forward (a filter of a
+    scheduled plan keeps its h2d_before positions).
+    """
+    have = plan.get("stage")
+    if have != stage:
+        raise OffloadError(
+            f"{step} reads a plan at stage {stage!r}, but this plan is at stage {have!r}",
+            hint=_stage_hint(have, (stage,)) if have in STAGES else "pass a plan written by offloadctl select, filter or prefetch",
+        )
 
 
 def record_stage(plan: Plan, stage: str, options_key: str, options: dict[str, Any]) -> Plan:

@@ -74,6 +74,7 @@ import onnx
 from offloadctl.analysis import Analysis
 from offloadctl.errors import OffloadError
 from offloadctl.plan import check_plan_model
+from offloadctl.plancheck import check_plan_for_model
 from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
 
 __all__ = [
@@ -678,6 +679,8 @@ def _program_for(analysis: Analysis, plan: dict[str, Any] | None, source: str) -
         return base, _rewritten_program(analysis, base)
     if plan is not None:
         check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
+        if plan.get("stage") == "scheduled":
+            check_plan_for_model(plan, analysis)  # what apply accepts, and nothing else
     if plan is None or not plan["offloads"]:
         if plan is not None:
             _plan_program(base, plan, source)  # checks stage and positions

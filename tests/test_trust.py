@@ -545,3 +545,89 @@ main()
     assert res.returncode == 130, res.stderr
     assert "Traceback" not in res.stderr and res.stderr.strip().endswith("offloadctl: interrupted")
     assert list(tmp_path.iterdir()) == []  # neither the plan nor its temporary file
+
+
+# ---------------------------------------------------------------------------------------------------
+# One plan-versus-model check for apply and simulate
+# ---------------------------------------------------------------------------------------------------
+
+
+def _edit_first(field: str, value):
+    def edit(plan: dict) -> None:
+        off = plan["offloads"][0]
+        if field == "use_input_index":
+            off["reload_groups"][0]["uses"][0]["input_index"] = 1 - off["reload_groups"][0]["uses"][0]["input_index"]
+        elif field == "use_node":
+            off["reload_groups"][0]["uses"][0]["node"] = "not-a-node"
+        elif field == "graph_output":
+            off["graph_output"] = True
+        elif field == "output_h2d_before":
+            off["output_h2d_before"] = plan["model"]["num_positions"]
+        elif field == "release_after":
+            off["release_after"] = off["d2h_after"] - 1 if off["d2h_after"] > 0 else None
+        else:
+            off[field] = value
+
+    return edit
+
+
+CONTRADICTIONS = {
+    "input index": (_edit_first("use_input_index", None), "does not have"),
+    "node name": (_edit_first("use_node", None), "'not-a-node'"),
+    "graph_output on a non-output": (_edit_first("graph_output", None), "graph_output=true"),
+    "output_h2d_before on a non-output": (_edit_first("output_h2d_before", None), "not a graph output"),
+    "bytes": (_edit_first("bytes", 999), "bytes 999"),
+    "shape": (_edit_first("shape", [1, 2, 3]), "shape [1, 2, 3]"),
+    "dtype": (_edit_first("dtype", "float16"), "dtype 'float16'"),
+}
+
+
+@pytest.fixture
+def unet_plan(run_cli, tmp_path) -> tuple[Path, dict]:
+    path = _plan(run_cli, SAMPLES / "unet.onnx", tmp_path / "p.json", "--select-distance", "3", "--prefetch-distance", "1")
+    plan = json.loads(path.read_text())
+    first = plan["offloads"][0]
+    assert first["kind"] == "activation" and not first["graph_output"] and first["reload_groups"][0]["uses"][0]["input_index"] in (0, 1)
+    return path, plan
+
+
+@pytest.mark.parametrize("case", sorted(CONTRADICTIONS))
+@pytest.mark.parametrize("command", ["apply", "simulate"])
+def test_apply_and_simulate_refuse_the_same_contradictions(run_cli, tmp_path, unet_plan, case, command):
+    import copy
+
+    edit, needle = CONTRADICTIONS[case]
+    plan = copy.deepcopy(unet_plan[1])
+    edit(plan)
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(plan))
+    args = ["apply", edited, "-o", tmp_path / "o.onnx"] if command == "apply" else ["simulate", SAMPLES / "unet.onnx", "--plan", edited]
+    assert_clean_failure(run_cli(*args), needle)
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_a_release_before_the_last_device_use_is_refused(run_cli, tmp_path):
+    path = _plan(run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json", "--select-distance", "1", "--prefetch-distance", "0")
+    plan = json.loads(path.read_text())
+    off = plan["offloads"][0]  # m1: read by Mul on the device, reloaded for Sub
+    assert [u["node"] for u in off["device_uses"]] == ["mul_m3"]
+    off["release_after"] = off["device_uses"][-1]["position"] - 1
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(plan))
+    for args in (["apply", edited, "-o", tmp_path / "o.onnx"], ["simulate", SAMPLES / "seed.onnx", "--plan", edited]):
+        assert_clean_failure(run_cli(*args), "before its last device use")
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_every_stage_function_checks_the_stage_it_reads():
+    from offloadctl.analysis import analyse
+    from offloadctl.errors import OffloadError
+    from offloadctl.model import load_model
+    from offloadctl.stages import filter_plan, prefetch, select
+
+    selected = select(analyse(load_model(SAMPLES / "seed.onnx")), select_distance=1)
+    filtered = filter_plan(selected)
+    scheduled = prefetch(filtered)
+    for stage_function, wrong in ((filter_plan, scheduled), (filter_plan, filtered), (prefetch, scheduled), (prefetch, selected)):
+        with pytest.raises(OffloadError, match=f"reads a plan at stage .* but this plan is at stage '{wrong['stage']}'"):
+            stage_function(wrong)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from offloadctl.plan import record_stage
+from offloadctl.plan import record_stage, require_stage
 
 __all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_SELECT_NUM", "filter_plan", "first_use_key"]
 
@@ -51,6 +51,7 @@ def filter_plan(
     plan: dict[str, Any], *, select_num: int = DEFAULT_SELECT_NUM, min_bytes: int = DEFAULT_MIN_BYTES
 ) -> dict[str, Any]:
     """Return a "filtered" plan keeping the first ``select_num`` candidates in first-use order."""
+    require_stage(plan, "selected", "filter")
     kept: list[dict[str, Any]] = []
     dropped: list[dict[str, Any]] = []
     count = 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from offloadctl.plan import record_stage
+from offloadctl.plan import record_stage, require_stage
 
 __all__ = ["DEFAULT_PREFETCH_DISTANCE", "DEFAULT_RELEASE_DISTANCE", "prefetch"]
 
@@ -30,6 +30,7 @@ def prefetch(
     release_distance: int = DEFAULT_RELEASE_DISTANCE,
 ) -> dict[str, Any]:
     """Return a "scheduled" plan with every H2D position and release point filled in."""
+    require_stage(plan, "filtered", "prefetch")
     new = record_stage(
         plan,
         "scheduled",
