@@ -26,8 +26,8 @@ from onnx import TensorProto
 
 from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
-from offloadctl.inline import expand_inlined_functions, inlined_calls
 from offloadctl.memcpy import COPY_TYPES
+from offloadctl.ortgraph import normalize as normalize_graph
 
 __all__ = [
     "LoadedModel",
@@ -181,9 +181,15 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
 
 
 def load_model(
-    path: str | os.PathLike[str], *, input_shapes: Mapping[str, Sequence[int]] | None = None
+    path: str | os.PathLike[str],
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    normalize: bool = True,
 ) -> LoadedModel:
     """Read an ONNX file without its external weight data and pin the given input dimensions.
+
+    With ``normalize`` (the default) the graph is changed as onnxruntime changes it at every
+    optimization level (`offloadctl.ortgraph`), so that positions count what runs.
 
     Raises:
         OffloadError: the file is missing, empty, not ONNX, truncated, lacks an external data
@@ -228,14 +234,20 @@ def load_model(
     pinned = {k: list(v) for k, v in (input_shapes or {}).items()}
     if pinned:
         _pin_input_shapes(proto, pinned, p)
-    calls = inlined_calls(proto)
-    inlined_ops = sorted({n.op_type for n in calls})
-    if expand_inlined_functions(proto, calls):
-        logger.warning(
-            "%s: onnxruntime runs %s as function bodies; they were expanded in place and plan positions "
-            "count the expanded nodes",
-            p, ", ".join(inlined_ops),
-        )
+    if normalize:
+        changes = normalize_graph(proto)
+        if changes.inlined:
+            logger.warning(
+                "%s: onnxruntime runs %s as function bodies; they were expanded in place and plan positions "
+                "count the expanded nodes",
+                p, ", ".join(changes.inlined),
+            )
+        if changes.dequantize_copies or changes.casts_removed:
+            logger.info(
+                "%s: like onnxruntime (at every optimization level), %d shared DequantizeLinear output(s) get a copy "
+                "per reader and %d redundant Cast node(s) are removed; plan positions count what runs",
+                p, changes.dequantize_copies, changes.casts_removed,
+            )
     return LoadedModel(proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned, data_files=data_files)
 
 

@@ -37,6 +37,7 @@ import onnx
 from offloadctl.errors import OffloadError
 from offloadctl.metadata import KEY_SESSION, session_settings
 from offloadctl.model import load_model
+from offloadctl.ortgraph import expected_run_order
 
 __all__ = [
     "DEVICES",
@@ -153,7 +154,7 @@ def read_session_settings(model: str | os.PathLike[str] | onnx.ModelProto) -> di
     if isinstance(model, onnx.ModelProto):
         return _settings_of(model)
     try:
-        return _settings_of(load_model(model).proto)
+        return _settings_of(load_model(model, normalize=False).proto)
     except OffloadError as exc:
         if str(model) in exc.message:
             raise
@@ -378,7 +379,7 @@ def check_session_settings(
     Returns:
         One message per setting that is not honoured; empty when all are.
     """
-    proto = load_model(model_path).proto
+    proto = load_model(model_path, normalize=False).proto
     warnings = []
     settings = _required_settings(proto, model_path)
     if not read_session_settings(proto) and _has_memcpy_nodes(proto):
@@ -532,20 +533,13 @@ def generate_inputs(specs: Sequence[InputSpec], *, seed: int = 0) -> tuple[dict[
 
 
 def planned_order(proto: onnx.ModelProto) -> list[str]:
-    """The planned order: names of the main graph's nodes in file order, Constant nodes excluded.
+    """The order onnxruntime runs the model in with PRIORITY_BASED: node names, Constant nodes and
+    nodes onnxruntime replaces or removes excluded (`offloadctl.ortgraph.expected_run_order`).
 
-    Nodes without a name, or whose name is not unique, cannot be matched with profiling events
-    and are left out.
+    For a model rewritten by `offloadctl apply` this is its file order. Nodes without a name, or
+    whose name is not unique, cannot be matched with profiling events and are left out.
     """
-    names = [
-        n.name
-        for n in proto.graph.node
-        if n.name and not (n.op_type == "Constant" and n.domain in ("", "ai.onnx"))
-    ]
-    counts: dict[str, int] = {}
-    for name in names:
-        counts[name] = counts.get(name, 0) + 1
-    return [n for n in names if counts[n] == 1]
+    return expected_run_order(proto)
 
 
 def order_from_profile(profile_path: str | os.PathLike[str]) -> list[str]:
@@ -912,7 +906,7 @@ def run_model(
     if repeat < 1:
         raise OffloadError(f"repeat must be at least 1, not {repeat}")
     warnings: list[str] = []
-    loaded = load_model(model)
+    loaded = load_model(model, normalize=False)  # as onnxruntime reads it: the order check predicts its rewrites
     ort = import_onnxruntime(device)
     settings = _required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
@@ -954,7 +948,7 @@ def run_model(
             rtol = 0.0 if opt_level == "disable" else _DEFAULT_RTOL
         if atol is None:
             atol = 0.0 if opt_level == "disable" else _DEFAULT_ATOL
-        original = load_model(compare_to)
+        original = load_model(compare_to, normalize=False)
         _check_same_inputs(input_specs(original.proto), feeds_all, compare_to, model)
         original_settings = _required_settings(original.proto, compare_to)
         original_config = session_config(original_settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)

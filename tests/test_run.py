@@ -232,8 +232,22 @@ def _non_topological_model(tmp_path) -> str:
     return _save(model, tmp_path / "unsorted.onnx")  # not topologically sorted: check_model would refuse
 
 
-def test_order_check_detects_file_order_not_run(run_cli, tmp_path):
+def test_an_unsorted_file_is_predicted_in_the_order_onnxruntime_runs(run_cli, tmp_path):
     path = _non_topological_model(tmp_path)
+    result = run_cli("run", path, "--device", "cpu", "--opt-level", "disable", "--repeat", "1", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["order"]["matches"] is True
+
+
+def test_order_check_detects_a_different_order(run_cli, tmp_path, monkeypatch):
+    """When onnxruntime runs another order than predicted, run warns, and fails with --strict-order."""
+    import onnx
+
+    import offloadctl.runner
+
+    path = _non_topological_model(tmp_path)
+    file_order = [n.name for n in onnx.load(str(path)).graph.node]
+    monkeypatch.setattr(offloadctl.runner, "expected_run_order", lambda proto: file_order)  # a wrong prediction
     result = run_cli("run", path, "--device", "cpu", "--opt-level", "disable", "--repeat", "1", "--json")
     assert result.exit_code == 0  # a warning, not a failure
     order = result.json()["order"]
