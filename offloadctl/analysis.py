@@ -219,6 +219,7 @@ class Analysis:
     infos: TensorInfos  # lazy: looked-up tensors are converted (and inference run) on demand
     node_names: list[str]  # a unique label for each position (node name, or generated)
     sparse_weights: frozenset[str] = frozenset()  # sparse initializers and Constant sparse_values
+    topological: bool = True  # the file's node order is a valid order (was_sorted: it is the order that runs)
 
     @property
     def num_positions(self) -> int:
@@ -235,6 +236,12 @@ class Analysis:
         if tensor in self.initializers or tensor in self.constants:
             return "parameter"
         return "input"
+
+    def unknown_sizes(self) -> list[str]:
+        """Graph inputs, activations and weights whose byte size is unknown (memory figures count
+        them as 0 bytes), in that order."""
+        names = dict.fromkeys([*self.graph_inputs, *self.producer, *sorted(self.weights)])
+        return [n for n in names if (info := self.infos.get(n)) is None or info.bytes is None]
 
     @cached_property
     def graph(self) -> nx.DiGraph:
@@ -324,11 +331,19 @@ def analyse(loaded: LoadedModel) -> Analysis:
         order, was_sorted = execution_order(compute_nodes, available, reads, ranks, [file_outputs[i] for i in compute])
     except OffloadError as exc:
         raise OffloadError(f"{loaded.path}: {exc.message}", hint=exc.hint) from None
-    if not was_sorted:
+    topological = was_sorted or _is_topological(reads, [file_outputs[i] for i in compute])
+    if not topological:
         logger.warning(
             "%s: nodes are not topologically sorted; they were sorted into the order onnxruntime will run "
             "and plan positions count in that order",
             loaded.path,
+        )
+    elif not was_sorted:
+        moved = sum(1 for k, i in enumerate(order) if k != i)
+        logger.info(
+            "%s: onnxruntime runs %d node(s) at another place than the file has them (Shape/Size as soon as they "
+            "are ready, forward nodes before backward ones); plan positions count in the order it runs",
+            loaded.path, moved,
         )
     nodes = [compute_nodes[i] for i in order]
     file_index = [compute[i] for i in order]
@@ -373,7 +388,17 @@ def analyse(loaded: LoadedModel) -> Analysis:
         infos=tensor_infos(loaded, None if was_sorted else sorted(constants.values()) + file_index, constants),
         node_names=node_names,
         sparse_weights=frozenset(sparse),
+        topological=topological,
     )
+
+
+def _is_topological(reads: list[list[str]], outputs: list[list[str]]) -> bool:
+    """True when every node reads only what earlier nodes (or no node) produce, in file order."""
+    produced_at: dict[str, int] = {}
+    for i, outs in enumerate(outputs):
+        for out in outs:
+            produced_at[out] = i
+    return all(produced_at.get(name, -1) < i for i, names in enumerate(reads) for name in names)
 
 
 def _unique_labels(nodes: list[onnx.NodeProto], file_index: list[int]) -> list[str]:

@@ -10,14 +10,16 @@ as zero.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import onnx
 from google.protobuf import json_format, text_format
@@ -28,6 +30,7 @@ from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
 from offloadctl.memcpy import COPY_TYPES
 from offloadctl.ortgraph import normalize as normalize_graph
+from offloadctl.units import fmt_bytes
 
 __all__ = [
     "LoadedModel",
@@ -185,11 +188,13 @@ def load_model(
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     normalize: bool = True,
+    input_shapes_from: str = "--input-shape",
 ) -> LoadedModel:
     """Read an ONNX file without its external weight data and pin the given input dimensions.
 
     With ``normalize`` (the default) the graph is changed as onnxruntime changes it at every
     optimization level (`offloadctl.ortgraph`), so that positions count what runs.
+    ``input_shapes_from`` says where ``input_shapes`` come from, for error messages.
 
     Raises:
         OffloadError: the file is missing, empty, not ONNX, truncated, lacks an external data
@@ -233,7 +238,7 @@ def load_model(
     data_files = _checked_data_files(proto, p)
     pinned = {k: list(v) for k, v in (input_shapes or {}).items()}
     if pinned:
-        _pin_input_shapes(proto, pinned, p)
+        _pin_input_shapes(proto, pinned, p, input_shapes_from)
     if normalize:
         changes = normalize_graph(proto)
         if changes.inlined:
@@ -382,13 +387,14 @@ def _checked_data_files(proto: onnx.ModelProto, path: Path) -> tuple[Path, ...]:
     return tuple(files)
 
 
-def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path: Path) -> None:
+def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path: Path, source: str) -> None:
+    """Pin graph input dimensions; ``source`` names where the shapes come from, for messages."""
     initializer_names = {i.name for i in proto.graph.initializer}
     inputs = {i.name: i for i in proto.graph.input if i.name not in initializer_names}
     for name, dims in shapes.items():
         if name not in inputs:
             raise OffloadError(
-                f"--input-shape names {name!r}, which is not an input of {path}",
+                f"{source} names {name!r}, which is not an input of {path}",
                 hint=f"inputs are: {', '.join(inputs) or '(none)'}",
             )
         value = inputs[name]
@@ -396,24 +402,24 @@ def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path
         if not value.type.HasField("tensor_type"):
             raise OffloadError(
                 f"input {name!r} of {path} is not a tensor; --input-shape cannot pin it",
-                hint=f"drop --input-shape {name}=...",
+                hint=f"drop {name} from {source}",
             )
         old = tensor_type.shape.dim if tensor_type.HasField("shape") else []
         if tensor_type.HasField("shape") and len(old) != len(dims):
             raise OffloadError(
-                f"--input-shape {name}: gave {len(dims)} dimensions, the model declares {len(old)}",
+                f"{source} {name}: gave {len(dims)} dimensions, the model declares {len(old)}",
                 hint=f"give exactly {len(old)} comma-separated dimensions",
             )
         for i, d in enumerate(dims):
             if d > _MAX_DIM:
                 raise OffloadError(
-                    f"--input-shape {name}: dimension {i} is {d}, larger than onnx allows (at most {_MAX_DIM})",
+                    f"{source} {name}: dimension {i} is {d}, larger than onnx allows (at most {_MAX_DIM})",
                     hint="give the real size of that dimension",
                 )
         for i, d in enumerate(old):
             if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != dims[i]:
                 raise OffloadError(
-                    f"--input-shape {name}: dimension {i} is fixed to {d.dim_value} in the model, not {dims[i]}",
+                    f"{source} {name}: dimension {i} is fixed to {d.dim_value} in the model, not {dims[i]}",
                     hint="pin only the dynamic dimensions to other values",
                 )
         tensor_type.ClearField("shape")
@@ -600,7 +606,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
             )
         if info.bytes is not None and info.bytes > MAX_TENSOR_BYTES:
             raise OffloadError(
-                f"{where} would take {info.bytes} bytes ({info.dtype}{list(info.shape or ())}), more than any "
+                f"{where} would take {fmt_bytes(info.bytes)} ({info.dtype}{list(info.shape or ())}), more than any "
                 "device holds",
                 hint="check the model's declared shapes, or pin smaller dimensions with --input-shape NAME=D0,D1,...",
             )
@@ -702,28 +708,65 @@ def tensor_infos(
     return TensorInfos(loaded, node_order, constants)
 
 
+_SYMBOLIC_MISSING_WARNED: set[str] = set()
+
+
 def _symbolic_value_infos(proto: onnx.ModelProto, path: Path) -> list[onnx.ValueInfoProto]:
-    """Shapes from onnxruntime's symbolic shape inference, when onnxruntime is installed.
+    """Shapes from onnxruntime's symbolic shape inference, when onnxruntime (and sympy) are installed.
 
     onnx's own inference stops where data propagation does (e.g. a Reshape whose shape is sliced out
     of a Shape); onnxruntime's tool (``onnxruntime.tools.symbolic_shape_infer``, shipped with every
-    onnxruntime build) computes such shapes. Planning works without onnxruntime: then those sizes
-    stay unknown and the tensors are rejected with a reason.
+    onnxruntime build, needs sympy) computes such shapes. It runs in a private temporary folder,
+    removed afterwards: when it cannot infer everything it writes ``sym_shape_infer_temp.onnx`` and a
+    data file into the current folder. What it inferred before stopping is used too. Without it,
+    those sizes stay unknown and a warning says why.
     """
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except Exception:  # onnxruntime (or its sympy) missing: onnx's inference is all there is
-        logger.info("onnxruntime's symbolic shape inference is not available; some sizes of %s stay unknown", path)
+    except Exception as exc:  # onnxruntime, or the sympy it needs, is missing
+        if str(path) not in _SYMBOLIC_MISSING_WARNED:
+            _SYMBOLIC_MISSING_WARNED.add(str(path))
+            logger.warning(
+                "some sizes of %s are unknown to onnx's shape inference, and onnxruntime's symbolic shape inference "
+                "cannot help: it cannot be imported (%s: %s); install onnxruntime and sympy "
+                "(pip install sympy) for those sizes",
+                path, type(exc).__name__, exc,
+            )
         return []
     proto = _copies_as_identity(proto)
-    try:
-        inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True, guess_output_rank=False)
-    except Exception as exc:  # best effort, like onnx's inference
-        logger.info("onnxruntime's symbolic shape inference failed on %s (%s)", path, exc)
-        return []
+    with tempfile.TemporaryDirectory(prefix="offloadctl-shapes-") as folder, _working_directory(folder):
+        try:
+            inferred = _run_symbolic(SymbolicShapeInference, proto)
+        except Exception as exc:  # best effort, like onnx's inference
+            logger.info("onnxruntime's symbolic shape inference failed on %s (%s)", path, exc)
+            return []
     if inferred is None:
         return []
     return list(inferred.graph.value_info) + list(inferred.graph.output)
+
+
+def _run_symbolic(inference_class: Any, proto: onnx.ModelProto) -> onnx.ModelProto | None:
+    """``SymbolicShapeInference.infer_shapes``, keeping what it inferred when it cannot finish (the
+    tool itself raises then); falls back to the public call if its internals ever change."""
+    try:
+        engine = inference_class(2**31 - 1, True, False, 0)
+        engine._preprocess(proto)
+        while engine.run_:
+            engine._infer_impl()
+        engine._update_output_from_vi()
+        return engine.out_mp_
+    except AttributeError:
+        return inference_class.infer_shapes(proto, auto_merge=True, guess_output_rank=False)
+
+
+@contextlib.contextmanager
+def _working_directory(folder: str) -> Iterator[None]:
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
 def _copies_as_identity(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -631,3 +631,124 @@ def test_every_stage_function_checks_the_stage_it_reads():
     for stage_function, wrong in ((filter_plan, scheduled), (filter_plan, filtered), (prefetch, scheduled), (prefetch, selected)):
         with pytest.raises(OffloadError, match=f"reads a plan at stage .* but this plan is at stage '{wrong['stage']}'"):
             stage_function(wrong)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Figures that mislead
+# ---------------------------------------------------------------------------------------------------
+
+
+def _custom_op_model(path: Path) -> Path:
+    """x -> Relu -> Custom (a domain onnx does not know, no declared type) -> Neg -> y."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Custom", ["a"], ["c"], domain="my.ops", name="custom"),
+        helper.make_node("Neg", ["a"], ["y"], name="neg"),
+    ]
+    graph = helper.make_graph(nodes, "g", [tensor("x")], [tensor("y"), helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("my.ops", 1)])
+    model.ir_version = IR_VERSION
+    return save(model, path)
+
+
+def test_unknown_sizes_are_a_loud_warning_and_an_error_with_strict(run_cli, tmp_path):
+    path = _custom_op_model(tmp_path / "m.onnx")
+    res = run_cli("plan", path, "-o", tmp_path / "p.json")
+    assert res.exit_code == 0, res.stderr
+    assert "unknown size and count as 0 bytes" in " ".join(res.stderr.split()) and "c" in res.stderr
+    strict = run_cli("plan", path, "-o", tmp_path / "q.json", "--strict")
+    assert_clean_failure(strict, "unknown size", "--strict")
+    assert not (tmp_path / "q.json").exists()
+    assert_clean_failure(run_cli("simulate", path, "--strict"), "unknown size")
+    assert run_cli("simulate", SAMPLES / "unet.onnx", "--strict").exit_code == 0  # every size known
+
+
+def test_shape_inference_leaves_nothing_in_the_current_folder(run_cli, tmp_path, monkeypatch):
+    """onnxruntime's symbolic shape inference writes sym_shape_infer_temp.onnx where it runs when it
+    cannot finish (an op it does not know): it runs in a private folder, removed afterwards."""
+    model = _custom_op_model(tmp_path / "m.onnx")
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    for args in (["inspect", model], ["plan", model, "-o", tmp_path / "p.json"], ["simulate", model]):
+        assert run_cli(*args).exit_code == 0
+    assert list(cwd.iterdir()) == []
+    import tempfile
+
+    assert not any(p.name.startswith("offloadctl-shapes-") for p in Path(tempfile.gettempdir()).iterdir())
+
+
+def test_symbolic_inference_missing_is_a_warning_naming_the_fix(tmp_path, monkeypatch, caplog):
+    import builtins
+
+    from offloadctl.model import load_model, tensor_infos
+
+    real_import = builtins.__import__
+
+    def no_symbolic(name, *args, **kwargs):
+        if name.startswith("onnxruntime.tools.symbolic_shape_infer"):
+            raise ImportError("No module named 'sympy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_symbolic)
+    infos = tensor_infos(load_model(_custom_op_model(tmp_path / "m.onnx")))
+    with caplog.at_level("WARNING"):
+        assert infos["c"].bytes is None
+    assert "pip install sympy" in caplog.text and "sympy" in caplog.text
+
+
+def test_a_plan_that_saves_nothing_says_so_and_why(run_cli, tmp_path):
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for i in range(20):
+        inits.append(numpy_helper.from_array((rng.standard_normal((16, 16)) * 0.1).astype(np.float32), f"W{i}"))
+        nodes.append(helper.make_node("MatMul", [prev, f"W{i}"], [f"h{i}"], name=f"mm{i}"))
+        nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}"))
+        prev = f"r{i}"
+    path = save(make_model(nodes, [tensor("x", (4, 16))], [tensor(prev, (4, 16))], initializers=inits), tmp_path / "m.onnx")
+    weak = run_cli("plan", path, "-o", tmp_path / "weak.json", "--params", "--select-distance", "5", "--prefetch-distance", "100")
+    assert weak.exit_code == 0, weak.stderr
+    text = " ".join(weak.stderr.split())
+    assert "lowers the simulated peak by only" in text
+    assert "copied back before the tensor's idle stretch even starts" in text and "--prefetch-distance" in text
+    sim = run_cli("simulate", path, "--plan", tmp_path / "weak.json")
+    assert "lowers the simulated peak by only" in " ".join(sim.stderr.split())
+    good = run_cli("plan", path, "-o", tmp_path / "good.json", "--params", "--select-distance", "5", "--prefetch-distance", "1")
+    assert good.exit_code == 0 and "lowers the simulated peak by only" not in " ".join(good.stderr.split())
+
+
+def test_a_sorted_file_not_in_run_order_is_not_called_unsorted(run_cli, tmp_path, caplog):
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        helper.make_node("Neg", ["a"], ["b"], name="neg"),
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Reshape", ["b", "s"], ["y"], name="reshape"),
+    ]
+    path = save(make_model(nodes, [tensor("x")], [tensor("y")]), tmp_path / "m.onnx")
+    res = run_cli("-v", "plan", path, "-o", tmp_path / "p.json")
+    assert res.exit_code == 0, res.stderr
+    text = " ".join(res.stderr.split())
+    assert "not topologically sorted" not in text
+    assert "runs 3 node(s) at another place than the file has them" in text
+    report = run_cli("inspect", path, "--json").json()
+    assert report["topologically_sorted"] is True and report["file_in_run_order"] is False
+
+
+def test_a_plans_input_shapes_naming_a_non_input_are_reported_as_the_plans(run_cli, tmp_path):
+    from models import long_reuse_model
+
+    path = save(long_reuse_model(dynamic=True), tmp_path / "dyn.onnx")
+    plan_path = _plan(run_cli, path, tmp_path / "p.json", "--input-shape", "x=4,8", "--select-distance", "1")
+    plan = json.loads(plan_path.read_text())
+    plan["model"]["input_shapes"] = {"nope": [4, 8]}
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(plan))
+    for args in (["apply", edited, "-o", tmp_path / "o.onnx"], ["simulate", path, "--plan", edited]):
+        res = run_cli(*args)
+        assert_clean_failure(res, "model.input_shapes of plan", "'nope'")
+        assert "--input-shape" not in res.stderr
+
+
+def test_apply_model_given_as_a_folder(run_cli, tmp_path):
+    plan = _plan(run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json")
+    assert_clean_failure(run_cli("apply", plan, "-o", tmp_path / "o.onnx", "--model", tmp_path), "is a directory")

@@ -65,7 +65,9 @@ def apply(plan_path: str, output: str, model: str | None) -> None:
     result = ApplyResult()
     with steps(total=4) as step:
         step(f"loading {model_path}")
-        loaded = load_model(model_path, input_shapes=plan["model"]["input_shapes"])
+        loaded = load_model(
+            model_path, input_shapes=plan["model"]["input_shapes"], input_shapes_from=f"model.input_shapes of plan {plan_path}"
+        )
         reads = (Path(plan_path), *loaded.files)
         check_output_path(output, *reads)
         check_model_outputs(loaded.proto, output, model_path.parent, reads)

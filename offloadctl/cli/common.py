@@ -9,19 +9,32 @@ from rich.table import Table
 
 from offloadctl.analysis import Analysis, analyse
 from offloadctl.cli.ui import fmt_bytes, out_console, steps
+from offloadctl.errors import OffloadError
 from offloadctl.model import load_model, parse_input_shapes
 
-__all__ = ["load_and_analyse", "print_plan_summary"]
+__all__ = ["load_and_analyse", "print_plan_summary", "check_unknown_sizes"]
 
 logger = logging.getLogger(__name__)
 
 
-def load_and_analyse(model: str, input_shape: Sequence[str] = (), *, show_progress: bool = True) -> Analysis:
-    """Load MODEL (weights stay on disk), pin input shapes and analyse it, with progress on a terminal."""
-    shapes = parse_input_shapes(input_shape)
+def load_and_analyse(
+    model: str,
+    input_shape: Sequence[str] = (),
+    *,
+    show_progress: bool = True,
+    shapes: dict[str, list[int]] | None = None,
+    shapes_from: str = "--input-shape",
+) -> Analysis:
+    """Load MODEL (weights stay on disk), pin input shapes and analyse it, with progress on a terminal.
+
+    The shapes are ``input_shape`` (``--input-shape`` strings), or ``shapes`` taken from
+    ``shapes_from`` (e.g. a plan's model.input_shapes).
+    """
+    if shapes is None:
+        shapes = parse_input_shapes(input_shape)
     with steps(show_progress, total=2) as step:
         step(f"loading {model}")
-        loaded = load_model(model, input_shapes=shapes)
+        loaded = load_model(model, input_shapes=shapes, input_shapes_from=shapes_from)
         step(f"analysing {model}")
         analysis = analyse(loaded)
     dynamic = [
@@ -36,6 +49,28 @@ def load_and_analyse(model: str, input_shape: Sequence[str] = (), *, show_progre
             ", ".join(dynamic),
         )
     return analysis
+
+
+def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
+    """Say when memory figures rest on tensors of unknown size (they count as 0 bytes): a warning,
+    or with ``strict`` an error. Returns the names."""
+    unknown = analysis.unknown_sizes()
+    if not unknown:
+        return unknown
+    shown = ", ".join(unknown[:8]) + (" …" if len(unknown) > 8 else "")
+    path = analysis.loaded.path
+    if strict:
+        raise OffloadError(
+            f"{len(unknown)} tensor(s) of {path} have an unknown size, and --strict refuses figures that count them "
+            f"as 0 bytes: {shown}",
+            hint="pin dynamic inputs with --input-shape NAME=D0,D1,... (or drop --strict to accept the figures)",
+        )
+    logger.warning(
+        "%d tensor(s) of %s have an unknown size and count as 0 bytes in every memory figure, so the figures may "
+        "be low: %s (pin dynamic inputs with --input-shape NAME=D0,D1,...; --strict makes this an error)",
+        len(unknown), path, shown,
+    )
+    return unknown
 
 
 def print_plan_summary(plan: dict, output: str) -> None:

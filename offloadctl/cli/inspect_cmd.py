@@ -55,7 +55,8 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
         },
         "nodes": analysis.num_positions,
         "constant_nodes": len(analysis.constants),
-        "topologically_sorted": analysis.was_sorted,
+        "topologically_sorted": analysis.topological,
+        "file_in_run_order": analysis.was_sorted,
         "subgraph_nodes": sum(
             1 for n in analysis.nodes if any(a.type in (5, 10) for a in n.attribute)  # GRAPH, GRAPHS
         ),
@@ -95,7 +96,9 @@ def inspect(model: str, input_shape, top: int, as_json: bool) -> None:
     console.print(f"[bold]{m['path']}[/]  IR {m['ir_version']}  opsets {m['opsets']}  sha256 {m['sha256'][:12]}…")
     console.print(
         f"{report['nodes']} nodes in execution order ({report['constant_nodes']} Constant nodes folded into weights"
-        f"{'' if report['topologically_sorted'] else '; file is not topologically sorted'})"
+        + ("" if report["topologically_sorted"] else "; the file is not topologically sorted")
+        + ("" if report["file_in_run_order"] or not report["topologically_sorted"] else "; onnxruntime runs some nodes earlier than the file has them (Shape/Size first)")
+        + ")"
     )
     console.print(
         f"activations: {report['activations']['count']} tensors, {fmt_bytes(report['activations']['bytes'])}"

@@ -25,6 +25,7 @@ __all__ = [
     "budget_options",
     "prefetch_options",
     "output_option",
+    "strict_option",
 ]
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -119,6 +120,13 @@ budget_options = _compose(
         help="With --stream-weights: how many layer groups ahead weights are copied in.",
     ),
     click.option("--explain", is_flag=True, default=False, help="Print every candidate, chosen or not, and why."),
+)
+
+strict_option = click.option(
+    "--strict",
+    is_flag=True,
+    default=False,
+    help="Fail when a figure would count a tensor of unknown size as 0 bytes.",
 )
 
 prefetch_options = _compose(

@@ -8,9 +8,10 @@ import logging
 import click
 from rich.table import Table
 
-from offloadctl.cli.common import load_and_analyse
-from offloadctl.cli.options import input_shape_option, model_argument
+from offloadctl.cli.common import check_unknown_sizes, load_and_analyse
+from offloadctl.cli.options import input_shape_option, model_argument, strict_option
 from offloadctl.cli.ui import err_console, fmt_bytes, out_console, print_json
+from offloadctl.advice import weak_plan_advice
 from offloadctl.files import check_output_path
 from offloadctl.plan import read_plan
 from offloadctl.profiles import DEFAULT_PROFILE, list_profiles, load_profile
@@ -95,6 +96,7 @@ def _print_report(result: SimResult, doc: dict) -> None:
     help=f"Device profile for the time model: {', '.join(list_profiles())}, or a JSON file of your own.",
 )
 @input_shape_option
+@strict_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
 @click.option("--plot", type=click.Path(path_type=str), metavar="FILE.png|FILE.svg", help="Write the memory timeline plot.")
 @click.option(
@@ -104,7 +106,7 @@ def _print_report(result: SimResult, doc: dict) -> None:
     show_default=True,
     help="Leave the per-step timeline out of --json when the run has more steps than this.",
 )
-def simulate_cmd(model, plan_path, profile, input_shape, as_json, plot, timeline_limit):
+def simulate_cmd(model, plan_path, profile, input_shape, strict, as_json, plot, timeline_limit):
     """Peak device memory before and after a plan, where it occurs, bytes moved, and estimated time.
 
     MODEL is an original model (with or without --plan) or a model already rewritten by apply.
@@ -116,23 +118,24 @@ def simulate_cmd(model, plan_path, profile, input_shape, as_json, plot, timeline
     if plot:
         check_output_path(plot, model, plan_path)
     if plan is not None and not input_shape and plan["model"]["input_shapes"]:
-        input_shape = tuple(f"{k}={','.join(map(str, v))}" for k, v in plan["model"]["input_shapes"].items())
-    analysis = load_and_analyse(model, input_shape, show_progress=not as_json)
+        analysis = load_and_analyse(
+            model, show_progress=not as_json, shapes=plan["model"]["input_shapes"],
+            shapes_from=f"model.input_shapes of plan {plan_path}",
+        )
+    else:
+        analysis = load_and_analyse(model, input_shape, show_progress=not as_json)
+    check_unknown_sizes(analysis, strict=strict)
     if plot:
         check_output_path(plot, plan_path, *analysis.loaded.files)
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
-    if result.unknown_tensors:
-        shown = ", ".join(result.unknown_tensors[:8]) + (" …" if len(result.unknown_tensors) > 8 else "")
-        logger.warning(
-            "%d tensor(s) have an unknown size and count as 0 bytes in every figure: %s "
-            "(pin dynamic inputs with --input-shape NAME=D0,D1,...)",
-            len(result.unknown_tensors),
-            shown,
-        )
     if plot:
         plot_timeline(result, plot)
+    if plan is not None and not result.rewritten:
+        warning = weak_plan_advice(analysis, plan)
+        if warning:
+            logger.warning("%s", warning)
     if as_json:
         print_json(doc)
     else:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
 
-from offloadctl.cli.common import load_and_analyse, print_plan_summary
+from offloadctl.cli.common import check_unknown_sizes, load_and_analyse, print_plan_summary
 from offloadctl.analysis import Analysis, analyse
 from offloadctl.cli.options import (
     budget_options,
@@ -15,10 +16,12 @@ from offloadctl.cli.options import (
     output_option,
     prefetch_options,
     select_options,
+    strict_option,
 )
 from offloadctl.cli.simulate_cmd import print_peak_change
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.errors import OffloadError
+from offloadctl.advice import weak_plan_advice
 from offloadctl.explain import explain_table
 from offloadctl.files import check_output_path
 from offloadctl.model import load_model
@@ -27,6 +30,8 @@ from offloadctl.stages import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANC
 from offloadctl.stages.budget import budget_filter, check_budget
 
 __all__ = ["COMMANDS"]
+
+logger = logging.getLogger(__name__)
 
 
 def _analyse_and_select(
@@ -66,7 +71,7 @@ def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
     if not Path(path).exists() and beside.is_file():
         path = str(beside)
     try:
-        loaded = load_model(path, input_shapes=plan["model"]["input_shapes"])
+        loaded = load_model(path, input_shapes=plan["model"]["input_shapes"], input_shapes_from=f"model.input_shapes of {source}")
     except OffloadError as exc:
         raise OffloadError(
             f"the budget strategy needs the model of {source}, {path}: {exc.message}",
@@ -144,16 +149,18 @@ def prefetch_cmd(filtered, output, prefetch_distance, release_distance):
 @filter_options
 @budget_options
 @prefetch_options
+@strict_option
 def plan_cmd(
     model, output, select_distance, activations, params, force, never, input_shape,
     select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain,
-    prefetch_distance, release_distance,
+    prefetch_distance, release_distance, strict,
 ):
     """select + filter + prefetch in one call; same document as chaining the three."""
     check_output_path(output, model)
     use_budget = _use_budget(strategy, budget, stream_weights)
     analysis, selected = _analyse_and_select(model, input_shape, select_distance, activations, params, force, never)
     check_output_path(output, *analysis.loaded.files)
+    check_unknown_sizes(analysis, strict=strict)
     with steps(total=3) as step:
         if use_budget:
             step("fitting the budget")
@@ -178,6 +185,9 @@ def plan_cmd(
     with steps() as step:
         step("simulating peak memory")
         print_peak_change(analysis, plan)
+        warning = weak_plan_advice(analysis, plan)
+    if warning:
+        logger.warning("%s", warning)
 
 
 COMMANDS = [select_cmd, filter_cmd, prefetch_cmd, plan_cmd]

@@ -21,6 +21,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from offloadctl.errors import OffloadError
+from offloadctl.units import fmt_bytes
 
 __all__ = [
     "out_console",
@@ -98,17 +99,6 @@ def steps(enabled: bool = True, total: int | None = None) -> Iterator[Callable[[
             started = True
 
         yield step
-
-
-def fmt_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{value:.2f} TiB"  # pragma: no cover
 
 
 _UNITS = {
