@@ -13,18 +13,9 @@ from typing import Any
 
 from rich.table import Table
 
+from offloadctl.units import fmt_bytes
+
 __all__ = ["explain_rows", "explain_table"]
-
-
-def _fmt(n: int | None) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"  # pragma: no cover
 
 
 def explain_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -82,9 +73,9 @@ def explain_table(plan: dict[str, Any]) -> Table:
     if budget:
         req = budget.get("requested_bytes")
         title += (
-            f": budget {_fmt(req) if req is not None else 'none'}, predicted peak "
-            f"{_fmt(budget.get('predicted_peak_bytes'))}, lower bound {_fmt(budget.get('lower_bound_bytes'))}, "
-            f"moved {_fmt(budget.get('bytes_moved'))}"
+            f": budget {fmt_bytes(req) if req is not None else 'none'}, predicted peak "
+            f"{fmt_bytes(budget.get('predicted_peak_bytes'))}, lower bound {fmt_bytes(budget.get('lower_bound_bytes'))}, "
+            f"moved {fmt_bytes(budget.get('bytes_moved'))}"
         )
     table = Table(title=title, show_edge=False)
     table.add_column("tensor", overflow="fold")
@@ -99,7 +90,7 @@ def explain_table(plan: dict[str, Any]) -> Table:
         table.add_row(
             row["tensor"],
             row["kind"],
-            _fmt(row["bytes"]),
+            fmt_bytes(row["bytes"]),
             str(row["reload_groups"]) if row["reload_groups"] else "",
             "" if row["max_gap"] is None else str(row["max_gap"]),
             row["status"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -130,7 +131,7 @@ def test_budget_met_without_offload_offloads_nothing(write_model):
 
 def test_never_and_force_are_respected(write_model):
     analysis = _analysis(write_model(TWO_CANDIDATES))
-    with pytest.raises(OffloadError, match="best peak reachable is 4096"):
+    with pytest.raises(OffloadError, match=r"best peak reachable is 4.00 KiB \(4096 bytes"):
         _budget_plan(analysis, 3100, never=("b",))
     _, scheduled = _budget_plan(analysis, 3100, force=("s",))
     by = {o["tensor"]: o for o in scheduled["offloads"]}
@@ -159,7 +160,8 @@ def test_budget_below_lower_bound_fails_without_output(run_cli, write_model, tmp
     out = tmp_path / "plan.json"
     result = run_cli("plan", model, "-o", out, "--budget", "3000")
     assert result.exit_code == 1
-    assert "lower bound 3072 bytes" in result.stderr
+    assert "lower bound 3.00 KiB (3072 bytes)" in result.stderr
+    assert "give --budget 3.00KiB or more" in result.stderr  # the units of the tables, pasteable
     assert not out.exists()
 
 
@@ -168,7 +170,8 @@ def test_unreachable_budget_gives_best_peak(run_cli, write_model, tmp_path):
     out = tmp_path / "plan.json"
     result = run_cli("plan", model, "-o", out, "--budget", "3100", "--never", "b")
     assert result.exit_code == 1
-    assert "best peak reachable is 4096 bytes" in result.stderr and "lower bound 3072" in result.stderr
+    assert "best peak reachable is 4.00 KiB (4096 bytes" in result.stderr and "lower bound 3.00 KiB" in result.stderr
+    assert "at least 4.00KiB" in result.stderr
     assert not out.exists()
 
 
@@ -225,7 +228,7 @@ def test_sample_budgets_fit_and_match_the_simulator(name):
                 filtered, scheduled = _budget_plan(analysis, budget, prefetch_distance=pd, release_distance=rd)
             except OffloadError as exc:
                 # a failure must say what is reachable, and be above the budget
-                best = int(str(exc).split("best peak reachable is ")[1].split(" ")[0])
+                best = int(re.search(r"best peak reachable is [^(]*\((\d+) bytes", str(exc)).group(1))
                 assert best > budget
                 # with release distance 0 every budget from 1.1x the lower bound must fit
                 assert rd > 0

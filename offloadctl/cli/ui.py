@@ -1,7 +1,9 @@
 """Terminal output helpers: consoles, logging, progress, byte formatting and byte parsing.
 
 Human-readable output uses rich. Under ``--json`` or when stdout is not a terminal, progress bars
-stay silent and stdout carries only the JSON document.
+stay silent and stdout carries only the JSON document. Output that is not a terminal is not wrapped
+(tables and paths stay on one line each, whatever their length). Byte sizes are formatted and
+parsed by `offloadctl.units`.
 """
 
 from __future__ import annotations
@@ -9,9 +11,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
+import os
 import sys
-from fractions import Fraction
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from offloadctl.errors import OffloadError
-from offloadctl.units import fmt_bytes
+from offloadctl.units import fmt_bytes, parse_bytes
 
 __all__ = [
     "out_console",
@@ -38,15 +39,27 @@ __all__ = [
 _consoles: dict[str, Console] = {}
 
 
+# Width of output that is not a terminal (a pipe, a file, a CI log): wide enough that no table cell,
+# path or message is wrapped or cut, as a terminal's 80 columns would. COLUMNS, when set, wins.
+PIPE_WIDTH = 10_000
+
+
+def _console(file: Any) -> Console:
+    console = Console(file=file, highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(file=file, highlight=False, width=PIPE_WIDTH)
+    return console
+
+
 def out_console() -> Console:
     if "out" not in _consoles or _consoles["out"].file is not sys.stdout:
-        _consoles["out"] = Console(file=sys.stdout, highlight=False)
+        _consoles["out"] = _console(sys.stdout)
     return _consoles["out"]
 
 
 def err_console() -> Console:
     if "err" not in _consoles or _consoles["err"].file is not sys.stderr:
-        _consoles["err"] = Console(file=sys.stderr, highlight=False)
+        _consoles["err"] = _console(sys.stderr)
     return _consoles["err"]
 
 
@@ -99,30 +112,6 @@ def steps(enabled: bool = True, total: int | None = None) -> Iterator[Callable[[
             started = True
 
         yield step
-
-
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
-
-
-MAX_BYTES = 2**63 - 1  # sizes are 64-bit integers everywhere (onnxruntime, numpy, the plan)
-
-
-def parse_bytes(text: str) -> int:
-    """Parse '1.5GiB', '800MB', '4096' into bytes (exactly: no floating-point rounding)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
-        raise OffloadError(f"{text!r} is not a byte size", hint="write it like 4096, 800MB or 1.5GiB")
-    value = int(Fraction(match.group(1)) * _UNITS[match.group(2).lower()])
-    if value > MAX_BYTES:
-        raise OffloadError(
-            f"{text!r} is more bytes than any device has (at most {MAX_BYTES} bytes, 8 EiB)",
-            hint="write it like 4096, 800MB or 1.5GiB",
-        )
-    return value
 
 
 class BytesParam(click.ParamType):

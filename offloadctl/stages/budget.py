@@ -73,6 +73,7 @@ from offloadctl.stages.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, firs
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
 from offloadctl.stages.select import select
 from offloadctl.simulate import lower_bound, peak_memory
+from offloadctl.units import byte_arg, fmt_bytes
 
 __all__ = [
     "DEFAULT_STREAM_DEPTH",
@@ -763,9 +764,9 @@ def budget_filter(
     before, _ = plan_peak(analysis, None)
     if budget_bytes is not None and budget_bytes < lb:
         raise OffloadError(
-            f"budget {budget_bytes} bytes is below the lower bound {lb} bytes of {analysis.loaded.path} "
-            f"({_where(analysis, lb_pos)}); the peak is {before} bytes without offload",
-            hint=f"give --budget {lb} or more",
+            f"budget {fmt_bytes(budget_bytes)} is below the lower bound {fmt_bytes(lb)} ({lb} bytes) of "
+            f"{analysis.loaded.path} ({_where(analysis, lb_pos)}); the peak is {fmt_bytes(before)} without offload",
+            hint=f"give --budget {byte_arg(lb)} or more",
         )
     params = sel["params"] or stream_weights
     force, never = tuple(sel.get("force", ())), tuple(sel.get("never", ()))
@@ -812,9 +813,10 @@ def budget_filter(
     if not ok:
         best = min(reachable(a) for a in (first, retry) if a is not None)
         raise OffloadError(
-            f"the budget strategy cannot fit {analysis.loaded.path} into {budget_bytes} bytes: the best peak "
-            f"reachable is {best} bytes (lower bound {lb} bytes, peak without offload {before} bytes)",
-            hint=f"raise --budget to at least {best}, or allow more candidates (--params, fewer --never patterns)",
+            f"the budget strategy cannot fit {analysis.loaded.path} into {fmt_bytes(budget_bytes)}: the best peak "
+            f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(lb)}, peak without offload "
+            f"{fmt_bytes(before)})",
+            hint=f"raise --budget to at least {byte_arg(best)}, or allow more candidates (--params, fewer --never patterns)",
         )
 
     new = record_stage(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from offloadctl.plan import record_stage, require_stage
+from offloadctl.units import fmt_bytes
 
 __all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_SELECT_NUM", "filter_plan", "first_use_key"]
 
@@ -59,7 +60,7 @@ def filter_plan(
         if off.get("forced"):
             kept.append(off)
         elif off["bytes"] < min_bytes:
-            dropped.append(_rejection(off, "min-bytes", f"{off['bytes']} bytes < --min-bytes {min_bytes}"))
+            dropped.append(_rejection(off, "min-bytes", f"{fmt_bytes(off['bytes'])} < --min-bytes {fmt_bytes(min_bytes)}"))
         elif count < select_num:
             kept.append(off)
             count += 1
