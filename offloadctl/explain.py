@@ -18,6 +18,18 @@ from offloadctl.units import fmt_bytes
 __all__ = ["explain_rows", "explain_table"]
 
 
+def _idle(off: dict[str, Any], plan: dict[str, Any]) -> int:
+    """The longest stretch a tensor sits idle (the select stage's rule): between its producer (a
+    weight: the start of the run) and its uses, and for a weight after its last use to the end."""
+    uses = sorted(
+        [u["position"] for u in off["device_uses"]] + [u["position"] for g in off["reload_groups"] for u in g["uses"]]
+    )
+    points = [off["d2h_after"] if off["kind"] == "activation" else 0, *uses]
+    if off["kind"] == "parameter":
+        points.append(max(plan["model"]["num_positions"] - 1, points[-1]))
+    return max((b - a for a, b in zip(points, points[1:])), default=0)
+
+
 def explain_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per candidate: tensor, kind, bytes, reload groups, max gap, status, reason, detail.
 
@@ -34,7 +46,7 @@ def explain_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
         elif off["tensor"] in chosen_why:
             reason, detail = "budget", chosen_why[off["tensor"]]
         else:
-            reason, detail = "gap", f"gap {max(gaps)} > select distance {distance}"
+            reason, detail = "gap", f"largest idle stretch {_idle(off, plan)} > select distance {distance}"
         if off["prefetch_distance"] is not None:
             detail += f"; prefetch distance {off['prefetch_distance']}"
         rows.append(

@@ -14,9 +14,10 @@ import contextlib
 import json
 import logging
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -39,6 +40,7 @@ __all__ = [
     "tensor_info",
     "load_model",
     "parse_input_shapes",
+    "parse_dims",
     "tensor_infos",
     "external_data_files",
     "external_location",
@@ -83,6 +85,7 @@ class LoadedModel:
     sha256: str
     input_shapes: dict[str, list[int]]
     data_files: tuple[Path, ...] = ()  # every external data file the model reads, subgraphs included
+    dims: dict[str, int] = field(default_factory=dict)  # symbolic dimensions pinned by name
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -156,24 +159,43 @@ def tensor_info(
     return TensorInfo(name, elem_type, shape, copyable, type_kind, size)
 
 
+_SHAPE_EXAMPLE = "for example --input-shape input=1,3,224,224 (or input:1,3,224,224, or input:[1,3,224,224])"
+_DIMS_RE = re.compile(r"(?P<name>.+?)[=:](?P<dims>\[?[0-9,\s]*\]?)")
+_MAX_DIM = 2**63 - 1  # onnx dimensions are int64
+
+
 def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
-    """Parse ``NAME=D0,D1,...`` strings (as given to ``--input-shape``)."""
+    """Parse ``--input-shape`` values: ``NAME=D0,D1,...``, ``NAME:D0,D1,...`` or ``NAME:[D0,D1,...]``.
+
+    The last two are the forms Polygraphy and onnxsim take. A name may itself contain ``:`` or
+    ``=`` (``input:0:[1,3]`` pins ``input:0``): the dimensions are what follows the last separator
+    that leaves a list of integers. ``NAME=`` or ``NAME:[]`` pins a scalar.
+    """
     shapes: dict[str, list[int]] = {}
     for spec in specs:
-        name, sep, dims = spec.rpartition("=")
-        if not sep or not name:
+        match = _DIMS_RE.fullmatch(spec)
+        if match is None:
+            name, dims = _split_spec(spec)
+            if not name:
+                raise OffloadError(f"--input-shape {spec!r} is not NAME=D0,D1,...", hint=_SHAPE_EXAMPLE)
+            try:
+                negative = any(int(d) < 0 for d in dims.strip("[]").split(","))
+            except ValueError:
+                negative = False
+            rule = "must be >= 0" if negative else "must be integers"
+            raise OffloadError(f"--input-shape {spec!r}: dimensions {rule}", hint=_SHAPE_EXAMPLE)
+        name, dims = match.group("name"), match.group("dims").strip()
+        if dims.startswith("[") != dims.endswith("]"):
+            raise OffloadError(f"--input-shape {spec!r}: unbalanced brackets", hint=_SHAPE_EXAMPLE)
+        dims = dims.strip("[]").strip()
+        parts = [d.strip() for d in dims.split(",")] if dims else []
+        if any(not d for d in parts):
+            raise OffloadError(f"--input-shape {spec!r}: an empty dimension", hint=_SHAPE_EXAMPLE)
+        values = [int(d) for d in parts]
+        too_big = next((v for v in values if v > _MAX_DIM), None)
+        if too_big is not None:
             raise OffloadError(
-                f"--input-shape {spec!r} is not NAME=D0,D1,...", hint="for example --input-shape input=1,3,224,224"
-            )
-        try:
-            values = [int(d) for d in dims.split(",")] if dims.strip() else []
-        except ValueError:
-            raise OffloadError(
-                f"--input-shape {spec!r}: dimensions must be integers", hint="for example --input-shape input=1,3,224,224"
-            ) from None
-        if any(v < 0 for v in values):
-            raise OffloadError(
-                f"--input-shape {spec!r}: dimensions must be >= 0", hint="for example --input-shape input=1,3,224,224"
+                f"--input-shape {spec!r}: dimension {too_big} does not fit in 64 bits", hint=_SHAPE_EXAMPLE
             )
         if name in shapes:
             raise OffloadError(
@@ -183,22 +205,58 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
     return shapes
 
 
+def _split_spec(spec: str) -> tuple[str, str]:
+    """Name and dimensions of a spec that did not parse, for the error message."""
+    cut = max(spec.rfind("="), spec.rfind(":"))
+    return (spec[:cut], spec[cut + 1 :]) if cut > 0 else ("", spec)
+
+
+def parse_dims(specs: Sequence[str]) -> dict[str, int]:
+    """Parse ``--dim NAME=VALUE`` values: a symbolic dimension (dim_param) pinned by name."""
+    dims: dict[str, int] = {}
+    for spec in specs:
+        name, sep, value = spec.rpartition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise OffloadError(f"--dim {spec!r} is not NAME=VALUE", hint="for example --dim batch=1")
+        try:
+            number = int(value)
+        except ValueError:
+            number = -1
+        if number < 0 or number > _MAX_DIM:
+            raise OffloadError(
+                f"--dim {spec!r}: the value must be an integer >= 0, not {value!r}", hint="for example --dim batch=1"
+            )
+        if name in dims and dims[name] != number:
+            raise OffloadError(f"--dim gives {name!r} twice", hint=f"keep one --dim {name}=VALUE")
+        dims[name] = number
+    return dims
+
+
 def load_model(
     path: str | os.PathLike[str],
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
     normalize: bool = True,
     input_shapes_from: str = "--input-shape",
 ) -> LoadedModel:
     """Read an ONNX file without its external weight data and pin the given input dimensions.
 
-    With ``normalize`` (the default) the graph is changed as onnxruntime changes it at every
-    optimization level (`offloadctl.ortgraph`), so that positions count what runs.
-    ``input_shapes_from`` says where ``input_shapes`` come from, for error messages.
+    Args:
+        path: the .onnx file.
+        input_shapes: input name -> every dimension (``--input-shape``).
+        dims: symbolic dimension name (dim_param) -> size, pinned wherever the main graph's
+            inputs, outputs and value_info declare it (``--dim``, like onnxruntime's
+            ``make_dynamic_shape_fixed --dim_param``).
+        normalize: change the graph as onnxruntime changes it at every optimization level
+            (`offloadctl.ortgraph`), so that positions count what runs (the default).
+        input_shapes_from: where ``input_shapes`` come from, for error messages.
 
     Raises:
         OffloadError: the file is missing, empty, not ONNX, truncated, lacks an external data
-            file, or an ``input_shapes`` entry does not match a graph input.
+            file, an ``input_shapes`` entry does not match a graph input, or a ``dims`` name is
+            not a dimension of any input (or contradicts ``input_shapes``).
     """
     p = Path(path)
     if not p.exists():
@@ -237,8 +295,13 @@ def load_model(
         )
     data_files = _checked_data_files(proto, p)
     pinned = {k: list(v) for k, v in (input_shapes or {}).items()}
+    named = dict(dims or {})
+    if named:
+        _check_dims(proto, named, pinned, p)
     if pinned:
         _pin_input_shapes(proto, pinned, p, input_shapes_from)
+    if named:
+        _pin_dims(proto, named)
     if normalize:
         changes = normalize_graph(proto)
         if changes.inlined:
@@ -253,7 +316,9 @@ def load_model(
                 "per reader and %d redundant Cast node(s) are removed; plan positions count what runs",
                 p, changes.dequantize_copies, changes.casts_removed,
             )
-    return LoadedModel(proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned, data_files=data_files)
+    return LoadedModel(
+        proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned, data_files=data_files, dims=named
+    )
 
 
 def _looks_like_plan(path: Path) -> bool:
@@ -425,6 +490,44 @@ def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path
         tensor_type.ClearField("shape")
         for d in dims:
             tensor_type.shape.dim.add().dim_value = d
+
+
+def _feed_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    initializer_names = {i.name for i in proto.graph.initializer}
+    return [i for i in proto.graph.input if i.name not in initializer_names]
+
+
+def _check_dims(proto: onnx.ModelProto, dims: dict[str, int], pinned: dict[str, list[int]], path: Path) -> None:
+    """Every --dim name is a dimension of an input, and agrees with any --input-shape of it."""
+    where: dict[str, list[tuple[str, int]]] = {}
+    for value in _feed_inputs(proto):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            for i, d in enumerate(value.type.tensor_type.shape.dim):
+                if d.WhichOneof("value") == "dim_param" and d.dim_param:
+                    where.setdefault(d.dim_param, []).append((value.name, i))
+    for name, size in dims.items():
+        if name not in where:
+            raise OffloadError(
+                f"--dim names {name!r}, which is not a dimension of any input of {path}",
+                hint=f"named dimensions of its inputs: {', '.join(sorted(where)) or '(none)'}",
+            )
+        for input_name, i in where[name]:
+            shape = pinned.get(input_name)
+            if shape is not None and i < len(shape) and shape[i] != size:
+                raise OffloadError(
+                    f"--dim {name}={size} contradicts --input-shape {input_name}, which gives {name} "
+                    f"(dimension {i}) as {shape[i]}",
+                    hint="give each dimension one size",
+                )
+
+
+def _pin_dims(proto: onnx.ModelProto, dims: dict[str, int]) -> None:
+    graph = proto.graph
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            for d in value.type.tensor_type.shape.dim:
+                if d.WhichOneof("value") == "dim_param" and d.dim_param in dims:
+                    d.dim_value = dims[d.dim_param]  # clears dim_param (a oneof)
 
 
 def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:

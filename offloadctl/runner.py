@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import statistics
@@ -35,6 +36,7 @@ import numpy as np
 import onnx
 
 from offloadctl.errors import OffloadError
+from offloadctl.files import atomic_write
 from offloadctl.metadata import KEY_SESSION, session_settings
 from offloadctl.model import load_model
 from offloadctl.ortgraph import expected_run_order
@@ -57,7 +59,9 @@ __all__ = [
     "parse_ep_options",
     "input_specs",
     "load_inputs",
+    "parse_value_ranges",
     "generate_inputs",
+    "save_outputs",
     "planned_order",
     "order_from_profile",
     "compare_order",
@@ -133,6 +137,7 @@ def import_onnxruntime(device: str = "cpu") -> Any:
     """
     try:
         import onnxruntime
+        onnxruntime.set_default_logger_severity(_ort_log_severity())
     except ImportError:
         extra = _EXTRAS.get(device, "cpu")
         raise OffloadError(
@@ -140,6 +145,11 @@ def import_onnxruntime(device: str = "cpu") -> Any:
             hint=f"pip install 'offloadctl[{extra}]' (extras: cann for Ascend, cpu, cuda; install only one)",
         ) from None
     return onnxruntime
+
+
+def _ort_log_severity() -> int:
+    """onnxruntime's log level: 1 (info) with -v, else 4 (fatal only; errors are raised to us)."""
+    return 1 if logging.getLogger().isEnabledFor(logging.INFO) else 4
 
 
 def read_session_settings(model: str | os.PathLike[str] | onnx.ModelProto) -> dict[str, Any]:
@@ -266,9 +276,10 @@ def session_config(
         # MemcpyFromHost, and the two paths may round differently in the last bit. Verifying a plan
         # compares like with like.
         so.add_session_config_entry("session.disable_prepacking", "1")
-    # onnxruntime warns once per weight listed in graph.input (how offloaded weights escape constant
-    # folding): keep its log to errors unless the user asked for detail (-v).
-    so.log_severity_level = 1 if logging.getLogger().isEnabledFor(logging.INFO) else 3
+    # onnxruntime logs to stderr itself: once per weight listed in graph.input (how offloaded weights
+    # escape constant folding), and every failure it also raises, which reaches the user as one
+    # clear message. Keep its log to fatal errors unless the user asked for detail (-v).
+    so.log_severity_level = _ort_log_severity()
     provider = DEVICES[device]
     providers: list[Any]
     if provider == "CPUExecutionProvider":
@@ -434,37 +445,118 @@ def input_specs(proto: onnx.ModelProto) -> list[InputSpec]:
     return specs
 
 
-def load_inputs(npz_path: str | os.PathLike[str], specs: Sequence[InputSpec], model: str) -> dict[str, np.ndarray]:
-    """Read inputs from an .npz file and check them against the model's inputs.
+def load_inputs(path: str | os.PathLike[str], specs: Sequence[InputSpec], model: str) -> dict[str, np.ndarray]:
+    """Read inputs and check them against the model's inputs.
+
+    ``path`` is an ``.npz`` file (``numpy.savez``), a folder of ``NAME.npy`` files, or a folder in
+    onnx's test-data layout (``input_0.pb``, ``input_1.pb``, ... serialized TensorProtos, matched by
+    their name or else by their number in the model's input order); a folder holding only
+    ``test_data_set_*`` folders stands for the first of them.
 
     Raises:
-        OffloadError: the file cannot be read, or an input is missing, extra, or has the wrong
+        OffloadError: the inputs cannot be read, or an input is missing, extra, or has the wrong
             dtype or shape.
     """
-    path = Path(npz_path)
-    if not path.is_file():
-        raise OffloadError(f"inputs file {path} does not exist", hint="check the path (an .npz written by numpy.savez)")
+    source = Path(path)
+    if source.is_dir():
+        arrays = _read_input_folder(source, specs)
+    elif source.is_file():
+        arrays = _read_npz(source)
+    else:
+        raise OffloadError(
+            f"inputs {source} do not exist",
+            hint="give an .npz file (numpy.savez), a folder of NAME.npy files, or an onnx test-data folder (input_0.pb ...)",
+        )
+    _check_inputs(arrays, specs, source, model)
+    return arrays
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
+        data = np.load(path, allow_pickle=False)
+        if isinstance(data, np.ndarray):
+            raise ValueError("one unnamed .npy array, not an .npz archive of named arrays")
+        with data as npz:
+            return {name: npz[name] for name in npz.files}
     except (OSError, ValueError, EOFError) as exc:
         raise OffloadError(
             f"inputs file {path} is not a readable .npz file ({exc})",
             hint="write it with numpy.savez(path, name=array, ...)",
         ) from None
+
+
+_PB_INPUT = re.compile(r"input_(\d+)\.pb")
+
+
+def _read_input_folder(folder: Path, specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    pbs = sorted(((int(m.group(1)), p) for p in files if (m := _PB_INPUT.fullmatch(p.name))), key=lambda t: t[0])
+    npys = [p for p in files if p.suffix == ".npy"]
+    if pbs:
+        return _read_pb_inputs(folder, pbs, specs)
+    if npys:
+        arrays = {}
+        for p in npys:
+            try:
+                arrays[p.stem] = np.load(p, allow_pickle=False)
+            except (OSError, ValueError, EOFError) as exc:
+                raise OffloadError(
+                    f"input file {p} is not a readable .npy file ({exc})", hint="write it with numpy.save(path, array)"
+                ) from None
+        return arrays
+    data_sets = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("test_data_set_"))
+    if data_sets:
+        logger.info("reading inputs from %s", data_sets[0])
+        return _read_input_folder(data_sets[0], specs)
+    raise OffloadError(
+        f"input folder {folder} holds no NAME.npy files and no input_0.pb ...",
+        hint="save one NAME.npy per model input (numpy.save), or use onnx's test-data layout (input_0.pb, ...)",
+    )
+
+
+def _read_pb_inputs(folder: Path, pbs: list[tuple[int, Path]], specs: Sequence[InputSpec]) -> dict[str, np.ndarray]:
+    from onnx import numpy_helper
+
+    arrays: dict[str, np.ndarray] = {}
+    for index, p in pbs:
+        tensor = onnx.TensorProto()
+        try:
+            tensor.ParseFromString(p.read_bytes())
+            value = numpy_helper.to_array(tensor)
+        except Exception as exc:  # protobuf and onnx raise several types for a bad file
+            raise OffloadError(
+                f"input file {p} is not a serialized onnx TensorProto ({type(exc).__name__})",
+                hint="write it with open(path, 'wb').write(onnx.numpy_helper.from_array(array, name).SerializeToString())",
+            ) from None
+        name = tensor.name
+        if not name:
+            if index >= len(specs):
+                raise OffloadError(
+                    f"input file {p} has no name and the model has only {len(specs)} input(s)",
+                    hint="number the files input_0.pb ... in the model's input order, or name the tensors",
+                )
+            name = specs[index].name
+        if name in arrays:
+            raise OffloadError(f"input {name!r} is given twice in {folder}", hint="keep one file per input")
+        arrays[name] = value
+    return arrays
+
+
+def _check_inputs(arrays: Mapping[str, np.ndarray], specs: Sequence[InputSpec], path: Path, model: str) -> None:
     by_name = {s.name: s for s in specs}
     expected = ", ".join(f"{s.name} {s.describe()}" for s in specs) or "(none)"
+    what = f"inputs {'folder' if path.is_dir() else 'file'} {path}"
     extra = [n for n in arrays if n not in by_name]
     if extra:
         raise OffloadError(
-            f"inputs file {path} has {', '.join(repr(n) for n in extra)}, which {'is' if len(extra) == 1 else 'are'} "
+            f"{what} has {', '.join(repr(n) for n in extra)}, which {'is' if len(extra) == 1 else 'are'} "
             f"not an input of {model}",
             hint=f"the model's inputs are: {expected}",
         )
     missing = [s for s in specs if s.name not in arrays]
     if missing:
         raise OffloadError(
-            f"inputs file {path} lacks input {', '.join(repr(s.name) for s in missing)} of {model} "
+            f"{what} lacks input {', '.join(repr(s.name) for s in missing)} of {model} "
             f"({', '.join(s.describe() for s in missing)})",
             hint=f"save every input: numpy.savez({path.name!r}, {', '.join(f'{s.name}=...' for s in specs)})",
         )
@@ -482,50 +574,121 @@ def load_inputs(npz_path: str | os.PathLike[str], specs: Sequence[InputSpec], mo
                     f"input {spec.name!r} in {path} has shape {list(array.shape)}, {model} expects {spec.describe()}",
                     hint="save an array of the model's input shape (? marks a free dimension)",
                 )
-    return arrays
 
 
-def generate_inputs(specs: Sequence[InputSpec], *, seed: int = 0) -> tuple[dict[str, np.ndarray], list[str]]:
+def parse_value_ranges(specs: Sequence[str]) -> dict[str, tuple[float, float]]:
+    """Parse ``--value-range`` values: ``LOW,HIGH`` (every input), ``NAME:[LOW,HIGH]`` or ``NAME=LOW,HIGH``.
+
+    Returns a map from input name ("" for every input without its own range) to (low, high).
+    """
+    ranges: dict[str, tuple[float, float]] = {}
+    example = "for example --value-range 0,1 or --value-range input:[0,255]"
+    for spec in specs:
+        match = re.fullmatch(r"(?:(?P<name>.+?)[=:])?\[?(?P<low>[^,\[\]]+),(?P<high>[^,\[\]]+)\]?", spec.strip())
+        if match is None:
+            raise OffloadError(f"--value-range {spec!r} is not [NAME:]LOW,HIGH", hint=example)
+        try:
+            low, high = float(match.group("low")), float(match.group("high"))
+        except ValueError:
+            raise OffloadError(f"--value-range {spec!r}: LOW and HIGH must be numbers", hint=example) from None
+        if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+            raise OffloadError(f"--value-range {spec!r}: need finite numbers with LOW <= HIGH", hint=example)
+        name = match.group("name") or ""
+        if name in ranges:
+            raise OffloadError(f"--value-range gives {name or 'the default range'!r} twice", hint="keep one")
+        ranges[name] = (low, high)
+    return ranges
+
+
+def generate_inputs(
+    specs: Sequence[InputSpec],
+    *,
+    seed: int = 0,
+    value_ranges: Mapping[str, tuple[float, float]] | None = None,
+) -> tuple[dict[str, np.ndarray], list[str]]:
     """Random inputs from ``numpy.random.default_rng(seed)``, respecting dtype and shape.
 
-    Floats are standard normal, integers small non-negative (0..3), booleans random. A dynamic
-    dimension becomes 1, with a warning.
+    Without a range floats are standard normal, integers small non-negative (0..3), booleans
+    random. A range (``value_ranges[name]``, or ``value_ranges[""]`` for every input) draws floats
+    uniformly from [low, high) and integers from low..high (both included). Sizes are never
+    invented: every dimension must be known (pin dynamic ones first, see `run_model`).
 
     Returns:
         (inputs, warnings).
 
     Raises:
-        OffloadError: an input that cannot be generated (non-tensor, string, unknown rank).
+        OffloadError: an input that cannot be generated (non-tensor, string, unknown rank, a
+            dynamic dimension), or a range that names no input or holds no integer.
     """
+    ranges = dict(value_ranges or {})
+    unknown = [n for n in ranges if n and n not in {s.name for s in specs}]
+    if unknown:
+        raise OffloadError(
+            f"--value-range names {', '.join(map(repr, unknown))}, which is not an input",
+            hint=f"inputs are: {', '.join(s.name for s in specs) or '(none)'}",
+        )
     rng = np.random.default_rng(seed)
     inputs: dict[str, np.ndarray] = {}
-    warnings: list[str] = []
     for spec in specs:
         dtype = spec.dtype
         if dtype is None or spec.shape is None or dtype.kind not in "fiub":
             why = "its rank is unknown" if spec.shape is None and dtype is not None else f"its type is {spec.describe()}"
             raise OffloadError(
                 f"cannot generate input {spec.name!r}: {why}",
-                hint="give the inputs with --inputs FILE.npz",
+                hint="give the inputs with --inputs FILE.npz (or a folder of .npy files, or input_0.pb ...)",
             )
-        shape = []
-        for i, d in enumerate(spec.shape):
-            if isinstance(d, int):
-                shape.append(d)
+        dynamic = [(i, d) for i, d in enumerate(spec.shape) if not isinstance(d, int)]
+        if dynamic:
+            which = ", ".join(f"{i} ({d or '?'})" for i, d in dynamic)
+            example = ",".join(str(d) if isinstance(d, int) else (d or f"D{i}") for i, d in enumerate(spec.shape))
+            named = [d for _, d in dynamic if d]
+            raise OffloadError(
+                f"cannot generate input {spec.name!r} ({spec.describe()}): dimension(s) {which} are dynamic, "
+                "and offloadctl does not invent sizes",
+                hint=f"give the sizes to run with: --input-shape {spec.name}={example} with numbers for "
+                f"{', '.join(str(d or f'D{i}') for i, d in dynamic)}"
+                + (f", or --dim {named[0]}=SIZE" if named else "")
+                + "; or give real inputs with --inputs",
+            )
+        shape = [int(d) for d in spec.shape]  # type: ignore[arg-type]
+        low_high = ranges.get(spec.name, ranges.get(""))
+        if low_high is None:
+            if dtype.kind == "f":
+                value = rng.standard_normal(shape)
+            elif dtype.kind in "iu":
+                value = rng.integers(0, 4, size=shape)
             else:
-                shape.append(1)
-                warnings.append(
-                    f"input {spec.name!r}: dimension {i} ({d or '?'}) is dynamic; generated with size 1 "
-                    "(give real inputs with --inputs FILE.npz)"
-                )
-        if dtype.kind == "f":
-            value = rng.standard_normal(shape)
-        elif dtype.kind in "iu":
-            value = rng.integers(0, 4, size=shape)
+                value = rng.random(shape) < 0.5
         else:
-            value = rng.random(shape) < 0.5
+            low, high = low_high
+            if dtype.kind == "f":
+                value = rng.uniform(low, high, size=shape)
+            elif dtype.kind in "iu":
+                info = np.iinfo(dtype)
+                lo, hi = max(math.ceil(low), int(info.min)), min(math.floor(high), int(info.max))
+                if lo > hi:
+                    raise OffloadError(
+                        f"--value-range {low:g},{high:g} holds no {dtype} value for input {spec.name!r}",
+                        hint="give a range that contains an integer the type can hold",
+                    )
+                value = rng.integers(lo, hi, size=shape, endpoint=True)
+            else:
+                value = rng.random(shape) < 0.5
         inputs[spec.name] = np.asarray(value).astype(dtype)  # rank 0 gives a scalar: keep an array
-    return inputs, warnings
+    return inputs, []
+
+
+def save_outputs(path: str | os.PathLike[str], outputs: Mapping[str, Any]) -> list[str]:
+    """Write the tensor outputs to an .npz file atomically; return the names left out (non-tensors)."""
+    arrays = {name: value for name, value in outputs.items() if isinstance(value, np.ndarray)}
+    skipped = [name for name in outputs if name not in arrays]
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # a file object: numpy.savez would append .npz to a path
+            np.savez(f, **arrays)
+
+    atomic_write(path, write)
+    return skipped
 
 
 # --------------------------------------------------------------------------------------------------
@@ -835,6 +998,7 @@ class RunReport:
     rtol: float | None = None
     atol: float | None = None
     warnings: list[str] = field(default_factory=list)
+    output_values: dict[str, Any] = field(default_factory=dict, repr=False)  # what the model returned
 
     @property
     def latency_median(self) -> float:
@@ -880,20 +1044,30 @@ def run_model(
     opt_level: str = "all",
     rtol: float | None = None,
     atol: float | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int = 0,
+    value_ranges: Mapping[str, tuple[float, float]] | None = None,
 ) -> RunReport:
     """Run ``model`` on ``device``: one profiled warm-up run, then ``repeat`` timed runs.
 
     Args:
         model: the model to run.
         device: ``ascend``, ``cpu`` or ``cuda``.
-        inputs: an .npz file with every input; generated from ``default_rng(0)`` when None.
+        inputs: every input, as an .npz file, a folder of .npy files or an onnx test-data folder
+            (`load_inputs`); generated (`generate_inputs`) when None.
         compare_to: an original model to run with the same inputs and settings and compare.
         ep_options: provider options overriding the defaults (CANN and CUDA).
         repeat: timed runs after the warm-up (at least 1).
         opt_level: ``disable`` (then the order must match exactly and outputs be bit-identical by
             default), ``basic``, ``extended`` or ``all``.
         rtol, atol: tolerances for the comparison; default 1e-5 / 1e-6 with optimizations on,
-            0 / 0 (bit equality) with ``disable``.
+            0 / 0 (bit equality) with ``disable``. Finite and >= 0.
+        input_shapes, dims: pins for dynamic input dimensions (as for `load_model`): generated
+            inputs take these sizes, and given inputs are checked against them. A dynamic
+            dimension of a generated input that is not pinned is an error.
+        seed: seed of the generated inputs.
+        value_ranges: ranges of the generated inputs (`parse_value_ranges`).
 
     Returns:
         The report; it does not raise when outputs differ or the order does not match (see
@@ -905,8 +1079,12 @@ def run_model(
     """
     if repeat < 1:
         raise OffloadError(f"repeat must be at least 1, not {repeat}")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise OffloadError(f"--{name} {value} is not a tolerance", hint=f"give a finite number >= 0, e.g. --{name} 1e-5")
     warnings: list[str] = []
-    loaded = load_model(model, normalize=False)  # as onnxruntime reads it: the order check predicts its rewrites
+    # as onnxruntime reads it (the order check predicts its rewrites), with the pins for generated inputs
+    loaded = load_model(model, input_shapes=input_shapes, dims=dims, normalize=False)
     ort = import_onnxruntime(device)
     settings = _required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
@@ -919,7 +1097,7 @@ def run_model(
         feeds_all = load_inputs(inputs, specs, model)
         source = "file"
     else:
-        feeds_all, input_warnings = generate_inputs(specs)
+        feeds_all, input_warnings = generate_inputs(specs, seed=seed, value_ranges=value_ranges)
         warnings += input_warnings
         source = "generated"
 
@@ -981,6 +1159,7 @@ def run_model(
         rtol=rtol,
         atol=atol,
         warnings=warnings,
+        output_values=outputs,
     )
 
 

@@ -204,14 +204,18 @@ def test_generated_int64_bool_and_dynamic_inputs(run_cli, write_model):
         }
         """
     )
-    result = run_cli("run", path, "--device", "cpu", "--repeat", "1", "--json")
-    assert result.exit_code == 0, result.stderr
+    refused = run_cli("run", path, "--device", "cpu", "--repeat", "1", "--json")
+    assert refused.exit_code == 1 and refused.stdout == ""  # no size is invented for N
+    assert "cannot generate input 'x'" in refused.stderr and "dimension(s) 0 (N) are dynamic" in refused.stderr
+    assert "--input-shape x=N,4" in refused.stderr and "--dim N=SIZE" in refused.stderr
+    for pin in (("--input-shape", "x=3,4"), ("--input-shape", "x:[3,4]"), ("--dim", "N=3")):
+        result = run_cli("run", path, "--device", "cpu", "--repeat", "1", "--json", *pin)
+        assert result.exit_code == 0, result.stderr
+        assert result.json()["inputs"]["x"]["shape"] == [3, 4]
     doc = result.json()
     assert doc["inputs"]["idx"] == {"shape": [3], "dtype": "int64", "source": "generated"}
     assert doc["inputs"]["flag"]["dtype"] == "bool"
-    assert doc["inputs"]["x"]["shape"] == [1, 4]
     assert "table" not in doc["inputs"]
-    assert any("'x'" in w and "dynamic" in w for w in doc["warnings"])
     assert doc["outputs"]["picked"] == {"shape": [3, 2], "dtype": "float32"}
 
 

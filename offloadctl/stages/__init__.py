@@ -8,9 +8,16 @@ a caller that hands an edited plan to a stage directly can check it with `valida
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from offloadctl.errors import OffloadError
 from offloadctl.stages.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, filter_plan
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, prefetch
 from offloadctl.stages.select import DEFAULT_SELECT_DISTANCE, select
+
+if TYPE_CHECKING:
+    from offloadctl.analysis import Analysis
 
 __all__ = [
     "DEFAULT_MIN_BYTES",
@@ -26,33 +33,86 @@ __all__ = [
 
 
 def make_plan(
-    analysis,
+    analysis: Analysis,
     *,
     select_distance: int = DEFAULT_SELECT_DISTANCE,
     activations: bool = True,
     params: bool = False,
-    force: tuple[str, ...] = (),
-    never: tuple[str, ...] = (),
+    force: Sequence[str] = (),
+    never: Sequence[str] = (),
     select_num: int = DEFAULT_SELECT_NUM,
-    min_bytes: int = DEFAULT_MIN_BYTES,
+    min_bytes: int | str = DEFAULT_MIN_BYTES,
     prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
     release_distance: int = DEFAULT_RELEASE_DISTANCE,
-):
-    """select, filter and prefetch in one call; the result equals chaining the three stages."""
-    # Chained, so each stage's input can be freed once the next stage has copied it (big plans).
-    return prefetch(
-        filter_plan(
-            select(
-                analysis,
-                select_distance=select_distance,
-                activations=activations,
-                params=params,
-                force=force,
-                never=never,
-            ),
-            select_num=select_num,
-            min_bytes=min_bytes,
-        ),
-        prefetch_distance=prefetch_distance,
-        release_distance=release_distance,
+    strategy: str | None = None,
+    budget: int | str | None = None,
+    stream_weights: bool = False,
+    stream_depth: int | None = None,
+    step: Callable[..., None] | None = None,
+) -> dict[str, Any]:
+    """The whole plan in one call: select, filter (by count, or by budget) and prefetch.
+
+    With the distance strategy (HyperOffload's, the default) the result equals chaining `select`,
+    `filter_plan` and `prefetch`. With ``budget`` (or ``stream_weights``, or ``strategy="budget"``)
+    the budget strategy (`offloadctl.stages.budget.budget_filter`) chooses what to offload so the
+    simulated peak fits, and the scheduled plan is checked against the simulator.
+
+    Args:
+        analysis: the analysed model (`offloadctl.analyse`).
+        select_distance, activations, params, force, never: the select stage's options.
+        select_num, min_bytes: the filter stage's options (``min_bytes`` also as ``"64KiB"``).
+        prefetch_distance, release_distance: the prefetch stage's options.
+        strategy: ``"distance"`` or ``"budget"``; None picks ``budget`` when a budget or weight
+            streaming is asked for.
+        budget: peak device memory to fit, in bytes or as text (``"1.5GiB"``, ``"800MB"``).
+        stream_weights, stream_depth: keep weights on the host and stream them in by layer group.
+        step: called with the name of each stage as it starts (``step("scheduling")``), and with
+            ``new=False`` for news from a long budget search (``step(text, new=False)``).
+
+    Returns:
+        A plan at stage "scheduled".
+
+    Raises:
+        OffloadError: contradictory options, or a budget below the lower bound or out of reach (the
+            message gives the lower bound and the best peak reachable).
+    """
+    from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH, budget_filter, check_budget
+    from offloadctl.units import parse_bytes
+
+    budget_bytes = parse_bytes(budget) if isinstance(budget, str) else budget
+    min_bytes = parse_bytes(min_bytes) if isinstance(min_bytes, str) else min_bytes
+    if strategy not in (None, "distance", "budget"):
+        raise OffloadError(f"unknown strategy {strategy!r}", hint="use 'distance' or 'budget'")
+    if strategy == "distance" and (budget_bytes is not None or stream_weights):
+        raise OffloadError(
+            "a budget and weight streaming need the budget strategy, not the distance strategy",
+            hint="drop --strategy distance (or the budget)",
+        )
+    if strategy == "budget" and budget_bytes is None and not stream_weights:
+        raise OffloadError("the budget strategy needs a budget (or weight streaming)", hint="give --budget BYTES")
+    use_budget = strategy == "budget" or budget_bytes is not None or stream_weights
+    report = step or (lambda text, new=True: None)
+    report("selecting")
+    selected = select(
+        analysis, select_distance=select_distance, activations=activations, params=params,
+        force=tuple(force), never=tuple(never),
     )
+    if use_budget:
+        report("fitting the budget")
+        filtered = budget_filter(
+            selected, analysis, budget_bytes=budget_bytes, prefetch_distance=prefetch_distance,
+            release_distance=release_distance, select_num=select_num, min_bytes=min_bytes,
+            stream_weights=stream_weights,
+            stream_depth=DEFAULT_STREAM_DEPTH if stream_depth is None else stream_depth,
+            report=lambda text: report(text, new=False),
+        )
+    else:
+        report("filtering")
+        # chained, so each stage's input can be freed once the next stage has copied it (big plans)
+        filtered = filter_plan(selected, select_num=select_num, min_bytes=min_bytes)
+    del selected
+    report("scheduling")
+    plan = prefetch(filtered, prefetch_distance=prefetch_distance, release_distance=release_distance)
+    if use_budget:
+        check_budget(analysis, plan)
+    return plan

@@ -325,16 +325,19 @@ def select(
         "never": list(never),
     }
     loaded = analysis.loaded
+    model: dict[str, Any] = {
+        "path": str(loaded.path),
+        "sha256": loaded.sha256,
+        "num_positions": n,
+        "input_shapes": loaded.input_shapes,
+    }
+    if loaded.dims:
+        model["dims"] = dict(loaded.dims)
     plan = {
         "schema_version": SCHEMA_VERSION,
         "stage": "selected",
         "tool": {"name": "offloadctl", "version": __version__},
-        "model": {
-            "path": str(loaded.path),
-            "sha256": loaded.sha256,
-            "num_positions": n,
-            "input_shapes": loaded.input_shapes,
-        },
+        "model": model,
         "strategy": "distance",
         "options": {"select": options},
         "history": [{"stage": "selected", "tool_version": __version__, "options": options}],
