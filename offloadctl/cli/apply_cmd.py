@@ -8,12 +8,15 @@ import click
 
 from offloadctl.analysis import analyse
 from offloadctl.apply import ApplyResult, apply_plan, check_model_outputs, write_model
-from offloadctl.cli.options import output_option
+from offloadctl.cli.common import finish, peak_text, plan_pins, print_estimate, sim_figures, slowdown_text, warn_slowdown
+from offloadctl.cli.options import json_option, output_option, profile_option
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_output_path, sha256_file
 from offloadctl.model import load_model
 from offloadctl.plan import check_plan_model, read_plan
+from offloadctl.profiles import load_profile
+from offloadctl.simulate import simulate
 
 __all__ = ["COMMANDS", "find_model"]
 
@@ -51,23 +54,24 @@ def find_model(plan: dict, plan_path: str, model: str | None) -> Path:
     default=None,
     help="The model the plan was made for (default: the plan's model.path).",
 )
-def apply(plan_path: str, output: str, model: str | None) -> None:
+@profile_option
+@json_option
+def apply(plan_path: str, output: str, model: str | None, profile: str, as_json: bool) -> None:
     """Insert the copies of a scheduled plan into its model and write OUT.onnx.
 
     The input model is not modified. Run the result with `offloadctl run`, or in your own
     onnxruntime session with the settings recorded in its metadata (offloadctl.session):
     PRIORITY_BASED execution order, ConstantFolding disabled when weights are offloaded.
     """
+    prof = load_profile(profile)
     plan = read_plan(plan_path, stages=("scheduled",))
     model_path = find_model(plan, plan_path, model)
     check_output_path(output, plan_path, model_path)
     check_plan_model(plan, sha256_file(model_path), model_path)
     result = ApplyResult()
-    with steps(total=4) as step:
+    with steps(not as_json, total=5) as step:
         step(f"loading {model_path}")
-        loaded = load_model(
-            model_path, input_shapes=plan["model"]["input_shapes"], input_shapes_from=f"model.input_shapes of plan {plan_path}"
-        )
+        loaded = load_model(model_path, **plan_pins(plan), input_shapes_from=f"model.input_shapes of plan {plan_path}")
         reads = (Path(plan_path), *loaded.files)
         check_output_path(output, *reads)
         check_model_outputs(loaded.proto, output, model_path.parent, reads)
@@ -77,15 +81,33 @@ def apply(plan_path: str, output: str, model: str | None) -> None:
         proto = apply_plan(plan, analysis, result=result)
         step(f"writing {output}")
         extra = write_model(proto, output, source_dir=model_path.parent, protected=reads)
-    console = out_console()
-    console.print(
-        f"inserted {result.d2h} device-to-host and {result.h2d} host-to-device copies "
-        f"({result.activations} activation(s), {result.parameters} weight(s) offloaded)",
-        soft_wrap=True,
+        del proto
+        step("simulating peak memory and time")
+        sim = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
+    if not as_json:
+        console = out_console()
+        console.print(
+            f"inserted {result.d2h} device-to-host and {result.h2d} host-to-device copies "
+            f"({result.activations} activation(s), {result.parameters} weight(s) offloaded)",
+            soft_wrap=True,
+        )
+        for path in extra:
+            console.print(f"placed data file {path}", soft_wrap=True)
+        print_estimate(sim)
+    warn_slowdown(sim)
+    finish(
+        "apply", plan_path, [f"{model_path} -> {output}", peak_text(sim), slowdown_text(sim)], [output, *extra],
+        as_json=as_json,
+        doc={
+            "model": str(model_path),
+            "plan": plan_path,
+            "output": output,
+            "copies": {"d2h": result.d2h, "h2d": result.h2d},
+            "offloaded": {"activations": result.activations, "parameters": result.parameters},
+            "data_files": [str(p) for p in extra],
+            **sim_figures(sim),
+        },
     )
-    for path in extra:
-        console.print(f"placed data file {path}", soft_wrap=True)
-    console.print(f"wrote {output}", soft_wrap=True)
 
 
 COMMANDS = [apply]

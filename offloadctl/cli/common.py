@@ -1,40 +1,79 @@
-"""Steps several commands share: load and analyse a model, summarise a plan."""
+"""Steps several commands share: load and analyse a model, summarise a plan, end with a verdict.
+
+Every command that succeeds ends with one verdict line, as Polygraphy's ``PASSED | ...``: what ran
+on which model, the peak before -> after and the estimated slowdown where they are known, and the
+files written. Under ``--json`` the figures go into the one JSON document on stdout and the verdict
+goes to stderr. A ``--max-peak`` gate that fails prints one ``FAILED | ...`` line on stderr and
+exits 1 (the outputs are written first, so a CI job can keep them).
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
+import click
 from rich.table import Table
 
 from offloadctl.analysis import Analysis, analyse
-from offloadctl.cli.ui import fmt_bytes, out_console, steps
+from offloadctl.cli.ui import err_console, fmt_bytes, out_console, print_json, steps
 from offloadctl.errors import OffloadError
-from offloadctl.model import load_model, parse_input_shapes
+from offloadctl.files import check_output_path
+from offloadctl.model import load_model, parse_dims, parse_input_shapes
+from offloadctl.report import SLOWDOWN_WARNING, report_plot_path
+from offloadctl.simulate import SimResult
 
-__all__ = ["load_and_analyse", "print_plan_summary", "check_unknown_sizes"]
+__all__ = [
+    "load_and_analyse",
+    "check_unknown_sizes",
+    "plan_pins",
+    "print_plan_summary",
+    "plan_figures",
+    "sim_figures",
+    "peak_text",
+    "slowdown_text",
+    "warn_slowdown",
+    "gate_failure",
+    "finish",
+    "check_report_paths",
+    "print_estimate",
+]
 
 logger = logging.getLogger(__name__)
+
+
+def plan_pins(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """The input pins a plan was made with, as keyword arguments of `load_model`."""
+    return {"input_shapes": plan["model"]["input_shapes"], "dims": plan["model"].get("dims") or None}
 
 
 def load_and_analyse(
     model: str,
     input_shape: Sequence[str] = (),
+    dim: Sequence[str] = (),
     *,
+    pins: Mapping[str, Any] | None = None,
+    pins_from: str = "--input-shape",
     show_progress: bool = True,
-    shapes: dict[str, list[int]] | None = None,
-    shapes_from: str = "--input-shape",
 ) -> Analysis:
     """Load MODEL (weights stay on disk), pin input shapes and analyse it, with progress on a terminal.
 
-    The shapes are ``input_shape`` (``--input-shape`` strings), or ``shapes`` taken from
-    ``shapes_from`` (e.g. a plan's model.input_shapes).
+    ``input_shape`` and ``dim`` are the raw ``--input-shape`` and ``--dim`` values; ``pins`` (from
+    `plan_pins`) is used when neither is given, and named ``pins_from`` in messages (e.g. a plan's
+    model.input_shapes).
     """
-    if shapes is None:
-        shapes = parse_input_shapes(input_shape)
+    shapes = parse_input_shapes(input_shape)
+    dims = parse_dims(dim)
+    source = "--input-shape"
+    if not shapes and not dims and pins:
+        shapes, dims = dict(pins.get("input_shapes") or {}), dict(pins.get("dims") or {})
+        source = pins_from
     with steps(show_progress, total=2) as step:
         step(f"loading {model}")
-        loaded = load_model(model, input_shapes=shapes, input_shapes_from=shapes_from)
+        loaded = load_model(model, input_shapes=shapes, dims=dims, input_shapes_from=source)
         step(f"analysing {model}")
         analysis = analyse(loaded)
     dynamic = [
@@ -45,7 +84,7 @@ def load_and_analyse(
     if dynamic:
         logger.warning(
             "inputs with unknown dimensions: %s; tensors whose size depends on them are not offloaded "
-            "(pin them with --input-shape NAME=D0,D1,...)",
+            "(pin them with --input-shape NAME=D0,D1,... or --dim NAME=VALUE)",
             ", ".join(dynamic),
         )
     return analysis
@@ -63,18 +102,145 @@ def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
         raise OffloadError(
             f"{len(unknown)} tensor(s) of {path} have an unknown size, and --strict refuses figures that count them "
             f"as 0 bytes: {shown}",
-            hint="pin dynamic inputs with --input-shape NAME=D0,D1,... (or drop --strict to accept the figures)",
+            hint="pin dynamic inputs with --input-shape NAME=D0,D1,... or --dim NAME=VALUE (or drop --strict to accept the figures)",
         )
     logger.warning(
         "%d tensor(s) of %s have an unknown size and count as 0 bytes in every memory figure, so the figures may "
-        "be low: %s (pin dynamic inputs with --input-shape NAME=D0,D1,...; --strict makes this an error)",
+        "be low: %s (pin dynamic inputs with --input-shape NAME=D0,D1,... or --dim NAME=VALUE; --strict makes this an error)",
         len(unknown), path, shown,
     )
     return unknown
 
 
-def print_plan_summary(plan: dict, output: str) -> None:
-    """One short table of what a plan offloads, then where it was written."""
+def plan_figures(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """What a plan offloads, in numbers (for --json and the verdict)."""
+    offloads = plan["offloads"]
+    return {
+        "stage": plan["stage"],
+        "strategy": plan.get("strategy", "distance"),
+        "offloads": {
+            "count": len(offloads),
+            "activations": sum(o["kind"] == "activation" for o in offloads),
+            "parameters": sum(o["kind"] == "parameter" for o in offloads),
+            "bytes": sum(o["bytes"] for o in offloads),
+        },
+        "rejected": dict(sorted(Counter(r["reason"] for r in plan["rejected"]).items())),
+        "budget": plan.get("budget"),
+    }
+
+
+def sim_figures(result: SimResult | None) -> dict[str, Any]:
+    """Peak, lower bound, bytes moved and estimated time of a simulation (for --json)."""
+    if result is None:
+        return {"peak_bytes": None, "lower_bound_bytes": None, "transfer_bytes": None, "time_s": None, "slowdown": None}
+    doc = result.to_json(timeline_limit=0)
+    return {
+        "peak_bytes": doc["peak_bytes"],
+        "lower_bound_bytes": doc["lower_bound_bytes"],
+        "transfer_bytes": doc["transfer_bytes"],
+        "copies": doc["copies"],
+        "unknown_size_tensors": len(result.unknown_tensors),
+        "profile": result.profile.name if result.profile is not None else None,
+        "time_s": doc["time_s"],
+        "slowdown": doc["slowdown"],
+    }
+
+
+def peak_text(result: SimResult) -> str:
+    before, after = result.peak_before, result.peak_after
+    change = f" ({100.0 * (after - before) / before:+.1f}%)" if before else ""
+    return f"peak {fmt_bytes(before)} -> {fmt_bytes(after)}{change}"
+
+
+def slowdown_text(result: SimResult) -> str | None:
+    if result.times is None or result.profile is None:
+        return None
+    return f"est. slowdown {result.times.slowdown['serialized']:.2f}x (copies in line, profile {result.profile.name})"
+
+
+def warn_slowdown(result: SimResult) -> None:
+    """Warn when the estimated slowdown with copies in line is over `SLOWDOWN_WARNING`."""
+    if result.times is None or result.profile is None:
+        return
+    slow = result.times.slowdown
+    if slow["serialized"] > SLOWDOWN_WARNING:
+        logger.warning(
+            "the estimated slowdown with copies in line (how onnxruntime runs them) is %.2fx, over %.1fx "
+            "(profile %s; %.2fx if copies could overlap compute): fewer or larger-gap offloads cost less "
+            "(a larger --select-distance or --min-bytes, or a --budget closer to the peak)",
+            slow["serialized"], SLOWDOWN_WARNING, result.profile.name, slow["overlapped"],
+        )
+
+
+def gate_failure(max_peak: int | None, peak: int, what: str) -> str | None:
+    """The one-line reason a ``--max-peak`` gate fails, or None when it passes (or is not set)."""
+    if max_peak is None or peak <= max_peak:
+        return None
+    return f"{what} {fmt_bytes(peak)} ({peak} bytes) is above --max-peak {fmt_bytes(max_peak)} ({max_peak} bytes)"
+
+
+def finish(
+    command: str,
+    subject: str,
+    parts: Sequence[str | None],
+    written: Sequence[str | Path],
+    *,
+    as_json: bool,
+    doc: dict[str, Any] | None = None,
+    failure: str | None = None,
+) -> None:
+    """End a command: the JSON document (under --json), then the verdict line, or the gate's failure.
+
+    Args:
+        command: the subcommand's name.
+        subject: the model or plan it worked on.
+        parts: figures for the verdict (None entries are left out).
+        written: every file the command wrote.
+        as_json: print ``doc`` (with ``command``, ``passed`` and ``files_written`` added) on stdout.
+        failure: the reason a gate failed: printed as ``FAILED | ...`` on stderr, exit status 1.
+    """
+    files = [str(f) for f in written]
+    if as_json:
+        print_json({"command": command, "passed": failure is None, **(doc or {}), "files_written": files})
+    head = f"{command} {subject}"
+    if failure is not None:
+        err_console().print(f"FAILED | {head} | {failure}", markup=False, highlight=False, soft_wrap=True)
+        raise click.exceptions.Exit(1)
+    fields = [head, *(p for p in parts if p)]
+    if files:
+        fields.append("wrote " + ", ".join(files))
+    console = err_console() if as_json else out_console()
+    console.print("PASSED | " + " | ".join(fields), markup=False, highlight=False, soft_wrap=True)
+
+
+def check_report_paths(report: str | None, *inputs: Any) -> Path | None:
+    """Refuse a report (or the plot beside it) that would overwrite an input; return the plot path."""
+    if report is None:
+        return None
+    check_output_path(report, *inputs)
+    plot = report_plot_path(report)
+    check_output_path(plot, report, *inputs)
+    return plot
+
+
+def print_estimate(result: SimResult) -> None:
+    """The simulated peak change and, next to it, the estimated slowdown (used by plan and apply)."""
+    before, after = result.peak_before, result.peak_after
+    at = result.after.at(result.after.peak_step)
+    where = f", at #{at['position']} {at['node']}" if at["step"] is not None and at["kind"] == "node" else ""
+    change = f"{100.0 * (after - before) / before:+.1f}%" if before else "+0.0%"
+    line = f"simulated peak device memory: {fmt_bytes(before)} before -> {fmt_bytes(after)} after ({change}{where})"
+    if result.times is not None and result.profile is not None:
+        slow = result.times.slowdown
+        line += (
+            f"; estimated time {slow['serialized']:.2f}x the baseline with copies in line, "
+            f"{slow['overlapped']:.2f}x on copy streams (profile {result.profile.name})"
+        )
+    out_console().print(line, soft_wrap=True)
+
+
+def print_plan_summary(plan: dict) -> None:
+    """One short table of what a plan offloads, and why the rest is not."""
     offloads = plan["offloads"]
     console = out_console()
     acts = [o for o in offloads if o["kind"] == "activation"]
@@ -92,9 +258,6 @@ def print_plan_summary(plan: dict, output: str) -> None:
             str(sum(len(o["reload_groups"]) + (o["output_h2d_before"] is not None) for o in group)),
         )
     console.print(table)
-    reasons: dict[str, int] = {}
-    for r in plan["rejected"]:
-        reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+    reasons = Counter(r["reason"] for r in plan["rejected"])
     if reasons:
         console.print("not offloaded: " + ", ".join(f"{v} {k}" for k, v in sorted(reasons.items())))
-    console.print(f"wrote {output}")

@@ -9,9 +9,9 @@ import click
 from rich.table import Table
 
 from offloadctl.analysis import Analysis
-from offloadctl.cli.common import load_and_analyse
+from offloadctl.cli.common import finish, load_and_analyse
 from offloadctl.cli.options import input_shape_option, model_argument
-from offloadctl.cli.ui import fmt_bytes, out_console, print_json
+from offloadctl.cli.ui import fmt_bytes, out_console
 
 __all__ = ["inspect", "inspect_report"]
 
@@ -84,12 +84,19 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
 @input_shape_option
 @click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle tensors to list.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
-def inspect(model: str, input_shape, top: int, as_json: bool) -> None:
+def inspect(model: str, input_shape, dim, top: int, as_json: bool) -> None:
     """Nodes, tensors, bytes of activations and weights, and the longest-idle tensors."""
-    analysis = load_and_analyse(model, input_shape, show_progress=not as_json)
+    analysis = load_and_analyse(model, input_shape, dim, show_progress=not as_json)
     report = inspect_report(analysis, top=top)
+    acts, weights = report["activations"], report["weights"]
+    verdict = [
+        f"{report['nodes']} nodes",
+        f"activations {fmt_bytes(acts['bytes'])}"
+        + (f" ({acts['unknown_size']} of unknown size)" if acts["unknown_size"] else ""),
+        f"weights {fmt_bytes(weights['bytes'])}",
+    ]
     if as_json:
-        print_json(report)
+        finish("inspect", model, verdict, [], as_json=True, doc=report)
         return
     console = out_console()
     m = report["model"]
@@ -123,3 +130,4 @@ def inspect(model: str, input_shape, top: int, as_json: bool) -> None:
                 r["tensor"], fmt_bytes(r["bytes"]), str(r["producer"]), str(r["first_use"]), str(r["last_use"]), str(r["max_gap"])
             )
         console.print(idle)
+    finish("inspect", model, verdict, [], as_json=False)

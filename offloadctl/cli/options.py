@@ -15,11 +15,16 @@ from offloadctl.stages import (
     DEFAULT_SELECT_NUM,
 )
 from offloadctl.cli.ui import BytesParam
+from offloadctl.profiles import DEFAULT_PROFILE, list_profiles
 from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH
 
 __all__ = [
     "model_argument",
     "input_shape_option",
+    "json_option",
+    "max_peak_option",
+    "report_option",
+    "profile_option",
     "select_options",
     "filter_options",
     "budget_options",
@@ -42,12 +47,50 @@ def _compose(*decorators: Decorator) -> Decorator:
 
 model_argument = click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 
-input_shape_option = click.option(
-    "--input-shape",
-    "input_shape",
-    multiple=True,
-    metavar="NAME=D0,D1,...",
-    help="Pin the dimensions of a graph input with dynamic dimensions (repeatable).",
+input_shape_option = _compose(
+    click.option(
+        "--input-shape",
+        "input_shape",
+        multiple=True,
+        metavar="NAME=D0,D1,...",
+        help="Pin every dimension of a graph input (repeatable); NAME:D0,D1,... and NAME:[D0,D1,...] work too.",
+    ),
+    click.option(
+        "--dim",
+        "dim",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="Pin a named dynamic dimension wherever the inputs use it, e.g. --dim batch=1 (repeatable).",
+    ),
+)
+
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (figures, files written) and nothing else."
+)
+
+max_peak_option = click.option(
+    "--max-peak",
+    type=BytesParam(),
+    default=None,
+    metavar="BYTES",
+    help="A CI gate: exit 1 when the peak device memory (after the plan) is above this (accepts 1.5GiB, 800MB).",
+)
+
+report_option = click.option(
+    "--report",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    metavar="FILE.md",
+    help="Write a Markdown report (peaks, lower bound, what moved and why, estimated time) with the "
+    "timeline plot beside it (FILE.png).",
+)
+
+profile_option = click.option(
+    "--profile",
+    default=DEFAULT_PROFILE,
+    show_default=True,
+    metavar="NAME|FILE.json",
+    help=f"Device profile for the time estimate: {', '.join(list_profiles())}, or a JSON file of your own.",
 )
 
 

@@ -3,19 +3,49 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import click
 from rich.markup import escape
 from rich.table import Table
 
-from offloadctl.cli.options import model_argument
+from offloadctl.cli.common import finish
+from offloadctl.cli.options import input_shape_option, model_argument
 from offloadctl.cli.ui import out_console, print_json
 from offloadctl.errors import OffloadError
-from offloadctl.runner import DEVICES, OPT_LEVELS, RunReport, parse_ep_options, run_model
+from offloadctl.files import check_output_path
+from offloadctl.model import parse_dims, parse_input_shapes
+from offloadctl.runner import (
+    DEVICES,
+    OPT_LEVELS,
+    RunReport,
+    parse_ep_options,
+    parse_value_ranges,
+    run_model,
+)
+from offloadctl.runner import save_outputs as save_outputs_file
 
 __all__ = ["COMMANDS", "run"]
 
 logger = logging.getLogger(__name__)
+
+
+class Tolerance(click.ParamType):
+    """A comparison tolerance: a finite number >= 0 (``nan`` and ``inf`` would pass anything)."""
+
+    name = "FLOAT"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            number = value
+        else:
+            try:
+                number = float(value)
+            except ValueError:
+                self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{value!r} is not a tolerance: give a finite number >= 0", param, ctx)
+        return number
 
 
 @click.command("run")
@@ -24,8 +54,26 @@ logger = logging.getLogger(__name__)
 @click.option(
     "--inputs",
     "inputs",
+    type=click.Path(path_type=str),
+    metavar="FILE.npz|FOLDER",
+    help="Every model input: an .npz file (numpy.savez), a folder of NAME.npy files, or an onnx test-data "
+    "folder (input_0.pb, ...). Random inputs if omitted.",
+)
+@input_shape_option
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option(
+    "--value-range",
+    "value_range",
+    multiple=True,
+    metavar="[NAME:]LOW,HIGH",
+    help="Range of the random inputs (all inputs, or one by name; repeatable): floats uniform in [LOW, HIGH), "
+    "integers LOW..HIGH. Default: floats standard normal, integers 0..3.",
+)
+@click.option(
+    "--save-outputs",
     type=click.Path(dir_okay=False, path_type=str),
-    help="An .npz file with every model input (numpy.savez); random inputs from seed 0 if omitted.",
+    metavar="FILE.npz",
+    help="Write the model's outputs to an .npz file (numpy.load reads it).",
 )
 @click.option(
     "--compare-to",
@@ -50,14 +98,19 @@ logger = logging.getLogger(__name__)
     "match exactly and outputs be bit-identical; with fusions onnxruntime renumbers fused nodes and may run copies "
     "earlier than planned.",
 )
-@click.option("--rtol", type=click.FloatRange(min=0), help="Relative tolerance for --compare-to [default: 1e-5; 0 with --opt-level disable].")
-@click.option("--atol", type=click.FloatRange(min=0), help="Absolute tolerance for --compare-to [default: 1e-6; 0 with --opt-level disable].")
+@click.option("--rtol", type=Tolerance(), help="Relative tolerance for --compare-to [default: 1e-5; 0 with --opt-level disable].")
+@click.option("--atol", type=Tolerance(), help="Absolute tolerance for --compare-to [default: 1e-6; 0 with --opt-level disable].")
 @click.option("--strict-order", is_flag=True, help="Exit 1 when nodes did not run in the planned (file) order.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
 def run(
     model: str,
     device: str,
     inputs: str | None,
+    input_shape: tuple[str, ...],
+    dim: tuple[str, ...],
+    seed: int,
+    value_range: tuple[str, ...],
+    save_outputs: str | None,
     compare_to: str | None,
     ep_option: tuple[str, ...],
     repeat: int,
@@ -73,7 +126,13 @@ def run(
     Reports the providers really in use (fails if onnxruntime fell back to the CPU), the median
     latency, whether nodes ran in the file's order (read back from profiling), and with
     --compare-to whether every output matches the original.
+
+    \b
+    Random inputs never get invented sizes: pin dynamic dimensions with --input-shape or --dim
+    (a rewritten model keeps the pins its plan was made with).
     """
+    if save_outputs is not None:
+        check_output_path(save_outputs, model, compare_to, inputs)
     report = run_model(
         model,
         device,
@@ -84,12 +143,22 @@ def run(
         opt_level=opt_level,
         rtol=rtol,
         atol=atol,
+        input_shapes=parse_input_shapes(input_shape),
+        dims=parse_dims(dim),
+        seed=seed,
+        value_ranges=parse_value_ranges(value_range),
     )
+    written = []
+    if save_outputs is not None:
+        skipped = save_outputs_file(save_outputs, report.output_values)
+        if skipped:
+            report.warnings.append(f"--save-outputs: left out {', '.join(skipped)} (not tensors)")
+        written.append(save_outputs)
     for warning in report.warnings:
         logger.warning("%s", warning)
-    if as_json:
-        print_json(report.to_json())
-    else:
+    if as_json and (report.outputs_differ or (strict_order and not report.order.matches)):
+        print_json({"command": "run", "passed": False, **report.to_json(), "files_written": written})
+    if not as_json:
         _print_report(report)
     differ = report.outputs_differ
     if differ:
@@ -104,6 +173,19 @@ def run(
             f"{model}: nodes did not run in the planned (file) order",
             hint="run with PRIORITY_BASED order and --opt-level disable, or drop --strict-order",
         )
+    parts = [
+        f"median {report.latency_median * 1e3:.3f} ms",
+        "order as planned" if report.order.matches else "order differs from the plan",
+    ]
+    if report.comparison is not None:
+        identical = all(c.identical for c in report.comparison.values())
+        parts.append(
+            f"outputs {'bit-identical to' if identical else 'within tolerance of'} {compare_to}"
+        )
+    finish(
+        "run", f"{model} on {device} ({report.providers[0]})", parts, written,
+        as_json=as_json, doc=report.to_json(),
+    )
 
 
 def _print_report(report: RunReport) -> None:

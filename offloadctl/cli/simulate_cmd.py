@@ -4,36 +4,41 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 import click
 from rich.table import Table
 
-from offloadctl.cli.common import check_unknown_sizes, load_and_analyse
-from offloadctl.cli.options import input_shape_option, model_argument, strict_option
-from offloadctl.cli.ui import err_console, fmt_bytes, out_console, print_json
 from offloadctl.advice import weak_plan_advice
+from offloadctl.cli.common import (
+    check_report_paths,
+    check_unknown_sizes,
+    finish,
+    gate_failure,
+    load_and_analyse,
+    peak_text,
+    plan_pins,
+    slowdown_text,
+)
+from offloadctl.cli.options import (
+    input_shape_option,
+    json_option,
+    max_peak_option,
+    model_argument,
+    profile_option,
+    report_option,
+    strict_option,
+)
+from offloadctl.cli.ui import fmt_bytes, out_console
 from offloadctl.files import check_output_path
 from offloadctl.plan import read_plan
-from offloadctl.profiles import DEFAULT_PROFILE, list_profiles, load_profile
-from offloadctl.simulate import SimResult, is_rewritten, peak_memory, plot_timeline, simulate
+from offloadctl.profiles import load_profile
+from offloadctl.report import write_report
+from offloadctl.simulate import SimResult, plot_timeline, simulate
 
-__all__ = ["COMMANDS", "simulate_cmd", "print_peak_change"]
+__all__ = ["COMMANDS", "simulate_cmd"]
 
 logger = logging.getLogger(__name__)
-
-
-def print_peak_change(analysis, plan: dict) -> None:
-    """One line: the simulated peak device memory without and with ``plan`` (used by `plan`)."""
-    if is_rewritten(analysis):
-        out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
-        return
-    before, _ = peak_memory(analysis)
-    after, at = peak_memory(analysis, plan)
-    where = f", at #{at} {analysis.node_names[at]}" if at is not None and at < analysis.num_positions else ""
-    out_console().print(
-        f"simulated peak device memory: {fmt_bytes(before)} before -> {fmt_bytes(after)} after"
-        f" ({_pct(before, after) or '+0.0%'}{where})"
-    )
 
 
 def _where(at: dict) -> str:
@@ -88,16 +93,12 @@ def _print_report(result: SimResult, doc: dict) -> None:
 @click.command("simulate")
 @model_argument
 @click.option("--plan", "plan_path", type=click.Path(path_type=str), help="A scheduled plan for MODEL.")
-@click.option(
-    "--profile",
-    default=DEFAULT_PROFILE,
-    show_default=True,
-    metavar="NAME|FILE.json",
-    help=f"Device profile for the time model: {', '.join(list_profiles())}, or a JSON file of your own.",
-)
+@profile_option
 @input_shape_option
 @strict_option
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
+@max_peak_option
+@report_option
+@json_option
 @click.option("--plot", type=click.Path(path_type=str), metavar="FILE.png|FILE.svg", help="Write the memory timeline plot.")
 @click.option(
     "--timeline-limit",
@@ -106,42 +107,53 @@ def _print_report(result: SimResult, doc: dict) -> None:
     show_default=True,
     help="Leave the per-step timeline out of --json when the run has more steps than this.",
 )
-def simulate_cmd(model, plan_path, profile, input_shape, strict, as_json, plot, timeline_limit):
+def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, report, as_json, plot, timeline_limit):
     """Peak device memory before and after a plan, where it occurs, bytes moved, and estimated time.
 
     MODEL is an original model (with or without --plan) or a model already rewritten by apply.
     Memory follows onnxruntime's rules in its PRIORITY_BASED order; time comes from the device
-    profile's roofline and link figures (estimates, not measurements).
+    profile's roofline and link figures (estimates, not measurements). With --max-peak it exits 1
+    when the peak (after the plan, or of the model as it is) is above it.
     """
     prof = load_profile(profile)
     plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
     if plot:
         check_output_path(plot, model, plan_path)
-    if plan is not None and not input_shape and plan["model"]["input_shapes"]:
-        analysis = load_and_analyse(
-            model, show_progress=not as_json, shapes=plan["model"]["input_shapes"],
-            shapes_from=f"model.input_shapes of plan {plan_path}",
-        )
+    if report and plot:
+        check_output_path(report, model, plan_path, plot)  # the report links to the --plot image
     else:
-        analysis = load_and_analyse(model, input_shape, show_progress=not as_json)
+        check_report_paths(report, model, plan_path)
+    analysis = load_and_analyse(
+        model, input_shape, dim, pins=plan_pins(plan) if plan is not None else None,
+        pins_from=f"model.input_shapes of plan {plan_path}", show_progress=not as_json,
+    )
     check_unknown_sizes(analysis, strict=strict)
     if plot:
         check_output_path(plot, plan_path, *analysis.loaded.files)
+    if report:
+        check_output_path(report, plan_path, *analysis.loaded.files)
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
+    written: list[str | Path] = []
     if plot:
         plot_timeline(result, plot)
+        written.append(plot)
+    if report:
+        written += write_report(report, result, plan, plot=plot)
     if plan is not None and not result.rewritten:
         warning = weak_plan_advice(analysis, plan)
         if warning:
             logger.warning("%s", warning)
-    if as_json:
-        print_json(doc)
-    else:
+    if not as_json:
         _print_report(result, doc)
-    if plot:
-        (err_console() if as_json else out_console()).print(f"wrote {plot}")
+    planned = plan is not None or result.rewritten
+    failure = gate_failure(max_peak, result.peak_after, "peak after the plan" if planned else "peak")
+    parts = [peak_text(result), slowdown_text(result)] if planned else [f"peak {fmt_bytes(result.peak_before)}"]
+    subject = model + (f" with plan {plan_path}" if plan_path else "")
+    if as_json:
+        doc["max_peak_bytes"] = max_peak
+    finish("simulate", subject, parts, written, as_json=as_json, doc=doc, failure=failure)
 
 
 COMMANDS = [simulate_cmd]

@@ -7,48 +7,51 @@ from pathlib import Path
 
 import click
 
-from offloadctl.cli.common import check_unknown_sizes, load_and_analyse, print_plan_summary
+from offloadctl.advice import weak_plan_advice
 from offloadctl.analysis import Analysis, analyse
+from offloadctl.cli.common import (
+    check_report_paths,
+    check_unknown_sizes,
+    finish,
+    gate_failure,
+    load_and_analyse,
+    peak_text,
+    plan_figures,
+    plan_pins,
+    print_estimate,
+    print_plan_summary,
+    sim_figures,
+    slowdown_text,
+    warn_slowdown,
+)
 from offloadctl.cli.options import (
     budget_options,
     filter_options,
+    json_option,
+    max_peak_option,
     model_argument,
     output_option,
     prefetch_options,
+    profile_option,
+    report_option,
     select_options,
     strict_option,
 )
-from offloadctl.cli.simulate_cmd import print_peak_change
-from offloadctl.cli.ui import out_console, steps
+from offloadctl.cli.ui import fmt_bytes, out_console, steps
 from offloadctl.errors import OffloadError
-from offloadctl.advice import weak_plan_advice
 from offloadctl.explain import explain_table
 from offloadctl.files import check_output_path
 from offloadctl.model import load_model
 from offloadctl.plan import check_plan_model, read_plan, write_plan
-from offloadctl.stages import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, filter_plan, prefetch, select
-from offloadctl.stages.budget import budget_filter, check_budget
+from offloadctl.profiles import load_profile
+from offloadctl.report import write_report
+from offloadctl.simulate import is_rewritten, simulate
+from offloadctl.stages import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, filter_plan, make_plan, prefetch, select
+from offloadctl.stages.budget import budget_filter
 
 __all__ = ["COMMANDS"]
 
 logger = logging.getLogger(__name__)
-
-
-def _analyse_and_select(
-    model: str, input_shape, select_distance, activations, params, force, never
-) -> tuple[Analysis, dict]:
-    analysis = load_and_analyse(model, input_shape)
-    with steps() as step:
-        step("selecting")
-        plan = select(
-            analysis,
-            select_distance=select_distance,
-            activations=activations,
-            params=params,
-            force=force,
-            never=never,
-        )
-    return analysis, plan
 
 
 def _use_budget(strategy: str | None, budget: int | None, stream_weights: bool) -> bool:
@@ -61,7 +64,7 @@ def _use_budget(strategy: str | None, budget: int | None, stream_weights: bool) 
 
 
 def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
-    """Re-load the model a plan was made for (same input shapes) and check it is the same file.
+    """Re-load the model a plan was made for (same input pins) and check it is the same file.
 
     The model is looked for at the path the plan records, then beside the plan file.
     """
@@ -71,7 +74,7 @@ def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
     if not Path(path).exists() and beside.is_file():
         path = str(beside)
     try:
-        loaded = load_model(path, input_shapes=plan["model"]["input_shapes"], input_shapes_from=f"model.input_shapes of {source}")
+        loaded = load_model(path, **plan_pins(plan), input_shapes_from=f"model.input_shapes of {source}")
     except OffloadError as exc:
         raise OffloadError(
             f"the budget strategy needs the model of {source}, {path}: {exc.message}",
@@ -81,17 +84,38 @@ def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
     return analyse(loaded)
 
 
+def _stage_end(command: str, subject: str, plan: dict, output: str, as_json: bool, explain: bool = False) -> None:
+    """Summary (or JSON document) and verdict of a stage command that writes one plan."""
+    figures = plan_figures(plan)
+    if not as_json:
+        print_plan_summary(plan)
+        if explain:
+            out_console().print(explain_table(plan))
+    off = figures["offloads"]
+    noun = "candidate(s)" if plan["stage"] == "selected" else "offload(s)"
+    finish(
+        command, subject, [f"{off['count']} {noun}, {fmt_bytes(off['bytes'])}"], [output],
+        as_json=as_json, doc={"model": plan["model"]["path"], **figures},
+    )
+
+
 @click.command("select")
 @model_argument
 @output_option("the selected plan (stage 'selected')")
 @select_options
-def select_cmd(model, output, select_distance, activations, params, force, never, input_shape):
+@json_option
+def select_cmd(model, output, select_distance, activations, params, force, never, input_shape, dim, as_json):
     """Find tensors idle for more than --select-distance positions (stage 'selected')."""
     check_output_path(output, model)
-    analysis, plan = _analyse_and_select(model, input_shape, select_distance, activations, params, force, never)
+    analysis = load_and_analyse(model, input_shape, dim, show_progress=not as_json)
     check_output_path(output, *analysis.loaded.files)
+    with steps(not as_json) as step:
+        step("selecting")
+        plan = select(
+            analysis, select_distance=select_distance, activations=activations, params=params, force=force, never=never
+        )
     write_plan(output, plan)
-    print_plan_summary(plan, output)
+    _stage_end("select", model, plan, output, as_json)
 
 
 @click.command("filter")
@@ -99,7 +123,8 @@ def select_cmd(model, output, select_distance, activations, params, force, never
 @output_option("the filtered plan (stage 'filtered')")
 @filter_options
 @budget_options
-def filter_cmd(selected, output, select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain):
+@json_option
+def filter_cmd(selected, output, select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain, as_json):
     """Keep the first --select-num candidates in first-use order (stage 'filtered').
 
     With --budget (budget strategy) it instead chooses what to offload so the simulated peak fits,
@@ -111,7 +136,7 @@ def filter_cmd(selected, output, select_num, min_bytes, strategy, budget, stream
     if use_budget:
         analysis = _plan_analysis(selected_plan, selected)
         check_output_path(output, selected, *analysis.loaded.files)
-        with steps() as step:
+        with steps(not as_json) as step:
             plan = budget_filter(
                 selected_plan, analysis, budget_bytes=budget,
                 prefetch_distance=DEFAULT_PREFETCH_DISTANCE, release_distance=DEFAULT_RELEASE_DISTANCE,
@@ -121,16 +146,15 @@ def filter_cmd(selected, output, select_num, min_bytes, strategy, budget, stream
     else:
         plan = filter_plan(selected_plan, select_num=select_num, min_bytes=min_bytes)
     write_plan(output, plan)
-    print_plan_summary(plan, output)
-    if explain:
-        out_console().print(explain_table(plan))
+    _stage_end("filter", selected, plan, output, as_json, explain)
 
 
 @click.command("prefetch")
 @click.argument("filtered", type=click.Path(path_type=str))
 @output_option("the scheduled plan (stage 'scheduled')")
 @prefetch_options
-def prefetch_cmd(filtered, output, prefetch_distance, release_distance):
+@json_option
+def prefetch_cmd(filtered, output, prefetch_distance, release_distance, as_json):
     """Place each host-to-device copy --prefetch-distance positions early (stage 'scheduled')."""
     check_output_path(output, filtered)
     plan = prefetch(
@@ -139,7 +163,7 @@ def prefetch_cmd(filtered, output, prefetch_distance, release_distance):
         release_distance=release_distance,
     )
     write_plan(output, plan)
-    print_plan_summary(plan, output)
+    _stage_end("prefetch", filtered, plan, output, as_json)
 
 
 @click.command("plan")
@@ -150,44 +174,67 @@ def prefetch_cmd(filtered, output, prefetch_distance, release_distance):
 @budget_options
 @prefetch_options
 @strict_option
+@profile_option
+@max_peak_option
+@report_option
+@json_option
 def plan_cmd(
-    model, output, select_distance, activations, params, force, never, input_shape,
+    model, output, select_distance, activations, params, force, never, input_shape, dim,
     select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain,
-    prefetch_distance, release_distance, strict,
+    prefetch_distance, release_distance, strict, profile, max_peak, report, as_json,
 ):
-    """select + filter + prefetch in one call; same document as chaining the three."""
+    """select + filter + prefetch in one call; same document as chaining the three.
+
+    Ends with the simulated peak before and after and the estimated slowdown (--profile); with
+    --max-peak it exits 1 when the peak after the plan is above it (the plan is still written).
+    """
     check_output_path(output, model)
+    check_report_paths(report, model, output)
     use_budget = _use_budget(strategy, budget, stream_weights)
-    analysis, selected = _analyse_and_select(model, input_shape, select_distance, activations, params, force, never)
+    prof = load_profile(profile)
+    analysis = load_and_analyse(model, input_shape, dim, show_progress=not as_json)
     check_output_path(output, *analysis.loaded.files)
+    if report is not None:
+        check_report_paths(report, output, *analysis.loaded.files)
     check_unknown_sizes(analysis, strict=strict)
-    with steps(total=3) as step:
-        if use_budget:
-            step("fitting the budget")
-            filtered = budget_filter(
-                selected, analysis, budget_bytes=budget, prefetch_distance=prefetch_distance,
-                release_distance=release_distance, select_num=select_num, min_bytes=min_bytes,
-                stream_weights=stream_weights, stream_depth=stream_depth,
-                report=lambda text: step(text, new=False),
-            )
-        else:
-            step("filtering")
-            filtered = filter_plan(selected, select_num=select_num, min_bytes=min_bytes)
-        step("scheduling")
-        plan = prefetch(filtered, prefetch_distance=prefetch_distance, release_distance=release_distance)
-        if use_budget:
-            check_budget(analysis, plan)
+    if (max_peak is not None or report is not None) and is_rewritten(analysis):
+        raise OffloadError(
+            f"{model} already contains copies: --max-peak and --report need the original model",
+            hint="check the rewritten model with offloadctl simulate MODEL --max-peak BYTES --report FILE.md",
+        )
+    with steps(not as_json, total=5) as step:
+        plan = make_plan(
+            analysis, select_distance=select_distance, activations=activations, params=params, force=force,
+            never=never, select_num=select_num, min_bytes=min_bytes, prefetch_distance=prefetch_distance,
+            release_distance=release_distance, strategy="budget" if use_budget else "distance", budget=budget,
+            stream_weights=stream_weights, stream_depth=stream_depth, step=step,
+        )
         step(f"writing {output}")
         write_plan(output, plan)
-    print_plan_summary(plan, output)
-    if explain:
-        out_console().print(explain_table(plan))
-    with steps() as step:
-        step("simulating peak memory")
-        print_peak_change(analysis, plan)
-        warning = weak_plan_advice(analysis, plan)
+        step("simulating peak memory and time")
+        result = None if is_rewritten(analysis) else simulate(analysis, plan, profile=prof)
+        warning = None if result is None else weak_plan_advice(analysis, plan)
+    written: list[str | Path] = [output]
+    if report is not None and result is not None:
+        written += write_report(report, result, plan)
+    if not as_json:
+        print_plan_summary(plan)
+        if explain:
+            out_console().print(explain_table(plan))
+        if result is None:
+            out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
+        else:
+            print_estimate(result)
     if warning:
         logger.warning("%s", warning)
+    if result is not None:
+        warn_slowdown(result)
+    failure = None if result is None else gate_failure(max_peak, result.peak_after, "peak after the plan")
+    parts = [peak_text(result), slowdown_text(result)] if result is not None else []
+    finish(
+        "plan", model, parts, written, as_json=as_json, failure=failure,
+        doc={"model": model, "plan": output, **plan_figures(plan), **sim_figures(result), "max_peak_bytes": max_peak},
+    )
 
 
 COMMANDS = [select_cmd, filter_cmd, prefetch_cmd, plan_cmd]

@@ -64,8 +64,19 @@ def err_console() -> Console:
 
 
 def setup_logging(level: int) -> None:
-    handler = RichHandler(console=err_console(), show_time=False, show_path=False, markup=False)
-    logging.basicConfig(level=level, format="%(message)s", handlers=[handler], force=True)
+    """Log records go to stderr: through rich on a terminal, one plain line each otherwise."""
+    console = err_console()
+    handler: logging.Handler
+    if console.is_terminal:
+        handler = RichHandler(console=console, show_time=False, show_path=False, markup=False)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(console.file)
+        handler.setFormatter(logging.Formatter("%(levelname)-8s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    # onnxruntime's Python tools (its symbolic shape inference) log their own doubts as warnings;
+    # they mean nothing to a user of offloadctl, which reports unknown sizes itself. -v shows them.
+    logging.getLogger("onnxruntime").setLevel(level if level <= logging.INFO else logging.ERROR)
 
 
 def _interactive() -> bool:

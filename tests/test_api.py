@@ -1,0 +1,79 @@
+"""The Python API: the exported entry points, the README's example, and the type-hint marker."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+import offloadctl
+from offloadctl.errors import OffloadError
+from offloadctl.plan import validate_plan
+from offloadctl.simulate import peak_memory
+from offloadctl.stages import filter_plan, prefetch, select
+from offloadctl.stages.budget import budget_filter, check_budget
+from tests.conftest import ROOT, SAMPLES
+
+
+def test_the_entry_points_are_exported():
+    for name in ("load", "analyse", "make_plan", "apply", "simulate", "run", "OffloadError"):
+        assert name in offloadctl.__all__ and callable(getattr(offloadctl, name)), name
+    assert (ROOT / "offloadctl" / "py.typed").is_file()
+
+
+def test_the_readme_example_runs(tmp_path, monkeypatch):
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"<!-- example: python-api -->\s*```python\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "sample_models").mkdir()
+    shutil.copy(SAMPLES / "transformer.onnx", tmp_path / "sample_models")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})  # the example asserts its own results
+    assert (tmp_path / "transformer.offload.onnx").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sample_models", "transformer.offload.onnx"]
+
+
+def test_make_plan_with_a_budget_equals_the_stages_chained_by_hand():
+    analysis = offloadctl.analyse(offloadctl.load(SAMPLES / "transformer.onnx"))
+    budget = 800 * 1024
+    plan = offloadctl.make_plan(analysis, budget="800KiB", prefetch_distance=5)
+    by_hand = prefetch(
+        budget_filter(select(analysis), analysis, budget_bytes=budget, prefetch_distance=5), prefetch_distance=5
+    )
+    check_budget(analysis, by_hand)
+    validate_plan(plan)
+    strip = lambda p: {k: v for k, v in p.items() if k != "history"}  # noqa: E731
+    assert strip(plan) == strip(by_hand)
+    assert plan["strategy"] == "budget" and peak_memory(analysis, plan)[0] <= budget
+
+
+def test_make_plan_without_a_budget_is_hyperoffload():
+    analysis = offloadctl.analyse(SAMPLES / "seed.onnx")
+    plan = offloadctl.make_plan(analysis, select_distance=1, prefetch_distance=0)
+    assert plan == prefetch(filter_plan(select(analysis, select_distance=1)), prefetch_distance=0)
+    assert plan["strategy"] == "distance"
+
+
+def test_make_plan_reports_its_stages_and_refuses_contradictions():
+    analysis = offloadctl.analyse(SAMPLES / "transformer.onnx")
+    seen: list[tuple[str, bool]] = []
+    offloadctl.make_plan(analysis, budget=800 * 1024, step=lambda text, new=True: seen.append((text, new)))
+    stages = [text for text, new in seen if new]
+    assert stages == ["selecting", "fitting the budget", "scheduling"]
+    assert any(not new for _, new in seen)  # news from the budget search
+    with pytest.raises(OffloadError, match="need the budget strategy"):
+        offloadctl.make_plan(analysis, strategy="distance", budget=1024)
+    with pytest.raises(OffloadError, match="below the lower bound"):
+        offloadctl.make_plan(analysis, budget="1KiB")
+
+
+def test_apply_refuses_to_overwrite_its_model(tmp_path):
+    shutil.copy(SAMPLES / "seed.onnx", tmp_path / "seed.onnx")
+    analysis = offloadctl.analyse(tmp_path / "seed.onnx")
+    plan = offloadctl.make_plan(analysis, select_distance=1)
+    before = (tmp_path / "seed.onnx").read_bytes()
+    with pytest.raises(OffloadError, match="same file as the input"):
+        offloadctl.apply(plan, analysis, tmp_path / "seed.onnx")
+    assert (tmp_path / "seed.onnx").read_bytes() == before
+    proto = offloadctl.apply(plan, analysis)  # in memory only
+    assert any(n.op_type == "MemcpyToHost" for n in proto.graph.node)
