@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 EXTRA  ?= cann
 OUT    ?= build/demo
 
-.PHONY: install demo test bench samples clean
+.PHONY: install demo test test-install bench samples clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# pip install '.[cpu]' into a fresh virtual environment and compare its figures with this install's.
+test-install: install
+	$(BIN)/python -m pytest -q -m install
 
 bench: install
 	@for script in bench/bench_*.py; do [ -e "$$script" ] || continue; echo "== $$script"; $(BIN)/python $$script || exit 1; done
