@@ -32,7 +32,7 @@ def test_every_command_ends_with_a_passed_verdict(run_cli, tmp_path):
         "filter": ("filter", sel, "-o", fil),
         "prefetch": ("prefetch", fil, "-o", plan, "--prefetch-distance", "0"),
         "plan": ("plan", SEED, "-o", tmp_path / "p2.json", *SEED_PLAN),
-        "apply": ("apply", plan, "-o", out),
+        "apply": ("apply", tmp_path / "p2.json", "-o", out),
         "run": ("run", out, "--device", "cpu", "--repeat", "1", "--compare-to", SEED),
         "simulate": ("simulate", SEED, "--plan", plan),
     }
@@ -46,6 +46,11 @@ def test_every_command_ends_with_a_passed_verdict(run_cli, tmp_path):
     assert re.search(r"est\. slowdown \d+\.\d\dx \(copies in line, profile ascend-910b\)", verdicts["plan"])
     assert verdicts["plan"].endswith(f"wrote {tmp_path / 'p2.json'}")
     assert "peak 516 B -> 388 B" in verdicts["apply"] and f"wrote {out}" in verdicts["apply"]
+    assert "1 D2H + 1 H2D copies" in verdicts["apply"]
+    # a plan made stage by stage carries no estimate: apply says where to get the figures
+    staged = run_cli("apply", plan, "-o", tmp_path / "staged.onnx")
+    assert _verdict(staged.stdout).endswith(f"peak and time: offloadctl simulate {tmp_path / 'staged.onnx'} | wrote "
+                                            f"{tmp_path / 'staged.onnx'}")
     assert "peak 516 B -> 388 B" in verdicts["simulate"] and "est. slowdown" in verdicts["simulate"]
     assert "order as planned" in verdicts["run"] and f"bit-identical to {SEED}" in verdicts["run"]
     assert "1 candidate(s), 128 B" in verdicts["select"] and verdicts["select"].endswith(f"wrote {sel}")
@@ -63,8 +68,10 @@ def test_json_is_one_document_with_figures_and_files_written(run_cli, tmp_path, 
         "filter": ("filter", sel, "-o", tmp_path / "f2.json"),
         "prefetch": ("prefetch", fil, "-o", tmp_path / "p2.json"),
         "plan": ("plan", SEED, "-o", tmp_path / "p2.json", *SEED_PLAN),
-        "apply": ("apply", plan, "-o", out),
+        "apply": ("apply", tmp_path / "p3.json", "-o", out),
     }[command]
+    if command == "apply":
+        assert run_cli("plan", SEED, "-o", tmp_path / "p3.json", *SEED_PLAN).exit_code == 0
     result = run_cli(*args, "--json")
     assert result.exit_code == 0, result.stderr
     doc = json.loads(result.stdout)  # the whole of stdout is one document
@@ -72,9 +79,10 @@ def test_json_is_one_document_with_figures_and_files_written(run_cli, tmp_path, 
     assert doc["files_written"] == [str(args[3])] and Path(args[3]).is_file()
     assert _verdict(result.stderr).startswith(f"PASSED | {command}")  # the verdict goes to stderr
     if command in ("plan", "apply"):
-        assert doc["peak_bytes"] == {"before": 516, "after": 388, "saved": 128}
-        assert doc["slowdown"]["serialized"] >= 1.0 and doc["profile"] == "ascend-910b"
-        assert doc["lower_bound_bytes"] == 384
+        figures = doc if command == "plan" else doc["estimate"]  # apply quotes what plan recorded
+        assert figures["peak_bytes"] == {"before": 516, "after": 388, "saved": 128}
+        assert figures["slowdown"]["serialized"] >= 1.0 and figures["profile"] == "ascend-910b"
+        assert figures["lower_bound_bytes"] == 384
     else:
         assert doc["offloads"]["count"] == 1 and doc["offloads"]["bytes"] == 128
 
@@ -178,3 +186,18 @@ def test_the_readme_ci_example_fails_the_job_on_a_regression(tmp_path, ci_script
     assert result.returncode == 1, result.stdout + result.stderr
     assert "below the lower bound" in result.stderr
     assert not (tmp_path / "model.offload.onnx").exists()
+
+
+def test_a_recorded_estimate_holds_only_while_the_offloads_are_unchanged(run_cli, tmp_path):
+    from offloadctl.estimate import recorded_estimate
+
+    path = tmp_path / "p.json"
+    assert run_cli("plan", SEED, "-o", path, *SEED_PLAN).exit_code == 0
+    plan = json.loads(path.read_text())
+    assert recorded_estimate(plan)["peak_bytes"]["after"] == 388
+    plan["offloads"][0]["reload_groups"][0]["h2d_before"] -= 1  # an edit: the figures no longer hold
+    assert recorded_estimate(plan) is None
+    path.write_text(json.dumps(plan))
+    result = run_cli("apply", path, "-o", tmp_path / "out.onnx", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["estimate"] is None and "peak and time: offloadctl simulate" in result.stderr

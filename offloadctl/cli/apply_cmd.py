@@ -8,15 +8,14 @@ import click
 
 from offloadctl.analysis import analyse
 from offloadctl.apply import ApplyResult, apply_plan, check_model_outputs, write_model
-from offloadctl.cli.common import finish, peak_text, plan_pins, print_estimate, sim_figures, slowdown_text, warn_slowdown
-from offloadctl.cli.options import json_option, output_option, profile_option
+from offloadctl.cli.common import finish, peak_text, plan_pins, print_estimate, slowdown_text
+from offloadctl.cli.options import json_option, output_option
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.errors import OffloadError
+from offloadctl.estimate import recorded_estimate
 from offloadctl.files import check_output_path, sha256_file
 from offloadctl.model import load_model
 from offloadctl.plan import check_plan_model, read_plan
-from offloadctl.profiles import load_profile
-from offloadctl.simulate import simulate
 
 __all__ = ["COMMANDS", "find_model"]
 
@@ -54,22 +53,22 @@ def find_model(plan: dict, plan_path: str, model: str | None) -> Path:
     default=None,
     help="The model the plan was made for (default: the plan's model.path).",
 )
-@profile_option
 @json_option
-def apply(plan_path: str, output: str, model: str | None, profile: str, as_json: bool) -> None:
+def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None:
     """Insert the copies of a scheduled plan into its model and write OUT.onnx.
 
     The input model is not modified. Run the result with `offloadctl run`, or in your own
     onnxruntime session with the settings recorded in its metadata (offloadctl.session):
     PRIORITY_BASED execution order, ConstantFolding disabled when weights are offloaded.
+    The peak and time figures are those `offloadctl plan` recorded in the plan (`simulate OUT`
+    computes them for the rewritten model).
     """
-    prof = load_profile(profile)
     plan = read_plan(plan_path, stages=("scheduled",))
     model_path = find_model(plan, plan_path, model)
     check_output_path(output, plan_path, model_path)
     check_plan_model(plan, sha256_file(model_path), model_path)
     result = ApplyResult()
-    with steps(not as_json, total=5) as step:
+    with steps(not as_json, total=4) as step:
         step(f"loading {model_path}")
         loaded = load_model(model_path, **plan_pins(plan), input_shapes_from=f"model.input_shapes of plan {plan_path}")
         reads = (Path(plan_path), *loaded.files)
@@ -81,9 +80,7 @@ def apply(plan_path: str, output: str, model: str | None, profile: str, as_json:
         proto = apply_plan(plan, analysis, result=result)
         step(f"writing {output}")
         extra = write_model(proto, output, source_dir=model_path.parent, protected=reads)
-        del proto
-        step("simulating peak memory and time")
-        sim = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
+    figures = recorded_estimate(plan)
     if not as_json:
         console = out_console()
         console.print(
@@ -93,10 +90,15 @@ def apply(plan_path: str, output: str, model: str | None, profile: str, as_json:
         )
         for path in extra:
             console.print(f"placed data file {path}", soft_wrap=True)
-        print_estimate(sim)
-    warn_slowdown(sim)
+        if figures is not None:
+            print_estimate(figures, what="planned")
+    parts = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
+    if figures is not None:
+        parts += [peak_text(figures), slowdown_text(figures)]
+    else:
+        parts.append(f"peak and time: offloadctl simulate {output}")
     finish(
-        "apply", plan_path, [f"{model_path} -> {output}", peak_text(sim), slowdown_text(sim)], [output, *extra],
+        "apply", plan_path, parts, [output, *extra],
         as_json=as_json,
         doc={
             "model": str(model_path),
@@ -105,7 +107,7 @@ def apply(plan_path: str, output: str, model: str | None, profile: str, as_json:
             "copies": {"d2h": result.d2h, "h2d": result.h2d},
             "offloaded": {"activations": result.activations, "parameters": result.parameters},
             "data_files": [str(p) for p in extra],
-            **sim_figures(sim),
+            "estimate": figures,  # recorded by `offloadctl plan`; None for a plan made otherwise
         },
     )
 

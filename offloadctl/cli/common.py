@@ -24,7 +24,6 @@ from offloadctl.errors import OffloadError
 from offloadctl.files import check_output_path
 from offloadctl.model import load_model, parse_dims, parse_input_shapes
 from offloadctl.report import SLOWDOWN_WARNING, report_plot_path
-from offloadctl.simulate import SimResult
 
 __all__ = [
     "load_and_analyse",
@@ -32,7 +31,6 @@ __all__ = [
     "plan_pins",
     "print_plan_summary",
     "plan_figures",
-    "sim_figures",
     "peak_text",
     "slowdown_text",
     "warn_slowdown",
@@ -129,46 +127,28 @@ def plan_figures(plan: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def sim_figures(result: SimResult | None) -> dict[str, Any]:
-    """Peak, lower bound, bytes moved and estimated time of a simulation (for --json)."""
-    if result is None:
-        return {"peak_bytes": None, "lower_bound_bytes": None, "transfer_bytes": None, "time_s": None, "slowdown": None}
-    doc = result.to_json(timeline_limit=0)
-    return {
-        "peak_bytes": doc["peak_bytes"],
-        "lower_bound_bytes": doc["lower_bound_bytes"],
-        "transfer_bytes": doc["transfer_bytes"],
-        "copies": doc["copies"],
-        "unknown_size_tensors": len(result.unknown_tensors),
-        "profile": result.profile.name if result.profile is not None else None,
-        "time_s": doc["time_s"],
-        "slowdown": doc["slowdown"],
-    }
-
-
-def peak_text(result: SimResult) -> str:
-    before, after = result.peak_before, result.peak_after
+def peak_text(figures: Mapping[str, Any]) -> str:
+    """``peak 1.20 MiB -> 0.90 MiB (-25.0%)`` from `offloadctl.estimate.estimate_figures`."""
+    before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
     change = f" ({100.0 * (after - before) / before:+.1f}%)" if before else ""
     return f"peak {fmt_bytes(before)} -> {fmt_bytes(after)}{change}"
 
 
-def slowdown_text(result: SimResult) -> str | None:
-    if result.times is None or result.profile is None:
+def slowdown_text(figures: Mapping[str, Any]) -> str | None:
+    if not figures.get("slowdown"):
         return None
-    return f"est. slowdown {result.times.slowdown['serialized']:.2f}x (copies in line, profile {result.profile.name})"
+    return f"est. slowdown {figures['slowdown']['serialized']:.2f}x (copies in line, profile {figures['profile']})"
 
 
-def warn_slowdown(result: SimResult) -> None:
+def warn_slowdown(figures: Mapping[str, Any]) -> None:
     """Warn when the estimated slowdown with copies in line is over `SLOWDOWN_WARNING`."""
-    if result.times is None or result.profile is None:
-        return
-    slow = result.times.slowdown
-    if slow["serialized"] > SLOWDOWN_WARNING:
+    slow = figures.get("slowdown")
+    if slow and slow["serialized"] > SLOWDOWN_WARNING:
         logger.warning(
             "the estimated slowdown with copies in line (how onnxruntime runs them) is %.2fx, over %.1fx "
             "(profile %s; %.2fx if copies could overlap compute): fewer or larger-gap offloads cost less "
             "(a larger --select-distance or --min-bytes, or a --budget closer to the peak)",
-            slow["serialized"], SLOWDOWN_WARNING, result.profile.name, slow["overlapped"],
+            slow["serialized"], SLOWDOWN_WARNING, figures["profile"], slow["overlapped"],
         )
 
 
@@ -223,18 +203,16 @@ def check_report_paths(report: str | None, *inputs: Any) -> Path | None:
     return plot
 
 
-def print_estimate(result: SimResult) -> None:
-    """The simulated peak change and, next to it, the estimated slowdown (used by plan and apply)."""
-    before, after = result.peak_before, result.peak_after
-    at = result.after.at(result.after.peak_step)
-    where = f", at #{at['position']} {at['node']}" if at["step"] is not None and at["kind"] == "node" else ""
+def print_estimate(figures: Mapping[str, Any], *, where: str = "", what: str = "simulated") -> None:
+    """The peak change and, next to it, the estimated slowdown (plan, apply)."""
+    before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
     change = f"{100.0 * (after - before) / before:+.1f}%" if before else "+0.0%"
-    line = f"simulated peak device memory: {fmt_bytes(before)} before -> {fmt_bytes(after)} after ({change}{where})"
-    if result.times is not None and result.profile is not None:
-        slow = result.times.slowdown
+    line = f"{what} peak device memory: {fmt_bytes(before)} before -> {fmt_bytes(after)} after ({change}{where})"
+    slow = figures.get("slowdown")
+    if slow:
         line += (
             f"; estimated time {slow['serialized']:.2f}x the baseline with copies in line, "
-            f"{slow['overlapped']:.2f}x on copy streams (profile {result.profile.name})"
+            f"{slow['overlapped']:.2f}x on copy streams (profile {figures['profile']})"
         )
     out_console().print(line, soft_wrap=True)
 

@@ -30,6 +30,7 @@ from offloadctl.cli.options import (
     strict_option,
 )
 from offloadctl.cli.ui import fmt_bytes, out_console
+from offloadctl.estimate import estimate_figures
 from offloadctl.files import check_output_path
 from offloadctl.plan import read_plan
 from offloadctl.profiles import load_profile
@@ -149,7 +150,8 @@ def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, 
         _print_report(result, doc)
     planned = plan is not None or result.rewritten
     failure = gate_failure(max_peak, result.peak_after, "peak after the plan" if planned else "peak")
-    parts = [peak_text(result), slowdown_text(result)] if planned else [f"peak {fmt_bytes(result.peak_before)}"]
+    figures = estimate_figures(result)
+    parts = [peak_text(figures), slowdown_text(figures)] if planned else [f"peak {fmt_bytes(result.peak_before)}"]
     subject = model + (f" with plan {plan_path}" if plan_path else "")
     if as_json:
         doc["max_peak_bytes"] = max_peak

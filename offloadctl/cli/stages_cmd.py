@@ -20,7 +20,6 @@ from offloadctl.cli.common import (
     plan_pins,
     print_estimate,
     print_plan_summary,
-    sim_figures,
     slowdown_text,
     warn_slowdown,
 )
@@ -39,6 +38,7 @@ from offloadctl.cli.options import (
 )
 from offloadctl.cli.ui import fmt_bytes, out_console, steps
 from offloadctl.errors import OffloadError
+from offloadctl.estimate import estimate_figures, record_estimate
 from offloadctl.explain import explain_table
 from offloadctl.files import check_output_path
 from offloadctl.model import load_model
@@ -209,11 +209,14 @@ def plan_cmd(
             release_distance=release_distance, strategy="budget" if use_budget else "distance", budget=budget,
             stream_weights=stream_weights, stream_depth=stream_depth, step=step,
         )
-        step(f"writing {output}")
-        write_plan(output, plan)
         step("simulating peak memory and time")
         result = None if is_rewritten(analysis) else simulate(analysis, plan, profile=prof)
         warning = None if result is None else weak_plan_advice(analysis, plan)
+        figures = None if result is None else estimate_figures(result)
+        if figures is not None:
+            record_estimate(plan, figures)  # apply quotes it instead of simulating again
+        step(f"writing {output}")
+        write_plan(output, plan)
     written: list[str | Path] = [output]
     if report is not None and result is not None:
         written += write_report(report, result, plan)
@@ -223,17 +226,20 @@ def plan_cmd(
             out_console().print(explain_table(plan))
         if result is None:
             out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
-        else:
-            print_estimate(result)
+    if result is None or figures is None:
+        finish("plan", model, [], written, as_json=as_json, doc={"model": model, "plan": output, **plan_figures(plan)})
+        return
+    if not as_json:
+        at = result.after.at(result.after.peak_step)
+        where = f", at #{at['position']} {at['node']}" if at["step"] is not None and at["kind"] == "node" else ""
+        print_estimate(figures, where=where)
     if warning:
         logger.warning("%s", warning)
-    if result is not None:
-        warn_slowdown(result)
-    failure = None if result is None else gate_failure(max_peak, result.peak_after, "peak after the plan")
-    parts = [peak_text(result), slowdown_text(result)] if result is not None else []
+    warn_slowdown(figures)
     finish(
-        "plan", model, parts, written, as_json=as_json, failure=failure,
-        doc={"model": model, "plan": output, **plan_figures(plan), **sim_figures(result), "max_peak_bytes": max_peak},
+        "plan", model, [peak_text(figures), slowdown_text(figures)], written, as_json=as_json,
+        failure=gate_failure(max_peak, result.peak_after, "peak after the plan"),
+        doc={"model": model, "plan": output, **plan_figures(plan), **figures, "max_peak_bytes": max_peak},
     )
 
 
