@@ -24,7 +24,8 @@ samples: install
 demo: install
 	@mkdir -p $(OUT)
 	$(BIN)/offloadctl inspect sample_models/unet.onnx --top 5
-	$(BIN)/offloadctl plan sample_models/unet.onnx -o $(OUT)/unet.plan.json --select-distance 10 --prefetch-distance 3 --params
+	$(BIN)/offloadctl plan sample_models/unet.onnx -o $(OUT)/unet.plan.json --select-distance 10 --prefetch-distance 3 --params \
+	  --report $(OUT)/unet.plan.md
 	$(BIN)/offloadctl apply $(OUT)/unet.plan.json -o $(OUT)/unet.offload.onnx
 	$(BIN)/offloadctl run $(OUT)/unet.offload.onnx --device cpu --inputs sample_models/unet.inputs.npz \
 	  --compare-to sample_models/unet.onnx

@@ -12,6 +12,9 @@ This module owns everything `offloadctl run` does, as a library:
   when the Ascend toolkit or the CUDA libraries are missing;
 * the order nodes actually ran in, read from onnxruntime's profiling events, against the planned
   order (the model file's node order, Constant nodes excluded);
+* the inputs: read from an .npz file, a folder of .npy files or onnx's test-data layout
+  (`load_inputs`), or generated from a seed and value ranges (`generate_inputs`), never with
+  invented sizes (dynamic dimensions must be pinned); and the outputs saved (`save_outputs`);
 * a comparison of every output against an original model run with the same inputs.
 
 onnxruntime is an optional dependency and is imported only when a model is run.
