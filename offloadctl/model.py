@@ -2,11 +2,10 @@
 
 Planning never needs weight bytes: models are read with ``load_external_data=False``, so weights in
 external data files stay on disk. Shapes come from onnx's own shape inference with data
-propagation, after pinning dynamic input dimensions the user gave with ``--input-shape`` (by input)
-or ``--dim`` (by dimension name); they are
-looked up lazily (`TensorInfos`), so a command that needs a few tensors pays for a few. A tensor
-whose byte size stays unknown keeps ``bytes=None``; stages exclude it with a reason, never count it
-as zero.
+propagation, after pinning dynamic input dimensions the user gave with ``--input-shape`` (by
+input) or ``--dim`` (by dimension name); they are looked up lazily (`TensorInfos`), so a command
+that needs a few tensors pays for a few. A tensor whose byte size stays unknown keeps
+``bytes=None``; stages exclude it with a reason, never count it as zero.
 """
 
 from __future__ import annotations
