@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from offloadctl.errors import OffloadError
-from offloadctl.units import byte_arg, fmt_bytes, parse_bytes
+from offloadctl.units import MAX_BYTES, byte_arg, fmt_bytes, parse_bytes
 
 
 @pytest.mark.parametrize(
@@ -36,6 +36,8 @@ def test_parse_bytes_refuses_what_is_not_a_size(text):
         parse_bytes(text)
 
 
-def test_big_integers_parse_exactly():
-    assert parse_bytes("123456789012345678901234567890") == 123456789012345678901234567890
-    assert parse_bytes("1TiB") == 2**40
+def test_sizes_parse_exactly_up_to_64_bits():
+    assert parse_bytes("9223372036854775807") == MAX_BYTES
+    assert parse_bytes("1TiB") == 2**40 and parse_bytes("0.1KB") == 100  # no float rounding
+    with pytest.raises(OffloadError, match="more bytes than any device has"):
+        parse_bytes("123456789012345678901234567890")
