@@ -17,32 +17,30 @@ Each is a thin name over the module that owns the work: `offloadctl.model.load_m
 `offloadctl.apply.write_model`, `offloadctl.simulate.simulate` and `offloadctl.runner.run_model`.
 User errors raise `OffloadError` (a message naming the file or tensor, and a hint).
 
-Note: the functions ``offloadctl.apply`` and ``offloadctl.simulate`` shadow the modules of the
-same name as attributes of the package; import from the modules by their full names
-(``from offloadctl.simulate import plot_timeline``).
+Importing the package is light (the modules load on first use), so that the command line can turn
+an interrupt during start-up into one line. ``offloadctl.apply`` and ``offloadctl.simulate`` stay
+the functions even after the modules of the same name are imported; reach the modules by their full
+names (``from offloadctl.simulate import plot_timeline``).
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import types
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from offloadctl.errors import OffloadError
+
 __version__ = "0.1.0"
 
-import os
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
-
-# The modules are imported before the functions below take their names: a module imported later
-# would be bound over the function of the same name.
-import offloadctl.apply as _apply_module
-import offloadctl.simulate as _simulate_module
-from offloadctl.analysis import Analysis
-from offloadctl.analysis import analyse as _analyse
-from offloadctl.errors import OffloadError
-from offloadctl.model import LoadedModel, load_model
-from offloadctl.profiles import DEFAULT_PROFILE
-from offloadctl.runner import RunReport, run_model
-from offloadctl.simulate import SimResult
-from offloadctl.stages import make_plan
+if TYPE_CHECKING:
+    from offloadctl.analysis import Analysis
+    from offloadctl.apply import ApplyResult
+    from offloadctl.model import LoadedModel
+    from offloadctl.runner import RunReport
+    from offloadctl.simulate import SimResult
 
 __all__ = [
     "OffloadError",
@@ -60,7 +58,22 @@ __all__ = [
     "ApplyResult",
 ]
 
-ApplyResult = _apply_module.ApplyResult
+_TYPES = {
+    "LoadedModel": "offloadctl.model",
+    "Analysis": "offloadctl.analysis",
+    "SimResult": "offloadctl.simulate",
+    "RunReport": "offloadctl.runner",
+    "ApplyResult": "offloadctl.apply",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _TYPES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'offloadctl' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 def load(
@@ -75,6 +88,8 @@ def load(
     pins named dimensions wherever the inputs use them (``{"batch": 1}``). See
     `offloadctl.model.load_model`.
     """
+    from offloadctl.model import load_model
+
     return load_model(path, input_shapes=input_shapes, dims=dims)
 
 
@@ -83,9 +98,25 @@ def analyse(model: LoadedModel | str | os.PathLike[str]) -> Analysis:
 
     Accepts a `LoadedModel` or a path (loaded without pins).
     """
+    from offloadctl.analysis import analyse as _analyse
+    from offloadctl.model import LoadedModel, load_model
+
     if not isinstance(model, LoadedModel):
         model = load_model(model)
     return _analyse(model)
+
+
+def make_plan(analysis: Analysis, **options: Any) -> dict[str, Any]:
+    """The whole scheduled plan in one call: select, filter (by count, or by ``budget``), prefetch.
+
+    Takes every keyword option of `offloadctl.stages.make_plan`: ``select_distance``,
+    ``activations``, ``params``, ``force``, ``never``, ``select_num``, ``min_bytes``,
+    ``prefetch_distance``, ``release_distance``, ``strategy``, ``budget`` (bytes, or text such as
+    ``"1.5GiB"``), ``stream_weights``, ``stream_depth``, ``step``.
+    """
+    from offloadctl.stages import make_plan as _make_plan
+
+    return _make_plan(analysis, **options)
 
 
 def apply(
@@ -93,35 +124,56 @@ def apply(
     analysis: Analysis,
     output: str | os.PathLike[str] | None = None,
     *,
-    result: _apply_module.ApplyResult | None = None,
+    result: ApplyResult | None = None,
 ) -> Any:
     """Insert a scheduled plan's copies into its model.
 
     Returns the rewritten ``onnx.ModelProto``. With ``output`` the model is also written there
     atomically, its external data files copied beside it when it goes to another folder (see
-    `offloadctl.apply.write_model`); the input model is never modified. ``result`` (an
-    `ApplyResult`) is filled with what was inserted.
+    `offloadctl.apply.write_model`); no file the model or plan reads is ever overwritten.
+    ``result`` (an `ApplyResult`) is filled with what was inserted.
     """
-    model = _apply_module.apply_plan(plan, analysis, result=result)
-    if output is not None:
-        source = Path(analysis.loaded.path).parent
-        from offloadctl.files import check_output_path
+    from offloadctl.apply import apply_plan, check_model_outputs, write_model
+    from offloadctl.files import check_output_path
 
-        check_output_path(output, analysis.loaded.path)
-        _apply_module.write_model(model, output, source_dir=source)
+    model = apply_plan(plan, analysis, result=result)
+    if output is not None:
+        loaded = analysis.loaded
+        source = loaded.path.parent
+        check_output_path(output, *loaded.files)
+        check_model_outputs(loaded.proto, output, source, loaded.files)
+        write_model(model, output, source_dir=source, protected=loaded.files)
     return model
 
 
-def simulate(analysis: Analysis, plan: dict[str, Any] | None = None, *, profile: Any = DEFAULT_PROFILE) -> SimResult:
+def simulate(analysis: Analysis, plan: dict[str, Any] | None = None, *, profile: Any = "ascend-910b") -> SimResult:
     """Peak device memory before and after ``plan`` and its estimated time under a device profile.
 
-    See `offloadctl.simulate.simulate`; ``profile`` is a bundled profile name, a profile file, a
-    `offloadctl.profiles.Profile`, or None to skip the time estimate.
+    See `offloadctl.simulate.simulate`; ``profile`` is a bundled profile name (the default is
+    `offloadctl.profiles.DEFAULT_PROFILE`), a profile file, a `offloadctl.profiles.Profile`, or None
+    to skip the time estimate.
     """
-    return _simulate_module.simulate(analysis, plan, profile=profile)
+    from offloadctl.simulate import simulate as _simulate
+
+    return _simulate(analysis, plan, profile=profile)
 
 
 def run(model: str | os.PathLike[str], device: str = "cpu", **options: Any) -> RunReport:
     """Run a model with onnxruntime on ``device`` and check it (see `offloadctl.runner.run_model`:
     ``inputs``, ``compare_to``, ``repeat``, ``opt_level``, ``input_shapes``, ``dims``, ...)."""
+    from offloadctl.runner import run_model
+
     return run_model(str(model), device, **options)
+
+
+class _Package(types.ModuleType):
+    """The package's module type: importing the submodule ``offloadctl.apply`` (or ``.simulate``)
+    binds it as an attribute of the package, which would hide the function of the same name."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("apply", "simulate") and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

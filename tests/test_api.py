@@ -20,6 +20,27 @@ def test_the_entry_points_are_exported():
     for name in ("load", "analyse", "make_plan", "apply", "simulate", "run", "OffloadError"):
         assert name in offloadctl.__all__ and callable(getattr(offloadctl, name)), name
     assert (ROOT / "offloadctl" / "py.typed").is_file()
+    import inspect
+
+    from offloadctl.profiles import DEFAULT_PROFILE
+
+    assert inspect.signature(offloadctl.simulate).parameters["profile"].default == DEFAULT_PROFILE
+
+
+def test_the_functions_survive_importing_their_modules_and_the_package_stays_light():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, offloadctl\n"
+        "light = 'onnx' not in sys.modules\n"
+        "import offloadctl.apply, offloadctl.simulate\n"
+        "from offloadctl.simulate import plot_timeline\n"
+        "print(light, callable(offloadctl.apply) and not isinstance(offloadctl.apply, type(sys)),\n"
+        "      offloadctl.simulate.__module__, offloadctl.ApplyResult.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "True", "offloadctl", "ApplyResult"]
 
 
 def test_the_readme_example_runs(tmp_path, monkeypatch):
