@@ -131,8 +131,10 @@ def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, 
     check_unknown_sizes(analysis, strict=strict)
     if plot:
         check_output_path(plot, plan_path, *analysis.loaded.files)
-    if report:
-        check_output_path(report, plan_path, *analysis.loaded.files)
+    if report and plot:
+        check_output_path(report, plan_path, plot, *analysis.loaded.files)
+    elif report:
+        check_report_paths(report, plan_path, *analysis.loaded.files)
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
