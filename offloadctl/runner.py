@@ -55,6 +55,7 @@ __all__ = [
     "OutputComparison",
     "RunReport",
     "import_onnxruntime",
+    "quiet_onnxruntime",
     "read_session_settings",
     "session_config",
     "settings_warnings",
@@ -140,7 +141,6 @@ def import_onnxruntime(device: str = "cpu") -> Any:
     """
     try:
         import onnxruntime
-        onnxruntime.set_default_logger_severity(_ort_log_severity())
     except ImportError:
         extra = _EXTRAS.get(device, "cpu")
         raise OffloadError(
@@ -148,6 +148,12 @@ def import_onnxruntime(device: str = "cpu") -> Any:
             hint=f"pip install 'offloadctl[{extra}]' (extras: cann for Ascend, cpu, cuda; install only one)",
         ) from None
     return onnxruntime
+
+
+def quiet_onnxruntime(device: str = "cpu") -> None:
+    """Keep onnxruntime's process-wide logger to fatal errors (info with -v): the command line
+    reports its failures itself, as one message. Library callers keep their own setting."""
+    import_onnxruntime(device).set_default_logger_severity(_ort_log_severity())
 
 
 def _ort_log_severity() -> int:

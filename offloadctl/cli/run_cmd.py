@@ -21,6 +21,7 @@ from offloadctl.runner import (
     RunReport,
     parse_ep_options,
     parse_value_ranges,
+    quiet_onnxruntime,
     run_model,
 )
 from offloadctl.runner import save_outputs as save_outputs_file
@@ -133,6 +134,7 @@ def run(
     """
     if save_outputs is not None:
         check_output_path(save_outputs, model, compare_to, inputs)
+    quiet_onnxruntime(device)
     report = run_model(
         model,
         device,
