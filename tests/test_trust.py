@@ -752,3 +752,15 @@ def test_a_plans_input_shapes_naming_a_non_input_are_reported_as_the_plans(run_c
 def test_apply_model_given_as_a_folder(run_cli, tmp_path):
     plan = _plan(run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json")
     assert_clean_failure(run_cli("apply", plan, "-o", tmp_path / "o.onnx", "--model", tmp_path), "is a directory")
+
+
+def test_two_outputs_of_one_command_never_collide(run_cli, tmp_path):
+    seed = SAMPLES / "seed.onnx"
+    cases = [
+        (["plan", seed, "-o", tmp_path / "same.md", "--report", tmp_path / "same.md"], "the plan and the report"),
+        (["plan", seed, "-o", tmp_path / "p.png", "--report", tmp_path / "p.md"], "the plan and the report's plot"),
+        (["simulate", seed, "--plot", tmp_path / "x.png", "--report", tmp_path / "x.png"], "would both be written"),
+    ]
+    for args, needle in cases:
+        assert_clean_failure(run_cli(*args), needle)
+    assert list(tmp_path.iterdir()) == []

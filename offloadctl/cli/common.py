@@ -21,7 +21,7 @@ from rich.table import Table
 from offloadctl.analysis import Analysis, analyse
 from offloadctl.cli.ui import err_console, fmt_bytes, out_console, print_json, steps
 from offloadctl.errors import OffloadError
-from offloadctl.files import check_output_path
+from offloadctl.files import check_distinct_outputs, check_output_path
 from offloadctl.model import load_model, parse_dims, parse_input_shapes
 from offloadctl.report import SLOWDOWN_WARNING, report_plot_path
 
@@ -193,14 +193,21 @@ def finish(
     console.print("PASSED | " + " | ".join(fields), markup=False, highlight=False, soft_wrap=True)
 
 
-def check_report_paths(report: str | None, *inputs: Any) -> Path | None:
-    """Refuse a report (or the plot beside it) that would overwrite an input; return the plot path."""
+def check_report_paths(
+    report: str | None, *inputs: Any, others: Sequence[tuple[str, Any]] = (), plot: str | None = None
+) -> Path | None:
+    """Refuse a report (or the plot beside it) that would overwrite an input (``inputs``: what the
+    command reads) or another output of the command (``others``: (what, path) pairs); return the
+    plot path. ``plot`` is a plot the user asked for, which the report then links to."""
     if report is None:
         return None
     check_output_path(report, *inputs)
-    plot = report_plot_path(report)
-    check_output_path(plot, report, *inputs)
-    return plot
+    drawn = Path(plot) if plot else report_plot_path(report)
+    if not plot:
+        check_output_path(drawn, *inputs)
+    outputs = [("the report", report), ("the report's plot", drawn), *[(w, p) for w, p in others if p is not None]]
+    check_distinct_outputs(outputs)
+    return drawn
 
 
 def print_estimate(figures: Mapping[str, Any], *, where: str = "", what: str = "simulated") -> None:

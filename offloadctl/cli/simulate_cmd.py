@@ -120,10 +120,7 @@ def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, 
     plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
     if plot:
         check_output_path(plot, model, plan_path)
-    if report and plot:
-        check_output_path(report, model, plan_path, plot)  # the report links to the --plot image
-    else:
-        check_report_paths(report, model, plan_path)
+    check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
     analysis = load_and_analyse(
         model, input_shape, dim, pins=plan_pins(plan) if plan is not None else None,
         pins_from=f"model.input_shapes of plan {plan_path}", show_progress=not as_json,
@@ -131,10 +128,7 @@ def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, 
     check_unknown_sizes(analysis, strict=strict)
     if plot:
         check_output_path(plot, plan_path, *analysis.loaded.files)
-    if report and plot:
-        check_output_path(report, plan_path, plot, *analysis.loaded.files)
-    elif report:
-        check_report_paths(report, plan_path, *analysis.loaded.files)
+    check_report_paths(report, plan_path, *analysis.loaded.files, plot=plot)
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)

@@ -189,13 +189,13 @@ def plan_cmd(
     --max-peak it exits 1 when the peak after the plan is above it (the plan is still written).
     """
     check_output_path(output, model)
-    check_report_paths(report, model, output)
+    check_report_paths(report, model, others=[("the plan", output)])
     use_budget = _use_budget(strategy, budget, stream_weights)
     prof = load_profile(profile)
     analysis = load_and_analyse(model, input_shape, dim, show_progress=not as_json)
     check_output_path(output, *analysis.loaded.files)
     if report is not None:
-        check_report_paths(report, output, *analysis.loaded.files)
+        check_report_paths(report, *analysis.loaded.files, others=[("the plan", output)])
     check_unknown_sizes(analysis, strict=strict)
     if (max_peak is not None or report is not None) and is_rewritten(analysis):
         raise OffloadError(
