@@ -13,22 +13,74 @@ A profile is a JSON object (bundled here as ``<name>.json``, or a user's own fil
 ``peak_flops`` is one figure or one per element type (the ONNX type name in lower case, e.g.
 ``float16``) with a ``default`` for the others. ``source`` says where each number comes from
 (datasheet, measurement, assumption); it is required so figures never travel without their origin.
+An optional ``run_overhead_s`` is the fixed cost of one session run (0 when absent).
+
+A *measured* profile (written by ``offloadctl profile``, see `offloadctl.profiler`) has the same
+keys, measured on the device, plus ``measured``: one model's node durations from onnxruntime's
+profiling (keyed by node name, with the model's sha256, op types and input shapes), the executor's
+per-run and per-node overheads, the copy-cost fit per direction and what it ran on. The whole
+format is ``schemas/profile.schema.json``; every profile read is checked against it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
 from offloadctl.errors import OffloadError
 
-__all__ = ["DEFAULT_PROFILE", "Profile", "Link", "list_profiles", "load_profile", "profile_from_dict"]
+__all__ = [
+    "DEFAULT_PROFILE",
+    "PROFILE_SCHEMA_VERSION",
+    "Profile",
+    "Link",
+    "NodeTime",
+    "MeasuredTimes",
+    "list_profiles",
+    "load_profile",
+    "profile_from_dict",
+    "profile_schema",
+    "validate_profile",
+]
 
 DEFAULT_PROFILE = "ascend-910b"
+PROFILE_SCHEMA_VERSION = 1
+_SCHEMA_FILE = "profile.schema.json"
+
+
+@lru_cache(maxsize=1)
+def profile_schema() -> dict[str, Any]:
+    """The profile schema, from the installed package or, in a source checkout, from ``schemas/``."""
+    packaged = resources.files("offloadctl").joinpath("_schemas", _SCHEMA_FILE)
+    if packaged.is_file():
+        return json.loads(packaged.read_text(encoding="utf-8"))
+    source = Path(__file__).resolve().parent.parent.parent / "schemas" / _SCHEMA_FILE
+    return json.loads(source.read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=1)
+def _validator() -> jsonschema.protocols.Validator:
+    schema = profile_schema()
+    return jsonschema.validators.validator_for(schema)(schema)
+
+
+def validate_profile(data: Any, *, origin: str = "(dict)") -> None:
+    """Raise OffloadError naming the first field of ``data`` that breaks the profile schema."""
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(data))
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
+        raise OffloadError(
+            f"profile {origin} is not a valid profile: field {where}: {error.message}",
+            hint="fix that field (schema: schemas/profile.schema.json) or measure it again with offloadctl profile",
+        )
 
 
 @dataclass(frozen=True)
@@ -44,6 +96,32 @@ class Link:
 
 
 @dataclass(frozen=True)
+class NodeTime:
+    """One node's measured duration (median over the profiled runs) and what it computed."""
+
+    op_type: str
+    seconds: float
+    input_shapes: tuple[tuple[int, ...] | None, ...] | None  # None: not recorded
+
+
+@dataclass(frozen=True, eq=False)
+class MeasuredTimes:
+    """The per-model part of a measured profile: node durations from onnxruntime's profiling.
+
+    ``node_overhead_s`` is added to every duration read from profiling (see the schema); it can be
+    negative. Compared by identity: a profile's node table can hold a hundred thousand entries.
+    """
+
+    model_path: str
+    sha256: str
+    node_overhead_s: float
+    nodes: Mapping[str, NodeTime]
+
+    def __repr__(self) -> str:
+        return f"MeasuredTimes(model={self.model_path!r}, sha256={self.sha256[:12]}, nodes={len(self.nodes)})"
+
+
+@dataclass(frozen=True)
 class Profile:
     """The figures the time model needs, with where they come from."""
 
@@ -55,6 +133,8 @@ class Profile:
     h2d: Link
     d2h: Link
     source: dict[str, str] | str
+    run_overhead_s: float = 0.0
+    measured: MeasuredTimes | None = field(default=None, compare=False)
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for an element type name such as ``float16``."""
@@ -71,7 +151,16 @@ class Profile:
                 "h2d": {"bandwidth": self.h2d.bandwidth, "latency_s": self.h2d.latency_s},
                 "d2h": {"bandwidth": self.d2h.bandwidth, "latency_s": self.d2h.latency_s},
             },
+            "run_overhead_s": self.run_overhead_s,
             "source": self.source,
+            "measured": None
+            if self.measured is None
+            else {
+                "model": self.measured.model_path,
+                "sha256": self.measured.sha256,
+                "nodes": len(self.measured.nodes),
+                "node_overhead_s": self.measured.node_overhead_s,
+            },
         }
 
 
@@ -136,15 +225,38 @@ def profile_from_dict(data: Any, *, origin: str = "(dict)") -> Profile:
             f"profile {origin}: source must say where the figures come from (a string, or an object of strings)",
             hint=hint,
         )
+    mem_bandwidth = _number(data["mem_bandwidth"], "mem_bandwidth", origin, zero_ok=False)
+    kernel_launch_s = _number(data["kernel_launch_s"], "kernel_launch_s", origin, zero_ok=True)
+    validate_profile(data, origin=origin)  # the rest of the format, the measured part included
     return Profile(
         name=data["name"],
         description=str(data.get("description", "")),
         peak_flops=peak,
-        mem_bandwidth=_number(data["mem_bandwidth"], "mem_bandwidth", origin, zero_ok=False),
-        kernel_launch_s=_number(data["kernel_launch_s"], "kernel_launch_s", origin, zero_ok=True),
+        mem_bandwidth=mem_bandwidth,
+        kernel_launch_s=kernel_launch_s,
         h2d=links["h2d"],
         d2h=links["d2h"],
         source=source,
+        run_overhead_s=float(data.get("run_overhead_s", 0.0)),
+        measured=_measured(data["measured"]) if "measured" in data else None,
+    )
+
+
+def _measured(doc: dict[str, Any]) -> MeasuredTimes:
+    """The node table of a (schema-valid) ``measured`` section."""
+
+    def shapes(entry: dict[str, Any]) -> tuple[tuple[int, ...] | None, ...] | None:
+        got = entry.get("input_shapes")
+        return None if got is None else tuple(None if s is None else tuple(s) for s in got)
+
+    return MeasuredTimes(
+        model_path=doc["model"]["path"],
+        sha256=doc["model"]["sha256"],
+        node_overhead_s=float(doc["executor"]["node_overhead_s"]),
+        nodes={
+            name: NodeTime(entry["op_type"], float(entry["seconds"]), shapes(entry))
+            for name, entry in doc["nodes"].items()
+        },
     )
 
 
