@@ -30,6 +30,7 @@ def estimate_figures(result: SimResult) -> dict[str, Any]:
         "unknown_size_tensors": len(result.unknown_tensors),
         "profile": result.profile.name if result.profile is not None else None,
         "time_s": doc["time_s"],
+        "time_nodes": doc["time_nodes"],
         "slowdown": doc["slowdown"],
     }
 

@@ -45,12 +45,18 @@ Lower bound: the largest working set of a single node on its own (its inputs, in
 it reads, and its outputs). The end of the run counts as one more such step whose inputs are the
 graph outputs, which must all be on the device when the run returns. No plan can go below it.
 
-Time model (needs a profile): a node takes ``max(flops / peak_flops, bytes / mem_bandwidth) +
-kernel_launch_s``. FLOPs are counted for MatMul/FusedMatMul/Gemm (2*M*N*K), Conv (2 * output
-elements * Cin/group * kernel size), ConvTranspose (2 * input elements * Cout/group * kernel size)
-and attention ops (Attention, MultiHeadAttention, GroupQueryAttention: 4*B*Sq*Skv*hidden, plus the
+Time model (needs a profile): a node the profile has measured (a measured profile, written by
+``offloadctl profile``, holding a node of the same name, op type and input shapes; copy nodes are
+never matched, so a rewritten model takes its original's times) takes its measured duration plus
+the profile's ``node_overhead_s`` (what the executor spends per node beyond the kernel, less the
+profiler's own cost inside each event; never below 0 in total). Any other node takes
+``max(flops / peak_flops, bytes / mem_bandwidth) + kernel_launch_s``. FLOPs are counted for
+MatMul/FusedMatMul/Gemm (2*M*N*K), Conv (2 * output elements * Cin/group * kernel size),
+ConvTranspose (2 * input elements * Cout/group * kernel size) and attention ops (Attention, MultiHeadAttention, GroupQueryAttention: 4*B*Sq*Skv*hidden, plus the
 QKV projection for com.microsoft Attention); every other node is counted by the bytes it reads and
-writes. A copy takes ``latency_s + bytes / bandwidth`` of its direction. Three figures:
+writes. A copy takes ``latency_s + bytes / bandwidth`` of its direction (in a measured profile the
+in-line cost of a copy node, from the measured fit). Every figure includes the profile's
+``run_overhead_s`` once (the fixed cost of a session run; 0 in datasheet profiles). Three figures:
 
 - baseline: the nodes alone, no copies.
 - serialized: copies run in line on the compute stream (onnxruntime today): baseline + every copy.
@@ -75,7 +81,7 @@ from offloadctl.analysis import Analysis
 from offloadctl.errors import OffloadError
 from offloadctl.plan import check_plan_model
 from offloadctl.plancheck import check_plan_for_model
-from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
+from offloadctl.profiles import DEFAULT_PROFILE, NodeTime, Profile, load_profile
 
 __all__ = [
     "COPY_OPS",
@@ -139,7 +145,7 @@ class _Base:
     unknown_set: set[str] = field(default_factory=set)
     rewritten: bool = False  # the model contains copy nodes
     before: _Program | None = None
-    costs: dict[str, list[float]] = field(default_factory=dict)
+    costs: dict[str, Any] = field(default_factory=dict)  # time model: profile key -> _Costs
 
 
 def _interner() -> tuple[list[str], dict[str, int], Callable[[str], int]]:
@@ -780,8 +786,30 @@ def _attention_flops(node: onnx.NodeProto, inp: Callable[[int], tuple[int, ...] 
     return 4 * b * sq * skv * hidden
 
 
-def _node_costs(base: _Base, profile: Profile) -> list[float]:
-    key = repr(profile)
+@dataclass(frozen=True)
+class _Costs:
+    """Seconds per node of the base, and how many came from the profile's measurements."""
+
+    seconds: list[float]
+    measured: int
+    source: Any  # the MeasuredTimes used (held so that its id in the cache key stays its own)
+
+
+def _measured_match(hit: NodeTime, node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...] | None]) -> bool:
+    """A measured node stands for ``node``: same op type and, where both are known, same input shapes."""
+    if hit.op_type != node.op_type:
+        return False
+    if hit.input_shapes is None:
+        return True
+    ours = [shape_of(name) for name in node.input if name]
+    if len(ours) != len(hit.input_shapes):
+        return False
+    return all(a is None or b is None or tuple(a) == tuple(b) for a, b in zip(ours, hit.input_shapes))
+
+
+def _node_costs(base: _Base, profile: Profile) -> _Costs:
+    measured = profile.measured
+    key = f"{profile!r}@{id(measured)}"
     cached = base.costs.get(key)
     if cached is not None:
         return cached
@@ -790,8 +818,16 @@ def _node_costs(base: _Base, profile: Profile) -> list[float]:
     def shape_of(name: str) -> tuple[int, ...] | None:
         return _dims(infos, name) or _dims(infos, base.canon(name))
 
+    table = measured.nodes if measured is not None else {}
+    offset = measured.node_overhead_s if measured is not None else 0.0
     costs = []
+    count = 0
     for p, node in enumerate(base.nodes):
+        hit = table.get(node.name) if node.name else None
+        if hit is not None and _measured_match(hit, node, shape_of):
+            costs.append(max(hit.seconds + offset, 0.0))
+            count += 1
+            continue
         moved = sum(base.sizes[t] for t in base.reads[p]) + sum(base.sizes[t] for t in base.writes[p])
         flops = node_flops(node, shape_of)
         seconds = moved / profile.mem_bandwidth
@@ -801,17 +837,24 @@ def _node_costs(base: _Base, profile: Profile) -> list[float]:
             dtype = info.dtype if info is not None else "default"
             seconds = max(seconds, flops / profile.flops_for(dtype))
         costs.append(seconds + profile.kernel_launch_s)
-    base.costs[key] = costs
-    return costs
+    result = _Costs(costs, count, measured)
+    base.costs[key] = result
+    return result
 
 
 @dataclass(frozen=True)
 class TimeFigures:
-    """Estimated run time in seconds under the profile (see the module docstring)."""
+    """Estimated run time in seconds under the profile (see the module docstring).
+
+    ``nodes`` counts the model's nodes and ``measured_nodes`` those whose time the profile measured
+    (the others are estimated from FLOPs and bytes).
+    """
 
     baseline: float
     serialized: float
     overlapped: float
+    nodes: int = 0
+    measured_nodes: int = 0
 
     @property
     def stall(self) -> dict[str, float]:
@@ -823,7 +866,7 @@ class TimeFigures:
         return {"serialized": ratio(self.serialized), "overlapped": ratio(self.overlapped)}
 
 
-def _times(program: _Program, costs: list[float], profile: Profile) -> TimeFigures:
+def _times(program: _Program, costs: _Costs, profile: Profile) -> TimeFigures:
     links = {"h2d": profile.h2d, "d2h": profile.d2h}
     steps = len(program.kinds)
     waits: dict[int, list[int]] = {}
@@ -834,11 +877,12 @@ def _times(program: _Program, costs: list[float], profile: Profile) -> TimeFigur
     compute = 0.0
     stream_free = {"h2d": 0.0, "d2h": 0.0}
     baseline = serialized = 0.0
+    node_seconds = costs.seconds
     for s in range(steps):
         kind = program.kinds[s]
         ready = max((end[copy_of[t]] for t in program.reads[s] if t in copy_of), default=0.0)
         if kind == "node":
-            cost = costs[program.positions[s]]
+            cost = node_seconds[program.positions[s]]
             baseline += cost
             serialized += cost
             compute = max(compute, ready) + cost
@@ -853,7 +897,14 @@ def _times(program: _Program, costs: list[float], profile: Profile) -> TimeFigur
         for copy in waits.get(s, ()):
             compute = max(compute, end[copy])
     overlapped = max([compute, *stream_free.values()])
-    return TimeFigures(baseline=baseline, serialized=serialized, overlapped=overlapped)
+    fixed = profile.run_overhead_s
+    return TimeFigures(
+        baseline=baseline + fixed,
+        serialized=serialized + fixed,
+        overlapped=overlapped + fixed,
+        nodes=len(node_seconds),
+        measured_nodes=costs.measured,
+    )
 
 
 # ------------------------------------------------------------------------------------------- result
@@ -930,12 +981,18 @@ class SimResult:
             },
             "profile": self.profile.to_json() if self.profile is not None else None,
             "time_s": None,
+            "time_nodes": None,
             "stall_s": None,
             "slowdown": None,
         }
         if self.times is not None:
             t = self.times
             doc["time_s"] = {"baseline": t.baseline, "serialized": t.serialized, "overlapped": t.overlapped}
+            doc["time_nodes"] = {
+                "total": t.nodes,
+                "measured": t.measured_nodes,
+                "estimated": t.nodes - t.measured_nodes,
+            }
             doc["stall_s"] = t.stall
             doc["slowdown"] = t.slowdown
         if timeline_limit is None or steps <= timeline_limit:

@@ -219,7 +219,9 @@ def print_estimate(figures: Mapping[str, Any], *, where: str = "", what: str = "
     if slow:
         line += (
             f"; estimated time {slow['serialized']:.2f}x the baseline with copies in line, "
-            f"{slow['overlapped']:.2f}x on copy streams (profile {figures['profile']})"
+            f"{slow['overlapped']:.2f}x on copy streams (profile {figures['profile']}"
+            + (f", {nodes['measured']} of {nodes['total']} node times measured" if (nodes := figures.get("time_nodes")) and nodes["measured"] else "")
+            + ")"
         )
     out_console().print(line, soft_wrap=True)
 

@@ -78,7 +78,13 @@ def _print_report(result: SimResult, doc: dict) -> None:
     )
     if result.times is not None and result.profile is not None:
         t = doc["time_s"]
-        table = Table(title=f"estimated time, profile {result.profile.name}", show_edge=False)
+        nodes = doc["time_nodes"]
+        caption = (
+            f"node times: {nodes['measured']} of {nodes['total']} measured, {nodes['estimated']} estimated from FLOPs and bytes"
+            if result.profile.measured is not None
+            else f"node times: all {nodes['total']} estimated from FLOPs and bytes (no measurements in this profile)"
+        )
+        table = Table(title=f"estimated time, profile {result.profile.name}", caption=caption, show_edge=False)
         for col in ("", "time", "stall", "slowdown"):
             table.add_column(col, justify="left" if not col else "right")
         table.add_row("baseline (no copies)", f"{t['baseline'] * 1e3:.3f} ms", "", "1.00x")
