@@ -1,0 +1,661 @@
+"""Measuring a device profile on the real device with onnxruntime (`offloadctl profile`).
+
+This module owns the measurements behind a *measured* profile (format: ``schemas/profile.schema.json``,
+loader: `offloadctl.profiles`). It runs sessions configured exactly as `offloadctl run` does
+(`offloadctl.runner.session_config` with ``--opt-level disable``: PRIORITY_BASED order, no graph
+optimizations; `offloadctl.runner.create_session` checks that the device's provider is really in
+use) and measures:
+
+* the model: its wall-clock latency without profiling (median of ``repeat`` runs after a warm-up),
+  and every node's duration from onnxruntime's profiling (``<node>_kernel_time`` events), the median
+  over ``repeat`` profiled runs, keyed by the name profiling gives the node, with its op type and
+  input shapes;
+* the executor: what kernel events do not cover. A run costs ``run_overhead_s`` (measured as the
+  intercept of the latency of chains of 1 and 65 trivial nodes) plus, per node, its kernel time plus
+  ``node_overhead_s`` = (latency - run_overhead_s - summed kernel time) / nodes that ran. On a CPU
+  ``node_overhead_s`` is negative: onnxruntime's profiler spends more inside each event (thread-pool
+  statistics, shape strings) than the executor spends between nodes; the figure corrects both.
+* copies: the latency one more ``MemcpyToHost`` (D2H) or ``MemcpyFromHost`` (H2D) node adds to a
+  run, without profiling (models with 1 and with many copies, runs interleaved), over a sweep of
+  sizes (``SWEEP_BYTES``), fitted as ``latency_s + bytes / bandwidth`` (`fit_link`); this is the
+  profile's top-level ``link``. The cache decides the cost of a small copy, so each direction is
+  timed as a model uses it: a D2H reads the tensor its producer has just written (warm: the copies
+  read one tensor again and again); an H2D reads a host tensor written long before (cold: the
+  copies read distinct tensors, as many bytes per run as the profiled model touches, at most
+  ``_COLD_BYTES_MAX``). On the CPU execution provider both copies are real memcpys;
+* the roofline figures for nodes a profile has no time for: ``peak_flops`` from a 512x512x512
+  float32 MatMul, ``mem_bandwidth`` from an Add of two 16 MiB tensors, ``kernel_launch_s`` as the
+  latency one more trivial node adds to a run.
+
+On CUDA and CANN, kernel events time the host side of each node (launches are asynchronous); the
+latency and ``node_overhead_s`` still come from whole runs, which end when the device is done.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from offloadctl import __version__
+from offloadctl.analysis import analyse
+from offloadctl.errors import OffloadError
+from offloadctl.files import atomic_write_text
+from offloadctl.model import load_model
+from offloadctl.profiles import PROFILE_SCHEMA_VERSION, profile_from_dict, validate_profile
+from offloadctl.runner import (
+    DEVICES,
+    _feeds_for,
+    _required_settings,
+    _run_once,
+    create_session,
+    generate_inputs,
+    import_onnxruntime,
+    input_specs,
+    load_inputs,
+    session_config,
+)
+
+__all__ = [
+    "DEFAULT_REPEAT",
+    "SWEEP_BYTES",
+    "LinkFit",
+    "fit_link",
+    "fit_range",
+    "KernelEvent",
+    "kernel_runs",
+    "measure_profile",
+    "write_profile",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REPEAT = 20
+#: Sizes of the copy sweep: 4 KiB to 64 MiB, x4 per step.
+SWEEP_BYTES: tuple[int, ...] = tuple(4096 * 4**k for k in range(8))
+_KERNEL_SUFFIX = "_kernel_time"
+_CHAIN_NODES = 64  # trivial nodes in the long calibration chain (the short one has 1)
+_CHAIN_REPEAT = 200  # runs per chain: a run takes microseconds
+_MATMUL_N = 512
+_ADD_ELEMENTS = 1 << 22  # 16 MiB of float32 per operand
+_CALIBRATION_REPEAT = 10
+_MIN_SECONDS = 0.5  # fast models get more runs than --repeat, until this much time has passed
+_MAX_ROUNDS_FACTOR = 20
+_SWEEP_BUDGET = 32 << 20  # bytes copied per run when timing copies of one size
+_COPIES_MAX = {"d2h": 256, "h2d": 1024}  # copies per run at most (small sizes)
+_COLD_BYTES_MAX = 256 << 20  # distinct H2D sources per run at most (memory)
+_SWEEP_SECONDS = 0.2  # each size is timed for at least this long
+_IR_VERSION = 10
+_OPSET = 17
+
+
+# --------------------------------------------------------------------------------------------- fit
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """``seconds = latency_s + bytes / bandwidth`` fitted to measured (bytes, seconds) points."""
+
+    latency_s: float
+    bandwidth: float
+    max_relative_error: float
+
+    def time(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bandwidth
+
+
+def fit_link(points: Sequence[tuple[int, float]]) -> LinkFit:
+    """Least-squares fit of ``latency + bytes / bandwidth`` on the relative error of each point.
+
+    Weighting by 1/seconds lets the small copies decide the latency and the large ones the
+    bandwidth (plain least squares would let the largest copy decide both). A negative latency is
+    refitted as 0.
+
+    Raises:
+        OffloadError: fewer than two distinct sizes, or times that do not grow with size.
+    """
+    pts = [(float(b), float(t)) for b, t in points if t > 0]
+    if len({b for b, _ in pts}) < 2:
+        raise OffloadError(
+            f"cannot fit a copy cost to {len(pts)} point(s): need times for at least two sizes",
+            hint="time copies of at least two different sizes",
+        )
+    x = np.array([b for b, _ in pts])
+    t = np.array([s for _, s in pts])
+    w = 1.0 / t
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    if latency < 0:
+        latency = 0.0
+        per_byte = float(np.sum(w * w * x * t) / np.sum(w * w * x * x))
+    if per_byte <= 0:
+        raise OffloadError(
+            "measured copy times do not grow with the number of bytes copied: no bandwidth can be fitted",
+            hint="measure again on a quiet machine (other work may have disturbed the timings)",
+        )
+    predicted = latency + per_byte * x
+    return LinkFit(float(latency), float(1.0 / per_byte), float(np.max(np.abs(predicted - t) / t)))
+
+
+# ---------------------------------------------------------------------------------------- profiling
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One node's kernel event of one run."""
+
+    name: str
+    op_type: str
+    seconds: float
+    input_shapes: tuple[tuple[int, ...], ...]
+
+
+def _shapes(arg: Any) -> tuple[tuple[int, ...], ...]:
+    shapes = []
+    for entry in arg or []:
+        dims = next(iter(entry.values()), []) if isinstance(entry, dict) else []
+        shapes.append(tuple(int(d) for d in dims))
+    return tuple(shapes)
+
+
+def kernel_runs(profile_path: str | os.PathLike[str], *, skip: int = 1) -> list[list[KernelEvent]]:
+    """The top-level kernel events of each run in an onnxruntime profiling file, in run order.
+
+    Events nested inside another node's event (nodes of an If/Loop/Scan body, run by their parent)
+    are left out: the parent's duration covers them. The first ``skip`` runs (warm-up) are dropped.
+    """
+    with open(profile_path, encoding="utf-8") as f:
+        events = json.load(f)
+    runs = sorted(
+        (e for e in events if isinstance(e, dict) and e.get("cat") == "Session" and e.get("name") == "model_run"),
+        key=lambda e: e.get("ts", 0),
+    )
+    nodes = sorted(
+        (
+            e
+            for e in events
+            if isinstance(e, dict) and e.get("cat") == "Node" and str(e.get("name", "")).endswith(_KERNEL_SUFFIX)
+        ),
+        key=lambda e: (e.get("ts", 0), -e.get("dur", 0)),
+    )
+    result: list[list[KernelEvent]] = []
+    k = 0
+    for run in runs:
+        start, end = run.get("ts", 0), run.get("ts", 0) + run.get("dur", 0)
+        while k < len(nodes) and nodes[k].get("ts", 0) < start:
+            k += 1
+        top: list[KernelEvent] = []
+        covered = -1
+        while k < len(nodes) and nodes[k].get("ts", 0) <= end:
+            e = nodes[k]
+            k += 1
+            ts, dur = e.get("ts", 0), e.get("dur", 0)
+            if ts < covered:
+                continue  # inside the previous top-level event
+            covered = ts + dur
+            args = e.get("args") or {}
+            top.append(
+                KernelEvent(
+                    e["name"][: -len(_KERNEL_SUFFIX)],
+                    str(args.get("op_name", "")),
+                    dur * 1e-6,
+                    _shapes(args.get("input_type_shape")),
+                )
+            )
+        result.append(top)
+    return result[skip:]
+
+
+def _node_medians(runs: list[list[KernelEvent]]) -> dict[str, dict[str, Any]]:
+    """Node name -> {op_type, seconds (median over runs), input_shapes}, in the order nodes ran."""
+    times: dict[str, list[float]] = {}
+    first: dict[str, KernelEvent] = {}
+    for run in runs:
+        for e in run:
+            times.setdefault(e.name, []).append(e.seconds)
+            first.setdefault(e.name, e)
+    return {
+        name: {
+            "op_type": first[name].op_type or "unknown",
+            "seconds": statistics.median(values),
+            "input_shapes": [list(s) for s in first[name].input_shapes],
+        }
+        for name, values in times.items()
+    }
+
+
+# ------------------------------------------------------------------------------------------ sessions
+
+
+class _Device:
+    """Sessions on one device, configured as `offloadctl run --opt-level disable` configures them."""
+
+    def __init__(self, device: str, ep_options: Mapping[str, str] | None, folder: Path) -> None:
+        self.device = device
+        self.ort = import_onnxruntime(device)
+        self.ep_options = dict(ep_options or {})
+        self.folder = folder
+        self.profiles = 0
+
+    def runner(
+        self, path: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any] | None = None, *, profiled: bool
+    ) -> _Runner:
+        config = session_config(settings or {}, self.device, opt_level="disable", ep_options=self.ep_options, ort=self.ort)
+        if profiled:
+            self.profiles += 1
+            config.sess_options.enable_profiling = True
+            config.sess_options.profile_file_prefix = str(self.folder / f"profile{self.profiles}")
+        session = create_session(path, config, self.device, ort=self.ort)
+        return _Runner(session, _feeds_for(session, feeds, path, "the inputs"), path, self.ort)
+
+
+class _Runner:
+    """One session with its feeds: ``run()`` runs it once and returns the wall-clock seconds."""
+
+    def __init__(self, session: Any, feeds: dict[str, np.ndarray], path: str, ort: Any) -> None:
+        self.session, self.feeds, self.path, self.ort = session, feeds, path, ort
+
+    def run(self) -> float:
+        start = time.perf_counter()
+        _run_once(self.session, self.feeds, self.path, self.ort)
+        return time.perf_counter() - start
+
+    def kernels(self) -> list[list[KernelEvent]]:
+        """Kernel events of every run but the first (the warm-up), from the session's profiling file."""
+        profile_file = self.session.end_profiling()
+        if not profile_file:  # pragma: no cover - onnxruntime always writes one when asked
+            raise OffloadError(f"onnxruntime wrote no profile for {self.path}", hint="check the onnxruntime installation")
+        return kernel_runs(profile_file)
+
+
+def _alternate(runners: Sequence[_Runner], repeat: int, *, min_seconds: float = _MIN_SECONDS) -> list[list[float]]:
+    """Run each session once to warm up, then all in turn, ``repeat`` times or more: each round runs every
+    session once, so that all see the same machine load. Fast models get more rounds (until
+    ``min_seconds`` have passed, at most ``_MAX_ROUNDS_FACTOR * repeat``). Returns the seconds of
+    every timed run, per session."""
+    for r in runners:
+        r.run()
+    times: list[list[float]] = [[] for _ in runners]
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < repeat or (time.perf_counter() - start < min_seconds and rounds < _MAX_ROUNDS_FACTOR * repeat):
+        for k, r in enumerate(runners):
+            times[k].append(r.run())
+        rounds += 1
+    return times
+
+
+def _save(model: onnx.ModelProto, folder: Path, name: str) -> str:
+    path = folder / name
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _model(nodes, inputs, outputs) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "calibration", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="offloadctl-profile")
+    model.ir_version = _IR_VERSION
+    return model
+
+
+def _float(name: str, shape: Sequence[int]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def _chain_model(length: int) -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"relu{i}") for i in range(length)]
+    return _model(nodes, [_float("t0", [1])], [_float(f"t{length}", [1])])
+
+
+def _copies_model(direction: str, size: int, inputs: int, copies: int) -> onnx.ModelProto:
+    """``copies`` copy nodes of ``size`` bytes in one direction, their outputs unread.
+
+    ``d2h``: every copy reads input ``x0`` (after the first, from the cache: the warm tensor a D2H
+    copies right after its producer wrote it). ``h2d``: copy k reads input ``x{k}``, each read once
+    per run, with the other inputs read in between: as many bytes as the profiled model touches in
+    a run, so a source is as cold as a host copy that waited while the model ran. The model has
+    ``inputs`` inputs whatever ``copies`` is, so models with 1 and many copies cost the same to feed.
+    A Relu on ``x0`` gives the model its one output.
+    """
+    n = _elements(size)
+    op = "MemcpyToHost" if direction == "d2h" else "MemcpyFromHost"
+    nodes = [
+        helper.make_node(op, ["x0" if direction == "d2h" else f"x{k}"], [f"c{k}"], name=f"{direction}{k}")
+        for k in range(copies)
+    ]
+    nodes.append(helper.make_node("Relu", ["x0"], ["y"], name="out"))
+    return _model(nodes, [_float(f"x{k}", [n]) for k in range(inputs)], [_float("y", [n])])
+
+
+def _tensor_bytes(analysis: Any) -> list[int]:
+    """Sizes of the tensors of known size the model touches in a run: weights, inputs, activations."""
+    names = set(analysis.weights) | set(analysis.graph_inputs) | set(analysis.producer)
+    sizes = []
+    for name in names:
+        info = analysis.infos.get(name)
+        if info is not None and info.bytes:
+            sizes.append(info.bytes)
+    return sizes
+
+
+def fit_range(sweep: Sequence[int], tensor_bytes: Sequence[int]) -> tuple[int, int]:
+    """The sweep sizes a copy fit uses: from the largest one at or below the model's smallest tensor to
+    the smallest one at or above its largest (the whole sweep for a model without sizes).
+
+    The cost of a copy per byte falls as copies outgrow the caches, so no one line fits 4 KiB and
+    64 MiB; a profile's fit is made for the sizes its model can copy.
+    """
+    grid = sorted(set(sweep))
+    if not tensor_bytes:
+        return grid[0], grid[-1]
+    small, large = min(tensor_bytes), max(tensor_bytes)
+    lo = max((g for g in grid if g <= small), default=grid[0])
+    hi = min((g for g in grid if g >= large), default=grid[-1])
+    inside = [g for g in grid if lo <= g <= hi]
+    while len(inside) < 2:  # widen to two sizes
+        k = grid.index(inside[0])
+        inside = grid[max(k - 1, 0): k + 2] if k + 1 < len(grid) else grid[-2:]
+    return inside[0], inside[-1]
+
+
+def _elements(size: int) -> int:
+    return max(1, size // 4)
+
+
+def _roofline_model() -> onnx.ModelProto:
+    n, m = _MATMUL_N, _ADD_ELEMENTS
+    nodes = [
+        helper.make_node("MatMul", ["a", "b"], ["c"], name="matmul"),
+        helper.make_node("Add", ["x", "y"], ["z"], name="add"),
+    ]
+    return _model(nodes, [_float("a", [n, n]), _float("b", [n, n]), _float("x", [m]), _float("y", [m])],
+                  [_float("c", [n, n]), _float("z", [m])])
+
+
+def _random_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    feeds, _ = generate_inputs(input_specs(model))
+    return feeds
+
+
+# ------------------------------------------------------------------------------------------- device
+
+
+def _device_name(device: str, ep_options: Mapping[str, str]) -> str:
+    """The device's name, best effort; 'unknown' when it cannot be read."""
+    index = str(ep_options.get("device_id", "0"))
+    try:
+        if device == "cpu":
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                for line in f:
+                    if line.lower().startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+            return platform.processor() or platform.machine() or "unknown"
+        if device == "cuda":
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", index],
+                capture_output=True, text=True, timeout=10, check=True,
+            )
+            return out.stdout.strip() or "unknown"
+        if device == "ascend":
+            out = subprocess.run(["npu-smi", "info"], capture_output=True, text=True, timeout=10, check=True)
+            for line in out.stdout.splitlines():
+                row = re.match(r"^\|\s*(\d+)\s+(\S+)\s+\|", line)
+                if row and row.group(1) == index:
+                    return row.group(2)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return "unknown"
+
+
+# ---------------------------------------------------------------------------------------- measuring
+
+
+def _fit_doc(fit: LinkFit, points: list[tuple[int, float]], fitted: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "latency_s": fit.latency_s,
+        "bandwidth": fit.bandwidth,
+        "max_relative_error": fit.max_relative_error,
+        "fitted_bytes": [int(fitted[0]), int(fitted[1])],
+        "points": [[int(b), float(t)] for b, t in points],
+    }
+
+
+def measure_profile(
+    model: str,
+    device: str,
+    *,
+    inputs: str | os.PathLike[str] | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    repeat: int = DEFAULT_REPEAT,
+    ep_options: Mapping[str, str] | None = None,
+    sweep: Sequence[int] | None = None,
+    report: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Measure ``model`` and the copy costs on ``device``; return the profile document.
+
+    Args:
+        model: the ONNX model whose nodes are timed (an original or a rewritten one).
+        device: ``cpu``, ``cuda`` or ``ascend``.
+        inputs: an .npz file with every input; generated from ``default_rng(0)`` when None.
+        input_shapes: dimensions for inputs with dynamic ones when inputs are generated.
+        repeat: runs per measurement after one warm-up run (medians are taken over them).
+        ep_options: provider options (CUDA and CANN), as for `offloadctl run`.
+        sweep: the copy sizes in bytes (at least two distinct ones); None: ``SWEEP_BYTES``.
+        report: called with the name of each step as it starts.
+
+    Returns:
+        The profile, valid against ``schemas/profile.schema.json`` (checked).
+
+    Raises:
+        OffloadError: bad model or inputs, onnxruntime missing, the device not really in use, or
+            copy times that cannot be fitted.
+    """
+    if device not in DEVICES:
+        raise OffloadError(f"unknown device {device!r}", hint=f"use one of: {', '.join(DEVICES)}")
+    if repeat < 1:
+        raise OffloadError(f"repeat must be at least 1, not {repeat}", hint="for example --repeat 20")
+    sweep = SWEEP_BYTES if sweep is None else tuple(sweep)
+    if len(set(sweep)) < 2 or any(s < 4 for s in sweep):
+        raise OffloadError(
+            f"the copy sweep {list(sweep)} needs at least two distinct sizes of 4 bytes or more",
+            hint="give sizes in bytes, for example (4096, 65536, 1048576)",
+        )
+    step = report or (lambda text: None)
+    ep_options = dict(ep_options or {})
+    if inputs is not None and input_shapes:
+        raise OffloadError(
+            "give either an inputs file or input shapes, not both", hint="the inputs file fixes the shapes"
+        )
+    loaded = load_model(model, input_shapes=input_shapes)
+    analysis = analyse(loaded)
+    settings = _required_settings(loaded.proto, model)
+    specs = input_specs(loaded.proto)
+    if inputs is not None:
+        feeds = load_inputs(inputs, specs, model)
+        source = "file"
+    else:
+        feeds, warnings = generate_inputs(specs)
+        for warning in warnings:
+            logger.warning("%s", warning)
+        source = "generated"
+
+    sizes = sorted(set(sweep))
+    with tempfile.TemporaryDirectory(prefix="offloadctl-profile-") as tmp:
+        folder = Path(tmp)
+        dev = _Device(device, ep_options, folder)
+        step(f"timing and profiling {model}")
+        plain = dev.runner(model, feeds, settings, profiled=False)
+        profiled = dev.runner(model, feeds, settings, profiled=True)
+        latency, _ = _alternate([plain, profiled], repeat)
+        runs = profiled.kernels()
+        providers = list(plain.session.get_providers())
+        del plain, profiled
+        nodes = _node_medians(runs)
+        kernel_sum = statistics.median(sum(e.seconds for e in run) for run in runs) if runs else 0.0
+        nodes_ran = round(statistics.median(len(run) for run in runs)) if runs else 0
+
+        step("timing the executor (chains of trivial nodes)")
+        one = {"t0": np.ones(1, np.float32)}
+        chains = [
+            dev.runner(_save(_chain_model(k), folder, f"chain{k}.onnx"), one, profiled=False)
+            for k in (1, _CHAIN_NODES + 1)
+        ]
+        short, long = (statistics.median(t) for t in _alternate(chains, _CHAIN_REPEAT))
+        del chains
+        per_trivial = max((long - short) / _CHAIN_NODES, 0.0)
+        run_overhead = max(short - per_trivial, 0.0)
+
+        step("timing copies over a sweep of sizes")
+        tensor_bytes = _tensor_bytes(analysis)
+        footprint = sum(tensor_bytes)
+        fitted = fit_range([_elements(size) * 4 for size in sizes], tensor_bytes)
+        fits, points, sweep_doc = {}, {}, {}
+        rng = np.random.default_rng(0)
+        for direction in ("d2h", "h2d"):
+            points[direction], sweep_doc[direction] = [], []
+            for size in sizes:
+                budget = _SWEEP_BUDGET if direction == "d2h" else min(footprint, _COLD_BYTES_MAX)
+                copies = max(2, min(_COPIES_MAX[direction], budget // size))
+                inputs = 1 if direction == "d2h" else copies
+                feeds_copy = {f"x{k}": rng.standard_normal(_elements(size)).astype(np.float32) for k in range(inputs)}
+                runners = [
+                    dev.runner(
+                        _save(_copies_model(direction, size, inputs, k), folder, f"{direction}{size}x{k}.onnx"),
+                        feeds_copy,
+                        profiled=False,
+                    )
+                    for k in (1, copies)
+                ]
+                few, many = (statistics.median(t) for t in _alternate(runners, repeat, min_seconds=_SWEEP_SECONDS))
+                del runners, feeds_copy
+                seconds = max(many - few, 0.0) / (copies - 1)
+                points[direction].append((_elements(size) * 4, seconds))
+                sweep_doc[direction].append({"bytes": _elements(size) * 4, "copies": copies, "seconds": seconds})
+            fits[direction] = fit_link([(b, t) for b, t in points[direction] if fitted[0] <= b <= fitted[1]])
+
+        step("timing a MatMul and an Add (roofline figures)")
+        roof = _roofline_model()
+        roof_runner = dev.runner(_save(roof, folder, "roofline.onnx"), _random_feeds(roof), profiled=True)
+        _alternate([roof_runner], _CALIBRATION_REPEAT, min_seconds=0.0)
+        roof_times = _node_medians(roof_runner.kernels())
+        del roof_runner
+
+    latency_median = statistics.median(latency)
+    node_overhead = (latency_median - run_overhead - kernel_sum) / nodes_ran if nodes_ran else 0.0
+    matmul_flops = 2 * _MATMUL_N**3
+    add_bytes = 3 * 4 * _ADD_ELEMENTS
+    peak = matmul_flops / max(roof_times["matmul"]["seconds"], 1e-9)
+    bandwidth = add_bytes / max(roof_times["add"]["seconds"], 1e-9)
+    provider = DEVICES[device]
+    device_name = _device_name(device, ep_options)
+    ort_version = dev.ort.__version__
+    link = {d: {"bandwidth": fits[d].bandwidth, "latency_s": fits[d].latency_s} for d in fits}
+    doc: dict[str, Any] = {
+        "schema_version": PROFILE_SCHEMA_VERSION,
+        "name": f"measured {device}: {Path(model).name}",
+        "description": (
+            f"Measured by offloadctl profile on {device_name} ({provider}, onnxruntime {ort_version}) "
+            f"with {Path(model).name}; node times are used for models with the same nodes."
+        ),
+        "peak_flops": {"float32": peak, "default": peak},
+        "mem_bandwidth": bandwidth,
+        "kernel_launch_s": per_trivial,
+        "run_overhead_s": run_overhead,
+        "link": link,
+        "source": {
+            "peak_flops": f"measured: a {_MATMUL_N}x{_MATMUL_N}x{_MATMUL_N} float32 MatMul, median of "
+            f"{_CALIBRATION_REPEAT} profiled runs (2*N^3 FLOP / duration); other types use the same figure",
+            "mem_bandwidth": f"measured: an Add of two {4 * _ADD_ELEMENTS >> 20} MiB float32 tensors, median of "
+            f"{_CALIBRATION_REPEAT} profiled runs (3 tensors' bytes / duration)",
+            "kernel_launch_s": f"measured: latency of a chain of {_CHAIN_NODES + 1} Relu nodes on one float minus that "
+            f"of 1, per node (medians of {_CHAIN_REPEAT} runs without profiling)",
+            "run_overhead_s": "measured: latency of a one-node run minus kernel_launch_s",
+            "link": f"measured: the latency one more copy node adds to a run, without profiling, over {len(sizes)} "
+            f"sizes ({sizes[0]} to {sizes[-1]} bytes; models with 1 and many copies, medians of interleaved runs), "
+            "fitted as latency + bytes / bandwidth over the sizes of the model's tensors (measured.link). D2H copies read a warm tensor (as right after "
+            "its producer); H2D copies read tensors as cold as the model leaves them (between two reads of one, "
+            f"the others, {footprint} bytes in all as the model's tensors, are read)",
+            "nodes": f"measured: onnxruntime profiling of {Path(model).name}, median of {repeat} runs per node "
+            "(measured.nodes), plus measured.executor.node_overhead_s per node",
+        },
+        "measured": {
+            "tool": {"name": "offloadctl", "version": __version__},
+            "device": {
+                "device": device,
+                "provider": providers[0] if providers else provider,
+                "providers": providers,
+                "onnxruntime": ort_version,
+                "name": device_name,
+                "host": {"platform": platform.platform(), "cpu_count": os.cpu_count() or 0},
+            },
+            "session": {
+                "execution_order": "PRIORITY_BASED",
+                "opt_level": "disable",
+                "intra_op_num_threads": 0,  # session_config keeps onnxruntime's default
+                "provider_options": ep_options,
+                "disabled_optimizers": [str(x) for x in settings.get("disabled_optimizers") or []],
+            },
+            "repeat": repeat,
+            "model": {
+                "path": str(model),
+                "sha256": loaded.sha256,
+                "nodes": analysis.num_positions,
+                "inputs": {
+                    name: {"dtype": str(a.dtype), "shape": [int(d) for d in a.shape], "source": source}
+                    for name, a in feeds.items()
+                },
+            },
+            "latency_s": {"median": latency_median, "runs": latency},
+            "kernel_sum_s": kernel_sum,
+            "executor": {
+                "run_overhead_s": run_overhead,
+                "node_overhead_s": node_overhead,
+                "nodes_ran": nodes_ran,
+                "source": "(latency.median - run_overhead_s - kernel_sum_s) / nodes_ran: the executor's time between "
+                "kernels minus the profiler's own time inside each kernel event",
+            },
+            "nodes": nodes,
+            "link": {d: _fit_doc(fits[d], points[d], fitted) for d in ("d2h", "h2d")},
+            "copy_sweep": sweep_doc,
+            "calibration": {
+                "trivial_chain": {"nodes": [1, _CHAIN_NODES + 1], "latency_s": [short, long], "runs": _CHAIN_REPEAT},
+                "matmul": {"n": _MATMUL_N, "seconds": roof_times["matmul"]["seconds"], "flops": matmul_flops},
+                "add": {"bytes": add_bytes, "seconds": roof_times["add"]["seconds"]},
+            },
+        },
+    }
+    validate_profile(doc, origin=f"measured for {model}")
+    profile_from_dict(doc, origin=f"measured for {model}")  # the loader accepts what was written
+    return doc
+
+
+def write_profile(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
+    """Validate a profile document and write it atomically (indented JSON, one line per node)."""
+    validate_profile(doc, origin="being written")
+    nodes = doc.get("measured", {}).get("nodes")
+    if nodes is None:
+        text = json.dumps(doc, indent=1) + "\n"
+    else:
+        slot = "\u0000nodes"
+        text = json.dumps({**doc, "measured": {**doc["measured"], "nodes": slot}}, indent=1)
+        listing = (
+            "{\n" + ",\n".join(f"   {json.dumps(k)}: {json.dumps(v)}" for k, v in nodes.items()) + "\n  }"
+            if nodes
+            else "{}"
+        )
+        text = text.replace(json.dumps(slot), listing, 1) + "\n"
+    atomic_write_text(path, text)
