@@ -545,7 +545,15 @@ def measure_profile(
                 seconds = max(many - few, 0.0) / (copies - 1)
                 points[direction].append((_elements(size) * 4, seconds))
                 sweep_doc[direction].append({"bytes": _elements(size) * 4, "copies": copies, "seconds": seconds})
-            fits[direction] = fit_link([(b, t) for b, t in points[direction] if fitted[0] <= b <= fitted[1]])
+            chosen = [(b, t) for b, t in points[direction] if fitted[0] <= b <= fitted[1]]
+            lost = [b for b, t in chosen if t <= 0]
+            if lost:
+                raise OffloadError(
+                    f"timing {direction.upper()} copies of {lost[0]} bytes on {device}: the machine's noise exceeded "
+                    "what the copies cost (a run with more copies was not slower)",
+                    hint="measure on a quiet machine, or raise --repeat",
+                )
+            fits[direction] = fit_link(chosen)
 
         step("timing a MatMul and an Add (roofline figures)")
         roof = _roofline_model()
@@ -589,7 +597,7 @@ def measure_profile(
             "fitted as latency + bytes / bandwidth over the sizes of the model's tensors (measured.link). D2H copies read a warm tensor (as right after "
             "its producer); H2D copies read tensors as cold as the model leaves them (between two reads of one, "
             f"the others, {footprint} bytes in all as the model's tensors, are read)",
-            "nodes": f"measured: onnxruntime profiling of {Path(model).name}, median of {repeat} runs per node "
+            "nodes": f"measured: onnxruntime profiling of {Path(model).name}, median of {len(runs)} runs per node "
             "(measured.nodes), plus measured.executor.node_overhead_s per node",
         },
         "measured": {
@@ -644,18 +652,31 @@ def measure_profile(
 
 
 def write_profile(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
-    """Validate a profile document and write it atomically (indented JSON, one line per node)."""
+    """Validate a profile document and write it atomically.
+
+    Indented JSON, except that each node of ``measured.nodes`` and each list of numbers (the runs,
+    the sweep's points) takes one line: a big model has one entry per node.
+    """
     validate_profile(doc, origin="being written")
-    nodes = doc.get("measured", {}).get("nodes")
-    if nodes is None:
-        text = json.dumps(doc, indent=1) + "\n"
-    else:
-        slot = "\u0000nodes"
-        text = json.dumps({**doc, "measured": {**doc["measured"], "nodes": slot}}, indent=1)
-        listing = (
-            "{\n" + ",\n".join(f"   {json.dumps(k)}: {json.dumps(v)}" for k, v in nodes.items()) + "\n  }"
-            if nodes
-            else "{}"
-        )
-        text = text.replace(json.dumps(slot), listing, 1) + "\n"
-    atomic_write_text(path, text)
+    compact: dict[str, str] = {}
+
+    def slot(value: Any) -> str:
+        key = f"\u0000{len(compact)}"
+        compact[key] = json.dumps(value)
+        return key
+
+    def shrink(value: Any, nodes: bool = False) -> Any:
+        if isinstance(value, dict):
+            if nodes:
+                return {k: slot(v) for k, v in value.items()}
+            return {k: shrink(v, nodes=k == "nodes" and isinstance(v, dict)) for k, v in value.items()}
+        if isinstance(value, list):
+            if all(isinstance(v, (int, float)) or isinstance(v, list) for v in value) and value:
+                return slot(value)
+            return [shrink(v) for v in value]
+        return value
+
+    text = json.dumps(shrink(dict(doc)), indent=1)
+    for key, value in compact.items():
+        text = text.replace(json.dumps(key), value, 1)
+    atomic_write_text(path, text + "\n")

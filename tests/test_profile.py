@@ -1,0 +1,412 @@
+"""Measured profiles: `offloadctl profile`, the copy-cost fit, and their use by simulate and plan (CPU only).
+
+No test here checks a timing against a number: measurements only have to exist, be recorded with
+what they belong to, and be used (or not) by the simulator as documented.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+
+import jsonschema
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from conftest import SAMPLES
+from models import long_reuse_model, save
+from offloadctl import profiler
+from offloadctl.analysis import analyse
+from offloadctl.apply import apply_plan
+from offloadctl.errors import OffloadError
+from offloadctl.files import sha256_file
+from offloadctl.model import load_model
+from offloadctl.profiler import fit_link, fit_range, kernel_runs, measure_profile, write_profile
+from offloadctl.profiles import list_profiles, load_profile, profile_from_dict, profile_schema
+from offloadctl.simulate import simulate
+from offloadctl.stages import make_plan
+
+SEED = SAMPLES / "seed.onnx"
+SEED_INPUTS = SAMPLES / "seed.inputs.npz"
+
+# Measurement sizes small enough for the test suite; the code paths are the ones `profile` runs.
+FAST = {
+    "_MIN_SECONDS": 0.0,
+    "_SWEEP_SECONDS": 0.05,
+    "_CHAIN_REPEAT": 3,
+    "_CALIBRATION_REPEAT": 1,
+    "_MATMUL_N": 32,
+    "_ADD_ELEMENTS": 1024,
+    "SWEEP_BYTES": (4096, 16384, 65536),
+    "_COPIES_MAX": {"d2h": 64, "h2d": 64},
+}
+
+
+@pytest.fixture(scope="module")
+def fast():
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in FAST.items():
+            mp.setattr(profiler, name, value)
+        yield
+
+
+@pytest.fixture(scope="module")
+def seed_doc(fast):
+    return measure_profile(str(SEED), "cpu", inputs=SEED_INPUTS, repeat=2)
+
+
+@pytest.fixture
+def seed_profile_file(seed_doc, tmp_path):
+    path = tmp_path / "seed.profile.json"
+    write_profile(path, seed_doc)
+    return path
+
+
+def _analysis(path):
+    return analyse(load_model(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# The copy-cost fit
+
+
+SIZES = [4096 * 4**k for k in range(8)]
+
+
+def test_fit_recovers_latency_and_bandwidth_from_exact_points():
+    fit = fit_link([(b, 3e-6 + b / 8e9) for b in SIZES])
+    assert fit.latency_s == pytest.approx(3e-6, rel=1e-9)
+    assert fit.bandwidth == pytest.approx(8e9, rel=1e-9)
+    assert fit.max_relative_error < 1e-9
+
+
+def test_fit_recovers_latency_and_bandwidth_from_noisy_points():
+    rng = np.random.default_rng(0)
+    points = [(b, (2e-6 + b / 1.2e10) * (1 + rng.uniform(-0.02, 0.02))) for b in SIZES for _ in range(3)]
+    fit = fit_link(points)
+    assert fit.latency_s == pytest.approx(2e-6, rel=0.05)
+    assert fit.bandwidth == pytest.approx(1.2e10, rel=0.05)
+    assert 0 < fit.max_relative_error <= 0.05
+
+
+def test_fit_never_gives_a_negative_latency():
+    fit = fit_link([(b, b / 1e10 - 1e-7) for b in SIZES[2:]])
+    assert fit.latency_s == 0.0
+    assert fit.bandwidth == pytest.approx(1e10, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    "points, words",
+    [
+        ([(4096, 1e-6)], "at least two sizes"),
+        ([(4096, 1e-6), (4096, 2e-6)], "at least two sizes"),
+        ([(4096, 2e-5), (1 << 20, 1e-5), (1 << 24, 5e-6)], "do not grow"),
+    ],
+)
+def test_fit_refuses_points_without_a_bandwidth(points, words):
+    with pytest.raises(OffloadError, match=words):
+        fit_link(points)
+
+
+@pytest.mark.parametrize(
+    "tensors, expected",
+    [
+        ([100, 20_000], (4096, 65536)),  # spans the tensors: rounded down and up to the grid
+        ([5000, 6000], (4096, 16384)),
+        ([1 << 30], (65536, 262144)),  # beyond the sweep: the last two sizes
+        ([], (4096, 262144)),  # no sizes known: all of it
+    ],
+)
+def test_fit_range_spans_the_model_tensors(tensors, expected):
+    assert fit_range([4096, 16384, 65536, 262144], tensors) == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading onnxruntime's profiling
+
+
+def _event(name, ts, dur, op="Relu", shapes=((4,),)):
+    return {
+        "cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "ph": "X",
+        "args": {"op_name": op, "input_type_shape": [{"float": list(s)} for s in shapes]},
+    }
+
+
+def test_kernel_runs_groups_by_run_drops_warmup_and_nested_events(tmp_path):
+    events = [
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 100},
+        _event("a", 10, 5),
+        {"cat": "Session", "name": "model_run", "ts": 200, "dur": 300},
+        _event("a", 210, 7),
+        _event("if", 220, 100, op="If", shapes=((),)),
+        _event("then_branch_node", 230, 40),  # runs inside the If: its time is the If's
+        _event("b", 330, 9, op="Add", shapes=((4,), (4,))),
+        {"cat": "Session", "name": "SequentialExecutor::Execute", "ts": 205, "dur": 290},
+    ]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(events))
+    (run,) = kernel_runs(path)
+    assert [e.name for e in run] == ["a", "if", "b"]
+    assert [e.seconds for e in run] == pytest.approx([7e-6, 100e-6, 9e-6])
+    assert run[2].op_type == "Add" and run[2].input_shapes == ((4,), (4,))
+    assert [e.name for e in kernel_runs(path, skip=0)[0]] == ["a"]
+
+
+# ---------------------------------------------------------------------------------------------
+# What `profile` measures and records
+
+
+def test_measured_profile_validates_and_records_what_it_belongs_to(seed_doc):
+    schema = profile_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(seed_doc)
+    measured = seed_doc["measured"]
+    assert measured["model"]["sha256"] == sha256_file(SEED)
+    model = onnx.load(str(SEED))
+    assert set(measured["nodes"]) == {n.name for n in model.graph.node}
+    by_name = {n.name: n for n in model.graph.node}
+    for name, entry in measured["nodes"].items():
+        assert entry["op_type"] == by_name[name].op_type
+        assert entry["seconds"] > 0
+        # seed: every tensor is float[4,8] but the scalar weight "two"
+        assert entry["input_shapes"] == [[] if i == "two" else [4, 8] for i in by_name[name].input]
+    device = measured["device"]
+    assert device["provider"] == "CPUExecutionProvider" and device["providers"][0] == "CPUExecutionProvider"
+    assert device["onnxruntime"] == ort.__version__ and device["name"]
+    assert measured["session"]["execution_order"] == "PRIORITY_BASED"
+    assert measured["model"]["inputs"]["x"]["source"] == "file"
+    assert measured["executor"]["nodes_ran"] == 6
+    # the node overhead closes the gap between the latency and the kernel times
+    executor = measured["executor"]
+    assert measured["latency_s"]["median"] == pytest.approx(
+        executor["run_overhead_s"] + measured["kernel_sum_s"] + 6 * executor["node_overhead_s"]
+    )
+    for direction in ("d2h", "h2d"):
+        fit = measured["link"][direction]
+        assert [p[0] for p in fit["points"]] == list(FAST["SWEEP_BYTES"])
+        assert seed_doc["link"][direction] == {"bandwidth": fit["bandwidth"], "latency_s": fit["latency_s"]}
+        assert [p["bytes"] for p in measured["copy_sweep"][direction]] == list(FAST["SWEEP_BYTES"])
+    assert all(isinstance(v, str) and v.startswith("measured") for v in seed_doc["source"].values())
+
+
+def test_written_profile_reads_back(seed_profile_file):
+    profile = load_profile(str(seed_profile_file))
+    assert profile.measured is not None and profile.measured.sha256 == sha256_file(SEED)
+    assert len(profile.measured.nodes) == 6
+    text = seed_profile_file.read_text()
+    lines = text.splitlines()
+    for name in profile.measured.nodes:  # one line per node
+        assert sum(1 for line in lines if line.strip().startswith(f'"{name}": {{"op_type"')) == 1
+    assert len(lines) < 200  # lists of numbers on one line each
+    assert json.loads(text)["measured"]["nodes"] == json.loads(json.dumps(profile_to_nodes(profile)))
+
+
+def profile_to_nodes(profile):
+    return {
+        name: {"op_type": t.op_type, "seconds": t.seconds, "input_shapes": [list(s) for s in t.input_shapes]}
+        for name, t in profile.measured.nodes.items()
+    }
+
+
+def test_bundled_profiles_follow_the_schema():
+    validator = jsonschema.Draft202012Validator(profile_schema())
+    for name in list_profiles():
+        path = SAMPLES.parent / "offloadctl" / "profiles" / f"{name}.json"
+        validator.validate(json.loads(path.read_text()))
+
+
+def test_generated_inputs_take_pinned_shapes(fast, tmp_path):
+    path = save(long_reuse_model(dynamic=True), tmp_path / "dynamic.onnx")
+    doc = measure_profile(str(path), "cpu", input_shapes={"x": [3, 8]}, repeat=1)
+    assert doc["measured"]["model"]["inputs"]["x"] == {"dtype": "float32", "shape": [3, 8], "source": "generated"}
+    assert doc["measured"]["nodes"]["relu"]["input_shapes"] == [[3, 8]]
+
+
+# ---------------------------------------------------------------------------------------------
+# simulate with a measured profile
+
+
+def _known_times(doc, seconds=1e-3, node_overhead=1e-4, run_overhead=5e-3):
+    doc = copy.deepcopy(doc)
+    for entry in doc["measured"]["nodes"].values():
+        entry["seconds"] = seconds
+    doc["measured"]["executor"]["node_overhead_s"] = node_overhead
+    doc["run_overhead_s"] = run_overhead
+    return doc
+
+
+def test_simulate_uses_measured_times_when_the_profile_has_the_model(seed_doc):
+    profile = profile_from_dict(_known_times(seed_doc))
+    t = simulate(_analysis(SEED), profile=profile).times
+    assert t.nodes == 6 and t.measured_nodes == 6
+    assert t.baseline == pytest.approx(5e-3 + 6 * (1e-3 + 1e-4), rel=1e-12)
+
+
+def test_simulate_falls_back_to_the_roofline_for_another_model(seed_doc):
+    doc = _known_times(seed_doc)
+    roofline_only = {k: v for k, v in doc.items() if k != "measured"}
+    analysis = _analysis(SAMPLES / "mlp.onnx")
+    t = simulate(analysis, profile=profile_from_dict(doc)).times
+    assert t.measured_nodes == 0 and t.nodes == 16
+    assert t.baseline == simulate(analysis, profile=profile_from_dict(roofline_only)).times.baseline
+
+
+@pytest.mark.parametrize("change", ["op_type", "input_shapes"])
+def test_a_node_that_differs_is_estimated(seed_doc, change):
+    doc = _known_times(seed_doc)
+    name = next(iter(doc["measured"]["nodes"]))
+    entry = doc["measured"]["nodes"][name]
+    if change == "op_type":
+        entry["op_type"] = "Tanh"
+    else:
+        entry["input_shapes"] = [[7, 7]] * len(entry["input_shapes"])
+    t = simulate(_analysis(SEED), profile=profile_from_dict(doc)).times
+    assert t.measured_nodes == 5
+    assert t.baseline != pytest.approx(5e-3 + 6 * 1.1e-3)
+
+
+def test_rewritten_model_takes_its_original_node_times_and_the_link_fit(seed_doc, tmp_path):
+    profile = profile_from_dict(_known_times(seed_doc))
+    analysis = _analysis(SEED)
+    plan = make_plan(analysis, select_distance=1, prefetch_distance=0)
+    assert plan["offloads"]
+    rewritten_path = tmp_path / "seed.offload.onnx"
+    onnx.save(apply_plan(plan, analysis), str(rewritten_path))
+    result = simulate(_analysis(rewritten_path), profile=profile)
+    t = result.times
+    assert t.nodes == 6 and t.measured_nodes == 6  # the copies are not nodes of the original
+    assert t.baseline == pytest.approx(5e-3 + 6 * 1.1e-3, rel=1e-12)
+    copies = [(k, result.after.positions[s]) for s, k in enumerate(result.after.kinds) if k != "node"]
+    assert len(copies) == 2
+    link = {"d2h": profile.d2h, "h2d": profile.h2d}
+    m1_bytes = 4 * 8 * 4
+    assert t.serialized - t.baseline == pytest.approx(sum(link[k].time(m1_bytes) for k, _ in copies), rel=1e-9)
+    planned = simulate(analysis, plan, profile=profile).times
+    assert planned.serialized == pytest.approx(t.serialized, rel=1e-12)
+
+
+def test_simulate_cli_says_how_many_nodes_were_measured(run_cli, seed_profile_file):
+    result = run_cli("simulate", SEED, "--profile", seed_profile_file, "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["time_nodes"] == {"total": 6, "measured": 6, "estimated": 0}
+    assert doc["profile"]["measured"]["sha256"] == sha256_file(SEED)
+    table = run_cli("simulate", SEED, "--profile", seed_profile_file)
+    assert "6 of 6 measured" in table.stdout
+    other = run_cli("simulate", SAMPLES / "mlp.onnx", "--profile", seed_profile_file, "--json")
+    assert other.json()["time_nodes"] == {"total": 16, "measured": 0, "estimated": 16}
+    datasheet = run_cli("simulate", SEED, "--profile", "cpu")
+    assert "all 6 estimated" in datasheet.stdout
+
+
+def test_plan_cli_reports_the_estimate_with_a_measured_profile(run_cli, seed_profile_file, tmp_path):
+    out = tmp_path / "plan.json"
+    result = run_cli("plan", SEED, "-o", out, "--select-distance", "1", "--profile", seed_profile_file)
+    assert result.exit_code == 0, result.stderr
+    assert "6 of 6 node times measured" in result.stdout
+    assert "with copies in line" in result.stdout
+    bad = run_cli("plan", SEED, "-o", tmp_path / "other.json", "--profile", tmp_path / "missing.json")
+    assert bad.exit_code == 1 and "missing.json" in bad.stderr
+    assert not (tmp_path / "other.json").exists()
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda d: d["measured"]["nodes"]["div"].pop("seconds"), ["measured/nodes/div", "seconds"]),
+        (lambda d: d["measured"]["model"].update(sha256="abc"), ["measured/model/sha256"]),
+        (lambda d: d["measured"]["link"]["h2d"].update(bandwidth=0), ["measured/link/h2d/bandwidth"]),
+        (lambda d: d["measured"].pop("executor"), ["measured", "executor"]),
+    ],
+)
+def test_damaged_measured_profile_exits_1_naming_the_field(run_cli, seed_doc, tmp_path, damage, words):
+    doc = copy.deepcopy(seed_doc)
+    damage(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    result = run_cli("simulate", SEED, "--profile", path)
+    assert result.exit_code == 1 and result.stdout == ""
+    for word in [str(path), *words]:
+        assert word in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+
+def test_profile_cli_writes_the_profile_and_one_json_document(run_cli, fast, tmp_path):
+    out = tmp_path / "seed.profile.json"
+    result = run_cli("profile", SEED, "--device", "cpu", "--inputs", SEED_INPUTS, "--repeat", "2", "-o", out, "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["output"] == str(out) and doc["sha256"] == sha256_file(SEED)
+    assert doc["nodes"] == {"model": 6, "measured": 6}
+    assert doc["device"]["provider"] == "CPUExecutionProvider"
+    assert set(doc["link"]) == {"d2h", "h2d"}
+    assert load_profile(str(out)).measured.sha256 == sha256_file(SEED)
+    human = run_cli("profile", SEED, "--device", "cpu", "--repeat", "1", "-o", out)
+    assert human.exit_code == 0, human.stderr
+    assert "wrote" in human.stdout and "MemcpyFromHost" in human.stdout
+
+
+@pytest.mark.parametrize(
+    "device, provider",
+    [("cuda", "CUDAExecutionProvider"), ("ascend", "CANNExecutionProvider")],
+)
+def test_profile_on_a_missing_device_exits_1_and_keeps_the_output(run_cli, tmp_path, device, provider):
+    # this machine has neither a GPU nor the Ascend toolkit: onnxruntime lacks the provider or
+    # falls back to the CPU, and profile must say so instead of measuring the CPU
+    out = tmp_path / "profile.json"
+    out.write_text("previous")
+    result = run_cli("profile", SEED, "--device", device, "-o", out)
+    assert result.exit_code == 1
+    assert provider in result.stderr and f"--device {device}" in result.stderr
+    assert "fix:" in result.stderr and "Traceback" not in result.stderr
+    assert out.read_text() == "previous"
+
+
+def test_profile_cli_bad_input(run_cli, tmp_path, write_model):
+    out = tmp_path / "p.json"
+    both = run_cli("profile", SEED, "--device", "cpu", "--inputs", SEED_INPUTS, "--input-shape", "x=2,3", "-o", out)
+    assert both.exit_code == 2 and "exclude" in both.stderr
+    missing = run_cli("profile", tmp_path / "nope.onnx", "--device", "cpu", "-o", out)
+    assert missing.exit_code == 1 and "nope.onnx" in missing.stderr
+    same = run_cli("profile", SEED, "--device", "cpu", "-o", SEED)
+    assert same.exit_code == 1 and "same file" in same.stderr
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, y=np.zeros((2, 3), np.float32))
+    bad_inputs = run_cli("profile", SEED, "--device", "cpu", "--inputs", wrong, "-o", out)
+    assert bad_inputs.exit_code == 1 and "'y'" in bad_inputs.stderr
+    no_folder = run_cli("profile", SEED, "--device", "cpu", "-o", tmp_path / "no" / "p.json")
+    assert no_folder.exit_code == 1 and "does not exist" in no_folder.stderr
+    for result in (missing, same, bad_inputs, no_folder):
+        assert "Traceback" not in result.stderr and result.stdout == ""
+    assert not out.exists()
+
+
+def test_device_names_are_read_for_cuda_and_ascend(monkeypatch):
+    def fake(outputs):
+        def run(cmd, **kwargs):
+            if cmd[0] not in outputs:
+                raise FileNotFoundError(cmd[0])
+            return subprocess.CompletedProcess(cmd, 0, stdout=outputs[cmd[0]], stderr="")
+
+        return run
+
+    npu = (
+        "+------------------------------------------------------------------------------------+\n"
+        "| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|\n"
+        "+===========================+===============+====================================================+\n"
+        "| 0     910B3               | OK            | 93.6        45                0    / 0             |\n"
+        "| 1     910B3               | OK            | 90.1        44                0    / 0             |\n"
+    )
+    monkeypatch.setattr(subprocess, "run", fake({"nvidia-smi": "NVIDIA H200\n", "npu-smi": npu}))
+    assert profiler._device_name("cuda", {}) == "NVIDIA H200"
+    assert profiler._device_name("ascend", {"device_id": "1"}) == "910B3"
+    monkeypatch.setattr(subprocess, "run", fake({}))
+    assert profiler._device_name("cuda", {}) == "unknown"
+    assert profiler._device_name("ascend", {}) == "unknown"
