@@ -76,6 +76,7 @@ __all__ = [
     "LinkFit",
     "fit_link",
     "fit_range",
+    "alternate",
     "KernelEvent",
     "kernel_runs",
     "measure_profile",
@@ -95,6 +96,7 @@ _ADD_ELEMENTS = 1 << 22  # 16 MiB of float32 per operand
 _CALIBRATION_REPEAT = 10
 _MIN_SECONDS = 0.5  # fast models get more runs than --repeat, until this much time has passed
 _MAX_ROUNDS_FACTOR = 20
+_BLOCK_SECONDS = 0.05  # sessions timed side by side take turns in blocks this long
 _SWEEP_BUDGET = 32 << 20  # bytes copied per run when timing copies of one size
 _COPIES_MAX = {"d2h": 256, "h2d": 1024}  # copies per run at most (small sizes)
 _COLD_BYTES_MAX = 256 << 20  # distinct H2D sources per run at most (memory)
@@ -244,17 +246,19 @@ def _node_medians(runs: list[list[KernelEvent]]) -> dict[str, dict[str, Any]]:
 class _Device:
     """Sessions on one device, configured as `offloadctl run --opt-level disable` configures them."""
 
-    def __init__(self, device: str, ep_options: Mapping[str, str] | None, folder: Path) -> None:
+    def __init__(self, device: str, ep_options: Mapping[str, str] | None, folder: Path, threads: int = 0) -> None:
         self.device = device
         self.ort = import_onnxruntime(device)
         self.ep_options = dict(ep_options or {})
         self.folder = folder
+        self.threads = threads
         self.profiles = 0
 
     def runner(
         self, path: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any] | None = None, *, profiled: bool
     ) -> _Runner:
         config = session_config(settings or {}, self.device, opt_level="disable", ep_options=self.ep_options, ort=self.ort)
+        config.sess_options.intra_op_num_threads = self.threads
         if profiled:
             self.profiles += 1
             config.sess_options.enable_profiling = True
@@ -282,21 +286,45 @@ class _Runner:
         return kernel_runs(profile_file)
 
 
-def _alternate(runners: Sequence[_Runner], repeat: int, *, min_seconds: float = _MIN_SECONDS) -> list[list[float]]:
-    """Run each session once to warm up, then all in turn, ``repeat`` times or more: each round runs every
-    session once, so that all see the same machine load. Fast models get more rounds (until
-    ``min_seconds`` have passed, at most ``_MAX_ROUNDS_FACTOR * repeat``). Returns the seconds of
-    every timed run, per session."""
-    for r in runners:
-        r.run()
-    times: list[list[float]] = [[] for _ in runners]
+def alternate(
+    calls: Sequence[Callable[[], float]],
+    repeat: int,
+    *,
+    min_seconds: float | None = None,
+    block_seconds: float | None = None,
+) -> list[list[float]]:
+    """Time several sessions side by side: each call runs one session once and returns its seconds.
+
+    After one warm-up run each, the sessions take turns in blocks of about ``block_seconds`` (at
+    most ``repeat`` runs), so that all see the same machine load, until each has ``repeat`` timed
+    runs and ``min_seconds`` have passed (fast models get more runs, at most
+    ``_MAX_ROUNDS_FACTOR * repeat``). Blocks, not single runs: a session's thread pool spins for a
+    while after its run, and would slow the next session's run if turns were run by run; the first
+    run of each block (after another session's block) is not timed.
+
+    Returns:
+        The seconds of every timed run, per session.
+    """
+    min_seconds = _MIN_SECONDS if min_seconds is None else min_seconds
+    block_seconds = _BLOCK_SECONDS if block_seconds is None else block_seconds
+    warm = [call() for call in calls]
+    blocks = [max(1, min(repeat, int(block_seconds / max(t, 1e-9)))) for t in warm]
+    times: list[list[float]] = [[] for _ in calls]
+    limit = _MAX_ROUNDS_FACTOR * repeat
     start = time.perf_counter()
-    rounds = 0
-    while rounds < repeat or (time.perf_counter() - start < min_seconds and rounds < _MAX_ROUNDS_FACTOR * repeat):
-        for k, r in enumerate(runners):
-            times[k].append(r.run())
-        rounds += 1
+    while any(len(t) < repeat for t in times) or (
+        time.perf_counter() - start < min_seconds and all(len(t) < limit for t in times)
+    ):
+        for k, call in enumerate(calls):
+            if len(calls) > 1:
+                call()
+            for _ in range(blocks[k]):
+                times[k].append(call())
     return times
+
+
+def _alternate(runners: Sequence[_Runner], repeat: int, *, min_seconds: float | None = None) -> list[list[float]]:
+    return alternate([r.run for r in runners], repeat, min_seconds=min_seconds)
 
 
 def _save(model: onnx.ModelProto, folder: Path, name: str) -> str:
@@ -443,6 +471,7 @@ def measure_profile(
     repeat: int = DEFAULT_REPEAT,
     ep_options: Mapping[str, str] | None = None,
     sweep: Sequence[int] | None = None,
+    threads: int = 0,
     report: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure ``model`` and the copy costs on ``device``; return the profile document.
@@ -455,6 +484,8 @@ def measure_profile(
         repeat: runs per measurement after one warm-up run (medians are taken over them).
         ep_options: provider options (CUDA and CANN), as for `offloadctl run`.
         sweep: the copy sizes in bytes (at least two distinct ones); None: ``SWEEP_BYTES``.
+        threads: onnxruntime's intra-op threads for every session (0: its default, one per
+            physical core). The profile describes sessions with this setting.
         report: called with the name of each step as it starts.
 
     Returns:
@@ -468,6 +499,8 @@ def measure_profile(
         raise OffloadError(f"unknown device {device!r}", hint=f"use one of: {', '.join(DEVICES)}")
     if repeat < 1:
         raise OffloadError(f"repeat must be at least 1, not {repeat}", hint="for example --repeat 20")
+    if threads < 0:
+        raise OffloadError(f"threads must be 0 (onnxruntime's default) or more, not {threads}", hint="for example --threads 1")
     sweep = SWEEP_BYTES if sweep is None else tuple(sweep)
     if len(set(sweep)) < 2 or any(s < 4 for s in sweep):
         raise OffloadError(
@@ -496,7 +529,7 @@ def measure_profile(
     sizes = sorted(set(sweep))
     with tempfile.TemporaryDirectory(prefix="offloadctl-profile-") as tmp:
         folder = Path(tmp)
-        dev = _Device(device, ep_options, folder)
+        dev = _Device(device, ep_options, folder, threads)
         step(f"timing and profiling {model}")
         plain = dev.runner(model, feeds, settings, profiled=False)
         profiled = dev.runner(model, feeds, settings, profiled=True)
@@ -613,7 +646,7 @@ def measure_profile(
             "session": {
                 "execution_order": "PRIORITY_BASED",
                 "opt_level": "disable",
-                "intra_op_num_threads": 0,  # session_config keeps onnxruntime's default
+                "intra_op_num_threads": threads,
                 "provider_options": ep_options,
                 "disabled_optimizers": [str(x) for x in settings.get("disabled_optimizers") or []],
             },

@@ -30,6 +30,7 @@ def summary(doc: dict[str, Any], output: str) -> dict[str, Any]:
         "sha256": measured["model"]["sha256"],
         "device": measured["device"],
         "repeat": measured["repeat"],
+        "intra_op_num_threads": measured["session"]["intra_op_num_threads"],
         "latency_s": measured["latency_s"]["median"],
         "kernel_sum_s": measured["kernel_sum_s"],
         "nodes": {"model": measured["model"]["nodes"], "measured": len(measured["nodes"])},
@@ -56,6 +57,11 @@ def _print(info: dict[str, Any], model: str) -> None:
     table.add_column(style="bold")
     table.add_column()
     table.add_row("model", f"{escape(model)} (sha256 {info['sha256'][:12]}…)")
+    threads = info["intra_op_num_threads"]
+    table.add_row(
+        "session",
+        f"PRIORITY_BASED, no graph optimizations, {threads or 'default'} intra-op thread{'s' if threads != 1 else ''}",
+    )
     table.add_row("latency", f"{info['latency_s'] * 1e3:.3f} ms (median of {info['repeat']} or more runs)")
     table.add_row("node times", f"{info['nodes']['measured']} nodes, summing to {info['kernel_sum_s'] * 1e3:.3f} ms in profiling")
     executor = info["executor"]
@@ -98,9 +104,17 @@ def _print(info: dict[str, Any], model: str) -> None:
     metavar="KEY=VALUE",
     help="Execution provider option for CANN or CUDA (repeatable), as for offloadctl run.",
 )
+@click.option(
+    "--threads",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="onnxruntime intra-op threads of the measured sessions (0: its default, one per physical core); the "
+    "profile describes sessions run this way.",
+)
 @output_option("the measured profile (JSON, schemas/profile.schema.json)")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
-def profile_cmd(model, device, inputs, input_shape, repeat, ep_option, output, as_json):
+def profile_cmd(model, device, inputs, input_shape, repeat, ep_option, threads, output, as_json):
     """Measure MODEL on a device and write a profile for simulate and plan (--profile FILE).
 
     \b
@@ -119,7 +133,8 @@ def profile_cmd(model, device, inputs, input_shape, repeat, ep_option, output, a
         logger.warning("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
     with steps(not as_json, total=5) as step:
         doc = measure_profile(
-            model, device, inputs=inputs, input_shapes=shapes, repeat=repeat, ep_options=options, report=step
+            model, device, inputs=inputs, input_shapes=shapes, repeat=repeat, ep_options=options, threads=threads,
+            report=step,
         )
         step(f"writing {output}")
         write_profile(output, doc)

@@ -1,0 +1,210 @@
+"""Fidelity of the time model on CPU: simulated against measured, side by side in one run.
+
+For every sample model (with its ``.inputs.npz``) and a few generated transformer-like models
+(`gen_large.py`, small sizes, generated inputs), on onnxruntime's CPU execution provider:
+
+1. ``offloadctl profile`` measures the model (node times, executor overheads, copy fit);
+2. a plan with weights and activations (``--params --select-distance 10``) is made and applied;
+3. the original and the rewritten model are timed without profiling, side by side (taking turns
+   in short blocks, so both see the same machine load), with the settings ``offloadctl run`` uses
+   (PRIORITY_BASED, ``--opt-level disable``);
+4. the simulator estimates the original's baseline and the rewritten model's time with copies in
+   line (onnxruntime today), under the measured profile and under the datasheet ``cpu`` profile.
+
+Each row prints simulated / measured for both figures and both profiles; the goal for the measured
+profile is 0.85 to 1.15. On the CPU provider MemcpyToHost/MemcpyFromHost are real memcpys, so the
+second figure checks the copy model. Timings taken while other work runs are noise: compare ratios
+from one run, and re-run on a quiet machine for figures to publish.
+
+Run: ``python bench/bench_time.py [--repeat N] [--quick] [--json]`` (``make bench`` runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gen_large import LargeModelConfig, generate  # noqa: E402
+
+from offloadctl.analysis import analyse  # noqa: E402
+from offloadctl.apply import apply_plan, write_model  # noqa: E402
+from offloadctl.model import load_model  # noqa: E402
+from offloadctl.profiler import alternate, measure_profile, write_profile  # noqa: E402
+from offloadctl.profiles import load_profile  # noqa: E402
+from offloadctl.runner import (  # noqa: E402
+    _feeds_for,
+    _required_settings,
+    create_session,
+    generate_inputs,
+    import_onnxruntime,
+    input_specs,
+    load_inputs,
+    session_config,
+)
+from offloadctl.simulate import simulate  # noqa: E402
+from offloadctl.stages import make_plan  # noqa: E402
+
+__all__ = ["main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_models"
+SAMPLE_NAMES = ("seed", "mlp", "unet", "transformer", "training")
+GENERATED = {
+    "gen-4x64": LargeModelConfig(layers=4, hidden=64, seq=16),
+    "gen-8x256": LargeModelConfig(layers=8, hidden=256, seq=64),
+}
+PLAN = {"select_distance": 10, "params": True}
+GOAL = 0.15
+
+
+def _session(path: str, ort, threads: int):
+    settings = _required_settings(load_model(path).proto, path)
+    config = session_config(settings, "cpu", opt_level="disable", ort=ort)
+    config.sess_options.intra_op_num_threads = threads
+    return create_session(path, config, "cpu", ort=ort)
+
+
+def _latencies(paths: list[str], feeds: dict, repeat: int, ort, threads: int, *, min_seconds: float = 2.0) -> list[float]:
+    """Median wall-clock latency of each model, timed side by side (`offloadctl.profiler.alternate`)."""
+    calls = []
+    for path in paths:
+        session = _session(path, ort, threads)
+        inputs = _feeds_for(session, feeds, path, "the inputs")
+        calls.append(lambda s=session, f=inputs: _timed(s, f))
+    return [statistics.median(t) for t in alternate(calls, repeat, min_seconds=min_seconds)]
+
+
+def _timed(session, feeds) -> float:
+    start = time.perf_counter()
+    session.run(None, feeds)
+    return time.perf_counter() - start
+
+
+def _models(folder: Path, quick: bool) -> list[tuple[str, str, str | None]]:
+    """(label, model path, inputs .npz or None) for every benchmark model."""
+    models = [(name, str(SAMPLES / f"{name}.onnx"), str(SAMPLES / f"{name}.inputs.npz")) for name in SAMPLE_NAMES]
+    for label, config in GENERATED.items():
+        if quick and label != "gen-4x64":
+            continue
+        path = folder / f"{label}.onnx"
+        generate(path, config)
+        models.append((label, str(path), None))
+    return models
+
+
+def _row(label: str, model: str, inputs: str | None, folder: Path, repeat: int, ort, threads: int) -> dict:
+    measured_path = folder / f"{label}.profile.json"
+    write_profile(measured_path, measure_profile(model, "cpu", inputs=inputs, repeat=repeat, threads=threads))
+    measured = load_profile(str(measured_path))
+    datasheet = load_profile("cpu")
+
+    analysis = analyse(load_model(model))
+    plan = make_plan(analysis, **PLAN)
+    rewritten_path = folder / f"{label}.offload.onnx"
+    write_model(apply_plan(plan, analysis), rewritten_path, source_dir=Path(model).parent)
+    rewritten = analyse(load_model(rewritten_path))
+
+    specs = input_specs(analysis.loaded.proto)
+    feeds = load_inputs(inputs, specs, model) if inputs else generate_inputs(specs)[0]
+    latency, latency_rewritten = _latencies([model, str(rewritten_path)], feeds, max(repeat, 50), ort, threads)
+
+    row: dict = {
+        "model": label,
+        "nodes": analysis.num_positions,
+        "copies": sum(1 for n in rewritten.nodes if n.op_type in ("MemcpyToHost", "MemcpyFromHost")),
+        "measured_s": {"baseline": latency, "inline": latency_rewritten},
+        "profiles": {},
+    }
+    for name, profile in (("measured", measured), ("cpu", datasheet)):
+        base = simulate(analysis, profile=profile).times
+        inline = simulate(rewritten, profile=profile).times
+        row["profiles"][name] = {
+            "baseline_s": base.baseline,
+            "inline_s": inline.serialized,
+            "measured_nodes": inline.measured_nodes,
+            "copies_s": inline.serialized - inline.baseline,
+            "ratio": {
+                "baseline": base.baseline / latency,
+                "inline": inline.serialized / latency_rewritten,
+                "copies": (inline.serialized - inline.baseline) / (latency_rewritten - latency)
+                if latency_rewritten > latency and inline.serialized > inline.baseline
+                else None,
+            },
+        }
+    return row
+
+
+def _within(ratio: float) -> bool:
+    return abs(ratio - 1.0) <= GOAL
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=30, help="profiled runs per measurement (timed runs: at least 50)")
+    parser.add_argument("--quick", action="store_true", help="the samples and the smallest generated model only")
+    parser.add_argument(
+        "--threads", type=int, default=0,
+        help="intra-op threads of every session (0: onnxruntime's default; 1 keeps a busy machine's noise down)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    args = parser.parse_args(argv)
+    ort = import_onnxruntime("cpu")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="offloadctl-bench-time-") as tmp:
+        folder = Path(tmp)
+        for label, model, inputs in _models(folder, args.quick):
+            rows.append(_row(label, model, inputs, folder, args.repeat, ort, args.threads))
+            if not args.json:
+                print(f"measured {label}", file=sys.stderr)
+    ratios = [r["profiles"]["measured"]["ratio"][k] for r in rows for k in ("baseline", "inline")]
+    doc = {
+        "device": "cpu",
+        "onnxruntime": ort.__version__,
+        "plan": PLAN,
+        "intra_op_num_threads": args.threads,
+        "goal": f"measured-profile ratios within 1 +/- {GOAL}",
+        "within_goal": all(_within(r) for r in ratios),
+        "rows": rows,
+    }
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    threads = f"{args.threads} intra-op thread(s)" if args.threads else "default intra-op threads"
+    table = Table(title=f"simulated / measured time on CPU, {threads} (1.00 = exact)", show_edge=False)
+    for col in ("model", "nodes", "copies", "measured base", "measured inline",
+                "measured profile: base", "inline", "datasheet cpu: base", "inline "):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for r in rows:
+        m, c = r["profiles"]["measured"]["ratio"], r["profiles"]["cpu"]["ratio"]
+
+        def mark(x: float) -> str:
+            return f"{x:.2f}" if _within(x) else f"[bold red]{x:.2f}[/]"
+
+        table.add_row(
+            r["model"], str(r["nodes"]), str(r["copies"]),
+            f"{r['measured_s']['baseline'] * 1e3:.3f} ms", f"{r['measured_s']['inline'] * 1e3:.3f} ms",
+            mark(m["baseline"]), mark(m["inline"]), f"{c['baseline']:.2f}", f"{c['inline']:.2f}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"measured-profile ratios within ±{GOAL:.0%}: {'yes' if doc['within_goal'] else 'no'} "
+        "(timings on a busy machine are noise: re-run on a quiet one)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
