@@ -20,8 +20,9 @@ use) and measures:
   sizes (``SWEEP_BYTES``), fitted as ``latency_s + bytes / bandwidth`` (`fit_link`); this is the
   profile's top-level ``link``. The cache decides the cost of a small copy, so each direction is
   timed as a model uses it: a D2H reads the tensor its producer has just written (warm: the copies
-  read one tensor again and again); an H2D reads a host tensor written long before (cold: the
-  copies read distinct tensors, as many bytes per run as the profiled model touches, at most
+  read one tensor again and again); an H2D reads a host tensor written long before (as cold as
+  the model leaves it: the copies cycle through distinct weights, as many bytes as the model's
+  simulated peak memory, the memory a run cycles through since freed buffers are reused; at most
   ``_COLD_BYTES_MAX``). On the CPU execution provider both copies are real memcpys;
 * the roofline figures for nodes a profile has no time for: ``peak_flops`` from a 512x512x512
   float32 MatMul, ``mem_bandwidth`` from an Add of two 16 MiB tensors, ``kernel_launch_s`` as the
@@ -49,7 +50,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl import __version__
 from offloadctl.analysis import analyse
@@ -57,6 +58,7 @@ from offloadctl.errors import OffloadError
 from offloadctl.files import atomic_write_text
 from offloadctl.model import load_model
 from offloadctl.profiles import PROFILE_SCHEMA_VERSION, profile_from_dict, validate_profile
+from offloadctl.simulate import peak_memory
 from offloadctl.runner import (
     DEVICES,
     _feeds_for,
@@ -98,8 +100,8 @@ _MIN_SECONDS = 0.5  # fast models get more runs than --repeat, until this much t
 _MAX_ROUNDS_FACTOR = 20
 _BLOCK_SECONDS = 0.05  # sessions timed side by side take turns in blocks this long
 _SWEEP_BUDGET = 32 << 20  # bytes copied per run when timing copies of one size
-_COPIES_MAX = {"d2h": 256, "h2d": 1024}  # copies per run at most (small sizes)
-_COLD_BYTES_MAX = 256 << 20  # distinct H2D sources per run at most (memory)
+_COPIES_MAX = 256  # copies per run at most (small sizes)
+_COLD_BYTES_MAX = 64 << 20  # distinct H2D sources per run at most (memory, and the model file)
 _SWEEP_SECONDS = 0.2  # each size is timed for at least this long
 _IR_VERSION = 10
 _OPSET = 17
@@ -333,8 +335,8 @@ def _save(model: onnx.ModelProto, folder: Path, name: str) -> str:
     return str(path)
 
 
-def _model(nodes, inputs, outputs) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "calibration", inputs, outputs)
+def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "calibration", inputs, outputs, initializer=list(initializers))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="offloadctl-profile")
     model.ir_version = _IR_VERSION
     return model
@@ -349,28 +351,33 @@ def _chain_model(length: int) -> onnx.ModelProto:
     return _model(nodes, [_float("t0", [1])], [_float(f"t{length}", [1])])
 
 
-def _copies_model(direction: str, size: int, inputs: int, copies: int) -> onnx.ModelProto:
+def _copies_model(direction: str, size: int, copies: int, sources: int = 1) -> onnx.ModelProto:
     """``copies`` copy nodes of ``size`` bytes in one direction, their outputs unread.
 
-    ``d2h``: every copy reads input ``x0`` (after the first, from the cache: the warm tensor a D2H
-    copies right after its producer wrote it). ``h2d``: copy k reads input ``x{k}``, each read once
-    per run, with the other inputs read in between: as many bytes as the profiled model touches in
-    a run, so a source is as cold as a host copy that waited while the model ran. The model has
-    ``inputs`` inputs whatever ``copies`` is, so models with 1 and many copies cost the same to feed.
-    A Relu on ``x0`` gives the model its one output.
+    ``d2h``: every copy reads the input ``x`` (after the first, from the cache: the warm tensor a
+    D2H copies right after its producer wrote it). ``h2d``: copy k reads weight ``w{k % sources}``,
+    so between two reads of a weight the other ``sources - 1`` are read: a source is as cold as a
+    host copy that waited while the model cycled through that much memory (weights, not inputs:
+    onnxruntime's cost of feeding an input grows with the number of inputs). A Relu on ``x`` gives
+    the model its output.
     """
     n = _elements(size)
-    op = "MemcpyToHost" if direction == "d2h" else "MemcpyFromHost"
-    nodes = [
-        helper.make_node(op, ["x0" if direction == "d2h" else f"x{k}"], [f"c{k}"], name=f"{direction}{k}")
-        for k in range(copies)
-    ]
-    nodes.append(helper.make_node("Relu", ["x0"], ["y"], name="out"))
-    return _model(nodes, [_float(f"x{k}", [n]) for k in range(inputs)], [_float("y", [n])])
+    if direction == "d2h":
+        nodes = [helper.make_node("MemcpyToHost", ["x"], [f"c{k}"], name=f"d2h{k}") for k in range(copies)]
+        weights = []
+    else:
+        sources = max(1, min(sources, copies))
+        nodes = [
+            helper.make_node("MemcpyFromHost", [f"w{k % sources}"], [f"c{k}"], name=f"h2d{k}") for k in range(copies)
+        ]
+        fill = np.arange(n, dtype=np.float32)
+        weights = [numpy_helper.from_array(fill, f"w{k}") for k in range(sources)]
+    nodes.append(helper.make_node("Relu", ["x"], ["y"], name="out"))
+    return _model(nodes, [_float("x", [n])], [_float("y", [n])], weights)
 
 
 def _tensor_bytes(analysis: Any) -> list[int]:
-    """Sizes of the tensors of known size the model touches in a run: weights, inputs, activations."""
+    """Sizes of the tensors of known size in a run: weights, inputs, activations."""
     names = set(analysis.weights) | set(analysis.graph_inputs) | set(analysis.producer)
     sizes = []
     for name in names:
@@ -382,7 +389,8 @@ def _tensor_bytes(analysis: Any) -> list[int]:
 
 def fit_range(sweep: Sequence[int], tensor_bytes: Sequence[int]) -> tuple[int, int]:
     """The sweep sizes a copy fit uses: from the largest one at or below the model's smallest tensor to
-    the smallest one at or above its largest (the whole sweep for a model without sizes).
+    the smallest one at or above its largest, widened to at least three sizes (the whole sweep for
+    a model without sizes).
 
     The cost of a copy per byte falls as copies outgrow the caches, so no one line fits 4 KiB and
     64 MiB; a profile's fit is made for the sizes its model can copy.
@@ -394,9 +402,9 @@ def fit_range(sweep: Sequence[int], tensor_bytes: Sequence[int]) -> tuple[int, i
     lo = max((g for g in grid if g <= small), default=grid[0])
     hi = min((g for g in grid if g >= large), default=grid[-1])
     inside = [g for g in grid if lo <= g <= hi]
-    while len(inside) < 2:  # widen to two sizes
-        k = grid.index(inside[0])
-        inside = grid[max(k - 1, 0): k + 2] if k + 1 < len(grid) else grid[-2:]
+    while len(inside) < min(3, len(grid)):  # at least three sizes: a line through two is at noise's mercy
+        first, last = grid.index(inside[0]), grid.index(inside[-1])
+        inside = grid[first: last + 2] if last + 1 < len(grid) else grid[max(first - 1, 0): last + 1]
     return inside[0], inside[-1]
 
 
@@ -554,20 +562,19 @@ def measure_profile(
 
         step("timing copies over a sweep of sizes")
         tensor_bytes = _tensor_bytes(analysis)
-        footprint = sum(tensor_bytes)
+        footprint = peak_memory(analysis)[0]  # the memory a run cycles through (freed buffers are reused)
         fitted = fit_range([_elements(size) * 4 for size in sizes], tensor_bytes)
         fits, points, sweep_doc = {}, {}, {}
         rng = np.random.default_rng(0)
         for direction in ("d2h", "h2d"):
             points[direction], sweep_doc[direction] = [], []
             for size in sizes:
-                budget = _SWEEP_BUDGET if direction == "d2h" else min(footprint, _COLD_BYTES_MAX)
-                copies = max(2, min(_COPIES_MAX[direction], budget // size))
-                inputs = 1 if direction == "d2h" else copies
-                feeds_copy = {f"x{k}": rng.standard_normal(_elements(size)).astype(np.float32) for k in range(inputs)}
+                copies = max(2, min(_COPIES_MAX, _SWEEP_BUDGET // size))
+                sources = max(1, min(copies, min(footprint, _COLD_BYTES_MAX) // size))
+                feeds_copy = {"x": rng.standard_normal(_elements(size)).astype(np.float32)}
                 runners = [
                     dev.runner(
-                        _save(_copies_model(direction, size, inputs, k), folder, f"{direction}{size}x{k}.onnx"),
+                        _save(_copies_model(direction, size, k, sources), folder, f"{direction}{size}x{k}.onnx"),
                         feeds_copy,
                         profiled=False,
                     )
@@ -577,7 +584,10 @@ def measure_profile(
                 del runners, feeds_copy
                 seconds = max(many - few, 0.0) / (copies - 1)
                 points[direction].append((_elements(size) * 4, seconds))
-                sweep_doc[direction].append({"bytes": _elements(size) * 4, "copies": copies, "seconds": seconds})
+                sweep_doc[direction].append(
+                    {"bytes": _elements(size) * 4, "copies": copies, "sources": 1 if direction == "d2h" else sources,
+                     "seconds": seconds}
+                )
             chosen = [(b, t) for b, t in points[direction] if fitted[0] <= b <= fitted[1]]
             lost = [b for b, t in chosen if t <= 0]
             if lost:
@@ -626,10 +636,11 @@ def measure_profile(
             f"of 1, per node (medians of {_CHAIN_REPEAT} runs without profiling)",
             "run_overhead_s": "measured: latency of a one-node run minus kernel_launch_s",
             "link": f"measured: the latency one more copy node adds to a run, without profiling, over {len(sizes)} "
-            f"sizes ({sizes[0]} to {sizes[-1]} bytes; models with 1 and many copies, medians of interleaved runs), "
-            "fitted as latency + bytes / bandwidth over the sizes of the model's tensors (measured.link). D2H copies read a warm tensor (as right after "
-            "its producer); H2D copies read tensors as cold as the model leaves them (between two reads of one, "
-            f"the others, {footprint} bytes in all as the model's tensors, are read)",
+            f"sizes ({sizes[0]} to {sizes[-1]} bytes; models with 1 and many copies, medians of runs taking turns), "
+            "fitted as latency + bytes / bandwidth over the sizes of the model's tensors (measured.link). D2H "
+            "copies read a warm tensor (as right after its producer); H2D copies read tensors as cold as the model "
+            f"leaves them (between two reads of one, the others are read: {min(footprint, _COLD_BYTES_MAX)} bytes, "
+            "the model's simulated peak memory)",
             "nodes": f"measured: onnxruntime profiling of {Path(model).name}, median of {len(runs)} runs per node "
             "(measured.nodes), plus measured.executor.node_overhead_s per node",
         },

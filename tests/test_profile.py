@@ -35,13 +35,13 @@ SEED_INPUTS = SAMPLES / "seed.inputs.npz"
 # Measurement sizes small enough for the test suite; the code paths are the ones `profile` runs.
 FAST = {
     "_MIN_SECONDS": 0.0,
-    "_SWEEP_SECONDS": 0.05,
+    "_SWEEP_SECONDS": 0.1,
     "_CHAIN_REPEAT": 3,
     "_CALIBRATION_REPEAT": 1,
     "_MATMUL_N": 32,
     "_ADD_ELEMENTS": 1024,
-    "SWEEP_BYTES": (4096, 16384, 65536),
-    "_COPIES_MAX": {"d2h": 64, "h2d": 64},
+    "SWEEP_BYTES": (4096, 65536, 262144),
+    "_COPIES_MAX": 64,
 }
 
 
@@ -115,8 +115,8 @@ def test_fit_refuses_points_without_a_bandwidth(points, words):
     "tensors, expected",
     [
         ([100, 20_000], (4096, 65536)),  # spans the tensors: rounded down and up to the grid
-        ([5000, 6000], (4096, 16384)),
-        ([1 << 30], (65536, 262144)),  # beyond the sweep: the last two sizes
+        ([5000, 6000], (4096, 65536)),  # widened to three sizes
+        ([1 << 30], (16384, 262144)),  # beyond the sweep: the last three sizes
         ([], (4096, 262144)),  # no sizes known: all of it
     ],
 )
