@@ -184,10 +184,19 @@ def test_measured_profile_validates_and_records_what_it_belongs_to(seed_doc):
     assert measured["latency_s"]["median"] == pytest.approx(
         executor["run_overhead_s"] + measured["kernel_sum_s"] + 6 * executor["node_overhead_s"]
     )
+    in_model = measured["copies_in_model"]
+    # every weight offloaded: "two" reloaded before each of its 4 uses; every activation: a D2H each for
+    # m1, m3, m4, m5, m6 (not the graph output), an H2D before each of their 7 uses
+    assert (in_model["h2d"]["copies"], in_model["h2d"]["rewrite_copies"]) == (4, 4)
+    assert (in_model["d2h"]["copies"], in_model["d2h"]["rewrite_copies"]) == (5, 12)
+    assert in_model["d2h"]["bytes"] == 5 * 128 and in_model["h2d"]["bytes"] == 4 * 4
     for direction in ("d2h", "h2d"):
         fit = measured["link"][direction]
         assert [p[0] for p in fit["points"]] == list(FAST["SWEEP_BYTES"])
-        assert seed_doc["link"][direction] == {"bandwidth": fit["bandwidth"], "latency_s": fit["latency_s"]}
+        scale = in_model[direction]["scale"] or 1.0
+        assert seed_doc["link"][direction] == pytest.approx(
+            {"bandwidth": fit["bandwidth"] / scale, "latency_s": fit["latency_s"] * scale}
+        )
         assert [p["bytes"] for p in measured["copy_sweep"][direction]] == list(FAST["SWEEP_BYTES"])
     assert all(isinstance(v, str) and v.startswith("measured") for v in seed_doc["source"].values())
 
