@@ -379,8 +379,8 @@ def _copies_model(direction: str, size: int, copies: int, sources: int = 1) -> o
         ]
         fill = np.arange(n, dtype=np.float32)
         weights = [numpy_helper.from_array(fill, f"w{k}") for k in range(sources)]
-    nodes.append(helper.make_node("Relu", ["x"], ["y"], name="out"))
-    return _model(nodes, [_float("x", [n])], [_float("y", [n])], weights)
+    nodes.append(helper.make_node("Relu", ["t"], ["y"], name="out"))
+    return _model(nodes, [_float("x", [n]), _float("t", [1])], [_float("y", [1])], weights)
 
 
 def _tensor_bytes(analysis: Any) -> list[int]:
@@ -673,6 +673,7 @@ def measure_profile(
         tensor_bytes = _tensor_bytes(analysis)
         footprint = peak_memory(analysis)[0]  # the memory a run cycles through (freed buffers are reused)
         fitted = fit_range([_elements(size) * 4 for size in sizes], tensor_bytes)
+        sizes = [size for size in sizes if fitted[0] <= _elements(size) * 4 <= fitted[1]]
         fits, points, sweep_doc = {}, {}, {}
         rng = np.random.default_rng(0)
         for direction in ("d2h", "h2d"):
@@ -680,7 +681,7 @@ def measure_profile(
             for size in sizes:
                 copies = max(2, min(_COPIES_MAX, _SWEEP_BUDGET // size))
                 sources = max(1, min(copies, min(footprint, _COLD_BYTES_MAX) // size))
-                feeds_copy = {"x": rng.standard_normal(_elements(size)).astype(np.float32)}
+                feeds_copy = {"x": rng.standard_normal(_elements(size)).astype(np.float32), "t": np.ones(1, np.float32)}
                 runners = [
                     dev.runner(
                         _save(_copies_model(direction, size, k, sources), folder, f"{direction}{size}x{k}.onnx"),
