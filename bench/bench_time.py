@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = f"{args.threads} intra-op thread(s)" if args.threads else "default intra-op threads"
     table = Table(title=f"simulated / measured time on CPU, {threads} (1.00 = exact)", show_edge=False)
     for col in ("model", "nodes", "copies", "measured base", "measured inline",
-                "measured profile: base", "inline", "datasheet cpu: base", "inline "):
+                "measured profile: base", "inline", "(copies)", "datasheet cpu: base", "inline "):
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
         m, c = r["profiles"]["measured"]["ratio"], r["profiles"]["cpu"]["ratio"]
@@ -195,10 +195,14 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(
             r["model"], str(r["nodes"]), str(r["copies"]),
             f"{r['measured_s']['baseline'] * 1e3:.3f} ms", f"{r['measured_s']['inline'] * 1e3:.3f} ms",
-            mark(m["baseline"]), mark(m["inline"]), f"{c['baseline']:.2f}", f"{c['inline']:.2f}",
+            mark(m["baseline"]), mark(m["inline"]), "-" if m["copies"] is None else f"{m['copies']:.2f}",
+            f"{c['baseline']:.2f}", f"{c['inline']:.2f}",
         )
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 132)
     console.print(table)
+    console.print(
+        "(copies): the time copies add, simulated / measured (the rewritten model's latency minus the original's)"
+    )
     console.print(
         f"measured-profile ratios within ±{GOAL:.0%}: {'yes' if doc['within_goal'] else 'no'} "
         "(timings on a busy machine are noise: re-run on a quiet one)"
