@@ -533,7 +533,8 @@ def _copies_in_model(
     runners = [dev.runner(model, feeds, settings, profiled=False)]
     for path in paths.values():
         runners.append(dev.runner(path, feeds, _required_settings(load_model(path).proto, path), profiled=False))
-    medians = [statistics.median(t) for t in _alternate(runners, repeat)]
+    # the difference of two latencies is what counts: time them three times as long as the model alone
+    medians = [statistics.median(t) for t in _alternate(runners, repeat, min_seconds=3 * _MIN_SECONDS)]
     del runners
     base = medians[0]
     added = dict(zip(paths, medians[1:]))
