@@ -586,6 +586,7 @@ def measure_profile(
     *,
     inputs: str | os.PathLike[str] | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
     repeat: int = DEFAULT_REPEAT,
     ep_options: Mapping[str, str] | None = None,
     sweep: Sequence[int] | None = None,
@@ -598,7 +599,8 @@ def measure_profile(
         model: the ONNX model whose nodes are timed (an original or a rewritten one).
         device: ``cpu``, ``cuda`` or ``ascend``.
         inputs: an .npz file with every input; generated from ``default_rng(0)`` when None.
-        input_shapes: dimensions for inputs with dynamic ones when inputs are generated.
+        input_shapes, dims: pins for dynamic input dimensions when inputs are generated (as for
+            `offloadctl.model.load_model`).
         repeat: runs per measurement after one warm-up run (medians are taken over them).
         ep_options: provider options (CUDA and CANN), as for `offloadctl run`.
         sweep: the copy sizes in bytes (at least two distinct ones); None: ``SWEEP_BYTES``.
@@ -627,11 +629,11 @@ def measure_profile(
         )
     step = report or (lambda text: None)
     ep_options = dict(ep_options or {})
-    if inputs is not None and input_shapes:
+    if inputs is not None and (input_shapes or dims):
         raise OffloadError(
             "give either an inputs file or input shapes, not both", hint="the inputs file fixes the shapes"
         )
-    loaded = load_model(model, input_shapes=input_shapes)
+    loaded = load_model(model, input_shapes=input_shapes, dims=dims)
     analysis = analyse(loaded)
     settings = _required_settings(loaded.proto, model)
     specs = input_specs(loaded.proto)

@@ -229,8 +229,9 @@ def test_bundled_profiles_follow_the_schema():
 
 def test_generated_inputs_take_pinned_shapes(fast, tmp_path):
     path = save(long_reuse_model(dynamic=True), tmp_path / "dynamic.onnx")
-    doc = measure_profile(str(path), "cpu", input_shapes={"x": [3, 8]}, repeat=1)
+    doc = measure_profile(str(path), "cpu", input_shapes={"x": [3, 8]}, repeat=1, threads=1)
     assert doc["measured"]["model"]["inputs"]["x"] == {"dtype": "float32", "shape": [3, 8], "source": "generated"}
+    assert doc["measured"]["session"]["intra_op_num_threads"] == 1
     assert doc["measured"]["nodes"]["relu"]["input_shapes"] == [[3, 8]]
 
 
@@ -352,14 +353,18 @@ def test_profile_cli_writes_the_profile_and_one_json_document(run_cli, fast, tmp
     result = run_cli("profile", SEED, "--device", "cpu", "--inputs", SEED_INPUTS, "--repeat", "2", "-o", out, "--json")
     assert result.exit_code == 0, result.stderr
     doc = result.json()
+    assert doc["command"] == "profile" and doc["passed"] is True and doc["files_written"] == [str(out)]
     assert doc["output"] == str(out) and doc["sha256"] == sha256_file(SEED)
+    assert doc["intra_op_num_threads"] == 0
     assert doc["nodes"] == {"model": 6, "measured": 6}
     assert doc["device"]["provider"] == "CPUExecutionProvider"
     assert set(doc["link"]) == {"d2h", "h2d"}
     assert load_profile(str(out)).measured.sha256 == sha256_file(SEED)
     human = run_cli("profile", SEED, "--device", "cpu", "--repeat", "1", "-o", out)
     assert human.exit_code == 0, human.stderr
-    assert "wrote" in human.stdout and "MemcpyFromHost" in human.stdout
+    assert "MemcpyFromHost" in human.stdout
+    assert human.stdout.splitlines()[-1].startswith(f"PASSED | profile {SEED} | latency ")
+    assert human.stdout.splitlines()[-1].endswith(f"wrote {out}")
 
 
 @pytest.mark.parametrize(

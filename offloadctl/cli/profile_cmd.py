@@ -9,10 +9,11 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from offloadctl.cli.options import input_shape_option, model_argument, output_option
-from offloadctl.cli.ui import fmt_bytes, out_console, print_json, steps
+from offloadctl.cli.options import input_shape_option, json_option, model_argument, output_option
+from offloadctl.cli.common import finish
+from offloadctl.cli.ui import fmt_bytes, out_console, steps
 from offloadctl.files import check_output_path
-from offloadctl.model import parse_input_shapes
+from offloadctl.model import parse_dims, parse_input_shapes
 from offloadctl.profiler import DEFAULT_REPEAT, measure_profile, write_profile
 from offloadctl.runner import DEVICES, parse_ep_options
 
@@ -77,7 +78,6 @@ def _print(info: dict[str, Any], model: str) -> None:
     table.add_row("roofline", f"{info['peak_flops']['default'] / 1e9:.1f} GFLOP/s, {fmt_bytes(info['mem_bandwidth'])}/s, "
                   f"{_us(info['kernel_launch_s'])} per estimated node")
     console.print(table)
-    console.print(f"wrote {escape(info['output'])}")
     console.print(f"use it: offloadctl simulate {escape(model)} --profile {escape(info['output'])}", style="dim")
 
 
@@ -86,8 +86,9 @@ def _print(info: dict[str, Any], model: str) -> None:
 @click.option("--device", required=True, type=click.Choice(list(DEVICES)), help="Where to measure: ascend (CANN), cpu or cuda.")
 @click.option(
     "--inputs",
-    type=click.Path(dir_okay=False, path_type=str),
-    help="An .npz file with every model input (numpy.savez); random inputs from seed 0 if omitted.",
+    type=click.Path(path_type=str),
+    help="The model's inputs: an .npz file (numpy.savez), a folder of NAME.npy files or an onnx test-data folder "
+    "(input_0.pb, ...). Random inputs from seed 0 if omitted.",
 )
 @input_shape_option
 @click.option(
@@ -113,8 +114,8 @@ def _print(info: dict[str, Any], model: str) -> None:
     "profile describes sessions run this way.",
 )
 @output_option("the measured profile (JSON, schemas/profile.schema.json)")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
-def profile_cmd(model, device, inputs, input_shape, repeat, ep_option, threads, output, as_json):
+@json_option
+def profile_cmd(model, device, inputs, input_shape, dim, repeat, ep_option, threads, output, as_json):
     """Measure MODEL on a device and write a profile for simulate and plan (--profile FILE).
 
     \b
@@ -124,25 +125,31 @@ def profile_cmd(model, device, inputs, input_shape, repeat, ep_option, threads, 
     over a sweep of sizes and fitted as latency + bytes / bandwidth; roofline figures for nodes
     without a measurement; and what it ran on. Measure on a quiet machine.
     """
-    if inputs is not None and input_shape:
-        raise click.UsageError("--inputs and --input-shape exclude each other: the inputs file fixes the shapes")
+    if inputs is not None and (input_shape or dim):
+        raise click.UsageError("--inputs and --input-shape/--dim exclude each other: the inputs fix the shapes")
     check_output_path(output, model, inputs)
     shapes = parse_input_shapes(input_shape)
+    dims = parse_dims(dim)
     options = parse_ep_options(ep_option)
     if options and device == "cpu":
         logger.warning("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
     with steps(not as_json, total=5) as step:
         doc = measure_profile(
-            model, device, inputs=inputs, input_shapes=shapes, repeat=repeat, ep_options=options, threads=threads,
+            model, device, inputs=inputs, input_shapes=shapes, dims=dims, repeat=repeat, ep_options=options,
+            threads=threads,
             report=step,
         )
         step(f"writing {output}")
         write_profile(output, doc)
     info = summary(doc, output)
-    if as_json:
-        print_json(info)
-    else:
+    if not as_json:
         _print(info, model)
+    parts = [
+        f"latency {info['latency_s'] * 1e3:.3f} ms",
+        f"{info['nodes']['measured']} node times",
+        f"on {info['device']['provider']}",
+    ]
+    finish("profile", model, parts, [output], as_json=as_json, doc=info)
 
 
 COMMANDS = [profile_cmd]
