@@ -217,11 +217,11 @@ def print_estimate(figures: Mapping[str, Any], *, where: str = "", what: str = "
     line = f"{what} peak device memory: {fmt_bytes(before)} before -> {fmt_bytes(after)} after ({change}{where})"
     slow = figures.get("slowdown")
     if slow:
+        nodes = figures.get("time_nodes")
+        measured = f", {nodes['measured']} of {nodes['total']} node times measured" if nodes and nodes["measured"] else ""
         line += (
             f"; estimated time {slow['serialized']:.2f}x the baseline with copies in line, "
-            f"{slow['overlapped']:.2f}x on copy streams (profile {figures['profile']}"
-            + (f", {nodes['measured']} of {nodes['total']} node times measured" if (nodes := figures.get("time_nodes")) and nodes["measured"] else "")
-            + ")"
+            f"{slow['overlapped']:.2f}x on copy streams (profile {figures['profile']}{measured})"
         )
     out_console().print(line, soft_wrap=True)
 
