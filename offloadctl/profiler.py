@@ -108,6 +108,7 @@ _SWEEP_BUDGET = 32 << 20  # bytes copied per run when timing copies of one size
 _COPIES_MAX = 256  # copies per run at most (small sizes)
 _COLD_BYTES_MAX = 64 << 20  # distinct H2D sources per run at most (memory, and the model file)
 _SWEEP_SECONDS = 0.2  # each size is timed for at least this long
+_FIT_LARGE = 64 << 10  # a copy fit reaches this size at least
 _IN_MODEL_DATA_MAX = 512 << 20  # rewrites of a model with more external data are not timed
 _SCALE_RANGE = (0.1, 10.0)  # a sweep fit scaled beyond this by the copies in the model is kept as it is
 _IR_VERSION = 10
@@ -396,8 +397,8 @@ def _tensor_bytes(analysis: Any) -> list[int]:
 
 def fit_range(sweep: Sequence[int], tensor_bytes: Sequence[int]) -> tuple[int, int]:
     """The sweep sizes a copy fit uses: from the largest one at or below the model's smallest tensor to
-    the smallest one at or above its largest, widened to at least three sizes (the whole sweep for
-    a model without sizes).
+    the smallest one at or above its largest (or ``_FIT_LARGE``), widened to at least three sizes
+    (the whole sweep for a model without sizes).
 
     The cost of a copy per byte falls as copies outgrow the caches, so no one line fits 4 KiB and
     64 MiB; a profile's fit is made for the sizes its model can copy.
@@ -405,7 +406,8 @@ def fit_range(sweep: Sequence[int], tensor_bytes: Sequence[int]) -> tuple[int, i
     grid = sorted(set(sweep))
     if not tensor_bytes:
         return grid[0], grid[-1]
-    small, large = min(tensor_bytes), max(tensor_bytes)
+    # up to _FIT_LARGE at least: below it every copy costs about its latency, and noise decides the slope
+    small, large = min(tensor_bytes), max(max(tensor_bytes), _FIT_LARGE)
     lo = max((g for g in grid if g <= small), default=grid[0])
     hi = min((g for g in grid if g >= large), default=grid[-1])
     inside = [g for g in grid if lo <= g <= hi]

@@ -114,14 +114,16 @@ def test_fit_refuses_points_without_a_bandwidth(points, words):
 @pytest.mark.parametrize(
     "tensors, expected",
     [
-        ([100, 20_000], (4096, 65536)),  # spans the tensors: rounded down and up to the grid
-        ([5000, 6000], (4096, 65536)),  # widened to three sizes
+        ([100, 20_000], (4096, 65536)),  # spans the tensors, rounded down and up to the grid, up to 64 KiB
+        ([5000, 6000], (4096, 65536)),
+        ([5000, 100_000], (4096, 262144)),
         ([1 << 30], (16384, 262144)),  # beyond the sweep: the last three sizes
         ([], (4096, 262144)),  # no sizes known: all of it
     ],
 )
 def test_fit_range_spans_the_model_tensors(tensors, expected):
     assert fit_range([4096, 16384, 65536, 262144], tensors) == expected
+    assert fit_range([256, 1024, 4096, 16384, 65536], [64]) == (256, 65536)  # small tensors: up to 64 KiB
 
 
 # ---------------------------------------------------------------------------------------------
