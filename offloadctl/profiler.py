@@ -12,9 +12,10 @@ use) and measures:
   input shapes;
 * the executor: what kernel events do not cover. A run costs ``run_overhead_s`` (measured as the
   intercept of the latency of chains of 1 and 65 trivial nodes) plus, per node, its kernel time plus
-  ``node_overhead_s`` = (latency - run_overhead_s - summed kernel time) / nodes that ran. On a CPU
-  ``node_overhead_s`` is negative: onnxruntime's profiler spends more inside each event (thread-pool
-  statistics, shape strings) than the executor spends between nodes; the figure corrects both.
+  ``node_overhead_s`` (never below 0 in all), the offset that makes the nodes and the run's cost add
+  up to the latency (`node_overhead_for`). On a CPU ``node_overhead_s`` is negative: onnxruntime's
+  profiler spends more inside each event (thread-pool statistics, shape strings) than the executor
+  spends between nodes; the figure corrects both.
 * copies: the latency one more ``MemcpyToHost`` (D2H) or ``MemcpyFromHost`` (H2D) node adds to a
   run, without profiling (models with 1 and with many copies, runs interleaved), over a sweep of
   sizes (``SWEEP_BYTES``), fitted as ``latency_s + bytes / bandwidth`` (`fit_link`); this is the
@@ -83,6 +84,7 @@ __all__ = [
     "LinkFit",
     "fit_link",
     "fit_range",
+    "node_overhead_for",
     "alternate",
     "KernelEvent",
     "kernel_runs",
@@ -161,6 +163,32 @@ def fit_link(points: Sequence[tuple[int, float]]) -> LinkFit:
         )
     predicted = latency + per_byte * x
     return LinkFit(float(latency), float(1.0 / per_byte), float(np.max(np.abs(predicted - t) / t)))
+
+
+def node_overhead_for(durations: Sequence[float], total: float) -> float:
+    """The offset d such that ``sum(max(t + d, 0) for t in durations) == total``.
+
+    A node's simulated time is its duration in profiling plus this offset, never below 0; the
+    offset makes the nodes add up to the latency measured without profiling (``total``: the latency
+    less the run's fixed cost). It is negative when the profiler's cost inside each event exceeds
+    the executor's between nodes. With no time left (``total <= 0``) every node takes 0.
+    """
+    if not durations:
+        return 0.0
+    if total <= 0:
+        return -max(durations)
+
+    def covered(offset: float) -> float:
+        return sum(max(t + offset, 0.0) for t in durations)
+
+    low, high = -max(durations), max(total, 0.0)  # covered(low) = 0 <= total <= covered(high)
+    for _ in range(200):
+        mid = (low + high) / 2
+        if covered(mid) < total:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
 
 
 # ---------------------------------------------------------------------------------------- profiling
@@ -305,8 +333,8 @@ def alternate(
 ) -> list[list[float]]:
     """Time several sessions side by side: each call runs one session once and returns its seconds.
 
-    After one warm-up run each, the sessions take turns in blocks of about ``block_seconds`` (at
-    most ``repeat`` runs), so that all see the same machine load, until each has ``repeat`` timed
+    After one warm-up run each, the sessions take turns in blocks of about ``block_seconds``, so
+    that all see the same machine load, until each has ``repeat`` timed
     runs and ``min_seconds`` have passed (fast models get more runs, at most
     ``_MAX_ROUNDS_FACTOR * repeat``). Blocks, not single runs: a session's thread pool spins for a
     while after its run, and would slow the next session's run if turns were run by run; the first
@@ -318,9 +346,9 @@ def alternate(
     min_seconds = _MIN_SECONDS if min_seconds is None else min_seconds
     block_seconds = _BLOCK_SECONDS if block_seconds is None else block_seconds
     warm = [call() for call in calls]
-    blocks = [max(1, min(repeat, int(block_seconds / max(t, 1e-9)))) for t in warm]
-    times: list[list[float]] = [[] for _ in calls]
     limit = _MAX_ROUNDS_FACTOR * repeat
+    blocks = [max(1, min(limit, int(block_seconds / max(t, 1e-9)))) for t in warm]
+    times: list[list[float]] = [[] for _ in calls]
     start = time.perf_counter()
     while any(len(t) < repeat for t in times) or (
         time.perf_counter() - start < min_seconds and all(len(t) < limit for t in times)
@@ -724,7 +752,7 @@ def measure_profile(
         del roof_runner
 
     latency_median = statistics.median(latency)
-    node_overhead = (latency_median - run_overhead - kernel_sum) / nodes_ran if nodes_ran else 0.0
+    node_overhead = node_overhead_for([e["seconds"] for e in nodes.values()], latency_median - run_overhead)
     matmul_flops = 2 * _MATMUL_N**3
     add_bytes = 3 * 4 * _ADD_ELEMENTS
     peak = matmul_flops / max(roof_times["matmul"]["seconds"], 1e-9)
@@ -796,8 +824,9 @@ def measure_profile(
                 "run_overhead_s": run_overhead,
                 "node_overhead_s": node_overhead,
                 "nodes_ran": nodes_ran,
-                "source": "(latency.median - run_overhead_s - kernel_sum_s) / nodes_ran: the executor's time between "
-                "kernels minus the profiler's own time inside each kernel event",
+                "source": "chosen so that run_overhead_s plus every node's time (its median duration plus "
+                "node_overhead_s, never below 0) is latency_s.median: the executor's time between kernels minus the "
+                "profiler's own time inside each kernel event",
             },
             "nodes": nodes,
             "link": {d: _fit_doc(fits[d], points[d], fitted) for d in ("d2h", "h2d")},

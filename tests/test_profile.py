@@ -24,7 +24,7 @@ from offloadctl.apply import apply_plan
 from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
 from offloadctl.model import load_model
-from offloadctl.profiler import fit_link, fit_range, kernel_runs, measure_profile, write_profile
+from offloadctl.profiler import fit_link, fit_range, kernel_runs, measure_profile, node_overhead_for, write_profile
 from offloadctl.profiles import list_profiles, load_profile, profile_from_dict, profile_schema
 from offloadctl.simulate import simulate
 from offloadctl.stages import make_plan
@@ -126,6 +126,23 @@ def test_fit_range_spans_the_model_tensors(tensors, expected):
     assert fit_range([256, 1024, 4096, 16384, 65536], [64]) == (256, 65536)  # small tensors: up to 64 KiB
 
 
+@pytest.mark.parametrize(
+    "durations, total, expected",
+    [
+        ([1.0, 2.0, 3.0], 9.0, 1.0),  # every node gets 1 more
+        ([1.0, 2.0, 3.0], 3.0, -1.0),  # 0 + 1 + 2
+        ([1.0, 2.0, 3.0], 1.0, -2.0),  # only the longest node keeps time
+        ([1.0, 2.0, 3.0], 0.0, -3.0),
+        ([], 5.0, 0.0),
+    ],
+)
+def test_node_overhead_makes_the_nodes_add_up_to_the_latency(durations, total, expected):
+    offset = node_overhead_for(durations, total)
+    assert offset == pytest.approx(expected, abs=1e-9)
+    if durations:
+        assert sum(max(t + offset, 0) for t in durations) == pytest.approx(max(total, 0), abs=1e-9)
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading onnxruntime's profiling
 
@@ -181,11 +198,12 @@ def test_measured_profile_validates_and_records_what_it_belongs_to(seed_doc):
     assert measured["session"]["execution_order"] == "PRIORITY_BASED"
     assert measured["model"]["inputs"]["x"]["source"] == "file"
     assert measured["executor"]["nodes_ran"] == 6
-    # the node overhead closes the gap between the latency and the kernel times
+    # the node overhead closes the gap between the latency and the node times
     executor = measured["executor"]
-    assert measured["latency_s"]["median"] == pytest.approx(
-        executor["run_overhead_s"] + measured["kernel_sum_s"] + 6 * executor["node_overhead_s"]
-    )
+    node_times = [max(e["seconds"] + executor["node_overhead_s"], 0) for e in measured["nodes"].values()]
+    assert measured["latency_s"]["median"] == pytest.approx(executor["run_overhead_s"] + sum(node_times), rel=1e-6)
+    t = simulate(_analysis(SEED), profile=profile_from_dict(seed_doc)).times
+    assert t.baseline == pytest.approx(measured["latency_s"]["median"], rel=1e-6)
     in_model = measured["copies_in_model"]
     # every weight offloaded: "two" reloaded before each of its 4 uses; every activation: a D2H each for
     # m1, m3, m4, m5, m6 (not the graph output), an H2D before each of their 7 uses
