@@ -59,6 +59,7 @@ def test_sdist_carries_only_the_project_and_builds_a_complete_wheel(tmp_path):
         files = whl.namelist()
         metadata = whl.read(next(n for n in files if n.endswith(".dist-info/METADATA"))).decode()
     assert "offloadctl/py.typed" in files and "offloadctl/_schemas/plan.schema.json" in files
+    assert "offloadctl/_schemas/profile.schema.json" in files
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in files)
     assert "License-Expression: Apache-2.0" in metadata
     assert re.search(r"^Requires-Dist: sympy", metadata, re.M)
