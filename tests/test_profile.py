@@ -328,6 +328,7 @@ def test_simulate_cli_says_how_many_nodes_were_measured(run_cli, seed_profile_fi
     assert "6 of 6 measured" in table.stdout
     other = run_cli("simulate", SAMPLES / "mlp.onnx", "--profile", seed_profile_file, "--json")
     assert other.json()["time_nodes"] == {"total": 16, "measured": 0, "estimated": 16}
+    assert "no node of" in other.stderr and "seed.onnx" in other.stderr
     datasheet = run_cli("simulate", SEED, "--profile", "cpu")
     assert "all 6 estimated" in datasheet.stdout
 

@@ -138,6 +138,12 @@ def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, 
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
+    if prof.measured is not None and result.times is not None and result.times.measured_nodes == 0:
+        logger.warning(
+            "profile %s was measured on %s: no node of %s matches its node times (name, op type and input "
+            "shapes), so every node is estimated from FLOPs and bytes",
+            profile, prof.measured.model_path, model,
+        )
     written: list[str | Path] = []
     if plot:
         plot_timeline(result, plot)
