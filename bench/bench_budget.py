@@ -1,126 +1,281 @@
-"""Budget strategy against the distance heuristic on the sample models, side by side.
+"""Budget strategy benchmark: its speed against the distance strategy, and its quality against the old search.
 
-For every sample model and a range of budgets between the lower bound and the original peak, one
-rich table row gives: the peak before, the distance heuristic's peak with default-ish options
-(select distance 10, prefetch distance 3, weights on), the cheapest distance-strategy options found
-by searching select distance x params x prefetch distance that reach the budget, the budget
-strategy's peak, the lower bound, the bytes each moves, and the estimated slowdown (the
-simulator's time model, serialized copies / overlapped copies, on the Ascend 910B profile).
+One run prints, side by side:
 
-Run: ``python bench/bench_budget.py [--profile NAME]`` (``make bench`` runs it).
+1. Speed. On generated transformer-like models with weights (``bench/gen_large.py``, hidden size
+   32), ``offloadctl plan MODEL --budget B --params`` with B halfway between the lower bound and
+   the peak, against ``offloadctl plan MODEL --select-distance 100 --params`` on the same model.
+   Each command runs in a fresh process, the two alternate, ``--repeat`` times; the ratio of the
+   medians is reported for wall time and for CPU time (user + system of the child). Goal: at most
+   3 at 10,000 and at 100,000 nodes.
+2. Quality. Every case of ``bench/budget_cases.py`` (each sample and each generated benchmark
+   model, budgets at 1.1x the lower bound and halfway to the peak, activations / ``--params`` /
+   ``--stream-weights``) against ``bench/budget_reference.json``, the figures of the greedy search
+   this one replaced: today's search must fit whenever the old one did and move no more bytes.
+3. With ``--exact``: greedy against ``--optimal`` (HiGHS) on every case with weights, with the
+   solve times and the gap; with ``--exact-scale 1000,3000,10000``: on generated models of those
+   sizes, whether the exact search proves the optimum within ``--time-limit`` seconds.
+
+Timing figures are ratios measured in this run on this machine: on a busy machine they are noise,
+re-run them on a quiet one. The quality comparison is deterministic; a case that got worse makes
+the run exit 1.
+
+    python bench/bench_budget.py                  # 10k and 100k nodes, 3 runs each; quality
+    python bench/bench_budget.py --quick          # 1k and 3k nodes, 1 run each; quality
+    python bench/bench_budget.py --exact          # adds greedy against exact on every case
+    python bench/bench_budget.py --json           # one JSON document on stdout (progress on stderr)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from offloadctl.analysis import analyse
-from offloadctl.errors import OffloadError
-from offloadctl.model import load_model
-from offloadctl.simulate import peak_memory, simulate
-from offloadctl.stages import make_plan, prefetch, select
-from offloadctl.stages.budget import budget_filter, bytes_moved, lower_bound
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import budget_cases  # noqa: E402
+import gen_large  # noqa: E402
+
+from offloadctl.analysis import analyse  # noqa: E402
+from offloadctl.model import load_model  # noqa: E402
+from offloadctl.simulate import peak_memory  # noqa: E402
+from offloadctl.timeline import lower_bound  # noqa: E402
 
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "sample_models"
-FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)  # budget = lower bound + f * (peak - lower bound)
-DEFAULTISH = {"select_distance": 10, "prefetch_distance": 3, "params": True}
+REFERENCE = Path(__file__).resolve().parent / "budget_reference.json"
+GOAL = 3.0
 
 
-def _kib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 1024:.1f}"
+def _generate(folder: Path, nodes: int) -> Path:
+    path = folder / f"gen-{nodes}.onnx"
+    if not path.exists():
+        config = gen_large.LargeModelConfig(layers=gen_large.layers_for_nodes(nodes), hidden=32)
+        gen_large.generate(path, config)
+    return path
 
 
-def _slow(analysis, plan, profile: str) -> str:
-    times = simulate(analysis, plan, profile=profile).times
-    if times is None:
-        return "-"
-    s = times.slowdown
-    return f"{s['serialized']:.2f}/{s['overlapped']:.2f}"
+def _halfway(path: Path) -> int:
+    analysis = analyse(load_model(path))
+    return (lower_bound(analysis)[0] + peak_memory(analysis)[0]) // 2
 
 
-def _distance_space(analysis) -> list[tuple[dict, dict, int, int]]:
-    """(options, plan, peak, bytes moved) for a grid of distance-strategy options."""
-    n = analysis.num_positions
-    distances = sorted({0, 1, 2, 3, 5, 8, 10, 15, 20, 30, 50, 100} | {max(n // k, 0) for k in (2, 3, 4)})
-    out = []
-    for params in (False, True):
-        for sd in distances:
-            for pd in (0, 3):
-                opts = {"select_distance": sd, "prefetch_distance": pd, "params": params}
-                plan = make_plan(analysis, **opts)
-                out.append((opts, plan, peak_memory(analysis, plan)[0], bytes_moved(plan)))
-    return out
+def _run(args: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of ``offloadctl ARGS`` in a fresh process."""
+    before = os.times()
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "offloadctl", *args], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = os.times()
+    if done.returncode != 0:
+        raise RuntimeError(f"offloadctl {' '.join(args)} failed:\n{done.stderr}")
+    return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
 
 
-def _fmt_opts(opts: dict) -> str:
-    return f"sd={opts['select_distance']} pd={opts['prefetch_distance']}{' +w' if opts['params'] else ''}"
+def speed(sizes: list[int], repeat: int, folder: Path, progress: Console) -> list[dict[str, Any]]:
+    rows = []
+    for nodes in sizes:
+        model = _generate(folder, nodes)
+        budget = _halfway(model)
+        runs: dict[str, list[tuple[float, float]]] = {"distance": [], "budget": []}
+        commands = {
+            "distance": ["plan", str(model), "-o", str(folder / "distance.json"), "--select-distance", "100", "--params"],
+            "budget": ["plan", str(model), "-o", str(folder / "budget.json"), "--budget", str(budget), "--params"],
+        }
+        for k in range(repeat):
+            for name in ("distance", "budget") if k % 2 == 0 else ("budget", "distance"):
+                progress.print(f"[dim]{nodes} nodes, run {k + 1}/{repeat}: {name}[/]")
+                runs[name].append(_run(commands[name]))
+        med = {name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r)) for name, r in runs.items()}
+        plan = json.loads((folder / "budget.json").read_text())
+        rows.append({
+            "nodes": nodes,
+            "budget_bytes": budget,
+            "offloads": len(plan["offloads"]),
+            "distance_wall_s": [w for w, _ in runs["distance"]],
+            "budget_wall_s": [w for w, _ in runs["budget"]],
+            "distance_cpu_s": [c for _, c in runs["distance"]],
+            "budget_cpu_s": [c for _, c in runs["budget"]],
+            "ratio_wall": med["budget"][0] / med["distance"][0],
+            "ratio_cpu": med["budget"][1] / med["distance"][1],
+            "goal": GOAL,
+        })
+    return rows
 
 
-def bench_model(name: str, profile: str, console: Console) -> None:
-    analysis = analyse(load_model(SAMPLES / f"{name}.onnx"))
-    before = peak_memory(analysis)[0]
-    lb, _ = lower_bound(analysis)
-    defaultish = make_plan(analysis, **DEFAULTISH)
-    d_peak, d_moved = peak_memory(analysis, defaultish)[0], bytes_moved(defaultish)
-    space = _distance_space(analysis)
-    table = Table(
-        title=f"{name}: peak before {_kib(before)} KiB, lower bound {_kib(lb)} KiB; distance default-ish "
-        f"({_fmt_opts(DEFAULTISH)}): peak {_kib(d_peak)} KiB, moved {_kib(d_moved)} KiB, "
-        f"slowdown {_slow(analysis, defaultish, profile)}",
-        title_justify="left",
-    )
-    for col in ("budget KiB", "distance search: options", "peak", "moved", "slowdown",
-                "budget strategy: peak", "moved", "slowdown", "time s"):
-        table.add_column(col, justify="right" if col not in ("distance search: options",) else "left")
-    for f in FRACTIONS:
-        budget = int(lb + f * (before - lb))
-        fits = [item for item in space if item[2] <= budget]
-        if fits:
-            opts, plan, peak, moved = min(fits, key=lambda item: (item[3], item[2]))
-            dist = (_fmt_opts(opts), _kib(peak), _kib(moved), _slow(analysis, plan, profile))
-        else:
-            best = min(space, key=lambda item: item[2])
-            dist = (f"none fits (best {_kib(best[2])})", "-", "-", "-")
-        t0 = time.perf_counter()
-        try:
-            # same candidates as the distance search: activations and weights
-            filtered = budget_filter(select(analysis, params=True), analysis, budget_bytes=budget, prefetch_distance=3)
-            plan = prefetch(filtered, prefetch_distance=3)
-            elapsed = time.perf_counter() - t0
-            ours = (_kib(peak_memory(analysis, plan)[0]), _kib(bytes_moved(plan)), _slow(analysis, plan, profile))
-        except OffloadError as exc:
-            elapsed = time.perf_counter() - t0
-            reach = str(exc).split("best peak reachable is ")[-1].split(" ")[0]
-            ours = (f"infeasible ({_kib(int(reach)) if reach.isdigit() else '?'})", "-", "-")
-        table.add_row(_kib(budget), *dist, *ours, f"{elapsed:.2f}")
+def quality(models: list[str] | None, folder: Path, progress: Console) -> list[dict[str, Any]]:
+    reference = json.loads(REFERENCE.read_text(encoding="utf-8"))["cases"]
+    rows = []
+    loaded: dict[str, Any] = {}
+    for case in budget_cases.cases(models):
+        if case.key not in reference:
+            continue
+        if case.model not in loaded:
+            loaded.clear()
+            progress.print(f"[dim]quality: {case.model}[/]")
+            loaded[case.model] = budget_cases.load(case.model, folder)
+        now = budget_cases.run_case(loaded[case.model], case)
+        old = reference[case.key]
+        info = now.pop("plan_budget", None) or {}
+        rows.append({
+            "case": case.key,
+            "budget_bytes": now["budget"],
+            "reference": {k: old.get(k) for k in ("fits", "bytes_moved", "seconds")},
+            "now": {"fits": now["fits"], "bytes_moved": now.get("bytes_moved"), "seconds": now["seconds"],
+                    "cost_bound": info.get("cost_bound"), "gap": info.get("gap")},
+            "fits_ok": now["fits"] or not old["fits"],
+            "bytes_ok": not (old["fits"] and now["fits"]) or now["bytes_moved"] <= old["bytes_moved"],
+        })
+    return rows
+
+
+def exact(models: list[str] | None, folder: Path, time_limit: float, progress: Console) -> list[dict[str, Any]]:
+    rows = []
+    loaded: dict[str, Any] = {}
+    for case in budget_cases.cases(models):
+        if case.mode != "params":
+            continue
+        if case.model not in loaded:
+            loaded.clear()
+            loaded[case.model] = budget_cases.load(case.model, folder)
+        progress.print(f"[dim]exact: {case.key}[/]")
+        greedy = budget_cases.run_case(loaded[case.model], case)
+        best = budget_cases.run_case(loaded[case.model], case, optimal=True, time_limit=time_limit)
+        info = best["plan_budget"]
+        rows.append({
+            "case": case.key,
+            "nodes": loaded[case.model].num_positions,
+            "greedy_bytes": greedy.get("bytes_moved"),
+            "greedy_s": greedy["seconds"],
+            "exact_bytes": best.get("bytes_moved"),
+            "proven_optimal": info["optimal"],
+            "gap": info["gap"],
+            "solve_s": info["solver"]["seconds"],
+            "status": info["solver"]["status"],
+            "nonzeros": info["solver"]["nonzeros"],
+        })
+    return rows
+
+
+def exact_scale(sizes: list[int], folder: Path, time_limit: float, progress: Console) -> list[dict[str, Any]]:
+    rows = []
+    for nodes in sizes:
+        analysis = analyse(load_model(_generate(folder, nodes)))
+        for rule in budget_cases.RULES:
+            progress.print(f"[dim]exact scale: {nodes} nodes, {rule}[/]")
+            case = budget_cases.Case(f"gen-{nodes}", rule, "params")
+            found = budget_cases.run_case(analysis, case, optimal=True, time_limit=time_limit)
+            info = found["plan_budget"]
+            rows.append({
+                "nodes": analysis.num_positions, "rule": rule, "proven_optimal": info["optimal"],
+                "gap": info["gap"], "solve_s": info["solver"]["seconds"], "status": info["solver"]["status"],
+                "columns": info["solver"]["columns"], "nonzeros": info["solver"]["nonzeros"],
+            })
+    return rows
+
+
+def _bytes(n: Any) -> str:
+    return "-" if n is None else f"{int(round(n)):,}"
+
+
+def _pct(gap: Any) -> str:
+    return "-" if gap is None else f"{100 * gap:.2f}%"
+
+
+def _print(doc: dict[str, Any], console: Console) -> None:
+    if doc["speed"]:
+        table = Table(title=f"plan --budget (halfway) --params / plan --select-distance 100 --params (goal <= {GOAL:g})",
+                      title_justify="left")
+        for col in ("nodes", "offloads", "distance wall s", "budget wall s", "ratio wall", "distance cpu s",
+                    "budget cpu s", "ratio cpu"):
+            table.add_column(col, justify="right")
+        for r in doc["speed"]:
+            table.add_row(
+                f"{r['nodes']:,}", f"{r['offloads']:,}",
+                " ".join(f"{x:.1f}" for x in r["distance_wall_s"]), " ".join(f"{x:.1f}" for x in r["budget_wall_s"]),
+                f"{r['ratio_wall']:.2f}", " ".join(f"{x:.1f}" for x in r["distance_cpu_s"]),
+                " ".join(f"{x:.1f}" for x in r["budget_cpu_s"]), f"{r['ratio_cpu']:.2f}",
+            )
+        console.print(table)
+    table = Table(title="quality against the old greedy (bench/budget_reference.json): bytes moved", title_justify="left")
+    for col in ("case", "budget", "old", "now", "proven bound", "gap", "old s", "now s", ""):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for r in doc["quality"]:
+        old, now = r["reference"], r["now"]
+        verdict = "ok" if r["fits_ok"] and r["bytes_ok"] else "WORSE"
+        table.add_row(
+            r["case"], _bytes(r["budget_bytes"]), _bytes(old["bytes_moved"]) if old["fits"] else "no fit",
+            _bytes(now["bytes_moved"]) if now["fits"] else "no fit", _bytes(now["cost_bound"]), _pct(now["gap"]),
+            f"{old['seconds']:.2f}", f"{now['seconds']:.2f}", verdict,
+        )
     console.print(table)
+    worse = [r["case"] for r in doc["quality"] if not (r["fits_ok"] and r["bytes_ok"])]
+    console.print(f"quality: {len(doc['quality']) - len(worse)} of {len(doc['quality'])} cases fit whenever the old "
+                  f"search did and move no more bytes" + (f"; WORSE: {', '.join(worse)}" if worse else ""))
+    if doc["exact"]:
+        table = Table(title="greedy against exact (--optimal, HiGHS): bytes moved", title_justify="left")
+        for col in ("case", "nodes", "greedy", "greedy s", "exact", "proven", "gap", "solve s", "nonzeros"):
+            table.add_column(col, justify="left" if col == "case" else "right")
+        for r in doc["exact"]:
+            table.add_row(r["case"], f"{r['nodes']:,}", _bytes(r["greedy_bytes"]), f"{r['greedy_s']:.2f}",
+                          _bytes(r["exact_bytes"]), "yes" if r["proven_optimal"] else r["status"], _pct(r["gap"]),
+                          f"{r['solve_s']:.2f}", f"{r['nonzeros']:,}")
+        console.print(table)
+    if doc["exact_scale"]:
+        table = Table(title="how far the exact search scales (generated models, --params)", title_justify="left")
+        for col in ("nodes", "budget", "proven optimal", "gap", "solve s", "columns", "nonzeros"):
+            table.add_column(col, justify="right")
+        for r in doc["exact_scale"]:
+            table.add_row(f"{r['nodes']:,}", r["rule"], "yes" if r["proven_optimal"] else r["status"], _pct(r["gap"]),
+                          f"{r['solve_s']:.1f}", f"{r['columns']:,}", f"{r['nonzeros']:,}")
+        console.print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="ascend-910b", help="device profile for the time model")
-    parser.add_argument("models", nargs="*", default=["seed", "unet", "transformer", "training", "mlp"])
+    parser.add_argument("--sizes", default="10000,100000", help="node counts for the speed comparison")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each command per size")
+    parser.add_argument("--quick", action="store_true", help="1k and 3k nodes, one run each")
+    parser.add_argument("--models", default="", help="quality cases of these models only (comma-separated)")
+    parser.add_argument("--no-speed", action="store_true", help="skip the speed comparison")
+    parser.add_argument("--exact", action="store_true", help="also greedy against --optimal on every case with weights")
+    parser.add_argument("--exact-scale", default="", help="node counts at which to try the exact search")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds the exact search may take")
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     args = parser.parse_args(argv)
     console = Console(width=200)
-    console.print(
-        "budget = lower bound + f x (peak before - lower bound); moved = bytes copied per run (D2H + H2D); "
-        "slowdown = estimated run time / baseline, serialized copies / overlapped copies"
-    )
-    import logging
-
+    progress = Console(stderr=True)
     logging.getLogger("offloadctl").setLevel(logging.ERROR)
-    for name in args.models:
-        bench_model(name, args.profile, console)
-    return 0
+    sizes = [1000, 3000] if args.quick else [int(s) for s in args.sizes.split(",") if s]
+    repeat = 1 if args.quick else args.repeat
+    models = [m for m in args.models.split(",") if m] or None
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        doc = {
+            "speed": [] if args.no_speed else speed(sizes, repeat, folder, progress),
+            "quality": quality(models, folder, progress),
+            "exact": exact(models, folder, args.time_limit, progress) if args.exact else [],
+            "exact_scale": exact_scale([int(s) for s in args.exact_scale.split(",") if s], folder, args.time_limit, progress),
+        }
+    doc["quality_ok"] = all(r["fits_ok"] and r["bytes_ok"] for r in doc["quality"])
+    doc["speed_ok"] = all(r["ratio_wall"] <= GOAL for r in doc["speed"])
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        _print(doc, console)
+    return 0 if doc["quality_ok"] else 1
 
 
 if __name__ == "__main__":

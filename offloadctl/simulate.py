@@ -13,12 +13,16 @@ before ``num_positions`` run after the last node. A model that is already rewrit
 model with the copies taken out (each copy output read as the tensor it copies). Copy steps carry
 the position of the node they follow (D2H) or precede (H2D) so reports can name original nodes.
 
-Memory rules (onnxruntime's):
+Memory rules (onnxruntime's, stated once in `offloadctl.timeline`; this module applies them to
+steps that include copies):
 
 - A tensor is allocated on the device when the step producing it runs and freed after its last
   reader; a graph output lives to the end; a graph input lives from the first step to its last
   reader (or the end if it is also an output); an output nobody reads is freed after its producer.
-- Weights (initializers, Constant nodes) are resident for the whole run unless offloaded.
+- Weights (initializers, Constant nodes) are resident for the whole run unless offloaded; a weight
+  that no node reads and that is not a graph output takes no memory (onnxruntime drops it).
+- Memory inside subgraphs: body weights are resident for the whole run; a node with bodies also
+  holds their working set while it runs (an If its larger branch, a Loop/Scan one iteration).
 - An offloaded activation T: its device buffer is freed only after its last device reader, its
   D2H (an extra reader) and the plan's release point (``release_after``) have all passed. Its host
   copy lives from the D2H to the last H2D reading it (the end, for a graph output). Each reload
@@ -36,14 +40,16 @@ what step k allocates; "live out" excludes what step k frees. The peak is the la
 ties go to the earliest step. Host memory is accounted the same way.
 
 Not modelled: onnxruntime's buffer reuse inside an op (in-place kernels, Reshape/Squeeze aliases),
-the arena's rounding and fragmentation, kernel workspaces, and tensors inside subgraphs (an outer
-tensor a subgraph reads counts as read by the parent node). Tensors whose size is unknown count as
+the arena's rounding and fragmentation, and kernel workspaces. An outer tensor a subgraph reads
+counts as read by the parent node. Tensors whose size is unknown count as
 0 bytes in every figure; `SimResult.unknown_tensors` lists them so the figures are never silently
 low.
 
-Lower bound: the largest working set of a single node on its own (its inputs, including the weights
-it reads, and its outputs). The end of the run counts as one more such step whose inputs are the
-graph outputs, which must all be on the device when the run returns. No plan can go below it.
+Lower bound (`offloadctl.timeline.step_bound`): the largest working set of a single node on its own
+(its inputs, including the weights it reads, its outputs, the memory inside its subgraphs, the graph
+inputs still to be read and the subgraph weights). The end of the run counts as one more such step
+whose inputs are the graph outputs, which must all be on the device when the run returns. No plan
+can go below it.
 
 Time model (needs a profile): a node the profile has measured (a measured profile, written by
 ``offloadctl profile``, holding a node of the same name, op type and input shapes; copy nodes are
@@ -82,6 +88,7 @@ from offloadctl.errors import OffloadError
 from offloadctl.plan import check_plan_model
 from offloadctl.plancheck import check_plan_for_model
 from offloadctl.profiles import DEFAULT_PROFILE, NodeTime, Profile, load_profile
+from offloadctl.timeline import step_bound, subgraph_memory, sweep, weight_is_resident
 
 __all__ = [
     "COPY_OPS",
@@ -143,6 +150,9 @@ class _Base:
     canon: Callable[[str], str]  # node input name -> the tensor it stands for
     infos: dict[str, Any]
     unknown_set: set[str] = field(default_factory=set)
+    resident: list[bool] = field(default_factory=list)  # weights that occupy memory (read, or graph outputs)
+    inner: list[int] = field(default_factory=list)  # per position: memory inside its subgraphs while it runs
+    subgraph_weights: int = 0  # bytes of subgraph weights, resident for the whole run
     rewritten: bool = False  # the model contains copy nodes
     before: _Program | None = None
     costs: dict[str, Any] = field(default_factory=dict)  # time model: profile key -> _Costs
@@ -232,6 +242,9 @@ def _new_base(analysis: Analysis) -> _Base:
     for k, lst in enumerate(reads):
         for t in lst:
             use_positions.setdefault(t, set()).add(k)
+    resident = [weight[t] and weight_is_resident(t in use_positions, graph_output[t]) for t in range(count)]
+    sub = subgraph_memory(analysis)
+    unknown += sub.unknown
     return _Base(
         n=len(positions),
         labels=[analysis.node_names[p] for p in positions],
@@ -249,6 +262,9 @@ def _new_base(analysis: Analysis) -> _Base:
         canon=canon,
         infos=analysis.infos,
         unknown_set=set(unknown),
+        resident=resident,
+        inner=[sub.at(p) for p in positions],
+        subgraph_weights=sub.weight_bytes,
         rewritten=bool(copy_nodes),
     )
 
@@ -284,6 +300,8 @@ class _Program:
     resident: list[bool]  # alive for the whole run (weights)
     from_start: list[bool]  # graph inputs
     to_end: list[bool]  # graph outputs
+    inner: list[int] = field(default_factory=list)  # per step: memory inside the node's subgraphs
+    always: int = 0  # device bytes resident for the whole run besides the tensors (subgraph weights)
     hold: dict[int, int] = field(default_factory=dict)  # tensor -> step its buffer is kept through
     waits: list[tuple[int, int]] = field(default_factory=list)  # (after step, wait for copy step)
     step_labels: list[str] | None = None  # rewritten models: the node labels
@@ -312,9 +330,11 @@ def _before_program(base: _Base) -> _Program:
             names=base.names,
             sizes=base.sizes,
             place=[DEVICE] * len(base.names),
-            resident=base.weight,
+            resident=base.resident,
             from_start=base.graph_input,
             to_end=base.graph_output,
+            inner=base.inner,
+            always=base.subgraph_weights,
         )
     return base.before
 
@@ -339,7 +359,7 @@ def _plan_program(base: _Base, plan: dict[str, Any], source: str = "plan") -> _P
     names = list(base.names)
     sizes = list(base.sizes)
     place = [DEVICE] * len(names)
-    resident = list(base.weight)
+    resident = list(base.resident)
     from_start = list(base.graph_input)
     to_end = list(base.graph_output)
     pre: list[list[tuple[int, int]]] = [[] for _ in range(n + 1)]
@@ -426,6 +446,8 @@ def _plan_program(base: _Base, plan: dict[str, Any], source: str = "plan") -> _P
             reads.append([src])
             writes.append([dst])
     program = _Program(kinds, positions, reads, writes, names, sizes, place, resident, from_start, to_end)
+    program.inner = [base.inner[p] if kind == "node" else 0 for kind, p in zip(kinds, positions)]
+    program.always = base.subgraph_weights
     last = len(kinds) - 1
     for t, _src, release in releases:
         d = d2h_step[t]
@@ -482,15 +504,20 @@ def _rewritten_program(analysis: Analysis, base: _Base) -> _Program:
         t = index[name]
         if readers.get(t) == {"h2d"}:
             place[t] = HOST  # an offloaded weight (or input) only copies read
-    resident = [name in weights for name in names]
+    outputs = set(analysis.graph_outputs)
+    resident = [
+        name in weights and weight_is_resident(index[name] in readers, name in outputs) for name in names
+    ]
     from_start = [False] * count
     for name in analysis.graph_inputs:
         from_start[index[name]] = True
     to_end = [False] * count
     for name in analysis.graph_outputs:
         to_end[index[name]] = True
+    sub = subgraph_memory(analysis)
     program = _Program(
         kinds, positions, reads, writes, names, sizes, place, resident, from_start, to_end,
+        inner=[sub.at(s) for s in range(len(kinds))], always=sub.weight_bytes,
         step_labels=list(analysis.node_names),
     )
     last_node_read: dict[int, int] = {}
@@ -521,7 +548,7 @@ def _intervals(program: _Program) -> tuple[list[int], list[tuple[int, int, int, 
             alloc[t] = s
         for t in program.reads[s]:
             last[t] = s
-    resident = [0, 0]
+    resident = [program.always, 0]
     spans = []
     hold = program.hold
     for t, size in enumerate(program.sizes):
@@ -542,18 +569,12 @@ def _intervals(program: _Program) -> tuple[list[int], list[tuple[int, int, int, 
 def _working_sets(program: _Program, where: int = DEVICE) -> list[int]:
     """Bytes alive during each step at ``where`` (DEVICE or HOST)."""
     resident, spans = _intervals(program)
-    steps = len(program.kinds)
-    diff = [0] * (steps + 1)
-    for place, size, a, f, _, _ in spans:
-        if place == where:
-            diff[a] += size
-            diff[f + 1] -= size
-    out = []
-    running = resident[where]
-    for s in range(steps):
-        running += diff[s]
-        out.append(running)
-    return out
+    mine = [(a, f, size) for place, size, a, f, _, _ in spans if place == where]
+    alive = sweep(len(program.kinds), [a for a, _, _ in mine], [f for _, f, _ in mine], [b for _, _, b in mine])
+    alive += resident[where]
+    if where == DEVICE and program.inner:
+        alive += program.inner
+    return alive.tolist()
 
 
 def _argmax(values: Sequence[int]) -> int | None:
@@ -614,10 +635,11 @@ def _trace(program: _Program, base: _Base) -> MemoryTrace:
                 free_at[f] += size
     device, host = [], []
     run = list(resident)
+    inner = program.inner or [0] * steps
     for s in range(steps):
         run[DEVICE] += diffs[DEVICE][s]
         run[HOST] += diffs[HOST][s]
-        device.append(run[DEVICE])
+        device.append(run[DEVICE] + inner[s])
         host.append(run[HOST])
     return MemoryTrace(
         kinds=list(program.kinds),
@@ -635,23 +657,18 @@ def _trace(program: _Program, base: _Base) -> MemoryTrace:
 def _lower_bound(base: _Base) -> tuple[int, int | None]:
     # Graph inputs are never offloaded: each one is on the device from the start to its last read,
     # so it counts in every step up to there, read by the step or not.
-    inputs_until = [0] * (base.n + 1)
-    for t, is_input in enumerate(base.graph_input):
-        if is_input and not base.weight[t] and base.use_positions.get(t):
-            inputs_until[0] += base.sizes[t]
-            inputs_until[max(base.use_positions[t]) + 1] -= base.sizes[t]
-    best, at = 0, None
-    live_inputs = 0
+    is_input = [i and not w for i, w in zip(base.graph_input, base.weight)]
+    inputs = [(base.sizes[t], max(base.use_positions[t])) for t, i in enumerate(is_input) if i and base.use_positions.get(t)]
+    positions: list[int] = []
+    tensors: list[int] = []
     for p in range(base.n):
-        live_inputs += inputs_until[p]
-        step = set(base.reads[p]) | set(base.writes[p])
-        size = live_inputs + sum(base.sizes[t] for t in step if not (base.graph_input[t] and not base.weight[t]))
-        if at is None or size > best:
-            best, at = size, p
+        for t in base.reads[p] + base.writes[p]:
+            if not is_input[t]:
+                positions.append(p)
+                tensors.append(t)
     end = sum(base.sizes[t] for t in range(len(base.names)) if base.graph_output[t])
-    if end > best:
-        best, at = end, base.n
-    return best, at
+    inner = {p: b for p, b in enumerate(base.inner) if b}
+    return step_bound(base.n, positions, tensors, base.sizes, inputs, end, inner, base.subgraph_weights)
 
 
 def lower_bound(analysis: Analysis) -> tuple[int, int | None]:

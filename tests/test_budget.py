@@ -396,19 +396,3 @@ def test_the_budget_search_reports_the_peak_left_to_fit():
         "fitting the budget: dropping offloads it does not need",
         "fitting the budget: placing prefetches",
     ]
-
-
-def test_a_budget_search_over_a_big_graph_warns_that_it_may_be_slow(monkeypatch, caplog):
-    from offloadctl.stages import budget as budget_module
-
-    analysis = _analysis(SAMPLES / "transformer.onnx")
-    lb, _ = lower_bound(analysis)
-    with caplog.at_level("WARNING", logger="offloadctl.stages.budget"):
-        budget_filter(select(analysis), analysis, budget_bytes=int(lb * 1.5))
-    assert "may take minutes" not in caplog.text
-    monkeypatch.setattr(budget_module, "SLOW_SEARCH_SIZE", analysis.num_positions)
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="offloadctl.stages.budget"):
-        budget_filter(select(analysis), analysis, budget_bytes=int(lb * 1.1))
-    assert caplog.text.count("may take minutes") == 1
-    assert f"over {analysis.num_positions} steps" in caplog.text

@@ -12,6 +12,7 @@ from offloadctl.analysis import Analysis
 from offloadctl.cli.common import finish, load_and_analyse
 from offloadctl.cli.options import input_shape_option, model_argument
 from offloadctl.cli.ui import fmt_bytes, out_console
+from offloadctl.timeline import subgraph_memory
 
 __all__ = ["inspect", "inspect_report"]
 
@@ -44,6 +45,7 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
             gap = max(b - a for a, b in zip(points, points[1:]))
             idle.append((gap, size or 0, name, prod, uses))
     weight_bytes = sum((analysis.infos[w].bytes or 0) for w in analysis.weights if w in analysis.infos)
+    inner = subgraph_memory(analysis)
     idle.sort(key=lambda t: (-t[0], -t[1], t[2]))
     return {
         "model": {
@@ -64,7 +66,11 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
         "inputs": [_tensor_row(analysis, n) for n in analysis.graph_inputs],
         "outputs": [_tensor_row(analysis, n) for n in analysis.graph_outputs],
         "activations": {"count": len(analysis.producer), "bytes": act_bytes, "unknown_size": unknown},
-        "weights": {"count": len(analysis.weights), "bytes": weight_bytes},
+        "weights": {
+            "count": len(analysis.weights) + inner.weight_count,
+            "bytes": weight_bytes + inner.weight_bytes,
+            "in_subgraphs": {"count": inner.weight_count, "bytes": inner.weight_bytes},
+        },
         "longest_idle": [
             {
                 "tensor": name,
@@ -111,6 +117,12 @@ def inspect(model: str, input_shape, dim, top: int, as_json: bool) -> None:
         f"activations: {report['activations']['count']} tensors, {fmt_bytes(report['activations']['bytes'])}"
         f" ({report['activations']['unknown_size']} of unknown size)   "
         f"weights: {report['weights']['count']} tensors, {fmt_bytes(report['weights']['bytes'])}"
+        + (
+            f" ({report['weights']['in_subgraphs']['count']} tensors, "
+            f"{fmt_bytes(report['weights']['in_subgraphs']['bytes'])} inside If/Loop/Scan bodies)"
+            if report["weights"]["in_subgraphs"]["count"]
+            else ""
+        )
     )
     io = Table(title="inputs and outputs", show_edge=False)
     for col in ("", "name", "dtype", "shape", "bytes"):

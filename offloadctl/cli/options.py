@@ -15,8 +15,9 @@ from offloadctl.stages import (
     DEFAULT_SELECT_NUM,
 )
 from offloadctl.cli.ui import BytesParam
+from offloadctl.costs import OBJECTIVES
 from offloadctl.profiles import DEFAULT_PROFILE, list_profiles
-from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH
+from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH, DEFAULT_TIME_LIMIT
 
 __all__ = [
     "model_argument",
@@ -163,6 +164,27 @@ budget_options = _compose(
         help="With --stream-weights: how many layer groups ahead weights are copied in.",
     ),
     click.option("--explain", is_flag=True, default=False, help="Print every candidate, chosen or not, and why."),
+    click.option(
+        "--objective",
+        type=click.Choice(list(OBJECTIVES)),
+        default="bytes",
+        show_default=True,
+        help="What the budget strategy minimises: bytes moved, or the time of the copies in line on --profile.",
+    ),
+    click.option(
+        "--optimal",
+        is_flag=True,
+        default=False,
+        help="Also solve the exact program (HiGHS) from the greedy's plan; the plan records the proven gap.",
+    ),
+    click.option(
+        "--time-limit",
+        type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_TIME_LIMIT,
+        show_default=True,
+        metavar="SECONDS",
+        help="With --optimal: stop the exact search after this long and keep the best plan found.",
+    ),
 )
 
 strict_option = click.option(

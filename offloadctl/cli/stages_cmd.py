@@ -54,13 +54,50 @@ __all__ = ["COMMANDS"]
 logger = logging.getLogger(__name__)
 
 
-def _use_budget(strategy: str | None, budget: int | None, stream_weights: bool) -> bool:
-    """Resolve --strategy/--budget/--stream-weights; bad combinations are usage errors."""
+def _use_budget(
+    strategy: str | None, budget: int | None, stream_weights: bool, objective: str = "bytes", optimal: bool = False
+) -> bool:
+    """Resolve --strategy/--budget/--stream-weights/--objective/--optimal; bad combinations are usage errors."""
     if strategy == "distance" and (budget is not None or stream_weights):
         raise click.UsageError("--budget and --stream-weights need the budget strategy, not --strategy distance")
     if strategy == "budget" and budget is None and not stream_weights:
         raise click.UsageError("--strategy budget needs --budget BYTES (or --stream-weights)")
-    return strategy == "budget" or budget is not None or stream_weights
+    if optimal and budget is None:
+        raise click.UsageError("--optimal needs --budget BYTES (it finds the cheapest plan that fits the budget)")
+    use = strategy == "budget" or budget is not None or stream_weights
+    if objective != "bytes" and not use:
+        raise click.UsageError("--objective is the budget strategy's: give --budget BYTES (or --stream-weights)")
+    return use
+
+
+def _print_search(plan: dict) -> None:
+    """One line: what the budget plan costs, the proven bound and the gap (or that it is optimal)."""
+    info = plan.get("budget") or {}
+    if info.get("cost") is None:
+        return
+    objective = info["objective"]
+    if objective["unit"] == "bytes":
+        fmt = fmt_bytes
+        line = f"budget search ({info['search']}): the plan moves {fmt(info['cost'])}"
+    else:
+        fmt = lambda v: f"{v * 1e3:.3f} ms"  # noqa: E731
+        line = (
+            f"budget search ({info['search']}): the plan's copies take {fmt(info['cost'])} in line "
+            f"(profile {objective.get('profile')})"
+        )
+    if info["optimal"]:
+        line += ", proven optimal"
+    elif info["cost_bound"] is not None:
+        source = "HiGHS" if info["bound_source"] == "solver" else "the steps furthest over the budget"
+        line += f"; proven bound {fmt(info['cost_bound'])} ({source}): gap {100 * info['gap']:.1f}%"
+    else:
+        line += "; no bound proven (try --optimal)"
+    solver = info.get("solver")
+    if solver:
+        line += f"; HiGHS: {solver['status']} in {solver['seconds']:.1f} s"
+        if solver["answer"] != "accepted":
+            line += f", {solver['answer']}"
+    out_console().print(line)
 
 
 def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
@@ -89,6 +126,7 @@ def _stage_end(command: str, subject: str, plan: dict, output: str, as_json: boo
     figures = plan_figures(plan)
     if not as_json:
         print_plan_summary(plan)
+        _print_search(plan)
         if explain:
             out_console().print(explain_table(plan))
     off = figures["offloads"]
@@ -123,15 +161,19 @@ def select_cmd(model, output, select_distance, activations, params, force, never
 @output_option("the filtered plan (stage 'filtered')")
 @filter_options
 @budget_options
+@profile_option
 @json_option
-def filter_cmd(selected, output, select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain, as_json):
+def filter_cmd(
+    selected, output, select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain,
+    objective, optimal, time_limit, profile, as_json,
+):
     """Keep the first --select-num candidates in first-use order (stage 'filtered').
 
     With --budget (budget strategy) it instead chooses what to offload so the simulated peak fits,
     assuming the default prefetch distance (each offload gets its own, smaller one if needed).
     """
     check_output_path(output, selected)
-    use_budget = _use_budget(strategy, budget, stream_weights)
+    use_budget = _use_budget(strategy, budget, stream_weights, objective, optimal)
     selected_plan = read_plan(selected, stages=("selected",))
     if use_budget:
         analysis = _plan_analysis(selected_plan, selected)
@@ -141,7 +183,8 @@ def filter_cmd(selected, output, select_num, min_bytes, strategy, budget, stream
                 selected_plan, analysis, budget_bytes=budget,
                 prefetch_distance=DEFAULT_PREFETCH_DISTANCE, release_distance=DEFAULT_RELEASE_DISTANCE,
                 select_num=select_num, min_bytes=min_bytes, stream_weights=stream_weights, stream_depth=stream_depth,
-                report=step,
+                report=step, objective=objective, profile=load_profile(profile) if objective == "time" else None,
+                optimal=optimal, time_limit=time_limit,
             )
     else:
         plan = filter_plan(selected_plan, select_num=select_num, min_bytes=min_bytes)
@@ -181,7 +224,7 @@ def prefetch_cmd(filtered, output, prefetch_distance, release_distance, as_json)
 def plan_cmd(
     model, output, select_distance, activations, params, force, never, input_shape, dim,
     select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain,
-    prefetch_distance, release_distance, strict, profile, max_peak, report, as_json,
+    objective, optimal, time_limit, prefetch_distance, release_distance, strict, profile, max_peak, report, as_json,
 ):
     """select + filter + prefetch in one call; same document as chaining the three.
 
@@ -190,7 +233,7 @@ def plan_cmd(
     """
     check_output_path(output, model)
     check_report_paths(report, model, others=[("the plan", output)])
-    use_budget = _use_budget(strategy, budget, stream_weights)
+    use_budget = _use_budget(strategy, budget, stream_weights, objective, optimal)
     prof = load_profile(profile)
     analysis = load_and_analyse(model, input_shape, dim, show_progress=not as_json)
     check_output_path(output, *analysis.loaded.files)
@@ -207,7 +250,8 @@ def plan_cmd(
             analysis, select_distance=select_distance, activations=activations, params=params, force=force,
             never=never, select_num=select_num, min_bytes=min_bytes, prefetch_distance=prefetch_distance,
             release_distance=release_distance, strategy="budget" if use_budget else "distance", budget=budget,
-            stream_weights=stream_weights, stream_depth=stream_depth, step=step,
+            stream_weights=stream_weights, stream_depth=stream_depth, step=step, objective=objective,
+            profile=prof, optimal=optimal, time_limit=time_limit,
         )
         step("simulating peak memory and time")
         result = None if is_rewritten(analysis) else simulate(analysis, plan, profile=prof)
@@ -222,6 +266,7 @@ def plan_cmd(
         written += write_report(report, result, plan)
     if not as_json:
         print_plan_summary(plan)
+        _print_search(plan)
         if explain:
             out_console().print(explain_table(plan))
         if result is None:

@@ -18,6 +18,8 @@ from offloadctl.stages.select import DEFAULT_SELECT_DISTANCE, select
 
 if TYPE_CHECKING:
     from offloadctl.analysis import Analysis
+    from offloadctl.costs import CopyCost
+    from offloadctl.profiles import Profile
 
 __all__ = [
     "DEFAULT_MIN_BYTES",
@@ -49,6 +51,10 @@ def make_plan(
     stream_weights: bool = False,
     stream_depth: int | None = None,
     step: Callable[..., None] | None = None,
+    objective: str | CopyCost = "bytes",
+    profile: Profile | str | None = None,
+    optimal: bool = False,
+    time_limit: float | None = None,
 ) -> dict[str, Any]:
     """The whole plan in one call: select, filter (by count, or by budget) and prefetch.
 
@@ -68,6 +74,9 @@ def make_plan(
         stream_weights, stream_depth: keep weights on the host and stream them in by layer group.
         step: called with the name of each stage as it starts (``step("scheduling")``), and with
             ``new=False`` for news from a long budget search (``step(text, new=False)``).
+        objective, profile, optimal, time_limit: the budget strategy's search: what it minimises
+            (``"bytes"``, ``"time"`` on ``profile``, or an `offloadctl.costs.CopyCost`), and whether to
+            solve it exactly (HiGHS) within ``time_limit`` seconds (see `budget_filter`).
 
     Returns:
         A plan at stage "scheduled".
@@ -76,7 +85,7 @@ def make_plan(
         OffloadError: contradictory options, or a budget below the lower bound or out of reach (the
             message gives the lower bound and the best peak reachable).
     """
-    from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH, budget_filter, check_budget
+    from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH, DEFAULT_TIME_LIMIT, budget_filter, check_budget
     from offloadctl.units import parse_bytes
 
     budget_bytes = parse_bytes(budget) if isinstance(budget, str) else budget
@@ -93,8 +102,8 @@ def make_plan(
     use_budget = strategy == "budget" or budget_bytes is not None or stream_weights
     report = step or (lambda text, new=True: None)
     report("selecting")
-    selected = select(
-        analysis, select_distance=select_distance, activations=activations, params=params,
+    selected = select(  # the budget strategy weighs every idle stretch: it selects at distance 0
+        analysis, select_distance=0 if use_budget else select_distance, activations=activations, params=params,
         force=tuple(force), never=tuple(never),
     )
     if use_budget:
@@ -104,7 +113,8 @@ def make_plan(
             release_distance=release_distance, select_num=select_num, min_bytes=min_bytes,
             stream_weights=stream_weights,
             stream_depth=DEFAULT_STREAM_DEPTH if stream_depth is None else stream_depth,
-            report=lambda text: report(text, new=False),
+            report=lambda text: report(text, new=False), objective=objective, profile=profile, optimal=optimal,
+            time_limit=DEFAULT_TIME_LIMIT if time_limit is None else time_limit,
         )
     else:
         report("filtering")

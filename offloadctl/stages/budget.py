@@ -3,35 +3,54 @@
 Where the distance strategy (HyperOffload) offloads every gap longer than ``select_distance``, the
 budget strategy chooses individual *intervals* — the gaps of an activation between consecutive
 producer/use positions, and the idle stretches of a weight (before its first use, between uses,
-after its last use) — so that the simulated peak fits ``budget_bytes`` while moving as few bytes
-as possible over the host link.
+after its last use) — so that the peak fits ``budget_bytes`` at the least cost.
 
-Why bytes moved is the objective: every offloaded interval costs one host-to-device copy of the
-tensor (plus one device-to-host copy per activation, plus one more for an offloaded graph output).
-Those bytes are what the link pays for, and the stall an offload adds is proportional to them:
-with copies on the compute stream (onnxruntime today) every byte moved is time the model waits,
-and with a separate copy stream the bytes still share one link and can only hide behind compute.
-The number of offloads, by contrast, says nothing: one large tensor costs more than ten small ones.
+The cost (``objective``, see `offloadctl.costs`) is a price per copy: by default the bytes moved
+(every byte crosses the host link; with copies in line on the compute stream every byte is time
+the model waits), or the estimated time of each copy in line (``latency + bytes / bandwidth`` of
+its direction, from a device profile). Offloading a tensor at all costs its *opening* copies (an
+activation's D2H, plus the H2D feeding it back as a graph output; a weight's first H2D), and each
+further interval one H2D. The number of offloads, by contrast, says nothing: one large tensor costs
+more than ten small ones.
 
-Algorithm (greedy on the peak step, then pruning, then prefetch placement):
+Memory follows `offloadctl.timeline` (the simulator's rules, stated once there). With prefetch
+distance 0 and release distance 0, an interval frees exactly its idle steps, so the search works
+on *intervals*: each one a set of steps it frees, its bytes and its cost.
+
+Greedy search (the default), built to scale to graphs of 100,000 nodes:
 
 1. Candidates are what ``select`` accepts at select distance 0 (so ``--never``, unknown sizes,
    host-side inputs, weights that are graph outputs, ``--min-bytes`` are all respected).
    ``--force`` tensors start offloaded (their largest gap) and stay offloaded.
-2. While the peak exceeds the budget, look at the peak step. Among the intervals that would free it,
-   take the one with the largest reduction of over-budget memory (summed over all steps, each step
-   capped at its excess) per byte moved; update the memory profile incrementally and repeat.
-3. Pruning: drop every chosen interval whose removal keeps the peak within the budget (the most
-   expensive first).
+2. While the peak exceeds the budget, look at the peak step. Every interval that would free it is
+   scored by the reduction of over-budget memory it brings, summed over all steps (each step
+   capped at its excess), per unit of cost. The best is taken together with the intervals that
+   score exactly as well, as many as the peak step still needs: the largest that fit in what is
+   left, then the smallest that completes it (one round moves many equally good weights at once,
+   few and large ones rather than many small ones). Scores are computed for all intervals at once
+   from prefix sums of the capped excess (one per distinct tensor size) over the over-budget steps
+   only; the memory profile is a `timeline.WorkingSet` (add an interval, find the peak: O(sqrt(steps))).
+3. Pruning: every chosen interval whose removal keeps the peak within the budget is dropped, the
+   most expensive first (a removal only raises memory, so an interval that cannot go now never can).
 4. Prefetch: every reload is first placed at its use (distance 0). Then, in execution order, each
    offload gets the largest per-tensor ``prefetch_distance`` <= the requested global distance that
-   keeps the peak within the budget (the memory profile is monotone in the distance, so a binary
-   search finds it).
+   keeps the peak within the budget.
+
+The plan's ``budget`` object records what the plan costs and a proven lower bound on what any plan
+of this strategy must cost (for each of the steps furthest over the budget: the cheapest way to
+free its excess, taking intervals fractionally; with release distance 0, where an interval frees
+exactly its idle steps), and the gap between them.
+
+Exact search (``optimal=True``, needs HiGHS): the same choice written as an integer covering
+program (`offloadctl.stages.optimal`), started from the greedy's plan, with a time limit; it
+returns the best plan found, HiGHS's proven bound and the gap. Every answer is checked against the
+timeline in exact integer bytes before it is trusted; one that does not fit, or costs more than the
+greedy's, is set aside for the greedy's.
 
 If the budget is below the lower bound (the largest single-node working set: inputs, outputs and
-weights one node reads), or the greedy cannot reach it, an ``OffloadError`` gives the lower bound
-and the best peak reachable. When the user did not enable weights (``--params``) and activations
-alone cannot reach the budget, weights are added as candidates and the plan says so.
+weights one node reads), or cannot be reached, an ``OffloadError`` gives the lower bound and the
+best peak reachable. When the user did not enable weights (``--params``) and activations alone
+cannot reach the budget, weights are added as candidates and the plan says so.
 
 Weight streaming (``stream_weights``): weights stay on the host and come in by *layer group*.
 Groups are built from the execution order: eligible weights sorted by first use are packed into
@@ -40,44 +59,42 @@ to be larger than what one node needs anyway; for a transformer this gives rough
 projections, the MLP up and the MLP down of each layer). Group k is copied in at the start of group
 k - depth's window and each weight is freed after its last use, so at most depth + 1 groups are on
 the device. A weight also read outside its group's window (shared across layers) stays resident.
-Streamed weights are fixed choices; with a budget they start loaded at their first use, the greedy
-handles the rest, and prefetch placement then gives each streamed weight the longest lead, up to its
-group's depth, that keeps the budget.
+Streamed weights are fixed choices; with a budget they start loaded at their first use, the search
+handles the rest, and prefetch placement then gives each streamed weight the longest lead, up to
+its group's depth, that keeps the budget.
 
-Memory model (the simulator's): over the execution order, steps 0..n-1 are the nodes and step n
-the end of the run. A tensor lives from its producer to its last consumer; graph inputs from step 0,
-graph outputs to the end; weights all the time unless offloaded. An offloaded activation keeps its
-device buffer from the producer to max(last device use, D2H, release_after); a reload lives from
-its ``h2d_before`` to the last use of its group (an offloaded graph output's final reload from
-``output_h2d_before`` to the end); an offloaded weight lives only from each group's H2D to the
-group's last use. A model with dynamic input dimensions is refused until they are pinned
-(``--input-shape``); other tensors of unknown size count 0 bytes.
+A model with dynamic input dimensions is refused until they are pinned (``--input-shape``); other
+tensors of unknown size count 0 bytes.
 """
 
 from __future__ import annotations
 
-import bisect
 import fnmatch
+import heapq
+import itertools
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from offloadctl import timeline
 from offloadctl.analysis import Analysis, Use
+from offloadctl.costs import BytesMoved, CopyCost, make_cost, plan_cost
 from offloadctl.errors import OffloadError
 from offloadctl.plan import check_plan_model, record_stage
+from offloadctl.profiles import Profile
 from offloadctl.stages.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, first_use_key
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
 from offloadctl.stages.select import select
-from offloadctl.simulate import lower_bound, peak_memory
+from offloadctl.timeline import WorkingSet, lower_bound
 from offloadctl.units import byte_arg, fmt_bytes
 
 __all__ = [
     "DEFAULT_STREAM_DEPTH",
-    "SLOW_SEARCH_SIZE",
+    "DEFAULT_TIME_LIMIT",
     "BudgetResult",
     "budget_filter",
     "lower_bound",
@@ -89,22 +106,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# steps x candidates above which the budget search warns that it may take minutes. Measured on the
-# generated transformer-like graphs with weights (bench/gen_large.py, 2 cores): 1.6 million at 1,000
-# nodes took about 1 s, 14 million at 3,000 nodes about 40 s.
-SLOW_SEARCH_SIZE = 5_000_000
-
 DEFAULT_STREAM_DEPTH = 1
+DEFAULT_TIME_LIMIT = 60.0  # seconds the exact search may take
+_BOUND_STEPS = 32  # steps furthest over the budget whose cheapest cover bounds the cost
 
 
 # --------------------------------------------------------------------------------------------
-# Memory accounting from a plan (independent of the greedy's internal state)
+# Memory accounting from a plan (the timeline's)
 # --------------------------------------------------------------------------------------------
-
-
-def _size(analysis: Analysis, name: str) -> int:
-    info = analysis.infos.get(name)
-    return (info.bytes or 0) if info is not None else 0
 
 
 def _where(analysis: Analysis, pos: int) -> str:
@@ -113,93 +122,46 @@ def _where(analysis: Analysis, pos: int) -> str:
     return f"the working set of node {analysis.node_names[pos]!r} at position {pos}: its inputs, outputs and weights"
 
 
-def _default_intervals(analysis: Analysis, name: str) -> list[tuple[int, int]]:
-    """Live steps (inclusive) of a tensor nobody offloads."""
-    n = analysis.num_positions
-    uses = analysis.uses.get(name, [])
-    is_output = name in analysis.graph_outputs
-    if name in analysis.producer:
-        start = analysis.producer[name]
-    elif name in analysis.weights:
-        return [(0, n)] if uses else []
-    else:  # graph input
-        start = 0
-    end = n if is_output else (uses[-1].position if uses else start)
-    return [(start, max(start, end))]
-
-
-def _offload_intervals(off: dict[str, Any], n: int, prefetch_distance: int) -> list[tuple[int, int]]:
-    """Live steps of an offloaded tensor from its plan entry (h2d_before null: use the distance)."""
-    is_act = off["kind"] == "activation"
-    distance = off["prefetch_distance"] if off["prefetch_distance"] is not None else prefetch_distance
-    low = off["d2h_after"] + 1 if is_act else 0
-    spans: list[tuple[int, int]] = []
-    if is_act:
-        p0 = off["d2h_after"]
-        last_dev = off["device_uses"][-1]["position"] if off["device_uses"] else p0
-        release = off["release_after"] if off["release_after"] is not None else last_dev
-        spans.append((off["producer"]["position"], max(last_dev, p0, release)))
-    for group in off["reload_groups"]:
-        first = group["uses"][0]["position"]
-        h2d = group["h2d_before"] if group["h2d_before"] is not None else max(low, first - distance)
-        spans.append((h2d, group["uses"][-1]["position"]))
-    if off.get("graph_output") and off.get("output_h2d_before") is not None:
-        spans.append((off["output_h2d_before"], n))
-    return spans
-
-
-def _add(mem: np.ndarray, spans: Iterable[tuple[int, int]], b: int) -> None:
-    for s, e in spans:
-        mem[s : e + 1] += b
-
-
 def memory_profile(
-    analysis: Analysis, plan: dict[str, Any] | None = None, *, prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE
+    analysis: Analysis,
+    plan: dict[str, Any] | None = None,
+    *,
+    prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
+    release_distance: int = DEFAULT_RELEASE_DISTANCE,
 ) -> np.ndarray:
     """Device bytes live at each step 0..n (step n = the end of the run) under ``plan``.
 
-    A plan before the prefetch stage (``h2d_before`` null) is placed with each offload's own
-    ``prefetch_distance`` or else ``prefetch_distance``, as the prefetch stage would.
+    A plan before the prefetch stage (``h2d_before``, ``release_after`` null) is placed with each
+    offload's own ``prefetch_distance`` or else ``prefetch_distance``, and ``release_distance``,
+    as the prefetch stage would. See `offloadctl.timeline.profile`.
     """
-    n = analysis.num_positions
-    mem = np.zeros(n + 1, dtype=np.int64)
-    offloads = {o["tensor"]: o for o in (plan["offloads"] if plan else [])}
-    names = list(analysis.graph_inputs) + list(analysis.producer) + sorted(analysis.weights)
-    for name in dict.fromkeys(names):
-        b = _size(analysis, name)
-        if not b:
-            continue
-        off = offloads.get(name)
-        spans = _offload_intervals(off, n, prefetch_distance) if off else _default_intervals(analysis, name)
-        _add(mem, spans, b)
-    return mem
+    return timeline.profile(analysis, plan, prefetch_distance=prefetch_distance, release_distance=release_distance)
 
 
 def plan_peak(
-    analysis: Analysis, plan: dict[str, Any] | None = None, *, prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE
+    analysis: Analysis,
+    plan: dict[str, Any] | None = None,
+    *,
+    prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
+    release_distance: int = DEFAULT_RELEASE_DISTANCE,
 ) -> tuple[int, int]:
     """(peak bytes, step of the first peak) of :func:`memory_profile`."""
-    mem = memory_profile(analysis, plan, prefetch_distance=prefetch_distance)
-    pos = int(np.argmax(mem))
-    return int(mem[pos]), pos
+    return timeline.peak_of(
+        memory_profile(analysis, plan, prefetch_distance=prefetch_distance, release_distance=release_distance)
+    )
 
 
 def bytes_moved(plan: dict[str, Any]) -> int:
     """Bytes a plan copies per run: one D2H per activation, one H2D per reload group and output."""
-    total = 0
-    for off in plan["offloads"]:
-        copies = len(off["reload_groups"]) + (off["kind"] == "activation")
-        copies += bool(off.get("graph_output") and off.get("output_h2d_before") is not None)
-        total += copies * off["bytes"]
-    return total
+    return int(plan_cost(plan, BytesMoved()))
 
 
 # --------------------------------------------------------------------------------------------
-# Internal model of one candidate tensor and its state
+# Candidate tensors, their states and the intervals they offer
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Cand:
     """One eligible tensor. Gap i of an activation lies between entries[i] and entries[i+1]
     (entries = producer + distinct use positions); gap i of a weight lies between use positions
@@ -222,12 +184,9 @@ class _Cand:
     def gap_len(self, i: int) -> int:
         return self.entries[i + 1] - self.entries[i]
 
-    def gap_containing(self, pos: int) -> int | None:
-        """The gap whose interior holds ``pos``, if any."""
-        k = bisect.bisect_right(self.entries, pos) - 1
-        if 0 <= k < self.num_gaps and self.entries[k] < pos < self.entries[k + 1]:
-            return k
-        return None
+    @property
+    def kind(self) -> str:
+        return "activation" if self.is_act else "parameter"
 
 
 @dataclass(frozen=True)
@@ -262,139 +221,304 @@ def _layout(c: _Cand, st: _State) -> _Layout:
     return _Layout(device, groups)
 
 
-def _spans(c: _Cand, st: _State, n: int, release_distance: int) -> list[tuple[int, int]]:
+def _spans(c: _Cand, st: _State, n: int, release_distance: int) -> list[timeline.Span]:
+    """Steps a candidate occupies in a state (the timeline's rules)."""
     if not st.offloaded:
         if c.is_act:
             return [(c.start, n if c.output else c.entries[-1])]
         return [(0, n)]
     lay = _layout(c, st)
-    spans: list[tuple[int, int]] = []
-    low = c.start + 1 if c.is_act else 0
+    low = timeline.h2d_low(c.kind, c.start if c.is_act else None)
+    groups = [(timeline.h2d_position(g[0].position, low, st.distance), g[-1].position) for _, g in lay.groups]
+    last_device = lay.device_uses[-1].position if lay.device_uses else c.start
+    return timeline.offloaded_spans(
+        activation=c.is_act,
+        producer=c.start,
+        last_device_use=last_device,
+        release_after=timeline.release_point(last_device, release_distance, n) if c.is_act else None,
+        groups=groups,
+        output_h2d=n if c.output else None,
+        num_positions=n,
+    )
+
+
+def _opening_cost(c: _Cand, cost: CopyCost) -> float:
+    """Cost of offloading a candidate at all: an activation's D2H (+ the H2D back for a graph
+    output), a weight's first H2D."""
     if c.is_act:
-        last_dev = lay.device_uses[-1].position if lay.device_uses else c.start
-        release = min(last_dev + release_distance, max(n - 1, 0))
-        spans.append((c.start, max(last_dev, release)))
-    for _, g in lay.groups:
-        spans.append((max(low, g[0].position - st.distance), g[-1].position))
-    if c.is_act and c.output:
-        spans.append((n, n))
-    return spans
+        return cost.d2h(c.b) + (cost.h2d(c.b) if c.output else 0.0)
+    return cost.h2d(c.b)
 
 
-def _cost(c: _Cand, st: _State) -> int:
+def _state_cost(c: _Cand, st: _State, cost: CopyCost) -> float:
     if not st.offloaded:
-        return 0
-    copies = (len(st.cuts) + 1 + (1 if c.output else 0)) if c.is_act else len(st.cuts) + 1
-    return copies * c.b
+        return 0.0
+    return _opening_cost(c, cost) + len(st.cuts) * cost.h2d(c.b)
+
+
+def _changes(old: list[timeline.Span], new: list[timeline.Span], b: int) -> list[tuple[int, int, int]]:
+    """How the profile changes from spans ``old`` to ``new`` of a ``b``-byte tensor: (first, last,
+    bytes) pieces covering only the steps that change."""
+    events: dict[int, int] = {}
+    for spans, sign in ((old, -b), (new, b)):
+        for s, e in spans:
+            events[s] = events.get(s, 0) + sign
+            events[e + 1] = events.get(e + 1, 0) - sign
+    pieces = []
+    level = 0
+    points = sorted(events)
+    for k, at in enumerate(points[:-1]):
+        level += events[at]
+        if level:
+            pieces.append((at, points[k + 1] - 1, level))
+    return pieces
+
+
+class _Intervals:
+    """Every interval the search may offload, as arrays (one row per interval).
+
+    Row kinds: a candidate's *opening* (gap -1: offloading it at all; frees a weight's outer
+    stretches or a graph output's trailing stretch, nothing for other activations) and its *gaps*
+    (gap k >= 0: frees the idle steps between entries k and k+1). A gap taken while its candidate
+    is not offloaded brings the opening with it. Ranges are inclusive; an empty range has first >
+    last. ``held_first`` is where a range starts when it is the candidate's first freed stretch
+    and the release distance holds the buffer (activations).
+    """
+
+    def __init__(self, cands: list[_Cand], n: int, release_distance: int, cost: CopyCost) -> None:
+        count = len(cands)
+        size = np.fromiter((c.b for c in cands), dtype=np.int64, count=count)
+        is_act = np.fromiter((c.is_act for c in cands), dtype=bool, count=count)
+        output = np.fromiter((c.output for c in cands), dtype=bool, count=count)
+        lengths = np.fromiter((len(c.entries) for c in cands), dtype=np.int64, count=count)
+        flat = np.fromiter(itertools.chain.from_iterable(c.entries for c in cands), dtype=np.int64, count=int(lengths.sum()))
+        owner = np.repeat(np.arange(count), lengths)
+        first_entry = np.cumsum(lengths) - lengths
+        last = flat[np.maximum(first_entry + lengths - 1, 0)] if len(flat) else np.zeros(count, dtype=np.int64)
+        first = flat[np.minimum(first_entry, max(len(flat) - 1, 0))] if len(flat) else np.zeros(count, dtype=np.int64)
+        # openings: weights (outer stretches) and graph outputs (trailing stretch)
+        opens = np.flatnonzero((size > 0) & (~is_act | output))
+        w = ~is_act[opens]
+        o_first0 = np.where(w, 0, last[opens] + 1)
+        o_last0 = np.where(w, first[opens] - 1, n - 1)
+        o_first1 = np.where(w, last[opens] + 1, 1)
+        o_last1 = np.where(w, n, 0)
+        o_held = np.where(w, o_first0, last[opens] + release_distance + 1)
+        # gaps with at least one idle step
+        k = np.flatnonzero((owner[:-1] == owner[1:]) & (flat[1:] - flat[:-1] >= 2) & (size[owner[:-1]] > 0))
+        g_cand = owner[k]
+        g_first = flat[k] + 1
+        g_held = np.where(is_act[g_cand], flat[k] + release_distance + 1, g_first)
+        self.cand = np.concatenate((opens, g_cand))
+        self.gap = np.concatenate((np.full(len(opens), -1, dtype=np.int64), k - first_entry[g_cand]))
+        self.entry = np.concatenate((last[opens], flat[k]))
+        self.first0 = np.concatenate((o_first0, g_first))
+        self.last0 = np.concatenate((o_last0, flat[k + 1] - 1))
+        self.first1 = np.concatenate((o_first1, np.ones(len(k), dtype=np.int64)))
+        self.last1 = np.concatenate((o_last1, np.zeros(len(k), dtype=np.int64)))
+        self.held_first = np.concatenate((o_held, g_held))
+        self.bytes = size[self.cand]
+        self.is_act = is_act[self.cand]
+        self.opening = np.full(count, -1, dtype=np.int64)
+        self.opening[opens] = np.arange(len(opens))
+        self.opening_cost = np.fromiter((_opening_cost(c, cost) for c in cands), dtype=np.float64, count=count)
+        h2d = np.fromiter((cost.h2d(c.b) for c in cands), dtype=np.float64, count=count)
+        self.own_cost = np.concatenate((self.opening_cost[opens], h2d[g_cand]))
+        self.taken = np.zeros(len(self.cand), dtype=bool)
+
+    def __len__(self) -> int:
+        return len(self.cand)
 
 
 # --------------------------------------------------------------------------------------------
-# The greedy
+# The search
 # --------------------------------------------------------------------------------------------
 
 
 class _Planner:
+    """Candidate states, the memory profile they give (a `WorkingSet`), and the search over them."""
+
     def __init__(
-        self, analysis: Analysis, cands: list[_Cand], release_distance: int, report: Callable[[str], None] | None = None
+        self,
+        analysis: Analysis,
+        cands: list[_Cand],
+        release_distance: int,
+        cost: CopyCost,
+        report: Callable[[str], None] | None = None,
     ) -> None:
         self.report = report or (lambda text: None)
-        self.analysis = analysis
-        self.n = analysis.num_positions
-        self.cands = {c.name: c for c in cands}
+        self.n = n = analysis.num_positions
+        self.cands = cands
         self.release = release_distance
-        self.state: dict[str, _State] = {c.name: _State() for c in cands}
-        self.fixed: set[str] = set()  # streamed weights: state never changed by the greedy
-        self.mem = memory_profile(analysis, None)
-        self.current: dict[str, list[tuple[int, int]]] = {}  # spans of each candidate's state, once computed
-        # First and last step each candidate's current spans cover: only a candidate resident at a
-        # step can free it, so moves_at looks at those alone (a vectorized test over all of them).
-        self.names = list(self.cands)
-        self.row = {name: i for i, name in enumerate(self.names)}
-        self.cover = np.array([_cover(self.current_spans(name)) for name in self.names], dtype=np.int64).reshape(-1, 2)
+        self.cost = cost
+        self.state: list[_State] = [_State()] * len(cands)
+        self.fixed = np.zeros(len(cands), dtype=bool)  # streamed weights: never changed by the search
+        self.offloaded = np.zeros(len(cands), dtype=bool)
+        self.ws = WorkingSet(timeline.profile(analysis, None, prefetch_distance=0))
+        self.iv = iv = _Intervals(cands, n, release_distance, cost)
+        self.rows: list[list[int]] = [[] for _ in cands]
+        self.row_of: dict[tuple[int, int], int] = {}
+        for j, (i, g) in enumerate(zip(iv.cand.tolist(), iv.gap.tolist())):
+            self.rows[i].append(j)
+            self.row_of[(i, g)] = j
+        # entry of each candidate's first freed stretch (where the release distance holds it)
+        self.first_entry = np.full(len(cands), np.iinfo(np.int64).max, dtype=np.int64)
+        self._pushed = 0  # order of pruning options with equal savings
+        self._open: np.ndarray | None = None  # rows not taken (a superset while rows are only taken)
 
-    def spans(self, name: str, st: _State) -> list[tuple[int, int]]:
-        return _spans(self.cands[name], st, self.n, self.release)
+    # ---------------------------------------------------------------- state and memory
 
-    def current_spans(self, name: str) -> list[tuple[int, int]]:
-        spans = self.current.get(name)
-        if spans is None:
-            spans = self.current[name] = self.spans(name, self.state[name])
-        return spans
+    def spans(self, i: int, st: _State | None = None) -> list[timeline.Span]:
+        return _spans(self.cands[i], self.state[i] if st is None else st, self.n, self.release)
 
-    def set(self, name: str, st: _State) -> None:
-        c = self.cands[name]
-        new = self.spans(name, st)
-        _add(self.mem, self.current_spans(name), -c.b)
-        _add(self.mem, new, c.b)
-        self.state[name] = st
-        self.current[name] = new
-        self.cover[self.row[name]] = _cover(new)
+    def _fast(self, i: int, st: _State) -> bool:
+        """True when a change of candidate ``i`` to ``st`` frees or takes exactly interval rows."""
+        return not self.release and not st.distance and not self.state[i].distance
+
+    def _row_ranges(self, j: int) -> list[timeline.Span]:
+        iv = self.iv
+        return [(int(iv.first0[j]), int(iv.last0[j])), (int(iv.first1[j]), int(iv.last1[j]))]
+
+    def _rows_between(self, i: int, old: _State, new: _State) -> tuple[list[int], list[int]]:
+        """Rows freed and rows taken back going from ``old`` to ``new``."""
+        iv = self.iv
+        added: list[int] = []
+        removed: list[int] = []
+        for j in self.rows[i]:
+            g = int(iv.gap[j])
+            had = old.offloaded if g < 0 else g in old.cuts
+            has = new.offloaded if g < 0 else g in new.cuts
+            if has and not had:
+                added.append(j)
+            elif had and not has:
+                removed.append(j)
+        return added, removed
+
+    def set(self, i: int, st: _State, rows: tuple[list[int], list[int]] | None = None, *, defer: list | None = None) -> None:
+        """Move candidate ``i`` to state ``st``, updating the profile exactly.
+
+        ``rows``: (rows freed, rows taken back) when the caller knows them. ``defer``: collect the
+        profile changes as (first, last, bytes) there instead of applying them.
+        """
+        c = self.cands[i]
+        old = self.state[i]
+        iv = self.iv
+        if self._fast(i, st):
+            added, removed = rows if rows is not None else self._rows_between(i, old, st)
+            changes = [(s, e, -c.b) for j in added for s, e in self._row_ranges(j)]
+            changes += [(s, e, c.b) for j in removed for s, e in self._row_ranges(j)]
+            iv.taken[added] = True
+            iv.taken[removed] = False
+            if removed:
+                self._open = None
+        else:
+            self._open = None
+            changes = _changes(self.spans(i), self.spans(i, st), c.b)
+            first = np.iinfo(np.int64).max
+            for j in self.rows[i]:
+                g = int(iv.gap[j])
+                iv.taken[j] = st.offloaded if g < 0 else g in st.cuts
+                if iv.taken[j] and c.is_act and (g >= 0 or c.output):
+                    first = min(first, int(iv.entry[j]))
+            self.first_entry[i] = first
+        if defer is not None:
+            defer.extend(changes)
+        else:
+            for s, e, delta in changes:
+                self.ws.add(s, e, delta)
+        self.state[i] = st
+        self.offloaded[i] = st.offloaded
 
     def peak(self) -> tuple[int, int]:
-        pos = int(np.argmax(self.mem))
-        return int(self.mem[pos]), pos
+        return self.ws.peak()
 
-    def moved(self) -> int:
-        return sum(_cost(self.cands[k], s) for k, s in self.state.items())
+    def moved(self) -> float:
+        return sum(_state_cost(c, s, self.cost) for c, s in zip(self.cands, self.state))
 
-    def change(self, name: str, st: _State) -> list[tuple[int, int, int]]:
-        """How the profile changes if ``name`` moves to ``st``: (first step, last step, bytes) pieces,
-        in order, covering only the steps that change."""
-        b = self.cands[name].b
-        events: dict[int, int] = {}
-        for spans, sign in ((self.current_spans(name), -b), (self.spans(name, st), b)):
-            for s, e in spans:
-                events[s] = events.get(s, 0) + sign
-                events[e + 1] = events.get(e + 1, 0) - sign
-        pieces = []
-        level = 0
-        points = sorted(events)
-        for k, at in enumerate(points[:-1]):
-            level += events[at]
-            if level:
-                pieces.append((at, points[k + 1] - 1, level))
-        return pieces
+    # ---------------------------------------------------------------- moves
 
-    def benefit(self, pieces: list[tuple[int, int, int]], excess: np.ndarray, budget: int) -> int:
-        """Reduction of the over-budget bytes summed over all steps, for a change given as pieces.
+    def _starts(self, rows: np.ndarray) -> np.ndarray:
+        """First step of each row's first range, shortened by the release hold where it would apply."""
+        iv = self.iv
+        if not self.release:
+            return iv.first0[rows]
+        cand = iv.cand[rows]
+        held = iv.is_act[rows] & (~self.offloaded[cand] | (iv.entry[rows] < self.first_entry[cand]))
+        return np.where(held, iv.held_first[rows], iv.first0[rows])
 
-        Step by step this is max(m - budget, 0) - max(m + delta - budget, 0), which equals
-        min(excess, -delta) where delta < 0 and -min(max(m + delta - budget, 0), delta) where
-        delta > 0: exact integers, computed on the changed steps only.
+    def covering(self, pos: int, *, held: bool = True) -> np.ndarray:
+        """Rows not taken whose own steps include ``pos`` (one at most per candidate).
+
+        ``held``: a row that would become its candidate's first freed stretch starts after the
+        release hold (False: it starts at its first idle step).
         """
-        total = 0
-        for s, e, delta in pieces:
-            if delta < 0:
-                total += int(np.minimum(excess[s : e + 1], -delta).sum())
-            else:
-                total -= int(np.minimum(np.maximum(self.mem[s : e + 1] + (delta - budget), 0), delta).sum())
+        iv = self.iv
+        if self._open is None:
+            self._open = np.flatnonzero(~iv.taken & ~self.fixed[iv.cand])
+        rows = self._open = self._open[~iv.taken[self._open]]
+        first0 = self._starts(rows) if held else iv.first0[rows]
+        hit = ((first0 <= pos) & (pos <= iv.last0[rows])) | ((iv.first1[rows] <= pos) & (pos <= iv.last1[rows]))
+        return rows[hit]
+
+    def moves(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For each row, taking it as a move: (cost, range owner, range first, range last, bytes per row).
+
+        A gap of a candidate that is not offloaded yet brings the candidate's opening along (its
+        cost, and its freed steps).
+        """
+        iv = self.iv
+        cand = iv.cand[rows]
+        bundle = ~self.offloaded[cand] & (iv.gap[rows] >= 0)
+        cost = iv.own_cost[rows] + np.where(bundle, iv.opening_cost[cand], 0.0)
+        owner = np.arange(len(rows))
+        firsts = [self._starts(rows), iv.first1[rows]]
+        lasts = [iv.last0[rows], iv.last1[rows]]
+        owners = [owner, owner]
+        opening = iv.opening[cand]
+        with_opening = bundle & (opening >= 0)
+        o = opening[with_opening]
+        for f, l in ((iv.first0[o], iv.last0[o]), (iv.first1[o], iv.last1[o])):
+            firsts.append(f)
+            lasts.append(l)
+            owners.append(owner[with_opening])
+        return cost, np.concatenate(owners), np.concatenate(firsts), np.concatenate(lasts), iv.bytes[rows]
+
+    def benefits(
+        self, count: int, owner: np.ndarray, first: np.ndarray, last: np.ndarray, size: np.ndarray, excess: np.ndarray
+    ) -> np.ndarray:
+        """Sum over each move's freed steps of min(excess, bytes), for ``count`` moves (exact integers).
+
+        Only over-budget steps count; one prefix sum of the capped excess per distinct size.
+        """
+        total = np.zeros(count, dtype=np.int64)
+        over = np.flatnonzero(excess > 0)
+        keep = first <= last
+        owner, first, last = owner[keep], first[keep], last[keep]
+        if not len(over) or not len(owner):
+            return total
+        values = excess[over]
+        lo = np.searchsorted(over, first, side="left")
+        hi = np.searchsorted(over, last, side="right")
+        b = size[owner]
+        for value in np.unique(b).tolist():
+            prefix = np.concatenate(([0], np.cumsum(np.minimum(values, value))))
+            mine = b == value
+            np.add.at(total, owner[mine], prefix[hi[mine]] - prefix[lo[mine]])
         return total
 
-    def moves_at(self, pos: int) -> list[tuple[str, _State]]:
-        """State changes (one more interval each) that would free step ``pos``."""
-        out = []
-        resident = np.flatnonzero((self.cover[:, 0] <= pos) & (pos <= self.cover[:, 1]))
-        for row in resident.tolist():  # in candidate order
-            name = self.names[row]
-            c = self.cands[name]
-            if name in self.fixed:
-                continue
-            st = self.state[name]
-            k = c.gap_containing(pos)
-            if c.is_act:
-                if pos < c.start or (pos > c.entries[-1] and not c.output):
-                    continue
-                if k is not None and k not in st.cuts:
-                    out.append((name, _State(True, st.cuts | {k}, st.distance)))
-                elif pos > c.entries[-1] and not st.offloaded:
-                    # a graph output's trailing stretch: D2H after the producer, back at the end
-                    out.append((name, _State(True, frozenset(), st.distance)))
-            else:
-                if not st.offloaded and (pos < c.entries[0] or pos > c.entries[-1]):
-                    out.append((name, _State(True, st.cuts, st.distance)))
-                elif k is not None and k not in st.cuts:
-                    out.append((name, _State(True, st.cuts | {k}, st.distance)))
-        return out
+    def take(self, j: int, *, defer: list | None = None) -> None:
+        """Offload row ``j`` (and its candidate's opening if needed)."""
+        iv = self.iv
+        i = int(iv.cand[j])
+        st = self.state[i]
+        g = int(iv.gap[j])
+        new = _State(True, st.cuts | {g} if g >= 0 else st.cuts, st.distance)
+        added = [j]
+        if not st.offloaded and g >= 0 and iv.opening[i] >= 0:
+            added.append(int(iv.opening[i]))
+        self.set(i, new, (added, []), defer=defer)
+
+    # ---------------------------------------------------------------- the greedy
 
     def greedy(self, budget: int) -> bool:
         """Add intervals until the peak fits; False when no interval frees the peak step."""
@@ -403,88 +527,388 @@ class _Planner:
             if peak <= budget:
                 return True
             self.report(f"fitting the budget: peak {peak / 2**20:.1f} MiB, budget {budget / 2**20:.1f} MiB")
-            best: tuple[tuple, str, _State] | None = None
-            excess = np.maximum(self.mem - budget, 0)
-            for name, st in self.moves_at(pos):
-                pieces = self.change(name, st)
-                if not any(s <= pos <= e and delta < 0 for s, e, delta in pieces):
-                    continue  # does not free the peak step
-                benefit = self.benefit(pieces, excess, budget)
-                cost = _cost(self.cands[name], st) - _cost(self.cands[name], self.state[name])
-                key = (benefit / max(cost, 1), -cost, benefit, name)
-                if best is None or key > best[0]:
-                    best = (key, name, st)
-            if best is None:
+            rows = self.covering(pos)
+            if not len(rows):
                 return False
-            self.set(best[1], best[2])
+            excess = self.ws.values() - budget
+            cost, owner, first, last, size = self.moves(rows)
+            benefit = self.benefits(len(rows), owner, first, last, size, excess)
+            ratio = benefit / np.where(cost > 0, cost, np.finfo(np.float64).tiny)
+            order = np.lexsort((self.iv.cand[rows], -benefit, cost, -ratio))
+            best = ratio[order[0]]
+            ties = order[ratio[order] >= best]
+            changes: list[tuple[int, int, int]] = []
+            for k in _fill(size[ties], peak - budget):
+                self.take(int(rows[ties[k]]), defer=changes)
+            if changes:
+                self.ws.add_many(*zip(*changes))
 
     def prune(self, budget: int) -> None:
-        """Drop every chosen interval whose removal keeps the peak within the budget."""
-        changed = True
-        while changed:
-            changed = False
-            options: list[tuple[int, str, _State]] = []
-            for name, st in self.state.items():
-                c = self.cands[name]
-                if not st.offloaded or name in self.fixed:
-                    continue
-                for k in st.cuts:
-                    rest = st.cuts - {k}
-                    if c.is_act and not rest and not c.output:
-                        new = _State() if not c.forced else None
-                    else:  # a graph output keeps its trailing stretch offloaded
-                        new = _State(True, rest, st.distance)
-                    if new is not None:
-                        options.append((_cost(c, st) - _cost(c, new), name, new))
-                if (not c.is_act or c.output) and not st.cuts and not c.forced:
-                    options.append((_cost(c, st), name, _State()))
-            for _, name, new in sorted(options, key=lambda o: (-o[0], o[1])):
-                old = self.state[name]
-                if not old.offloaded or not _still_valid(old, new):
-                    continue
-                self.set(name, new)
-                if self.peak()[0] <= budget:
-                    changed = True
-                else:
-                    self.set(name, old)
+        """Drop every chosen interval whose removal keeps the peak within the budget, most expensive first.
+
+        A removal only raises memory, so an option that does not fit now never will: each is tried once.
+        """
+        heap: list[tuple[float, str, int, int, int]] = []
+        for i in range(len(self.cands)):
+            st = self.state[i]
+            if st.offloaded and not self.fixed[i]:
+                for k in sorted(st.cuts):
+                    self._push_removal(heap, i, k, last=len(st.cuts) == 1)
+                self._push_removal(heap, i, -1, last=not st.cuts)
+        peak, at = self.peak()
+        while heap:
+            _, _, _, i, k = heapq.heappop(heap)
+            change = self._removal(i, k)
+            if change is None:
+                continue
+            new, rows = change
+            if self._fast(i, new) and peak + self.cands[i].b > budget and any(
+                s <= at <= e for j in rows[1] for s, e in self._row_ranges(j)
+            ):
+                continue  # it would take back the peak step, which has no room for it
+            if self._fits(i, new, budget, rows):
+                self.set(i, new, rows)
+                peak, at = self.peak()
+                if len(new.cuts) == 1:
+                    self._push_removal(heap, i, next(iter(new.cuts)), last=True)
+                if new.offloaded and not new.cuts:
+                    self._push_removal(heap, i, -1, last=True)
+
+    def _removal(self, i: int, k: int) -> tuple[_State, tuple[list[int], list[int]] | None] | None:
+        """The state without cut ``k`` (k = -1: without offloading at all), and the rows it takes back;
+        None when that is not a removal the strategy allows from the current state."""
+        c = self.cands[i]
+        st = self.state[i]
+        if not st.offloaded:
+            return None
+        if k < 0:
+            if st.cuts or c.forced or (c.is_act and not c.output):
+                return None
+            opening = int(self.iv.opening[i])
+            return _State(), ([], [opening] if opening >= 0 else [])
+        if k not in st.cuts:
+            return None
+        rest = st.cuts - {k}
+        row = self.row_of.get((i, k))
+        taken_back = [row] if row is not None else []
+        if c.is_act and not rest and not c.output:
+            if c.forced:
+                return None
+            return _State(), ([], taken_back)
+        return _State(True, rest, st.distance), ([], taken_back)
+
+    def _push_removal(self, heap: list, i: int, k: int, *, last: bool) -> None:
+        c = self.cands[i]
+        st = self.state[i]
+        change = self._removal(i, k)
+        if change is None:
+            return
+        saved = _state_cost(c, st, self.cost) - _state_cost(c, change[0], self.cost)
+        self._pushed += 1
+        heapq.heappush(heap, (-saved, c.name, self._pushed, i, k))
+
+    def _fits(self, i: int, st: _State, budget: float, rows: tuple[list[int], list[int]] | None = None) -> bool:
+        """True when moving candidate ``i`` to ``st`` keeps the peak within ``budget``."""
+        b = self.cands[i].b
+        if self._fast(i, st):
+            added, removed = rows if rows is not None else self._rows_between(i, self.state[i], st)
+            if added:
+                return False  # only removals are asked for
+            return all(self.ws.max(s, e) + b <= budget for j in removed for s, e in self._row_ranges(j) if s <= e)
+        return all(
+            self.ws.max(s, e) + delta <= budget
+            for s, e, delta in _changes(self.spans(i), self.spans(i, st), b)
+            if delta > 0
+        )
 
     def place_prefetch(self, budget: float, distance: int, caps: dict[str, int] | None = None) -> None:
         """Largest per-tensor distance <= ``distance`` (or the tensor's cap) keeping the peak within budget."""
         caps = caps or {}
-        order = sorted(
-            (k for k, s in self.state.items() if s.offloaded and (k not in self.fixed or k in caps)),
-            key=lambda k: (_first_reload(self.cands[k], self.state[k], self.n), k),
-        )
-        for name in order:
-            st = self.state[name]
-            lo, hi = 0, caps.get(name, distance)
+        firsts = {
+            i: _group_firsts(self.cands[i], s)
+            for i, s in enumerate(self.state)
+            if s.offloaded and (not self.fixed[i] or self.cands[i].name in caps)
+        }
+        order = sorted(firsts, key=lambda i: (firsts[i][0] if firsts[i] else self.n, self.cands[i].name))
+        for i in order:
+            cap = caps.get(self.cands[i].name, distance)
+            if cap <= 0 or not firsts[i]:
+                continue
+            lead = cap if budget == math.inf else self._longest_lead(i, firsts[i], cap, budget)
+            if lead:
+                self._lead(i, firsts[i], lead)
+
+    def _windows(self, i: int, firsts: list[int], lead: int) -> list[timeline.Span]:
+        """Steps each reload group of candidate ``i`` newly occupies when its H2D moves ``lead`` earlier."""
+        c = self.cands[i]
+        low = timeline.h2d_low(c.kind, c.start if c.is_act else None)
+        return [(timeline.h2d_position(f, low, lead), f - 1) for f in firsts]
+
+    def _lead(self, i: int, firsts: list[int], lead: int) -> None:
+        st = self.state[i]
+        new = _State(True, st.cuts, lead)
+        if self.release or st.distance:
+            self.set(i, new)
+            return
+        for s, e in self._windows(i, firsts, lead):
+            self.ws.add(s, e, self.cands[i].b)
+        self.state[i] = new
+
+    def _longest_lead(self, i: int, firsts: list[int], cap: int, budget: float) -> int:
+        room = budget - self.cands[i].b
+        lead = cap
+        for s, e in self._windows(i, firsts, cap):
+            if s > e:
+                continue
+            full = np.flatnonzero(self.ws.window(s, e) > room)
+            if len(full):
+                lead = min(lead, e - s - int(full[-1]))
+        overlap = any(b_ - a_ <= lead for a_, b_ in zip(firsts, firsts[1:]))
+        if lead and overlap and not self._lead_fits(i, firsts, lead, budget):  # windows that overlap
+            lo, hi = 0, lead - 1
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                self.set(name, _State(True, st.cuts, mid))
-                if self.peak()[0] <= budget:
+                if self._lead_fits(i, firsts, mid, budget):
                     lo = mid
                 else:
                     hi = mid - 1
-            self.set(name, _State(True, st.cuts, lo))
+            lead = lo
+        return lead
+
+    def _lead_fits(self, i: int, firsts: list[int], lead: int, budget: float) -> bool:
+        if self.release or self.state[i].distance:
+            return self._fits(i, _State(True, self.state[i].cuts, lead), budget)
+        windows = [(s, e) for s, e in self._windows(i, firsts, lead) if s <= e]
+        if not windows:
+            return True
+        lo = min(s for s, _ in windows)
+        hi = max(e for _, e in windows)
+        extra = np.zeros(hi - lo + 1, dtype=np.int64)
+        for s, e in windows:
+            extra[s - lo : e - lo + 1] += self.cands[i].b
+        return bool((self.ws.window(lo, hi) + extra).max() <= budget)
+
+    # ---------------------------------------------------------------- bounds
+
+    def best_reachable(self) -> int:
+        """The peak with every interval of every candidate offloaded (streamed weights as they are)."""
+        if self.release:
+            saved = list(self.state)
+            for i, c in enumerate(self.cands):
+                if not self.fixed[i]:
+                    self.set(i, _State(True, frozenset(range(c.num_gaps))))
+            best = self.peak()[0]
+            for i, st in enumerate(saved):
+                self.set(i, st)
+            return best
+        iv = self.iv
+        rows = np.flatnonzero(~iv.taken & ~self.fixed[iv.cand])
+        freed = np.zeros(self.n + 1, dtype=np.int64)
+        for f, l in ((iv.first0[rows], iv.last0[rows]), (iv.first1[rows], iv.last1[rows])):
+            keep = f <= l
+            freed += timeline.sweep(self.n + 1, f[keep], l[keep], iv.bytes[rows][keep])
+        return int((self.ws.values() - freed).max())
+
+    def cost_bound(self, budget: int) -> float:
+        """A lower bound on the cost of any plan from the current state that fits ``budget``.
+
+        For each of the steps furthest over the budget, the cheapest way to free its excess with
+        moves from the current state (each candidate frees its bytes there at most once; moves
+        taken fractionally) must be paid on top of what is already chosen.
+        """
+        values = self.ws.values()
+        excess = values - budget
+        over = np.flatnonzero(excess > 0)
+        base = self.moved()
+        if not len(over):
+            return base
+        if len(over) > _BOUND_STEPS:
+            over = over[np.argpartition(-excess[over], _BOUND_STEPS)[:_BOUND_STEPS]]
+        best = 0.0
+        for pos in over.tolist():
+            rows = self.covering(pos, held=False)
+            if not len(rows):
+                continue
+            cost, _, _, _, size = self.moves(rows)
+            per_byte = cost / size
+            order = np.argsort(per_byte, kind="stable")
+            sizes = size[order].astype(np.float64)
+            freed = np.cumsum(sizes)
+            need = float(excess[pos])
+            if freed[-1] < need:  # this step cannot be freed: no plan fits, and the search says so
+                continue
+            k = int(np.searchsorted(freed, need, side="left"))  # the move that completes the cover
+            paid = float((sizes[:k] * per_byte[order[:k]]).sum())
+            paid += (need - (freed[k - 1] if k else 0.0)) * per_byte[order[k]]
+            best = max(best, paid)
+        return base + best
 
 
-def _cover(spans: list[tuple[int, int]]) -> tuple[int, int]:
-    """(first step, last step) the spans cover; an empty range when there are none."""
-    if not spans:
-        return (1, 0)
-    return (min(s for s, _ in spans), max(e for _, e in spans))
+def _fill(sizes: np.ndarray, need: int) -> list[int]:
+    """Which of equally good moves (``sizes`` bytes each, best first) to take to free ``need`` bytes.
+
+    The largest that still fit in what is left, then the smallest one that completes the cover:
+    few moves, and little freed beyond the need.
+    """
+    order = np.argsort(-sizes, kind="stable")
+    chosen: list[int] = []
+    left = int(need)
+    for k in order.tolist():
+        if int(sizes[k]) <= left:
+            chosen.append(k)
+            left -= int(sizes[k])
+            if left <= 0:
+                return chosen
+    taken = set(chosen)
+    rest = [k for k in order.tolist() if k not in taken]
+    if rest:
+        chosen.append(min(rest, key=lambda k: (int(sizes[k]) < left, int(sizes[k]))) if left > 0 else rest[0])
+    return chosen
 
 
-def _first_reload(c: _Cand, st: _State, n: int) -> int:
-    groups = _layout(c, st).groups
-    return groups[0][1][0].position if groups else n
+def _group_firsts(c: _Cand, st: _State) -> list[int]:
+    """First use position of each reload group of an offloaded candidate, in order."""
+    starts = {c.entries[k + 1] for k in st.cuts}
+    if not c.is_act:
+        starts.add(c.entries[0])
+    return sorted(starts)
 
 
-def _still_valid(old: _State, new: _State) -> bool:
-    """A pruning option computed before other removals is still a one-step removal from ``old``."""
-    if not new.offloaded:
-        return len(old.cuts) <= 1
-    return new.cuts < old.cuts and len(old.cuts - new.cuts) == 1
+
+# --------------------------------------------------------------------------------------------
+# The exact search
+# --------------------------------------------------------------------------------------------
+
+
+_TIME_SCALE = 1e6  # the time objective goes to HiGHS in microseconds (costs near 1 solve better)
+
+
+@dataclass
+class _Exact:
+    """What the exact search did."""
+
+    status: str
+    seconds: float
+    time_limit: float
+    columns: int
+    rows: int
+    nonzeros: int
+    bound: float | None  # proven lower bound on the cost, in the objective's unit
+    answer: str  # "accepted", or why the greedy's plan was kept
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": "HiGHS",
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+            "time_limit_s": self.time_limit,
+            "columns": self.columns,
+            "rows": self.rows,
+            "nonzeros": self.nonzeros,
+            "answer": self.answer,
+        }
+
+
+def _exact(p: _Planner, base: np.ndarray, pinned: set[int], budget: int, time_limit: float) -> tuple[_Exact, list[_State] | None]:
+    """Solve the choice exactly from the greedy's states; returns the solver's states if they beat them.
+
+    ``base``: the profile with only the fixed choices (streamed weights, ``pinned`` forced tensors)
+    applied; every other candidate starts not offloaded in the program.
+    """
+    from offloadctl.stages.optimal import CoverProblem, solve_cover
+
+    iv = p.iv
+    n = p.n
+    scale = 1.0 if p.cost.integral else _TIME_SCALE
+    prob = CoverProblem(steps=n + 1, excess=base - budget)
+    start: list[float] = []
+    y_of: dict[int, int] = {}
+    x_of: dict[int, int] = {}
+    greedy = p.state
+    for i, c in enumerate(p.cands):
+        if p.fixed[i] or i in pinned or not p.rows[i]:
+            continue
+        st = greedy[i]
+        y = prob.column(float(iv.opening_cost[i]) * scale, lower=1.0 if c.forced else 0.0)
+        start.append(float(st.offloaded))
+        y_of[i] = y
+        gaps: list[tuple[int, int, int]] = []  # (entry, column, row)
+        for j in p.rows[i]:
+            g = int(iv.gap[j])
+            if g < 0:
+                for first, last in p._row_ranges(j):
+                    prob.frees(y, first, last, c.b)
+                if c.is_act:
+                    gaps.append((int(iv.entry[j]), y, j))
+                continue
+            x = prob.column(float(iv.own_cost[j]) * scale)
+            start.append(float(g in st.cuts))
+            x_of[j] = x
+            for first, last in p._row_ranges(j):
+                prob.frees(x, first, last, c.b)
+            prob.row([x, y], [1.0, -1.0], -math.inf, 0.0)  # an interval needs its tensor offloaded
+            gaps.append((int(iv.entry[j]), x, j))
+        if c.is_act and iv.opening[i] < 0:  # an activation is offloaded for the sake of its gaps
+            cols = [col for _, col, _ in gaps]
+            prob.row([y] + cols, [1.0] + [-1.0] * len(cols), -math.inf, 0.0)
+        if c.is_act and p.release:
+            # the buffer is held release_distance steps past the first freed stretch:
+            # first_k = before_k - before_(k-1), before_k = "some stretch up to k is freed"
+            previous = None
+            taken_before = 0.0
+            for entry, col, _ in sorted(gaps):
+                before = prob.column(0.0, integer=False)
+                taken_before = max(taken_before, start[col])
+                start.append(taken_before)
+                prob.row([before, col], [1.0, -1.0], 0.0, math.inf)
+                if previous is None:
+                    prob.row([before, col], [1.0, -1.0], -math.inf, 0.0)
+                else:
+                    prob.row([before, previous], [1.0, -1.0], 0.0, math.inf)
+                    prob.row([before, previous, col], [1.0, -1.0, -1.0], -math.inf, 0.0)
+                hold = (entry + 1, min(entry + p.release, max(n - 1, 0)))
+                prob.frees(before, hold[0], hold[1], -c.b)
+                if previous is not None:
+                    prob.frees(previous, hold[0], hold[1], c.b)
+                previous = before
+    solution = solve_cover(prob, start=np.asarray(start), time_limit=time_limit, integral_objective=p.cost.integral)
+    bound = solution.bound / scale if solution.bound is not None else None
+    report = _Exact(
+        solution.status, solution.seconds, time_limit, solution.columns, solution.rows, solution.nonzeros, bound, ""
+    )
+    if solution.values is None:
+        report.answer = "no solution found in the time limit: the greedy's plan is kept"
+        return report, None
+    chosen = list(greedy)
+    for i, y in y_of.items():
+        cuts = frozenset(int(iv.gap[j]) for j in p.rows[i] if j in x_of and solution.values[x_of[j]] > 0.5)
+        offloaded = bool(solution.values[y] > 0.5)
+        chosen[i] = _State(True, cuts) if offloaded else _State()
+    peak = _exact_peak(p, base, chosen, pinned)
+    if peak > budget:
+        report.answer = f"rejected: its plan peaks at {peak} bytes > budget {budget} (solver tolerance); the greedy's plan is kept"
+        return report, None
+    if sum(_state_cost(c, s, p.cost) for c, s in zip(p.cands, chosen)) >= p.moved():
+        report.answer = "no cheaper than the greedy's plan, which is kept"
+        return report, None
+    report.answer = "accepted"
+    return report, chosen
+
+
+def _exact_peak(p: _Planner, base: np.ndarray, states: list[_State], pinned: set[int]) -> int:
+    """The peak of ``states`` in exact integer bytes, recomputed from the spans (no incremental state)."""
+    firsts: list[int] = []
+    lasts: list[int] = []
+    sizes: list[int] = []
+    for i, (c, st) in enumerate(zip(p.cands, states)):
+        if p.fixed[i] or i in pinned or not st.offloaded:
+            continue
+        for s, e, delta in _changes(_spans(c, _State(), p.n, p.release), _spans(c, st, p.n, p.release), c.b):
+            firsts.append(s)
+            lasts.append(e)
+            sizes.append(delta)
+    values = np.asarray(base, dtype=np.int64) + timeline.sweep(p.n + 1, firsts, lasts, sizes)
+    return int(values.max())
 
 
 # --------------------------------------------------------------------------------------------
@@ -560,6 +984,22 @@ class BudgetResult:
     weights_added: bool = False
     stream: dict[str, Any] | None = None
     chosen: dict[str, str] = field(default_factory=dict)
+    objective: dict[str, Any] = field(default_factory=lambda: BytesMoved().to_json())
+    cost: float = 0.0
+    cost_bound: float | None = None
+    bound_source: str | None = None  # "steps" (the cheapest cover of the worst steps) or "solver"
+    optimal: bool = False
+    search: str = "greedy"
+    solver: dict[str, Any] | None = None
+
+    @property
+    def gap(self) -> float | None:
+        """(cost - proven bound) / cost; 0 for a plan that costs nothing."""
+        if self.cost_bound is None:
+            return None
+        if self.cost <= 0:
+            return 0.0
+        return max(0.0, (self.cost - self.cost_bound) / self.cost)
 
     def to_json(self, prefetch_distance: int, release_distance: int) -> dict[str, Any]:
         doc = {
@@ -573,6 +1013,14 @@ class BudgetResult:
             "assumed_prefetch_distance": prefetch_distance,
             "assumed_release_distance": release_distance,
             "weights_added_by_budget": self.weights_added,
+            "search": self.search,
+            "objective": self.objective,
+            "cost": self.cost,
+            "cost_bound": self.cost_bound,
+            "gap": self.gap,
+            "bound_source": self.bound_source,
+            "optimal": self.optimal,
+            "solver": self.solver,
             "chosen": self.chosen,
         }
         if self.stream is not None:
@@ -589,8 +1037,9 @@ def _candidates(analysis: Analysis, selected0: dict[str, Any], min_bytes: int) -
         is_act = off["kind"] == "activation"
         uses = analysis.uses[name]
         start = analysis.producer[name] if is_act else 0
-        positions = sorted({u.position for u in uses})
-        entries = ([start] if is_act else []) + positions
+        # uses are in execution order; a node reading a tensor twice gives one entry
+        positions = [uses[0][0]] if len(uses) == 1 else list(dict.fromkeys([u[0] for u in uses]))
+        entries = [start] + positions if is_act else positions
         if off["bytes"] < min_bytes and not off.get("forced"):
             small.append(_reject(off["tensor"], off["kind"], off["bytes"], "min-bytes", f"{off['bytes']} bytes < --min-bytes {min_bytes}", entries))
             continue
@@ -645,16 +1094,32 @@ def _reject(tensor: str, kind: str, b: int | None, reason: str, detail: str, ent
     return {"tensor": tensor, "kind": kind, "bytes": b, "stage": "filter", "reason": reason, "detail": detail, "max_gap": _max_gap(entries)}
 
 
+def _use_json(u: Use) -> dict[str, Any]:
+    return {"position": u[0], "node": u[2], "input_index": u[1]}
+
+
 def _entry(c: _Cand, st: _State, n: int) -> dict[str, Any]:
     lay = _layout(c, st)
     e = dict(c.template)
-    e["device_uses"] = [u.to_json() for u in lay.device_uses]
-    e["reload_groups"] = [{"uses": [u.to_json() for u in g], "gap": gap, "h2d_before": None} for gap, g in lay.groups]
+    e["shape"] = list(e["shape"])
+    if e["producer"] is not None:
+        e["producer"] = dict(e["producer"])
+    e["device_uses"] = [_use_json(u) for u in lay.device_uses]
+    e["reload_groups"] = [{"uses": [_use_json(u) for u in g], "gap": gap, "h2d_before": None} for gap, g in lay.groups]
     e["graph_output"] = c.output
     e["output_h2d_before"] = n if c.output else None
     e["release_after"] = None
     e["prefetch_distance"] = st.distance
     return e
+
+
+@dataclass
+class _Outcome:
+    planner: _Planner
+    fits: bool
+    reachable: int | None = None  # the best peak reachable, when it does not fit
+    bound: float | None = None
+    exact: _Exact | None = None
 
 
 def _solve(
@@ -665,47 +1130,74 @@ def _solve(
     prefetch_distance: int,
     release_distance: int,
     stream: dict[str, _State] | None,
+    cost: CopyCost,
+    optimal: bool = False,
+    time_limit: float = DEFAULT_TIME_LIMIT,
     report: Callable[[str], None] | None = None,
-) -> tuple[_Planner, bool]:
-    p = _Planner(analysis, cands, release_distance, report)
+) -> _Outcome:
+    p = _Planner(analysis, cands, release_distance, cost, report)
     caps: dict[str, int] = {}
-    for c in cands:
+    forced: list[int] = []
+    for i, c in enumerate(cands):
         if stream and c.name in stream:
             # streamed weights are fixed choices; with a budget their lead (depth) may be shortened
-            p.fixed.add(c.name)
+            p.fixed[i] = True
             if budget is None:
-                p.set(c.name, stream[c.name])
+                p.set(i, stream[c.name])
             else:
                 caps[c.name] = stream[c.name].distance
-                p.set(c.name, _State(True, stream[c.name].cuts, 0))
+                p.set(i, _State(True, stream[c.name].cuts, 0))
         elif c.forced:
-            if c.is_act and c.num_gaps:
-                best = max(range(c.num_gaps), key=lambda i: (c.gap_len(i), -i))
-                p.set(c.name, _State(True, frozenset({best})))
-            elif c.is_act:  # a graph output nobody reads: its trailing stretch
-                p.set(c.name, _State(True))
-            else:
-                p.set(c.name, _State(True))
+            forced.append(i)
+    pinned = {i for i in forced if not p.rows[i]}  # forced tensors the search has no interval of
+    for i in forced:
+        c = cands[i]
+        if c.is_act and c.num_gaps:
+            best = max(range(c.num_gaps), key=lambda k: (c.gap_len(k), -k))
+            p.set(i, _State(True, frozenset({best})))
+        else:  # a weight, or a graph output nobody reads: its outer or trailing stretch
+            p.set(i, _State(True))
     if budget is None:
         p.place_prefetch(math.inf, prefetch_distance)
-        return p, True
-    if not p.greedy(budget):
-        return p, False
+        return _Outcome(p, True)
+    if p.peak()[0] > budget:
+        reachable = p.best_reachable()
+        if reachable > budget:
+            return _Outcome(p, False, reachable=reachable)
+    bound = p.cost_bound(budget) if not release_distance else None
+    if not p.greedy(budget):  # a release hold can leave a step no interval frees
+        return _Outcome(p, False, reachable=p.best_reachable())
     p.report("fitting the budget: dropping offloads it does not need")
     p.prune(budget)
+    exact = None
+    if optimal:
+        p.report("fitting the budget: solving the exact program")
+        exact, states = _exact(p, _program_base(p, pinned), pinned, budget, time_limit)
+        if states is not None:
+            for i, st in enumerate(states):
+                if st != p.state[i]:
+                    p.set(i, st)
     p.report("fitting the budget: placing prefetches")
     p.place_prefetch(budget, prefetch_distance, caps)
-    return p, True
+    return _Outcome(p, True, bound=bound, exact=exact)
 
 
-def _best_reachable(analysis: Analysis, cands: list[_Cand], release_distance: int, stream: dict[str, _State] | None) -> int:
-    p = _Planner(analysis, cands, release_distance)
-    for c in cands:
-        if stream and c.name in stream:
-            p.set(c.name, _State(True, stream[c.name].cuts, 0))
-        else:
-            p.set(c.name, _State(True, frozenset(range(c.num_gaps))))
-    return p.peak()[0]
+def _program_base(p: _Planner, pinned: set[int]) -> np.ndarray:
+    """The profile with only the fixed choices applied: forced tensors the program decides on are
+    taken back to not offloaded (without touching the planner)."""
+    values = p.ws.values()
+    firsts: list[int] = []
+    lasts: list[int] = []
+    sizes: list[int] = []
+    for i, c in enumerate(p.cands):
+        st = p.state[i]
+        if p.fixed[i] or i in pinned or not st.offloaded:
+            continue
+        for s, e, delta in _changes(_spans(c, st, p.n, p.release), _spans(c, _State(), p.n, p.release), c.b):
+            firsts.append(s)
+            lasts.append(e)
+            sizes.append(delta)
+    return values + timeline.sweep(p.n + 1, firsts, lasts, sizes)
 
 
 def budget_filter(
@@ -719,10 +1211,13 @@ def budget_filter(
     min_bytes: int = DEFAULT_MIN_BYTES,
     stream_weights: bool = False,
     stream_depth: int = DEFAULT_STREAM_DEPTH,
-    profile: str | None = None,
+    profile: str | Profile | None = None,
     report: Callable[[str], None] | None = None,
+    objective: str | CopyCost = "bytes",
+    optimal: bool = False,
+    time_limit: float = DEFAULT_TIME_LIMIT,
 ) -> dict[str, Any]:
-    """Turn a "selected" plan into a "filtered" plan whose simulated peak fits ``budget_bytes``.
+    """Turn a "selected" plan into a "filtered" plan whose peak fits ``budget_bytes`` at the least cost.
 
     Args:
         plan: a plan at stage "selected" for ``analysis``'s model; its select options (activations,
@@ -737,15 +1232,19 @@ def budget_filter(
         min_bytes: candidates smaller than this are not considered.
         stream_weights: stream weights in by layer group (see the module docstring).
         stream_depth: how many groups ahead a group is copied in.
-        profile: device profile name, recorded.
-        report: called with a line of text as the search goes (the peak left to fit): the time the
-            search takes grows with candidates x steps x offloads chosen, minutes on big graphs.
+        profile: device profile (name or file) of the time objective; recorded.
+        report: called with a line of text as the search goes (the peak left to fit).
+        objective: what to minimise: ``"bytes"`` (bytes moved), ``"time"`` (time of the copies in
+            line on ``profile``), or any `offloadctl.costs.CopyCost`.
+        optimal: also solve the exact program (HiGHS) from the greedy's plan.
+        time_limit: seconds the exact program may take; the best plan found by then is kept.
 
     Raises:
         OffloadError: the plan is for another model, or the budget cannot be reached (the message
             gives the lower bound and the best peak reachable).
     """
     check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
+    cost = objective if isinstance(objective, CopyCost) else make_cost(objective, profile)
     dynamic = [
         name for name in analysis.graph_inputs
         if (info := analysis.infos.get(name)) is not None and info.copyable and info.bytes is None
@@ -758,6 +1257,8 @@ def budget_filter(
         )
     if select_num != DEFAULT_SELECT_NUM:
         logger.warning("--select-num %d is not used by the budget strategy (it fits the budget instead)", select_num)
+    if optimal and budget_bytes is None:
+        logger.warning("--optimal needs --budget: without a budget there is nothing to optimise")
     sel = plan["options"]["select"]
     n = analysis.num_positions
     lb, lb_pos = lower_bound(analysis)
@@ -771,68 +1272,63 @@ def budget_filter(
     params = sel["params"] or stream_weights
     force, never = tuple(sel.get("force", ())), tuple(sel.get("never", ()))
 
-    warned: list[bool] = []  # the slow-search warning is given once
-
     def attempt(with_params: bool):
-        selected0 = select(
-            analysis, select_distance=0, activations=sel["activations"], params=with_params, force=force, never=never
-        )
-        cands, small = _candidates(analysis, selected0, min_bytes)
-        if budget_bytes is not None and n * len(cands) > SLOW_SEARCH_SIZE and not warned:
-            warned.append(True)
-            logger.warning(
-                "the budget search over %d steps and %d candidates may take minutes (its time grows with steps x "
-                "candidates x offloads chosen); the distance strategy (--select-distance, --select-num) plans a graph "
-                "this size in seconds",
-                n, len(cands),
+        if sel["select_distance"] == 0 and sel["params"] == with_params:
+            selected0 = plan  # already every candidate (read only here)
+        else:
+            selected0 = select(
+                analysis, select_distance=0, activations=sel["activations"], params=with_params, force=force,
+                never=never,
             )
+        cands, small = _candidates(analysis, selected0, min_bytes)
         stream = None
         info = None
         if stream_weights:
             stream, info = _stream_states(cands, stream_depth)
-        planner, ok = _solve(
+        outcome = _solve(
             analysis, cands, budget=budget_bytes, prefetch_distance=prefetch_distance,
-            release_distance=release_distance, stream=stream, report=report,
+            release_distance=release_distance, stream=stream, cost=cost, optimal=optimal, time_limit=time_limit,
+            report=report,
         )
-        return selected0, cands, small, stream, info, planner, ok
-
-    def reachable(attempted) -> int:
-        _, cands_, _, stream_, _, planner_, _ = attempted
-        return min(planner_.peak()[0], _best_reachable(analysis, cands_, release_distance, stream_))
+        return selected0, cands, small, info, outcome
 
     first = attempt(params)
-    selected0, cands, small, stream, stream_info, planner, ok = first
+    selected0, cands, small, stream_info, outcome = first
     weights_added = False
     retry = None
-    if not ok and not params:
+    if not outcome.fits and not params:
         retry = attempt(True)
-        if retry[-1]:
+        if retry[-1].fits:
             logger.warning("activations alone cannot fit the budget: weights were considered too (as with --params)")
-            selected0, cands, small, stream, stream_info, planner, ok = retry
+            selected0, cands, small, stream_info, outcome = retry
             weights_added = True
-    if not ok:
-        best = min(reachable(a) for a in (first, retry) if a is not None)
+    if not outcome.fits:
+        best = min(a[-1].reachable for a in (first, retry) if a is not None and a[-1].reachable is not None)
         raise OffloadError(
             f"the budget strategy cannot fit {analysis.loaded.path} into {fmt_bytes(budget_bytes)}: the best peak "
             f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(lb)}, peak without offload "
             f"{fmt_bytes(before)})",
             hint=f"raise --budget to at least {byte_arg(best)}, or allow more candidates (--params, fewer --never patterns)",
         )
-
-    new = record_stage(
-        plan, "filtered", "filter",
-        {"select_num": select_num, "min_bytes": min_bytes, "strategy": "budget", "budget_bytes": budget_bytes, "profile": profile},
+    planner = outcome.planner
+    new = record_stage(  # only the chosen offloads go into the new plan: the selected ones are not copied
+        {**plan, "offloads": []}, "filtered", "filter",
+        {
+            "select_num": select_num, "min_bytes": min_bytes, "strategy": "budget", "budget_bytes": budget_bytes,
+            "profile": profile if isinstance(profile, str) or profile is None else profile.name,
+            "objective": cost.objective, "optimal": optimal, "time_limit_s": float(time_limit) if optimal else None,
+        },
     )
     new["strategy"] = "budget"
     offloads: list[dict[str, Any]] = []
     handled = {c.name for c in cands} | {r["tensor"] for r in small}
     rejected = [dict(r) for r in selected0["rejected"] if r["tensor"] not in handled] + small
     chosen: dict[str, str] = {}
-    for c in cands:
-        st = planner.state[c.name]
+    for i, c in enumerate(cands):
+        st = planner.state[i]
         if st.offloaded:
             offloads.append(_entry(c, st, n))
-            if stream and c.name in stream:
+            if planner.fixed[i]:
                 chosen[c.name] = "streamed weight (layer group)"
             elif c.forced:
                 chosen[c.name] = "forced (--force)"
@@ -840,41 +1336,63 @@ def budget_filter(
                 chosen[c.name] = "needed to fit the budget"
         else:
             why = "the peak fits the budget without it" if budget_bytes is not None else "no budget given"
-            rejected.append(_reject(c.name, "activation" if c.is_act else "parameter", c.b, "budget-not-needed", why, c.entries))
+            rejected.append(_reject(c.name, c.kind, c.b, "budget-not-needed", why, c.entries))
     offloads.sort(key=first_use_key)
     for i, e in enumerate(offloads):
         e["id"] = i
     new["offloads"] = offloads
     new["rejected"] = rejected
-    peak, pos = plan_peak(analysis, new, prefetch_distance=prefetch_distance) if release_distance == 0 else planner.peak()
-    internal = planner.peak()
-    if release_distance == 0 and peak != internal[0]:  # pragma: no cover - two accountings disagree: a bug
-        raise AssertionError(f"budget accounting {internal[0]} != plan accounting {peak}")
+    peak, pos = planner.peak()
+    total = planner.moved()
     result = BudgetResult(
         requested=budget_bytes, lower_bound=lb, lower_bound_position=lb_pos, peak_before=before,
-        peak=internal[0], peak_position=internal[1], moved=bytes_moved(new), weights_added=weights_added,
-        stream=stream_info, chosen=chosen,
+        peak=peak, peak_position=pos, moved=bytes_moved(new), weights_added=weights_added,
+        stream=stream_info, chosen=chosen, objective=cost.to_json(), cost=_round_cost(total, cost),
     )
+    bound, source = outcome.bound, "steps" if outcome.bound is not None else None
+    if budget_bytes is None:
+        bound, source = total, "steps"  # nothing to choose: the fixed choices are the only plan
+    if outcome.exact is not None:
+        result.search = "exact"
+        result.solver = outcome.exact.to_json()
+        solver_bound = outcome.exact.bound
+        if solver_bound is not None and (bound is None or solver_bound > bound):
+            bound, source = solver_bound, "solver"
+        if outcome.exact.status == "optimal" and outcome.exact.answer in ("accepted", "no cheaper than the greedy's plan, which is kept"):
+            result.optimal = True
+            bound, source = total, "solver"
+    if bound is not None:
+        if cost.integral:
+            bound = math.ceil(bound - 1e-6)
+        result.cost_bound = _round_cost(min(bound, total), cost)
+        result.bound_source = source
     new["budget"] = result.to_json(prefetch_distance, release_distance)
     return new
 
 
-def check_budget(analysis: Analysis, plan: dict[str, Any]) -> dict[str, Any]:
-    """Check a scheduled budget plan with the simulator and record its figures in ``plan["budget"]``.
+def _round_cost(value: float, cost: CopyCost) -> float | int:
+    return int(round(value)) if cost.integral else float(value)
 
-    The simulator (``offloadctl.simulate.peak_memory``) is the judge of memory figures. Returns the
-    plan (updated in place).
+
+def check_budget(analysis: Analysis, plan: dict[str, Any]) -> dict[str, Any]:
+    """Check a scheduled budget plan against the timeline and record its figures in ``plan["budget"]``.
+
+    Returns the plan (updated in place).
 
     Raises:
-        AssertionError: the predicted peak exceeds the budget (a bug in the strategy).
+        OffloadError: the predicted peak exceeds the budget (a bug in the strategy: never expected).
     """
-    peak, pos = peak_memory(analysis, plan)
     info = plan.get("budget")
     if info is None:
         return plan
+    peak, pos = timeline.peak_of(timeline.profile(analysis, plan, prefetch_distance=0))
     requested = info.get("requested_bytes")
-    if requested is not None and peak > requested:  # pragma: no cover - the strategy guarantees it
-        raise AssertionError(f"budget plan peaks at {peak} bytes > budget {requested}")
+    if requested is not None and peak > requested:
+        raise OffloadError(
+            f"internal error: the budget plan for {analysis.loaded.path} peaks at {fmt_bytes(peak)} ({peak} bytes) > "
+            f"budget {fmt_bytes(requested)} ({requested} bytes)",
+            hint="please report it with the model; meanwhile use the distance strategy (--select-distance)",
+        )
     info["predicted_peak_bytes"] = int(peak)
     info["predicted_peak_position"] = pos
     info["bytes_moved"] = bytes_moved(plan)

@@ -9,6 +9,9 @@ earlier, and moving it would only hold device memory longer.
 Release (HyperOffload release_distance): the device buffer of an offloaded activation may be
 reused only after its D2H finished and after position (last device use + release_distance), the
 last device use being the producer when every use is reloaded.
+
+Both positions follow the rules of `offloadctl.timeline` (`h2d_position`, `release_point`), which
+the simulator and the budget strategy use too.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from offloadctl.plan import record_stage, require_stage
+from offloadctl.timeline import h2d_low, h2d_position, release_point
 
 __all__ = ["DEFAULT_PREFETCH_DISTANCE", "DEFAULT_RELEASE_DISTANCE", "prefetch"]
 
@@ -37,15 +41,13 @@ def prefetch(
         "prefetch",
         {"prefetch_distance": prefetch_distance, "release_distance": release_distance},
     )
-    last = max(new["model"]["num_positions"] - 1, 0)
+    n = new["model"]["num_positions"]
     for off in new["offloads"]:
         distance = off["prefetch_distance"] if off["prefetch_distance"] is not None else prefetch_distance
-        is_act = off["kind"] == "activation"
-        low = off["d2h_after"] + 1 if is_act else 0
+        low = h2d_low(off["kind"], off["d2h_after"])
         for group in off["reload_groups"]:
-            first = group["uses"][0]["position"]
-            group["h2d_before"] = max(low, first - distance)
-        if is_act:
+            group["h2d_before"] = h2d_position(group["uses"][0]["position"], low, distance)
+        if off["kind"] == "activation":
             last_device_use = off["device_uses"][-1]["position"] if off["device_uses"] else off["d2h_after"]
-            off["release_after"] = min(last_device_use + release_distance, last)
+            off["release_after"] = release_point(last_device_use, release_distance, n)
     return new
