@@ -357,20 +357,15 @@ def _inferred_nodes(analysis: Analysis) -> list[onnx.NodeProto]:
 
 def _compute_subgraph_memory(analysis: Analysis) -> SubgraphMemory:
     positions = [p for p, node in enumerate(analysis.nodes) if _has_bodies(node)]
-    constant_bodies = [
-        analysis.loaded.proto.graph.node[i] for i in analysis.constants.values()
-        if _has_bodies(analysis.loaded.proto.graph.node[i])
-    ]
-    if not positions and not constant_bodies:
+    if not positions:
         return SubgraphMemory()
     walker = _BodyWalker()
     inner: dict[int, int] = {}
-    if positions:
-        nodes = _inferred_nodes(analysis)
-        for p in positions:
-            size = walker.node_inner(nodes[p], analysis.node_names[p])
-            if size:
-                inner[p] = size
+    nodes = _inferred_nodes(analysis)
+    for p in positions:
+        size = walker.node_inner(nodes[p], analysis.node_names[p])
+        if size:
+            inner[p] = size
     return SubgraphMemory(walker.weight_count, walker.weight_bytes, inner, tuple(walker.unknown))
 
 
