@@ -631,6 +631,12 @@ def test_every_stage_function_checks_the_stage_it_reads():
     for stage_function, wrong in ((filter_plan, scheduled), (filter_plan, filtered), (prefetch, scheduled), (prefetch, selected)):
         with pytest.raises(OffloadError, match=f"reads a plan at stage .* but this plan is at stage '{wrong['stage']}'"):
             stage_function(wrong)
+    from offloadctl.stages.budget import budget_filter
+
+    analysis = analyse(load_model(SAMPLES / "seed.onnx"))
+    for wrong in (filtered, scheduled):
+        with pytest.raises(OffloadError, match=f"budget strategy reads a plan at stage 'selected', but this plan is at stage '{wrong['stage']}'"):
+            budget_filter(wrong, analysis, budget_bytes=1000)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ from offloadctl import timeline
 from offloadctl.analysis import Analysis, Use
 from offloadctl.costs import BytesMoved, CopyCost, make_cost, plan_cost
 from offloadctl.errors import OffloadError
-from offloadctl.plan import check_plan_model, record_stage
+from offloadctl.plan import check_plan_model, record_stage, require_stage
 from offloadctl.profiles import Profile
 from offloadctl.stages.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, first_use_key
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
@@ -1243,6 +1243,7 @@ def budget_filter(
         OffloadError: the plan is for another model, or the budget cannot be reached (the message
             gives the lower bound and the best peak reachable).
     """
+    require_stage(plan, "selected", "the budget strategy")
     check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
     cost = objective if isinstance(objective, CopyCost) else make_cost(objective, profile)
     dynamic = [
