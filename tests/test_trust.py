@@ -770,3 +770,15 @@ def test_two_outputs_of_one_command_never_collide(run_cli, tmp_path):
     for args, needle in cases:
         assert_clean_failure(run_cli(*args), needle)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_unknown_size_hint_never_asks_to_pin_inputs_that_are_pinned(run_cli, tmp_path):
+    path = _custom_op_model(tmp_path / "m.onnx")  # x is fully known; only the custom op's output is not
+    res = run_cli("simulate", path)
+    text = " ".join(res.stderr.split())
+    assert "nothing to pin" in text and "pin the dynamic inputs" not in text
+    from models import long_reuse_model
+
+    dyn = save(long_reuse_model(dynamic=True), tmp_path / "dyn.onnx")
+    text = " ".join(run_cli("simulate", dyn).stderr.split())
+    assert "pin the dynamic inputs (x)" in text

@@ -96,16 +96,22 @@ def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
         return unknown
     shown = ", ".join(unknown[:8]) + (" …" if len(unknown) > 8 else "")
     path = analysis.loaded.path
+    dynamic = [n for n in analysis.graph_inputs if n in set(unknown)]
+    if dynamic:
+        fix = f"pin the dynamic inputs ({', '.join(dynamic)}) with --input-shape NAME=D0,D1,... or --dim NAME=VALUE"
+    else:  # every input is known: pinning would not help
+        fix = ("shape inference cannot follow their shapes (data-dependent shapes, control flow, or ops it does not "
+               "know); nothing to pin")
     if strict:
         raise OffloadError(
             f"{len(unknown)} tensor(s) of {path} have an unknown size, and --strict refuses figures that count them "
             f"as 0 bytes: {shown}",
-            hint="pin dynamic inputs with --input-shape NAME=D0,D1,... or --dim NAME=VALUE (or drop --strict to accept the figures)",
+            hint=fix + " (or drop --strict to accept the figures)",
         )
     logger.warning(
         "%d tensor(s) of %s have an unknown size and count as 0 bytes in every memory figure, so the figures may "
-        "be low: %s (pin dynamic inputs with --input-shape NAME=D0,D1,... or --dim NAME=VALUE; --strict makes this an error)",
-        len(unknown), path, shown,
+        "be low: %s (%s; --strict makes this an error)",
+        len(unknown), path, shown, fix,
     )
     return unknown
 
