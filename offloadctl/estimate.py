@@ -19,10 +19,15 @@ from offloadctl.simulate import SimResult
 __all__ = ["estimate_figures", "record_estimate", "recorded_estimate"]
 
 
-def estimate_figures(result: SimResult) -> dict[str, Any]:
-    """Peak, lower bound, bytes moved and estimated time of a simulation, as plain JSON values."""
+def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any]:
+    """Peak, lower bound, bytes moved and estimated time of a simulation, as plain JSON values.
+
+    ``copy_mode`` says which time the command quotes: ``inline`` (the simulator's serialized time,
+    what onnxruntime runs) or ``streams`` (its overlapped time, an estimate for copy streams).
+    """
     doc = result.to_json(timeline_limit=0)
     return {
+        "copy_mode": copies,
         "peak_bytes": doc["peak_bytes"],
         "lower_bound_bytes": doc["lower_bound_bytes"],
         "transfer_bytes": doc["transfer_bytes"],

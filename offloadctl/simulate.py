@@ -101,6 +101,7 @@ __all__ = [
     "peak_memory",
     "is_rewritten",
     "node_flops",
+    "node_seconds",
     "plot_timeline",
 ]
 
@@ -857,6 +858,15 @@ def _node_costs(base: _Base, profile: Profile) -> _Costs:
     result = _Costs(costs, count, measured)
     base.costs[key] = result
     return result
+
+
+def node_seconds(analysis: Analysis, profile: Profile | str = DEFAULT_PROFILE) -> list[float]:
+    """Seconds of each node of the model without its copies, in execution order, as the time model prices them.
+
+    The budget strategy uses them to see how much compute can hide a copy on a separate stream.
+    """
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    return list(_node_costs(_base(analysis), prof).seconds)
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,7 @@ def test_the_time_objective_prefers_fewer_copies_on_a_slow_starting_link(write_m
         assert sorted(o["tensor"] for o in by_bytes["offloads"]) == ["s1", "s2", "s3", "s4"]
         assert [o["tensor"] for o in by_time["offloads"]] == ["big"]
         info = by_time["budget"]
-        assert info["objective"] == {"objective": "time", "unit": "seconds", "profile": "slow-start"}
+        assert info["objective"] == {"objective": "time", "unit": "seconds", "profile": "slow-start", "copies": "inline"}
         assert info["cost"] == pytest.approx(plan_cost(by_time, InlineTime(profile))) == pytest.approx(2 * (1e-3 + 1024 / 1e9))
         # the simulator's serialized time adds exactly these copies to the baseline
         times = simulate(analysis, by_time, profile=profile).times
@@ -231,13 +231,17 @@ def test_plan_prints_and_records_the_gap(run_cli, write_model, tmp_path):
     result = run_cli("plan", model, "-o", out, "--budget", "5128", "--prefetch-distance", "0")
     assert result.exit_code == 0, result.stderr
     text = _words(result.stdout)
-    assert "budget search (greedy): the plan moves 1.97 KiB; proven bound 1.95 KiB" in text
+    assert (
+        "budget search (greedy, objective bytes, the default with a datasheet profile; copies in line): "
+        "the plan moves 1.97 KiB; proven bound 1.95 KiB" in text
+    )
     assert "gap 0.8%" in text
     doc = json.loads(out.read_text())
     assert doc["budget"]["gap"] == pytest.approx(16 / 2016)
     result = run_cli("plan", model, "-o", out, "--budget", "5128", "--optimal", "--time-limit", "30")
     assert result.exit_code == 0, result.stderr
-    assert "budget search (exact): the plan moves 1.97 KiB, proven optimal; HiGHS: optimal" in _words(result.stdout)
+    assert "the plan moves 1.97 KiB, proven optimal; HiGHS: optimal" in _words(result.stdout)
+    assert "budget search (exact, objective bytes" in _words(result.stdout)
     doc = json.loads(out.read_text())
     assert doc["budget"]["optimal"] is True and doc["options"]["filter"]["optimal"] is True
     assert doc["options"]["filter"]["time_limit_s"] == 30

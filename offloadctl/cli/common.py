@@ -20,6 +20,7 @@ from rich.table import Table
 
 from offloadctl.analysis import Analysis, analyse
 from offloadctl.cli.ui import err_console, fmt_bytes, out_console, print_json, steps
+from offloadctl.costs import STREAMS_NOTE, copy_mode_label
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_distinct_outputs, check_output_path
 from offloadctl.model import load_model, parse_dims, parse_input_shapes
@@ -141,9 +142,12 @@ def peak_text(figures: Mapping[str, Any]) -> str:
 
 
 def slowdown_text(figures: Mapping[str, Any]) -> str | None:
+    """``est. slowdown 1.12x (copies in line, profile ...)`` under the figures' copy mode (default inline)."""
     if not figures.get("slowdown"):
         return None
-    return f"est. slowdown {figures['slowdown']['serialized']:.2f}x (copies in line, profile {figures['profile']})"
+    mode = figures.get("copy_mode") or "inline"
+    key = "overlapped" if mode == "streams" else "serialized"
+    return f"est. slowdown {figures['slowdown'][key]:.2f}x ({copy_mode_label(mode)}, profile {figures['profile']})"
 
 
 def warn_slowdown(figures: Mapping[str, Any]) -> None:
@@ -227,7 +231,7 @@ def print_estimate(figures: Mapping[str, Any], *, where: str = "", what: str = "
         measured = f", {nodes['measured']} of {nodes['total']} node times measured" if nodes and nodes["measured"] else ""
         line += (
             f"; estimated time {slow['serialized']:.2f}x the baseline with copies in line, "
-            f"{slow['overlapped']:.2f}x on copy streams (profile {figures['profile']}{measured})"
+            f"{slow['overlapped']:.2f}x with copies on streams ({STREAMS_NOTE}; profile {figures['profile']}{measured})"
         )
     out_console().print(line, soft_wrap=True)
 

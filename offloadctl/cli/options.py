@@ -15,7 +15,7 @@ from offloadctl.stages import (
     DEFAULT_SELECT_NUM,
 )
 from offloadctl.cli.ui import BytesParam
-from offloadctl.costs import OBJECTIVES
+from offloadctl.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
 from offloadctl.profiles import DEFAULT_PROFILE, list_profiles
 from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH, DEFAULT_TIME_LIMIT
 
@@ -29,6 +29,9 @@ __all__ = [
     "select_options",
     "filter_options",
     "budget_options",
+    "copies_option",
+    "objective_option",
+    "max_slowdown_option",
     "prefetch_options",
     "output_option",
     "strict_option",
@@ -165,13 +168,6 @@ budget_options = _compose(
     ),
     click.option("--explain", is_flag=True, default=False, help="Print every candidate, chosen or not, and why."),
     click.option(
-        "--objective",
-        type=click.Choice(list(OBJECTIVES)),
-        default="bytes",
-        show_default=True,
-        help="What the budget strategy minimises: bytes moved, or the time of the copies in line on --profile.",
-    ),
-    click.option(
         "--optimal",
         is_flag=True,
         default=False,
@@ -185,6 +181,32 @@ budget_options = _compose(
         metavar="SECONDS",
         help="With --optimal: stop the exact search after this long and keep the best plan found.",
     ),
+)
+
+objective_option = click.option(
+    "--objective",
+    type=click.Choice(list(OBJECTIVES)),
+    default=None,
+    help="What the budget strategy minimises: bytes moved, or the estimated time the copies add on --profile "
+    "under --copies. Default: time with a measured profile (offloadctl profile), bytes otherwise.",
+)
+
+copies_option = click.option(
+    "--copies",
+    type=click.Choice(list(COPY_MODES)),
+    default="inline",
+    show_default=True,
+    help="How copies run in the time estimates: inline on the compute stream (what onnxruntime runs today), "
+    f"or on separate copy streams, hidden behind compute where the window allows ({STREAMS_NOTE}).",
+)
+
+max_slowdown_option = click.option(
+    "--max-slowdown",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    metavar="X",
+    help="Instead of --budget: the largest cut in peak memory whose estimated time (--copies, --profile) "
+    "stays within X times the baseline, e.g. 1.05.",
 )
 
 strict_option = click.option(

@@ -25,10 +25,13 @@ from offloadctl.cli.common import (
 )
 from offloadctl.cli.options import (
     budget_options,
+    copies_option,
     filter_options,
     json_option,
     max_peak_option,
+    max_slowdown_option,
     model_argument,
+    objective_option,
     output_option,
     prefetch_options,
     profile_option,
@@ -37,13 +40,14 @@ from offloadctl.cli.options import (
     strict_option,
 )
 from offloadctl.cli.ui import fmt_bytes, out_console, steps
+from offloadctl.costs import STREAMS_NOTE, copy_mode_label, default_objective
 from offloadctl.errors import OffloadError
 from offloadctl.estimate import estimate_figures, record_estimate
 from offloadctl.explain import explain_table
 from offloadctl.files import check_output_path
 from offloadctl.model import load_model
 from offloadctl.plan import check_plan_model, read_plan, write_plan
-from offloadctl.profiles import load_profile
+from offloadctl.profiles import Profile, load_profile
 from offloadctl.report import write_report
 from offloadctl.simulate import is_rewritten, simulate
 from offloadctl.stages import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, filter_plan, make_plan, prefetch, select
@@ -55,41 +59,93 @@ logger = logging.getLogger(__name__)
 
 
 def _use_budget(
-    strategy: str | None, budget: int | None, stream_weights: bool, objective: str = "bytes", optimal: bool = False
+    strategy: str | None,
+    budget: int | None,
+    stream_weights: bool,
+    objective: str | None = None,
+    optimal: bool = False,
+    max_slowdown: float | None = None,
 ) -> bool:
-    """Resolve --strategy/--budget/--stream-weights/--objective/--optimal; bad combinations are usage errors."""
+    """Resolve --strategy/--budget/--stream-weights/--objective/--optimal/--max-slowdown; bad combinations
+    are usage errors."""
+    if max_slowdown is not None:
+        if budget is not None:
+            raise click.UsageError("--max-slowdown and --budget are alternatives: give one of them")
+        if stream_weights:
+            raise click.UsageError("--max-slowdown chooses what to offload itself: drop --stream-weights")
+        if strategy == "distance":
+            raise click.UsageError("--max-slowdown needs the budget strategy, not --strategy distance")
+        if optimal:
+            raise click.UsageError("--optimal needs --budget BYTES; --max-slowdown searches many budgets with the greedy")
+        return True
     if strategy == "distance" and (budget is not None or stream_weights):
         raise click.UsageError("--budget and --stream-weights need the budget strategy, not --strategy distance")
     if strategy == "budget" and budget is None and not stream_weights:
-        raise click.UsageError("--strategy budget needs --budget BYTES (or --stream-weights)")
+        raise click.UsageError("--strategy budget needs --budget BYTES (or --stream-weights, or --max-slowdown X)")
     if optimal and budget is None:
         raise click.UsageError("--optimal needs --budget BYTES (it finds the cheapest plan that fits the budget)")
     use = strategy == "budget" or budget is not None or stream_weights
-    if objective != "bytes" and not use:
-        raise click.UsageError("--objective is the budget strategy's: give --budget BYTES (or --stream-weights)")
+    if objective is not None and not use:
+        raise click.UsageError("--objective is the budget strategy's: give --budget BYTES (or --stream-weights, --max-slowdown)")
     return use
 
 
-def _print_search(plan: dict) -> None:
-    """One line: what the budget plan costs, the proven bound and the gap (or that it is optimal)."""
+def _objective(objective: str | None, profile: Profile, copies: str, optimal: bool) -> tuple[str, bool]:
+    """(the objective, True when it is the default for the profile); --optimal with a cost that is not
+    linear (time with copies on streams) is a usage error."""
+    defaulted = objective is None
+    chosen = default_objective(profile) if defaulted else objective
+    if optimal and chosen == "time" and copies == "streams":
+        because = " (the default with a measured profile)" if defaulted else ""
+        raise click.UsageError(
+            f"--optimal supports only the linear objectives: bytes, or time with copies in line. With --copies streams "
+            f"the time objective{because} prices each copy by the compute around it, which the exact program cannot "
+            "state: drop --optimal, or give --objective bytes or --copies inline"
+        )
+    return chosen, defaulted
+
+
+def _objective_words(info: dict, defaulted: bool | None) -> str:
+    """``objective time, the default with a measured profile; copies in line`` for the search line."""
+    objective = info["objective"]["objective"]
+    words = f"objective {objective}"
+    if defaulted:
+        words += ", the default with a measured profile" if objective == "time" else ", the default with a datasheet profile"
+    return f"{words}; {copy_mode_label(info.get('copies') or 'inline')}"
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds, or microseconds below 0.1 ms."""
+    return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.2f} us"
+
+
+def _print_search(plan: dict, defaulted: bool | None = None) -> None:
+    """What the budget plan costs, the proven bound and the gap (or that it is optimal), and the objective
+    used; with --max-slowdown, the budget it chose."""
     info = plan.get("budget") or {}
     if info.get("cost") is None:
         return
     objective = info["objective"]
+    head = f"budget search ({info['search']}, {_objective_words(info, defaulted)})"
     if objective["unit"] == "bytes":
         fmt = fmt_bytes
-        line = f"budget search ({info['search']}): the plan moves {fmt(info['cost'])}"
-    else:
-        fmt = lambda v: f"{v * 1e3:.3f} ms"  # noqa: E731
+        line = f"{head}: the plan moves {fmt(info['cost'])}"
+    elif objective.get("copies") == "streams":
+        fmt = _ms
         line = (
-            f"budget search ({info['search']}): the plan's copies take {fmt(info['cost'])} in line "
+            f"{head}: the plan's copies leave an estimated {fmt(info['cost'])} not hidden by compute, each on its own "
             f"(profile {objective.get('profile')})"
         )
+    else:
+        fmt = _ms
+        line = f"{head}: the plan's copies take {fmt(info['cost'])} in line (profile {objective.get('profile')})"
     if info["optimal"]:
         line += ", proven optimal"
     elif info["cost_bound"] is not None:
         source = "HiGHS" if info["bound_source"] == "solver" else "the steps furthest over the budget"
         line += f"; proven bound {fmt(info['cost_bound'])} ({source}): gap {100 * info['gap']:.1f}%"
+    elif objective.get("copies") == "streams":
+        line += "; no bound: with copies on streams a copy's price depends on the compute around it"
     else:
         line += "; no bound proven (try --optimal)"
     solver = info.get("solver")
@@ -97,7 +153,36 @@ def _print_search(plan: dict) -> None:
         line += f"; HiGHS: {solver['status']} in {solver['seconds']:.1f} s"
         if solver["answer"] != "accepted":
             line += f", {solver['answer']}"
-    out_console().print(line)
+    compared = info.get("compared")
+    if compared:
+        stall = compared["stall_s"]
+        if compared["kept"] == "time":
+            line += f"; estimated stall {_ms(stall['time'])}, against {_ms(stall['bytes'])} for the plan the bytes objective finds"
+        else:
+            line += (
+                f"; the plan the bytes objective finds stalls less ({_ms(stall['bytes'])} against "
+                f"{_ms(stall['time'])}) and is kept"
+            )
+    console = out_console()
+    console.print(line, soft_wrap=True)
+    within = info.get("max_slowdown")
+    if within:
+        mode = copy_mode_label(within["copies"])
+        if within["within"]:
+            console.print(
+                f"max slowdown {within['requested']:g}x ({mode}, profile {within['profile']}): budget "
+                f"{fmt_bytes(within['budget_bytes'])}, the lowest peak of {within['budgets_tried']} budgets tried, "
+                f"estimated {within['slowdown']:.3f}x the baseline ({_ms(within['time_s'])} against "
+                f"{_ms(within['baseline_s'])}); peak {fmt_bytes(within['peak_before_bytes'])} -> "
+                f"{fmt_bytes(within['peak_bytes'])}",
+                soft_wrap=True,
+            )
+        else:
+            console.print(
+                f"max slowdown {within['requested']:g}x ({mode}, profile {within['profile']}): no cut in peak memory "
+                f"stays within it ({within['budgets_tried']} budgets tried): the plan offloads nothing",
+                soft_wrap=True,
+            )
 
 
 def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
@@ -121,12 +206,15 @@ def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
     return analyse(loaded)
 
 
-def _stage_end(command: str, subject: str, plan: dict, output: str, as_json: bool, explain: bool = False) -> None:
+def _stage_end(
+    command: str, subject: str, plan: dict, output: str, as_json: bool, explain: bool = False,
+    defaulted: bool | None = None,
+) -> None:
     """Summary (or JSON document) and verdict of a stage command that writes one plan."""
     figures = plan_figures(plan)
     if not as_json:
         print_plan_summary(plan)
-        _print_search(plan)
+        _print_search(plan, defaulted)
         if explain:
             out_console().print(explain_table(plan))
     off = figures["offloads"]
@@ -161,11 +249,13 @@ def select_cmd(model, output, select_distance, activations, params, force, never
 @output_option("the filtered plan (stage 'filtered')")
 @filter_options
 @budget_options
+@objective_option
+@copies_option
 @profile_option
 @json_option
 def filter_cmd(
     selected, output, select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain,
-    objective, optimal, time_limit, profile, as_json,
+    optimal, time_limit, objective, copies, profile, as_json,
 ):
     """Keep the first --select-num candidates in first-use order (stage 'filtered').
 
@@ -174,6 +264,10 @@ def filter_cmd(
     """
     check_output_path(output, selected)
     use_budget = _use_budget(strategy, budget, stream_weights, objective, optimal)
+    defaulted = None
+    if use_budget:
+        prof = load_profile(profile)
+        objective, defaulted = _objective(objective, prof, copies, optimal)
     selected_plan = read_plan(selected, stages=("selected",))
     if use_budget:
         analysis = _plan_analysis(selected_plan, selected)
@@ -183,13 +277,12 @@ def filter_cmd(
                 selected_plan, analysis, budget_bytes=budget,
                 prefetch_distance=DEFAULT_PREFETCH_DISTANCE, release_distance=DEFAULT_RELEASE_DISTANCE,
                 select_num=select_num, min_bytes=min_bytes, stream_weights=stream_weights, stream_depth=stream_depth,
-                report=step, objective=objective, profile=load_profile(profile) if objective == "time" else None,
-                optimal=optimal, time_limit=time_limit,
+                report=step, objective=objective, profile=prof, copies=copies, optimal=optimal, time_limit=time_limit,
             )
     else:
         plan = filter_plan(selected_plan, select_num=select_num, min_bytes=min_bytes)
     write_plan(output, plan)
-    _stage_end("filter", selected, plan, output, as_json, explain)
+    _stage_end("filter", selected, plan, output, as_json, explain, defaulted)
 
 
 @click.command("prefetch")
@@ -215,6 +308,9 @@ def prefetch_cmd(filtered, output, prefetch_distance, release_distance, as_json)
 @select_options
 @filter_options
 @budget_options
+@max_slowdown_option
+@objective_option
+@copies_option
 @prefetch_options
 @strict_option
 @profile_option
@@ -224,17 +320,23 @@ def prefetch_cmd(filtered, output, prefetch_distance, release_distance, as_json)
 def plan_cmd(
     model, output, select_distance, activations, params, force, never, input_shape, dim,
     select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain,
-    objective, optimal, time_limit, prefetch_distance, release_distance, strict, profile, max_peak, report, as_json,
+    optimal, time_limit, max_slowdown, objective, copies, prefetch_distance, release_distance, strict, profile,
+    max_peak, report, as_json,
 ):
     """select + filter + prefetch in one call; same document as chaining the three.
 
-    Ends with the simulated peak before and after and the estimated slowdown (--profile); with
-    --max-peak it exits 1 when the peak after the plan is above it (the plan is still written).
+    Ends with the simulated peak before and after and the estimated slowdown (--profile, --copies);
+    with --max-peak it exits 1 when the peak after the plan is above it (the plan is still written).
+    --max-slowdown X, instead of --budget, finds the largest cut in peak memory whose estimated time
+    stays within X times the baseline.
     """
     check_output_path(output, model)
     check_report_paths(report, model, others=[("the plan", output)])
-    use_budget = _use_budget(strategy, budget, stream_weights, objective, optimal)
+    use_budget = _use_budget(strategy, budget, stream_weights, objective, optimal, max_slowdown)
     prof = load_profile(profile)
+    defaulted = None
+    if use_budget:
+        objective, defaulted = _objective(objective, prof, copies, optimal)
     analysis = load_and_analyse(model, input_shape, dim, show_progress=not as_json)
     check_output_path(output, *analysis.loaded.files)
     if report is not None:
@@ -251,12 +353,12 @@ def plan_cmd(
             never=never, select_num=select_num, min_bytes=min_bytes, prefetch_distance=prefetch_distance,
             release_distance=release_distance, strategy="budget" if use_budget else "distance", budget=budget,
             stream_weights=stream_weights, stream_depth=stream_depth, step=step, objective=objective,
-            profile=prof, optimal=optimal, time_limit=time_limit,
+            profile=prof, optimal=optimal, time_limit=time_limit, copies=copies, max_slowdown=max_slowdown,
         )
         step("simulating peak memory and time")
         result = None if is_rewritten(analysis) else simulate(analysis, plan, profile=prof)
         warning = None if result is None else weak_plan_advice(analysis, plan)
-        figures = None if result is None else estimate_figures(result)
+        figures = None if result is None else estimate_figures(result, copies)
         if figures is not None:
             record_estimate(plan, figures)  # apply quotes it instead of simulating again
         step(f"writing {output}")
@@ -266,13 +368,17 @@ def plan_cmd(
         written += write_report(report, result, plan)
     if not as_json:
         print_plan_summary(plan)
-        _print_search(plan)
+        _print_search(plan, defaulted)
         if explain:
             out_console().print(explain_table(plan))
         if result is None:
             out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
+    search = {"objective": objective if use_budget else None, "objective_default": defaulted, "copy_mode": copies}
     if result is None or figures is None:
-        finish("plan", model, [], written, as_json=as_json, doc={"model": model, "plan": output, **plan_figures(plan)})
+        finish(
+            "plan", model, [], written, as_json=as_json,
+            doc={"model": model, "plan": output, **plan_figures(plan), **search},
+        )
         return
     if not as_json:
         at = result.after.at(result.after.peak_step)
@@ -284,7 +390,7 @@ def plan_cmd(
     finish(
         "plan", model, [peak_text(figures), slowdown_text(figures)], written, as_json=as_json,
         failure=gate_failure(max_peak, result.peak_after, "peak after the plan"),
-        doc={"model": model, "plan": output, **plan_figures(plan), **figures, "max_peak_bytes": max_peak},
+        doc={"model": model, "plan": output, **plan_figures(plan), **figures, **search, "max_peak_bytes": max_peak},
     )
 
 

@@ -51,10 +51,12 @@ def make_plan(
     stream_weights: bool = False,
     stream_depth: int | None = None,
     step: Callable[..., None] | None = None,
-    objective: str | CopyCost = "bytes",
+    objective: str | CopyCost | None = None,
     profile: Profile | str | None = None,
     optimal: bool = False,
     time_limit: float | None = None,
+    copies: str = "inline",
+    max_slowdown: float | None = None,
 ) -> dict[str, Any]:
     """The whole plan in one call: select, filter (by count, or by budget) and prefetch.
 
@@ -75,8 +77,15 @@ def make_plan(
         step: called with the name of each stage as it starts (``step("scheduling")``), and with
             ``new=False`` for news from a long budget search (``step(text, new=False)``).
         objective, profile, optimal, time_limit: the budget strategy's search: what it minimises
-            (``"bytes"``, ``"time"`` on ``profile``, or an `offloadctl.costs.CopyCost`), and whether to
-            solve it exactly (HiGHS) within ``time_limit`` seconds (see `budget_filter`).
+            (``"bytes"``, ``"time"`` on ``profile``, or an `offloadctl.costs.CopyCost`; None: time
+            for a measured profile, bytes otherwise), and whether to solve it exactly (HiGHS) within
+            ``time_limit`` seconds (see `budget_filter`).
+        copies: how the copies run: ``"inline"`` on the compute stream (onnxruntime today) or
+            ``"streams"`` (an estimate for copy streams, a mode onnxruntime does not run yet): what
+            the time objective and ``max_slowdown`` estimate, and how the budget strategy places
+            prefetches.
+        max_slowdown: instead of a budget, the largest cut in peak memory whose estimated time stays
+            within this multiple of the baseline (`offloadctl.tradeoff.plan_within_slowdown`).
 
     Returns:
         A plan at stage "scheduled".
@@ -85,6 +94,8 @@ def make_plan(
         OffloadError: contradictory options, or a budget below the lower bound or out of reach (the
             message gives the lower bound and the best peak reachable).
     """
+    from offloadctl.costs import COPY_MODES, default_objective
+    from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
     from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH, DEFAULT_TIME_LIMIT, budget_filter, check_budget
     from offloadctl.units import parse_bytes
 
@@ -92,6 +103,28 @@ def make_plan(
     min_bytes = parse_bytes(min_bytes) if isinstance(min_bytes, str) else min_bytes
     if strategy not in (None, "distance", "budget"):
         raise OffloadError(f"unknown strategy {strategy!r}", hint="use 'distance' or 'budget'")
+    if copies not in COPY_MODES:
+        raise OffloadError(f"unknown copy mode {copies!r}", hint=f"use one of {', '.join(COPY_MODES)}")
+    prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
+    if objective is None:
+        objective = default_objective(prof)
+    if max_slowdown is not None:
+        if budget_bytes is not None or stream_weights or strategy == "distance" or optimal:
+            raise OffloadError(
+                "max_slowdown chooses the budget itself: it does not go with a budget, weight streaming, the "
+                "distance strategy or the exact search",
+                hint="give either --max-slowdown or --budget",
+            )
+        from offloadctl.tradeoff import plan_within_slowdown
+
+        report = step or (lambda text, new=True: None)
+        report("fitting the slowdown")
+        return plan_within_slowdown(
+            analysis, max_slowdown, copies=copies, profile=prof,
+            objective=objective if isinstance(objective, str) else None, activations=activations, params=params,
+            force=force, never=never, min_bytes=min_bytes, prefetch_distance=prefetch_distance,
+            release_distance=release_distance, step=lambda text: report(text, new=False),
+        )
     if strategy == "distance" and (budget_bytes is not None or stream_weights):
         raise OffloadError(
             "a budget and weight streaming need the budget strategy, not the distance strategy",
@@ -113,8 +146,8 @@ def make_plan(
             release_distance=release_distance, select_num=select_num, min_bytes=min_bytes,
             stream_weights=stream_weights,
             stream_depth=DEFAULT_STREAM_DEPTH if stream_depth is None else stream_depth,
-            report=lambda text: report(text, new=False), objective=objective, profile=profile, optimal=optimal,
-            time_limit=DEFAULT_TIME_LIMIT if time_limit is None else time_limit,
+            report=lambda text: report(text, new=False), objective=objective, profile=prof, copies=copies,
+            optimal=optimal, time_limit=DEFAULT_TIME_LIMIT if time_limit is None else time_limit,
         )
     else:
         report("filtering")

@@ -69,6 +69,7 @@ tensors of unknown size count 0 bytes.
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import heapq
 import itertools
@@ -82,10 +83,19 @@ import numpy as np
 
 from offloadctl import timeline
 from offloadctl.analysis import Analysis, Use
-from offloadctl.costs import BytesMoved, CopyCost, make_cost, plan_cost
+from offloadctl.costs import (
+    BytesMoved,
+    CopyCost,
+    CopyTiming,
+    InlineTime,
+    StreamStall,
+    copy_timing,
+    make_cost,
+    plan_cost,
+)
 from offloadctl.errors import OffloadError
 from offloadctl.plan import check_plan_model, record_stage, require_stage
-from offloadctl.profiles import Profile
+from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
 from offloadctl.stages.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, first_use_key
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
 from offloadctl.stages.select import select
@@ -96,6 +106,8 @@ __all__ = [
     "DEFAULT_STREAM_DEPTH",
     "DEFAULT_TIME_LIMIT",
     "BudgetResult",
+    "BudgetSearch",
+    "BudgetUnreachable",
     "budget_filter",
     "lower_bound",
     "memory_profile",
@@ -244,16 +256,28 @@ def _spans(c: _Cand, st: _State, n: int, release_distance: int) -> list[timeline
 
 def _opening_cost(c: _Cand, cost: CopyCost) -> float:
     """Cost of offloading a candidate at all: an activation's D2H (+ the H2D back for a graph
-    output), a weight's first H2D."""
+    output), a weight's first H2D (prices of size alone: a linear cost's)."""
     if c.is_act:
         return cost.d2h(c.b) + (cost.h2d(c.b) if c.output else 0.0)
     return cost.h2d(c.b)
 
 
-def _state_cost(c: _Cand, st: _State, cost: CopyCost) -> float:
+def _state_cost(c: _Cand, st: _State, cost: CopyCost, n: int = 0, release_distance: int = 0, lead: int = 0) -> float:
+    """What a candidate's copies cost in a state. A position-aware cost (not ``linear``) prices each
+    H2D issued ``lead`` positions before its group's first use and the D2H released after the last
+    device use (+ ``release_distance``); see `offloadctl.costs`."""
     if not st.offloaded:
         return 0.0
-    return _opening_cost(c, cost) + len(st.cuts) * cost.h2d(c.b)
+    if cost.linear:
+        return _opening_cost(c, cost) + len(st.cuts) * cost.h2d(c.b)
+    low = timeline.h2d_low(c.kind, c.start if c.is_act else None)
+    total = sum(cost.h2d_at(c.b, timeline.h2d_position(f, low, lead), f) for f in _group_firsts(c, st))
+    if c.is_act:
+        last_device = min(c.entries[k] for k in st.cuts) if st.cuts else c.entries[-1]
+        total += cost.d2h_at(c.b, c.start, timeline.release_point(last_device, release_distance, n))
+        if c.output:
+            total += cost.h2d_at(c.b, n, n)
+    return total
 
 
 def _changes(old: list[timeline.Span], new: list[timeline.Span], b: int) -> list[tuple[int, int, int]]:
@@ -285,7 +309,7 @@ class _Intervals:
     and the release distance holds the buffer (activations).
     """
 
-    def __init__(self, cands: list[_Cand], n: int, release_distance: int, cost: CopyCost) -> None:
+    def __init__(self, cands: list[_Cand], n: int, release_distance: int, cost: CopyCost, lead: int = 0) -> None:
         count = len(cands)
         size = np.fromiter((c.b for c in cands), dtype=np.int64, count=count)
         is_act = np.fromiter((c.is_act for c in cands), dtype=bool, count=count)
@@ -321,9 +345,24 @@ class _Intervals:
         self.is_act = is_act[self.cand]
         self.opening = np.full(count, -1, dtype=np.int64)
         self.opening[opens] = np.arange(len(opens))
-        self.opening_cost = np.fromiter((_opening_cost(c, cost) for c in cands), dtype=np.float64, count=count)
-        h2d = np.fromiter((cost.h2d(c.b) for c in cands), dtype=np.float64, count=count)
-        self.own_cost = np.concatenate((self.opening_cost[opens], h2d[g_cand]))
+        # prices: each H2D issued `lead` positions before its group's first use (not before `low`); an
+        # activation's D2H released after the last device use, which its first freed stretch decides
+        producer = np.fromiter((c.start for c in cands), dtype=np.int64, count=count)
+        low = np.where(is_act, producer + 1, 0)
+        first_h2d = cost.h2d_many(size, np.maximum(0, first - lead), first)  # a weight's first group
+        release_last = np.minimum(last + release_distance, max(n - 1, 0))
+        out_h2d = np.where(output, cost.h2d_many(size, np.full(count, n), np.full(count, n)), 0.0)
+        d2h_last = cost.d2h_many(size, producer, release_last)
+        self.opening_cost = np.where(is_act, d2h_last + out_h2d, first_h2d)
+        g_use = flat[k + 1]
+        g_h2d = cost.h2d_many(size[g_cand], np.maximum(low[g_cand], g_use - lead), g_use)
+        self.own_cost = np.concatenate((self.opening_cost[opens], g_h2d))
+        rows_cand = self.cand
+        release_first = np.minimum(self.entry + release_distance, max(n - 1, 0))
+        # the D2H price when the row is its activation's first freed stretch, and what taking a gap of
+        # a candidate not offloaded yet brings along (its D2H, or a weight's first H2D)
+        self.d2h_first = np.where(self.is_act, cost.d2h_many(self.bytes, producer[rows_cand], release_first), 0.0)
+        self.bundle_cost = np.where(self.is_act, self.d2h_first + out_h2d[rows_cand], self.opening_cost[rows_cand])
         self.taken = np.zeros(len(self.cand), dtype=bool)
 
     def __len__(self) -> int:
@@ -345,17 +384,22 @@ class _Planner:
         release_distance: int,
         cost: CopyCost,
         report: Callable[[str], None] | None = None,
+        lead: int = 0,
     ) -> None:
         self.report = report or (lambda text: None)
         self.n = n = analysis.num_positions
         self.cands = cands
         self.release = release_distance
         self.cost = cost
+        self.lead = lead  # the prefetch distance position-aware prices assume
         self.state: list[_State] = [_State()] * len(cands)
         self.fixed = np.zeros(len(cands), dtype=bool)  # streamed weights: never changed by the search
         self.offloaded = np.zeros(len(cands), dtype=bool)
         self.ws = WorkingSet(timeline.profile(analysis, None, prefetch_distance=0))
-        self.iv = iv = _Intervals(cands, n, release_distance, cost)
+        self.iv = iv = _Intervals(cands, n, release_distance, cost, lead)
+        # position-aware costs: each activation's last device use (its first freed stretch) and D2H price
+        self.last_device = np.full(len(cands), np.iinfo(np.int64).max, dtype=np.int64)
+        self.d2h_now = np.zeros(len(cands), dtype=np.float64)
         self.rows: list[list[int]] = [[] for _ in cands]
         self.row_of: dict[tuple[int, int], int] = {}
         for j, (i, g) in enumerate(zip(iv.cand.tolist(), iv.gap.tolist())):
@@ -428,12 +472,26 @@ class _Planner:
                 self.ws.add(s, e, delta)
         self.state[i] = st
         self.offloaded[i] = st.offloaded
+        if not self.cost.linear and c.is_act:
+            if st.offloaded:
+                last = min(c.entries[k] for k in st.cuts) if st.cuts else c.entries[-1]
+                self.last_device[i] = last
+                self.d2h_now[i] = self.cost.d2h_at(c.b, c.start, timeline.release_point(last, self.release, self.n))
+            else:
+                self.last_device[i] = np.iinfo(np.int64).max
+                self.d2h_now[i] = 0.0
 
     def peak(self) -> tuple[int, int]:
         return self.ws.peak()
 
-    def moved(self) -> float:
-        return sum(_state_cost(c, s, self.cost) for c, s in zip(self.cands, self.state))
+    def state_cost(self, i: int, st: _State | None = None, cost: CopyCost | None = None) -> float:
+        """What candidate ``i``'s copies cost in ``st`` (default: its state), under ``cost`` (default: the search's)."""
+        return _state_cost(
+            self.cands[i], self.state[i] if st is None else st, cost or self.cost, self.n, self.release, self.lead
+        )
+
+    def moved(self, cost: CopyCost | None = None) -> float:
+        return sum(self.state_cost(i, cost=cost) for i in range(len(self.cands)))
 
     # ---------------------------------------------------------------- moves
 
@@ -469,7 +527,11 @@ class _Planner:
         iv = self.iv
         cand = iv.cand[rows]
         bundle = ~self.offloaded[cand] & (iv.gap[rows] >= 0)
-        cost = iv.own_cost[rows] + np.where(bundle, iv.opening_cost[cand], 0.0)
+        cost = iv.own_cost[rows] + np.where(bundle, iv.bundle_cost[rows], 0.0)
+        if not self.cost.linear:
+            # a gap before an offloaded activation's first freed stretch moves its D2H's release earlier
+            earlier = self.offloaded[cand] & iv.is_act[rows] & (iv.gap[rows] >= 0) & (iv.entry[rows] < self.last_device[cand])
+            cost = cost + np.where(earlier, iv.d2h_first[rows] - self.d2h_now[cand], 0.0)
         owner = np.arange(len(rows))
         firsts = [self._starts(rows), iv.first1[rows]]
         lasts = [iv.last0[rows], iv.last1[rows]]
@@ -599,11 +661,10 @@ class _Planner:
 
     def _push_removal(self, heap: list, i: int, k: int, *, last: bool) -> None:
         c = self.cands[i]
-        st = self.state[i]
         change = self._removal(i, k)
         if change is None:
             return
-        saved = _state_cost(c, st, self.cost) - _state_cost(c, change[0], self.cost)
+        saved = self.state_cost(i) - self.state_cost(i, change[0])
         self._pushed += 1
         heapq.heappush(heap, (-saved, c.name, self._pushed, i, k))
 
@@ -688,6 +749,66 @@ class _Planner:
             extra[s - lo : e - lo + 1] += self.cands[i].b
         return bool((self.ws.window(lo, hi) + extra).max() <= budget)
 
+    def place_prefetch_streams(
+        self, budget: float, distance: int, timing: CopyTiming, caps: dict[str, int] | None = None
+    ) -> None:
+        """Copies on streams: each offload's shortest lead that hides its H2Ds as well as the longest
+        lead does (at most ``distance`` or its cap, keeping the peak within ``budget``).
+
+        The link is shared: copies in one direction take turns on it. D2Hs go in producer order,
+        each from the end of its producer; H2Ds are placed in order of first use, each moving in the
+        link time the copies placed before it leave free (two copies in flight share the bandwidth),
+        not before its D2H is done. Times are the baseline's (`CopyTiming`). A lead longer than
+        needed only holds device memory another offload's lead may need, and takes the link ahead
+        of copies needed sooner.
+        """
+        caps = caps or {}
+        starts = timing.starts
+        d2h_link, h2d_link = _LinkTime(), _LinkTime()
+        done: dict[int, float] = {}  # activation -> when its D2H is done
+        acts = [i for i, s in enumerate(self.state) if s.offloaded and self.cands[i].is_act]
+        for i in sorted(acts, key=lambda i: (self.cands[i].start, self.cands[i].name)):
+            c = self.cands[i]
+            done[i] = d2h_link.reserve(float(starts[min(c.start + 1, self.n)]), float(timing.d2h(c.b)))
+        firsts = {
+            i: _group_firsts(self.cands[i], s)
+            for i, s in enumerate(self.state)
+            if s.offloaded and (not self.fixed[i] or self.cands[i].name in caps)
+        }
+        order = sorted(firsts, key=lambda i: (firsts[i][0] if firsts[i] else self.n, self.cands[i].name))
+        for i in order:
+            c = self.cands[i]
+            groups = firsts[i]
+            if not groups:
+                continue
+            cap = caps.get(c.name, distance)
+            longest = 0 if cap <= 0 else (cap if budget == math.inf else self._longest_lead(i, groups, cap, budget))
+            low = timeline.h2d_low(c.kind, c.start if c.is_act else None)
+            seconds = float(timing.h2d(c.b))
+            ready = done.get(i, 0.0)
+
+            def issued(f: int, lead: int) -> float:
+                return max(float(starts[timeline.h2d_position(f, low, lead)]), ready)
+
+            def late(lead: int) -> float:
+                return sum(max(0.0, h2d_link.finish(issued(f, lead), seconds) - float(starts[f])) for f in groups)
+
+            lead = longest
+            if longest:
+                target = late(longest) + 1e-9 * seconds
+                lo, hi = 0, longest  # late() only falls as the lead grows
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if late(mid) <= target:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                lead = lo
+            for f in groups:
+                h2d_link.reserve(issued(f, lead), seconds)
+            if lead:
+                self._lead(i, groups, lead)
+
     # ---------------------------------------------------------------- bounds
 
     def best_reachable(self) -> int:
@@ -742,6 +863,52 @@ class _Planner:
             paid += (need - (freed[k - 1] if k else 0.0)) * per_byte[order[k]]
             best = max(best, paid)
         return base + best
+
+
+class _LinkTime:
+    """When one direction of the host link is busy: disjoint [start, end) intervals in seconds, sorted."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def _walk(self, start: float, seconds: float) -> tuple[float, list[tuple[float, float]]]:
+        """When a copy of ``seconds`` issued at ``start`` is done, moving only while the link is free,
+        and the pieces of link time it takes."""
+        pieces: list[tuple[float, float]] = []
+        t, left = start, seconds
+        k = bisect.bisect_right(self.ends, t)
+        while left > 0:
+            if k < len(self.starts) and self.starts[k] <= t:
+                t = max(t, self.ends[k])
+                k += 1
+                continue
+            free_until = self.starts[k] if k < len(self.starts) else math.inf
+            take = min(left, free_until - t)
+            if take > 0:
+                pieces.append((t, t + take))
+            left -= take
+            t += take
+        return t, pieces
+
+    def finish(self, start: float, seconds: float) -> float:
+        return self._walk(start, seconds)[0]
+
+    def reserve(self, start: float, seconds: float) -> float:
+        """Take the link time a copy needs; returns when it is done."""
+        end, pieces = self._walk(start, seconds)
+        for a, b in pieces:
+            k = bisect.bisect_left(self.starts, a)
+            if k > 0 and self.ends[k - 1] >= a:
+                k -= 1
+                a, b = self.starts[k], max(b, self.ends[k])
+                del self.starts[k], self.ends[k]
+            while k < len(self.starts) and self.starts[k] <= b:
+                b = max(b, self.ends[k])
+                del self.starts[k], self.ends[k]
+            self.starts.insert(k, a)
+            self.ends.insert(k, b)
+        return end
 
 
 def _fill(sizes: np.ndarray, need: int) -> list[int]:
@@ -888,7 +1055,7 @@ def _exact(p: _Planner, base: np.ndarray, pinned: set[int], budget: int, time_li
     if peak > budget:
         report.answer = f"rejected: its plan peaks at {peak} bytes > budget {budget} (solver tolerance); the greedy's plan is kept"
         return report, None
-    if sum(_state_cost(c, s, p.cost) for c, s in zip(p.cands, chosen)) >= p.moved():
+    if sum(p.state_cost(i, s) for i, s in enumerate(chosen)) >= p.moved():
         report.answer = "no cheaper than the greedy's plan, which is kept"
         return report, None
     report.answer = "accepted"
@@ -991,6 +1158,7 @@ class BudgetResult:
     optimal: bool = False
     search: str = "greedy"
     solver: dict[str, Any] | None = None
+    copies: str = "inline"
 
     @property
     def gap(self) -> float | None:
@@ -1015,6 +1183,7 @@ class BudgetResult:
             "weights_added_by_budget": self.weights_added,
             "search": self.search,
             "objective": self.objective,
+            "copies": self.copies,
             "cost": self.cost,
             "cost_bound": self.cost_bound,
             "gap": self.gap,
@@ -1134,8 +1303,17 @@ def _solve(
     optimal: bool = False,
     time_limit: float = DEFAULT_TIME_LIMIT,
     report: Callable[[str], None] | None = None,
+    timing: CopyTiming | None = None,
 ) -> _Outcome:
-    p = _Planner(analysis, cands, release_distance, cost, report)
+    """One search: ``timing`` places prefetches for copies on streams (None: copies in line)."""
+    p = _Planner(analysis, cands, release_distance, cost, report, lead=prefetch_distance)
+
+    def place(limit: float) -> None:
+        if timing is None:
+            p.place_prefetch(limit, prefetch_distance, caps)
+        else:
+            p.place_prefetch_streams(limit, prefetch_distance, timing, caps)
+
     caps: dict[str, int] = {}
     forced: list[int] = []
     for i, c in enumerate(cands):
@@ -1158,13 +1336,14 @@ def _solve(
         else:  # a weight, or a graph output nobody reads: its outer or trailing stretch
             p.set(i, _State(True))
     if budget is None:
-        p.place_prefetch(math.inf, prefetch_distance)
+        caps = {}
+        place(math.inf)
         return _Outcome(p, True)
     if p.peak()[0] > budget:
         reachable = p.best_reachable()
         if reachable > budget:
             return _Outcome(p, False, reachable=reachable)
-    bound = p.cost_bound(budget) if not release_distance else None
+    bound = p.cost_bound(budget) if not release_distance and cost.linear else None
     if not p.greedy(budget):  # a release hold can leave a step no interval frees
         return _Outcome(p, False, reachable=p.best_reachable())
     p.report("fitting the budget: dropping offloads it does not need")
@@ -1178,7 +1357,7 @@ def _solve(
                 if st != p.state[i]:
                     p.set(i, st)
     p.report("fitting the budget: placing prefetches")
-    p.place_prefetch(budget, prefetch_distance, caps)
+    place(budget)
     return _Outcome(p, True, bound=bound, exact=exact)
 
 
@@ -1200,6 +1379,268 @@ def _program_base(p: _Planner, pinned: set[int]) -> np.ndarray:
     return values + timeline.sweep(p.n + 1, firsts, lasts, sizes)
 
 
+class BudgetUnreachable(OffloadError):
+    """No plan of the budget strategy fits the budget; ``reachable`` is the best peak it can reach."""
+
+    def __init__(self, message: str, *, hint: str | None = None, reachable: int) -> None:
+        super().__init__(message, hint=hint)
+        self.reachable = reachable
+
+
+class BudgetSearch:
+    """The budget strategy prepared once for a selected plan, to run at any number of budgets.
+
+    What does not depend on the budget is done once and kept: the checks of the plan and the
+    model, the lower bound, the candidates (with and without weights) and the device timing of
+    copies on streams. `filter` runs one search; `budget_filter` is one `BudgetSearch` and one
+    `filter`. The frontier (`offloadctl.tradeoff`) runs many.
+    """
+
+    def __init__(
+        self,
+        plan: dict[str, Any],
+        analysis: Analysis,
+        *,
+        prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
+        release_distance: int = DEFAULT_RELEASE_DISTANCE,
+        select_num: int = DEFAULT_SELECT_NUM,
+        min_bytes: int = DEFAULT_MIN_BYTES,
+        stream_weights: bool = False,
+        stream_depth: int = DEFAULT_STREAM_DEPTH,
+    ) -> None:
+        require_stage(plan, "selected", "the budget strategy")
+        check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
+        dynamic = [
+            name for name in analysis.graph_inputs
+            if (info := analysis.infos.get(name)) is not None and info.copyable and info.bytes is None
+        ]
+        if dynamic:
+            raise OffloadError(
+                f"a budget cannot be checked for {analysis.loaded.path}: input(s) {', '.join(dynamic)} have dynamic "
+                "dimensions, so the sizes of the tensors computed from them are unknown",
+                hint="pin them with --input-shape NAME=D0,D1,... (on select or plan)",
+            )
+        if select_num != DEFAULT_SELECT_NUM:
+            logger.warning("--select-num %d is not used by the budget strategy (it fits the budget instead)", select_num)
+        self.plan = plan
+        self.analysis = analysis
+        self.prefetch_distance = prefetch_distance
+        self.release_distance = release_distance
+        self.select_num = select_num
+        self.min_bytes = min_bytes
+        self.stream_weights = stream_weights
+        self.stream_depth = stream_depth
+        self.lower_bound, self.lower_bound_position = lower_bound(analysis)
+        self.peak_before = plan_peak(analysis, None)[0]
+        sel = plan["options"]["select"]
+        self.params = sel["params"] or stream_weights
+        self._prepared: dict[bool, tuple] = {}
+        self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
+
+    def _prepare(self, with_params: bool) -> tuple:
+        """(selected plan, candidates, candidates too small, streamed states, streaming info), once each."""
+        if with_params not in self._prepared:
+            sel = self.plan["options"]["select"]
+            if sel["select_distance"] == 0 and sel["params"] == with_params:
+                selected0 = self.plan  # already every candidate (read only here)
+            else:
+                selected0 = select(
+                    self.analysis, select_distance=0, activations=sel["activations"], params=with_params,
+                    force=tuple(sel.get("force", ())), never=tuple(sel.get("never", ())),
+                )
+            cands, small = _candidates(self.analysis, selected0, self.min_bytes)
+            stream = info = None
+            if self.stream_weights:
+                stream, info = _stream_states(cands, self.stream_depth)
+            self._prepared[with_params] = (selected0, cands, small, stream, info)
+        return self._prepared[with_params]
+
+    def timing(self, profile: Profile) -> CopyTiming:
+        """When each node runs on ``profile``, computed once per profile."""
+        hit = self._timing.get(id(profile))
+        if hit is None or hit[0] is not profile:
+            hit = self._timing[id(profile)] = (profile, copy_timing(self.analysis, profile))
+        return hit[1]
+
+    def _attempt(self, with_params: bool, budget: int | None, cost: CopyCost, *, timing: CopyTiming | None,
+                 optimal: bool, time_limit: float, report: Callable[[str], None] | None) -> tuple:
+        selected0, cands, small, stream, info = self._prepare(with_params)
+        outcome = _solve(
+            self.analysis, cands, budget=budget, prefetch_distance=self.prefetch_distance,
+            release_distance=self.release_distance, stream=stream, cost=cost, optimal=optimal, time_limit=time_limit,
+            report=report, timing=timing,
+        )
+        return selected0, cands, small, info, outcome
+
+    def filter(
+        self,
+        budget_bytes: int | None,
+        *,
+        objective: str | CopyCost = "bytes",
+        profile: str | Profile | None = None,
+        copies: str = "inline",
+        optimal: bool = False,
+        time_limit: float = DEFAULT_TIME_LIMIT,
+        report: Callable[[str], None] | None = None,
+    ) -> dict[str, Any]:
+        """The "filtered" plan whose peak fits ``budget_bytes`` at the least cost (see `budget_filter`)."""
+        analysis = self.analysis
+        if copies not in ("inline", "streams"):
+            raise OffloadError(f"unknown copy mode {copies!r}", hint="use inline or streams")
+        prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
+        timing = self.timing(prof) if copies == "streams" else None
+        if isinstance(objective, CopyCost):
+            cost = objective
+        elif objective == "time" and copies == "streams":
+            cost = StreamStall(self.timing(prof))
+        else:
+            cost = make_cost(objective, prof)
+        if optimal and not cost.linear:
+            raise OffloadError(
+                "the exact search (--optimal) supports only the linear objectives: bytes, or time with copies in line; "
+                "with copies on streams a copy's price depends on the compute around it, which the program cannot state",
+                hint="drop --optimal, or use --copies inline (or --objective bytes)",
+            )
+        if optimal and budget_bytes is None:
+            logger.warning("--optimal needs --budget: without a budget there is nothing to optimise")
+        lb, lb_pos, before = self.lower_bound, self.lower_bound_position, self.peak_before
+        if budget_bytes is not None and budget_bytes < lb:
+            raise BudgetUnreachable(
+                f"budget {fmt_bytes(budget_bytes)} is below the lower bound {fmt_bytes(lb)} ({lb} bytes) of "
+                f"{analysis.loaded.path} ({_where(analysis, lb_pos)}); the peak is {fmt_bytes(before)} without offload",
+                hint=f"give --budget {byte_arg(lb)} or more",
+                reachable=lb,
+            )
+        search = {"timing": timing, "optimal": optimal, "time_limit": time_limit, "report": report}
+        first = self._attempt(self.params, budget_bytes, cost, **search)
+        chosen = first
+        weights_added = False
+        retry = None
+        if not first[-1].fits and not self.params:
+            retry = self._attempt(True, budget_bytes, cost, **search)
+            if retry[-1].fits:
+                logger.warning("activations alone cannot fit the budget: weights were considered too (as with --params)")
+                chosen = retry
+                weights_added = True
+        if not chosen[-1].fits:
+            best = min(a[-1].reachable for a in (first, retry) if a is not None and a[-1].reachable is not None)
+            raise BudgetUnreachable(
+                f"the budget strategy cannot fit {analysis.loaded.path} into {fmt_bytes(budget_bytes)}: the best peak "
+                f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(lb)}, peak without offload "
+                f"{fmt_bytes(before)})",
+                hint=f"raise --budget to at least {byte_arg(best)}, or allow more candidates (--params, fewer --never patterns)",
+                reachable=best,
+            )
+        new = self._build(chosen, budget_bytes, cost, prof, copies, optimal, time_limit, weights_added)
+        if cost.objective == "time" and budget_bytes is not None and not isinstance(objective, CopyCost):
+            # the time objective is priced copy by copy; the plan the bytes objective finds is checked
+            # too, and the faster of the two (estimated as the chosen copy mode runs) is kept, so asking
+            # for time never gives a longer estimate than asking for bytes
+            with_params = True if chosen is retry else self.params
+            other = self._attempt(with_params, budget_bytes, BytesMoved(), timing=timing, optimal=False,
+                                  time_limit=time_limit, report=report)
+            if not other[-1].fits:  # pragma: no cover - the same candidates fit under any price
+                return new
+            mine_s = self._stall(new, prof, copies)
+            theirs = self._build(other, budget_bytes, cost, prof, copies, optimal, time_limit, weights_added,
+                                 searched=chosen[-1])
+            theirs_s = self._stall(theirs, prof, copies)
+            kept = "bytes" if theirs_s < mine_s - 1e-12 * max(mine_s, 1e-30) else "time"
+            if kept == "bytes":
+                new = theirs
+            new["budget"]["compared"] = {
+                "copies": copies,
+                "stall_s": {"time": mine_s, "bytes": theirs_s},
+                "kept": kept,
+            }
+        return new
+
+    def _stall(self, filtered: dict[str, Any], profile: Profile, copies: str) -> float:
+        """The time a filtered plan's copies add to the baseline under the copy mode (the simulator's)."""
+        if copies == "inline":
+            return plan_cost(filtered, InlineTime(profile))
+        from offloadctl.simulate import simulate
+        from offloadctl.stages.prefetch import prefetch
+
+        scheduled = prefetch(filtered, prefetch_distance=self.prefetch_distance, release_distance=self.release_distance)
+        times = simulate(self.analysis, scheduled, profile=profile).times
+        return times.overlapped - times.baseline
+
+    def _build(self, attempt: tuple, budget_bytes: int | None, cost: CopyCost, profile: Profile, copies: str,
+               optimal: bool, time_limit: float, weights_added: bool, searched: _Outcome | None = None) -> dict[str, Any]:
+        """The filtered plan of one search's outcome, priced by ``cost``.
+
+        ``searched``: the search whose bound (and solver) the plan reports, when its plan is another
+        search's (the plan the bytes objective found, kept for the time objective).
+        """
+        analysis = self.analysis
+        n = analysis.num_positions
+        selected0, cands, small, stream_info, kept = attempt
+        planner = kept.planner
+        outcome = kept if searched is None else searched
+        new = record_stage(  # only the chosen offloads go into the new plan: the selected ones are not copied
+            {**self.plan, "offloads": []}, "filtered", "filter",
+            {
+                "select_num": self.select_num, "min_bytes": self.min_bytes, "strategy": "budget",
+                "budget_bytes": budget_bytes, "profile": profile.name if cost.objective == "time" or copies == "streams" else None,
+                "objective": cost.objective, "copies": copies, "optimal": optimal,
+                "time_limit_s": float(time_limit) if optimal else None,
+            },
+        )
+        new["strategy"] = "budget"
+        offloads: list[dict[str, Any]] = []
+        handled = {c.name for c in cands} | {r["tensor"] for r in small}
+        rejected = [dict(r) for r in selected0["rejected"] if r["tensor"] not in handled] + small
+        chosen: dict[str, str] = {}
+        for i, c in enumerate(cands):
+            st = planner.state[i]
+            if st.offloaded:
+                offloads.append(_entry(c, st, n))
+                if planner.fixed[i]:
+                    chosen[c.name] = "streamed weight (layer group)"
+                elif c.forced:
+                    chosen[c.name] = "forced (--force)"
+                else:
+                    chosen[c.name] = "needed to fit the budget"
+            else:
+                why = "the peak fits the budget without it" if budget_bytes is not None else "no budget given"
+                rejected.append(_reject(c.name, c.kind, c.b, "budget-not-needed", why, c.entries))
+        offloads.sort(key=first_use_key)
+        for i, e in enumerate(offloads):
+            e["id"] = i
+        new["offloads"] = offloads
+        new["rejected"] = rejected
+        peak, pos = planner.peak()
+        total = planner.moved(cost)
+        result = BudgetResult(
+            requested=budget_bytes, lower_bound=self.lower_bound, lower_bound_position=self.lower_bound_position,
+            peak_before=self.peak_before, peak=peak, peak_position=pos, moved=bytes_moved(new),
+            weights_added=weights_added, stream=stream_info, chosen=chosen, objective=cost.to_json(),
+            cost=_round_cost(total, cost), copies=copies,
+        )
+        bound, source = (outcome.bound, "steps") if outcome.bound is not None else (None, None)
+        if budget_bytes is None:
+            bound, source = total, "steps"  # nothing to choose: the fixed choices are the only plan
+        if outcome.exact is not None:
+            result.search = "exact"
+            result.solver = outcome.exact.to_json()
+            solver_bound = outcome.exact.bound
+            if solver_bound is not None and (bound is None or solver_bound > bound):
+                bound, source = solver_bound, "solver"
+            if searched is None and outcome.exact.status == "optimal" and outcome.exact.answer in (
+                "accepted", "no cheaper than the greedy's plan, which is kept"
+            ):
+                result.optimal = True
+                bound, source = total, "solver"
+        if bound is not None and cost.linear:
+            if cost.integral:
+                bound = math.ceil(bound - 1e-6)
+            result.cost_bound = _round_cost(min(bound, total), cost)
+            result.bound_source = source
+        new["budget"] = result.to_json(self.prefetch_distance, self.release_distance)
+        return new
+
+
 def budget_filter(
     plan: dict[str, Any],
     analysis: Analysis,
@@ -1214,6 +1655,7 @@ def budget_filter(
     profile: str | Profile | None = None,
     report: Callable[[str], None] | None = None,
     objective: str | CopyCost = "bytes",
+    copies: str = "inline",
     optimal: bool = False,
     time_limit: float = DEFAULT_TIME_LIMIT,
 ) -> dict[str, Any]:
@@ -1232,143 +1674,26 @@ def budget_filter(
         min_bytes: candidates smaller than this are not considered.
         stream_weights: stream weights in by layer group (see the module docstring).
         stream_depth: how many groups ahead a group is copied in.
-        profile: device profile (name or file) of the time objective; recorded.
+        profile: device profile (name or file) of the time objective and of copies on streams.
         report: called with a line of text as the search goes (the peak left to fit).
-        objective: what to minimise: ``"bytes"`` (bytes moved), ``"time"`` (time of the copies in
-            line on ``profile``), or any `offloadctl.costs.CopyCost`.
-        optimal: also solve the exact program (HiGHS) from the greedy's plan.
+        objective: what to minimise: ``"bytes"`` (bytes moved), ``"time"`` (the estimated time the
+            copies add under ``copies``, on ``profile``; the plan the bytes objective finds is
+            checked too and the faster kept), or any `offloadctl.costs.CopyCost`.
+        copies: ``"inline"`` (copies on the compute stream, what onnxruntime runs) or ``"streams"``
+            (an estimate for copies on separate streams: prefetches are placed for the shared link).
+        optimal: also solve the exact program (HiGHS) from the greedy's plan (linear objectives only).
         time_limit: seconds the exact program may take; the best plan found by then is kept.
 
     Raises:
-        OffloadError: the plan is for another model, or the budget cannot be reached (the message
-            gives the lower bound and the best peak reachable).
+        OffloadError: the plan is for another model, ``optimal`` with a cost that is not linear, or
+            the budget cannot be reached (`BudgetUnreachable`: the message gives the lower bound
+            and the best peak reachable).
     """
-    require_stage(plan, "selected", "the budget strategy")
-    check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
-    cost = objective if isinstance(objective, CopyCost) else make_cost(objective, profile)
-    dynamic = [
-        name for name in analysis.graph_inputs
-        if (info := analysis.infos.get(name)) is not None and info.copyable and info.bytes is None
-    ]
-    if dynamic:
-        raise OffloadError(
-            f"a budget cannot be checked for {analysis.loaded.path}: input(s) {', '.join(dynamic)} have dynamic "
-            "dimensions, so the sizes of the tensors computed from them are unknown",
-            hint="pin them with --input-shape NAME=D0,D1,... (on select or plan)",
-        )
-    if select_num != DEFAULT_SELECT_NUM:
-        logger.warning("--select-num %d is not used by the budget strategy (it fits the budget instead)", select_num)
-    if optimal and budget_bytes is None:
-        logger.warning("--optimal needs --budget: without a budget there is nothing to optimise")
-    sel = plan["options"]["select"]
-    n = analysis.num_positions
-    lb, lb_pos = lower_bound(analysis)
-    before, _ = plan_peak(analysis, None)
-    if budget_bytes is not None and budget_bytes < lb:
-        raise OffloadError(
-            f"budget {fmt_bytes(budget_bytes)} is below the lower bound {fmt_bytes(lb)} ({lb} bytes) of "
-            f"{analysis.loaded.path} ({_where(analysis, lb_pos)}); the peak is {fmt_bytes(before)} without offload",
-            hint=f"give --budget {byte_arg(lb)} or more",
-        )
-    params = sel["params"] or stream_weights
-    force, never = tuple(sel.get("force", ())), tuple(sel.get("never", ()))
-
-    def attempt(with_params: bool):
-        if sel["select_distance"] == 0 and sel["params"] == with_params:
-            selected0 = plan  # already every candidate (read only here)
-        else:
-            selected0 = select(
-                analysis, select_distance=0, activations=sel["activations"], params=with_params, force=force,
-                never=never,
-            )
-        cands, small = _candidates(analysis, selected0, min_bytes)
-        stream = None
-        info = None
-        if stream_weights:
-            stream, info = _stream_states(cands, stream_depth)
-        outcome = _solve(
-            analysis, cands, budget=budget_bytes, prefetch_distance=prefetch_distance,
-            release_distance=release_distance, stream=stream, cost=cost, optimal=optimal, time_limit=time_limit,
-            report=report,
-        )
-        return selected0, cands, small, info, outcome
-
-    first = attempt(params)
-    selected0, cands, small, stream_info, outcome = first
-    weights_added = False
-    retry = None
-    if not outcome.fits and not params:
-        retry = attempt(True)
-        if retry[-1].fits:
-            logger.warning("activations alone cannot fit the budget: weights were considered too (as with --params)")
-            selected0, cands, small, stream_info, outcome = retry
-            weights_added = True
-    if not outcome.fits:
-        best = min(a[-1].reachable for a in (first, retry) if a is not None and a[-1].reachable is not None)
-        raise OffloadError(
-            f"the budget strategy cannot fit {analysis.loaded.path} into {fmt_bytes(budget_bytes)}: the best peak "
-            f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(lb)}, peak without offload "
-            f"{fmt_bytes(before)})",
-            hint=f"raise --budget to at least {byte_arg(best)}, or allow more candidates (--params, fewer --never patterns)",
-        )
-    planner = outcome.planner
-    new = record_stage(  # only the chosen offloads go into the new plan: the selected ones are not copied
-        {**plan, "offloads": []}, "filtered", "filter",
-        {
-            "select_num": select_num, "min_bytes": min_bytes, "strategy": "budget", "budget_bytes": budget_bytes,
-            "profile": profile if isinstance(profile, str) or profile is None else profile.name,
-            "objective": cost.objective, "optimal": optimal, "time_limit_s": float(time_limit) if optimal else None,
-        },
-    )
-    new["strategy"] = "budget"
-    offloads: list[dict[str, Any]] = []
-    handled = {c.name for c in cands} | {r["tensor"] for r in small}
-    rejected = [dict(r) for r in selected0["rejected"] if r["tensor"] not in handled] + small
-    chosen: dict[str, str] = {}
-    for i, c in enumerate(cands):
-        st = planner.state[i]
-        if st.offloaded:
-            offloads.append(_entry(c, st, n))
-            if planner.fixed[i]:
-                chosen[c.name] = "streamed weight (layer group)"
-            elif c.forced:
-                chosen[c.name] = "forced (--force)"
-            else:
-                chosen[c.name] = "needed to fit the budget"
-        else:
-            why = "the peak fits the budget without it" if budget_bytes is not None else "no budget given"
-            rejected.append(_reject(c.name, c.kind, c.b, "budget-not-needed", why, c.entries))
-    offloads.sort(key=first_use_key)
-    for i, e in enumerate(offloads):
-        e["id"] = i
-    new["offloads"] = offloads
-    new["rejected"] = rejected
-    peak, pos = planner.peak()
-    total = planner.moved()
-    result = BudgetResult(
-        requested=budget_bytes, lower_bound=lb, lower_bound_position=lb_pos, peak_before=before,
-        peak=peak, peak_position=pos, moved=bytes_moved(new), weights_added=weights_added,
-        stream=stream_info, chosen=chosen, objective=cost.to_json(), cost=_round_cost(total, cost),
-    )
-    bound, source = outcome.bound, "steps" if outcome.bound is not None else None
-    if budget_bytes is None:
-        bound, source = total, "steps"  # nothing to choose: the fixed choices are the only plan
-    if outcome.exact is not None:
-        result.search = "exact"
-        result.solver = outcome.exact.to_json()
-        solver_bound = outcome.exact.bound
-        if solver_bound is not None and (bound is None or solver_bound > bound):
-            bound, source = solver_bound, "solver"
-        if outcome.exact.status == "optimal" and outcome.exact.answer in ("accepted", "no cheaper than the greedy's plan, which is kept"):
-            result.optimal = True
-            bound, source = total, "solver"
-    if bound is not None:
-        if cost.integral:
-            bound = math.ceil(bound - 1e-6)
-        result.cost_bound = _round_cost(min(bound, total), cost)
-        result.bound_source = source
-    new["budget"] = result.to_json(prefetch_distance, release_distance)
-    return new
+    return BudgetSearch(
+        plan, analysis, prefetch_distance=prefetch_distance, release_distance=release_distance,
+        select_num=select_num, min_bytes=min_bytes, stream_weights=stream_weights, stream_depth=stream_depth,
+    ).filter(budget_bytes, objective=objective, profile=profile, copies=copies, optimal=optimal,
+             time_limit=time_limit, report=report)
 
 
 def _round_cost(value: float, cost: CopyCost) -> float | int:
