@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from offloadctl import __version__
+from offloadctl.costs import STREAMS_NOTE
 from offloadctl.errors import OffloadError
 from offloadctl.explain import explain_rows
 from offloadctl.files import atomic_write_text
@@ -123,7 +124,7 @@ def _time_section(result: SimResult, doc: dict[str, Any]) -> list[str]:
         f"| baseline (no copies) | {t['baseline'] * 1e3:.3f} ms | | 1.00x |",
         f"| copies in line (what onnxruntime runs today) | {t['serialized'] * 1e3:.3f} ms | "
         f"{stall['serialized'] * 1e3:.3f} ms | {slow['serialized']:.2f}x |",
-        f"| copies on copy streams (estimate; onnxruntime does not run this yet) | {t['overlapped'] * 1e3:.3f} ms | "
+        f"| copies on copy streams ({STREAMS_NOTE}) | {t['overlapped'] * 1e3:.3f} ms | "
         f"{stall['overlapped'] * 1e3:.3f} ms | {slow['overlapped']:.2f}x |",
         "",
         "Estimates from the device profile's figures, not measurements.",
@@ -150,11 +151,30 @@ def _moves_section(result: SimResult, doc: dict[str, Any], plan: dict[str, Any] 
     budget = plan.get("budget")
     if budget:
         req = budget.get("requested_bytes")
+        objective = (budget.get("objective") or {}).get("objective", "bytes")
+        copies = budget.get("copies") or "inline"
+        mode = "copies in line" if copies == "inline" else f"copies on streams ({STREAMS_NOTE})"
         lines += [
             f"Budget {fmt_bytes(req) if req is not None else '(none)'}: predicted peak "
-            f"{fmt_bytes(budget.get('predicted_peak_bytes'))}, bytes moved {fmt_bytes(budget.get('bytes_moved'))}.",
+            f"{fmt_bytes(budget.get('predicted_peak_bytes'))}, bytes moved {fmt_bytes(budget.get('bytes_moved'))}; "
+            f"objective {objective}, {mode}.",
             "",
         ]
+        within = budget.get("max_slowdown")
+        if within:
+            if within["within"]:
+                lines += [
+                    f"Max slowdown {within['requested']:g}x: the budget {fmt_bytes(within['budget_bytes'])} gives the "
+                    f"lowest peak of {within['budgets_tried']} budgets tried, at an estimated {within['slowdown']:.3f}x "
+                    f"the baseline (profile {within['profile']}).",
+                    "",
+                ]
+            else:
+                lines += [
+                    f"Max slowdown {within['requested']:g}x: no cut in peak memory stays within it "
+                    f"({within['budgets_tried']} budgets tried); the plan offloads nothing.",
+                    "",
+                ]
     rows = [r for r in explain_rows(plan) if r["status"] == "offloaded"]
     if rows:
         lines += ["| tensor | kind | bytes | reloads | why |", "|---|---|---:|---:|---|"]

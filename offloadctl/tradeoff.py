@@ -42,6 +42,7 @@ __all__ = [
     "Point",
     "Tradeoff",
     "budget_grid",
+    "dominated",
     "point_of",
     "plan_within_slowdown",
     "plot_frontier",
@@ -98,6 +99,23 @@ class Point:
             "offloads": self.offloads,
             "weights_added": self.weights_added,
         }
+
+
+def dominated(points: Sequence[Point]) -> list[bool]:
+    """For each point, whether another has a peak and a time no higher, one of them lower.
+
+    A plan made for a lower budget also fits a higher one, so a dominated point is never the best
+    answer at its budget: the frontier proper is the points that are not dominated.
+    """
+    flags = []
+    for p in points:
+        slack = _TOLERANCE * p.time_s
+        flags.append(any(
+            q.peak_bytes <= p.peak_bytes and q.time_s <= p.time_s + slack
+            and (q.peak_bytes < p.peak_bytes or q.time_s < p.time_s - slack)
+            for q in points
+        ))
+    return flags
 
 
 def point_of(result: SimResult, plan: dict[str, Any] | None, copies: str, budget: int | None = None) -> Point:
@@ -351,15 +369,24 @@ def plot_frontier(
         if not pts:
             continue
         color, line, marker, label = styles[mode]
+        flags = dominated(pts)
+        front = sorted((p for p, d in zip(pts, flags) if not d), key=lambda p: p.peak_bytes)
         ax.plot(
-            [p.peak_bytes / scale for p in pts], [p.slowdown for p in pts], line, marker=marker, ms=4, color=color,
-            label=label,
+            [p.peak_bytes / scale for p in front], [p.slowdown for p in front], line, marker=marker, ms=4,
+            color=color, label=label, drawstyle="steps-post",
         )
+        others = [p for p, d in zip(pts, flags) if d]
+        if others:
+            ax.plot(
+                [p.peak_bytes / scale for p in others], [p.slowdown for p in others], marker, ms=4, color=color,
+                markerfacecolor="none", alpha=0.6,
+            )
         if default and mode in default:
             d = default[mode]
             ax.plot([d.peak_bytes / scale], [d.slowdown], "*", ms=14, color=color, markeredgecolor="black", zorder=5)
     if default:
         ax.plot([], [], "*", ms=12, color="white", markeredgecolor="black", label="HyperOffload default plan (plan MODEL)")
+    ax.plot([], [], "o", ms=4, color="#555555", markerfacecolor="none", label="dominated (a lower peak is as fast)")
     ax.axvline(lower_bound_bytes / scale, color="#d62728", ls=":", lw=1, label="lower bound")
     ax.axvline(peak_bytes / scale, color="#888888", ls=":", lw=1, label="peak without offload")
     ax.set_xlabel(f"peak device memory ({unit})")

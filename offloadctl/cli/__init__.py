@@ -49,7 +49,7 @@ def _register() -> None:
     cli.add_command(inspect_cmd.inspect)
     for command in stages_cmd.COMMANDS:
         cli.add_command(command)
-    for module_name in ("apply_cmd", "run_cmd", "simulate_cmd", "profile_cmd"):
+    for module_name in ("apply_cmd", "run_cmd", "simulate_cmd", "profile_cmd", "frontier_cmd"):
         try:
             module = __import__(f"offloadctl.cli.{module_name}", fromlist=["COMMANDS"])
         except ModuleNotFoundError as exc:

@@ -30,6 +30,7 @@ from offloadctl.cli.options import (
     strict_option,
 )
 from offloadctl.cli.ui import fmt_bytes, out_console
+from offloadctl.costs import STREAMS_NOTE
 from offloadctl.estimate import estimate_figures
 from offloadctl.files import check_output_path
 from offloadctl.plan import read_plan
@@ -88,7 +89,10 @@ def _print_report(result: SimResult, doc: dict) -> None:
         for col in ("", "time", "stall", "slowdown"):
             table.add_column(col, justify="left" if not col else "right")
         table.add_row("baseline (no copies)", f"{t['baseline'] * 1e3:.3f} ms", "", "1.00x")
-        for key, label in (("serialized", "copies in line (onnxruntime today)"), ("overlapped", "copies on copy streams")):
+        for key, label in (
+            ("serialized", "copies in line (onnxruntime today)"),
+            ("overlapped", f"copies on copy streams ({STREAMS_NOTE})"),
+        ):
             table.add_row(
                 label, f"{t[key] * 1e3:.3f} ms", f"{doc['stall_s'][key] * 1e3:.3f} ms", f"{doc['slowdown'][key]:.2f}x"
             )

@@ -69,7 +69,6 @@ tensors of unknown size count 0 bytes.
 
 from __future__ import annotations
 
-import bisect
 import fnmatch
 import heapq
 import itertools
@@ -752,62 +751,52 @@ class _Planner:
     def place_prefetch_streams(
         self, budget: float, distance: int, timing: CopyTiming, caps: dict[str, int] | None = None
     ) -> None:
-        """Copies on streams: each offload's shortest lead that hides its H2Ds as well as the longest
-        lead does (at most ``distance`` or its cap, keeping the peak within ``budget``).
+        """Copies on streams: each offload gets the lead its H2Ds need to be done in time on a shared
+        link, at most ``distance`` (or its cap) and at most the longest lead that keeps the budget.
 
-        The link is shared: copies in one direction take turns on it. D2Hs go in producer order,
-        each from the end of its producer; H2Ds are placed in order of first use, each moving in the
-        link time the copies placed before it leave free (two copies in flight share the bandwidth),
-        not before its D2H is done. Times are the baseline's (`CopyTiming`). A lead longer than
-        needed only holds device memory another offload's lead may need, and takes the link ahead
-        of copies needed sooner.
+        The link is shared: copies in one direction take turns on it, in the order they are issued
+        (one copy stream per direction, as the simulator runs them). D2Hs go first come first
+        served from the end of their producers. H2Ds are scheduled backwards from their deadlines
+        (the start of the group's first use, on the baseline's times), latest deadline first: each
+        ends by its deadline and before the link time the later ones took, and starts no earlier
+        than its tensor's D2H is done. A group needs the lead back to the first node that starts
+        by then; a tensor takes the longest its groups need. So two copies due close together are
+        both issued early enough to pass one after the other, and a lead longer than needed, which
+        would hold device memory another offload's lead may need and take the link ahead of copies
+        due sooner, is not given.
         """
         caps = caps or {}
         starts = timing.starts
-        d2h_link, h2d_link = _LinkTime(), _LinkTime()
+        link_free = 0.0
         done: dict[int, float] = {}  # activation -> when its D2H is done
         acts = [i for i, s in enumerate(self.state) if s.offloaded and self.cands[i].is_act]
         for i in sorted(acts, key=lambda i: (self.cands[i].start, self.cands[i].name)):
             c = self.cands[i]
-            done[i] = d2h_link.reserve(float(starts[min(c.start + 1, self.n)]), float(timing.d2h(c.b)))
+            link_free = done[i] = max(float(starts[min(c.start + 1, self.n)]), link_free) + float(timing.d2h(c.b))
         firsts = {
             i: _group_firsts(self.cands[i], s)
             for i, s in enumerate(self.state)
             if s.offloaded and (not self.fixed[i] or self.cands[i].name in caps)
         }
+        jobs = sorted(((f, self.cands[i].name, i) for i, groups in firsts.items() for f in groups), reverse=True)
+        needed: dict[int, int] = {}
+        free = math.inf
+        for f, _, i in jobs:
+            c = self.cands[i]
+            end = min(float(starts[f]), free)
+            begin = max(end - float(timing.h2d(c.b)), done.get(i, 0.0))
+            free = min(free, begin)
+            low = timeline.h2d_low(c.kind, c.start if c.is_act else None)
+            issue = max(low, min(f, int(np.searchsorted(starts, begin, side="right")) - 1))
+            needed[i] = max(needed.get(i, 0), f - issue)
         order = sorted(firsts, key=lambda i: (firsts[i][0] if firsts[i] else self.n, self.cands[i].name))
         for i in order:
-            c = self.cands[i]
-            groups = firsts[i]
-            if not groups:
-                continue
-            cap = caps.get(c.name, distance)
-            longest = 0 if cap <= 0 else (cap if budget == math.inf else self._longest_lead(i, groups, cap, budget))
-            low = timeline.h2d_low(c.kind, c.start if c.is_act else None)
-            seconds = float(timing.h2d(c.b))
-            ready = done.get(i, 0.0)
-
-            def issued(f: int, lead: int) -> float:
-                return max(float(starts[timeline.h2d_position(f, low, lead)]), ready)
-
-            def late(lead: int) -> float:
-                return sum(max(0.0, h2d_link.finish(issued(f, lead), seconds) - float(starts[f])) for f in groups)
-
-            lead = longest
-            if longest:
-                target = late(longest) + 1e-9 * seconds
-                lo, hi = 0, longest  # late() only falls as the lead grows
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if late(mid) <= target:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                lead = lo
-            for f in groups:
-                h2d_link.reserve(issued(f, lead), seconds)
-            if lead:
-                self._lead(i, groups, lead)
+            lead = min(needed.get(i, 0), caps.get(self.cands[i].name, distance))
+            if lead > 0 and firsts[i]:
+                if budget != math.inf:
+                    lead = self._longest_lead(i, firsts[i], lead, budget)
+                if lead:
+                    self._lead(i, firsts[i], lead)
 
     # ---------------------------------------------------------------- bounds
 
@@ -863,52 +852,6 @@ class _Planner:
             paid += (need - (freed[k - 1] if k else 0.0)) * per_byte[order[k]]
             best = max(best, paid)
         return base + best
-
-
-class _LinkTime:
-    """When one direction of the host link is busy: disjoint [start, end) intervals in seconds, sorted."""
-
-    def __init__(self) -> None:
-        self.starts: list[float] = []
-        self.ends: list[float] = []
-
-    def _walk(self, start: float, seconds: float) -> tuple[float, list[tuple[float, float]]]:
-        """When a copy of ``seconds`` issued at ``start`` is done, moving only while the link is free,
-        and the pieces of link time it takes."""
-        pieces: list[tuple[float, float]] = []
-        t, left = start, seconds
-        k = bisect.bisect_right(self.ends, t)
-        while left > 0:
-            if k < len(self.starts) and self.starts[k] <= t:
-                t = max(t, self.ends[k])
-                k += 1
-                continue
-            free_until = self.starts[k] if k < len(self.starts) else math.inf
-            take = min(left, free_until - t)
-            if take > 0:
-                pieces.append((t, t + take))
-            left -= take
-            t += take
-        return t, pieces
-
-    def finish(self, start: float, seconds: float) -> float:
-        return self._walk(start, seconds)[0]
-
-    def reserve(self, start: float, seconds: float) -> float:
-        """Take the link time a copy needs; returns when it is done."""
-        end, pieces = self._walk(start, seconds)
-        for a, b in pieces:
-            k = bisect.bisect_left(self.starts, a)
-            if k > 0 and self.ends[k - 1] >= a:
-                k -= 1
-                a, b = self.starts[k], max(b, self.ends[k])
-                del self.starts[k], self.ends[k]
-            while k < len(self.starts) and self.starts[k] <= b:
-                b = max(b, self.ends[k])
-                del self.starts[k], self.ends[k]
-            self.starts.insert(k, a)
-            self.ends.insert(k, b)
-        return end
 
 
 def _fill(sizes: np.ndarray, need: int) -> list[int]:
