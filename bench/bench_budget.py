@@ -15,6 +15,14 @@ One run prints, side by side:
 3. With ``--exact``: greedy against ``--optimal`` (HiGHS) on every case with weights, with the
    solve times and the gap; with ``--exact-scale 1000,3000,10000``: on generated models of those
    sizes, whether the exact search proves the optimum within ``--time-limit`` seconds.
+4. Objectives (skip with ``--no-objectives``). On every case with weights and both copy modes
+   (copies in line; copies on streams, an estimate for a mode onnxruntime does not run yet), the
+   simulated time of the plan ``--objective time`` makes against the plan ``--objective bytes``
+   makes at the same budget, on ``--profile`` (default ascend-910b): the time objective must never
+   be slower (the run exits 1 otherwise), and the table says by how much it is faster. On streams
+   it also prices the prefetch placement: the bytes plan placed for copies in line (the longest lead
+   the budget allows) against the same choice placed for the shared link. Search times are side by
+   side (the time objective runs the bytes search too, to compare).
 
 Timing figures are ratios measured in this run on this machine: on a busy machine they are noise,
 re-run them on a quiet one. The quality comparison is deterministic; a case that got worse makes
@@ -186,6 +194,50 @@ def exact_scale(sizes: list[int], folder: Path, time_limit: float, progress: Con
     return rows
 
 
+def objectives(models: list[str] | None, folder: Path, profile: str, progress: Console) -> list[dict[str, Any]]:
+    """Simulated time of the time objective's plan against the bytes objective's, per case and copy mode."""
+    from offloadctl.profiles import load_profile
+    from offloadctl.simulate import simulate
+    from offloadctl.stages import make_plan
+
+    prof = load_profile(profile)
+    rows = []
+    loaded: dict[str, Any] = {}
+    for case in budget_cases.cases(models):
+        if case.mode != "params":
+            continue
+        if case.model not in loaded:
+            loaded.clear()
+            loaded[case.model] = budget_cases.load(case.model, folder)
+        analysis = loaded[case.model]
+        budget = budget_cases.budget_for(analysis, case.rule)
+        baseline = simulate(analysis, profile=prof).times.baseline
+        for copies, key in (("inline", "serialized"), ("streams", "overlapped")):
+            progress.print(f"[dim]objectives: {case.key}, copies {copies}[/]")
+            found: dict[str, Any] = {}
+            for objective in ("bytes", "time"):
+                t0 = time.perf_counter()
+                plan = make_plan(analysis, budget=budget, params=True, objective=objective, copies=copies, profile=prof)
+                seconds = time.perf_counter() - t0
+                found[objective] = (getattr(simulate(analysis, plan, profile=prof).times, key), seconds, plan)
+            row = {
+                "case": case.key, "nodes": analysis.num_positions, "copies": copies, "budget_bytes": budget,
+                "baseline_s": baseline,
+                "bytes": {"time_s": found["bytes"][0], "search_s": found["bytes"][1],
+                          "bytes_moved": found["bytes"][2]["budget"]["bytes_moved"]},
+                "time": {"time_s": found["time"][0], "search_s": found["time"][1],
+                         "bytes_moved": found["time"][2]["budget"]["bytes_moved"],
+                         "kept": found["time"][2]["budget"]["compared"]["kept"]},
+            }
+            row["never_slower"] = row["time"]["time_s"] <= row["bytes"]["time_s"] * (1 + 1e-12)
+            row["shorter"] = 1 - row["time"]["time_s"] / row["bytes"]["time_s"]
+            if copies == "streams":  # the same choice (bytes) placed for copies in line
+                inline = make_plan(analysis, budget=budget, params=True, objective="bytes", copies="inline", profile=prof)
+                row["longest_lead_s"] = simulate(analysis, inline, profile=prof).times.overlapped
+            rows.append(row)
+    return rows
+
+
 def _bytes(n: Any) -> str:
     return "-" if n is None else f"{int(round(n)):,}"
 
@@ -209,6 +261,12 @@ def _print(doc: dict[str, Any], console: Console) -> None:
                 " ".join(f"{x:.1f}" for x in r["budget_cpu_s"]), f"{r['ratio_cpu']:.2f}",
             )
         console.print(table)
+    if doc["quality"]:
+        _print_quality(doc, console)
+    _print_more(doc, console)
+
+
+def _print_quality(doc: dict[str, Any], console: Console) -> None:
     table = Table(title="quality against the old greedy (bench/budget_reference.json): bytes moved", title_justify="left")
     for col in ("case", "budget", "old", "now", "proven bound", "gap", "old s", "now s", ""):
         table.add_column(col, justify="left" if col == "case" else "right")
@@ -224,6 +282,9 @@ def _print(doc: dict[str, Any], console: Console) -> None:
     worse = [r["case"] for r in doc["quality"] if not (r["fits_ok"] and r["bytes_ok"])]
     console.print(f"quality: {len(doc['quality']) - len(worse)} of {len(doc['quality'])} cases fit whenever the old "
                   f"search did and move no more bytes" + (f"; WORSE: {', '.join(worse)}" if worse else ""))
+
+
+def _print_more(doc: dict[str, Any], console: Console) -> None:
     if doc["exact"]:
         table = Table(title="greedy against exact (--optimal, HiGHS): bytes moved", title_justify="left")
         for col in ("case", "nodes", "greedy", "greedy s", "exact", "proven", "gap", "solve s", "nonzeros"):
@@ -233,6 +294,28 @@ def _print(doc: dict[str, Any], console: Console) -> None:
                           _bytes(r["exact_bytes"]), "yes" if r["proven_optimal"] else r["status"], _pct(r["gap"]),
                           f"{r['solve_s']:.2f}", f"{r['nonzeros']:,}")
         console.print(table)
+    if doc["objectives"]:
+        table = Table(title=f"--objective time against --objective bytes at the same budget (--params, profile "
+                            f"{doc['profile']}): simulated time / baseline", title_justify="left")
+        for col in ("case", "copies", "bytes", "time", "time shorter", "kept", "search s bytes / time",
+                    "streams: longest lead", ""):
+            table.add_column(col, justify="left" if col in ("case", "copies", "kept") else "right")
+        for r in doc["objectives"]:
+            base = r["baseline_s"]
+            lead = r.get("longest_lead_s")
+            table.add_row(
+                r["case"], r["copies"], f"{r['bytes']['time_s'] / base:.3f}x", f"{r['time']['time_s'] / base:.3f}x",
+                f"{100 * r['shorter']:.1f}%", r["time"]["kept"],
+                f"{r['bytes']['search_s']:.2f} / {r['time']['search_s']:.2f}",
+                "-" if lead is None else f"{lead / base:.3f}x", "ok" if r["never_slower"] else "SLOWER",
+            )
+        console.print(table)
+        shorter = [r["shorter"] for r in doc["objectives"]]
+        console.print(
+            f"objectives: the time objective is never slower in {sum(r['never_slower'] for r in doc['objectives'])} of "
+            f"{len(shorter)} cases; faster in {sum(x > 1e-9 for x in shorter)}, by {100 * statistics.median(shorter):.1f}% "
+            f"(median) and up to {100 * max(shorter):.1f}%. streams, longest lead: the bytes plan placed for copies in line"
+        )
     if doc["exact_scale"]:
         table = Table(title="how far the exact search scales (generated models, --params)", title_justify="left")
         for col in ("nodes", "budget", "proven optimal", "gap", "solve s", "columns", "nonzeros"):
@@ -253,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exact", action="store_true", help="also greedy against --optimal on every case with weights")
     parser.add_argument("--exact-scale", default="", help="node counts at which to try the exact search")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds the exact search may take")
+    parser.add_argument("--no-objectives", action="store_true", help="skip the time against bytes objective comparison")
+    parser.add_argument("--no-quality", action="store_true", help="skip the comparison with the old search")
+    parser.add_argument("--profile", default="ascend-910b", help="device profile of the objectives comparison")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     args = parser.parse_args(argv)
     console = Console(width=200)
@@ -265,17 +351,20 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         doc = {
             "speed": [] if args.no_speed else speed(sizes, repeat, folder, progress),
-            "quality": quality(models, folder, progress),
+            "quality": [] if args.no_quality else quality(models, folder, progress),
+            "profile": args.profile,
+            "objectives": [] if args.no_objectives else objectives(models, folder, args.profile, progress),
             "exact": exact(models, folder, args.time_limit, progress) if args.exact else [],
             "exact_scale": exact_scale([int(s) for s in args.exact_scale.split(",") if s], folder, args.time_limit, progress),
         }
     doc["quality_ok"] = all(r["fits_ok"] and r["bytes_ok"] for r in doc["quality"])
     doc["speed_ok"] = all(r["ratio_wall"] <= GOAL for r in doc["speed"])
+    doc["objectives_ok"] = all(r["never_slower"] for r in doc["objectives"])
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
         _print(doc, console)
-    return 0 if doc["quality_ok"] else 1
+    return 0 if doc["quality_ok"] and doc["objectives_ok"] else 1
 
 
 if __name__ == "__main__":

@@ -238,11 +238,22 @@ class StreamStall(CopyCost):
         hidden = self.timing.compute(issue, np.asarray(use) - 1)
         return np.maximum(t - hidden, 0.0) + HIDDEN_SHARE * t
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_starts", self.timing.starts.tolist())  # one copy's price in plain floats
+
+    def _hidden(self, first: int, last: int) -> float:
+        starts = self._starts  # type: ignore[attr-defined]
+        first = min(max(first, 0), len(starts) - 1)
+        last = min(last, len(starts) - 2)
+        return starts[last + 1] - starts[first] if last >= first else 0.0
+
     def d2h_at(self, nbytes: int, producer: int, release: int) -> float:
-        return float(self.d2h_many(np.array([nbytes]), np.array([producer]), np.array([release]))[0])
+        t = self.profile.d2h.time(nbytes)
+        return max(t - self._hidden(producer + 1, release), 0.0) + HIDDEN_SHARE * t
 
     def h2d_at(self, nbytes: int, issue: int, use: int) -> float:
-        return float(self.h2d_many(np.array([nbytes]), np.array([issue]), np.array([use]))[0])
+        t = self.profile.h2d.time(nbytes)
+        return max(t - self._hidden(issue, use - 1), 0.0) + HIDDEN_SHARE * t
 
     def to_json(self) -> dict[str, Any]:
         return {"objective": self.objective, "unit": self.unit, "profile": self.profile.name, "copies": "streams"}

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from offloadctl.analysis import Analysis
-from offloadctl.costs import COPY_MODES, copy_mode_label, default_objective
+from offloadctl.costs import COPY_MODES, InlineTime, copies_of, copy_mode_label, default_objective, plan_cost
 from offloadctl.errors import OffloadError
 from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
 from offloadctl.simulate import SimResult, simulate
@@ -186,15 +186,40 @@ class Tradeoff:
             BudgetUnreachable: the budget cannot be reached (``reachable`` says what can).
         """
         filtered = self.search.filter(
-            budget, objective=self.objective, profile=self.profile, copies=copies, report=report
+            budget, objective=self.objective, profile=self.profile, copies=copies, report=report, quiet=True
         )
         plan = prefetch(filtered, prefetch_distance=self.prefetch_distance, release_distance=self.release_distance)
         return check_budget(self.analysis, plan)
 
     def point(self, budget: int, copies: str = "inline") -> tuple[Point, dict[str, Any]]:
-        """The plan at ``budget`` and its point; raises `BudgetUnreachable` as `plan`."""
+        """The plan at ``budget`` and its point; raises `BudgetUnreachable` as `plan`.
+
+        The figures are the simulator's, taken where the search already has them: the peak the
+        timeline predicts (`check_budget`), the copies' time in line (their sum), and on streams
+        the stall the time objective simulated when it compared its plan with the bytes
+        objective's; otherwise the plan is simulated.
+        """
         plan = self.plan(budget, copies)
-        return point_of(simulate(self.analysis, plan, profile=self.profile), plan, copies, budget), plan
+        info = plan["budget"]
+        compared = info.get("compared")
+        if copies == "inline":
+            stall = plan_cost(plan, InlineTime(self.profile))
+        elif compared is not None and compared["copies"] == copies:
+            stall = compared["stall_s"][compared["kept"]]
+        else:
+            return point_of(simulate(self.analysis, plan, profile=self.profile), plan, copies, budget), plan
+        counts = [copies_of(off) for off in plan["offloads"]]
+        return Point(
+            copies=copies,
+            budget_bytes=budget,
+            peak_bytes=info["predicted_peak_bytes"],
+            time_s=self.baseline_s + stall,
+            baseline_s=self.baseline_s,
+            bytes_moved=info["bytes_moved"],
+            copy_count=sum(d + h for d, h in counts),
+            offloads=len(plan["offloads"]),
+            weights_added=bool(info.get("weights_added_by_budget")),
+        ), plan
 
     def sweep(
         self, copies: str, points: int = DEFAULT_POINTS, *, step: Callable[[str], None] | None = None
@@ -304,6 +329,8 @@ def plan_within_slowdown(
     )
     plan, point, tried = trade.within(max_slowdown, copies, points, step=step)
     within = point.peak_bytes < trade.peak_bytes
+    if point.weights_added:
+        logger.warning("activations alone cannot fit the budget chosen: weights were considered too (as with --params)")
     if not within:
         logger.warning(
             "no cut in peak memory keeps the estimated time within %.3gx the baseline (%s, profile %s): "

@@ -5,13 +5,20 @@ budget strategy chooses individual *intervals* — the gaps of an activation bet
 producer/use positions, and the idle stretches of a weight (before its first use, between uses,
 after its last use) — so that the peak fits ``budget_bytes`` at the least cost.
 
-The cost (``objective``, see `offloadctl.costs`) is a price per copy: by default the bytes moved
-(every byte crosses the host link; with copies in line on the compute stream every byte is time
-the model waits), or the estimated time of each copy in line (``latency + bytes / bandwidth`` of
-its direction, from a device profile). Offloading a tensor at all costs its *opening* copies (an
-activation's D2H, plus the H2D feeding it back as a graph output; a weight's first H2D), and each
-further interval one H2D. The number of offloads, by contrast, says nothing: one large tensor costs
-more than ten small ones.
+The cost (``objective``, see `offloadctl.costs`) is a price per copy: the bytes moved (every byte
+crosses the host link; with copies in line on the compute stream every byte is time the model
+waits), or the estimated time the copy adds under the copy mode (``copies``): in line, ``latency +
+bytes / bandwidth`` of its direction from a device profile; on streams (an estimate for a mode
+onnxruntime does not run yet), what the compute in the copy's window does not hide. Offloading a
+tensor at all costs its *opening* copies (an activation's D2H, plus the H2D feeding it back as a
+graph output; a weight's first H2D), and each further interval one H2D. The number of offloads, by
+contrast, says nothing: one large tensor costs more than ten small ones. On streams an H2D is priced
+as issued ``prefetch_distance`` before its use, and an activation's D2H by the compute up to its
+release point, which its first offloaded gap decides: the greedy prices each move from the current
+state, pruning prices each removal the same way, and no bound is recorded (the cost is not a sum of
+per-copy prices). With the time objective, the plan the bytes objective finds at the same budget is
+estimated too and the faster of the two kept (``budget.compared``), so asking for time never gives
+a longer estimated time than asking for bytes.
 
 Memory follows `offloadctl.timeline` (the simulator's rules, stated once there). With prefetch
 distance 0 and release distance 0, an interval frees exactly its idle steps, so the search works
@@ -34,22 +41,26 @@ Greedy search (the default), built to scale to graphs of 100,000 nodes:
    most expensive first (a removal only raises memory, so an interval that cannot go now never can).
 4. Prefetch: every reload is first placed at its use (distance 0). Then, in execution order, each
    offload gets the largest per-tensor ``prefetch_distance`` <= the requested global distance that
-   keeps the peak within the budget.
+   keeps the peak within the budget. With copies on streams it gets only the lead its H2Ds need to
+   be done in time on the shared link (scheduled back from their deadlines, one copy at a time per
+   direction; `_Planner.place_prefetch_streams`), within the same limits: a longer lead would hold
+   memory and take the link ahead of copies due sooner.
 
 The plan's ``budget`` object records what the plan costs and a proven lower bound on what any plan
 of this strategy must cost (for each of the steps furthest over the budget: the cheapest way to
 free its excess, taking intervals fractionally; with release distance 0, where an interval frees
 exactly its idle steps), and the gap between them.
 
-Exact search (``optimal=True``, needs HiGHS): the same choice written as an integer covering
-program (`offloadctl.stages.optimal`), started from the greedy's plan, with a time limit; it
-returns the best plan found, HiGHS's proven bound and the gap. Every answer is checked against the
+Exact search (``optimal=True``, needs HiGHS; linear costs only: bytes, or time with copies in line):
+the same choice written as an integer covering program (`offloadctl.stages.optimal`), started from
+the greedy's plan, with a time limit; it returns the best plan found, HiGHS's proven bound and the gap. Every answer is checked against the
 timeline in exact integer bytes before it is trusted; one that does not fit, or costs more than the
 greedy's, is set aside for the greedy's.
 
 If the budget is below the lower bound (the largest single-node working set: inputs, outputs and
-weights one node reads), or cannot be reached, an ``OffloadError`` gives the lower bound and the
-best peak reachable. When the user did not enable weights (``--params``) and activations alone
+weights one node reads), or cannot be reached, a `BudgetUnreachable` error gives the lower bound and
+the best peak reachable. `BudgetSearch` prepares what does not depend on the budget once, for
+sweeps over many budgets (`offloadctl.tradeoff`). When the user did not enable weights (``--params``) and activations alone
 cannot reach the budget, weights are added as candidates and the plan says so.
 
 Weight streaming (``stream_weights``): weights stay on the host and come in by *layer group*.
@@ -1425,8 +1436,13 @@ class BudgetSearch:
         optimal: bool = False,
         time_limit: float = DEFAULT_TIME_LIMIT,
         report: Callable[[str], None] | None = None,
+        quiet: bool = False,
     ) -> dict[str, Any]:
-        """The "filtered" plan whose peak fits ``budget_bytes`` at the least cost (see `budget_filter`)."""
+        """The "filtered" plan whose peak fits ``budget_bytes`` at the least cost (see `budget_filter`).
+
+        ``quiet``: do not warn when weights join the candidates (a sweep over many budgets reads
+        ``weights_added_by_budget`` instead).
+        """
         analysis = self.analysis
         if copies not in ("inline", "streams"):
             raise OffloadError(f"unknown copy mode {copies!r}", hint="use inline or streams")
@@ -1462,7 +1478,8 @@ class BudgetSearch:
         if not first[-1].fits and not self.params:
             retry = self._attempt(True, budget_bytes, cost, **search)
             if retry[-1].fits:
-                logger.warning("activations alone cannot fit the budget: weights were considered too (as with --params)")
+                if not quiet:
+                    logger.warning("activations alone cannot fit the budget: weights were considered too (as with --params)")
                 chosen = retry
                 weights_added = True
         if not chosen[-1].fits:
@@ -1474,34 +1491,35 @@ class BudgetSearch:
                 hint=f"raise --budget to at least {byte_arg(best)}, or allow more candidates (--params, fewer --never patterns)",
                 reachable=best,
             )
-        new = self._build(chosen, budget_bytes, cost, prof, copies, optimal, time_limit, weights_added)
-        if cost.objective == "time" and budget_bytes is not None and not isinstance(objective, CopyCost):
-            # the time objective is priced copy by copy; the plan the bytes objective finds is checked
-            # too, and the faster of the two (estimated as the chosen copy mode runs) is kept, so asking
-            # for time never gives a longer estimate than asking for bytes
-            with_params = True if chosen is retry else self.params
-            other = self._attempt(with_params, budget_bytes, BytesMoved(), timing=timing, optimal=False,
-                                  time_limit=time_limit, report=report)
-            if not other[-1].fits:  # pragma: no cover - the same candidates fit under any price
-                return new
-            mine_s = self._stall(new, prof, copies)
-            theirs = self._build(other, budget_bytes, cost, prof, copies, optimal, time_limit, weights_added,
-                                 searched=chosen[-1])
-            theirs_s = self._stall(theirs, prof, copies)
+        build = dict(budget_bytes=budget_bytes, cost=cost, profile=prof, copies=copies, optimal=optimal,
+                     time_limit=time_limit, weights_added=weights_added)
+        if cost.objective != "time" or budget_bytes is None or isinstance(objective, CopyCost):
+            return self._build(chosen, **build)
+        # the time objective is priced copy by copy; the plan the bytes objective finds is checked too,
+        # and the faster of the two (estimated as the chosen copy mode runs) is kept, so asking for
+        # time never gives a longer estimate than asking for bytes
+        with_params = True if chosen is retry else self.params
+        other = self._attempt(with_params, budget_bytes, BytesMoved(), timing=timing, optimal=False,
+                              time_limit=time_limit, report=report)
+        if not other[-1].fits:  # pragma: no cover - the same candidates fit under any price
+            return self._build(chosen, **build)
+        if copies == "inline":  # the copies' time in line: a sum the planners' states give
+            inline = InlineTime(prof)
+            mine_s, theirs_s = chosen[-1].planner.moved(inline), other[-1].planner.moved(inline)
+            kept = "bytes" if theirs_s < mine_s - 1e-12 * max(mine_s, 1e-30) else "time"
+            new = self._build(chosen, **build) if kept == "time" else self._build(other, **build, searched=chosen[-1])
+        else:
+            new = self._build(chosen, **build)
+            theirs = self._build(other, **build, searched=chosen[-1])
+            mine_s, theirs_s = self._stall(new, prof), self._stall(theirs, prof)
             kept = "bytes" if theirs_s < mine_s - 1e-12 * max(mine_s, 1e-30) else "time"
             if kept == "bytes":
                 new = theirs
-            new["budget"]["compared"] = {
-                "copies": copies,
-                "stall_s": {"time": mine_s, "bytes": theirs_s},
-                "kept": kept,
-            }
+        new["budget"]["compared"] = {"copies": copies, "stall_s": {"time": mine_s, "bytes": theirs_s}, "kept": kept}
         return new
 
-    def _stall(self, filtered: dict[str, Any], profile: Profile, copies: str) -> float:
-        """The time a filtered plan's copies add to the baseline under the copy mode (the simulator's)."""
-        if copies == "inline":
-            return plan_cost(filtered, InlineTime(profile))
+    def _stall(self, filtered: dict[str, Any], profile: Profile) -> float:
+        """The time a filtered plan's copies add to the baseline with copies on streams (the simulator's)."""
         from offloadctl.simulate import simulate
         from offloadctl.stages.prefetch import prefetch
 
@@ -1509,7 +1527,7 @@ class BudgetSearch:
         times = simulate(self.analysis, scheduled, profile=profile).times
         return times.overlapped - times.baseline
 
-    def _build(self, attempt: tuple, budget_bytes: int | None, cost: CopyCost, profile: Profile, copies: str,
+    def _build(self, attempt: tuple, *, budget_bytes: int | None, cost: CopyCost, profile: Profile, copies: str,
                optimal: bool, time_limit: float, weights_added: bool, searched: _Outcome | None = None) -> dict[str, Any]:
         """The filtered plan of one search's outcome, priced by ``cost``.
 
