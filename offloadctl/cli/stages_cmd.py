@@ -280,6 +280,8 @@ def filter_cmd(
                 report=step, objective=objective, profile=prof, copies=copies, optimal=optimal, time_limit=time_limit,
             )
     else:
+        if copies != "inline":
+            logger.warning("--copies is the budget strategy's: without --budget the filter keeps the first --select-num")
         plan = filter_plan(selected_plan, select_num=select_num, min_bytes=min_bytes)
     write_plan(output, plan)
     _stage_end("filter", selected, plan, output, as_json, explain, defaulted)
