@@ -32,7 +32,7 @@ from offloadctl.analysis import Analysis
 from offloadctl.costs import COPY_MODES, InlineTime, copies_of, copy_mode_label, default_objective, plan_cost
 from offloadctl.errors import OffloadError
 from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
-from offloadctl.simulate import SimResult, simulate
+from offloadctl.simulate import SimResult, is_rewritten, simulate
 from offloadctl.stages.budget import BudgetSearch, BudgetUnreachable, check_budget
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, prefetch
 from offloadctl.stages.select import select
@@ -161,6 +161,11 @@ class Tradeoff:
         prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
         release_distance: int = DEFAULT_RELEASE_DISTANCE,
     ) -> None:
+        if is_rewritten(analysis):
+            raise OffloadError(
+                f"{analysis.loaded.path} already contains copies: trading memory for time needs the original model",
+                hint="plan the model before offloadctl apply",
+            )
         self.analysis = analysis
         self.profile = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
         self.objective = objective or default_objective(self.profile)
@@ -288,12 +293,12 @@ class Tradeoff:
                 mid = (lo + hi) // 2
                 if step is not None:
                     step(f"{copy_mode_label(copies).split(',')[0]}: budget {mid} bytes")
+                count += 1
                 try:
                     candidate, plan = self.point(mid, copies)
                 except BudgetUnreachable:
                     lo = mid
                     continue
-                count += 1
                 if candidate.slowdown <= limit:
                     hi = mid
                     if candidate.peak_bytes < best_point.peak_bytes:

@@ -337,6 +337,14 @@ def test_frontier_never_overwrites_an_input(run_cli, tmp_path):
     assert model.read_bytes() == before
     bad = run_cli("frontier", model, "--plot", tmp_path / "f.jpg", "--points", "2")
     assert bad.exit_code == 1 and ".png or .svg" in bad.stderr and not (tmp_path / "f.jpg").exists()
+    # a model already rewritten has no frontier and no --max-slowdown
+    plan, rewritten = tmp_path / "plan.json", tmp_path / "unet.offload.onnx"
+    assert run_cli("plan", model, "-o", plan, "--params", "--select-distance", "10").exit_code == 0
+    assert run_cli("apply", plan, "-o", rewritten).exit_code == 0
+    for args in (("frontier", rewritten), ("plan", rewritten, "-o", tmp_path / "again.json", "--max-slowdown", "1.05")):
+        result = run_cli(*args)
+        assert result.exit_code == 1 and "already contains copies" in result.stderr, args
+    assert not (tmp_path / "again.json").exists()
 
 
 def test_dominated_points():

@@ -94,6 +94,7 @@ import numpy as np
 from offloadctl import timeline
 from offloadctl.analysis import Analysis, Use
 from offloadctl.costs import (
+    COPY_MODES,
     BytesMoved,
     CopyCost,
     CopyTiming,
@@ -1290,7 +1291,6 @@ def _solve(
         else:  # a weight, or a graph output nobody reads: its outer or trailing stretch
             p.set(i, _State(True))
     if budget is None:
-        caps = {}
         place(math.inf)
         return _Outcome(p, True)
     if p.peak()[0] > budget:
@@ -1444,8 +1444,8 @@ class BudgetSearch:
         ``weights_added_by_budget`` instead).
         """
         analysis = self.analysis
-        if copies not in ("inline", "streams"):
-            raise OffloadError(f"unknown copy mode {copies!r}", hint="use inline or streams")
+        if copies not in COPY_MODES:
+            raise OffloadError(f"unknown copy mode {copies!r}", hint=f"use one of {', '.join(COPY_MODES)}")
         prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
         timing = self.timing(prof) if copies == "streams" else None
         if isinstance(objective, CopyCost):
