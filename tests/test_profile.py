@@ -189,7 +189,7 @@ def test_measured_profile_validates_and_records_what_it_belongs_to(seed_doc):
     by_name = {n.name: n for n in model.graph.node}
     for name, entry in measured["nodes"].items():
         assert entry["op_type"] == by_name[name].op_type
-        assert entry["seconds"] > 0
+        assert entry["seconds"] >= 0  # profiling reports whole microseconds: a tiny node can take 0
         # seed: every tensor is float[4,8] but the scalar weight "two"
         assert entry["input_shapes"] == [[] if i == "two" else [4, 8] for i in by_name[name].input]
     device = measured["device"]
