@@ -22,6 +22,7 @@ from typing import NamedTuple
 import networkx as nx
 import onnx
 
+from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.model import LoadedModel, TensorInfos, tensor_infos
 
@@ -262,6 +263,7 @@ class Analysis:
         return g
 
 
+@paused_gc()
 def analyse(loaded: LoadedModel) -> Analysis:
     """Compute execution order, producers, uses and sizes of a loaded model.
 

@@ -64,6 +64,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl import __version__
 from offloadctl.analysis import Analysis, execution_order, is_constant_node
+from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.files import atomic_write, check_distinct_outputs, same_file
 from offloadctl.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, register_schemas
@@ -112,6 +113,7 @@ class ApplyResult:
     copy_nodes: list[str] = field(default_factory=list)
 
 
+@paused_gc()
 def apply_plan(plan: dict[str, Any], analysis: Analysis, *, result: ApplyResult | None = None) -> onnx.ModelProto:
     """Return a copy of the analysed model with the plan's copies inserted.
 

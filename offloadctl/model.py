@@ -27,6 +27,7 @@ from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
+from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
 from offloadctl.memcpy import COPY_TYPES
@@ -638,17 +639,22 @@ class TensorInfos(Mapping[str, TensorInfo]):
 
     def _inferred(self) -> dict[str, list[bytes]]:
         if self._types is None:
-            proto = self._inference_proto()
-            try:
-                inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
-                graph = inferred.graph
-            except Exception as exc:  # inference is best effort: unknown sizes are excluded with a reason
-                logger.warning(
-                    "shape inference failed on %s (%s); sizes come from the file's value_info", self._loaded.path, exc
-                )
-                graph = self._loaded.proto.graph
-            self._types = _types_by_name((graph.value_info, graph.input, graph.output))
+            self._types = self._run_inference()
         return self._types
+
+    @paused_gc()
+    def _run_inference(self) -> dict[str, list[bytes]]:
+        """onnx's shape inference over the whole graph, as serialized types by name."""
+        proto = self._inference_proto()
+        try:
+            inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+            graph = inferred.graph
+        except Exception as exc:  # inference is best effort: unknown sizes are excluded with a reason
+            logger.warning(
+                "shape inference failed on %s (%s); sizes come from the file's value_info", self._loaded.path, exc
+            )
+            graph = self._loaded.proto.graph
+        return _types_by_name((graph.value_info, graph.input, graph.output))
 
     def _declared_types(self) -> dict[str, list[bytes]]:
         """The types the file declares (value_info and graph outputs), by name."""

@@ -20,6 +20,7 @@ import fastjsonschema
 import jsonschema
 
 from offloadctl import __version__
+from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.files import atomic_write
 
@@ -226,6 +227,7 @@ def _number(text: str) -> int | float:
     return int(value) if value.is_integer() else value
 
 
+@paused_gc()
 def read_plan(path: str | os.PathLike[str], *, stages: tuple[str, ...] = STAGES) -> Plan:
     """Read and validate a plan file whose stage is one of ``stages``."""
     p = Path(path)
@@ -289,6 +291,7 @@ def _plan_text(plan: Plan) -> str:
     return text.replace(json.dumps(_REJECTED_SLOT), listing, 1) + "\n"
 
 
+@paused_gc()
 def dump_plan(plan: Plan) -> str:
     """Validate and serialize a plan deterministically."""
     validate_plan(plan, source="plan being written")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from offloadctl.bulk import paused_gc
 from offloadctl.plan import record_stage, require_stage
 from offloadctl.units import fmt_bytes
 
@@ -48,6 +49,7 @@ def _rejection(off: dict[str, Any], reason: str, detail: str) -> dict[str, Any]:
     }
 
 
+@paused_gc()
 def filter_plan(
     plan: dict[str, Any], *, select_num: int = DEFAULT_SELECT_NUM, min_bytes: int = DEFAULT_MIN_BYTES
 ) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from offloadctl.bulk import paused_gc
 from offloadctl.plan import record_stage, require_stage
 from offloadctl.timeline import h2d_low, h2d_position, release_point
 
@@ -27,6 +28,7 @@ DEFAULT_PREFETCH_DISTANCE = 50
 DEFAULT_RELEASE_DISTANCE = 0
 
 
+@paused_gc()
 def prefetch(
     plan: dict[str, Any],
     *,

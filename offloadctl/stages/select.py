@@ -20,6 +20,7 @@ from onnx import TensorProto
 
 from offloadctl import __version__
 from offloadctl.analysis import Analysis, Use
+from offloadctl.bulk import paused_gc
 from offloadctl.plan import SCHEMA_VERSION
 
 __all__ = ["DEFAULT_SELECT_DISTANCE", "select", "split_reload_groups"]
@@ -177,6 +178,7 @@ def _max_gap(start: int, uses: list[Use], end: int | None = None) -> int:
     return best
 
 
+@paused_gc()
 def select(
     analysis: Analysis,
     *,
