@@ -141,8 +141,9 @@ def apply(
         loaded = analysis.loaded
         source = loaded.path.parent
         check_output_path(output, *loaded.files)
-        check_model_outputs(loaded.proto, output, source, loaded.files)
-        write_model(model, output, source_dir=source, protected=loaded.files)
+        # the rewrite refers to the data files of its source, which loading has listed already
+        check_model_outputs(loaded.proto, output, source, loaded.files, locations=loaded.data_locations)
+        write_model(model, output, source_dir=source, protected=loaded.files, locations=loaded.data_locations)
     return model
 
 

@@ -429,14 +429,20 @@ def external_locations(model: onnx.ModelProto) -> list[str]:
     return sorted({location for _, location in external_data_entries(model)})
 
 
-def data_copies(model: onnx.ModelProto, out_path: str | os.PathLike[str], source_dir: str | os.PathLike[str]) -> list[Path]:
+def data_copies(
+    model: onnx.ModelProto,
+    out_path: str | os.PathLike[str],
+    source_dir: str | os.PathLike[str],
+    *,
+    locations: Sequence[str] | None = None,
+) -> list[Path]:
     """Where `write_model` copies the model's external data files (none when the output goes to
-    the source's folder)."""
+    the source's folder). ``locations``: the model's `external_locations`, when the caller has them."""
     out = Path(out_path)
     out_dir = out.parent if str(out.parent) else Path(".")
     if Path(source_dir).resolve() == out_dir.resolve():
         return []
-    return [out_dir / location for location in external_locations(model)]
+    return [out_dir / location for location in (external_locations(model) if locations is None else locations)]
 
 
 def check_model_outputs(
@@ -446,14 +452,17 @@ def check_model_outputs(
     protected: Sequence[str | os.PathLike[str]] = (),
     *,
     big: bool = False,
+    locations: Sequence[str] | None = None,
 ) -> None:
     """Refuse a write of ``model`` to ``out_path`` whose files (the model, the copies of its data
     files, with ``big`` the data file of a model over 2 GiB) collide with each other or with a
-    ``protected`` file (one the command reads)."""
+    ``protected`` file (one the command reads). ``locations``: the model's `external_locations`,
+    when the caller has them."""
     out = Path(out_path)
     out_dir = out.parent if str(out.parent) else Path(".")
     outputs = [("the rewritten model", out)]
-    outputs += [(f"the copy of external data file {p.name}", p) for p in data_copies(model, out, source_dir)]
+    copies = data_copies(model, out, source_dir, locations=locations)
+    outputs += [(f"the copy of external data file {p.name}", p) for p in copies]
     if big:
         outputs.append((f"the weights of the rewritten model ({out.name}.data)", out_dir / f"{out.name}.data"))
     check_distinct_outputs(outputs)
@@ -519,6 +528,7 @@ def write_model(
     source_dir: str | os.PathLike[str],
     max_embedded_bytes: int = MAX_EMBEDDED_BYTES,
     protected: Sequence[str | os.PathLike[str]] = (),
+    locations: Sequence[str] | None = None,
 ) -> list[Path]:
     """Write ``model`` atomically to ``out_path``; return the data files written beside it.
 
@@ -532,14 +542,20 @@ def write_model(
     copied data files and the data file of a model over 2 GiB are checked against them and against
     each other before anything is written.
 
+    ``locations`` are the model's `external_locations` when the caller knows them (a model from
+    `apply_plan` refers to the data files of its source, `LoadedModel.data_locations`): a big
+    model's tensors are then not walked again.
+
     Raises:
         OffloadError: the output cannot be written, an output would overwrite a protected file or
             another output, or a data file of that name exists and differs.
     """
     out = Path(out_path)
     out_dir = out.parent if str(out.parent) else Path(".")
-    locations = external_locations(model)
-    check_model_outputs(model, out, source_dir, protected, big=model.ByteSize() > max_embedded_bytes)
+    locations = external_locations(model) if locations is None else sorted(locations)
+    check_model_outputs(
+        model, out, source_dir, protected, big=model.ByteSize() > max_embedded_bytes, locations=locations
+    )
     created = _provide_external_data(locations, Path(source_dir), out_dir)
     try:
         if model.ByteSize() <= max_embedded_bytes:

@@ -87,6 +87,9 @@ class LoadedModel:
     input_shapes: dict[str, list[int]]
     data_files: tuple[Path, ...] = ()  # every external data file the model reads, subgraphs included
     dims: dict[str, int] = field(default_factory=dict)  # symbolic dimensions pinned by name
+    # the data files' ``location`` entries as the model writes them, sorted (apply's `external_locations`);
+    # None when not known
+    data_locations: tuple[str, ...] | None = None
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -288,7 +291,7 @@ def load_model(
             f"model file {p} is not a valid ONNX model (no IR version, opset or graph)",
             hint="check that the file is a complete .onnx export (not truncated, not another format)",
         )
-    data_files = _checked_data_files(proto, p)
+    data_files, data_locations = _checked_data_files(proto, p)
     pinned = {k: list(v) for k, v in (input_shapes or {}).items()}
     named = dict(dims or {})
     if named:
@@ -312,7 +315,8 @@ def load_model(
                 p, changes.dequantize_copies, changes.casts_removed,
             )
     return LoadedModel(
-        proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned, data_files=data_files, dims=named
+        proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned, data_files=data_files, dims=named,
+        data_locations=data_locations,
     )
 
 
@@ -356,24 +360,31 @@ def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
 def iter_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
     """Every TensorProto that may hold data, in ``graph`` and its subgraphs: initializers, the
     values and indices of sparse initializers, and tensor attributes (Constant values, sparse ones
-    included)."""
-    for g in iter_graphs(graph):
+    included). Graphs come in the order of `iter_graphs`, each walked once."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
         yield from g.initializer
         for sparse in g.sparse_initializer:
             yield sparse.values
             yield sparse.indices
         for node in g.node:
-            if not node.attribute:
+            if not node.attribute:  # most nodes of a big graph
                 continue
             for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.TENSOR:
+                kind = attr.type
+                if kind == onnx.AttributeProto.TENSOR:
                     yield attr.t
-                elif attr.type == onnx.AttributeProto.TENSORS:
+                elif kind == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g)
+                elif kind == onnx.AttributeProto.GRAPHS:
+                    stack.extend(attr.graphs)
+                elif kind == onnx.AttributeProto.TENSORS:
                     yield from attr.tensors
-                elif attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+                elif kind == onnx.AttributeProto.SPARSE_TENSOR:
                     yield attr.sparse_tensor.values
                     yield attr.sparse_tensor.indices
-                elif attr.type == onnx.AttributeProto.SPARSE_TENSORS:
+                elif kind == onnx.AttributeProto.SPARSE_TENSORS:
                     for sparse in attr.sparse_tensors:
                         yield sparse.values
                         yield sparse.indices
@@ -401,9 +412,10 @@ def external_data_files(proto: onnx.ModelProto, base_dir: Path) -> list[tuple[st
     return found
 
 
-def _checked_data_files(proto: onnx.ModelProto, path: Path) -> tuple[Path, ...]:
+def _checked_data_files(proto: onnx.ModelProto, path: Path) -> tuple[tuple[Path, ...], tuple[str, ...]]:
     """The distinct external data files of a model, each checked: a relative location inside the
-    model's folder (after symlinks), naming a file that exists.
+    model's folder (after symlinks), naming a file that exists; and their locations as written,
+    sorted.
 
     onnxruntime refuses absolute locations, and a location that leaves the model's folder would
     make `apply` copy bytes from elsewhere into the output folder.
@@ -444,7 +456,7 @@ def _checked_data_files(proto: onnx.ModelProto, path: Path) -> tuple[Path, ...]:
                 hint="keep the model's data files in the folder the model refers to",
             )
         files[data_file] = None
-    return tuple(files)
+    return tuple(files), tuple(sorted(seen))
 
 
 def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path: Path, source: str) -> None:

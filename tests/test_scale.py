@@ -299,3 +299,47 @@ def test_the_plan_schema_is_a_valid_draft_2020_12_schema():
     schema = plan_schema()
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_apply_walks_the_models_tensors_once_and_its_output_reads_the_same_data_files(
+    small_model, tmp_path, run_cli, monkeypatch
+):
+    from offloadctl import model as model_module
+    from offloadctl.apply import external_locations
+
+    plan = tmp_path / "plan.json"
+    assert run_cli("plan", small_model.path, "-o", plan, "--params", "--select-distance", "10").exit_code == 0
+    walks: list[int] = []
+    real = model_module.iter_tensor_protos
+
+    def counted(graph):
+        walks.append(1)
+        return real(graph)
+
+    monkeypatch.setattr(model_module, "iter_tensor_protos", counted)
+    out = tmp_path / "elsewhere" / "model.offload.onnx"
+    out.parent.mkdir()
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+    assert len(walks) == 1, "loading lists the data files; checking and writing the output reuse that list"
+    monkeypatch.undo()
+    loaded = load_model(small_model.path)
+    rewritten = onnx.load(str(out), load_external_data=False)
+    assert loaded.data_locations == (small_model.data_path.name,)
+    assert tuple(external_locations(rewritten)) == loaded.data_locations == tuple(external_locations(loaded.proto))
+    assert (out.parent / small_model.data_path.name).read_bytes() == small_model.data_path.read_bytes()
+    onnx.checker.check_model(onnx.load(str(out)), full_check=True)  # the weights load from the copied file
+
+
+def test_write_model_given_the_locations_writes_what_it_writes_without_them(small_model, tmp_path):
+    from offloadctl.apply import apply_plan, write_model
+
+    analysis = analyse(load_model(small_model.path))
+    proto = apply_plan(make_plan(analysis, select_distance=10, params=True), analysis)
+    written = {}
+    for name, locations in (("looked-up", None), ("given", analysis.loaded.data_locations)):
+        out = tmp_path / name / "out.onnx"
+        out.parent.mkdir()
+        files = write_model(proto, out, source_dir=small_model.path.parent, locations=locations)
+        written[name] = ([f.name for f in files], out.read_bytes())
+    assert written["given"] == written["looked-up"]
+    assert written["given"][0] == [small_model.data_path.name]

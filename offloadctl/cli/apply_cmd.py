@@ -73,13 +73,16 @@ def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None
         loaded = load_model(model_path, **plan_pins(plan), input_shapes_from=f"model.input_shapes of plan {plan_path}")
         reads = (Path(plan_path), *loaded.files)
         check_output_path(output, *reads)
-        check_model_outputs(loaded.proto, output, model_path.parent, reads)
+        check_model_outputs(loaded.proto, output, model_path.parent, reads, locations=loaded.data_locations)
         step(f"analysing {model_path}")
         analysis = analyse(loaded)
         step(f"rewriting {model_path}")
         proto = apply_plan(plan, analysis, result=result)
         step(f"writing {output}")
-        extra = write_model(proto, output, source_dir=model_path.parent, protected=reads)
+        # the rewrite refers to the data files of its source, which loading has listed already
+        extra = write_model(
+            proto, output, source_dir=model_path.parent, protected=reads, locations=loaded.data_locations
+        )
     figures = recorded_estimate(plan)
     if not as_json:
         console = out_console()
