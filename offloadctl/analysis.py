@@ -238,10 +238,12 @@ class Analysis:
             return "parameter"
         return "input"
 
+    @paused_gc()
     def unknown_sizes(self) -> list[str]:
         """Graph inputs, activations and weights whose byte size is unknown (memory figures count
         them as 0 bytes), in that order."""
         names = dict.fromkeys([*self.graph_inputs, *self.producer, *sorted(self.weights)])
+        self.infos.convert(names)
         return [n for n in names if (info := self.infos.get(n)) is None or info.bytes is None]
 
     @cached_property
@@ -387,7 +389,9 @@ def analyse(loaded: LoadedModel) -> Analysis:
         constants=constants,
         producer=producer,
         uses=uses,
-        infos=tensor_infos(loaded, None if was_sorted else sorted(constants.values()) + file_index, constants),
+        infos=tensor_infos(
+            loaded, None if was_sorted else sorted(constants.values()) + file_index, constants, producers=defined
+        ),
         node_names=node_names,
         sparse_weights=frozenset(sparse),
         topological=topological,

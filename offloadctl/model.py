@@ -586,9 +586,11 @@ class TensorInfos(Mapping[str, TensorInfo]):
         loaded: LoadedModel,
         node_order: Sequence[int] | None = None,
         constants: Mapping[str, int] | None = None,
+        producers: Mapping[str, int | str] | None = None,
     ) -> None:
         self._loaded = loaded
         self._node_order = node_order
+        self._producers = producers
         self._weights: dict[str, TensorProto | onnx.SparseTensorProto | onnx.NodeProto] = {}
         graph = loaded.proto.graph
         if constants is None:
@@ -628,7 +630,8 @@ class TensorInfos(Mapping[str, TensorInfo]):
             return self._inference_model
         proto = self._loaded.proto
         graph = proto.graph
-        inferable = _inferable_outputs(graph)
+        declared = {vi.name for vi in graph.value_info} | {o.name for o in graph.output}
+        inferable = _inferable_outputs(graph, declared, self._producers)
         stale_values = any(vi.name in inferable for vi in graph.value_info)
         stale_outputs = any(o.name in inferable and o.type.tensor_type.HasField("shape") for o in graph.output)
         if self._node_order is None and not stale_values and not stale_outputs:
@@ -736,6 +739,44 @@ class TensorInfos(Mapping[str, TensorInfo]):
             self._done[name] = info = self._checked(info)
         return info
 
+    @paused_gc()
+    def convert(self, names: Iterable[str]) -> None:
+        """Convert the given tensors now, in one pass: what a caller that looks up nearly every tensor
+        does first (a big model has hundreds of thousands). Lookups give what they would have given.
+
+        A tensor whose first inferred type has a known, plausible size is converted here; any other
+        (weights, unknown sizes, fallbacks, sizes `get` refuses) is left to `get`, so nothing is
+        refused here that is not looked up.
+        """
+        done = self._done
+        weights = self._weights
+        cache = self._type_cache
+        types: dict[str, list[bytes]] | None = None
+        for name in names:
+            if name in done:
+                continue
+            weight = weights.get(name)
+            if weight is not None:
+                if type(weight) is TensorProto:  # an initializer (not a Constant node, not sparse)
+                    key = (weight.data_type, tuple(weight.dims))
+                    fields = self._weight_cache.get(key)
+                    if fields is None:
+                        fields = self._weight_cache[key] = tensor_info("", *key)[1:]
+                    if fields[3] is None and fields[-1] is not None and fields[-1] <= MAX_TENSOR_BYTES:
+                        done[name] = TensorInfo(name, *fields)
+                continue
+            if types is None:
+                types = self._inferred()
+            found = types.get(name)
+            if not found:
+                continue
+            fields = cache.get(found[0])
+            if fields is None:
+                fields = cache[found[0]] = _type_fields(onnx.TypeProto.FromString(found[0]))
+            size = fields[-1]
+            if size is not None and size <= MAX_TENSOR_BYTES:
+                done[name] = TensorInfo(name, *fields)
+
     def __getitem__(self, name: str) -> TensorInfo:
         info = self.get(name)
         if info is None:
@@ -774,14 +815,28 @@ def _has_inference(op_type: str, domain: str) -> bool:
         return False
 
 
-def _inferable_outputs(graph: onnx.GraphProto) -> set[str]:
-    """Outputs of the main graph's nodes whose types onnx's shape inference computes itself."""
-    found: set[str] = set()
-    for node in graph.node:
+def _inferable_outputs(
+    graph: onnx.GraphProto, names: set[str], producers: Mapping[str, int | str] | None = None
+) -> set[str]:
+    """Those of ``names`` that are outputs of main-graph nodes whose types onnx's shape inference
+    computes itself. ``producers`` maps a tensor to the file index of the node producing it (other
+    values: no node produces it), when the caller knows it; otherwise every node is looked at."""
+    names = names - {""}
+    if not names:
+        return set()
+    nodes = graph.node
+    if producers is not None:
+        found = set()
+        for name in names:
+            index = producers.get(name)
+            if type(index) is int and _has_inference(nodes[index].op_type, nodes[index].domain):
+                found.add(name)
+        return found
+    found = set()
+    for node in nodes:
         if _has_inference(node.op_type, node.domain):
             found.update(node.output)
-    found.discard("")
-    return found
+    return found & names
 
 
 def _types_by_name(groups: Iterable[Iterable[onnx.ValueInfoProto]]) -> dict[str, list[bytes]]:
@@ -809,7 +864,10 @@ def _first_known(name: str, types: Sequence[bytes], cache: dict[bytes, tuple]) -
 
 
 def tensor_infos(
-    loaded: LoadedModel, node_order: Sequence[int] | None = None, constants: Mapping[str, int] | None = None
+    loaded: LoadedModel,
+    node_order: Sequence[int] | None = None,
+    constants: Mapping[str, int] | None = None,
+    producers: Mapping[str, int | str] | None = None,
 ) -> TensorInfos:
     """Type and shape of every main-graph tensor (a lazy mapping, see `TensorInfos`).
 
@@ -819,8 +877,10 @@ def tensor_infos(
             not sorted (onnx's shape inference walks the file order and would stop at the first
             node whose input comes later).
         constants: output name -> file index of each Constant node, when the caller knows them.
+        producers: tensor name -> file index of the main-graph node that produces it (any other
+            value: no node does), when the caller knows it.
     """
-    return TensorInfos(loaded, node_order, constants)
+    return TensorInfos(loaded, node_order, constants, producers)
 
 
 _SYMBOLIC_MISSING_WARNED: set[str] = set()

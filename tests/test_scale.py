@@ -343,3 +343,66 @@ def test_write_model_given_the_locations_writes_what_it_writes_without_them(smal
         written[name] = ([f.name for f in files], out.read_bytes())
     assert written["given"] == written["looked-up"]
     assert written["given"][0] == [small_model.data_path.name]
+
+
+def _all_names(analysis) -> list[str]:
+    return list(dict.fromkeys([*analysis.graph_inputs, *analysis.producer, *sorted(analysis.weights)]))
+
+
+@pytest.mark.parametrize("name", ["generated", "seed", "unet", "transformer", "training", "mlp"])
+def test_converting_every_tensor_at_once_gives_what_lookups_give(small_model, name):
+    path = small_model.path if name == "generated" else ROOT / "sample_models" / f"{name}.onnx"
+    looked_up = analyse(load_model(path))
+    reference = {n: looked_up.infos.get(n) for n in reversed(_all_names(looked_up))}
+    converted = analyse(load_model(path))
+    converted.infos.convert(_all_names(converted))
+    assert {n: converted.infos.get(n) for n in _all_names(converted)} == reference
+    assert set(converted.infos) == set(looked_up.infos)
+
+
+def test_converting_at_once_refuses_nothing_that_is_not_looked_up(tmp_path):
+    from models import IR_VERSION, OPSET
+
+    from offloadctl.errors import OffloadError
+
+    # a = Relu(x) is 2**60 elements: absurd, refused when looked up, never while converting
+    nodes = [
+        onnx.helper.make_node("Relu", ["x"], ["a"], name="relu"),
+        onnx.helper.make_node("ReduceSum", ["a"], ["y"], name="sum", keepdims=0),
+    ]
+    x = onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**30, 2**30])
+    y = onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    graph = onnx.helper.make_graph(nodes, "g", [x], [y])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)])
+    model.ir_version = IR_VERSION
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    analysis = analyse(load_model(tmp_path / "m.onnx"))
+    analysis.infos.convert(["x", "a", "y"])
+    assert analysis.infos.get("y").bytes == 4
+    with pytest.raises(OffloadError, match="more than any device holds"):
+        analysis.infos.get("a")
+
+
+def test_the_producer_map_finds_the_same_stale_declarations_as_a_walk_over_every_node(tmp_path):
+    """Declared shapes that shape inference must not see are found through analyse's map of
+    producers; a walk over every node (tensor_infos without it) finds the same ones."""
+    from models import IR_VERSION, OPSET, chain_nodes
+
+    from offloadctl.model import tensor_infos
+
+    nodes = chain_nodes() + [onnx.helper.make_node("Custom", ["y"], ["z"], domain="my.ops", name="custom")]
+    x = onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    outputs = [onnx.helper.make_tensor_value_info(n, TensorProto.FLOAT, [9, 9]) for n in ("y", "z")]
+    stale = [onnx.helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 2]) for n in ("a", "c")]
+    graph = onnx.helper.make_graph(nodes, "g", [x], outputs, value_info=stale)
+    model = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", OPSET), onnx.helper.make_opsetid("my.ops", 1)]
+    )
+    model.ir_version = IR_VERSION
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    loaded = load_model(tmp_path / "m.onnx")
+    analysis = analyse(loaded)
+    walked = tensor_infos(loaded)
+    sizes = {n: analysis.infos[n].bytes for n in "abcdyz"}
+    assert sizes == {n: walked[n].bytes for n in "abcdyz"}
+    assert sizes == {"a": 128, "b": 128, "c": 128, "d": 128, "y": 128, "z": 9 * 9 * 4}

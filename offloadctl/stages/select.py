@@ -225,6 +225,7 @@ def select(
     candidates = [(t, "activation") for t in analysis.producer] + [
         (t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses
     ]
+    analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
     shape_feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
     host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
     for name, kind in candidates:
