@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from offloadctl.analysis import Analysis
-from offloadctl.simulate import lower_bound, peak_memory
+from offloadctl.simulate import SimResult, lower_bound, peak_memory
 from offloadctl.stages.budget import bytes_moved
 from offloadctl.units import fmt_bytes
 
@@ -37,13 +37,26 @@ def _node_working_set(analysis: Analysis, position: int) -> int:
     return sum((info.bytes or 0) for n in names if (info := analysis.infos.get(n)) is not None)
 
 
-def weak_plan_advice(analysis: Analysis, plan: dict[str, Any]) -> str | None:
-    """The warning for a scheduled plan that moves bytes but barely lowers the peak, else None."""
+def _peaks(result: SimResult) -> tuple[int, int, int | None]:
+    """Peak before, peak after and the position of the peak after, as `peak_memory` gives them."""
+    step = result.after.peak_step
+    return result.peak_before, result.peak_after, None if step is None else result.after.positions[step]
+
+
+def weak_plan_advice(analysis: Analysis, plan: dict[str, Any], *, result: SimResult | None = None) -> str | None:
+    """The warning for a scheduled plan that moves bytes but barely lowers the peak, else None.
+
+    ``result`` is the simulation of this plan on this analysis when the caller has it (the figures
+    are then read from it instead of simulated again).
+    """
     moved = bytes_moved(plan)
     if not plan["offloads"] or moved == 0:
         return None
-    before, _ = peak_memory(analysis)
-    after, at = peak_memory(analysis, plan)
+    if result is not None:
+        before, after, at = _peaks(result)
+    else:
+        before, _ = peak_memory(analysis)
+        after, at = peak_memory(analysis, plan)
     if before <= 0 or (before - after) >= WEAK_CUT * before:
         return None
     cut = 100.0 * (before - after) / before
@@ -69,7 +82,7 @@ def weak_plan_advice(analysis: Analysis, plan: dict[str, Any]) -> str | None:
             )
         elif not idle_free:
             lines.append(f"- the peak is at node {analysis.node_names[at]!r}; the offloaded tensors are not idle there")
-    bound, _ = lower_bound(analysis)
+    bound = result.lower_bound_bytes if result is not None else lower_bound(analysis)[0]
     hints = []
     if idle_free:
         hints.append("a smaller --prefetch-distance (or a larger --select-distance)")

@@ -723,6 +723,41 @@ def test_a_plan_that_saves_nothing_says_so_and_why(run_cli, tmp_path):
     assert good.exit_code == 0 and "lowers the simulated peak by only" not in " ".join(good.stderr.split())
 
 
+@pytest.mark.parametrize("name", ["unet", "transformer", "training", "mlp", "weak"])
+def test_the_advice_reads_the_simulation_it_is_given_and_says_the_same(tmp_path, monkeypatch, name):
+    from offloadctl import advice
+    from offloadctl.analysis import analyse
+    from offloadctl.model import load_model
+    from offloadctl.simulate import simulate
+    from offloadctl.stages import make_plan
+
+    if name == "weak":  # a plan whose reloads come back before the idle stretch starts
+        nodes, inits, prev = [], [], "x"
+        for i in range(12):
+            inits.append(numpy_helper.from_array(np.full((16, 16), 0.1, np.float32), f"W{i}"))
+            nodes += [helper.make_node("MatMul", [prev, f"W{i}"], [f"h{i}"], name=f"mm{i}"),
+                      helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}")]
+            prev = f"r{i}"
+        path = save(make_model(nodes, [tensor("x", (4, 16))], [tensor(prev, (4, 16))], initializers=inits), tmp_path / "m.onnx")
+        options = {"select_distance": 5, "prefetch_distance": 100}
+    else:
+        path = SAMPLES / f"{name}.onnx"
+        options = {"select_distance": 2, "prefetch_distance": 1}
+    analysis = analyse(load_model(path))
+    plan = make_plan(analysis, params=True, **options)
+    alone = advice.weak_plan_advice(analysis, plan)
+    result = simulate(analysis, plan)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("simulated again")
+
+    monkeypatch.setattr(advice, "peak_memory", refuse)
+    monkeypatch.setattr(advice, "lower_bound", refuse)
+    assert advice.weak_plan_advice(analysis, plan, result=result) == alone
+    if name == "weak":
+        assert alone is not None and "idle stretch even starts" in alone
+
+
 def test_a_sorted_file_not_in_run_order_is_not_called_unsorted(run_cli, tmp_path, caplog):
     nodes = [
         helper.make_node("Relu", ["x"], ["a"], name="relu"),

@@ -155,7 +155,7 @@ def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, 
     if report:
         written += write_report(report, result, plan, plot=plot)
     if plan is not None and not result.rewritten:
-        warning = weak_plan_advice(analysis, plan)
+        warning = weak_plan_advice(analysis, plan, result=result)
         if warning:
             logger.warning("%s", warning)
     if not as_json:

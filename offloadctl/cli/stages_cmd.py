@@ -9,6 +9,7 @@ import click
 
 from offloadctl.advice import weak_plan_advice
 from offloadctl.analysis import Analysis, analyse
+from offloadctl.bulk import paused_gc
 from offloadctl.cli.common import (
     check_report_paths,
     check_unknown_sizes,
@@ -358,8 +359,9 @@ def plan_cmd(
             profile=prof, optimal=optimal, time_limit=time_limit, copies=copies, max_slowdown=max_slowdown,
         )
         step("simulating peak memory and time")
-        result = None if is_rewritten(analysis) else simulate(analysis, plan, profile=prof)
-        warning = None if result is None else weak_plan_advice(analysis, plan)
+        with paused_gc():
+            result = None if is_rewritten(analysis) else simulate(analysis, plan, profile=prof)
+            warning = None if result is None else weak_plan_advice(analysis, plan, result=result)
         figures = None if result is None else estimate_figures(result, copies)
         if figures is not None:
             record_estimate(plan, figures)  # apply quotes it instead of simulating again
