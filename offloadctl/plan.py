@@ -66,15 +66,115 @@ def _fast_check() -> Callable[[Any], bool]:
 
     fastjsonschema compiles the schema to Python code (about 15x faster than jsonschema here);
     when it says "no", jsonschema runs to find the most relevant error and word the message, and
-    jsonschema stays the reference: a plan it accepts is accepted.
+    jsonschema stays the reference: a plan it accepts is accepted. The ``rejected`` list (an entry
+    for almost every tensor of a big model) is checked by `_flat_objects_check`, built from the
+    schema's own item schema, and the rest of the plan by fastjsonschema.
     """
-    validate = fastjsonschema.compile(plan_schema())
+    schema = plan_schema()
+    validate = fastjsonschema.compile(schema)
+    entries = _rejected_check(schema)
 
     def check(plan: Any) -> bool:
         try:
-            validate(plan)
+            if entries is not None and type(plan) is dict and type(plan.get("rejected")) is list:
+                if not entries(plan["rejected"]):
+                    return False
+                validate({**plan, "rejected": []})
+            else:
+                validate(plan)
         except fastjsonschema.JsonSchemaException:
             return False
+        return True
+
+    return check
+
+
+# What `_rejected_check` understands: a schema using more keywords gets no flat check.
+_PLAN_KEYWORDS = frozenset({"$schema", "$id", "$comment", "title", "description", "type", "required",
+                            "additionalProperties", "properties", "$defs"})
+_LIST_KEYWORDS = frozenset({"$comment", "title", "description", "type", "items"})
+_OBJECT_KEYWORDS = frozenset({"$comment", "title", "description", "type", "required", "additionalProperties",
+                              "properties"})
+_VALUE_KEYWORDS = frozenset({"$comment", "title", "description", "type", "enum", "minimum"})
+_VALUE_TYPES = frozenset({"string", "integer", "null"})
+
+
+def _rejected_check(schema: dict[str, Any]) -> Callable[[list[Any]], bool] | None:
+    """A check of the ``rejected`` list alone, when checking the plan with that list replaced by
+    ``[]`` and the list on its own is the same as checking the plan: the plan schema ties nothing
+    else to the list, and the list is only an array of `_flat_objects_check` items."""
+    rejected = schema.get("properties", {}).get("rejected")
+    if (
+        set(schema) - _PLAN_KEYWORDS
+        or not isinstance(rejected, dict)
+        or set(rejected) - _LIST_KEYWORDS
+        or rejected.get("type") != "array"
+        or not isinstance(rejected.get("items"), dict)
+    ):
+        return None
+    return _flat_objects_check(rejected["items"])
+
+
+def _flat_objects_check(items: dict[str, Any]) -> Callable[[list[Any]], bool] | None:
+    """A yes/no check of a list of objects against ``items`` with JSON Schema's meaning, for an
+    object schema with required keys, no other keys, and values described by ``type`` (string,
+    integer, null), ``enum`` (of strings) and ``minimum`` alone; None for any other schema.
+
+    It may say "no" where JSON Schema says "yes" only for values JSON never decodes to (a dict
+    subclass): callers then ask jsonschema.
+    """
+    if (
+        set(items) - _OBJECT_KEYWORDS
+        or items.get("type") != "object"
+        or items.get("additionalProperties") is not False
+        or not isinstance(items.get("properties"), dict)
+    ):
+        return None
+    rules: dict[str, tuple[bool, bool, bool, frozenset[str] | None, int | float | None]] = {}
+    for key, rule in items["properties"].items():
+        if not isinstance(rule, dict) or set(rule) - _VALUE_KEYWORDS:
+            return None
+        enum = rule.get("enum")
+        if "type" not in rule and enum is None:  # any value at all
+            return None
+        kinds = rule.get("type", ["string"])  # an enum of strings admits strings only
+        kinds = [kinds] if isinstance(kinds, str) else kinds
+        minimum = rule.get("minimum")
+        if (
+            not isinstance(kinds, list)
+            or set(kinds) - _VALUE_TYPES
+            or (enum is not None and not (isinstance(enum, list) and all(isinstance(v, str) for v in enum)))
+            or (minimum is not None and (isinstance(minimum, bool) or not isinstance(minimum, (int, float))))
+        ):
+            return None
+        # (strings, integers, null allowed; the enum; the minimum)
+        rules[key] = ("string" in kinds, "integer" in kinds, "null" in kinds, None if enum is None else frozenset(enum), minimum)
+    required = frozenset(items.get("required", ()))
+    allowed = frozenset(rules)
+    if not required <= allowed:
+        return None
+
+    def check(entries: list[Any]) -> bool:
+        for entry in entries:
+            if type(entry) is not dict:
+                return False
+            keys = entry.keys()
+            if not (keys >= required and keys <= allowed):
+                return False
+            for key, value in entry.items():
+                strings, integers, null, enum, minimum = rules[key]
+                kind = type(value)
+                if kind is str:
+                    if not strings or (enum is not None and value not in enum):
+                        return False
+                elif value is None:
+                    if not null or enum is not None:
+                        return False
+                elif kind is int or (kind is float and value.is_integer()):  # an integer may be written 6.0
+                    if not integers or enum is not None or (minimum is not None and value < minimum):
+                        return False
+                else:  # booleans, other numbers, lists, objects
+                    return False
         return True
 
     return check

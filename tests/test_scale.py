@@ -229,6 +229,52 @@ def test_the_compiled_plan_check_never_accepts_what_jsonschema_rejects(data):
     assert plan_module._fast_check()(plan) == schema_valid
 
 
+ENTRY_VALUES = [
+    None, True, False, 0, -1, 7, 2.0, -2.0, 2.5, float("nan"), float("inf"), 1e300, "", "x", "select", "filter",
+    "parameter", "activation", "short-gaps", "min-bytes", [], {}, ["x"], {"tensor": "x"},
+]
+
+
+def test_the_check_of_the_rejected_list_agrees_with_jsonschema():
+    """Every key of an entry set to every kind of value, removed, or joined by another key; the
+    entry itself replaced: the compiled check and jsonschema agree on each plan."""
+    base = next(p for p in SAMPLE_PLANS if p["rejected"])
+    validator = jsonschema.Draft202012Validator(plan_schema())
+    check = plan_module._fast_check()
+    entry = base["rejected"][0]
+    changes = [(key, value) for key in [*entry, "max_gap", "extra"] for value in ENTRY_VALUES]
+    changes += [(key, "delete") for key in entry] + [(None, value) for value in ENTRY_VALUES]
+    verdicts = set()
+    for key, value in changes:
+        plan = {**base, "rejected": [dict(e) for e in base["rejected"]]}
+        if key is None:
+            plan["rejected"][0] = value
+        elif value == "delete":
+            del plan["rejected"][0][key]
+        else:
+            plan["rejected"][0][key] = value
+        valid = validator.is_valid(plan)
+        assert check(plan) == valid, (key, value)
+        verdicts.add(valid)
+    assert verdicts == {True, False}
+
+
+def test_the_rejected_list_has_its_own_check_only_while_the_schema_ties_nothing_else_to_it():
+    schema = plan_schema()
+    check = plan_module._rejected_check(schema)
+    assert check is not None and all(check(p["rejected"]) for p in SAMPLE_PLANS)
+    for change in (
+        lambda s: s["properties"]["rejected"].update(minItems=1),
+        lambda s: s.update(allOf=[{"required": ["budget"]}]),
+        lambda s: s["properties"]["rejected"]["items"]["properties"]["detail"].update(maxLength=3),
+        lambda s: s["properties"]["rejected"]["items"].update(additionalProperties=True),
+        lambda s: s["properties"]["rejected"]["items"]["properties"]["bytes"].update(type=["number", "null"]),
+    ):
+        other = copy.deepcopy(schema)
+        change(other)
+        assert plan_module._rejected_check(other) is None
+
+
 def test_validating_a_valid_plan_does_not_run_jsonschema(monkeypatch):
     def refuse():
         raise AssertionError("jsonschema ran on a valid plan")
