@@ -52,8 +52,8 @@ import os
 import shutil
 import stat
 import tempfile
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,28 +148,35 @@ def _attr_graphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
             yield from attr.graphs
 
 
-def _tensor_names(analysis: Analysis, nodes: list[onnx.NodeProto]) -> set[str]:
-    """Every tensor name of the model, subgraphs included (new names must clash with none)."""
-    graph = analysis.loaded.proto.graph
-    names = set(analysis.producer) | set(analysis.uses) | analysis.weights | set(analysis.graph_inputs)
-    names.update(analysis.graph_outputs)
-    names.update(v.name for v in graph.value_info)
-    names.update(v.name for v in graph.input)
-    names.update(s.values.name for s in graph.sparse_initializer)
-    for node in nodes:
-        if node.attribute:
-            for sub in _attr_graphs(node):
-                for g in iter_graphs(sub):
-                    names.update(v.name for v in g.input)
-                    names.update(v.name for v in g.output)
-                    names.update(v.name for v in g.value_info)
-                    names.update(t.name for t in g.initializer)
-                    names.update(s.values.name for s in g.sparse_initializer)
-                    for inner in g.node:
-                        names.update(inner.input)
-                        names.update(inner.output)
-    names.discard("")
-    return names
+class _ModelNames:
+    """Every tensor name of the model, subgraphs included, asked one name at a time (new names must
+    clash with none): the analysis's maps answer for the main graph's nodes and weights, a set
+    holds the few others (graph inputs and outputs, value_info, sparse weights, subgraphs)."""
+
+    def __init__(self, analysis: Analysis, nodes: list[onnx.NodeProto]) -> None:
+        graph = analysis.loaded.proto.graph
+        self._maps = (analysis.producer, analysis.uses, analysis.weights)
+        names = set(analysis.graph_inputs) | set(analysis.graph_outputs)
+        names.update(v.name for v in graph.value_info)
+        names.update(v.name for v in graph.input)
+        names.update(s.values.name for s in graph.sparse_initializer)
+        for node in nodes:
+            if node.attribute:
+                for sub in _attr_graphs(node):
+                    for g in iter_graphs(sub):
+                        names.update(v.name for v in g.input)
+                        names.update(v.name for v in g.output)
+                        names.update(v.name for v in g.value_info)
+                        names.update(t.name for t in g.initializer)
+                        names.update(s.values.name for s in g.sparse_initializer)
+                        for inner in g.node:
+                            names.update(inner.input)
+                            names.update(inner.output)
+        names.discard("")
+        self._others = names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._others or any(name in names for names in self._maps)
 
 
 def _defined_in(graph: onnx.GraphProto) -> set[str]:
@@ -203,17 +210,18 @@ def _rename_in_graph(graph: onnx.GraphProto, old: str, new: str) -> int:
 
 
 class _Names:
-    """Hands out names that clash with nothing in the model and with each other."""
+    """Hands out names that clash with nothing in the model (``taken``) and with each other."""
 
-    def __init__(self, taken: set[str]) -> None:
-        self.taken = set(taken)
+    def __init__(self, taken: Container[str]) -> None:
+        self.taken = taken
+        self.given: set[str] = set()
 
     def new(self, base: str) -> str:
         name, k = base, 1
-        while name in self.taken:
+        while name in self.given or name in self.taken:
             name = f"{base}_{k}"
             k += 1
-        self.taken.add(name)
+        self.given.add(name)
         return name
 
 
@@ -274,7 +282,7 @@ class _Rewriter:
         self.file_nodes = list(self.graph.node)
         self.pos_nodes = [self.file_nodes[i] for i in analysis.file_index]
         self.constant_files = [i for i, n in enumerate(self.file_nodes) if is_constant_node(n)]
-        self.tensors = _Names(_tensor_names(analysis, self.pos_nodes))
+        self.tensors = _Names(_ModelNames(analysis, self.pos_nodes))
         self.before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
         self.after: dict[int, list[onnx.NodeProto]] = defaultdict(list)
         self.value_infos: list[onnx.ValueInfoProto] = []
@@ -284,17 +292,15 @@ class _Rewriter:
 
     def _name_nodes(self) -> None:
         """Give unnamed and duplicate-named nodes unique names; positions get the analysis labels."""
-        counts: dict[str, int] = defaultdict(int)
-        for node in self.file_nodes:
-            if node.name:
-                counts[node.name] += 1
-        self.nodes = _Names({name for name, c in counts.items() if c == 1})
-        for pos, node in enumerate(self.pos_nodes):
-            if not node.name or counts[node.name] > 1:
-                node.name = self.nodes.new(self.analysis.node_names[pos])
+        names = [node.name for node in self.file_nodes]
+        counts = Counter(names)
+        self.nodes = _Names({name for name, c in counts.items() if c == 1 and name})
+        for pos, i in enumerate(self.analysis.file_index):
+            if not names[i] or counts[names[i]] > 1:
+                self.pos_nodes[pos].name = self.nodes.new(self.analysis.node_names[pos])
         for i in self.constant_files:
             node = self.file_nodes[i]
-            if not node.name or counts[node.name] > 1:
+            if not names[i] or counts[names[i]] > 1:
                 node.name = self.nodes.new(f"{node.name or node.op_type}#{i}")
 
     def _copy_node(self, op: str, src: str, dst: str, name: str, beside: int) -> onnx.NodeProto:

@@ -46,7 +46,11 @@ KEY_SESSION = "offloadctl.session"
 
 def plan_sha256(plan: dict[str, Any]) -> str:
     """sha256 of the plan's canonical JSON (sorted keys, no whitespace, UTF-8)."""
-    text = json.dumps(plan, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # json's ASCII encoder is the faster one; it writes the same text unless a string holds a
+    # character beyond ASCII, which it writes as \uXXXX (so does a control character either way)
+    text = json.dumps(plan, sort_keys=True, separators=(",", ":"))
+    if "\\u" in text:
+        text = json.dumps(plan, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 

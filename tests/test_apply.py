@@ -350,6 +350,37 @@ def test_unnamed_and_duplicate_nodes_get_unique_names(write_model, tmp_path):
     _check_equivalent(path, out, {"x": np.array([-1, 2, -3, 4], np.float32)}, tmp_path, weights=False)
 
 
+def test_copy_outputs_take_no_name_the_model_already_uses(write_model, tmp_path):
+    """Names of the copies' outputs avoid every tensor name: node outputs, weights (an unused one
+    too), outputs, value_info entries and the names inside subgraphs."""
+    path = write_model(
+        """
+        <ir_version: 10, opset_import: ["" : 17]>
+        g (float[4] x, bool cond) => (float[4] y, float[4] a__offload0_dev0_1)
+        <float[4] a__offload0_dev0_2 = {1.0, 2.0, 3.0, 4.0}, float[1] a__offload0_host_2 = {0.0},
+         float[4] a__offload0_host_1>
+        {
+          a = Relu(x)
+          a__offload0_host = Neg(a)
+          c = Neg(a__offload0_host)
+          d = If(cond) <
+            then_branch = t () => (float[4] a__offload0_dev0) { a__offload0_dev0 = Neg(c) },
+            else_branch = e () => (float[4] z) { z = Neg(c) }
+          >
+          a__offload0_dev0_1 = Add(d, a__offload0_dev0_2)
+          y = Add(a__offload0_dev0_1, a)
+        }
+        """
+    )
+    out = tmp_path / "out.onnx"
+    plan, proto, _ = _rewrite(path, out, select_distance=2, prefetch_distance=0)
+    assert [o["tensor"] for o in plan["offloads"]][:1] == ["a"]
+    copies = [n for n in proto.graph.node if n.op_type in COPY_OPS]
+    assert {o for n in copies for o in n.output} == {"a__offload0_host_3", "a__offload0_dev0_3"}
+    feeds = {"x": np.array([-1, 2, -3, 4], np.float32), "cond": np.array(True)}
+    _check_equivalent(path, out, feeds, tmp_path, weights=False)
+
+
 # ---------------------------------------------------------------------------------------------
 # Plan checks and the command line
 

@@ -452,3 +452,15 @@ def test_the_producer_map_finds_the_same_stale_declarations_as_a_walk_over_every
     sizes = {n: analysis.infos[n].bytes for n in "abcdyz"}
     assert sizes == {n: walked[n].bytes for n in "abcdyz"}
     assert sizes == {"a": 128, "b": 128, "c": 128, "d": 128, "y": 128, "z": 9 * 9 * 4}
+
+
+@pytest.mark.parametrize("name", ["plain", "caf\u00e9", "\u4e2d\u6587", "tab\there", "ctl\x01", "back\\u00e9slash", "\u2028"])
+def test_the_plan_hash_is_that_of_the_canonical_utf8_text_whatever_the_names(name):
+    import hashlib
+
+    from offloadctl.metadata import plan_sha256
+
+    plan = copy.deepcopy(SAMPLE_PLANS[0])
+    plan["rejected"].append({**plan["rejected"][0], "tensor": name, "detail": f"detail of {name}"})
+    text = json.dumps(plan, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert plan_sha256(plan) == hashlib.sha256(text.encode("utf-8")).hexdigest()
