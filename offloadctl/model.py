@@ -77,6 +77,12 @@ def _itemsize(elem_type: int) -> int | None:
         return None
 
 
+@lru_cache(maxsize=None)
+def _type_name(elem_type: int) -> str:
+    """``float``, ``int64``, ... for a defined element type (asked once per tensor of a plan)."""
+    return TensorProto.DataType.Name(elem_type).lower()
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     """A model read for planning: the proto (weights not loaded) and where it came from."""
@@ -113,7 +119,7 @@ class TensorInfo(NamedTuple):
             return f"undefined element type {self.elem_type}"
         if self.elem_type is None:
             return self.type_kind or "unknown"
-        return TensorProto.DataType.Name(self.elem_type).lower()
+        return _type_name(self.elem_type)
 
     @property
     def sized(self) -> bool:

@@ -196,8 +196,10 @@ def _new_base(analysis: Analysis) -> _Base:
 
     names, index, intern = _interner()
 
-    def tid(name: str) -> int:
+    def canonical(name: str) -> int:
         return intern(canon(name))
+
+    tid = canonical if source else intern  # without copies every name stands for itself
 
     for name in analysis.graph_inputs:
         tid(name)
