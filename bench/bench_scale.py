@@ -74,7 +74,16 @@ def _child(task: str, args: list[str]) -> dict:
     import offloadctl.model
     import offloadctl.plan
     import offloadctl.stages
-    from offloadctl.cli import cli
+    from offloadctl._entry import main as console_script
+    from offloadctl.cli import cli  # noqa: F401 - imported before the clock starts
+
+    def command(*argv: str) -> None:
+        """The console script (`offloadctl ...`), as users run it."""
+        try:
+            console_script(list(argv))
+        except SystemExit as exc:
+            if exc.code:
+                raise
 
     start = time.perf_counter()
     if task == "import":
@@ -94,10 +103,10 @@ def _child(task: str, args: list[str]) -> dict:
         offloadctl.plan.write_plan(out_path, plan)
     elif task == "plan-cli":
         model_path, out_path = args
-        cli.main(["plan", model_path, "-o", out_path, "--params"], standalone_mode=False)
+        command("plan", model_path, "-o", out_path, "--params")
     elif task == "apply":
         plan_path, out_path, model_path = args
-        cli.main(["apply", plan_path, "-o", out_path, "--model", model_path], standalone_mode=False)
+        command("apply", plan_path, "-o", out_path, "--model", model_path)
     else:
         raise SystemExit(f"unknown task {task}")
     return {"seconds": time.perf_counter() - start, "peak": _peak_rss()}

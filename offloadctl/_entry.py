@@ -3,6 +3,8 @@
 This module imports nothing heavy at the top, so that an interrupt during start-up (while onnx,
 numpy and rich load) is handled like one during the work: one line on stderr and exit status 130,
 never a traceback. Output files are written atomically, so an interrupt leaves none half-written.
+The process lives for one command, so what it builds is kept from the garbage collector's later
+walks (`offloadctl.bulk.keep_what_is_built`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import click
 
+        from offloadctl.bulk import keep_what_is_built
         from offloadctl.cli import cli
+
+        keep_what_is_built()  # the process ends with the command: what it builds need no later collection
 
         try:
             code = cli.main(args=argv, prog_name="offloadctl", standalone_mode=False)

@@ -16,7 +16,21 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
-__all__ = ["paused_gc"]
+__all__ = ["paused_gc", "keep_what_is_built"]
+
+_freeze = False  # set by keep_what_is_built
+
+
+def keep_what_is_built() -> None:
+    """Declare that this process keeps what it builds until it exits, as the console script does:
+    each pause then ends by moving everything alive into the collector's permanent generation
+    (`gc.freeze`), so that no later collection walks the model, its analysis or its plan again.
+
+    Only for a process offloadctl owns: in another program it would keep that program's reference
+    cycles of the moment alive until it exits.
+    """
+    global _freeze
+    _freeze = True
 
 
 @contextlib.contextmanager
@@ -32,4 +46,6 @@ def paused_gc() -> Iterator[None]:
     try:
         yield
     finally:
+        if _freeze:
+            gc.freeze()
         gc.enable()

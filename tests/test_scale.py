@@ -464,3 +464,60 @@ def test_the_plan_hash_is_that_of_the_canonical_utf8_text_whatever_the_names(nam
     plan["rejected"].append({**plan["rejected"][0], "tensor": name, "detail": f"detail of {name}"})
     text = json.dumps(plan, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert plan_sha256(plan) == hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def test_a_pause_of_the_collector_nests_and_restores_it():
+    import gc
+
+    from offloadctl.bulk import paused_gc
+
+    assert gc.isenabled()
+    with paused_gc():
+        assert not gc.isenabled()
+        with paused_gc():
+            assert not gc.isenabled()
+        assert not gc.isenabled(), "only the outermost pause switches the collector back on"
+    assert gc.isenabled()
+
+    @paused_gc()
+    def build() -> bool:
+        return gc.isenabled()
+
+    assert build() is False and gc.isenabled()
+    gc.disable()
+    try:
+        with paused_gc():
+            pass
+        assert not gc.isenabled(), "a collector that was off stays off"
+    finally:
+        gc.enable()
+    with pytest.raises(ValueError):
+        with paused_gc():
+            raise ValueError
+    assert gc.isenabled()
+
+
+_FREEZES = """
+import gc, sys
+import offloadctl.bulk as bulk
+from offloadctl._entry import main
+with bulk.paused_gc():
+    kept = [[i] for i in range(1000)]
+library = gc.get_freeze_count()
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+with bulk.paused_gc():
+    built = [[i] for i in range(1000)]
+print(library, gc.get_freeze_count() >= 1000 + len(built))
+"""
+
+
+def test_only_the_console_script_keeps_what_it_builds_from_later_collections(tmp_path):
+    import subprocess
+
+    script = tmp_path / "freezes.py"
+    script.write_text(_FREEZES)
+    done = subprocess.run([sys.executable, str(script), "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout.split()[-2:] == ["0", "True"]
