@@ -750,9 +750,9 @@ class TensorInfos(Mapping[str, TensorInfo]):
         """Convert the given tensors now, in one pass: what a caller that looks up nearly every tensor
         does first (a big model has hundreds of thousands). Lookups give what they would have given.
 
-        A tensor whose first inferred type has a known, plausible size is converted here; any other
-        (weights, unknown sizes, fallbacks, sizes `get` refuses) is left to `get`, so nothing is
-        refused here that is not looked up.
+        An initializer, or a tensor whose first inferred type has a known, plausible size, is
+        converted here; any other (Constant-node and sparse weights, unknown sizes and their
+        fallbacks, sizes `get` refuses) is left to `get`, so nothing is refused that is not looked up.
         """
         done = self._done
         weights = self._weights

@@ -521,3 +521,17 @@ def test_only_the_console_script_keeps_what_it_builds_from_later_collections(tmp
     script.write_text(_FREEZES)
     done = subprocess.run([sys.executable, str(script), "--version"], capture_output=True, text=True, check=True)
     assert done.stdout.split()[-2:] == ["0", "True"]
+
+
+def test_apply_of_a_weights_only_plan_runs_no_shape_inference(small_model, tmp_path, run_cli, monkeypatch):
+    plan = tmp_path / "plan.json"
+    args = ("--params", "--no-activations", "--select-distance", "10")
+    assert run_cli("plan", small_model.path, "-o", plan, *args).exit_code == 0
+    assert {o["kind"] for o in json.loads(plan.read_text())["offloads"]} == {"parameter"}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("shape inference ran")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", refuse)
+    result = run_cli("apply", plan, "-o", tmp_path / "out.onnx")
+    assert result.exit_code == 0, result.stderr
