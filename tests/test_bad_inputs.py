@@ -9,7 +9,6 @@ exist afterwards (no temporary file either) and an existing output file keeps it
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import os
 import shutil
@@ -24,10 +23,6 @@ from models import chain_nodes, long_reuse_model, make_model, save, tensor
 from offloadctl.plan import validate_plan
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
-HAVE_APPLY = importlib.util.find_spec("offloadctl.apply") is not None
-needs_apply = pytest.mark.skipif(not HAVE_APPLY, reason="offloadctl apply is not part of this tree yet")
-HAVE_RUN = importlib.util.find_spec("offloadctl.runner") is not None
-needs_run = pytest.mark.skipif(not HAVE_RUN, reason="offloadctl run is not part of this tree yet")
 
 
 def assert_clean_failure(result, *needles: str) -> None:
@@ -369,7 +364,6 @@ def test_plan_at_the_wrong_stage(run_cli, plans, outputs, command, stage, needle
     outputs.assert_untouched()
 
 
-@needs_apply
 def test_apply_never_writes_over_its_inputs(run_cli, tmp_path, plans):
     model = tmp_path / "seed.onnx"
     shutil.copy(SAMPLES / "seed.onnx", model)
@@ -382,7 +376,6 @@ def test_apply_never_writes_over_its_inputs(run_cli, tmp_path, plans):
     assert {p: p.read_bytes() for p in (model, plan_path)} == before
 
 
-@needs_apply
 def test_apply_refuses_a_plan_that_is_not_scheduled(run_cli, plans, outputs):
     path, _ = plans["filtered"]
     res = run_cli("apply", path, "-o", outputs.folder / "m.onnx", "--model", SAMPLES / "seed.onnx")
@@ -390,7 +383,6 @@ def test_apply_refuses_a_plan_that_is_not_scheduled(run_cli, plans, outputs):
     assert not (outputs.folder / "m.onnx").exists()
 
 
-@needs_apply
 def test_apply_refuses_a_plan_made_for_another_model(run_cli, plans, outputs):
     path, _ = plans["scheduled"]
     res = run_cli("apply", path, "-o", outputs.folder / "m.onnx", "--model", SAMPLES / "mlp.onnx")
@@ -398,7 +390,6 @@ def test_apply_refuses_a_plan_made_for_another_model(run_cli, plans, outputs):
     assert not (outputs.folder / "m.onnx").exists()
 
 
-@needs_apply
 def test_apply_refuses_a_plan_naming_a_tensor_the_model_lacks(run_cli, tmp_path, plans, outputs):
     _, scheduled = plans["scheduled"]
     bad = tmp_path / "ghost.json"
@@ -594,8 +585,7 @@ def test_nothing_worth_offloading_gives_a_valid_empty_plan(run_cli, tmp_path):
     assert plan["stage"] == "scheduled"
     assert plan["offloads"] == []
     assert plan["rejected"] and all(r["reason"] for r in plan["rejected"])
-    if HAVE_APPLY:
-        _check_apply_of_empty_plan(run_cli, out, tmp_path)
+    _check_apply_of_empty_plan(run_cli, out, tmp_path)
 
 
 def _check_apply_of_empty_plan(run_cli, plan_path: Path, tmp_path: Path) -> None:
@@ -655,7 +645,6 @@ def _run_case(tmp_path: Path, case: str) -> tuple[list, list[str]]:
     raise AssertionError(case)
 
 
-@needs_run
 @pytest.mark.parametrize(
     "case",
     [
@@ -673,7 +662,6 @@ def test_run_bad_inputs(run_cli, tmp_path, case):
     assert_clean_failure(run_cli("run", *args, "--device", "cpu", "--repeat", "1"), *needles)
 
 
-@needs_run
 def test_run_refuses_a_plan_given_as_model(run_cli, plans):
     path, _ = plans["scheduled"]
     assert_clean_failure(run_cli("run", path, "--device", "cpu"), str(path), "offload plan")

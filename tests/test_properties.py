@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from models import make_model, tensor
 from offloadctl.analysis import Analysis, analyse
+from offloadctl.apply import apply_plan, write_model
 from offloadctl.model import load_model
 from offloadctl.plan import validate_plan
 from offloadctl.stages import make_plan, select
@@ -327,12 +328,11 @@ def _session(path: Path, *, profile_prefix: Path | None = None, prepacking: bool
 @settings(PROPERTIES, max_examples=60)
 @given(random_model=dag_models(), opts=plan_options)
 def test_random_rewrites_check_run_identically_and_in_order(random_model: RandomModel, opts: dict) -> None:
-    apply = pytest.importorskip("offloadctl.apply", reason="offloadctl apply is not part of this tree yet")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         analysis = _analyse(random_model, folder)
         plan = make_plan(analysis, **opts)
-        rewritten = apply.apply_plan(plan, analysis)
+        rewritten = apply_plan(plan, analysis)
         event(f"offloads: {min(len(plan['offloads']), 3)}{'+' if len(plan['offloads']) >= 3 else ''}")
         event(f"weights offloaded: {any(o['kind'] == 'parameter' for o in plan['offloads'])}")
         event(f"nodes: {'<8' if analysis.num_positions < 8 else '8+'}")
@@ -349,7 +349,7 @@ def test_random_rewrites_check_run_identically_and_in_order(random_model: Random
         check_rewrite(analysis, plan, rewritten)
 
         out = folder / "model.offload.onnx"
-        apply.write_model(rewritten, out, source_dir=folder)
+        write_model(rewritten, out, source_dir=folder)
         prepacking = not any(o["kind"] == "parameter" for o in plan["offloads"])
         want = _session(folder / "model.onnx", prepacking=prepacking).run(None, random_model.feeds)
         session = _session(out, profile_prefix=folder / "profile", prepacking=prepacking)

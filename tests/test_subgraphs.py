@@ -248,7 +248,6 @@ def _memcpy_count(model: onnx.ModelProto) -> dict[str, int]:
 @pytest.mark.parametrize("prefetch", ["0", "2"])
 @pytest.mark.parametrize("kind", ["if", "loop", "scan", "nested"])
 def test_apply_and_run_subgraph_models_identically(write_model, run_cli, tmp_path, kind, prefetch):
-    pytest.importorskip("offloadctl.apply", reason="offloadctl apply is not part of this tree yet")
     path = write_model(MODELS[kind])
     plan, rewritten = tmp_path / "plan.json", tmp_path / "model.offload.onnx"
     args = ("--select-distance", "1", "--prefetch-distance", prefetch)
@@ -272,7 +271,6 @@ def test_apply_and_run_subgraph_models_identically(write_model, run_cli, tmp_pat
 
 
 def test_whole_if_model_applies_and_runs_identically(write_model, run_cli, tmp_path):
-    pytest.importorskip("offloadctl.apply", reason="offloadctl apply is not part of this tree yet")
     path = write_model(WHOLE_IF_MODEL)
     plan, rewritten = tmp_path / "plan.json", tmp_path / "model.offload.onnx"
     assert run_cli("plan", path, "-o", plan, "--params").exit_code == 0
@@ -296,7 +294,6 @@ def test_whole_if_model_applies_and_runs_identically(write_model, run_cli, tmp_p
 
 @pytest.mark.parametrize("kind", ["if", "whole-if"])
 def test_run_command_compares_subgraph_models(write_model, run_cli, tmp_path, kind):
-    pytest.importorskip("offloadctl.runner", reason="offloadctl run is not part of this tree yet")
     path = write_model(MODELS[kind])
     plan, rewritten, inputs = tmp_path / "plan.json", tmp_path / "m.offload.onnx", tmp_path / "inputs.npz"
     extra = ("--force", "w") if kind == "whole-if" else ()

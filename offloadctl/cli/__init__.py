@@ -8,7 +8,6 @@ a bug and keeps its traceback.
 from __future__ import annotations
 
 import logging
-import sys
 
 import click
 from rich.markup import escape
@@ -44,18 +43,10 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from offloadctl.cli import inspect_cmd, stages_cmd
+    from offloadctl.cli import apply_cmd, frontier_cmd, inspect_cmd, profile_cmd, run_cmd, simulate_cmd, stages_cmd
 
     cli.add_command(inspect_cmd.inspect)
-    for command in stages_cmd.COMMANDS:
-        cli.add_command(command)
-    for module_name in ("apply_cmd", "run_cmd", "simulate_cmd", "profile_cmd", "frontier_cmd"):
-        try:
-            module = __import__(f"offloadctl.cli.{module_name}", fromlist=["COMMANDS"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"offloadctl.cli.{module_name}":
-                raise
-            continue
+    for module in (stages_cmd, apply_cmd, run_cmd, simulate_cmd, profile_cmd, frontier_cmd):
         for command in module.COMMANDS:
             cli.add_command(command)
 
