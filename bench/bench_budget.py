@@ -57,7 +57,7 @@ import gen_large  # noqa: E402
 
 from offloadctl.analysis import analyse  # noqa: E402
 from offloadctl.model import load_model  # noqa: E402
-from offloadctl.simulate import peak_memory  # noqa: E402
+from offloadctl.simulator import peak_memory  # noqa: E402
 from offloadctl.timeline import lower_bound  # noqa: E402
 
 __all__ = ["main"]
@@ -197,7 +197,7 @@ def exact_scale(sizes: list[int], folder: Path, time_limit: float, progress: Con
 def objectives(models: list[str] | None, folder: Path, profile: str, progress: Console) -> list[dict[str, Any]]:
     """Simulated time of the time objective's plan against the bytes objective's, per case and copy mode."""
     from offloadctl.profiles import load_profile
-    from offloadctl.simulate import simulate
+    from offloadctl.simulator import simulate
     from offloadctl.stages import make_plan
 
     prof = load_profile(profile)

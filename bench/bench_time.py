@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_large import LargeModelConfig, generate  # noqa: E402
 
 from offloadctl.analysis import analyse  # noqa: E402
-from offloadctl.apply import apply_plan, write_model  # noqa: E402
+from offloadctl.rewrite import apply_plan, write_model  # noqa: E402
 from offloadctl.errors import OffloadError  # noqa: E402
 from offloadctl.model import load_model  # noqa: E402
 from offloadctl.profiler import alternate, measure_profile, write_profile  # noqa: E402
@@ -51,7 +51,7 @@ from offloadctl.runner import (  # noqa: E402
     load_inputs,
     session_config,
 )
-from offloadctl.simulate import simulate  # noqa: E402
+from offloadctl.simulator import simulate  # noqa: E402
 from offloadctl.stages import make_plan  # noqa: E402
 
 __all__ = ["main"]

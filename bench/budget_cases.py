@@ -35,7 +35,7 @@ import gen_large  # noqa: E402
 from offloadctl.analysis import Analysis, analyse  # noqa: E402
 from offloadctl.errors import OffloadError  # noqa: E402
 from offloadctl.model import load_model  # noqa: E402
-from offloadctl.simulate import lower_bound, peak_memory  # noqa: E402
+from offloadctl.simulator import lower_bound, peak_memory  # noqa: E402
 from offloadctl.stages import prefetch, select  # noqa: E402
 from offloadctl.stages.budget import budget_filter, bytes_moved  # noqa: E402
 

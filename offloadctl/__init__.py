@@ -13,21 +13,17 @@ The library is usable without the command line. Its entry points, in pipeline or
 
 Each is a thin name over the module that owns the work: `offloadctl.model.load_model`,
 `offloadctl.analysis.analyse`, `offloadctl.stages.make_plan` (and the single stages `select`,
-`filter_plan`, `prefetch` in `offloadctl.stages`), `offloadctl.apply.apply_plan` with
-`offloadctl.apply.write_model`, `offloadctl.simulate.simulate` and `offloadctl.runner.run_model`.
+`filter_plan`, `prefetch` in `offloadctl.stages`), `offloadctl.rewrite.apply_plan` with
+`offloadctl.rewrite.write_model`, `offloadctl.simulator.simulate` and `offloadctl.runner.run_model`.
 User errors raise `OffloadError` (a message naming the file or tensor, and a hint).
 
 Importing the package is light (the modules load on first use), so that the command line can turn
-an interrupt during start-up into one line. ``offloadctl.apply`` and ``offloadctl.simulate`` stay
-the functions even after the modules of the same name are imported; reach the modules by their full
-names (``from offloadctl.simulate import plot_timeline``).
+an interrupt during start-up into one line.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import types
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -37,10 +33,10 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from offloadctl.analysis import Analysis
-    from offloadctl.apply import ApplyResult
+    from offloadctl.rewrite import ApplyResult
     from offloadctl.model import LoadedModel
     from offloadctl.runner import RunReport
-    from offloadctl.simulate import SimResult
+    from offloadctl.simulator import SimResult
 
 __all__ = [
     "OffloadError",
@@ -61,9 +57,9 @@ __all__ = [
 _TYPES = {
     "LoadedModel": "offloadctl.model",
     "Analysis": "offloadctl.analysis",
-    "SimResult": "offloadctl.simulate",
+    "SimResult": "offloadctl.simulator",
     "RunReport": "offloadctl.runner",
-    "ApplyResult": "offloadctl.apply",
+    "ApplyResult": "offloadctl.rewrite",
 }
 
 
@@ -130,10 +126,10 @@ def apply(
 
     Returns the rewritten ``onnx.ModelProto``. With ``output`` the model is also written there
     atomically, its external data files copied beside it when it goes to another folder (see
-    `offloadctl.apply.write_model`); no file the model or plan reads is ever overwritten.
+    `offloadctl.rewrite.write_model`); no file the model or plan reads is ever overwritten.
     ``result`` (an `ApplyResult`) is filled with what was inserted.
     """
-    from offloadctl.apply import apply_plan, check_model_outputs, write_model
+    from offloadctl.rewrite import apply_plan, check_model_outputs, write_model
     from offloadctl.files import check_output_path
 
     model = apply_plan(plan, analysis, result=result)
@@ -150,11 +146,11 @@ def apply(
 def simulate(analysis: Analysis, plan: dict[str, Any] | None = None, *, profile: Any = "ascend-910b") -> SimResult:
     """Peak device memory before and after ``plan`` and its estimated time under a device profile.
 
-    See `offloadctl.simulate.simulate`; ``profile`` is a bundled profile name (the default is
+    See `offloadctl.simulator.simulate`; ``profile`` is a bundled profile name (the default is
     `offloadctl.profiles.DEFAULT_PROFILE`), a profile file, a `offloadctl.profiles.Profile`, or None
     to skip the time estimate.
     """
-    from offloadctl.simulate import simulate as _simulate
+    from offloadctl.simulator import simulate as _simulate
 
     return _simulate(analysis, plan, profile=profile)
 
@@ -165,16 +161,3 @@ def run(model: str | os.PathLike[str], device: str = "cpu", **options: Any) -> R
     from offloadctl.runner import run_model
 
     return run_model(str(model), device, **options)
-
-
-class _Package(types.ModuleType):
-    """The package's module type: importing the submodule ``offloadctl.apply`` (or ``.simulate``)
-    binds it as an attribute of the package, which would hide the function of the same name."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("apply", "simulate") and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from offloadctl.analysis import Analysis
-from offloadctl.simulate import SimResult, lower_bound, peak_memory
+from offloadctl.simulator import SimResult, lower_bound, peak_memory
 from offloadctl.stages.budget import bytes_moved
 from offloadctl.units import fmt_bytes
 

@@ -199,7 +199,7 @@ class CopyTiming:
 
 def copy_timing(analysis: Analysis, profile: Profile) -> CopyTiming:
     """The `CopyTiming` of a model (not one already rewritten) on a profile."""
-    from offloadctl.simulate import node_seconds
+    from offloadctl.simulator import node_seconds
 
     seconds = np.asarray(node_seconds(analysis, profile), dtype=np.float64)
     starts = np.concatenate(([0.0], np.cumsum(seconds)))

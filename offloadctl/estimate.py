@@ -1,6 +1,6 @@
 """A plan's estimated figures: peak memory before and after, lower bound, bytes moved, time.
 
-`estimate_figures` condenses a simulation (`offloadctl.simulate.SimResult`) into the plain figures
+`estimate_figures` condenses a simulation (`offloadctl.simulator.SimResult`) into the plain figures
 the command line prints and puts in its ``--json`` documents. `record_estimate` stores them in the
 plan's informative ``summary.estimate`` (what ``offloadctl plan`` writes), keyed by a hash of the
 plan's offloads; `recorded_estimate` gives them back only while the offloads are unchanged, so
@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Any
 
-from offloadctl.simulate import SimResult
+from offloadctl.simulator import SimResult
 
 __all__ = ["estimate_figures", "record_estimate", "recorded_estimate"]
 

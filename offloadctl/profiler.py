@@ -58,7 +58,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl import __version__
 from offloadctl.analysis import analyse
-from offloadctl.apply import apply_plan, external_locations, write_model
+from offloadctl.rewrite import apply_plan, external_locations, write_model
 from offloadctl.errors import OffloadError
 from offloadctl.files import atomic_write_text
 from offloadctl.model import load_model
@@ -75,7 +75,7 @@ from offloadctl.runner import (
     load_inputs,
     session_config,
 )
-from offloadctl.simulate import is_rewritten, peak_memory
+from offloadctl.simulator import is_rewritten, peak_memory
 from offloadctl.stages import make_plan
 
 __all__ = [

@@ -5,7 +5,7 @@ This module owns the budget sweep behind ``offloadctl frontier`` and ``offloadct
 --max-slowdown``. It runs the budget strategy (`offloadctl.stages.budget.BudgetSearch`, prepared
 once: selection, candidates and device timing are shared by every budget) at budgets from the
 model's peak down to its lower bound, schedules each plan (`offloadctl.stages.prefetch`) and times
-it with the simulator (`offloadctl.simulate`) under a copy mode:
+it with the simulator (`offloadctl.simulator`) under a copy mode:
 
 - ``inline``: copies on the compute stream, what onnxruntime runs today (the simulator's
   "serialized" time);
@@ -25,14 +25,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from offloadctl.analysis import Analysis
 from offloadctl.costs import COPY_MODES, InlineTime, copies_of, copy_mode_label, default_objective, plan_cost
 from offloadctl.errors import OffloadError
 from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
-from offloadctl.simulate import SimResult, is_rewritten, simulate
+from offloadctl.simulator import SimResult, is_rewritten, simulate
 from offloadctl.stages.budget import BudgetSearch, BudgetUnreachable, check_budget
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, prefetch
 from offloadctl.stages.select import select
@@ -45,7 +44,6 @@ __all__ = [
     "dominated",
     "point_of",
     "plan_within_slowdown",
-    "plot_frontier",
 ]
 
 logger = logging.getLogger(__name__)
@@ -358,72 +356,3 @@ def plan_within_slowdown(
         "budgets_tried": tried,
     }
     return plan
-
-
-# --------------------------------------------------------------------------------------------- plot
-
-
-def plot_frontier(
-    frontier: dict[str, list[Point]],
-    path: str | Path,
-    *,
-    peak_bytes: int,
-    lower_bound_bytes: int,
-    default: dict[str, Point] | None = None,
-    title: str = "",
-) -> None:
-    """Draw peak memory against estimated slowdown, one line per copy mode, as PNG or SVG (needs matplotlib).
-
-    Raises:
-        OffloadError: matplotlib is missing or the file type is not .png/.svg.
-    """
-    from offloadctl.files import atomic_write
-    from offloadctl.simulate import _plot_unit
-
-    out = Path(path)
-    fmt = out.suffix.lower().lstrip(".")
-    if fmt not in ("png", "svg"):
-        raise OffloadError(f"plot file {out} must end in .png or .svg", hint="for example --plot frontier.png")
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise OffloadError(
-            "--plot needs matplotlib, which is not installed", hint="pip install 'offloadctl[plot]'"
-        ) from None
-    scale, unit = _plot_unit(max(peak_bytes, 1))
-    fig = Figure(figsize=(8, 5), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    styles = {
-        "inline": ("#1f77b4", "-", "o", "copies in line (onnxruntime today)"),
-        "streams": ("#ff7f0e", "--", "s", "copies on streams (estimate: onnxruntime does not run this yet)"),
-    }
-    for mode, pts in frontier.items():
-        if not pts:
-            continue
-        color, line, marker, label = styles[mode]
-        flags = dominated(pts)
-        front = sorted((p for p, d in zip(pts, flags) if not d), key=lambda p: p.peak_bytes)
-        ax.plot(
-            [p.peak_bytes / scale for p in front], [p.slowdown for p in front], line, marker=marker, ms=4,
-            color=color, label=label, drawstyle="steps-post",
-        )
-        others = [p for p, d in zip(pts, flags) if d]
-        if others:
-            ax.plot(
-                [p.peak_bytes / scale for p in others], [p.slowdown for p in others], marker, ms=4, color=color,
-                markerfacecolor="none", alpha=0.6,
-            )
-        if default and mode in default:
-            d = default[mode]
-            ax.plot([d.peak_bytes / scale], [d.slowdown], "*", ms=14, color=color, markeredgecolor="black", zorder=5)
-    if default:
-        ax.plot([], [], "*", ms=12, color="white", markeredgecolor="black", label="HyperOffload default plan (plan MODEL)")
-    ax.plot([], [], "o", ms=4, color="#555555", markerfacecolor="none", label="dominated (a lower peak is as fast)")
-    ax.axvline(lower_bound_bytes / scale, color="#d62728", ls=":", lw=1, label="lower bound")
-    ax.axvline(peak_bytes / scale, color="#888888", ls=":", lw=1, label="peak without offload")
-    ax.set_xlabel(f"peak device memory ({unit})")
-    ax.set_ylabel("estimated time (x baseline)")
-    ax.grid(True, alpha=0.3)
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper right")
-    atomic_write(out, lambda tmp: fig.savefig(tmp, format=fmt))

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from offloadctl.analysis import analyse
-from offloadctl.apply import ApplyResult, apply_plan, write_model
+from offloadctl.rewrite import ApplyResult, apply_plan, write_model
 from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
 from offloadctl.metadata import session_settings
@@ -554,7 +554,7 @@ def test_large_model_is_written_with_external_data(tmp_path):
 
 
 def test_subgraph_rename_skips_bodies_that_define_the_name():
-    from offloadctl.apply import _rename_outer
+    from offloadctl.rewrite import _rename_outer
 
     inner_own = helper.make_graph(
         [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Add", ["a", "a"], ["r"])],
@@ -599,7 +599,7 @@ def test_session_settings_absent_on_a_plain_model(seed_path):
 def test_constant_numbers_become_initializers_of_their_type_and_shape(attr, value, dtype):
     from onnx import helper, numpy_helper
 
-    from offloadctl.apply import _constant_to_initializer
+    from offloadctl.rewrite import _constant_to_initializer
 
     tensor = _constant_to_initializer(helper.make_node("Constant", [], ["c"], **{attr: value}))
     assert tensor.name == "c"

@@ -11,12 +11,12 @@ import onnxruntime as ort
 import pytest
 
 from offloadctl.analysis import analyse
-from offloadctl.apply import apply_plan, write_model
+from offloadctl.rewrite import apply_plan, write_model
 from offloadctl.cli.ui import parse_bytes
 from offloadctl.errors import OffloadError
 from offloadctl.explain import explain_rows
 from offloadctl.model import load_model
-from offloadctl.simulate import peak_memory, simulate
+from offloadctl.simulator import peak_memory, simulate
 from offloadctl.stages import filter_plan, make_plan, prefetch, select
 from offloadctl.stages.budget import budget_filter, bytes_moved, check_budget, lower_bound, plan_peak
 
@@ -338,7 +338,7 @@ def test_explain_lists_distance_rejections(run_cli, write_model, tmp_path):
 
 def test_graph_outputs_nobody_reads_are_offloaded_over_their_trailing_stretch(tmp_path):
     """Training graphs: gradients are graph outputs made early and read by nobody."""
-    from offloadctl.simulate import lower_bound
+    from offloadctl.simulator import lower_bound
 
     model = SAMPLES / "training.onnx"
     analysis = analyse(load_model(model))

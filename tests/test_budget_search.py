@@ -21,7 +21,7 @@ from offloadctl.analysis import analyse
 from offloadctl.costs import BytesMoved, InlineTime, make_cost, plan_cost
 from offloadctl.model import load_model
 from offloadctl.profiles import profile_from_dict
-from offloadctl.simulate import peak_memory, simulate
+from offloadctl.simulator import peak_memory, simulate
 from offloadctl.stages import optimal as optimal_module
 from offloadctl.stages import prefetch, select
 from offloadctl.stages.budget import budget_filter, bytes_moved, lower_bound

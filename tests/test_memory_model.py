@@ -24,8 +24,8 @@ from models import make_model, save, tensor
 from offloadctl.analysis import analyse
 from offloadctl.cli.inspect_cmd import inspect_report
 from offloadctl.model import load_model
-from offloadctl.simulate import lower_bound as simulator_lower_bound
-from offloadctl.simulate import simulate
+from offloadctl.simulator import lower_bound as simulator_lower_bound
+from offloadctl.simulator import simulate
 from offloadctl.stages import prefetch, select
 from offloadctl.stages.budget import budget_filter, plan_peak
 from offloadctl.timeline import lower_bound, profile, subgraph_memory

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from models import make_model, tensor
 from offloadctl.analysis import Analysis, analyse
-from offloadctl.apply import apply_plan, write_model
+from offloadctl.rewrite import apply_plan, write_model
 from offloadctl.model import load_model
 from offloadctl.plan import validate_plan
 from offloadctl.stages import make_plan, select

@@ -11,11 +11,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl.analysis import analyse
-from offloadctl.apply import apply_plan
+from offloadctl.rewrite import apply_plan
 from offloadctl.inline import inlined_calls
 from offloadctl.model import load_model
 from offloadctl.runner import run_model
-from offloadctl.simulate import lower_bound, simulate
+from offloadctl.simulator import lower_bound, simulate
 from offloadctl.stages import make_plan, prefetch, select
 from offloadctl.stages.budget import budget_filter
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
-from offloadctl import report as report_module
+from offloadctl.cli import report as report_module
 from offloadctl.errors import OffloadError
 from tests.conftest import SAMPLES
 

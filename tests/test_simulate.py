@@ -13,12 +13,12 @@ import onnxruntime as ort
 import pytest
 
 from offloadctl.analysis import analyse
-from offloadctl.apply import apply_plan, write_model
+from offloadctl.rewrite import apply_plan, write_model
 from offloadctl.errors import OffloadError
 from offloadctl.model import load_model
 from offloadctl.plan import write_plan
 from offloadctl.profiles import DEFAULT_PROFILE, list_profiles, load_profile, profile_from_dict
-from offloadctl.simulate import node_flops, peak_memory, simulate
+from offloadctl.simulator import node_flops, peak_memory, simulate
 from offloadctl.stages import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -559,7 +559,7 @@ def test_plan_command_prints_the_simulated_peak(run_cli, tmp_path, seed_path):
 def test_lower_bound_counts_the_graph_outputs_at_the_end():
     from offloadctl.analysis import analyse
     from offloadctl.model import load_model
-    from offloadctl.simulate import lower_bound, simulate
+    from offloadctl.simulator import lower_bound, simulate
     from tests.conftest import SAMPLES
 
     analysis = analyse(load_model(SAMPLES / "training.onnx"))

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from offloadctl.analysis import Analysis, analyse
 from offloadctl.errors import OffloadError
 from offloadctl.model import load_model
-from offloadctl.simulate import lower_bound as simulator_lower_bound
-from offloadctl.simulate import peak_memory, simulate
+from offloadctl.simulator import lower_bound as simulator_lower_bound
+from offloadctl.simulator import peak_memory, simulate
 from offloadctl.stages import make_plan, prefetch, select
 from offloadctl.stages.budget import budget_filter
 from offloadctl.timeline import WorkingSet, lower_bound, profile

@@ -28,7 +28,7 @@ from offloadctl.errors import OffloadError
 from offloadctl.model import load_model
 from offloadctl.plan import read_plan
 from offloadctl.profiles import load_profile, profile_from_dict
-from offloadctl.simulate import peak_memory, simulate
+from offloadctl.simulator import peak_memory, simulate
 from offloadctl.stages import make_plan, prefetch, select
 from offloadctl.stages.budget import budget_filter, lower_bound
 from offloadctl.tradeoff import Tradeoff, budget_grid, dominated

@@ -728,7 +728,7 @@ def test_the_advice_reads_the_simulation_it_is_given_and_says_the_same(tmp_path,
     from offloadctl import advice
     from offloadctl.analysis import analyse
     from offloadctl.model import load_model
-    from offloadctl.simulate import simulate
+    from offloadctl.simulator import simulate
     from offloadctl.stages import make_plan
 
     if name == "weak":  # a plan whose reloads come back before the idle stretch starts

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from offloadctl.analysis import analyse
-from offloadctl.apply import ApplyResult, apply_plan, check_model_outputs, write_model
+from offloadctl.rewrite import ApplyResult, apply_plan, check_model_outputs, write_model
 from offloadctl.cli.common import finish, peak_text, plan_pins, print_estimate, slowdown_text
 from offloadctl.cli.options import json_option, output_option
 from offloadctl.cli.ui import out_console, steps

@@ -24,7 +24,7 @@ from offloadctl.costs import STREAMS_NOTE, copy_mode_label
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_distinct_outputs, check_output_path
 from offloadctl.model import load_model, parse_dims, parse_input_shapes
-from offloadctl.report import SLOWDOWN_WARNING, report_plot_path
+from offloadctl.cli.report import SLOWDOWN_WARNING, report_plot_path
 
 __all__ = [
     "load_and_analyse",

@@ -20,6 +20,7 @@ from offloadctl.cli.common import (
     plan_pins,
     slowdown_text,
 )
+from offloadctl.cli.plot import plot_timeline
 from offloadctl.cli.options import (
     input_shape_option,
     json_option,
@@ -35,8 +36,8 @@ from offloadctl.estimate import estimate_figures
 from offloadctl.files import check_output_path
 from offloadctl.plan import read_plan
 from offloadctl.profiles import load_profile
-from offloadctl.report import write_report
-from offloadctl.simulate import SimResult, plot_timeline, simulate
+from offloadctl.cli.report import write_report
+from offloadctl.simulator import SimResult, simulate
 
 __all__ = ["COMMANDS", "simulate_cmd"]
 

@@ -49,8 +49,8 @@ from offloadctl.files import check_output_path
 from offloadctl.model import load_model
 from offloadctl.plan import check_plan_model, read_plan, write_plan
 from offloadctl.profiles import Profile, load_profile
-from offloadctl.report import write_report
-from offloadctl.simulate import is_rewritten, simulate
+from offloadctl.cli.report import write_report
+from offloadctl.simulator import is_rewritten, simulate
 from offloadctl.stages import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, filter_plan, make_plan, prefetch, select
 from offloadctl.stages.budget import budget_filter
 

@@ -1520,7 +1520,7 @@ class BudgetSearch:
 
     def _stall(self, filtered: dict[str, Any], profile: Profile) -> float:
         """The time a filtered plan's copies add to the baseline with copies on streams (the simulator's)."""
-        from offloadctl.simulate import simulate
+        from offloadctl.simulator import simulate
         from offloadctl.stages.prefetch import prefetch
 
         scheduled = prefetch(filtered, prefetch_distance=self.prefetch_distance, release_distance=self.release_distance)

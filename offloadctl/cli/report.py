@@ -1,6 +1,6 @@
 """A Markdown report of what a plan does, to attach to a pull request or a CI job.
 
-`markdown_report` turns a simulation (`offloadctl.simulate.SimResult`) and, when there is one, the
+`markdown_report` turns a simulation (`offloadctl.simulator.SimResult`) and, when there is one, the
 plan it simulated into Markdown: the peak device memory before and after, the lower bound, what
 moved and why, and the estimated time, with the memory timeline plot beside it. `write_report`
 writes the report and its plot (``report.md`` and ``report.png`` or ``.svg``), atomically. Nothing
@@ -19,7 +19,8 @@ from offloadctl.costs import STREAMS_NOTE
 from offloadctl.errors import OffloadError
 from offloadctl.explain import explain_rows
 from offloadctl.files import atomic_write_text
-from offloadctl.simulate import SimResult, plot_timeline
+from offloadctl.cli.plot import plot_timeline
+from offloadctl.simulator import SimResult
 from offloadctl.units import fmt_bytes
 
 __all__ = ["markdown_report", "write_report", "report_plot_path", "MAX_ROWS"]
@@ -61,7 +62,7 @@ def markdown_report(
     """The report as Markdown text.
 
     Args:
-        result: the simulation (`offloadctl.simulate.simulate`) of the model with ``plan``, or of a
+        result: the simulation (`offloadctl.simulator.simulate`) of the model with ``plan``, or of a
             rewritten model.
         plan: the scheduled plan simulated, if any: its offloads are listed with the reason each
             was chosen, and its rejected candidates counted by reason.

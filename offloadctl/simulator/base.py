@@ -1,0 +1,195 @@
+"""The model as the simulator sees it: its original nodes, with tensors interned as integer ids.
+
+`base_of` gives, once per `Analysis` object, the positions of the original nodes and, per position,
+the tensor ids they read and write, with each tensor's size and role (weight, graph input, graph
+output). A model already rewritten by apply keeps only its original nodes here: each copy's output
+is read as the tensor it copies (`Base.canon`), so its "before" program is the model without
+copies. Programs (`offloadctl.simulator.program`) and the time model are built on it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import onnx
+
+from offloadctl.analysis import Analysis
+from offloadctl.errors import OffloadError
+from offloadctl.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST
+from offloadctl.timeline import subgraph_memory, weight_is_resident
+
+if TYPE_CHECKING:
+    from offloadctl.simulator.program import Program
+
+__all__ = ["Base", "base_of", "copy_kind", "interner", "is_rewritten"]
+
+
+def copy_kind(node: onnx.NodeProto) -> str | None:
+    """"d2h" for a MemcpyToHost node, "h2d" for a MemcpyFromHost node, None for any other."""
+    if node.domain in ("", "ai.onnx") and node.op_type in (MEMCPY_TO_HOST, MEMCPY_FROM_HOST):
+        return "d2h" if node.op_type == MEMCPY_TO_HOST else "h2d"
+    return None
+
+
+def is_rewritten(analysis: Analysis) -> bool:
+    """True when the model already contains MemcpyToHost/MemcpyFromHost nodes."""
+    return any(copy_kind(n) is not None for n in analysis.nodes)
+
+
+@dataclass
+class Base:
+    """The model as the original nodes see it: tensors as integer ids, reads and writes per position."""
+
+    n: int
+    labels: list[str]
+    nodes: list[onnx.NodeProto]
+    names: list[str]
+    index: dict[str, int]
+    sizes: list[int]  # unknown sizes count 0
+    unknown: list[str]  # names of tensors with unknown size
+    weight: list[bool]
+    graph_input: list[bool]
+    graph_output: list[bool]
+    reads: list[list[int]]  # per position, one entry per input slot / subgraph read
+    writes: list[list[int]]
+    use_positions: dict[int, set[int]]
+    canon: Callable[[str], str]  # node input name -> the tensor it stands for
+    infos: dict[str, Any]
+    unknown_set: set[str] = field(default_factory=set)
+    resident: list[bool] = field(default_factory=list)  # weights that occupy memory (read, or graph outputs)
+    inner: list[int] = field(default_factory=list)  # per position: memory inside its subgraphs while it runs
+    subgraph_weights: int = 0  # bytes of subgraph weights, resident for the whole run
+    rewritten: bool = False  # the model contains copy nodes
+    before: Program | None = None
+    costs: dict[str, Any] = field(default_factory=dict)  # time model: profile key -> its node costs
+
+
+def interner() -> tuple[list[str], dict[str, int], Callable[[str], int]]:
+    """(names, index, intern): ``intern(name)`` gives each new name the next id, in first-seen order."""
+    names: list[str] = []
+    index: dict[str, int] = {}
+
+    def intern(name: str) -> int:
+        t = index.get(name)
+        if t is None:
+            t = index[name] = len(names)
+            names.append(name)
+        return t
+
+    return names, index, intern
+
+
+def _new_base(analysis: Analysis) -> Base:
+    copy_nodes = {p for p, node in enumerate(analysis.nodes) if copy_kind(node) is not None}
+    source: dict[str, str] = {}
+    for p in copy_nodes:
+        node = analysis.nodes[p]
+        if len(node.input) != 1 or len(node.output) != 1 or not node.input[0] or not node.output[0]:
+            raise OffloadError(
+                f"copy node {analysis.node_names[p]!r} ({node.op_type}) in {analysis.loaded.path} must have one "
+                "input and one output",
+                hint="re-create the model with offloadctl apply",
+            )
+        source[node.output[0]] = node.input[0]
+
+    def canon(name: str) -> str:
+        seen = 0
+        while name in source and seen <= len(source):
+            name = source[name]
+            seen += 1
+        return name
+
+    names, index, intern = interner()
+
+    def canonical(name: str) -> int:
+        return intern(canon(name))
+
+    tid = canonical if source else intern  # without copies every name stands for itself
+
+    for name in analysis.graph_inputs:
+        tid(name)
+    for name in sorted(analysis.weights):
+        tid(name)
+    positions = [p for p in range(analysis.num_positions) if p not in copy_nodes]
+    reads: list[list[int]] = []
+    writes: list[list[int]] = []
+    where = {p: k for k, p in enumerate(positions)}
+    reads = [[] for _ in positions]
+    for name, uses in analysis.uses.items():
+        t = None
+        for use in uses:
+            k = where.get(use.position)
+            if k is not None:
+                if t is None:
+                    t = tid(name)
+                reads[k].append(t)
+    for k, p in enumerate(positions):
+        writes.append([tid(o) for o in analysis.nodes[p].output if o])
+    for name in analysis.graph_outputs:
+        tid(name)
+    count = len(names)
+    sizes = [0] * count
+    unknown: list[str] = []
+    for t, name in enumerate(names):
+        info = analysis.infos.get(name)
+        size = info.bytes if info is not None else None
+        if size is None:
+            unknown.append(name)
+        else:
+            sizes[t] = size
+    weight = [False] * count
+    for name in analysis.weights:
+        weight[index[canon(name)]] = True
+    graph_input = [False] * count
+    for name in analysis.graph_inputs:
+        graph_input[index[canon(name)]] = True
+    graph_output = [False] * count
+    for name in analysis.graph_outputs:
+        graph_output[index[canon(name)]] = True
+    use_positions: dict[int, set[int]] = {}
+    for k, lst in enumerate(reads):
+        for t in lst:
+            use_positions.setdefault(t, set()).add(k)
+    resident = [weight[t] and weight_is_resident(t in use_positions, graph_output[t]) for t in range(count)]
+    sub = subgraph_memory(analysis)
+    unknown += sub.unknown
+    return Base(
+        n=len(positions),
+        labels=[analysis.node_names[p] for p in positions],
+        nodes=[analysis.nodes[p] for p in positions],
+        names=names,
+        index=index,
+        sizes=sizes,
+        unknown=unknown,
+        weight=weight,
+        graph_input=graph_input,
+        graph_output=graph_output,
+        reads=reads,
+        writes=writes,
+        use_positions=use_positions,
+        canon=canon,
+        infos=analysis.infos,
+        unknown_set=set(unknown),
+        resident=resident,
+        inner=[sub.at(p) for p in positions],
+        subgraph_weights=sub.weight_bytes,
+        rewritten=bool(copy_nodes),
+    )
+
+
+_BASES: dict[int, tuple[weakref.ref, Base]] = {}
+
+
+def base_of(analysis: Analysis) -> Base:
+    """The base of an analysis, computed once per Analysis object."""
+    key = id(analysis)
+    hit = _BASES.get(key)
+    if hit is not None and hit[0]() is analysis:
+        return hit[1]
+    base = _new_base(analysis)
+    _BASES[key] = (weakref.ref(analysis, lambda _ref, key=key: _BASES.pop(key, None)), base)
+    return base
+
