@@ -31,8 +31,9 @@ def _describe_use(key: tuple[int, int, str]) -> str:
 def check_plan_for_model(plan: dict[str, Any], analysis: Analysis) -> None:
     """Refuse a plan that does not describe this model: every field that states a fact about the
     model (tensor, kind, producer, uses, size, shape, type, graph output) must be true of it, and
-    every position must make sense for it (copies after the D2H, release not before the last
-    device use). The plan itself is assumed valid against the schema (`validate_plan`).
+    every position must make sense for it (copies after the D2H and by their group's first use,
+    release not before the last device use, no device use of an offloaded weight). The plan itself
+    is assumed valid against the schema (`validate_plan`).
 
     Raises:
         OffloadError: naming the first entry and field that disagree, with how to fix it.
@@ -138,6 +139,26 @@ def check_plan_for_model(plan: dict[str, Any], analysis: Analysis) -> None:
             )
         if len(planned) != len(set(planned)):
             raise OffloadError(f"plan lists a use of tensor {tensor!r} twice", hint=_HINT_REPLAN)
+        if kind == "parameter" and off["device_uses"]:
+            raise OffloadError(
+                f"plan offloads weight {tensor!r} but lists uses that read it on the device (device_uses); an "
+                "offloaded weight lives on the host and every use reads a reload group's copy",
+                hint="move those uses into a reload group, or " + _HINT_REPLAN,
+            )
+        _check_h2d_positions(off, kind == "activation")
+
+
+def _check_h2d_positions(off: dict[str, Any], activation: bool) -> None:
+    """Every reload group's H2D runs after the D2H (activations) and not after the group's first use."""
+    low = off["d2h_after"] + 1 if activation else 0
+    for g, group in enumerate(off["reload_groups"]):
+        h2d, first = group["h2d_before"], group["uses"][0]["position"]
+        if h2d is None or not low <= h2d <= first:
+            raise OffloadError(
+                f"plan puts the H2D copy of reload group {g} of tensor {off['tensor']!r} before position {h2d}; it "
+                f"must lie in [{low}, {first}] (after the D2H, not after the group's first use)",
+                hint="re-run offloadctl prefetch on the filtered plan, or edit reload_groups/h2d_before",
+            )
 
 
 def _check_facts(off: dict[str, Any], info: TensorInfo, model_path: Any) -> None:

@@ -390,6 +390,28 @@ def test_apply_refuses_a_plan_made_for_another_model(run_cli, plans, outputs):
     assert not (outputs.folder / "m.onnx").exists()
 
 
+def test_apply_and_simulate_refuse_an_offloaded_weight_read_on_the_device(run_cli, tmp_path, outputs):
+    model = tmp_path / "seed.onnx"
+    shutil.copy(SAMPLES / "seed.onnx", model)
+    good = tmp_path / "plan.json"
+    assert run_cli("plan", model, "-o", good, "--params", "--force", "two", "--prefetch-distance", "0").exit_code == 0
+    plan = json.loads(good.read_text())
+    (weight,) = plan["offloads"]
+    group = weight["reload_groups"][0]
+    assert weight["tensor"] == "two" and weight["device_uses"] == [] and len(group["uses"]) > 1
+    weight["device_uses"] = [group["uses"].pop(0)]  # the first use reads the weight on the device
+    group["h2d_before"] = group["uses"][0]["position"]
+    validate_plan(plan)  # the schema allows it; the model check does not
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(plan))
+    for res in (
+        run_cli("apply", bad, "-o", outputs.folder / "m.onnx", "--model", model),
+        run_cli("simulate", model, "--plan", bad),
+    ):
+        assert_clean_failure(res, "weight 'two'", "device_uses")
+    assert not (outputs.folder / "m.onnx").exists()
+
+
 def test_apply_refuses_a_plan_naming_a_tensor_the_model_lacks(run_cli, tmp_path, plans, outputs):
     _, scheduled = plans["scheduled"]
     bad = tmp_path / "ghost.json"

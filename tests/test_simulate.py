@@ -411,6 +411,18 @@ def test_plan_must_be_scheduled_and_for_this_model(run_cli, tmp_path, seed_path)
         simulate(analysis, unscheduled)
 
 
+@pytest.mark.parametrize("h2d_before", [None, 0, 6])  # missing, with the D2H, after the first use
+def test_a_plan_in_memory_with_a_misplaced_h2d_is_refused_by_apply_and_simulate(seed_path, h2d_before):
+    analysis = _analysis(seed_path)
+    plan = make_plan(analysis, select_distance=1, prefetch_distance=0)
+    (off,) = plan["offloads"]  # m1: D2H after position 0, its group's first use at position 5
+    assert off["d2h_after"] == 0 and off["reload_groups"][0]["uses"][0]["position"] == 5
+    off["reload_groups"][0]["h2d_before"] = h2d_before
+    for refuse in (lambda: simulate(analysis, plan), lambda: peak_memory(analysis, plan), lambda: apply_plan(plan, analysis)):
+        with pytest.raises(OffloadError, match=r"reload group 0 of tensor 'm1'.*\[1, 5\]"):
+            refuse()
+
+
 def test_unknown_sizes_are_counted_and_listed(run_cli, write_model):
     path = write_model(
         """

@@ -58,7 +58,6 @@ class Base:
     use_positions: dict[int, set[int]]
     canon: Callable[[str], str]  # node input name -> the tensor it stands for
     infos: dict[str, Any]
-    unknown_set: set[str] = field(default_factory=set)
     resident: list[bool] = field(default_factory=list)  # weights that occupy memory (read, or graph outputs)
     inner: list[int] = field(default_factory=list)  # per position: memory inside its subgraphs while it runs
     subgraph_weights: int = 0  # bytes of subgraph weights, resident for the whole run
@@ -172,7 +171,6 @@ def _new_base(analysis: Analysis) -> Base:
         use_positions=use_positions,
         canon=canon,
         infos=analysis.infos,
-        unknown_set=set(unknown),
         resident=resident,
         inner=[sub.at(p) for p in positions],
         subgraph_weights=sub.weight_bytes,
