@@ -61,6 +61,7 @@ __all__ = [
     "h2d_low",
     "h2d_position",
     "release_point",
+    "buffer_span",
     "resident_spans",
     "offloaded_spans",
     "entry_spans",
@@ -100,6 +101,14 @@ def release_point(last_device_use: int, release_distance: int, num_positions: in
     return min(last_device_use + release_distance, max(num_positions - 1, 0))
 
 
+def buffer_span(first: int, last_read: int, end: int, *, to_end: bool = False, hold: int = -1) -> Span:
+    """Steps a device buffer occupies: from ``first`` (its producer; 0 for a graph input) to its last
+    reader, or to the step a plan holds it through (``hold``) if that is later; to ``end`` for a graph
+    output (``to_end``). Never less than its first step: an output nobody reads is freed after its
+    producer."""
+    return (first, end if to_end else max(first, last_read, hold))
+
+
 def weight_is_resident(used: bool, graph_output: bool) -> bool:
     """A weight occupies the device when a node reads it or it is a graph output (onnxruntime drops the rest)."""
     return used or graph_output
@@ -122,8 +131,7 @@ def resident_spans(analysis: Analysis, name: str) -> list[Span]:
         return [(0, n)] if weight_is_resident(bool(uses), is_output) else []
     else:  # a graph input
         start = 0
-    end = n if is_output else (uses[-1].position if uses else start)
-    return [(start, max(start, end))]
+    return [buffer_span(start, uses[-1].position if uses else start, n, to_end=is_output)]
 
 
 def offloaded_spans(
@@ -150,8 +158,7 @@ def offloaded_spans(
     spans: list[Span] = []
     if activation:
         last = producer if last_device_use is None else last_device_use
-        release = last if release_after is None else release_after
-        spans.append((producer, max(last, producer, release)))
+        spans.append(buffer_span(producer, last, num_positions, hold=-1 if release_after is None else release_after))
     spans.extend(groups)
     if output_h2d is not None:
         spans.append((output_h2d, num_positions))
@@ -455,37 +462,46 @@ def step_bound(
     positions: Sequence[int],
     tensors: Sequence[int],
     sizes: Sequence[int],
-    inputs: Iterable[tuple[int, int]],
-    end_bytes: int,
+    graph_input: Sequence[bool],
+    graph_output: Sequence[bool],
     inner: dict[int, int] | None = None,
     always: int = 0,
 ) -> tuple[int, int | None]:
-    """The lower bound over steps described by integer ids (shared by the simulator and :func:`lower_bound`).
+    """The lower bound over steps described by integer tensor ids (shared by the simulator and
+    :func:`lower_bound`).
 
     Args:
         steps: number of node steps.
-        positions, tensors: pairs (step, tensor id): the step reads or writes the tensor (graph
-            inputs left out; a pair may repeat).
+        positions, tensors: pairs (step, tensor id): the step reads or writes the tensor (a pair
+            may repeat).
         sizes: bytes of each tensor id.
-        inputs: (bytes, last read) of each graph input that is read.
-        end_bytes: bytes of the graph outputs, all on the device at the end.
+        graph_input: per tensor id, whether it is a graph input. Inputs are never offloaded: each
+            one is on the device from the start to its last read, so it counts in every step up
+            to there, read by the step or not.
+        graph_output: per tensor id, whether it is a graph output: all of them are on the device
+            at the end of the run, one more step.
         inner: step -> memory inside its subgraphs.
         always: bytes resident at every step that no plan can move (subgraph weights).
     """
+    size = np.asarray(sizes, dtype=np.int64)
+    end_bytes = int(size[np.asarray(graph_output, dtype=bool)].sum()) if len(size) else 0
     if not steps:
         return (end_bytes + always, 0) if end_bytes else (0, None)
     values = np.full(steps, always, dtype=np.int64)
     if len(positions):
         pos = np.asarray(positions, dtype=np.int64)
         tid = np.asarray(tensors, dtype=np.int64)
-        pairs = np.unique(pos * (int(tid.max()) + 1) + tid)
-        width = int(tid.max()) + 1
-        values += np.bincount(pairs // width, weights=np.asarray(sizes, dtype=np.int64)[pairs % width], minlength=steps).astype(np.int64)
-    until = np.zeros(steps + 1, dtype=np.int64)
-    for size, last in inputs:
-        until[0] += size
-        until[last + 1] -= size
-    values += np.cumsum(until[:steps])
+        is_input = np.asarray(graph_input, dtype=bool)[tid]
+        if is_input.any():
+            last = np.full(len(size), -1, dtype=np.int64)
+            np.maximum.at(last, tid[is_input], pos[is_input])
+            read = np.flatnonzero(last >= 0)
+            values += sweep(steps, np.zeros(len(read), dtype=np.int64), last[read], size[read])
+            pos, tid = pos[~is_input], tid[~is_input]
+        if len(pos):
+            width = int(tid.max()) + 1
+            pairs = np.unique(pos * width + tid)
+            values += np.bincount(pairs // width, weights=size[pairs % width], minlength=steps).astype(np.int64)
     for p, extra in (inner or {}).items():
         values[p] += extra
     at = int(np.argmax(values))
@@ -498,33 +514,37 @@ def step_bound(
 def _lower_bound(analysis: Analysis) -> tuple[int, int | None]:
     ids: dict[str, int] = {}
     sizes: list[int] = []
-    inputs = set(analysis.graph_inputs)
+
+    def tid(name: str) -> int:
+        t = ids.get(name)
+        if t is None:
+            t = ids[name] = len(sizes)
+            sizes.append(tensor_bytes(analysis, name))
+        return t
+
     positions: list[int] = []
     tensors: list[int] = []
     for name, uses in analysis.uses.items():
-        if name in inputs:
-            continue
-        t = ids[name] = len(sizes)
-        sizes.append(tensor_bytes(analysis, name))
         positions += [u[0] for u in uses]
-        tensors += [t] * len(uses)
+        tensors += [tid(name)] * len(uses)
     for p, node in enumerate(analysis.nodes):
         for o in node.output:
-            if o and o not in inputs:
-                t = ids.get(o)
-                if t is None:
-                    t = ids[o] = len(sizes)
-                    sizes.append(tensor_bytes(analysis, o))
+            if o:
                 positions.append(p)
-                tensors.append(t)
-    live_inputs = [
-        (tensor_bytes(analysis, name), analysis.uses[name][-1].position)
-        for name in analysis.graph_inputs
-        if analysis.uses.get(name)
-    ]
-    end = sum(tensor_bytes(analysis, name) for name in dict.fromkeys(analysis.graph_outputs))
+                tensors.append(tid(o))
+    for name in analysis.graph_outputs:
+        tid(name)
+    graph_input = [False] * len(sizes)
+    for name in analysis.graph_inputs:
+        if name in ids:
+            graph_input[ids[name]] = True
+    graph_output = [False] * len(sizes)
+    for name in analysis.graph_outputs:
+        graph_output[ids[name]] = True
     sub = subgraph_memory(analysis)
-    return step_bound(analysis.num_positions, positions, tensors, sizes, live_inputs, end, sub.inner, sub.weight_bytes)
+    return step_bound(
+        analysis.num_positions, positions, tensors, sizes, graph_input, graph_output, sub.inner, sub.weight_bytes
+    )
 
 
 def lower_bound(analysis: Analysis) -> tuple[int, int | None]:

@@ -55,7 +55,6 @@ class Base:
     graph_output: list[bool]
     reads: list[list[int]]  # per position, one entry per input slot / subgraph read
     writes: list[list[int]]
-    use_positions: dict[int, set[int]]
     canon: Callable[[str], str]  # node input name -> the tensor it stands for
     infos: dict[str, Any]
     resident: list[bool] = field(default_factory=list)  # weights that occupy memory (read, or graph outputs)
@@ -148,11 +147,8 @@ def _new_base(analysis: Analysis) -> Base:
     graph_output = [False] * count
     for name in analysis.graph_outputs:
         graph_output[index[canon(name)]] = True
-    use_positions: dict[int, set[int]] = {}
-    for k, lst in enumerate(reads):
-        for t in lst:
-            use_positions.setdefault(t, set()).add(k)
-    resident = [weight[t] and weight_is_resident(t in use_positions, graph_output[t]) for t in range(count)]
+    read = {t for lst in reads for t in lst}
+    resident = [weight[t] and weight_is_resident(t in read, graph_output[t]) for t in range(count)]
     sub = subgraph_memory(analysis)
     unknown += sub.unknown
     return Base(
@@ -168,7 +164,6 @@ def _new_base(analysis: Analysis) -> Base:
         graph_output=graph_output,
         reads=reads,
         writes=writes,
-        use_positions=use_positions,
         canon=canon,
         infos=analysis.infos,
         resident=resident,

@@ -48,7 +48,7 @@ from typing import Any
 from offloadctl.analysis import Analysis
 from offloadctl.simulator.base import Base, base_of
 from offloadctl.simulator.program import DEVICE, HOST, Program, program_for
-from offloadctl.timeline import step_bound, sweep
+from offloadctl.timeline import buffer_span, step_bound, sweep
 
 __all__ = ["MemoryTrace", "lower_bound", "peak_memory", "trace", "base_lower_bound"]
 
@@ -76,20 +76,25 @@ def _intervals(program: Program) -> tuple[list[int], list[tuple[int, int, int, i
         if a < 0 or steps == 0:
             continue
         end = program.to_end[t]
-        f = steps - 1 if end else max(a, last[t], hold.get(t, -1))
+        a, f = buffer_span(a, last[t], steps - 1, to_end=end, hold=hold.get(t, -1))
         spans.append((where, size, a, f, start, end))
     return resident, spans
 
 
-def _working_sets(program: Program, where: int = DEVICE) -> list[int]:
-    """Bytes alive during each step at ``where`` (DEVICE or HOST)."""
-    resident, spans = _intervals(program)
+def _alive(program: Program, resident: list[int], spans: list[tuple[int, int, int, int, bool, bool]], where: int) -> list[int]:
+    """Bytes alive during each step at ``where`` (DEVICE or HOST), from `_intervals`."""
     mine = [(a, f, size) for place, size, a, f, _, _ in spans if place == where]
     alive = sweep(len(program.kinds), [a for a, _, _ in mine], [f for _, f, _ in mine], [b for _, _, b in mine])
     alive += resident[where]
     if where == DEVICE and program.inner:
         alive += program.inner
     return alive.tolist()
+
+
+def _working_sets(program: Program, where: int = DEVICE) -> list[int]:
+    """Bytes alive during each step at ``where`` (DEVICE or HOST)."""
+    resident, spans = _intervals(program)
+    return _alive(program, resident, spans, where)
 
 
 def _argmax(values: Sequence[int]) -> int | None:
@@ -135,27 +140,19 @@ class MemoryTrace:
 
 
 def trace(program: Program, base: Base) -> MemoryTrace:
+    """The memory of every step of ``program`` (device, host, live in and out)."""
     resident, spans = _intervals(program)
     steps = len(program.kinds)
-    diffs = [[0] * (steps + 1), [0] * (steps + 1)]
     alloc_at = [0] * steps
     free_at = [0] * steps
     for place, size, a, f, start, end in spans:
-        diffs[place][a] += size
-        diffs[place][f + 1] -= size
         if place == DEVICE:
             if not start:
                 alloc_at[a] += size
             if not end:
                 free_at[f] += size
-    device, host = [], []
-    run = list(resident)
-    inner = program.inner or [0] * steps
-    for s in range(steps):
-        run[DEVICE] += diffs[DEVICE][s]
-        run[HOST] += diffs[HOST][s]
-        device.append(run[DEVICE] + inner[s])
-        host.append(run[HOST])
+    device = _alive(program, resident, spans, DEVICE)
+    host = _alive(program, resident, spans, HOST)
     return MemoryTrace(
         kinds=list(program.kinds),
         positions=list(program.positions),
@@ -170,20 +167,16 @@ def trace(program: Program, base: Base) -> MemoryTrace:
 
 
 def base_lower_bound(base: Base) -> tuple[int, int | None]:
-    # Graph inputs are never offloaded: each one is on the device from the start to its last read,
-    # so it counts in every step up to there, read by the step or not.
-    is_input = [i and not w for i, w in zip(base.graph_input, base.weight)]
-    inputs = [(base.sizes[t], max(base.use_positions[t])) for t, i in enumerate(is_input) if i and base.use_positions.get(t)]
+    """`offloadctl.timeline.step_bound` of the base's original nodes: (bytes, position)."""
     positions: list[int] = []
     tensors: list[int] = []
     for p in range(base.n):
-        for t in base.reads[p] + base.writes[p]:
-            if not is_input[t]:
-                positions.append(p)
-                tensors.append(t)
-    end = sum(base.sizes[t] for t in range(len(base.names)) if base.graph_output[t])
+        touched = base.reads[p] + base.writes[p]
+        positions += [p] * len(touched)
+        tensors += touched
+    is_input = [i and not w for i, w in zip(base.graph_input, base.weight)]
     inner = {p: b for p, b in enumerate(base.inner) if b}
-    return step_bound(base.n, positions, tensors, base.sizes, inputs, end, inner, base.subgraph_weights)
+    return step_bound(base.n, positions, tensors, base.sizes, is_input, base.graph_output, inner, base.subgraph_weights)
 
 
 def lower_bound(analysis: Analysis) -> tuple[int, int | None]:
