@@ -29,7 +29,7 @@ __all__ = ["Base", "base_of", "copy_kind", "interner", "is_rewritten"]
 
 def copy_kind(node: onnx.NodeProto) -> str | None:
     """"d2h" for a MemcpyToHost node, "h2d" for a MemcpyFromHost node, None for any other."""
-    if node.domain in ("", "ai.onnx") and node.op_type in (MEMCPY_TO_HOST, MEMCPY_FROM_HOST):
+    if node.op_type in (MEMCPY_TO_HOST, MEMCPY_FROM_HOST) and node.domain in ("", "ai.onnx"):
         return "d2h" if node.op_type == MEMCPY_TO_HOST else "h2d"
     return None
 
@@ -80,10 +80,11 @@ def interner() -> tuple[list[str], dict[str, int], Callable[[str], int]]:
     return names, index, intern
 
 
-def _new_base(analysis: Analysis) -> Base:
+def _copy_sources(analysis: Analysis) -> tuple[set[int], dict[str, str]]:
+    """The positions of the model's copy nodes, and what each copy's output copies."""
     copy_nodes = {p for p, node in enumerate(analysis.nodes) if copy_kind(node) is not None}
     source: dict[str, str] = {}
-    for p in copy_nodes:
+    for p in sorted(copy_nodes):
         node = analysis.nodes[p]
         if len(node.input) != 1 or len(node.output) != 1 or not node.input[0] or not node.output[0]:
             raise OffloadError(
@@ -92,6 +93,11 @@ def _new_base(analysis: Analysis) -> Base:
                 hint="re-create the model with offloadctl apply",
             )
         source[node.output[0]] = node.input[0]
+    return copy_nodes, source
+
+
+def _new_base(analysis: Analysis) -> Base:
+    copy_nodes, source = _copy_sources(analysis)
 
     def canon(name: str) -> str:
         seen = 0
@@ -100,34 +106,53 @@ def _new_base(analysis: Analysis) -> Base:
             seen += 1
         return name
 
-    names, index, intern = interner()
-
-    def canonical(name: str) -> int:
-        return intern(canon(name))
-
-    tid = canonical if source else intern  # without copies every name stands for itself
-
-    for name in analysis.graph_inputs:
-        tid(name)
-    for name in sorted(analysis.weights):
-        tid(name)
+    # Ids in first-seen order: graph inputs, weights (sorted), what the nodes read, what they write,
+    # graph outputs. Without copies every name stands for itself, and the analysis's uses and
+    # producers are read as they are.
+    index: dict[str, int] = {}
+    new_id = index.setdefault
     positions = [p for p in range(analysis.num_positions) if p not in copy_nodes]
-    reads: list[list[int]] = []
-    writes: list[list[int]] = []
-    where = {p: k for k, p in enumerate(positions)}
-    reads = [[] for _ in positions]
-    for name, uses in analysis.uses.items():
-        t = None
-        for use in uses:
-            k = where.get(use.position)
+    reads: list[list[int]] = [[] for _ in positions]
+    writes: list[list[int]] = [[] for _ in positions]
+    if not source:
+        for name in analysis.graph_inputs:
+            new_id(name, len(index))
+        for name in sorted(analysis.weights):
+            new_id(name, len(index))
+        for name, uses in analysis.uses.items():
+            t = new_id(name, len(index))
+            for use in uses:
+                reads[use[0]].append(t)
+        for name, p in analysis.producer.items():
+            writes[p].append(new_id(name, len(index)))
+        for name in analysis.graph_outputs:
+            new_id(name, len(index))
+        canonical = index
+    else:
+        def tid(name: str) -> int:
+            return new_id(canon(name), len(index))
+
+        for name in analysis.graph_inputs:
+            tid(name)
+        for name in sorted(analysis.weights):
+            tid(name)
+        where = {p: k for k, p in enumerate(positions)}
+        for name, uses in analysis.uses.items():
+            t = None
+            for use in uses:
+                k = where.get(use.position)
+                if k is not None:
+                    if t is None:
+                        t = tid(name)
+                    reads[k].append(t)
+        for name, p in analysis.producer.items():
+            k = where.get(p)
             if k is not None:
-                if t is None:
-                    t = tid(name)
-                reads[k].append(t)
-    for k, p in enumerate(positions):
-        writes.append([tid(o) for o in analysis.nodes[p].output if o])
-    for name in analysis.graph_outputs:
-        tid(name)
+                writes[k].append(tid(name))
+        for name in analysis.graph_outputs:
+            tid(name)
+        canonical = {name: index[canon(name)] for name in (*analysis.weights, *analysis.graph_inputs, *analysis.graph_outputs)}
+    names = list(index)
     count = len(names)
     sizes = [0] * count
     unknown: list[str] = []
@@ -140,13 +165,13 @@ def _new_base(analysis: Analysis) -> Base:
             sizes[t] = size
     weight = [False] * count
     for name in analysis.weights:
-        weight[index[canon(name)]] = True
+        weight[canonical[name]] = True
     graph_input = [False] * count
     for name in analysis.graph_inputs:
-        graph_input[index[canon(name)]] = True
+        graph_input[canonical[name]] = True
     graph_output = [False] * count
     for name in analysis.graph_outputs:
-        graph_output[index[canon(name)]] = True
+        graph_output[canonical[name]] = True
     read = {t for lst in reads for t in lst}
     resident = [weight[t] and weight_is_resident(t in read, graph_output[t]) for t in range(count)]
     sub = subgraph_memory(analysis)

@@ -40,6 +40,7 @@ __all__ = ["Costs", "TimeFigures", "node_costs", "node_flops", "node_seconds", "
 
 ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
 MATMUL_OPS = frozenset({"MatMul", "FusedMatMul"})
+FLOP_OPS = MATMUL_OPS | ATTENTION_OPS | {"Gemm", "Conv", "ConvTranspose"}  # the ops counted by FLOPs
 
 
 def _dims(infos: dict[str, Any], name: str) -> tuple[int, ...] | None:
@@ -52,6 +53,8 @@ def _dims(infos: dict[str, Any], name: str) -> tuple[int, ...] | None:
 def node_flops(node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...] | None]) -> int | None:
     """Floating-point operations of a compute-bound node; None for other ops or unknown shapes."""
     op = node.op_type
+    if op not in FLOP_OPS:
+        return None
     ins = list(node.input)
     out = shape_of(node.output[0]) if node.output else None
 
@@ -134,6 +137,8 @@ def _measured_match(hit: NodeTime, node: onnx.NodeProto, shape_of: Callable[[str
 
 
 def node_costs(base: Base, profile: Profile) -> Costs:
+    """Seconds of each node of the base on ``profile`` (measured where the profile has the node),
+    computed once per profile."""
     measured = profile.measured
     key = f"{profile!r}@{id(measured)}"
     cached = base.costs.get(key)
@@ -146,15 +151,16 @@ def node_costs(base: Base, profile: Profile) -> Costs:
 
     table = measured.nodes if measured is not None else {}
     offset = measured.node_overhead_s if measured is not None else 0.0
+    sizes = base.sizes
     costs = []
     count = 0
     for p, node in enumerate(base.nodes):
-        hit = table.get(node.name) if node.name else None
+        hit = table.get(node.name) if table and node.name else None
         if hit is not None and _measured_match(hit, node, shape_of):
             costs.append(max(hit.seconds + offset, 0.0))
             count += 1
             continue
-        moved = sum(base.sizes[t] for t in base.reads[p]) + sum(base.sizes[t] for t in base.writes[p])
+        moved = sum([sizes[t] for t in base.reads[p]]) + sum([sizes[t] for t in base.writes[p]])
         flops = node_flops(node, shape_of)
         seconds = moved / profile.mem_bandwidth
         if flops:
