@@ -25,6 +25,7 @@ import onnx
 from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.model import LoadedModel, TensorInfos, tensor_infos
+from offloadctl.onnxutil import is_backward, is_constant_node, subgraph_outer_names
 
 __all__ = [
     "Use",
@@ -34,14 +35,11 @@ __all__ = [
     "node_reads",
     "priority_rank",
     "priority_ranks",
-    "subgraph_outer_names",
-    "is_constant_node",
 ]
 
 logger = logging.getLogger(__name__)
 
 HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
-BACKWARD_ATTR = "__backwardpass"
 
 
 class Use(NamedTuple):
@@ -62,34 +60,6 @@ class Use(NamedTuple):
         return {"position": self.position, "node": self.node, "input_index": self.input_index}
 
 
-def is_constant_node(node: onnx.NodeProto) -> bool:
-    return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
-
-
-def subgraph_outer_names(node: onnx.NodeProto) -> set[str]:
-    """Names a node's subgraphs (at any depth) read from scopes outside the node."""
-    names: set[str] = set()
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            names |= _graph_outer_names(attr.g)
-        elif attr.graphs:
-            for g in attr.graphs:
-                names |= _graph_outer_names(g)
-    return names
-
-
-def _graph_outer_names(graph: onnx.GraphProto) -> set[str]:
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    defined |= {i.values.name for i in graph.sparse_initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(n for n in node.input if n)
-        used |= subgraph_outer_names(node)
-        defined.update(node.output)
-    used.update(o.name for o in graph.output)
-    return used - defined
-
-
 _PLAIN_RANK = 2  # a forward node that is not Shape/Size: ordered by file index alone
 
 
@@ -97,10 +67,8 @@ def priority_rank(node: onnx.NodeProto) -> int:
     """A node's first sort key in onnxruntime's priority order: Shape/Size first, then forward
     before backward (``__backwardpass``); ties are broken by file index."""
     rank = 0 if node.op_type in HIGH_PRIORITY_OPS else _PLAIN_RANK
-    if node.attribute:
-        for attr in node.attribute:
-            if attr.name == BACKWARD_ATTR and attr.i % 2 == 1:
-                rank += 1
+    if node.attribute and is_backward(node):
+        rank += 1
     return rank
 
 
@@ -297,7 +265,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
                     hint="tensor names must be unique; re-export the model or rename one of them",
                 )
             defined[out] = idx
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if is_constant_node(node):
             if outputs and outputs[0]:
                 constants[outputs[0]] = idx
                 if any(a.name == "sparse_value" for a in node.attribute):

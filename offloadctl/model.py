@@ -30,7 +30,8 @@ from onnx import TensorProto
 from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
-from offloadctl.memcpy import COPY_TYPES
+from offloadctl.memcpy import COPY_OPS, COPY_TYPES
+from offloadctl.onnxutil import copy_kind, is_constant_node, iter_tensor_protos, subgraphs
 from offloadctl.ortgraph import normalize as normalize_graph
 from offloadctl.units import fmt_bytes
 
@@ -46,8 +47,6 @@ __all__ = [
     "external_data_files",
     "external_location",
     "external_data_entries",
-    "iter_graphs",
-    "iter_tensor_protos",
 ]
 
 logger = logging.getLogger(__name__)
@@ -347,55 +346,6 @@ def external_location(tensor: TensorProto) -> str:
     return next((e.value for e in entries if e.key == "location"), "")
 
 
-def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every subgraph (If/Loop/Scan bodies, at any depth)."""
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        yield g
-        for node in g.node:
-            if not node.attribute:  # most nodes of a big graph
-                continue
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    stack.append(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(attr.graphs)
-
-
-def iter_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
-    """Every TensorProto that may hold data, in ``graph`` and its subgraphs: initializers, the
-    values and indices of sparse initializers, and tensor attributes (Constant values, sparse ones
-    included). Graphs come in the order of `iter_graphs`, each walked once."""
-    stack = [graph]
-    while stack:
-        g = stack.pop()
-        yield from g.initializer
-        for sparse in g.sparse_initializer:
-            yield sparse.values
-            yield sparse.indices
-        for node in g.node:
-            if not node.attribute:  # most nodes of a big graph
-                continue
-            for attr in node.attribute:
-                kind = attr.type
-                if kind == onnx.AttributeProto.TENSOR:
-                    yield attr.t
-                elif kind == onnx.AttributeProto.GRAPH:
-                    stack.append(attr.g)
-                elif kind == onnx.AttributeProto.GRAPHS:
-                    stack.extend(attr.graphs)
-                elif kind == onnx.AttributeProto.TENSORS:
-                    yield from attr.tensors
-                elif kind == onnx.AttributeProto.SPARSE_TENSOR:
-                    yield attr.sparse_tensor.values
-                    yield attr.sparse_tensor.indices
-                elif kind == onnx.AttributeProto.SPARSE_TENSORS:
-                    for sparse in attr.sparse_tensors:
-                        yield sparse.values
-                        yield sparse.indices
-
-
 def external_data_entries(proto: onnx.ModelProto) -> list[tuple[str, str]]:
     """(tensor name, ``location`` as written) of every tensor stored as external data, anywhere in
     the model."""
@@ -603,7 +553,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
             constants = {
                 node.output[0]: i
                 for i, node in enumerate(graph.node)
-                if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output
+                if is_constant_node(node) and node.output
             }
         for name, index in constants.items():
             self._weights[name] = graph.node[index]
@@ -813,7 +763,7 @@ _INFERRED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.tra
 def _has_inference(op_type: str, domain: str) -> bool:
     """True when onnx's shape inference computes this op's outputs (an op of an onnx domain it
     knows; the copy ops registered by offloadctl have no inference function)."""
-    if domain not in _INFERRED_DOMAINS or op_type in ("MemcpyToHost", "MemcpyFromHost"):
+    if domain not in _INFERRED_DOMAINS or op_type in COPY_OPS:
         return False
     try:
         return onnx.defs.has(op_type, "" if domain == "ai.onnx" else domain)
@@ -955,10 +905,7 @@ def _copies_as_identity(proto: onnx.ModelProto) -> onnx.ModelProto:
     has none), for onnxruntime's symbolic shape inference, which gives up on ops it does not know
     and needs constant inputs (axes, shapes) as constants: each copy becomes an Identity and every
     reader of a copy, in subgraphs too, reads the copied tensor itself."""
-    copies = [
-        i for i, n in enumerate(proto.graph.node)
-        if n.op_type in ("MemcpyToHost", "MemcpyFromHost") and n.domain in ("", "ai.onnx") and len(n.input) == 1
-    ]
+    copies = [i for i, n in enumerate(proto.graph.node) if copy_kind(n) is not None and len(n.input) == 1]
     if not copies:
         return proto
     plain = onnx.ModelProto()
@@ -983,11 +930,8 @@ def _copies_as_identity(proto: onnx.ModelProto) -> onnx.ModelProto:
                 for k, name in enumerate(node.input):
                     if name in source:
                         node.input[k] = original(name)
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    reroute(attr.g)
-                for g in attr.graphs:
-                    reroute(g)
+            for g in subgraphs(node):
+                reroute(g)
 
     reroute(plain.graph)
     return plain

@@ -30,13 +30,13 @@ onnxruntime does): `offloadctl run` compares it with the order profiling reports
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import onnx
 from onnx import TensorProto
 
 from offloadctl.inline import expand_inlined_functions, inlined_calls
+from offloadctl.onnxutil import is_constant_node, rename_outer, subgraph_outer_names, subgraphs
 
 __all__ = ["Normalized", "normalize", "expected_run_order", "unique_dequantize", "remove_duplicate_casts"]
 
@@ -100,54 +100,9 @@ def _ops_everywhere(graph: onnx.GraphProto) -> set[str]:
     """Op types of ``graph`` and its subgraphs."""
     ops = {n.op_type for n in graph.node}
     for node in _holders(graph):
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             ops |= _ops_everywhere(sub)
     return ops
-
-
-def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def _outer_reads(graph: onnx.GraphProto) -> set[str]:
-    """Names a (sub)graph reads from enclosing scopes."""
-    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    defined |= {s.values.name for s in graph.sparse_initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(n for n in node.input if n)
-        for sub in _subgraphs(node):
-            used |= _outer_reads(sub)
-        defined.update(node.output)
-    used.update(o.name for o in graph.output)
-    return used - defined
-
-
-def _implicit_reads(node: onnx.NodeProto) -> set[str]:
-    names: set[str] = set()
-    if node.attribute:
-        for sub in _subgraphs(node):
-            names |= _outer_reads(sub)
-    return names
-
-
-def _rename_outer(graph: onnx.GraphProto, old: str, new: str) -> None:
-    """Rename reads of the outer-scope name ``old`` inside ``graph`` (and its subgraphs)."""
-    if old in {v.name for v in graph.input} | {t.name for t in graph.initializer} or any(old in n.output for n in graph.node):
-        return  # the body defines its own ``old``
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            if name == old:
-                node.input[k] = new
-        for sub in _subgraphs(node):
-            _rename_outer(sub, old, new)
-    for value in graph.output:
-        if value.name == old:  # subgraph outputs are matched by position: the name may change
-            value.name = new
 
 
 # ---------------------------------------------------------------------------- unique DequantizeLinear
@@ -165,7 +120,7 @@ def unique_dequantize(graph: onnx.GraphProto, *, place: str = "before_reader") -
     """
     made = 0
     for node in _holders(graph):  # subgraphs first, as onnxruntime recurses before handling a node
-        for sub in _subgraphs(node):
+        for sub in subgraphs(node):
             made += unique_dequantize(sub, place=place)
     if not any(_is_dq(n) for n in graph.node):
         return made
@@ -175,7 +130,7 @@ def unique_dequantize(graph: onnx.GraphProto, *, place: str = "before_reader") -
         for k, name in enumerate(node.input):
             if name:
                 readers.setdefault(name, []).append((i, k))
-    holders = [(n, _implicit_reads(n)) for n in _holders(graph)]
+    holders = [(n, subgraph_outer_names(n)) for n in _holders(graph)]
     implicit: set[str] = set().union(*(names for _, names in holders))
     names = {n.name for n in graph.node if n.name}
     before: dict[int, list[onnx.NodeProto]] = {}
@@ -276,7 +231,7 @@ def _has_cast_chain(graph: onnx.GraphProto) -> bool:
     outputs = {n.output[0] for n in casts}
     if any(n.input[0] in outputs for n in casts):
         return True
-    return any(_has_cast_chain(sub) for n in _holders(graph) for sub in _subgraphs(n))
+    return any(_has_cast_chain(sub) for n in _holders(graph) for sub in subgraphs(n))
 
 
 def _elem_types(proto: onnx.ModelProto) -> dict[str, int]:
@@ -298,7 +253,7 @@ def _elem_types(proto: onnx.ModelProto) -> dict[str, int]:
                 to = next((a.i for a in node.attribute if a.name == "to"), 0)
                 if to:
                     types[node.output[0]] = to
-            for sub in _subgraphs(node):
+            for sub in subgraphs(node):
                 collect(sub)
 
     collect(inferred.graph)
@@ -330,7 +285,7 @@ def _remove_casts_in(graph: onnx.GraphProto, types: dict[str, int]) -> int:
             if name:
                 readers.setdefault(name, []).append((i, k))
         if i in holders:
-            for name in _implicit_reads(node):
+            for name in subgraph_outer_names(node):
                 readers.setdefault(name, []).append((i, -1))
 
     def rewire(old: str, new: str) -> None:
@@ -341,8 +296,8 @@ def _remove_casts_in(graph: onnx.GraphProto, types: dict[str, int]) -> int:
             if k >= 0:
                 nodes[i].input[k] = new
             else:
-                for sub in _subgraphs(nodes[i]):
-                    _rename_outer(sub, old, new)
+                for sub in subgraphs(nodes[i]):
+                    rename_outer(sub, old, new)
             readers.setdefault(new, []).append((i, k))
 
     count = 0
@@ -351,7 +306,7 @@ def _remove_casts_in(graph: onnx.GraphProto, types: dict[str, int]) -> int:
             continue
         if not _is_cast(node):
             if i in holders:
-                for sub in _subgraphs(node):
+                for sub in subgraphs(node):
                     count += _remove_casts_in(sub, types)
             continue
         src_name, out = node.input[0], node.output[0]
@@ -403,7 +358,7 @@ def expected_run_order(proto: onnx.ModelProto) -> list[str]:
     simulated but left out too (their names are onnxruntime's own). Nodes without a name, or
     whose name is not unique, cannot be matched with profiling and are left out.
     """
-    from offloadctl.analysis import execution_order, is_constant_node
+    from offloadctl.analysis import execution_order
 
     work = onnx.ModelProto()
     work.CopyFrom(proto)

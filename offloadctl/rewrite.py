@@ -53,7 +53,7 @@ import shutil
 import stat
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl import __version__
-from offloadctl.analysis import Analysis, execution_order, is_constant_node
+from offloadctl.analysis import Analysis, execution_order
 from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.files import atomic_write, check_distinct_outputs, same_file
@@ -78,7 +78,8 @@ from offloadctl.metadata import (
     session_settings,
     set_metadata,
 )
-from offloadctl.model import TensorInfo, external_data_entries, iter_graphs
+from offloadctl.model import TensorInfo, external_data_entries
+from offloadctl.onnxutil import BACKWARD_ATTR, is_backward, is_constant_node, iter_graphs, rename_outer, subgraphs
 from offloadctl.plancheck import check_plan_for_model
 
 __all__ = [
@@ -95,7 +96,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_EMBEDDED_BYTES = 2**31 - 1  # protobuf's limit for one serialized message
-_BACKWARD_ATTR = "__backwardpass"
 _COPY_ATTR = "__offload"  # the copy's own name: keeps copies of one tensor distinct (see module docstring)
 
 register_schemas()  # so onnx.checker accepts the models this module produces
@@ -137,15 +137,7 @@ def apply_plan(plan: dict[str, Any], analysis: Analysis, *, result: ApplyResult 
 
 
 # ---------------------------------------------------------------------------------------------
-# Names and subgraphs
-
-
-def _attr_graphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
+# Names
 
 
 class _ModelNames:
@@ -162,7 +154,7 @@ class _ModelNames:
         names.update(s.values.name for s in graph.sparse_initializer)
         for node in nodes:
             if node.attribute:
-                for sub in _attr_graphs(node):
+                for sub in subgraphs(node):
                     for g in iter_graphs(sub):
                         names.update(v.name for v in g.input)
                         names.update(v.name for v in g.output)
@@ -179,36 +171,6 @@ class _ModelNames:
         return name in self._others or any(name in names for names in self._maps)
 
 
-def _defined_in(graph: onnx.GraphProto) -> set[str]:
-    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    defined |= {s.values.name for s in graph.sparse_initializer}
-    for node in graph.node:
-        defined.update(node.output)
-    return defined
-
-
-def _rename_outer(node: onnx.NodeProto, old: str, new: str) -> int:
-    """Rename reads of the outer-scope name ``old`` inside ``node``'s subgraphs; return how many."""
-    return sum(_rename_in_graph(g, old, new) for g in _attr_graphs(node))
-
-
-def _rename_in_graph(graph: onnx.GraphProto, old: str, new: str) -> int:
-    if old in _defined_in(graph):  # the body defines its own ``old``: not the outer tensor
-        return 0
-    count = 0
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            if name == old:
-                node.input[k] = new
-                count += 1
-        count += _rename_outer(node, old, new)
-    for value in list(graph.output) + list(graph.value_info):
-        if value.name == old:
-            value.name = new
-            count += 1
-    return count
-
-
 class _Names:
     """Hands out names that clash with nothing in the model (``taken``) and with each other."""
 
@@ -223,10 +185,6 @@ class _Names:
             k += 1
         self.given.add(name)
         return name
-
-
-def _is_backward(node: onnx.NodeProto) -> bool:
-    return any(a.name == _BACKWARD_ATTR and a.i % 2 == 1 for a in node.attribute)
 
 
 def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
@@ -307,8 +265,8 @@ class _Rewriter:
         node = helper.make_node(op, [src], [dst], name=self.nodes.new(name))
         node.attribute.append(helper.make_attribute(_COPY_ATTR, node.name))
         n = self.analysis.num_positions
-        if n and _is_backward(self.pos_nodes[min(beside, n - 1)]):
-            node.attribute.append(helper.make_attribute(_BACKWARD_ATTR, 1))
+        if n and is_backward(self.pos_nodes[min(beside, n - 1)]):
+            node.attribute.append(helper.make_attribute(BACKWARD_ATTR, 1))
         self.result.copy_nodes.append(node.name)
         return node
 
@@ -316,7 +274,7 @@ class _Rewriter:
         node = self.pos_nodes[use["position"]]
         index = use["input_index"]
         if index is None:
-            if _rename_outer(node, old, new) == 0:  # pragma: no cover - the plan check rules this out
+            if sum(rename_outer(g, old, new) for g in subgraphs(node)) == 0:  # pragma: no cover - the plan check rules this out
                 raise AssertionError(f"node {node.name!r} has no subgraph read of {old!r}")
             return
         if node.input[index] != old:  # pragma: no cover - the plan check rules this out

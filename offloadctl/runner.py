@@ -42,6 +42,7 @@ from offloadctl.errors import OffloadError
 from offloadctl.files import atomic_write
 from offloadctl.metadata import KEY_SESSION, session_settings
 from offloadctl.model import load_model
+from offloadctl.onnxutil import copy_kind
 from offloadctl.ortgraph import expected_run_order
 
 __all__ = [
@@ -126,7 +127,6 @@ _DEVICE_FIX = {
 _DEFAULT_RTOL = 1e-5
 _DEFAULT_ATOL = 1e-6
 _KERNEL_SUFFIX = "_kernel_time"
-_MEMCPY_OPS = frozenset({"MemcpyToHost", "MemcpyFromHost"})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def _settings_of(proto: onnx.ModelProto) -> dict[str, Any]:
 
 
 def _has_memcpy_nodes(proto: onnx.ModelProto) -> bool:
-    return any(n.op_type in _MEMCPY_OPS and n.domain in ("", "ai.onnx") for n in proto.graph.node)
+    return any(copy_kind(n) is not None for n in proto.graph.node)
 
 
 def _required_settings(proto: onnx.ModelProto, where: str | os.PathLike[str] | None = None) -> dict[str, Any]:

@@ -54,7 +54,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from offloadctl.analysis import Analysis, is_constant_node, node_reads
+from offloadctl.analysis import Analysis, node_reads
+from offloadctl.onnxutil import has_subgraphs, is_constant_node, named_subgraphs
 
 __all__ = [
     "Span",
@@ -217,7 +218,6 @@ class SubgraphMemory:
         return self.inner.get(position, 0)
 
 
-_GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _CACHE: dict[int, tuple[weakref.ref, dict[str, Any]]] = {}
 
 
@@ -231,16 +231,6 @@ def _cached(analysis: Analysis, key: str, compute: Any) -> Any:
     if key not in found:
         found[key] = compute(analysis)
     return found[key]
-
-
-def _bodies(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
-    found: list[tuple[str, onnx.GraphProto]] = []
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            found.append((attr.name, attr.g))
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            found.extend((f"{attr.name}[{i}]", g) for i, g in enumerate(attr.graphs))
-    return found
 
 
 def _type_bytes(type_proto: onnx.TypeProto) -> int | None:
@@ -304,7 +294,7 @@ class _BodyWalker:
 
     def node_inner(self, node: onnx.NodeProto, label: str) -> int:
         """Working set of a node's bodies while it runs: the largest one (an If runs one branch)."""
-        return max((self.body_peak(g, f"{label}/{name}") for name, g in _bodies(node)), default=0)
+        return max((self.body_peak(g, f"{label}/{name}") for name, g in named_subgraphs(node)), default=0)
 
     def body_peak(self, graph: onnx.GraphProto, label: str) -> int:
         count, total, weights = _weight_bytes(graph)
@@ -339,13 +329,9 @@ class _BodyWalker:
             spans.append((start, max(start, last_read.get(name, start)), size))
         live = sweep(steps, [s for s, _, _ in spans], [e for _, e, _ in spans], [b for _, _, b in spans])
         for k, node in enumerate(nodes):
-            if any(a.type in _GRAPH_TYPES for a in node.attribute):
+            if has_subgraphs(node):
                 live[k] += self.node_inner(node, f"{label}/{node.name or node.op_type}")
         return int(live.max())
-
-
-def _has_bodies(node: onnx.NodeProto) -> bool:
-    return bool(node.attribute) and any(a.type in _GRAPH_TYPES for a in node.attribute)
 
 
 def _inferred_nodes(analysis: Analysis) -> list[onnx.NodeProto]:
@@ -363,7 +349,7 @@ def _inferred_nodes(analysis: Analysis) -> list[onnx.NodeProto]:
 
 
 def _compute_subgraph_memory(analysis: Analysis) -> SubgraphMemory:
-    positions = [p for p, node in enumerate(analysis.nodes) if _has_bodies(node)]
+    positions = [p for p, node in enumerate(analysis.nodes) if has_subgraphs(node)]
     if not positions:
         return SubgraphMemory()
     walker = _BodyWalker()

@@ -553,28 +553,6 @@ def test_large_model_is_written_with_external_data(tmp_path):
     _check_equivalent(SAMPLES / "mlp.onnx", out, _feeds("mlp"), tmp_path, weights=True)
 
 
-def test_subgraph_rename_skips_bodies_that_define_the_name():
-    from offloadctl.rewrite import _rename_outer
-
-    inner_own = helper.make_graph(
-        [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Add", ["a", "a"], ["r"])],
-        "own", [], [helper.make_tensor_value_info("r", TensorProto.FLOAT, [4])],
-    )
-    inner_outer = helper.make_graph(
-        [helper.make_node("Mul", ["a", "x"], ["r"])],
-        "outer", [], [helper.make_tensor_value_info("r", TensorProto.FLOAT, [4])],
-    )
-    nested_if = helper.make_node("If", ["c"], ["t"], then_branch=inner_outer, else_branch=inner_own)
-    body = helper.make_graph([nested_if], "body", [], [helper.make_tensor_value_info("t", TensorProto.FLOAT, [4])])
-    node = helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=inner_outer)
-    assert _rename_outer(node, "a", "a2") == 2  # the nested then-branch and the else-branch
-    then_body = node.attribute[0].g if node.attribute[0].name == "then_branch" else node.attribute[1].g
-    nested = then_body.node[0]
-    branches = {attr.g.name: attr.g for attr in nested.attribute}
-    assert list(branches["outer"].node[0].input) == ["a2", "x"]
-    assert list(branches["own"].node[1].input) == ["a", "a"]  # its own 'a' is left alone
-
-
 def test_unknown_tensor_refused_by_the_command(run_cli, seed_path, tmp_path):
     plan_path = _write_plan_file(tmp_path, seed_path, select_distance=1, prefetch_distance=0)
     plan = json.loads(plan_path.read_text())

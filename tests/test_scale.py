@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto
 
 from offloadctl import plan as plan_module
-from offloadctl.analysis import analyse, is_constant_node, subgraph_outer_names
+from offloadctl.analysis import analyse
+from offloadctl.onnxutil import is_constant_node, subgraph_outer_names
 from offloadctl.model import load_model
 from offloadctl.plan import dump_plan, plan_schema, validate_plan
 from offloadctl.stages import make_plan

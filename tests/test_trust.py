@@ -181,7 +181,7 @@ def test_copied_data_files_keep_their_permissions(run_cli, ext, tmp_path):
 
 def _relocate(model_path: Path, old: str, new: str) -> None:
     model = onnx.load(str(model_path), load_external_data=False)
-    from offloadctl.model import iter_tensor_protos
+    from offloadctl.onnxutil import iter_tensor_protos
 
     for t in iter_tensor_protos(model.graph):
         for entry in t.external_data:

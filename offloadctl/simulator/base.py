@@ -18,20 +18,13 @@ import onnx
 
 from offloadctl.analysis import Analysis
 from offloadctl.errors import OffloadError
-from offloadctl.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST
+from offloadctl.onnxutil import copy_kind
 from offloadctl.timeline import subgraph_memory, weight_is_resident
 
 if TYPE_CHECKING:
     from offloadctl.simulator.program import Program
 
-__all__ = ["Base", "base_of", "copy_kind", "interner", "is_rewritten"]
-
-
-def copy_kind(node: onnx.NodeProto) -> str | None:
-    """"d2h" for a MemcpyToHost node, "h2d" for a MemcpyFromHost node, None for any other."""
-    if node.op_type in (MEMCPY_TO_HOST, MEMCPY_FROM_HOST) and node.domain in ("", "ai.onnx"):
-        return "d2h" if node.op_type == MEMCPY_TO_HOST else "h2d"
-    return None
+__all__ = ["Base", "base_of", "interner", "is_rewritten"]
 
 
 def is_rewritten(analysis: Analysis) -> bool:

@@ -24,7 +24,8 @@ from offloadctl.analysis import Analysis
 from offloadctl.errors import OffloadError
 from offloadctl.plan import check_plan_model
 from offloadctl.plancheck import check_plan_for_model
-from offloadctl.simulator.base import Base, base_of, copy_kind, interner
+from offloadctl.onnxutil import copy_kind
+from offloadctl.simulator.base import Base, base_of, interner
 from offloadctl.timeline import subgraph_memory, weight_is_resident
 
 __all__ = ["DEVICE", "HOST", "Program", "before_program", "program_for"]

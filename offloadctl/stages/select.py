@@ -21,6 +21,7 @@ from onnx import TensorProto
 from offloadctl import __version__
 from offloadctl.analysis import Analysis, Use
 from offloadctl.bulk import paused_gc
+from offloadctl.onnxutil import iter_graphs, subgraphs
 from offloadctl.plan import SCHEMA_VERSION
 
 __all__ = ["DEFAULT_SELECT_DISTANCE", "select", "split_reload_groups"]
@@ -93,16 +94,12 @@ def _reads_on_host(analysis: Analysis, use: Use, name: str | None = None, cache:
 def _subgraph_host_reads(node: onnx.NodeProto) -> frozenset[str]:
     """Names a node's subgraphs (at any depth) read at inputs onnxruntime keeps in host memory."""
     found: set[str] = set()
-    graphs = [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
-    graphs += [g for a in node.attribute for g in a.graphs]
-    while graphs:
-        graph = graphs.pop()
-        for inner in graph.node:
-            for k in HOST_INPUTS.get(inner.op_type, ()):
-                if k < len(inner.input) and inner.input[k]:
-                    found.add(inner.input[k])
-            graphs += [a.g for a in inner.attribute if a.type == onnx.AttributeProto.GRAPH]
-            graphs += [g for a in inner.attribute for g in a.graphs]
+    for body in subgraphs(node):
+        for graph in iter_graphs(body):
+            for inner in graph.node:
+                for k in HOST_INPUTS.get(inner.op_type, ()):
+                    if k < len(inner.input) and inner.input[k]:
+                        found.add(inner.input[k])
     return frozenset(found)
 
 
