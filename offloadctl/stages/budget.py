@@ -106,6 +106,7 @@ from offloadctl.costs import (
 )
 from offloadctl.errors import OffloadError
 from offloadctl.plan import check_plan_model, record_stage, require_stage
+from offloadctl.plantypes import Kind, Offload, Rejection, RejectionReason, offload, rejection, reload_group
 from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
 from offloadctl.stages.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, first_use_key
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
@@ -198,7 +199,7 @@ class _Cand:
     entries: list[int]
     output: bool
     forced: bool
-    template: dict[str, Any]  # the select-stage entry (dtype, shape, producer...)
+    template: Offload  # the select-stage entry (dtype, shape, producer...)
 
     @property
     def num_gaps(self) -> int:
@@ -208,7 +209,7 @@ class _Cand:
         return self.entries[i + 1] - self.entries[i]
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> Kind:
         return "activation" if self.is_act else "parameter"
 
 
@@ -1198,14 +1199,11 @@ def _unread_outputs(analysis: Analysis, selected0: dict[str, Any], min_bytes: in
         if info.bytes < min_bytes and not forced:
             small.append(_reject(name, "activation", info.bytes, "min-bytes", f"{info.bytes} bytes < --min-bytes {min_bytes}", [start]))
             continue
-        template = {
-            "id": 0, "tensor": name, "kind": "activation", "dtype": info.dtype, "shape": list(info.shape or ()),
-            "bytes": info.bytes, "producer": {"position": start, "node": analysis.node_names[start]},
-            "d2h_after": start, "device_uses": [], "reload_groups": [], "graph_output": True,
-            "output_h2d_before": n, "release_after": None, "prefetch_distance": None,
-        }
-        if forced:
-            template["forced"] = True
+        template = offload(
+            tensor=name, kind="activation", dtype=info.dtype, shape=[int(d) for d in info.shape or ()], size=info.bytes,
+            producer={"position": start, "node": analysis.node_names[start]}, device_uses=[], reload_groups=[],
+            graph_output=True, output_h2d_before=n, forced=forced,
+        )
         found.append(_Cand(name, True, info.bytes, start, [], [start], True, forced, template))
     return found
 
@@ -1214,27 +1212,29 @@ def _max_gap(entries: list[int]) -> int | None:
     return max((b - a for a, b in zip(entries, entries[1:])), default=None)
 
 
-def _reject(tensor: str, kind: str, b: int | None, reason: str, detail: str, entries: list[int]) -> dict[str, Any]:
-    return {"tensor": tensor, "kind": kind, "bytes": b, "stage": "filter", "reason": reason, "detail": detail, "max_gap": _max_gap(entries)}
+def _reject(tensor: str, kind: Kind, b: int | None, reason: RejectionReason, detail: str, entries: list[int]) -> Rejection:
+    return rejection(tensor, kind, b, "filter", reason, detail, _max_gap(entries))
 
 
-def _use_json(u: Use) -> dict[str, Any]:
-    return {"position": u[0], "node": u[2], "input_index": u[1]}
-
-
-def _entry(c: _Cand, st: _State, n: int) -> dict[str, Any]:
+def _entry(c: _Cand, st: _State, n: int) -> Offload:
+    """The plan entry of a candidate offloaded in state ``st``."""
     lay = _layout(c, st)
-    e = dict(c.template)
-    e["shape"] = list(e["shape"])
-    if e["producer"] is not None:
-        e["producer"] = dict(e["producer"])
-    e["device_uses"] = [_use_json(u) for u in lay.device_uses]
-    e["reload_groups"] = [{"uses": [_use_json(u) for u in g], "gap": gap, "h2d_before": None} for gap, g in lay.groups]
-    e["graph_output"] = c.output
-    e["output_h2d_before"] = n if c.output else None
-    e["release_after"] = None
-    e["prefetch_distance"] = st.distance
-    return e
+    t = c.template
+    producer = t["producer"]
+    return offload(
+        tensor=c.name,
+        kind=c.kind,
+        dtype=t["dtype"],
+        shape=t["shape"],
+        size=t["bytes"],
+        producer={"position": producer["position"], "node": producer["node"]} if producer is not None else None,
+        device_uses=[u.to_json() for u in lay.device_uses],
+        reload_groups=[reload_group([u.to_json() for u in g], gap) for gap, g in lay.groups],
+        graph_output=c.output,
+        output_h2d_before=n if c.output else None,
+        prefetch_distance=st.distance,
+        forced=bool(t.get("forced")),
+    )
 
 
 @dataclass

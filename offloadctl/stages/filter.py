@@ -9,10 +9,9 @@ candidates (``--force``) are always kept and do not count. Every dropped candida
 
 from __future__ import annotations
 
-from typing import Any
-
 from offloadctl.bulk import paused_gc
 from offloadctl.plan import record_stage, require_stage
+from offloadctl.plantypes import Offload, Plan, Rejection, RejectionReason, rejection
 from offloadctl.units import fmt_bytes
 
 __all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_SELECT_NUM", "filter_plan", "first_use_key"]
@@ -21,7 +20,7 @@ DEFAULT_SELECT_NUM = 100
 DEFAULT_MIN_BYTES = 0
 
 
-def first_use_key(offload: dict[str, Any]) -> tuple[int, int]:
+def first_use_key(offload: Offload) -> tuple[int, int]:
     """(position, input index) of the offload's first use; subgraph reads sort after inputs.
 
     A graph output that no node reads sorts at its final reload (the end of the run).
@@ -36,27 +35,17 @@ def first_use_key(offload: dict[str, Any]) -> tuple[int, int]:
     return (first["position"], index if index is not None else 1 << 30)
 
 
-def _rejection(off: dict[str, Any], reason: str, detail: str) -> dict[str, Any]:
+def _rejection(off: Offload, reason: RejectionReason, detail: str) -> Rejection:
     gaps = [g["gap"] for g in off["reload_groups"]]
-    return {
-        "tensor": off["tensor"],
-        "kind": off["kind"],
-        "bytes": off["bytes"],
-        "stage": "filter",
-        "reason": reason,
-        "detail": detail,
-        "max_gap": max(gaps) if gaps else None,
-    }
+    return rejection(off["tensor"], off["kind"], off["bytes"], "filter", reason, detail, max(gaps) if gaps else None)
 
 
 @paused_gc()
-def filter_plan(
-    plan: dict[str, Any], *, select_num: int = DEFAULT_SELECT_NUM, min_bytes: int = DEFAULT_MIN_BYTES
-) -> dict[str, Any]:
+def filter_plan(plan: Plan, *, select_num: int = DEFAULT_SELECT_NUM, min_bytes: int = DEFAULT_MIN_BYTES) -> Plan:
     """Return a "filtered" plan keeping the first ``select_num`` candidates in first-use order."""
     require_stage(plan, "selected", "filter")
-    kept: list[dict[str, Any]] = []
-    dropped: list[dict[str, Any]] = []
+    kept: list[Offload] = []
+    dropped: list[Rejection] = []
     count = 0
     for off in sorted(plan["offloads"], key=first_use_key):
         if off.get("forced"):

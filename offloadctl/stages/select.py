@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
-from typing import Any
 
 import onnx
 from onnx import TensorProto
@@ -23,6 +22,7 @@ from offloadctl.analysis import Analysis, Use
 from offloadctl.bulk import paused_gc
 from offloadctl.onnxutil import iter_graphs, subgraphs
 from offloadctl.plan import SCHEMA_VERSION
+from offloadctl.plantypes import Kind, ModelInfo, Offload, Plan, Rejection, RejectionReason, offload, rejection, reload_group
 
 __all__ = ["DEFAULT_SELECT_DISTANCE", "select", "split_reload_groups"]
 
@@ -184,7 +184,7 @@ def select(
     params: bool = False,
     force: Iterable[str] = (),
     never: Iterable[str] = (),
-) -> dict[str, Any]:
+) -> Plan:
     """Build a plan at stage "selected" from an analysed model.
 
     Args:
@@ -198,30 +198,18 @@ def select(
     force, never = tuple(force), tuple(never)
     n = analysis.num_positions
     outputs = set(analysis.graph_outputs)
-    chosen: list[tuple[tuple[int, int], dict[str, Any]]] = []
-    rejected: list[tuple[tuple[int, int], dict[str, Any]]] = []
+    chosen: list[tuple[tuple[int, int], Offload]] = []
+    rejected: list[tuple[tuple[int, int], Rejection]] = []
 
-    def reject(name: str, kind: str, uses: list[Use], reason: str, detail: str, max_gap: int | None = None) -> None:
+    def reject(
+        name: str, kind: Kind, uses: list[Use], reason: RejectionReason, detail: str, max_gap: int | None = None
+    ) -> None:
         first = uses[0].sort_key if uses else (n, 0)
         info = analysis.infos.get(name)
-        rejected.append(
-            (
-                first,
-                {
-                    "tensor": name,
-                    "kind": kind,
-                    "bytes": info.bytes if info is not None else None,
-                    "stage": "select",
-                    "reason": reason,
-                    "detail": detail,
-                    "max_gap": max_gap,
-                },
-            )
-        )
+        rejected.append((first, rejection(name, kind, info.bytes if info is not None else None, "select", reason, detail, max_gap)))
 
-    candidates = [(t, "activation") for t in analysis.producer] + [
-        (t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses
-    ]
+    candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
+    candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
     analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
     shape_feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
     host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
@@ -292,24 +280,19 @@ def select(
         device, groups = split_reload_groups(start, uses, select_distance, first_group_at_start=not is_act)
         if not groups:  # only a forced tensor gets here: one group holding every use
             device, groups = ([], [(uses[0].position - start, list(uses))])
-        entry = {
-            "id": 0,
-            "tensor": name,
-            "kind": kind,
-            "dtype": info.dtype,
-            "shape": list(info.shape or ()),
-            "bytes": info.bytes,
-            "producer": {"position": start, "node": analysis.node_names[start]} if is_act else None,
-            "d2h_after": start if is_act else None,
-            "device_uses": [u.to_json() for u in device],
-            "reload_groups": [{"uses": [u.to_json() for u in g], "gap": gap, "h2d_before": None} for gap, g in groups],
-            "graph_output": is_act and name in outputs,
-            "output_h2d_before": n if is_act and name in outputs else None,
-            "release_after": None,
-            "prefetch_distance": None,
-        }
-        if forced:
-            entry["forced"] = True
+        entry = offload(
+            tensor=name,
+            kind=kind,
+            dtype=info.dtype,
+            shape=[int(d) for d in info.shape or ()],
+            size=info.bytes,
+            producer={"position": start, "node": analysis.node_names[start]} if is_act else None,
+            device_uses=[u.to_json() for u in device],
+            reload_groups=[reload_group([u.to_json() for u in g], gap) for gap, g in groups],
+            graph_output=is_act and name in outputs,
+            output_h2d_before=n if is_act and name in outputs else None,
+            forced=forced,
+        )
         chosen.append((uses[0].sort_key, entry))
 
     chosen.sort(key=lambda item: item[0])
@@ -325,7 +308,7 @@ def select(
         "never": list(never),
     }
     loaded = analysis.loaded
-    model: dict[str, Any] = {
+    model: ModelInfo = {
         "path": str(loaded.path),
         "sha256": loaded.sha256,
         "num_positions": n,
@@ -333,7 +316,7 @@ def select(
     }
     if loaded.dims:
         model["dims"] = dict(loaded.dims)
-    plan = {
+    plan: Plan = {
         "schema_version": SCHEMA_VERSION,
         "stage": "selected",
         "tool": {"name": "offloadctl", "version": __version__},
