@@ -18,7 +18,8 @@ from offloadctl.explain import explain_rows
 from offloadctl.model import load_model
 from offloadctl.simulator import peak_memory, simulate
 from offloadctl.stages import filter_plan, make_plan, prefetch, select
-from offloadctl.stages.budget import budget_filter, bytes_moved, check_budget, lower_bound, plan_peak
+from offloadctl.stages.budget import budget_filter, bytes_moved, check_budget, plan_peak
+from offloadctl.timeline import lower_bound
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"

@@ -30,7 +30,8 @@ from offloadctl.plan import read_plan
 from offloadctl.profiles import load_profile, profile_from_dict
 from offloadctl.simulator import peak_memory, simulate
 from offloadctl.stages import make_plan, prefetch, select
-from offloadctl.stages.budget import budget_filter, lower_bound
+from offloadctl.stages.budget import budget_filter
+from offloadctl.timeline import lower_bound
 from offloadctl.tradeoff import Tradeoff, budget_grid, dominated
 
 MODELS = ["unet", "transformer", "training", "mlp"]
