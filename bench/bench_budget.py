@@ -99,27 +99,39 @@ def speed(sizes: list[int], repeat: int, folder: Path, progress: Console) -> lis
         budget = _halfway(model)
         runs: dict[str, list[tuple[float, float]]] = {"distance": [], "budget": []}
         commands = {
-            "distance": ["plan", str(model), "-o", str(folder / "distance.json"), "--select-distance", "100", "--params"],
+            "distance": [
+                "plan",
+                str(model),
+                "-o",
+                str(folder / "distance.json"),
+                "--select-distance",
+                "100",
+                "--params",
+            ],
             "budget": ["plan", str(model), "-o", str(folder / "budget.json"), "--budget", str(budget), "--params"],
         }
         for k in range(repeat):
             for name in ("distance", "budget") if k % 2 == 0 else ("budget", "distance"):
                 progress.print(f"[dim]{nodes} nodes, run {k + 1}/{repeat}: {name}[/]")
                 runs[name].append(_run(commands[name]))
-        med = {name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r)) for name, r in runs.items()}
+        med = {
+            name: (statistics.median(w for w, _ in r), statistics.median(c for _, c in r)) for name, r in runs.items()
+        }
         plan = json.loads((folder / "budget.json").read_text())
-        rows.append({
-            "nodes": nodes,
-            "budget_bytes": budget,
-            "offloads": len(plan["offloads"]),
-            "distance_wall_s": [w for w, _ in runs["distance"]],
-            "budget_wall_s": [w for w, _ in runs["budget"]],
-            "distance_cpu_s": [c for _, c in runs["distance"]],
-            "budget_cpu_s": [c for _, c in runs["budget"]],
-            "ratio_wall": med["budget"][0] / med["distance"][0],
-            "ratio_cpu": med["budget"][1] / med["distance"][1],
-            "goal": GOAL,
-        })
+        rows.append(
+            {
+                "nodes": nodes,
+                "budget_bytes": budget,
+                "offloads": len(plan["offloads"]),
+                "distance_wall_s": [w for w, _ in runs["distance"]],
+                "budget_wall_s": [w for w, _ in runs["budget"]],
+                "distance_cpu_s": [c for _, c in runs["distance"]],
+                "budget_cpu_s": [c for _, c in runs["budget"]],
+                "ratio_wall": med["budget"][0] / med["distance"][0],
+                "ratio_cpu": med["budget"][1] / med["distance"][1],
+                "goal": GOAL,
+            }
+        )
     return rows
 
 
@@ -137,15 +149,22 @@ def quality(models: list[str] | None, folder: Path, progress: Console) -> list[d
         now = budget_cases.run_case(loaded[case.model], case)
         old = reference[case.key]
         info = now.pop("plan_budget", None) or {}
-        rows.append({
-            "case": case.key,
-            "budget_bytes": now["budget"],
-            "reference": {k: old.get(k) for k in ("fits", "bytes_moved", "seconds")},
-            "now": {"fits": now["fits"], "bytes_moved": now.get("bytes_moved"), "seconds": now["seconds"],
-                    "cost_bound": info.get("cost_bound"), "gap": info.get("gap")},
-            "fits_ok": now["fits"] or not old["fits"],
-            "bytes_ok": not (old["fits"] and now["fits"]) or now["bytes_moved"] <= old["bytes_moved"],
-        })
+        rows.append(
+            {
+                "case": case.key,
+                "budget_bytes": now["budget"],
+                "reference": {k: old.get(k) for k in ("fits", "bytes_moved", "seconds")},
+                "now": {
+                    "fits": now["fits"],
+                    "bytes_moved": now.get("bytes_moved"),
+                    "seconds": now["seconds"],
+                    "cost_bound": info.get("cost_bound"),
+                    "gap": info.get("gap"),
+                },
+                "fits_ok": now["fits"] or not old["fits"],
+                "bytes_ok": not (old["fits"] and now["fits"]) or now["bytes_moved"] <= old["bytes_moved"],
+            }
+        )
     return rows
 
 
@@ -162,18 +181,20 @@ def exact(models: list[str] | None, folder: Path, time_limit: float, progress: C
         greedy = budget_cases.run_case(loaded[case.model], case)
         best = budget_cases.run_case(loaded[case.model], case, optimal=True, time_limit=time_limit)
         info = best["plan_budget"]
-        rows.append({
-            "case": case.key,
-            "nodes": loaded[case.model].num_positions,
-            "greedy_bytes": greedy.get("bytes_moved"),
-            "greedy_s": greedy["seconds"],
-            "exact_bytes": best.get("bytes_moved"),
-            "proven_optimal": info["optimal"],
-            "gap": info["gap"],
-            "solve_s": info["solver"]["seconds"],
-            "status": info["solver"]["status"],
-            "nonzeros": info["solver"]["nonzeros"],
-        })
+        rows.append(
+            {
+                "case": case.key,
+                "nodes": loaded[case.model].num_positions,
+                "greedy_bytes": greedy.get("bytes_moved"),
+                "greedy_s": greedy["seconds"],
+                "exact_bytes": best.get("bytes_moved"),
+                "proven_optimal": info["optimal"],
+                "gap": info["gap"],
+                "solve_s": info["solver"]["seconds"],
+                "status": info["solver"]["status"],
+                "nonzeros": info["solver"]["nonzeros"],
+            }
+        )
     return rows
 
 
@@ -186,11 +207,18 @@ def exact_scale(sizes: list[int], folder: Path, time_limit: float, progress: Con
             case = budget_cases.Case(f"gen-{nodes}", rule, "params")
             found = budget_cases.run_case(analysis, case, optimal=True, time_limit=time_limit)
             info = found["plan_budget"]
-            rows.append({
-                "nodes": analysis.num_positions, "rule": rule, "proven_optimal": info["optimal"],
-                "gap": info["gap"], "solve_s": info["solver"]["seconds"], "status": info["solver"]["status"],
-                "columns": info["solver"]["columns"], "nonzeros": info["solver"]["nonzeros"],
-            })
+            rows.append(
+                {
+                    "nodes": analysis.num_positions,
+                    "rule": rule,
+                    "proven_optimal": info["optimal"],
+                    "gap": info["gap"],
+                    "solve_s": info["solver"]["seconds"],
+                    "status": info["solver"]["status"],
+                    "columns": info["solver"]["columns"],
+                    "nonzeros": info["solver"]["nonzeros"],
+                }
+            )
     return rows
 
 
@@ -221,18 +249,29 @@ def objectives(models: list[str] | None, folder: Path, profile: str, progress: C
                 seconds = time.perf_counter() - t0
                 found[objective] = (getattr(simulate(analysis, plan, profile=prof).times, key), seconds, plan)
             row = {
-                "case": case.key, "nodes": analysis.num_positions, "copies": copies, "budget_bytes": budget,
+                "case": case.key,
+                "nodes": analysis.num_positions,
+                "copies": copies,
+                "budget_bytes": budget,
                 "baseline_s": baseline,
-                "bytes": {"time_s": found["bytes"][0], "search_s": found["bytes"][1],
-                          "bytes_moved": found["bytes"][2]["budget"]["bytes_moved"]},
-                "time": {"time_s": found["time"][0], "search_s": found["time"][1],
-                         "bytes_moved": found["time"][2]["budget"]["bytes_moved"],
-                         "kept": found["time"][2]["budget"]["compared"]["kept"]},
+                "bytes": {
+                    "time_s": found["bytes"][0],
+                    "search_s": found["bytes"][1],
+                    "bytes_moved": found["bytes"][2]["budget"]["bytes_moved"],
+                },
+                "time": {
+                    "time_s": found["time"][0],
+                    "search_s": found["time"][1],
+                    "bytes_moved": found["time"][2]["budget"]["bytes_moved"],
+                    "kept": found["time"][2]["budget"]["compared"]["kept"],
+                },
             }
             row["never_slower"] = row["time"]["time_s"] <= row["bytes"]["time_s"] * (1 + 1e-12)
             row["shorter"] = 1 - row["time"]["time_s"] / row["bytes"]["time_s"]
             if copies == "streams":  # the same choice (bytes) placed for copies in line
-                inline = make_plan(analysis, budget=budget, params=True, objective="bytes", copies="inline", profile=prof)
+                inline = make_plan(
+                    analysis, budget=budget, params=True, objective="bytes", copies="inline", profile=prof
+                )
                 row["longest_lead_s"] = simulate(analysis, inline, profile=prof).times.overlapped
             rows.append(row)
     return rows
@@ -248,17 +287,31 @@ def _pct(gap: Any) -> str:
 
 def _print(doc: dict[str, Any], console: Console) -> None:
     if doc["speed"]:
-        table = Table(title=f"plan --budget (halfway) --params / plan --select-distance 100 --params (goal <= {GOAL:g})",
-                      title_justify="left")
-        for col in ("nodes", "offloads", "distance wall s", "budget wall s", "ratio wall", "distance cpu s",
-                    "budget cpu s", "ratio cpu"):
+        table = Table(
+            title=f"plan --budget (halfway) --params / plan --select-distance 100 --params (goal <= {GOAL:g})",
+            title_justify="left",
+        )
+        for col in (
+            "nodes",
+            "offloads",
+            "distance wall s",
+            "budget wall s",
+            "ratio wall",
+            "distance cpu s",
+            "budget cpu s",
+            "ratio cpu",
+        ):
             table.add_column(col, justify="right")
         for r in doc["speed"]:
             table.add_row(
-                f"{r['nodes']:,}", f"{r['offloads']:,}",
-                " ".join(f"{x:.1f}" for x in r["distance_wall_s"]), " ".join(f"{x:.1f}" for x in r["budget_wall_s"]),
-                f"{r['ratio_wall']:.2f}", " ".join(f"{x:.1f}" for x in r["distance_cpu_s"]),
-                " ".join(f"{x:.1f}" for x in r["budget_cpu_s"]), f"{r['ratio_cpu']:.2f}",
+                f"{r['nodes']:,}",
+                f"{r['offloads']:,}",
+                " ".join(f"{x:.1f}" for x in r["distance_wall_s"]),
+                " ".join(f"{x:.1f}" for x in r["budget_wall_s"]),
+                f"{r['ratio_wall']:.2f}",
+                " ".join(f"{x:.1f}" for x in r["distance_cpu_s"]),
+                " ".join(f"{x:.1f}" for x in r["budget_cpu_s"]),
+                f"{r['ratio_cpu']:.2f}",
             )
         console.print(table)
     if doc["quality"]:
@@ -267,21 +320,31 @@ def _print(doc: dict[str, Any], console: Console) -> None:
 
 
 def _print_quality(doc: dict[str, Any], console: Console) -> None:
-    table = Table(title="quality against the old greedy (bench/budget_reference.json): bytes moved", title_justify="left")
+    table = Table(
+        title="quality against the old greedy (bench/budget_reference.json): bytes moved", title_justify="left"
+    )
     for col in ("case", "budget", "old", "now", "proven bound", "gap", "old s", "now s", ""):
         table.add_column(col, justify="left" if col == "case" else "right")
     for r in doc["quality"]:
         old, now = r["reference"], r["now"]
         verdict = "ok" if r["fits_ok"] and r["bytes_ok"] else "WORSE"
         table.add_row(
-            r["case"], _bytes(r["budget_bytes"]), _bytes(old["bytes_moved"]) if old["fits"] else "no fit",
-            _bytes(now["bytes_moved"]) if now["fits"] else "no fit", _bytes(now["cost_bound"]), _pct(now["gap"]),
-            f"{old['seconds']:.2f}", f"{now['seconds']:.2f}", verdict,
+            r["case"],
+            _bytes(r["budget_bytes"]),
+            _bytes(old["bytes_moved"]) if old["fits"] else "no fit",
+            _bytes(now["bytes_moved"]) if now["fits"] else "no fit",
+            _bytes(now["cost_bound"]),
+            _pct(now["gap"]),
+            f"{old['seconds']:.2f}",
+            f"{now['seconds']:.2f}",
+            verdict,
         )
     console.print(table)
     worse = [r["case"] for r in doc["quality"] if not (r["fits_ok"] and r["bytes_ok"])]
-    console.print(f"quality: {len(doc['quality']) - len(worse)} of {len(doc['quality'])} cases fit whenever the old "
-                  f"search did and move no more bytes" + (f"; WORSE: {', '.join(worse)}" if worse else ""))
+    console.print(
+        f"quality: {len(doc['quality']) - len(worse)} of {len(doc['quality'])} cases fit whenever the old "
+        f"search did and move no more bytes" + (f"; WORSE: {', '.join(worse)}" if worse else "")
+    )
 
 
 def _print_more(doc: dict[str, Any], console: Console) -> None:
@@ -290,24 +353,49 @@ def _print_more(doc: dict[str, Any], console: Console) -> None:
         for col in ("case", "nodes", "greedy", "greedy s", "exact", "proven", "gap", "solve s", "nonzeros"):
             table.add_column(col, justify="left" if col == "case" else "right")
         for r in doc["exact"]:
-            table.add_row(r["case"], f"{r['nodes']:,}", _bytes(r["greedy_bytes"]), f"{r['greedy_s']:.2f}",
-                          _bytes(r["exact_bytes"]), "yes" if r["proven_optimal"] else r["status"], _pct(r["gap"]),
-                          f"{r['solve_s']:.2f}", f"{r['nonzeros']:,}")
+            table.add_row(
+                r["case"],
+                f"{r['nodes']:,}",
+                _bytes(r["greedy_bytes"]),
+                f"{r['greedy_s']:.2f}",
+                _bytes(r["exact_bytes"]),
+                "yes" if r["proven_optimal"] else r["status"],
+                _pct(r["gap"]),
+                f"{r['solve_s']:.2f}",
+                f"{r['nonzeros']:,}",
+            )
         console.print(table)
     if doc["objectives"]:
-        table = Table(title=f"--objective time against --objective bytes at the same budget (--params, profile "
-                            f"{doc['profile']}): simulated time / baseline", title_justify="left")
-        for col in ("case", "copies", "bytes", "time", "time shorter", "kept", "search s bytes / time",
-                    "streams: longest lead", ""):
+        table = Table(
+            title=f"--objective time against --objective bytes at the same budget (--params, profile "
+            f"{doc['profile']}): simulated time / baseline",
+            title_justify="left",
+        )
+        for col in (
+            "case",
+            "copies",
+            "bytes",
+            "time",
+            "time shorter",
+            "kept",
+            "search s bytes / time",
+            "streams: longest lead",
+            "",
+        ):
             table.add_column(col, justify="left" if col in ("case", "copies", "kept") else "right")
         for r in doc["objectives"]:
             base = r["baseline_s"]
             lead = r.get("longest_lead_s")
             table.add_row(
-                r["case"], r["copies"], f"{r['bytes']['time_s'] / base:.3f}x", f"{r['time']['time_s'] / base:.3f}x",
-                f"{100 * r['shorter']:.1f}%", r["time"]["kept"],
+                r["case"],
+                r["copies"],
+                f"{r['bytes']['time_s'] / base:.3f}x",
+                f"{r['time']['time_s'] / base:.3f}x",
+                f"{100 * r['shorter']:.1f}%",
+                r["time"]["kept"],
                 f"{r['bytes']['search_s']:.2f} / {r['time']['search_s']:.2f}",
-                "-" if lead is None else f"{lead / base:.3f}x", "ok" if r["never_slower"] else "SLOWER",
+                "-" if lead is None else f"{lead / base:.3f}x",
+                "ok" if r["never_slower"] else "SLOWER",
             )
         console.print(table)
         shorter = [r["shorter"] for r in doc["objectives"]]
@@ -321,8 +409,15 @@ def _print_more(doc: dict[str, Any], console: Console) -> None:
         for col in ("nodes", "budget", "proven optimal", "gap", "solve s", "columns", "nonzeros"):
             table.add_column(col, justify="right")
         for r in doc["exact_scale"]:
-            table.add_row(f"{r['nodes']:,}", r["rule"], "yes" if r["proven_optimal"] else r["status"], _pct(r["gap"]),
-                          f"{r['solve_s']:.1f}", f"{r['columns']:,}", f"{r['nonzeros']:,}")
+            table.add_row(
+                f"{r['nodes']:,}",
+                r["rule"],
+                "yes" if r["proven_optimal"] else r["status"],
+                _pct(r["gap"]),
+                f"{r['solve_s']:.1f}",
+                f"{r['columns']:,}",
+                f"{r['nonzeros']:,}",
+            )
         console.print(table)
 
 
@@ -355,7 +450,9 @@ def main(argv: list[str] | None = None) -> int:
             "profile": args.profile,
             "objectives": [] if args.no_objectives else objectives(models, folder, args.profile, progress),
             "exact": exact(models, folder, args.time_limit, progress) if args.exact else [],
-            "exact_scale": exact_scale([int(s) for s in args.exact_scale.split(",") if s], folder, args.time_limit, progress),
+            "exact_scale": exact_scale(
+                [int(s) for s in args.exact_scale.split(",") if s], folder, args.time_limit, progress
+            ),
         }
     doc["quality_ok"] = all(r["fits_ok"] and r["bytes_ok"] for r in doc["quality"])
     doc["speed_ok"] = all(r["ratio_wall"] <= GOAL for r in doc["speed"])

@@ -92,7 +92,10 @@ def _child(task: str, args: list[str]) -> dict:
         model_path, out_path = args
         model = onnx.load(model_path)
         onnx.save(
-            model, out_path, save_as_external_data=True, all_tensors_to_one_file=True,
+            model,
+            out_path,
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
             location=Path(out_path).name + ".data",
         )
     elif task == "plan":
@@ -113,9 +116,7 @@ def _child(task: str, args: list[str]) -> dict:
 
 
 def _measure(task: str, *args: str) -> dict:
-    proc = subprocess.run(
-        [sys.executable, __file__, _CHILD, task, *args], capture_output=True, text=True, check=False
-    )
+    proc = subprocess.run([sys.executable, __file__, _CHILD, task, *args], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{task} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -188,18 +189,20 @@ def _summary(rows: list[dict], big: dict | None, memory: list[dict], baseline: i
     sized = []
     for row in rows + ([big] if big else []):
         floor = row["floor"]["seconds"]
-        sized.append({
-            **{k: row[k] for k in ("nodes", "weights", "proto", "offloads")},
-            "floor_s": floor,
-            "plan_s": row["plan"]["seconds"],
-            "plan_params_s": row["plan_params"]["seconds"],
-            "plan_cli_s": row["plan_cli"]["seconds"],
-            "apply_s": row["apply"]["seconds"],
-            "plan_params_plus_apply_over_floor": (row["plan_params"]["seconds"] + row["apply"]["seconds"]) / floor,
-            "plan_cli_plus_apply_over_floor": (row["plan_cli"]["seconds"] + row["apply"]["seconds"]) / floor,
-            "plan_peak_rss": max(row["plan"]["peak"], row["plan_params"]["peak"]),
-            "plan_cli_peak_rss": row["plan_cli"]["peak"],
-        })
+        sized.append(
+            {
+                **{k: row[k] for k in ("nodes", "weights", "proto", "offloads")},
+                "floor_s": floor,
+                "plan_s": row["plan"]["seconds"],
+                "plan_params_s": row["plan_params"]["seconds"],
+                "plan_cli_s": row["plan_cli"]["seconds"],
+                "apply_s": row["apply"]["seconds"],
+                "plan_params_plus_apply_over_floor": (row["plan_params"]["seconds"] + row["apply"]["seconds"]) / floor,
+                "plan_cli_plus_apply_over_floor": (row["plan_cli"]["seconds"] + row["apply"]["seconds"]) / floor,
+                "plan_peak_rss": max(row["plan"]["peak"], row["plan_params"]["peak"]),
+                "plan_cli_peak_rss": row["plan_cli"]["peak"],
+            }
+        )
     return {
         "sizes": sized,
         "import_peak_rss": baseline,
@@ -212,7 +215,9 @@ def _summary(rows: list[dict], big: dict | None, memory: list[dict], baseline: i
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Plan/apply time and planning memory on large generated models.")
     parser.add_argument("--quick", action="store_true", help="small sizes only (seconds)")
-    parser.add_argument("--big", action="store_true", help="also a model with over 2 GiB of weights (needs ~7 GiB disk)")
+    parser.add_argument(
+        "--big", action="store_true", help="also a model with over 2 GiB of weights (needs ~7 GiB disk)"
+    )
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="node counts, e.g. 1000,10000")
     parser.add_argument("--hidden", type=int, default=32, help="hidden size of the generated models (default 32)")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write the models (default: a temp dir)")
@@ -241,11 +246,30 @@ def main(argv: list[str] | None = None) -> None:
         return
     fastest = f", fastest of {args.repeat} runs each" if args.repeat > 1 else ""
     table = Table(title=f"time over the load + save floor (same run, same machine{fastest})")
-    for col in ("nodes", "weights", "floor s", "plan s", "×floor", "plan --params s", "×floor",
-                "offloadctl plan --params s", "×floor", "apply s", "library + apply ×floor", "command line + apply ×floor"):
+    for col in (
+        "nodes",
+        "weights",
+        "floor s",
+        "plan s",
+        "×floor",
+        "plan --params s",
+        "×floor",
+        "offloadctl plan --params s",
+        "×floor",
+        "apply s",
+        "library + apply ×floor",
+        "command line + apply ×floor",
+    ):
         table.add_column(col, justify="right")
     memory_table = Table(title="planning peak memory (VmHWM of the planning process)")
-    for col in ("nodes", "graph proto", "plan peak RSS", "peak − import-only", "÷ graph proto", "offloadctl plan peak RSS"):
+    for col in (
+        "nodes",
+        "graph proto",
+        "plan peak RSS",
+        "peak − import-only",
+        "÷ graph proto",
+        "offloadctl plan peak RSS",
+    ):
         memory_table.add_column(col, justify="right")
     for row in rows + ([big] if big else []):
         floor = row["floor"]["seconds"]
@@ -266,8 +290,12 @@ def main(argv: list[str] | None = None) -> None:
         table.add_row(*cells)
         peak = max(row["plan"]["peak"], row["plan_params"]["peak"])
         memory_table.add_row(
-            f"{row['nodes']:,}", _fmt_bytes(row["proto"]), _fmt_bytes(peak), _fmt_bytes(peak - baseline),
-            f"{(peak - baseline) / row['proto']:.1f}", _fmt_bytes(row["plan_cli"]["peak"]),
+            f"{row['nodes']:,}",
+            _fmt_bytes(row["proto"]),
+            _fmt_bytes(peak),
+            _fmt_bytes(peak - baseline),
+            f"{(peak - baseline) / row['proto']:.1f}",
+            _fmt_bytes(row["plan_cli"]["peak"]),
         )
     out.print(table)
     out.print(
@@ -282,7 +310,13 @@ def main(argv: list[str] | None = None) -> None:
     for col in ("hidden", "weights", "graph proto", "plan --params peak RSS", "plan s"):
         mem.add_column(col, justify="right")
     for m in memory:
-        mem.add_row(str(m["hidden"]), _fmt_bytes(m["weights"]), _fmt_bytes(m["proto"]), _fmt_bytes(m["peak"]), f"{m['seconds']:.2f}")
+        mem.add_row(
+            str(m["hidden"]),
+            _fmt_bytes(m["weights"]),
+            _fmt_bytes(m["proto"]),
+            _fmt_bytes(m["peak"]),
+            f"{m['seconds']:.2f}",
+        )
     out.print(mem)
     ratio = memory[1]["weights"] / memory[0]["weights"]
     growth = memory[1]["peak"] / memory[0]["peak"]

@@ -74,7 +74,9 @@ def _session(path: str, ort, threads: int):
     return create_session(path, config, "cpu", ort=ort)
 
 
-def _latencies(paths: list[str], feeds: dict, repeat: int, ort, threads: int, *, min_seconds: float = 2.0) -> list[float]:
+def _latencies(
+    paths: list[str], feeds: dict, repeat: int, ort, threads: int, *, min_seconds: float = 2.0
+) -> list[float]:
     """Median wall-clock latency of each model, timed side by side (`offloadctl.profiler.alternate`)."""
     calls = []
     for path in paths:
@@ -150,10 +152,14 @@ def _within(ratio: float) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=30, help="profiled runs per measurement (timed runs: at least 50)")
+    parser.add_argument(
+        "--repeat", type=int, default=30, help="profiled runs per measurement (timed runs: at least 50)"
+    )
     parser.add_argument("--quick", action="store_true", help="the samples and the smallest generated model only")
     parser.add_argument(
-        "--threads", type=int, default=0,
+        "--threads",
+        type=int,
+        default=0,
         help="intra-op threads of every session (0: onnxruntime's default; 1 keeps a busy machine's noise down)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
@@ -191,8 +197,18 @@ def main(argv: list[str] | None = None) -> int:
 
     threads = f"{args.threads} intra-op thread(s)" if args.threads else "default intra-op threads"
     table = Table(title=f"simulated / measured time on CPU, {threads} (1.00 = exact)", show_edge=False)
-    for col in ("model", "nodes", "copies", "measured base", "measured inline",
-                "measured profile: base", "inline", "(copies)", "datasheet cpu: base", "inline "):
+    for col in (
+        "model",
+        "nodes",
+        "copies",
+        "measured base",
+        "measured inline",
+        "measured profile: base",
+        "inline",
+        "(copies)",
+        "datasheet cpu: base",
+        "inline ",
+    ):
         table.add_column(col, justify="left" if col == "model" else "right")
     for r in rows:
         m, c = r["profiles"]["measured"]["ratio"], r["profiles"]["cpu"]["ratio"]
@@ -201,10 +217,16 @@ def main(argv: list[str] | None = None) -> int:
             return f"{x:.2f}" if _within(x) else f"[bold red]{x:.2f}[/]"
 
         table.add_row(
-            r["model"], str(r["nodes"]), str(r["copies"]),
-            f"{r['measured_s']['baseline'] * 1e3:.3f} ms", f"{r['measured_s']['inline'] * 1e3:.3f} ms",
-            mark(m["baseline"]), mark(m["inline"]), "-" if m["copies"] is None else f"{m['copies']:.2f}",
-            f"{c['baseline']:.2f}", f"{c['inline']:.2f}",
+            r["model"],
+            str(r["nodes"]),
+            str(r["copies"]),
+            f"{r['measured_s']['baseline'] * 1e3:.3f} ms",
+            f"{r['measured_s']['inline'] * 1e3:.3f} ms",
+            mark(m["baseline"]),
+            mark(m["inline"]),
+            "-" if m["copies"] is None else f"{m['copies']:.2f}",
+            f"{c['baseline']:.2f}",
+            f"{c['inline']:.2f}",
         )
     console = Console(width=None if sys.stdout.isatty() else 132)
     console.print(table)

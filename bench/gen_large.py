@@ -169,7 +169,9 @@ def generate(path: str | os.PathLike[str], config: LargeModelConfig) -> Generate
         scale = weight("attn_scale", [])  # shared by every layer
         for i in range(config.layers):
             p = f"layer{i}/"
-            ln1 = node("LayerNormalization", [x, weight(p + "ln1/g", [h]), weight(p + "ln1/b", [h])], p + "ln1", axis=-1)
+            ln1 = node(
+                "LayerNormalization", [x, weight(p + "ln1/g", [h]), weight(p + "ln1/b", [h])], p + "ln1", axis=-1
+            )
             q = node("MatMul", [ln1, weight(p + "wq", [h, h])], p + "q")
             k = node("MatMul", [ln1, weight(p + "wk", [h, h])], p + "k")
             v = node("MatMul", [ln1, weight(p + "wv", [h, h])], p + "v")
@@ -181,7 +183,9 @@ def generate(path: str | os.PathLike[str], config: LargeModelConfig) -> Generate
             attn = node("MatMul", [ctx, weight(p + "wo", [h, h])], p + "attn")
             r1 = node("Add", [x, attn], p + "res1")
             r1m = node("Add", [r1, memory], p + "res1m")
-            ln2 = node("LayerNormalization", [r1m, weight(p + "ln2/g", [h]), weight(p + "ln2/b", [h])], p + "ln2", axis=-1)
+            ln2 = node(
+                "LayerNormalization", [r1m, weight(p + "ln2/g", [h]), weight(p + "ln2/b", [h])], p + "ln2", axis=-1
+            )
             up = node("MatMul", [ln2, weight(p + "w1", [h, 4 * h])], p + "up")
             act = node("Relu", [up], p + "act")
             pad = weight(p + "pad", []) if config.nodes_per_layer > BASE_NODES_PER_LAYER else ""
@@ -189,9 +193,7 @@ def generate(path: str | os.PathLike[str], config: LargeModelConfig) -> Generate
                 act = node("Mul", [act, pad], f"{p}pad{j}")
             down = node("MatMul", [act, weight(p + "w2", [4 * h, h])], p + "down")
             x = node("Add", [r1m, down], p + "res2")
-        final = node(
-            "LayerNormalization", [x, weight("final/g", [h]), weight("final/b", [h])], "final/out", axis=-1
-        )
+        final = node("LayerNormalization", [x, weight("final/g", [h]), weight("final/b", [h])], "final/out", axis=-1)
     finally:
         writer.close()
     graph = helper.make_graph(
@@ -229,7 +231,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     layers = args.layers if args.layers is not None else layers_for_nodes(args.nodes, args.nodes_per_layer)
     config = LargeModelConfig(
-        layers=layers, hidden=args.hidden, nodes_per_layer=args.nodes_per_layer, seq=args.seq, batch=args.batch,
+        layers=layers,
+        hidden=args.hidden,
+        nodes_per_layer=args.nodes_per_layer,
+        seq=args.seq,
+        batch=args.batch,
         fill=args.fill,
     )
     gen = generate(args.output, config)

@@ -33,7 +33,9 @@ def _node_working_set(analysis: Analysis, position: int) -> int:
     """Bytes the node at ``position`` reads and writes (weights included)."""
     node = analysis.nodes[position]
     names = {n for n in node.input if n} | {n for n in node.output if n}
-    names |= {t for t, uses in analysis.uses.items() if any(u.position == position and u.input_index is None for u in uses)}
+    names |= {
+        t for t, uses in analysis.uses.items() if any(u.position == position and u.input_index is None for u in uses)
+    }
     return sum((info.bytes or 0) for n in names if (info := analysis.infos.get(n)) is not None)
 
 

@@ -218,9 +218,7 @@ class Analysis:
     def graph(self) -> nx.DiGraph:
         """Producer -> user DiGraph over positions; edge attribute ``tensors`` lists what flows."""
         g = nx.DiGraph()
-        g.add_nodes_from(
-            (p, {"op_type": n.op_type, "name": self.node_names[p]}) for p, n in enumerate(self.nodes)
-        )
+        g.add_nodes_from((p, {"op_type": n.op_type, "name": self.node_names[p]}) for p, n in enumerate(self.nodes))
         for tensor, uses in self.uses.items():
             src = self.producer.get(tensor)
             if src is None:
@@ -260,8 +258,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
                 first = defined[out]
                 by = f"node {_describe(file_nodes[first], first)}" if isinstance(first, int) else first
                 raise OffloadError(
-                    f"tensor {out!r} is defined twice in {loaded.path} (by node {_describe(node, idx)} and by "
-                    f"{by})",
+                    f"tensor {out!r} is defined twice in {loaded.path} (by node {_describe(node, idx)} and by {by})",
                     hint="tensor names must be unique; re-export the model or rename one of them",
                 )
             defined[out] = idx
@@ -315,7 +312,8 @@ def analyse(loaded: LoadedModel) -> Analysis:
         logger.info(
             "%s: onnxruntime runs %d node(s) at another place than the file has them (Shape/Size as soon as they "
             "are ready, forward nodes before backward ones); plan positions count in the order it runs",
-            loaded.path, moved,
+            loaded.path,
+            moved,
         )
     nodes = [compute_nodes[i] for i in order]
     file_index = [compute[i] for i in order]

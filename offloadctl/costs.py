@@ -108,14 +108,16 @@ class CopyCost:
         """`d2h_at` of many copies at once."""
         return np.fromiter(
             (self.d2h_at(int(b), int(p), int(r)) for b, p, r in zip(nbytes, producer, release)),
-            dtype=np.float64, count=len(nbytes),
+            dtype=np.float64,
+            count=len(nbytes),
         )
 
     def h2d_many(self, nbytes: np.ndarray, issue: np.ndarray, use: np.ndarray) -> np.ndarray:
         """`h2d_at` of many copies at once."""
         return np.fromiter(
             (self.h2d_at(int(b), int(i), int(u)) for b, i, u in zip(nbytes, issue, use)),
-            dtype=np.float64, count=len(nbytes),
+            dtype=np.float64,
+            count=len(nbytes),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -288,7 +290,9 @@ def make_cost(
 def copies_of(offload: dict[str, Any]) -> tuple[int, int]:
     """(D2H copies, H2D copies) of one plan entry."""
     d2h = 1 if offload["kind"] == "activation" else 0
-    h2d = len(offload["reload_groups"]) + bool(offload.get("graph_output") and offload.get("output_h2d_before") is not None)
+    h2d = len(offload["reload_groups"]) + bool(
+        offload.get("graph_output") and offload.get("output_h2d_before") is not None
+    )
     return d2h, h2d
 
 

@@ -16,7 +16,14 @@ from pathlib import Path
 
 from offloadctl.errors import OffloadError
 
-__all__ = ["sha256_file", "same_file", "check_output_path", "check_distinct_outputs", "atomic_write", "atomic_write_text"]
+__all__ = [
+    "sha256_file",
+    "same_file",
+    "check_output_path",
+    "check_distinct_outputs",
+    "atomic_write",
+    "atomic_write_text",
+]
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
@@ -78,7 +85,9 @@ def check_output_path(output: str | os.PathLike[str], *inputs: str | os.PathLike
             raise OffloadError(f"cannot write {out}: file is read-only", hint="choose another output path")
         _check_name_length(out)
     except OSError as exc:  # e.g. a name longer than the file system allows
-        raise OffloadError(f"cannot write {out}: {exc.strerror or exc}", hint="choose a shorter or valid output path") from None
+        raise OffloadError(
+            f"cannot write {out}: {exc.strerror or exc}", hint="choose a shorter or valid output path"
+        ) from None
     return out
 
 
@@ -141,7 +150,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None], *,
             os.chmod(tmp, mode)
             os.replace(tmp, out)
     except OSError as exc:
-        raise OffloadError(f"cannot write {out}: {exc.strerror or exc}", hint="check the path and free disk space") from exc
+        raise OffloadError(
+            f"cannot write {out}: {exc.strerror or exc}", hint="check the path and free disk space"
+        ) from exc
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -51,12 +51,18 @@ def expand_inlined_functions(proto: onnx.ModelProto, calls: list[onnx.NodeProto]
     if not calls and not proto.functions:
         return 0
     ids = [(f.domain, f.name) for f in proto.functions]
-    ids += sorted({("", n.op_type) for n in calls if (n.domain or "") in ("", "ai.onnx") and n.op_type in ONNXRUNTIME_INLINED_OPS})
+    ids += sorted(
+        {("", n.op_type) for n in calls if (n.domain or "") in ("", "ai.onnx") and n.op_type in ONNXRUNTIME_INLINED_OPS}
+    )
     try:
-        expanded = onnx.inliner.inline_selected_functions(_typed_copy(proto), ids, exclude=False, inline_schema_functions=True)
+        expanded = onnx.inliner.inline_selected_functions(
+            _typed_copy(proto), ids, exclude=False, inline_schema_functions=True
+        )
     except Exception:  # noqa: BLE001 - onnx raises bare RuntimeErrors on bodies it cannot expand
         return 0
-    named = _name_expanded(list(proto.graph.node), list(expanded.graph.node), {(f.domain, f.name) for f in proto.functions})
+    named = _name_expanded(
+        list(proto.graph.node), list(expanded.graph.node), {(f.domain, f.name) for f in proto.functions}
+    )
     if named is None:
         return 0
     del proto.graph.node[:]
@@ -79,7 +85,9 @@ def _typed_copy(proto: onnx.ModelProto) -> onnx.ModelProto:
     graph = work.graph
     known = {v.name for v in graph.value_info} | {v.name for v in graph.input} | {v.name for v in graph.output}
     graph.value_info.extend(
-        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in graph.initializer if t.name not in known
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in graph.initializer
+        if t.name not in known
     )
     return work
 
@@ -105,7 +113,11 @@ def _name_expanded(
         base = node.name or f"{node.op_type}_{i}"
         k = 0
         while j < len(new):
-            if not wanted and after is not None and (_is_call(after, local) or list(new[j].output) == list(after.output)):
+            if (
+                not wanted
+                and after is not None
+                and (_is_call(after, local) or list(new[j].output) == list(after.output))
+            ):
                 break
             body = onnx.NodeProto()
             body.CopyFrom(new[j])

@@ -290,7 +290,9 @@ def load_model(
             hint="check that the file is a complete .onnx export (not truncated, not another format)",
         ) from None
     except OSError as exc:
-        raise OffloadError(f"cannot read model file {p}: {exc.strerror or exc}", hint="check the file's permissions") from None
+        raise OffloadError(
+            f"cannot read model file {p}: {exc.strerror or exc}", hint="check the file's permissions"
+        ) from None
     if proto.ir_version <= 0 or not proto.HasField("graph") or not proto.opset_import:
         raise OffloadError(
             f"model file {p} is not a valid ONNX model (no IR version, opset or graph)",
@@ -311,16 +313,24 @@ def load_model(
             logger.warning(
                 "%s: onnxruntime runs %s as function bodies; they were expanded in place and plan positions "
                 "count the expanded nodes",
-                p, ", ".join(changes.inlined),
+                p,
+                ", ".join(changes.inlined),
             )
         if changes.dequantize_copies or changes.casts_removed:
             logger.info(
                 "%s: like onnxruntime (at every optimization level), %d shared DequantizeLinear output(s) get a copy "
                 "per reader and %d redundant Cast node(s) are removed; plan positions count what runs",
-                p, changes.dequantize_copies, changes.casts_removed,
+                p,
+                changes.dequantize_copies,
+                changes.casts_removed,
             )
     return LoadedModel(
-        proto=proto, path=p, sha256=sha256_file(p), input_shapes=pinned, data_files=data_files, dims=named,
+        proto=proto,
+        path=p,
+        sha256=sha256_file(p),
+        input_shapes=pinned,
+        data_files=data_files,
+        dims=named,
         data_locations=data_locations,
     )
 
@@ -551,9 +561,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
         graph = loaded.proto.graph
         if constants is None:
             constants = {
-                node.output[0]: i
-                for i, node in enumerate(graph.node)
-                if is_constant_node(node) and node.output
+                node.output[0]: i for i, node in enumerate(graph.node) if is_constant_node(node) and node.output
             }
         for name, index in constants.items():
             self._weights[name] = graph.node[index]
@@ -861,7 +869,9 @@ def _symbolic_value_infos(proto: onnx.ModelProto, path: Path) -> list[onnx.Value
                 "some sizes of %s are unknown to onnx's shape inference, and onnxruntime's symbolic shape inference "
                 "cannot help: it cannot be imported (%s: %s); install onnxruntime and sympy "
                 "(pip install sympy) for those sizes",
-                path, type(exc).__name__, exc,
+                path,
+                type(exc).__name__,
+                exc,
             )
         return []
     proto = _copies_as_identity(proto)

@@ -86,7 +86,8 @@ def _holder_indices(graph: onnx.GraphProto) -> list[int]:
     """Indices of the nodes of ``graph`` that may hold subgraphs (big graphs: no attribute is read
     for the rest)."""
     return [
-        i for i, (op, domain) in enumerate(zip((n.op_type for n in graph.node), (n.domain for n in graph.node)))
+        i
+        for i, (op, domain) in enumerate(zip((n.op_type for n in graph.node), (n.domain for n in graph.node)))
         if op in _CONTROL_FLOW or domain not in _STANDARD_DOMAINS
     ]
 
@@ -188,8 +189,19 @@ _GROUPS = {
     **dict.fromkeys(("bfloat16", "float16", "float", "double"), "float"),
 }
 _BITS = {
-    "bool": 1, "int8": 8, "uint8": 8, "int16": 16, "uint16": 16, "bfloat16": 16, "float16": 16,
-    "int32": 32, "uint32": 32, "float": 32, "int64": 64, "uint64": 64, "double": 64,
+    "bool": 1,
+    "int8": 8,
+    "uint8": 8,
+    "int16": 16,
+    "uint16": 16,
+    "bfloat16": 16,
+    "float16": 16,
+    "int32": 32,
+    "uint32": 32,
+    "float": 32,
+    "int64": 64,
+    "uint64": 64,
+    "double": 64,
 }
 
 

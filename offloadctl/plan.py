@@ -90,11 +90,24 @@ def _fast_check() -> Callable[[Any], bool]:
 
 
 # What `_rejected_check` understands: a schema using more keywords gets no flat check.
-_PLAN_KEYWORDS = frozenset({"$schema", "$id", "$comment", "title", "description", "type", "required",
-                            "additionalProperties", "properties", "$defs"})
+_PLAN_KEYWORDS = frozenset(
+    {
+        "$schema",
+        "$id",
+        "$comment",
+        "title",
+        "description",
+        "type",
+        "required",
+        "additionalProperties",
+        "properties",
+        "$defs",
+    }
+)
 _LIST_KEYWORDS = frozenset({"$comment", "title", "description", "type", "items"})
-_OBJECT_KEYWORDS = frozenset({"$comment", "title", "description", "type", "required", "additionalProperties",
-                              "properties"})
+_OBJECT_KEYWORDS = frozenset(
+    {"$comment", "title", "description", "type", "required", "additionalProperties", "properties"}
+)
 _VALUE_KEYWORDS = frozenset({"$comment", "title", "description", "type", "enum", "minimum"})
 _VALUE_TYPES = frozenset({"string", "integer", "null"})
 
@@ -148,7 +161,13 @@ def _flat_objects_check(items: dict[str, Any]) -> Callable[[list[Any]], bool] | 
         ):
             return None
         # (strings, integers, null allowed; the enum; the minimum)
-        rules[key] = ("string" in kinds, "integer" in kinds, "null" in kinds, None if enum is None else frozenset(enum), minimum)
+        rules[key] = (
+            "string" in kinds,
+            "integer" in kinds,
+            "null" in kinds,
+            None if enum is None else frozenset(enum),
+            minimum,
+        )
     required = frozenset(items.get("required", ()))
     allowed = frozenset(rules)
     if not required <= allowed:
@@ -318,7 +337,9 @@ def _check_rules(plan: Plan, source: str) -> None:
             raise OffloadError(f"{source}: {where} is used before it is produced", hint=_RECREATE)
         for key in ("release_after", "output_h2d_before"):
             if off[key] is not None and off[key] > n:
-                raise OffloadError(f"{source}: {where} {key}={off[key]} is beyond the model's {n} positions", hint=_RECREATE)
+                raise OffloadError(
+                    f"{source}: {where} {key}={off[key]} is beyond the model's {n} positions", hint=_RECREATE
+                )
 
 
 def _number(text: str) -> int | float:
@@ -334,7 +355,9 @@ def read_plan(path: str | os.PathLike[str], *, stages: tuple[str, ...] = STAGES)
     if p.is_dir():
         raise OffloadError(f"plan path {p} is a directory", hint="give the path of a plan .json file")
     if not p.is_file():
-        raise OffloadError(f"plan file {p} does not exist", hint="check the path or create it with offloadctl select/plan")
+        raise OffloadError(
+            f"plan file {p} does not exist", hint="check the path or create it with offloadctl select/plan"
+        )
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -343,7 +366,9 @@ def read_plan(path: str | os.PathLike[str], *, stages: tuple[str, ...] = STAGES)
             hint="pass a plan written by offloadctl select, filter, prefetch or plan (an .onnx model is not a plan)",
         ) from None
     except OSError as exc:
-        raise OffloadError(f"cannot read plan file {p}: {exc.strerror or exc}", hint="check the file's permissions") from None
+        raise OffloadError(
+            f"cannot read plan file {p}: {exc.strerror or exc}", hint="check the file's permissions"
+        ) from None
     try:
         plan = json.loads(text, parse_float=_number)
     except json.JSONDecodeError as exc:
@@ -414,7 +439,9 @@ def require_stage(plan: Plan, stage: str, step: str) -> None:
     if have != stage:
         raise OffloadError(
             f"{step} reads a plan at stage {stage!r}, but this plan is at stage {have!r}",
-            hint=_stage_hint(have, (stage,)) if have in STAGES else "pass a plan written by offloadctl select, filter or prefetch",
+            hint=_stage_hint(have, (stage,))
+            if have in STAGES
+            else "pass a plan written by offloadctl select, filter or prefetch",
         )
 
 

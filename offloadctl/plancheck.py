@@ -104,8 +104,11 @@ def check_plan_for_model(plan: dict[str, Any], analysis: Analysis) -> None:
                 raise OffloadError(f"plan sets output_h2d_before for weight {tensor!r}", hint="set it to null")
         info = analysis.infos.get(tensor)
         if tensor in analysis.sparse_weights or info is None or not info.copyable or info.elem_type is None:
-            why = "a sparse weight" if tensor in analysis.sparse_weights else (
-                info.why_unknown() if info is not None else "its type is unknown")
+            why = (
+                "a sparse weight"
+                if tensor in analysis.sparse_weights
+                else (info.why_unknown() if info is not None else "its type is unknown")
+            )
             raise OffloadError(
                 f"tensor {tensor!r} of {model_path} cannot be copied by MemcpyToHost/MemcpyFromHost ({why})",
                 hint="remove the entry from the plan",
@@ -170,7 +173,11 @@ def _check_facts(off: dict[str, Any], info: TensorInfo, model_path: Any) -> None
             hint="pin the model's dynamic inputs (model.input_shapes in the plan, --input-shape when planning) or "
             "remove the entry",
         )
-    facts = (("bytes", off["bytes"], info.bytes), ("shape", off["shape"], list(info.shape or ())), ("dtype", off["dtype"], info.dtype))
+    facts = (
+        ("bytes", off["bytes"], info.bytes),
+        ("shape", off["shape"], list(info.shape or ())),
+        ("dtype", off["dtype"], info.dtype),
+    )
     for field, planned, actual in facts:
         if planned != actual:
             raise OffloadError(

@@ -295,7 +295,9 @@ class _Device:
     def runner(
         self, path: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any] | None = None, *, profiled: bool
     ) -> _Runner:
-        config = session_config(settings or {}, self.device, opt_level="disable", ep_options=self.ep_options, ort=self.ort)
+        config = session_config(
+            settings or {}, self.device, opt_level="disable", ep_options=self.ep_options, ort=self.ort
+        )
         config.sess_options.intra_op_num_threads = self.threads
         if profiled:
             self.profiles += 1
@@ -320,7 +322,9 @@ class _Runner:
         """Kernel events of every run but the first (the warm-up), from the session's profiling file."""
         profile_file = self.session.end_profiling()
         if not profile_file:  # pragma: no cover - onnxruntime always writes one when asked
-            raise OffloadError(f"onnxruntime wrote no profile for {self.path}", hint="check the onnxruntime installation")
+            raise OffloadError(
+                f"onnxruntime wrote no profile for {self.path}", hint="check the onnxruntime installation"
+            )
         return kernel_runs(profile_file)
 
 
@@ -373,7 +377,9 @@ def _save(model: onnx.ModelProto, folder: Path, name: str) -> str:
 
 def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "calibration", inputs, outputs, initializer=list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="offloadctl-profile")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="offloadctl-profile"
+    )
     model.ir_version = _IR_VERSION
     return model
 
@@ -441,7 +447,7 @@ def fit_range(sweep: Sequence[int], tensor_bytes: Sequence[int]) -> tuple[int, i
     inside = [g for g in grid if lo <= g <= hi]
     while len(inside) < min(3, len(grid)):  # at least three sizes: a line through two is at noise's mercy
         first, last = grid.index(inside[0]), grid.index(inside[-1])
-        inside = grid[first: last + 2] if last + 1 < len(grid) else grid[max(first - 1, 0): last + 1]
+        inside = grid[first : last + 2] if last + 1 < len(grid) else grid[max(first - 1, 0) : last + 1]
     return inside[0], inside[-1]
 
 
@@ -455,8 +461,11 @@ def _roofline_model() -> onnx.ModelProto:
         helper.make_node("MatMul", ["a", "b"], ["c"], name="matmul"),
         helper.make_node("Add", ["x", "y"], ["z"], name="add"),
     ]
-    return _model(nodes, [_float("a", [n, n]), _float("b", [n, n]), _float("x", [m]), _float("y", [m])],
-                  [_float("c", [n, n]), _float("z", [m])])
+    return _model(
+        nodes,
+        [_float("a", [n, n]), _float("b", [n, n]), _float("x", [m]), _float("y", [m])],
+        [_float("c", [n, n]), _float("z", [m])],
+    )
 
 
 def _random_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -480,7 +489,10 @@ def _device_name(device: str, ep_options: Mapping[str, str]) -> str:
         if device == "cuda":
             out = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", index],
-                capture_output=True, text=True, timeout=10, check=True,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
             )
             return out.stdout.strip() or "unknown"
         if device == "ascend":
@@ -549,7 +561,10 @@ def _copies_in_model(
             "the sweep's fits are used as measured"
         )
         return scale, record
-    plans = {"h2d": _offload_everything(analysis, activations=False), "d2h": _offload_everything(analysis, activations=True)}
+    plans = {
+        "h2d": _offload_everything(analysis, activations=False),
+        "d2h": _offload_everything(analysis, activations=True),
+    }
     paths = {}
     for direction, plan in plans.items():
         if not plan["offloads"]:
@@ -591,7 +606,11 @@ def _copies_in_model(
         else:
             logger.warning(
                 "timing %s copies inside %s: they added %.1f us against %.1f us predicted by the sweep; the sweep's fit "
-                "is kept (measure on a quiet machine)", direction.upper(), model, cost * 1e6, predicted * 1e6,
+                "is kept (measure on a quiet machine)",
+                direction.upper(),
+                model,
+                cost * 1e6,
+                predicted * 1e6,
             )
         record[direction] = entry
     return scale, record
@@ -650,7 +669,9 @@ def measure_profile(
     if repeat < 1:
         raise OffloadError(f"repeat must be at least 1, not {repeat}", hint="for example --repeat 20")
     if threads < 0:
-        raise OffloadError(f"threads must be 0 (onnxruntime's default) or more, not {threads}", hint="for example --threads 1")
+        raise OffloadError(
+            f"threads must be 0 (onnxruntime's default) or more, not {threads}", hint="for example --threads 1"
+        )
     sweep = SWEEP_BYTES if sweep is None else tuple(sweep)
     if len(set(sweep)) < 2 or any(s < 4 for s in sweep):
         raise OffloadError(
@@ -728,8 +749,12 @@ def measure_profile(
                 seconds = max(many - few, 0.0) / (copies - 1)
                 points[direction].append((_elements(size) * 4, seconds))
                 sweep_doc[direction].append(
-                    {"bytes": _elements(size) * 4, "copies": copies, "sources": 1 if direction == "d2h" else sources,
-                     "seconds": seconds}
+                    {
+                        "bytes": _elements(size) * 4,
+                        "copies": copies,
+                        "sources": 1 if direction == "d2h" else sources,
+                        "seconds": seconds,
+                    }
                 )
             chosen = [(b, t) for b, t in points[direction] if fitted[0] <= b <= fitted[1]]
             lost = [b for b, t in chosen if t <= 0]

@@ -274,7 +274,9 @@ class _Rewriter:
         node = self.pos_nodes[use["position"]]
         index = use["input_index"]
         if index is None:
-            if sum(rename_outer(g, old, new) for g in subgraphs(node)) == 0:  # pragma: no cover - the plan check rules this out
+            if (
+                sum(rename_outer(g, old, new) for g in subgraphs(node)) == 0
+            ):  # pragma: no cover - the plan check rules this out
                 raise AssertionError(f"node {node.name!r} has no subgraph read of {old!r}")
             return
         if node.input[index] != old:  # pragma: no cover - the plan check rules this out

@@ -106,7 +106,11 @@ _PROVIDER_DEFAULTS: dict[str, dict[str, str]] = {
 }
 
 # Keys of the settings record's per-provider sections.
-_SECTION_PROVIDERS: dict[str, str] = {"cann": "CANNExecutionProvider", "cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
+_SECTION_PROVIDERS: dict[str, str] = {
+    "cann": "CANNExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "cpu": "CPUExecutionProvider",
+}
 
 _EXTRAS = {"ascend": "cann", "cpu": "cpu", "cuda": "cuda"}
 
@@ -373,9 +377,7 @@ def settings_warnings(
                 shown = "not set" if actual is None else f"{key}={actual}"
                 if key not in given[provider] and actual is not None:
                     shown += " (the provider's default)"
-                warnings.append(
-                    f"the model asks for {provider} option {key}={value} but the session has {shown}"
-                )
+                warnings.append(f"the model asks for {provider} option {key}={value} but the session has {shown}")
     return warnings
 
 
@@ -449,7 +451,10 @@ def input_specs(proto: onnx.ModelProto) -> list[InputSpec]:
         tt = value.type.tensor_type
         shape = None
         if tt.HasField("shape"):
-            shape = tuple(d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None) for d in tt.shape.dim)
+            shape = tuple(
+                d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+                for d in tt.shape.dim
+            )
         specs.append(InputSpec(value.name, tt.elem_type or None, shape))
     return specs
 
@@ -641,7 +646,9 @@ def generate_inputs(
     for spec in specs:
         dtype = spec.dtype
         if dtype is None or spec.shape is None or dtype.kind not in "fiub":
-            why = "its rank is unknown" if spec.shape is None and dtype is not None else f"its type is {spec.describe()}"
+            why = (
+                "its rank is unknown" if spec.shape is None and dtype is not None else f"its type is {spec.describe()}"
+            )
             raise OffloadError(
                 f"cannot generate input {spec.name!r}: {why}",
                 hint="give the inputs with --inputs FILE.npz (or a folder of .npy files, or input_0.pb ...)",
@@ -1090,7 +1097,9 @@ def run_model(
         raise OffloadError(f"repeat must be at least 1, not {repeat}")
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not (math.isfinite(value) and value >= 0):
-            raise OffloadError(f"--{name} {value} is not a tolerance", hint=f"give a finite number >= 0, e.g. --{name} 1e-5")
+            raise OffloadError(
+                f"--{name} {value} is not a tolerance", hint=f"give a finite number >= 0, e.g. --{name} 1e-5"
+            )
     warnings: list[str] = []
     # as onnxruntime reads it (the order check predicts its rewrites), with the pins for generated inputs
     loaded = load_model(model, input_shapes=input_shapes, dims=dims, normalize=False)
@@ -1099,7 +1108,9 @@ def run_model(
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
     if ep_options and device == "cpu":
         warnings.append("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
-    warnings += settings_warnings(settings, config.sess_options, config.kwargs.get("disabled_optimizers"), config.providers)
+    warnings += settings_warnings(
+        settings, config.sess_options, config.kwargs.get("disabled_optimizers"), config.providers
+    )
 
     specs = input_specs(loaded.proto)
     if inputs is not None:

@@ -166,7 +166,9 @@ def offloaded_spans(
     return spans
 
 
-def entry_spans(entry: dict[str, Any], num_positions: int, *, prefetch_distance: int, release_distance: int = 0) -> list[Span]:
+def entry_spans(
+    entry: dict[str, Any], num_positions: int, *, prefetch_distance: int, release_distance: int = 0
+) -> list[Span]:
     """Steps a plan entry's tensor occupies; positions a stage has not filled in yet (``h2d_before``,
     ``release_after`` null) are placed as the prefetch stage will place them."""
     activation = entry["kind"] == "activation"
@@ -343,7 +345,9 @@ def _inferred_nodes(analysis: Analysis) -> list[onnx.NodeProto]:
         if len(file_nodes) != len(proto.graph.node):  # pragma: no cover - inference keeps the nodes
             raise ValueError("node count changed")
     except Exception as exc:  # inference is best effort, as for the main graph
-        logger.warning("shape inference of subgraphs failed on %s (%s); their sizes come from the file", analysis.loaded.path, exc)
+        logger.warning(
+            "shape inference of subgraphs failed on %s (%s); their sizes come from the file", analysis.loaded.path, exc
+        )
         file_nodes = proto.graph.node
     return [file_nodes[i] for i in analysis.file_index]
 

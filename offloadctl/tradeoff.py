@@ -108,11 +108,14 @@ def dominated(points: Sequence[Point]) -> list[bool]:
     flags = []
     for p in points:
         slack = _TOLERANCE * p.time_s
-        flags.append(any(
-            q.peak_bytes <= p.peak_bytes and q.time_s <= p.time_s + slack
-            and (q.peak_bytes < p.peak_bytes or q.time_s < p.time_s - slack)
-            for q in points
-        ))
+        flags.append(
+            any(
+                q.peak_bytes <= p.peak_bytes
+                and q.time_s <= p.time_s + slack
+                and (q.peak_bytes < p.peak_bytes or q.time_s < p.time_s - slack)
+                for q in points
+            )
+        )
     return flags
 
 
@@ -173,7 +176,10 @@ class Tradeoff:
             analysis, select_distance=0, activations=activations, params=params, force=tuple(force), never=tuple(never)
         )
         self.search = BudgetSearch(
-            selected, analysis, prefetch_distance=prefetch_distance, release_distance=release_distance,
+            selected,
+            analysis,
+            prefetch_distance=prefetch_distance,
+            release_distance=release_distance,
             min_bytes=min_bytes,
         )
         self.peak_bytes = self.search.peak_before
@@ -182,7 +188,9 @@ class Tradeoff:
         assert base is not None
         self.baseline_s = base.baseline
 
-    def plan(self, budget: int, copies: str = "inline", *, report: Callable[[str], None] | None = None) -> dict[str, Any]:
+    def plan(
+        self, budget: int, copies: str = "inline", *, report: Callable[[str], None] | None = None
+    ) -> dict[str, Any]:
         """The scheduled budget plan at ``budget`` for a copy mode.
 
         Raises:
@@ -282,7 +290,9 @@ class Tradeoff:
         best_point, best_plan = min(ok, key=lambda pp: (pp[0].peak_bytes, pp[0].time_s))
         count = len(tried)
         # bisect between the best budget and the next one down, which did not qualify
-        below = [p.budget_bytes for p, _ in tried if p.budget_bytes is not None and p.budget_bytes < best_point.budget_bytes]
+        below = [
+            p.budget_bytes for p, _ in tried if p.budget_bytes is not None and p.budget_bytes < best_point.budget_bytes
+        ]
         if below:
             lo, hi = max(below), best_point.budget_bytes
             for _ in range(REFINE_STEPS):
@@ -327,8 +337,16 @@ def plan_within_slowdown(
     is at most ``max_slowdown`` times the baseline (``plan --max-slowdown``); the figures go into
     ``plan["budget"]["max_slowdown"]`` and ``options.filter.max_slowdown``."""
     trade = Tradeoff(
-        analysis, profile=profile, objective=objective, activations=activations, params=params, force=force,
-        never=never, min_bytes=min_bytes, prefetch_distance=prefetch_distance, release_distance=release_distance,
+        analysis,
+        profile=profile,
+        objective=objective,
+        activations=activations,
+        params=params,
+        force=force,
+        never=never,
+        min_bytes=min_bytes,
+        prefetch_distance=prefetch_distance,
+        release_distance=release_distance,
     )
     plan, point, tried = trade.within(max_slowdown, copies, points, step=step)
     within = point.peak_bytes < trade.peak_bytes
@@ -338,7 +356,9 @@ def plan_within_slowdown(
         logger.warning(
             "no cut in peak memory keeps the estimated time within %.3gx the baseline (%s, profile %s): "
             "the plan offloads nothing (offloadctl frontier MODEL shows what each cut costs)",
-            max_slowdown, copy_mode_label(copies), trade.profile.name,
+            max_slowdown,
+            copy_mode_label(copies),
+            trade.profile.name,
         )
     for options in (plan["options"]["filter"], plan["history"][-2]["options"]):
         options["max_slowdown"] = float(max_slowdown)

@@ -78,7 +78,9 @@ def unet_model(depth: int = 3, base: int = 8, size: int = 32) -> tuple[onnx.Mode
         out = base * 2**level
         x = conv(conv(x, ch, out), out, out)
         skips.append((x, out))
-        nodes.append(helper.make_node("MaxPool", [x], [f"pool{level}"], name=f"pool{level}", kernel_shape=[2, 2], strides=[2, 2]))
+        nodes.append(
+            helper.make_node("MaxPool", [x], [f"pool{level}"], name=f"pool{level}", kernel_shape=[2, 2], strides=[2, 2])
+        )
         x, ch = f"pool{level}", out
     x = conv(conv(x, ch, ch * 2), ch * 2, ch * 2)
     ch = ch * 2
@@ -86,7 +88,9 @@ def unet_model(depth: int = 3, base: int = 8, size: int = 32) -> tuple[onnx.Mode
     inits.append(scales)
     for level in reversed(range(depth)):
         skip, skip_ch = skips[level]
-        nodes.append(helper.make_node("Resize", [x, "", "up_scales"], [f"up{level}"], name=f"up{level}", mode="nearest"))
+        nodes.append(
+            helper.make_node("Resize", [x, "", "up_scales"], [f"up{level}"], name=f"up{level}", mode="nearest")
+        )
         nodes.append(helper.make_node("Concat", [f"up{level}", skip], [f"cat{level}"], name=f"cat{level}", axis=1))
         x = conv(conv(f"cat{level}", ch + skip_ch, skip_ch), skip_ch, skip_ch)
         ch = skip_ch
@@ -103,7 +107,9 @@ def unet_model(depth: int = 3, base: int = 8, size: int = 32) -> tuple[onnx.Mode
     return _model(graph), {"image": rng.standard_normal((1, 3, size, size)).astype(np.float32)}
 
 
-def transformer_model(layers: int = 4, seq: int = 64, dim: int = 64, heads: int = 4) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+def transformer_model(
+    layers: int = 4, seq: int = 64, dim: int = 64, heads: int = 4
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """Pre-norm self-attention blocks with MLPs; the first embedding is also reused at the end."""
     rng = np.random.default_rng(2)
     nodes, inits = [], []
@@ -124,7 +130,9 @@ def transformer_model(layers: int = 4, seq: int = 64, dim: int = 64, heads: int 
     first = x
     for i in range(layers):
         p = f"l{i}."
-        ln = node("LayerNormalization", [x, weight(p + "ln1.g", (dim,)), weight(p + "ln1.b", (dim,))], p + "ln1", axis=-1)
+        ln = node(
+            "LayerNormalization", [x, weight(p + "ln1.g", (dim,)), weight(p + "ln1.b", (dim,))], p + "ln1", axis=-1
+        )
         heads_out = []
         for proj in ("q", "k", "v"):
             t = node("MatMul", [ln, weight(p + proj, (dim, dim))], p + proj + "_proj")
@@ -139,7 +147,9 @@ def transformer_model(layers: int = 4, seq: int = 64, dim: int = 64, heads: int 
         a = node("Reshape", [a, "merge_heads"], p + "attn_merged")
         a = node("MatMul", [a, weight(p + "o", (dim, dim))], p + "attn_out")
         x = node("Add", [x, a], p + "res1")
-        ln = node("LayerNormalization", [x, weight(p + "ln2.g", (dim,)), weight(p + "ln2.b", (dim,))], p + "ln2", axis=-1)
+        ln = node(
+            "LayerNormalization", [x, weight(p + "ln2.g", (dim,)), weight(p + "ln2.b", (dim,))], p + "ln2", axis=-1
+        )
         h = node("MatMul", [ln, weight(p + "fc1", (dim, 4 * dim))], p + "fc1_out")
         h = node("Relu", [h], p + "gelu")
         h = node("MatMul", [h, weight(p + "fc2", (4 * dim, dim))], p + "fc2_out")
@@ -179,7 +189,9 @@ def training_model(layers: int = 6, batch: int = 32, dim: int = 128) -> tuple[on
         h_in, z = saved[i]
         bw = {"__backwardpass": 1}
         nodes.append(helper.make_node("Greater", [z, "zero"], [f"mask{i}"], name=f"bwd_mask{i}", **bw))
-        nodes.append(helper.make_node("Cast", [f"mask{i}"], [f"maskf{i}"], name=f"bwd_cast{i}", to=TensorProto.FLOAT, **bw))
+        nodes.append(
+            helper.make_node("Cast", [f"mask{i}"], [f"maskf{i}"], name=f"bwd_cast{i}", to=TensorProto.FLOAT, **bw)
+        )
         nodes.append(helper.make_node("Mul", [grad, f"maskf{i}"], [f"dz{i}"], name=f"bwd_dz{i}", **bw))
         nodes.append(helper.make_node("Transpose", [h_in], [f"h_t{i}"], name=f"bwd_ht{i}", perm=[1, 0], **bw))
         nodes.append(helper.make_node("MatMul", [f"h_t{i}", f"dz{i}"], [f"dW{i}"], name=f"bwd_dW{i}", **bw))

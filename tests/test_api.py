@@ -59,9 +59,7 @@ def test_make_plan_with_a_budget_equals_the_stages_chained_by_hand():
     plan = offloadctl.make_plan(analysis, budget="800KiB", prefetch_distance=5)
     # the budget strategy weighs every idle stretch: make_plan selects at distance 0 for it
     selected = select(analysis, select_distance=0)
-    by_hand = prefetch(
-        budget_filter(selected, analysis, budget_bytes=budget, prefetch_distance=5), prefetch_distance=5
-    )
+    by_hand = prefetch(budget_filter(selected, analysis, budget_bytes=budget, prefetch_distance=5), prefetch_distance=5)
     check_budget(analysis, by_hand)
     validate_plan(plan)
     strip = lambda p: {k: v for k, v in p.items() if k != "history"}  # noqa: E731

@@ -531,8 +531,14 @@ def test_external_data_model_rewritten_into_another_folder(run_cli, tmp_path):
     dst.mkdir()
     model = onnx.load(str(SAMPLES / "mlp.onnx"))
     model_path = src / "mlp.onnx"
-    onnx.save(model, str(model_path), save_as_external_data=True, all_tensors_to_one_file=True,
-              location="mlp.weights", size_threshold=0)
+    onnx.save(
+        model,
+        str(model_path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="mlp.weights",
+        size_threshold=0,
+    )
     plan = _write_plan_file(tmp_path, model_path, params=True, select_distance=3, prefetch_distance=1, min_bytes=0)
     out = dst / "mlp.offload.onnx"
     result = run_cli("apply", plan, "-o", out)
@@ -571,8 +577,12 @@ def test_session_settings_absent_on_a_plain_model(seed_path):
 
 @pytest.mark.parametrize(
     ("attr", "value", "dtype"),
-    [("value_float", 1.5, np.float32), ("value_floats", [1.0, 2.0], np.float32), ("value_int", 3, np.int64),
-     ("value_ints", [4, 5], np.int64)],
+    [
+        ("value_float", 1.5, np.float32),
+        ("value_floats", [1.0, 2.0], np.float32),
+        ("value_int", 3, np.int64),
+        ("value_ints", [4, 5], np.int64),
+    ],
 )
 def test_constant_numbers_become_initializers_of_their_type_and_shape(attr, value, dtype):
     from onnx import helper, numpy_helper

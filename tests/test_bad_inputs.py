@@ -503,7 +503,13 @@ def test_dynamic_dimensions_without_input_shape_plan_and_warn(run_cli, tmp_path)
     validate_plan(plan)
     assert plan["offloads"] == []
     reasons = {r["tensor"]: r["reason"] for r in plan["rejected"]}
-    assert reasons == {"a": "unknown-size", "b": "unknown-size", "c": "unknown-size", "d": "unknown-size", "y": "unused"}
+    assert reasons == {
+        "a": "unknown-size",
+        "b": "unknown-size",
+        "c": "unknown-size",
+        "d": "unknown-size",
+        "y": "unused",
+    }
     detail = next(r["detail"] for r in plan["rejected"] if r["tensor"] == "a")
     assert "N" in detail and "--input-shape" in detail
 
@@ -590,7 +596,11 @@ def test_string_weight_is_not_copyable(run_cli, tmp_path):
         helper.make_node("Relu", ["z"], ["z2"], name="relu_z2"),
         helper.make_node("Identity", ["names"], ["names_again"], name="id_again"),
     ]
-    outs = [tensor("z2"), tensor("names_out", (2,), TensorProto.STRING), tensor("names_again", (2,), TensorProto.STRING)]
+    outs = [
+        tensor("z2"),
+        tensor("names_out", (2,), TensorProto.STRING),
+        tensor("names_again", (2,), TensorProto.STRING),
+    ]
     path = save(make_model(nodes, [tensor("x")], outs, initializers=[names]), tmp_path / "m.onnx")
     out = tmp_path / "plan.json"
     assert run_cli("plan", path, "-o", out, "--select-distance", "0", "--params").exit_code == 0

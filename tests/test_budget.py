@@ -329,11 +329,15 @@ def test_filter_finds_the_model_beside_the_plan(run_cli, write_model, tmp_path, 
 
 
 def test_explain_lists_distance_rejections(run_cli, write_model, tmp_path):
-    result = run_cli("plan", write_model(TWO_CANDIDATES), "-o", tmp_path / "p.json", "--select-distance", "6", "--explain")
+    result = run_cli(
+        "plan", write_model(TWO_CANDIDATES), "-o", tmp_path / "p.json", "--select-distance", "6", "--explain"
+    )
     assert result.exit_code == 0, result.stderr
     assert "offloaded" in result.stdout and "rejected" in result.stdout
     rows = {r["tensor"]: r for r in explain_rows(json.loads((tmp_path / "p.json").read_text()))}
-    assert rows["s"]["status"] == "offloaded" and rows["s"]["detail"].startswith("largest idle stretch 9 > select distance 6")
+    assert rows["s"]["status"] == "offloaded" and rows["s"]["detail"].startswith(
+        "largest idle stretch 9 > select distance 6"
+    )
     assert rows["b"]["status"] == "rejected" and rows["b"]["reason"] == "short-gaps" and rows["b"]["max_gap"] == 5
 
 

@@ -71,7 +71,9 @@ def _analysis(path: Path):
 
 def _plan(analysis, budget, **kw):
     selected = select(analysis, select_distance=0, params=kw.pop("params", True))
-    return prefetch(budget_filter(selected, analysis, budget_bytes=budget, prefetch_distance=0, **kw), prefetch_distance=0)
+    return prefetch(
+        budget_filter(selected, analysis, budget_bytes=budget, prefetch_distance=0, **kw), prefetch_distance=0
+    )
 
 
 def _words(text: str) -> str:
@@ -205,8 +207,17 @@ def test_the_time_objective_prefers_fewer_copies_on_a_slow_starting_link(write_m
         assert sorted(o["tensor"] for o in by_bytes["offloads"]) == ["s1", "s2", "s3", "s4"]
         assert [o["tensor"] for o in by_time["offloads"]] == ["big"]
         info = by_time["budget"]
-        assert info["objective"] == {"objective": "time", "unit": "seconds", "profile": "slow-start", "copies": "inline"}
-        assert info["cost"] == pytest.approx(plan_cost(by_time, InlineTime(profile))) == pytest.approx(2 * (1e-3 + 1024 / 1e9))
+        assert info["objective"] == {
+            "objective": "time",
+            "unit": "seconds",
+            "profile": "slow-start",
+            "copies": "inline",
+        }
+        assert (
+            info["cost"]
+            == pytest.approx(plan_cost(by_time, InlineTime(profile)))
+            == pytest.approx(2 * (1e-3 + 1024 / 1e9))
+        )
         # the simulator's serialized time adds exactly these copies to the baseline
         times = simulate(analysis, by_time, profile=profile).times
         assert times.serialized - times.baseline == pytest.approx(info["cost"])
@@ -262,7 +273,9 @@ def test_time_objective_on_the_command_line(run_cli, write_model, tmp_path):
     selected = tmp_path / "selected.json"
     assert run_cli("select", model, "-o", selected).exit_code == 0
     filtered = tmp_path / "filtered.json"
-    result = run_cli("filter", selected, "-o", filtered, "--budget", "5128", "--objective", "time", "--profile", profile)
+    result = run_cli(
+        "filter", selected, "-o", filtered, "--budget", "5128", "--objective", "time", "--profile", profile
+    )
     assert result.exit_code == 0, result.stderr
     assert [o["tensor"] for o in json.loads(filtered.read_text())["offloads"]] == ["big"]
 
@@ -285,8 +298,18 @@ def test_search_options_without_a_budget_are_usage_errors(run_cli, write_model, 
 
 def test_an_unknown_profile_is_a_clear_error(run_cli, write_model, tmp_path):
     out = tmp_path / "plan.json"
-    result = run_cli("plan", write_model(BIG_OR_SMALL), "-o", out, "--budget", "5128", "--objective", "time",
-                     "--profile", "no-such-device")
+    result = run_cli(
+        "plan",
+        write_model(BIG_OR_SMALL),
+        "-o",
+        out,
+        "--budget",
+        "5128",
+        "--objective",
+        "time",
+        "--profile",
+        "no-such-device",
+    )
     assert result.exit_code == 1 and "error:" in result.stderr and "no-such-device" in result.stderr
     assert not out.exists()
 

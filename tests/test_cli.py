@@ -30,7 +30,8 @@ def test_bad_usage_exits_2(run_cli, seed_path):
 def test_user_error_exits_1_without_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "offloadctl", "plan", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "p.json")],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 1
     assert "missing.onnx" in result.stderr and "does not exist" in result.stderr
@@ -44,10 +45,14 @@ def _terminals(monkeypatch, *, stdout: bool, stderr: bool) -> None:
 
     from offloadctl.cli import ui
 
-    monkeypatch.setattr(ui, "_consoles", {
-        "out": Console(file=sys.stdout, force_terminal=stdout),
-        "err": Console(file=sys.stderr, force_terminal=stderr),
-    })
+    monkeypatch.setattr(
+        ui,
+        "_consoles",
+        {
+            "out": Console(file=sys.stdout, force_terminal=stdout),
+            "err": Console(file=sys.stderr, force_terminal=stderr),
+        },
+    )
 
 
 def test_progress_is_drawn_only_when_stdout_and_stderr_are_terminals(monkeypatch):
@@ -95,7 +100,9 @@ def test_output_that_is_not_a_terminal_is_not_wrapped(run_cli, tmp_path, monkeyp
     name = "encoder.layers.0.self_attention.query_key_value.output_after_a_very_long_exported_name_" * 2
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], [name], name="relu"), helper.make_node("Neg", [name], ["y"], name="neg")],
-        "g", [helper.make_tensor_value_info("x", 1, [4, 8])], [helper.make_tensor_value_info("y", 1, [4, 8])],
+        "g",
+        [helper.make_tensor_value_info("x", 1, [4, 8])],
+        [helper.make_tensor_value_info("y", 1, [4, 8])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 10
@@ -114,8 +121,17 @@ def test_output_that_is_not_a_terminal_is_not_wrapped(run_cli, tmp_path, monkeyp
 def test_warnings_on_a_pipe_are_plain_lines(run_cli, tmp_path):
     from tests.conftest import SAMPLES
 
-    result = run_cli("plan", SAMPLES / "unet.onnx", "-o", tmp_path / "p.json", "--params", "--select-distance", "10",
-                     "--prefetch-distance", "3")
+    result = run_cli(
+        "plan",
+        SAMPLES / "unet.onnx",
+        "-o",
+        tmp_path / "p.json",
+        "--params",
+        "--select-distance",
+        "10",
+        "--prefetch-distance",
+        "3",
+    )
     warning = next(line for line in result.stderr.splitlines() if "over 1.5x" in line)
     assert warning.startswith("WARNING  the estimated slowdown") and warning == warning.rstrip()
 
@@ -126,8 +142,12 @@ def test_onnxruntime_log_lines_do_not_leak_above_the_error(tmp_path):
 
     # Gather with an index out of range: onnxruntime logs the failure itself, then raises it.
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["a"], name="relu"), helper.make_node("Gather", ["a", "idx"], ["y"], name="g")],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [
+            helper.make_node("Relu", ["x"], ["a"], name="relu"),
+            helper.make_node("Gather", ["a", "idx"], ["y"], name="g"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         initializer=[helper.make_tensor("idx", TensorProto.INT64, [1], [9])],
     )

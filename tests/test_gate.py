@@ -49,8 +49,9 @@ def test_every_command_ends_with_a_passed_verdict(run_cli, tmp_path):
     assert "1 D2H + 1 H2D copies" in verdicts["apply"]
     # a plan made stage by stage carries no estimate: apply says where to get the figures
     staged = run_cli("apply", plan, "-o", tmp_path / "staged.onnx")
-    assert _verdict(staged.stdout).endswith(f"peak and time: offloadctl simulate {tmp_path / 'staged.onnx'} | wrote "
-                                            f"{tmp_path / 'staged.onnx'}")
+    assert _verdict(staged.stdout).endswith(
+        f"peak and time: offloadctl simulate {tmp_path / 'staged.onnx'} | wrote {tmp_path / 'staged.onnx'}"
+    )
     assert "peak 516 B -> 388 B" in verdicts["simulate"] and "est. slowdown" in verdicts["simulate"]
     assert "order as planned" in verdicts["run"] and f"bit-identical to {SEED}" in verdicts["run"]
     assert "1 candidate(s), 128 B" in verdicts["select"] and verdicts["select"].endswith(f"wrote {sel}")
@@ -117,11 +118,22 @@ def test_max_peak_on_a_model_without_a_plan_checks_its_own_peak(run_cli):
 
 def test_plan_prints_the_slowdown_next_to_the_peak_and_warns_above_1_5x(run_cli, tmp_path):
     # UNet with every weight streamed in, over a CPU-speed link: far more than 1.5x in line
-    result = run_cli("plan", SAMPLES / "unet.onnx", "-o", tmp_path / "p.json", "--params", "--select-distance", "10",
-                     "--prefetch-distance", "3")
+    result = run_cli(
+        "plan",
+        SAMPLES / "unet.onnx",
+        "-o",
+        tmp_path / "p.json",
+        "--params",
+        "--select-distance",
+        "10",
+        "--prefetch-distance",
+        "3",
+    )
     assert result.exit_code == 0, result.stderr
     line = next(x for x in result.stdout.splitlines() if x.startswith("simulated peak device memory"))
-    assert re.search(r"-> \S+ \S+ after \(-\d+\.\d%.*\); estimated time (\d+\.\d\d)x the baseline with copies in line", line)
+    assert re.search(
+        r"-> \S+ \S+ after \(-\d+\.\d%.*\); estimated time (\d+\.\d\d)x the baseline with copies in line", line
+    )
     slowdown = float(re.search(r"estimated time (\d+\.\d\d)x", line).group(1))
     assert slowdown > 1.5
     assert "estimated slowdown with copies in line" in result.stderr and "over 1.5x" in result.stderr
@@ -169,7 +181,9 @@ def ci_script(tmp_path):
 
 def test_the_readme_ci_example_passes_on_a_sample(tmp_path, ci_script):
     assert shutil.which("offloadctl", path=str(Path(sys.executable).parent)), "offloadctl is not installed"
-    result = subprocess.run(["bash", str(ci_script)], cwd=tmp_path, env=_ci_env(tmp_path), capture_output=True, text=True)
+    result = subprocess.run(
+        ["bash", str(ci_script)], cwd=tmp_path, env=_ci_env(tmp_path), capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     passed = [line for line in result.stdout.splitlines() if line.startswith("PASSED | ")]
     assert [line.split()[2] for line in passed] == ["plan", "apply", "run"]

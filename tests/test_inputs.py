@@ -32,7 +32,10 @@ def test_input_shape_takes_the_polygraphy_and_onnxsim_forms(spec):
 
 def test_input_shape_names_may_hold_separators_and_scalars_pin_too():
     assert parse_input_shapes(["input:0:[1,3]", "in=put=4,5", "s=", "t:[]"]) == {
-        "input:0": [1, 3], "in=put": [4, 5], "s": [], "t": [],
+        "input:0": [1, 3],
+        "in=put": [4, 5],
+        "s": [],
+        "t": [],
     }
 
 
@@ -80,8 +83,20 @@ def test_dim_errors_name_the_dimension(write_model):
 def test_plan_records_dims_and_apply_and_simulate_reuse_them(run_cli, write_model, tmp_path):
     path = write_model(DYNAMIC)
     plan_path, out = tmp_path / "plan.json", tmp_path / "out.onnx"
-    result = run_cli("plan", path, "-o", plan_path, "--select-distance", "1", "--prefetch-distance", "0",
-                     "--dim", "batch=2", "--input-shape", "x:[2,5,8]")
+    result = run_cli(
+        "plan",
+        path,
+        "-o",
+        plan_path,
+        "--select-distance",
+        "1",
+        "--prefetch-distance",
+        "0",
+        "--dim",
+        "batch=2",
+        "--input-shape",
+        "x:[2,5,8]",
+    )
     assert result.exit_code == 0, result.stderr
     plan = json.loads(plan_path.read_text())
     assert plan["model"]["dims"] == {"batch": 2} and plan["model"]["input_shapes"] == {"x": [2, 5, 8]}
@@ -153,8 +168,11 @@ def test_bad_input_folders_are_one_clear_error(run_cli, tmp_path):
     extra.mkdir()
     np.save(extra / "x.npy", _seed_inputs()["x"])
     np.save(extra / "q.npy", _seed_inputs()["x"])
-    for folder, needle in ((empty, "holds no NAME.npy files"), (bad, "not a serialized onnx TensorProto"),
-                           (extra, "'q', which is not an input")):
+    for folder, needle in (
+        (empty, "holds no NAME.npy files"),
+        (bad, "not a serialized onnx TensorProto"),
+        (extra, "'q', which is not an input"),
+    ):
         result = run_cli("run", SAMPLES / "seed.onnx", "--device", "cpu", "--inputs", folder)
         assert result.exit_code == 1, folder
         assert needle in result.stderr and "Traceback" not in result.stderr
@@ -180,8 +198,12 @@ def test_seed_and_value_range_shape_the_random_inputs(run_cli, tmp_path, write_m
     ranged = outputs("--value-range", "2,3", "--value-range", "i:[10,12]")
     assert ranged["y"].min() >= 2 and ranged["y"].max() < 3
     assert set(np.unique(ranged["j"])) <= {10, 11, 12} and ranged["j"].dtype == np.int64
-    for bad, needle in (("3,2", "LOW <= HIGH"), ("q:[0,1]", "'q', which is not an input"), ("0,nan", "finite"),
-                        ("i:[0.2,0.8]", "holds no int64 value")):
+    for bad, needle in (
+        ("3,2", "LOW <= HIGH"),
+        ("q:[0,1]", "'q', which is not an input"),
+        ("0,nan", "finite"),
+        ("i:[0.2,0.8]", "holds no int64 value"),
+    ):
         result = run_cli("run", path, "--device", "cpu", "--value-range", bad)
         assert result.exit_code == 1 and needle in result.stderr, (bad, result.stderr)
 
@@ -190,8 +212,9 @@ def test_save_outputs_never_overwrites_an_input_and_writes_nothing_on_failure(ru
     result = run_cli("run", SAMPLES / "seed.onnx", "--device", "cpu", "--save-outputs", SAMPLES / "seed.onnx")
     assert result.exit_code == 1 and "same file as the input" in result.stderr
     out = tmp_path / "o.npz"
-    failed = run_cli("run", SAMPLES / "seed.onnx", "--device", "cpu", "--inputs", tmp_path / "missing.npz",
-                     "--save-outputs", out)
+    failed = run_cli(
+        "run", SAMPLES / "seed.onnx", "--device", "cpu", "--inputs", tmp_path / "missing.npz", "--save-outputs", out
+    )
     assert failed.exit_code == 1 and not out.exists()
     assert list(tmp_path.iterdir()) == []  # no temporary file left behind either
 
@@ -199,8 +222,9 @@ def test_save_outputs_never_overwrites_an_input_and_writes_nothing_on_failure(ru
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "NaN"])
 def test_run_refuses_tolerances_that_are_not_tolerances(run_cli, value):
     for option in ("--rtol", "--atol"):
-        result = run_cli("run", SAMPLES / "seed.onnx", "--device", "cpu", "--compare-to", SAMPLES / "seed.onnx",
-                         option, value)
+        result = run_cli(
+            "run", SAMPLES / "seed.onnx", "--device", "cpu", "--compare-to", SAMPLES / "seed.onnx", option, value
+        )
         assert result.exit_code == 2, (option, value)
         assert "finite number >= 0" in result.stderr
 

@@ -39,8 +39,12 @@ g (float[1, 8, 1, 40] x) => (float[1, 40, 8] y) {
 
 
 def _figures(doc: dict) -> tuple:
-    return (doc["peak_bytes"]["before"], doc["peak_bytes"]["after"], doc["lower_bound_bytes"],
-            doc["unknown_size"]["count"] if "unknown_size" in doc else doc["unknown_size_tensors"])
+    return (
+        doc["peak_bytes"]["before"],
+        doc["peak_bytes"]["after"],
+        doc["lower_bound_bytes"],
+        doc["unknown_size"]["count"] if "unknown_size" in doc else doc["unknown_size_tensors"],
+    )
 
 
 def test_a_fresh_cpu_install_gives_the_same_figures(tmp_path):
@@ -50,13 +54,23 @@ def test_a_fresh_cpu_install_gives_the_same_figures(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     install = subprocess.run(
         [str(python), "-m", "pip", "install", "--quiet", f"{ROOT}[cpu]"],
-        capture_output=True, text=True, env=env, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
     )
     assert install.returncode == 0, install.stderr[-3000:]
     probe = subprocess.run(
-        [str(python), "-c", "import onnxruntime, sympy; from onnxruntime.tools.symbolic_shape_infer import "
-         "SymbolicShapeInference; print(onnxruntime.__file__)"],
-        capture_output=True, text=True, env=env, cwd=tmp_path,
+        [
+            str(python),
+            "-c",
+            "import onnxruntime, sympy; from onnxruntime.tools.symbolic_shape_infer import "
+            "SymbolicShapeInference; print(onnxruntime.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
     )
     assert probe.returncode == 0, probe.stderr
     assert str(venv) in probe.stdout  # the fresh environment's onnxruntime, not this one's
@@ -72,13 +86,21 @@ def test_a_fresh_cpu_install_gives_the_same_figures(tmp_path):
         plan = tmp_path / f"{path.stem}.plan.json"
         fresh = subprocess.run(
             [str(offloadctl_cli), "plan", str(path), "-o", str(plan), *options, "--json"],
-            capture_output=True, text=True, env=env, cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
         )
         assert fresh.returncode == 0, fresh.stderr
         doc = json.loads(fresh.stdout)
         analysis = offloadctl.analyse(path)
-        here = offloadctl.simulate(analysis, offloadctl.make_plan(
-            analysis, params="--params" in options, select_distance=int(options[options.index("--select-distance") + 1])
-        ))
+        here = offloadctl.simulate(
+            analysis,
+            offloadctl.make_plan(
+                analysis,
+                params="--params" in options,
+                select_distance=int(options[options.index("--select-distance") + 1]),
+            ),
+        )
         assert _figures(doc) == (here.peak_before, here.peak_after, here.lower_bound_bytes, 0), path.name
         assert doc["rejected"].get("unknown-size", 0) == 0, path.name

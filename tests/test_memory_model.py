@@ -49,7 +49,10 @@ def vad_like_model() -> onnx.ModelProto:
             helper.make_node("Relu", ["t1"], ["t2"]),
             helper.make_node("Add", ["t2", "a"], ["t_out"]),
         ],
-        "then_net", [], [tensor("t_out", (1, 256))], initializer=[_weight("wt", (256, 256))],
+        "then_net",
+        [],
+        [tensor("t_out", (1, 256))],
+        initializer=[_weight("wt", (256, 256))],
     )
     else_branch = helper.make_graph(
         [
@@ -57,7 +60,9 @@ def vad_like_model() -> onnx.ModelProto:
             helper.make_node("MatMul", ["e1", "we2"], ["e2"]),
             helper.make_node("Add", ["e2", "a"], ["e_out"]),
         ],
-        "else_net", [], [tensor("e_out", (1, 256))],
+        "else_net",
+        [],
+        [tensor("e_out", (1, 256))],
         initializer=[_weight("we1", (256, 512)), _weight("we2", (512, 256))],
     )
     nodes = [

@@ -29,7 +29,9 @@ def _nested_if():
     inner_outer = _graph([helper.make_node("Mul", ["a", "x"], ["r"])], "outer")
     nested_if = helper.make_node("If", ["c"], ["t"], then_branch=inner_outer, else_branch=inner_own)
     body = _graph([nested_if], "body", outputs=("t",))
-    return helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=_graph([helper.make_node("Mul", ["a", "x"], ["r"])], "outer2"))
+    return helper.make_node(
+        "If", ["c"], ["y"], then_branch=body, else_branch=_graph([helper.make_node("Mul", ["a", "x"], ["r"])], "outer2")
+    )
 
 
 def test_node_kinds():

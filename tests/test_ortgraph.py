@@ -44,7 +44,9 @@ def _ran(path) -> list[str]:
         feeds[i.name] = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     session.run(None, feeds)
     events = json.loads(open(session.end_profiling()).read())
-    kernels = sorted((e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"])
+    kernels = sorted(
+        (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
+    )
     return [e["name"][: -len("_kernel_time")] for e in kernels]
 
 
@@ -61,31 +63,51 @@ F, D, H, I32, I64 = TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, 
 # name -> (nodes, outputs, the nodes onnxruntime removes)
 CAST_CASES = {
     "float->double->float (a lossless pair)": (
-        [relu("x", "r", "r0"), cast("r", "a", D, "c1"), cast("a", "b", F, "c2"), relu("b", "y", "r1")], [tensor("y")], {"c1", "c2"}
+        [relu("x", "r", "r0"), cast("r", "a", D, "c1"), cast("a", "b", F, "c2"), relu("b", "y", "r1")],
+        [tensor("y")],
+        {"c1", "c2"},
     ),
     "same type twice": (
-        [relu("x", "r", "r0"), cast("r", "a", F, "c1"), cast("a", "b", F, "c2"), relu("b", "y", "r1")], [tensor("y")], {"c1", "c2"}
+        [relu("x", "r", "r0"), cast("r", "a", F, "c1"), cast("a", "b", F, "c2"), relu("b", "y", "r1")],
+        [tensor("y")],
+        {"c1", "c2"},
     ),
     "a cast read only by casts": (
-        [relu("x", "r", "r0"), cast("r", "a", D, "c1"), cast("a", "b", F, "c2"), cast("a", "c", I64, "c3"), relu("b", "y", "r1")],
+        [
+            relu("x", "r", "r0"),
+            cast("r", "a", D, "c1"),
+            cast("a", "b", F, "c2"),
+            cast("a", "c", I64, "c3"),
+            relu("b", "y", "r1"),
+        ],
         [tensor("y"), tensor("c", elem_type=I64)],
         {"c1", "c2"},
     ),
     "float->half->float loses precision: kept": (
-        [relu("x", "r", "r0"), cast("r", "a", H, "c1"), cast("a", "b", F, "c2"), relu("b", "y", "r1")], [tensor("y")], set()
+        [relu("x", "r", "r0"), cast("r", "a", H, "c1"), cast("a", "b", F, "c2"), relu("b", "y", "r1")],
+        [tensor("y")],
+        set(),
     ),
     "float->int->float loses precision: kept": (
-        [relu("x", "r", "r0"), cast("r", "a", I32, "c1"), cast("a", "b", F, "c2"), relu("b", "y", "r1")], [tensor("y")], set()
+        [relu("x", "r", "r0"), cast("r", "a", I32, "c1"), cast("a", "b", F, "c2"), relu("b", "y", "r1")],
+        [tensor("y")],
+        set(),
     ),
     "a pair read by a graph output: the second kept": (
-        [relu("x", "r", "r0"), cast("r", "a", D, "c1"), cast("a", "y", F, "c2")], [tensor("y")], {"c1"}
+        [relu("x", "r", "r0"), cast("r", "a", D, "c1"), cast("a", "y", F, "c2")],
+        [tensor("y")],
+        {"c1"},
     ),
     "a cast of a graph input": (
-        [cast("x", "a", D, "c1"), cast("a", "b", F, "c2"), relu("b", "y", "r1")], [tensor("y")], {"c1", "c2"}
+        [cast("x", "a", D, "c1"), cast("a", "b", F, "c2"), relu("b", "y", "r1")],
+        [tensor("y")],
+        {"c1", "c2"},
     ),
     "a single same-type cast: kept": ([cast("x", "a", F, "c1"), relu("a", "y", "r1")], [tensor("y")], set()),
     "float->double->half->float": (
-        [relu("x", "r", "r0"), cast("r", "a", D, "c1"), cast("a", "b", H, "c2"), cast("b", "y", F, "c3")], [tensor("y")], {"c1"}
+        [relu("x", "r", "r0"), cast("r", "a", D, "c1"), cast("a", "b", H, "c2"), cast("b", "y", F, "c3")],
+        [tensor("y")],
+        {"c1"},
     ),
 }
 
@@ -123,7 +145,9 @@ def test_a_shared_dequantize_gets_a_copy_per_reader(tmp_path):
     assert "dq/duplicated" in ran  # onnxruntime duplicated it ...
     assert expected_run_order(onnx.load(str(path))) == ran  # ... and runs the copy late, as predicted
     analysis = analyse(load_model(path))
-    assert analysis.node_names.index("dq/duplicated") == analysis.node_names.index("mm2") - 1  # planned before its reader
+    assert (
+        analysis.node_names.index("dq/duplicated") == analysis.node_names.index("mm2") - 1
+    )  # planned before its reader
     assert analysis.infos["w/duplicated"].bytes == 36
 
 
@@ -140,7 +164,12 @@ def test_normalize_reaches_a_fixed_point_onnxruntime_leaves_alone(tmp_path):
 def test_plans_apply_and_run_as_planned_on_both_kinds(run_cli, tmp_path, maker):
     if maker == "casts":
         nodes = [relu("x", "r", "r0"), cast("r", "a", D, "c1"), cast("a", "b", F, "c2")]
-        nodes += [relu("b", "b1", "n1"), relu("b1", "b2", "n2"), relu("b2", "b3", "n3"), helper.make_node("Add", ["b3", "r"], ["y"], name="add")]
+        nodes += [
+            relu("b", "b1", "n1"),
+            relu("b1", "b2", "n2"),
+            relu("b2", "b3", "n3"),
+            helper.make_node("Add", ["b3", "r"], ["y"], name="add"),
+        ]
         model = _model(nodes, [tensor("x")], [tensor("y")])
     else:
         model = _shared_dq_model()
@@ -178,7 +207,9 @@ def test_inlined_function_bodies_are_predicted_for_untouched_originals(run_cli, 
 
 def _if_model(then_nodes, then_out, outer_nodes, outputs, inits=()):
     then_branch = helper.make_graph(then_nodes, "then", [], [then_out])
-    else_branch = helper.make_graph([helper.make_node("Identity", ["x"], ["e_out"], name="else_id")], "else", [], [tensor("e_out", (2, 3))])
+    else_branch = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e_out"], name="else_id")], "else", [], [tensor("e_out", (2, 3))]
+    )
     nodes = outer_nodes + [
         helper.make_node("If", ["cond"], ["y"], then_branch=then_branch, else_branch=else_branch, name="branch")
     ]
@@ -206,7 +237,12 @@ def test_a_dequantize_also_read_inside_a_subgraph(tmp_path):
     session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     session.run(None, {"x": np.ones((2, 3), np.float32), "cond": np.array(True)})
     events = json.loads(open(session.end_profiling()).read())
-    ran = [e["name"][:-12] for e in sorted((e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"])]
+    ran = [
+        e["name"][:-12]
+        for e in sorted(
+            (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
+        )
+    ]
     assert [n for n in ran if n in set(expected)] == expected
     analysis = analyse(load_model(path))
     assert analysis.node_names == ["dq", "dq/duplicated", "add", "branch"]

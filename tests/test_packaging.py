@@ -18,17 +18,31 @@ from hatchling.builders.wheel import WheelBuilder
 
 from tests.conftest import ROOT
 
-PROJECT_TOP = {"offloadctl", "schemas", "tests", "sample_models", "bench", ".ci", "README.md", "LICENSE", "Makefile",
-               "pyproject.toml", "PKG-INFO", ".gitignore"}
+PROJECT_TOP = {
+    "offloadctl",
+    "schemas",
+    "tests",
+    "sample_models",
+    "bench",
+    ".ci",
+    "README.md",
+    "LICENSE",
+    "Makefile",
+    "pyproject.toml",
+    "PKG-INFO",
+    ".gitignore",
+}
 
 
 def _checkout_copy(tmp_path):
     """The project as a user's clone has it, plus the clutter a working checkout gathers."""
     src = tmp_path / "clone"
     shutil.copytree(
-        ROOT, src,
-        ignore=shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "__pycache__", ".pytest_cache",
-                                      ".hypothesis", "*.egg-info"),
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "venv", "build", "dist", "__pycache__", ".pytest_cache", ".hypothesis", "*.egg-info"
+        ),
     )
     for venv in (src / ".venv", src / "venv", src / "env"):  # "venv" and "env" are not in .gitignore
         (venv / "lib" / "python3" / "site-packages").mkdir(parents=True)
@@ -49,8 +63,14 @@ def test_sdist_carries_only_the_project_and_builds_a_complete_wheel(tmp_path):
     top = {n.split("/", 2)[1] for n in names if n.count("/") >= 1}
     assert top <= PROJECT_TOP, top - PROJECT_TOP
     assert not [n for n in names if re.search(r"(^|/)(\.?venv|env|build)/|notes\.txt|__pycache__", n)]
-    for needed in ("LICENSE", "offloadctl/py.typed", "schemas/plan.schema.json", "sample_models/seed.onnx",
-                   "tests/conftest.py", "Makefile"):
+    for needed in (
+        "LICENSE",
+        "offloadctl/py.typed",
+        "schemas/plan.schema.json",
+        "sample_models/seed.onnx",
+        "tests/conftest.py",
+        "Makefile",
+    ):
         assert f"offloadctl-0.1.0/{needed}" in names, needed
 
     # the wheel built from the sdist (what pip does from an sdist) has the package, schema and marker

@@ -141,7 +141,12 @@ def test_per_tensor_prefetch_override_wins(write_model):
     plan = prefetch(filtered, prefetch_distance=0)
     a = _by_tensor(plan)["a"]
     assert [g["h2d_before"] for g in a["reload_groups"]] == [3, 7]
-    assert all(g["h2d_before"] == g["uses"][0]["position"] for o in plan["offloads"] if o["tensor"] != "a" for g in o["reload_groups"])
+    assert all(
+        g["h2d_before"] == g["uses"][0]["position"]
+        for o in plan["offloads"]
+        if o["tensor"] != "a"
+        for g in o["reload_groups"]
+    )
 
 
 def test_release_point_is_last_device_use_plus_release_distance(write_model):
@@ -201,7 +206,9 @@ def test_execution_order_sorts_unsorted_files_and_runs_shape_first(write_model, 
         helper.make_node("Reshape", ["b", "s"], ["y"], name="reshape"),
     ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -274,7 +281,9 @@ def test_plan_equals_chained_stages(run_cli, tmp_path):
     opts = ["--select-distance", "7", "--params"]
     assert run_cli("select", model, "-o", tmp_path / "s.json", *opts).exit_code == 0
     assert run_cli("filter", tmp_path / "s.json", "-o", tmp_path / "f.json", "--select-num", "9").exit_code == 0
-    assert run_cli("prefetch", tmp_path / "f.json", "-o", tmp_path / "p.json", "--prefetch-distance", "3").exit_code == 0
+    assert (
+        run_cli("prefetch", tmp_path / "f.json", "-o", tmp_path / "p.json", "--prefetch-distance", "3").exit_code == 0
+    )
     result = run_cli(
         "plan", model, "-o", tmp_path / "plan.json", *opts, "--select-num", "9", "--prefetch-distance", "3"
     )
@@ -292,7 +301,9 @@ def test_edited_plan_is_honoured_by_a_later_stage(run_cli, tmp_path, seed_path):
     filtered = json.loads((tmp_path / "f.json").read_text())
     filtered["offloads"][0]["prefetch_distance"] = 3
     (tmp_path / "f.json").write_text(json.dumps(filtered))
-    assert run_cli("prefetch", tmp_path / "f.json", "-o", tmp_path / "p.json", "--prefetch-distance", "0").exit_code == 0
+    assert (
+        run_cli("prefetch", tmp_path / "f.json", "-o", tmp_path / "p.json", "--prefetch-distance", "0").exit_code == 0
+    )
     plan = read_plan(tmp_path / "p.json")
     assert plan["offloads"][0]["reload_groups"][0]["h2d_before"] == 2
 
@@ -343,8 +354,20 @@ def test_schema_ships_inside_the_wheel(tmp_path):
     from tests.conftest import ROOT
 
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
     )
     (wheel,) = tmp_path.glob("offloadctl-*.whl")
     assert "offloadctl/_schemas/plan.schema.json" in zipfile.ZipFile(wheel).namelist()
@@ -419,7 +442,9 @@ def test_unsorted_files_get_shapes_in_execution_order(tmp_path):
         helper.make_node("Add", ["b", "a"], ["y"], name="add"),
     ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

@@ -46,7 +46,11 @@ def test_the_literals_are_the_schemas_enums():
     assert set(typing.get_args(plantypes.RejectionReason)) == set(rejected["reason"]["enum"])
     assert len(typing.get_args(plantypes.RejectionReason)) == len(rejected["reason"]["enum"])
     assert set(typing.get_args(plantypes.RejectionStage)) == set(rejected["stage"]["enum"])
-    assert set(typing.get_args(plantypes.Kind)) == set(rejected["kind"]["enum"]) == set(DEFS["offload"]["properties"]["kind"]["enum"])
+    assert (
+        set(typing.get_args(plantypes.Kind))
+        == set(rejected["kind"]["enum"])
+        == set(DEFS["offload"]["properties"]["kind"]["enum"])
+    )
     assert set(typing.get_args(plantypes.Stage)) == set(SCHEMA["properties"]["stage"]["enum"])
     assert set(typing.get_args(plantypes.Strategy)) == set(SCHEMA["properties"]["strategy"]["enum"])
 
@@ -54,25 +58,63 @@ def test_the_literals_are_the_schemas_enums():
 def test_the_constructors_write_valid_entries_in_the_files_key_order():
     use = {"position": 3, "node": "n3", "input_index": 0}
     weight = offload(
-        tensor="w", kind="parameter", dtype="float", shape=(4, 8), size=128, producer=None, device_uses=[],
-        reload_groups=[reload_group([use], 3)], graph_output=False, output_h2d_before=None, forced=True,
+        tensor="w",
+        kind="parameter",
+        dtype="float",
+        shape=(4, 8),
+        size=128,
+        producer=None,
+        device_uses=[],
+        reload_groups=[reload_group([use], 3)],
+        graph_output=False,
+        output_h2d_before=None,
+        forced=True,
     )
     assert list(weight) == [
-        "id", "tensor", "kind", "dtype", "shape", "bytes", "producer", "d2h_after", "device_uses", "reload_groups",
-        "graph_output", "output_h2d_before", "release_after", "prefetch_distance", "forced",
+        "id",
+        "tensor",
+        "kind",
+        "dtype",
+        "shape",
+        "bytes",
+        "producer",
+        "d2h_after",
+        "device_uses",
+        "reload_groups",
+        "graph_output",
+        "output_h2d_before",
+        "release_after",
+        "prefetch_distance",
+        "forced",
     ]
-    assert weight["shape"] == [4, 8] and weight["d2h_after"] is None and weight["reload_groups"][0]["h2d_before"] is None
+    assert (
+        weight["shape"] == [4, 8] and weight["d2h_after"] is None and weight["reload_groups"][0]["h2d_before"] is None
+    )
     act = offload(
-        tensor="a", kind="activation", dtype="float", shape=[2], size=8, producer={"position": 1, "node": "n1"},
-        device_uses=[], reload_groups=[reload_group([use], 2)], graph_output=False, output_h2d_before=None,
+        tensor="a",
+        kind="activation",
+        dtype="float",
+        shape=[2],
+        size=8,
+        producer={"position": 1, "node": "n1"},
+        device_uses=[],
+        reload_groups=[reload_group([use], 2)],
+        graph_output=False,
+        output_h2d_before=None,
     )
     assert act["d2h_after"] == 1 and "forced" not in act
     rejected = rejection("b", "activation", None, "select", "unknown-size", "size unknown", 5)
     assert list(rejected) == ["tensor", "kind", "bytes", "stage", "reason", "detail", "max_gap"]
     plan = {
-        "schema_version": 1, "stage": "selected", "tool": {"name": "offloadctl", "version": "0"},
+        "schema_version": 1,
+        "stage": "selected",
+        "tool": {"name": "offloadctl", "version": "0"},
         "model": {"path": "m.onnx", "sha256": "0" * 64, "num_positions": 6, "input_shapes": {}},
-        "strategy": "distance", "options": {}, "history": [], "offloads": [weight, act], "rejected": [rejected],
+        "strategy": "distance",
+        "options": {},
+        "history": [],
+        "offloads": [weight, act],
+        "rejected": [rejected],
     }
     act["id"] = 1
     validate_plan(plan)

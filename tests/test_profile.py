@@ -149,7 +149,11 @@ def test_node_overhead_makes_the_nodes_add_up_to_the_latency(durations, total, e
 
 def _event(name, ts, dur, op="Relu", shapes=((4,),)):
     return {
-        "cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "ph": "X",
+        "cat": "Node",
+        "name": f"{name}_kernel_time",
+        "ts": ts,
+        "dur": dur,
+        "ph": "X",
         "args": {"op_name": op, "input_type_shape": [{"float": list(s)} for s in shapes]},
     }
 

@@ -127,7 +127,9 @@ def test_functions_onnxruntime_inlines_are_expanded_in_file_order(write_model):
     assert len(set(names)) == len(names)
     # Expanded nodes are named after their call; the file's own (unnamed) nodes stay as they were.
     unnamed = [n.op_type for n in analysis.nodes if not n.name]
-    assert sorted(unnamed) == sorted(n.op_type for n in original.graph.node if n.op_type not in ("NegativeLogLikelihoodLoss", "gelu_block"))
+    assert sorted(unnamed) == sorted(
+        n.op_type for n in original.graph.node if n.op_type not in ("NegativeLogLikelihoodLoss", "gelu_block")
+    )
 
 
 def test_model_with_inlined_functions_runs_in_the_planned_order_bit_identically(write_model, tmp_path):
@@ -205,8 +207,10 @@ def test_budget_at_1_1x_lower_bound_fits_with_a_long_lived_input(write_model, tm
     # with the input left out of the bound, a budget at 1.1x the bound could not be reached.
     nodes, weights, prev = [], [], "x"
     for i in range(4):
-        weights += [numpy_helper.from_array(np.full(8, 1.0 + i, np.float32), f"s{i}"),
-                    numpy_helper.from_array(np.full(8, 0.1 * i, np.float32), f"b{i}")]
+        weights += [
+            numpy_helper.from_array(np.full(8, 1.0 + i, np.float32), f"s{i}"),
+            numpy_helper.from_array(np.full(8, 0.1 * i, np.float32), f"b{i}"),
+        ]
         nodes += [
             helper.make_node("Relu", [prev], [f"r{i}"]),
             helper.make_node("GroupNormalization", [f"r{i}", f"s{i}", f"b{i}"], [f"g{i}"], num_groups=2),
@@ -216,8 +220,11 @@ def test_budget_at_1_1x_lower_bound_fits_with_a_long_lived_input(write_model, tm
     nodes.append(helper.make_node("Mul", [prev, "x"], ["y"]))
     value = [2, 8, 16, 16]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, value)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, value)], weights,
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, value)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, value)],
+        weights,
     )
     path = tmp_path / "gn.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10), str(path))

@@ -43,8 +43,9 @@ def _table_rows(tokens) -> list[list[str]]:
 
 def test_plan_report_renders_with_a_png_plot(run_cli, tmp_path):
     report = tmp_path / "plan.md"
-    result = run_cli("plan", SAMPLES / "transformer.onnx", "-o", tmp_path / "plan.json", "--budget", "800KiB",
-                     "--report", report)
+    result = run_cli(
+        "plan", SAMPLES / "transformer.onnx", "-o", tmp_path / "plan.json", "--budget", "800KiB", "--report", report
+    )
     assert result.exit_code == 0, result.stderr
     assert f"wrote {tmp_path / 'plan.json'}, {report}, {tmp_path / 'plan.png'}" in result.stdout
     tokens = _parse(report)

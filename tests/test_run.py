@@ -41,8 +41,19 @@ def _with_settings(src, dst, settings: dict) -> str:
 def test_sample_runs_on_cpu_and_matches_itself(run_cli, name):
     model = SAMPLES / f"{name}.onnx"
     result = run_cli(
-        "run", model, "--device", "cpu", "--inputs", SAMPLES / f"{name}.inputs.npz",
-        "--compare-to", model, "--opt-level", "disable", "--repeat", "2", "--json",
+        "run",
+        model,
+        "--device",
+        "cpu",
+        "--inputs",
+        SAMPLES / f"{name}.inputs.npz",
+        "--compare-to",
+        model,
+        "--opt-level",
+        "disable",
+        "--repeat",
+        "2",
+        "--json",
     )
     assert result.exit_code == 0, result.stderr
     doc = result.json()
@@ -61,7 +72,9 @@ def test_sample_runs_on_cpu_and_matches_itself(run_cli, name):
 
 
 def test_optimized_run_checks_relative_order(run_cli):
-    result = run_cli("run", SAMPLES / "transformer.onnx", "--device", "cpu", "--repeat", "1", "--opt-level", "all", "--json")
+    result = run_cli(
+        "run", SAMPLES / "transformer.onnx", "--device", "cpu", "--repeat", "1", "--opt-level", "all", "--json"
+    )
     assert result.exit_code == 0, result.stderr
     order = result.json()["order"]
     assert order["mode"] == "relative" and order["matches"] is True
@@ -69,8 +82,17 @@ def test_optimized_run_checks_relative_order(run_cli):
 
 
 def test_default_run_verifies_the_plan_exactly(run_cli):
-    result = run_cli("run", SAMPLES / "seed.onnx", "--device", "cpu", "--repeat", "1", "--json",
-                     "--compare-to", SAMPLES / "seed.onnx")
+    result = run_cli(
+        "run",
+        SAMPLES / "seed.onnx",
+        "--device",
+        "cpu",
+        "--repeat",
+        "1",
+        "--json",
+        "--compare-to",
+        SAMPLES / "seed.onnx",
+    )
     assert result.exit_code == 0, result.stderr
     report = result.json()
     assert report["order"]["mode"] == "exact" and report["order"]["matches"] is True
@@ -78,8 +100,18 @@ def test_default_run_verifies_the_plan_exactly(run_cli):
 
 
 def test_human_output_has_tables(run_cli):
-    result = run_cli("run", SAMPLES / "seed.onnx", "--device", "cpu", "--inputs", SAMPLES / "seed.inputs.npz",
-                     "--opt-level", "disable", "--repeat", "1")
+    result = run_cli(
+        "run",
+        SAMPLES / "seed.onnx",
+        "--device",
+        "cpu",
+        "--inputs",
+        SAMPLES / "seed.inputs.npz",
+        "--opt-level",
+        "disable",
+        "--repeat",
+        "1",
+    )
     assert result.exit_code == 0, result.stderr
     assert "CPUExecutionProvider" in result.stdout
     assert "as planned" in result.stdout
@@ -93,8 +125,17 @@ def test_perturbed_weights_differ_and_exit_1(run_cli, tmp_path):
     array.flat[0] += 1.0
     init.CopyFrom(numpy_helper.from_array(array, init.name))
     perturbed = _save(model, tmp_path / "perturbed.onnx")
-    result = run_cli("run", perturbed, "--device", "cpu", "--inputs", SAMPLES / "mlp.inputs.npz",
-                     "--compare-to", SAMPLES / "mlp.onnx", "--json")
+    result = run_cli(
+        "run",
+        perturbed,
+        "--device",
+        "cpu",
+        "--inputs",
+        SAMPLES / "mlp.inputs.npz",
+        "--compare-to",
+        SAMPLES / "mlp.onnx",
+        "--json",
+    )
     assert result.exit_code == 1
     doc = result.json()  # the report is still printed
     (out,) = doc["comparison"]
@@ -111,8 +152,19 @@ def test_tiny_difference_passes_tolerance_but_not_bit_equality(run_cli, tmp_path
     value = numpy_helper.to_array(init).astype(np.float32)
     init.CopyFrom(numpy_helper.from_array(np.nextafter(value, np.float32(np.inf)).astype(np.float32), init.name))
     nudged = _save(model, tmp_path / "nudged.onnx")
-    common = ("run", nudged, "--device", "cpu", "--inputs", SAMPLES / "seed.inputs.npz",
-              "--compare-to", SAMPLES / "seed.onnx", "--repeat", "1", "--json")
+    common = (
+        "run",
+        nudged,
+        "--device",
+        "cpu",
+        "--inputs",
+        SAMPLES / "seed.inputs.npz",
+        "--compare-to",
+        SAMPLES / "seed.onnx",
+        "--repeat",
+        "1",
+        "--json",
+    )
     loose = run_cli(*common, "--rtol", "1e-3", "--atol", "1e-5")
     assert loose.exit_code == 0, loose.stderr
     assert loose.json()["comparison"]["out"]["identical"] is False
@@ -278,7 +330,11 @@ def test_metadata_settings_are_used(run_cli, tmp_path):
     path = _with_settings(
         SAMPLES / "seed.onnx",
         tmp_path / "seed.meta.onnx",
-        {"execution_order": "PRIORITY_BASED", "disabled_optimizers": ["ConstantFolding"], "cann": {"enable_cann_graph": "0"}},
+        {
+            "execution_order": "PRIORITY_BASED",
+            "disabled_optimizers": ["ConstantFolding"],
+            "cann": {"enable_cann_graph": "0"},
+        },
     )
     result = run_cli("run", path, "--device", "cpu", "--compare-to", SAMPLES / "seed.onnx", "--repeat", "1", "--json")
     assert result.exit_code == 0, result.stderr
@@ -294,7 +350,10 @@ def test_session_config_for_ascend_defaults_metadata_and_overrides():
     assert so.execution_order == ort.ExecutionOrder.PRIORITY_BASED
     assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     assert providers == [
-        ("CANNExecutionProvider", {"enable_cann_graph": "1", "arena_extend_strategy": "kSameAsRequested", "device_id": "1"}),
+        (
+            "CANNExecutionProvider",
+            {"enable_cann_graph": "1", "arena_extend_strategy": "kSameAsRequested", "device_id": "1"},
+        ),
         "CPUExecutionProvider",
     ]
     assert kwargs == {"enable_fallback": 0, "disabled_optimizers": ["ConstantFolding"]}
@@ -306,9 +365,15 @@ def test_check_session_settings_for_a_users_session(tmp_path):
     path = _with_settings(
         SAMPLES / "seed.onnx",
         tmp_path / "seed.meta.onnx",
-        {"execution_order": "PRIORITY_BASED", "disabled_optimizers": ["ConstantFolding"], "cann": {"enable_cann_graph": "0"}},
+        {
+            "execution_order": "PRIORITY_BASED",
+            "disabled_optimizers": ["ConstantFolding"],
+            "cann": {"enable_cann_graph": "0"},
+        },
     )
-    warnings = check_session_settings(path, ort.SessionOptions(), None, ["CANNExecutionProvider", "CPUExecutionProvider"])
+    warnings = check_session_settings(
+        path, ort.SessionOptions(), None, ["CANNExecutionProvider", "CPUExecutionProvider"]
+    )
     assert len(warnings) == 3
     assert "PRIORITY_BASED" in warnings[0] and "DEFAULT" in warnings[0]
     assert "ConstantFolding" in warnings[1]
@@ -359,8 +424,22 @@ def test_applied_plan_is_exact_and_runs_as_planned(run_cli, tmp_path, name):
     copies = sum(n.op_type in ("MemcpyToHost", "MemcpyFromHost") for n in onnx.load(str(rewritten)).graph.node)
     assert copies > 0
 
-    result = run_cli("run", rewritten, "--device", "cpu", "--inputs", SAMPLES / f"{name}.inputs.npz",
-                     "--compare-to", model, "--opt-level", "disable", "--repeat", "1", "--strict-order", "--json")
+    result = run_cli(
+        "run",
+        rewritten,
+        "--device",
+        "cpu",
+        "--inputs",
+        SAMPLES / f"{name}.inputs.npz",
+        "--compare-to",
+        model,
+        "--opt-level",
+        "disable",
+        "--repeat",
+        "1",
+        "--strict-order",
+        "--json",
+    )
     assert result.exit_code == 0, result.stderr
     doc = result.json()
     assert all(c["identical"] for c in doc["comparison"].values())
@@ -396,9 +475,11 @@ def test_offloaded_matmul_weight_is_bit_identical_by_default(run_cli, tmp_path):
     rng = np.random.default_rng(3)
     weight = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm")], "g",
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm")],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-        [helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 64])], initializer=[weight],
+        [helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, 64])],
+        initializer=[weight],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = IR_VERSION

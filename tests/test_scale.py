@@ -184,7 +184,9 @@ def _sample_plans() -> list[dict]:
 SAMPLE_PLANS = _sample_plans()
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3) | st.floats(-2, 2) | st.sampled_from(["", "x", "activation"]),
-    lambda children: st.lists(children, max_size=2) | st.dictionaries(st.sampled_from(["a", "tensor"]), children, max_size=2),
+    lambda children: (
+        st.lists(children, max_size=2) | st.dictionaries(st.sampled_from(["a", "tensor"]), children, max_size=2)
+    ),
     max_leaves=4,
 )
 
@@ -231,8 +233,30 @@ def test_the_compiled_plan_check_never_accepts_what_jsonschema_rejects(data):
 
 
 ENTRY_VALUES = [
-    None, True, False, 0, -1, 7, 2.0, -2.0, 2.5, float("nan"), float("inf"), 1e300, "", "x", "select", "filter",
-    "parameter", "activation", "short-gaps", "min-bytes", [], {}, ["x"], {"tensor": "x"},
+    None,
+    True,
+    False,
+    0,
+    -1,
+    7,
+    2.0,
+    -2.0,
+    2.5,
+    float("nan"),
+    float("inf"),
+    1e300,
+    "",
+    "x",
+    "select",
+    "filter",
+    "parameter",
+    "activation",
+    "short-gaps",
+    "min-bytes",
+    [],
+    {},
+    ["x"],
+    {"tensor": "x"},
 ]
 
 
@@ -309,7 +333,7 @@ def test_write_plan_streams_exactly_the_dumped_text(tmp_path):
 
 def test_plan_text_writes_one_line_per_rejected_entry_whatever_the_names(tmp_path):
     plan = copy.deepcopy(SAMPLE_PLANS[1])
-    tricky = ['a}, {"b', '}, {"', 'q"uote', "back\\slash\\", "new\nline", "ünï", "", "x}, {\"tensor\": \"y"]
+    tricky = ['a}, {"b', '}, {"', 'q"uote', "back\\slash\\", "new\nline", "ünï", "", 'x}, {"tensor": "y']
     template = plan["rejected"][0]
     plan["rejected"] = [dict(template, tensor=name, detail=name) for name in tricky] + plan["rejected"]
     text = dump_plan(plan)
@@ -455,7 +479,9 @@ def test_the_producer_map_finds_the_same_stale_declarations_as_a_walk_over_every
     assert sizes == {"a": 128, "b": 128, "c": 128, "d": 128, "y": 128, "z": 9 * 9 * 4}
 
 
-@pytest.mark.parametrize("name", ["plain", "caf\u00e9", "\u4e2d\u6587", "tab\there", "ctl\x01", "back\\u00e9slash", "\u2028"])
+@pytest.mark.parametrize(
+    "name", ["plain", "caf\u00e9", "\u4e2d\u6587", "tab\there", "ctl\x01", "back\\u00e9slash", "\u2028"]
+)
 def test_the_plan_hash_is_that_of_the_canonical_utf8_text_whatever_the_names(name):
     import hashlib
 

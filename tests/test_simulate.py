@@ -211,7 +211,9 @@ def test_lower_bound_after_before_and_time_order(samples, name):
         assert t.baseline <= t.overlapped <= t.serialized, kw
         assert t.serialized >= t.baseline
         copy_time = sum(
-            (result.profile.h2d if k == "h2d" else result.profile.d2h).time(0) for k in result.after.kinds if k != "node"
+            (result.profile.h2d if k == "h2d" else result.profile.d2h).time(0)
+            for k in result.after.kinds
+            if k != "node"
         )
         moved = result.transfer_bytes
         expected = copy_time + moved["h2d"] / result.profile.h2d.bandwidth + moved["d2h"] / result.profile.d2h.bandwidth
@@ -355,8 +357,18 @@ def test_user_profile_file_is_used(run_cli, tmp_path, seed_path):
 
 
 JSON_KEYS = {
-    "peak_bytes", "peak_at", "lower_bound_bytes", "transfer_bytes", "copies", "host_peak_bytes",
-    "time_s", "stall_s", "slowdown", "profile", "timeline", "unknown_size",
+    "peak_bytes",
+    "peak_at",
+    "lower_bound_bytes",
+    "transfer_bytes",
+    "copies",
+    "host_peak_bytes",
+    "time_s",
+    "stall_s",
+    "slowdown",
+    "profile",
+    "timeline",
+    "unknown_size",
 }
 
 
@@ -368,7 +380,10 @@ def test_json_document(run_cli, tmp_path, seed_path):
     doc = result.json()
     assert JSON_KEYS <= set(doc)
     assert doc["peak_bytes"]["before"] == 516 and doc["peak_bytes"]["after"] < 516
-    assert set(doc["peak_at"]["before"]) >= {"position", "node"} and set(doc["peak_at"]["after"]) >= {"position", "node"}
+    assert set(doc["peak_at"]["before"]) >= {"position", "node"} and set(doc["peak_at"]["after"]) >= {
+        "position",
+        "node",
+    }
     assert doc["transfer_bytes"] == {"d2h": 128, "h2d": 128} and doc["copies"] == {"d2h": 1, "h2d": 1}
     assert set(doc["time_s"]) == {"baseline", "serialized", "overlapped"}
     assert doc["profile"]["name"] == "ascend-910b"
@@ -418,7 +433,11 @@ def test_a_plan_in_memory_with_a_misplaced_h2d_is_refused_by_apply_and_simulate(
     (off,) = plan["offloads"]  # m1: D2H after position 0, its group's first use at position 5
     assert off["d2h_after"] == 0 and off["reload_groups"][0]["uses"][0]["position"] == 5
     off["reload_groups"][0]["h2d_before"] = h2d_before
-    for refuse in (lambda: simulate(analysis, plan), lambda: peak_memory(analysis, plan), lambda: apply_plan(plan, analysis)):
+    for refuse in (
+        lambda: simulate(analysis, plan),
+        lambda: peak_memory(analysis, plan),
+        lambda: apply_plan(plan, analysis),
+    ):
         with pytest.raises(OffloadError, match=r"reload group 0 of tensor 'm1'.*\[1, 5\]"):
             refuse()
 
@@ -503,7 +522,10 @@ def _rewrite(analysis, plan, out: Path):
 @pytest.mark.parametrize("name", SAMPLE_NAMES)
 def test_rewritten_model_simulates_like_original_with_plan(samples, tmp_path, name):
     analysis = samples[name]
-    for kw in ({"select_distance": 1, "prefetch_distance": 0}, {"select_distance": 5, "prefetch_distance": 2, "params": True}):
+    for kw in (
+        {"select_distance": 1, "prefetch_distance": 0},
+        {"select_distance": 5, "prefetch_distance": 2, "params": True},
+    ):
         plan = make_plan(analysis, **kw)
         planned = simulate(analysis, plan)
         rewritten = simulate(_rewrite(analysis, plan, tmp_path / f"{name}.offload.onnx"))
@@ -563,7 +585,9 @@ def test_simulated_order_is_the_order_onnxruntime_runs(samples, tmp_path, name):
 
 
 def test_plan_command_prints_the_simulated_peak(run_cli, tmp_path, seed_path):
-    result = run_cli("plan", seed_path, "-o", tmp_path / "plan.json", "--select-distance", "1", "--prefetch-distance", "0")
+    result = run_cli(
+        "plan", seed_path, "-o", tmp_path / "plan.json", "--select-distance", "1", "--prefetch-distance", "0"
+    )
     assert result.exit_code == 0, result.stderr
     assert "simulated peak device memory: 516 B before -> 388 B after (-24.8%" in result.stdout
 

@@ -301,8 +301,19 @@ def test_run_command_compares_subgraph_models(write_model, run_cli, tmp_path, ki
     assert run_cli("apply", plan, "-o", rewritten).exit_code == 0
     np.savez(inputs, **FEEDS[kind][0])
     res = run_cli(
-        "run", rewritten, "--device", "cpu", "--inputs", inputs, "--compare-to", path,
-        "--opt-level", "disable", "--repeat", "1", "--json",
+        "run",
+        rewritten,
+        "--device",
+        "cpu",
+        "--inputs",
+        inputs,
+        "--compare-to",
+        path,
+        "--opt-level",
+        "disable",
+        "--repeat",
+        "1",
+        "--json",
     )
     assert res.exit_code == 0, res.stdout + res.stderr
     report = res.json()

@@ -142,7 +142,9 @@ budget_options = st.fixed_dictionaries(
     rd=st.integers(0, 3),
     params=st.booleans(),
 )
-def test_distance_plans_agree_with_the_naive_rules(random_model: RandomModel, sd: int, pd: int, rd: int, params: bool) -> None:
+def test_distance_plans_agree_with_the_naive_rules(
+    random_model: RandomModel, sd: int, pd: int, rd: int, params: bool
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         analysis = _analyse(random_model, Path(tmp))
     assert _agree(analysis, make_plan(analysis, params=False), 0, 0) == max(naive_profile(analysis, None))

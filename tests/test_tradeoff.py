@@ -36,6 +36,7 @@ from offloadctl.tradeoff import Tradeoff, budget_grid, dominated
 
 MODELS = ["unet", "transformer", "training", "mlp"]
 
+
 def two_weights_model():
     """Ten Relus (1 us each on FAST_LINK), then a = r10 + w1 (1.5 us) and b = a + w2 (1.5 us).
 
@@ -44,8 +45,13 @@ def two_weights_model():
     four nodes.
     """
     nodes = [helper.make_node("Relu", [f"r{k}" if k else "x"], [f"r{k + 1}"], name=f"relu{k + 1}") for k in range(10)]
-    nodes += [helper.make_node("Add", ["r10", "w1"], ["a"], name="add_a"), helper.make_node("Add", ["a", "w2"], ["b"], name="add_b")]
-    weights = [numpy_helper.from_array(np.full(1024, v, dtype=np.float32), name) for name, v in (("w1", 0.5), ("w2", 0.25))]
+    nodes += [
+        helper.make_node("Add", ["r10", "w1"], ["a"], name="add_a"),
+        helper.make_node("Add", ["a", "w2"], ["b"], name="add_b"),
+    ]
+    weights = [
+        numpy_helper.from_array(np.full(1024, v, dtype=np.float32), name) for name, v in (("w1", 0.5), ("w2", 0.25))
+    ]
     return make_model(nodes, [tensor("x", (1024,))], [tensor("b", (1024,))], initializers=weights)
 
 
@@ -55,7 +61,10 @@ FAST_LINK = {
     "peak_flops": 1e15,
     "mem_bandwidth": 8.192e9,
     "kernel_launch_s": 0.0,
-    "link": {"h2d": {"bandwidth": 4096 / 2.5e-6, "latency_s": 0.0}, "d2h": {"bandwidth": 4096 / 2.5e-6, "latency_s": 0.0}},
+    "link": {
+        "h2d": {"bandwidth": 4096 / 2.5e-6, "latency_s": 0.0},
+        "d2h": {"bandwidth": 4096 / 2.5e-6, "latency_s": 0.0},
+    },
     "source": "a test profile",
 }
 
@@ -72,8 +81,14 @@ def _words(text: str) -> str:
 def measured_profile(tmp_path_factory):
     """A profile measured on CPU for the training sample, with the measurement sizes cut short."""
     fast = {
-        "_MIN_SECONDS": 0.0, "_SWEEP_SECONDS": 0.1, "_CHAIN_REPEAT": 3, "_CALIBRATION_REPEAT": 1, "_MATMUL_N": 32,
-        "_ADD_ELEMENTS": 1024, "SWEEP_BYTES": (4096, 65536, 262144), "_COPIES_MAX": 64,
+        "_MIN_SECONDS": 0.0,
+        "_SWEEP_SECONDS": 0.1,
+        "_CHAIN_REPEAT": 3,
+        "_CALIBRATION_REPEAT": 1,
+        "_MATMUL_N": 32,
+        "_ADD_ELEMENTS": 1024,
+        "SWEEP_BYTES": (4096, 65536, 262144),
+        "_COPIES_MAX": 64,
     }
     with pytest.MonkeyPatch.context() as mp:
         for name, value in fast.items():
@@ -131,8 +146,9 @@ def test_plan_says_which_objective_it_used(run_cli, measured_profile, tmp_path):
     got = datasheet.json()
     assert got["objective"] == "bytes" and got["objective_default"] is True and got["copy_mode"] == "inline"
     assert json.loads(out.read_text())["options"]["filter"]["objective"] == "bytes"
-    explicit = run_cli("plan", model, "-o", out, "--budget", budget, "--params", "--profile", measured_profile,
-                       "--objective", "bytes")
+    explicit = run_cli(
+        "plan", model, "-o", out, "--budget", budget, "--params", "--profile", measured_profile, "--objective", "bytes"
+    )
     assert explicit.exit_code == 0 and "objective bytes; copies in line" in _words(explicit.stdout)
 
 
@@ -182,11 +198,14 @@ def test_optimal_takes_only_linear_objectives(run_cli, tmp_path, measured_profil
         budget_filter(selected, analysis, budget_bytes=budget, objective="time", copies="streams", optimal=True)
     out = tmp_path / "plan.json"
     model = SAMPLES / "training.onnx"
-    result = run_cli("plan", model, "-o", out, "--budget", budget, "--objective", "time", "--copies", "streams", "--optimal")
+    result = run_cli(
+        "plan", model, "-o", out, "--budget", budget, "--objective", "time", "--copies", "streams", "--optimal"
+    )
     assert result.exit_code == 2 and "--optimal supports only the linear objectives" in _words(result.stderr)
     # the measured profile's default objective (time) says so too
-    result = run_cli("plan", model, "-o", out, "--budget", budget, "--copies", "streams", "--optimal",
-                     "--profile", measured_profile)
+    result = run_cli(
+        "plan", model, "-o", out, "--budget", budget, "--copies", "streams", "--optimal", "--profile", measured_profile
+    )
     assert result.exit_code == 2 and "the default with a measured profile" in _words(result.stderr)
     assert not out.exists()
     ok = run_cli("plan", model, "-o", out, "--budget", budget, "--copies", "streams", "--optimal", "--time-limit", "20")
@@ -196,12 +215,15 @@ def test_optimal_takes_only_linear_objectives(run_cli, tmp_path, measured_profil
 def test_streams_are_labelled_an_estimate_everywhere(run_cli, tmp_path):
     model = SAMPLES / "transformer.onnx"
     out, report = tmp_path / "plan.json", tmp_path / "plan.md"
-    result = run_cli("plan", model, "-o", out, "--budget", "600KiB", "--objective", "time", "--copies", "streams",
-                     "--report", report)
+    result = run_cli(
+        "plan", model, "-o", out, "--budget", "600KiB", "--objective", "time", "--copies", "streams", "--report", report
+    )
     assert result.exit_code == 0, result.stderr
     text = _words(result.stdout)
     assert "copies on streams, an estimate for a mode onnxruntime does not run yet" in text
-    assert "est. slowdown" in text and "(copies on streams, an estimate for a mode onnxruntime does not run yet," in text
+    assert (
+        "est. slowdown" in text and "(copies on streams, an estimate for a mode onnxruntime does not run yet," in text
+    )
     doc = read_plan(out)
     assert doc["options"]["filter"]["copies"] == "streams" and doc["budget"]["copies"] == "streams"
     assert doc["summary"]["estimate"]["copy_mode"] == "streams"
@@ -232,7 +254,9 @@ def test_the_time_objective_is_never_slower_than_the_bytes_objective(name):
             assert peak_memory(analysis, by_time)[0] <= budget
             compared = by_time["budget"]["compared"]
             assert compared["copies"] == copies
-            assert min(compared["stall_s"].values()) == pytest.approx(t_time - simulate(analysis).times.baseline, abs=1e-12)
+            assert min(compared["stall_s"].values()) == pytest.approx(
+                t_time - simulate(analysis).times.baseline, abs=1e-12
+            )
             shorter += t_time < t_bytes * (1 - 1e-9)
     if name in ("unet", "training"):
         assert shorter  # where it matters, time-priced plans are faster
@@ -258,8 +282,12 @@ def test_max_slowdown_stays_within_and_beats_the_default_plan_where_the_frontier
         if any(p.peak_bytes < default_peak for p in within):
             assert result.peak_after < default_peak
         info = plan["budget"]["max_slowdown"]
-        assert info["copies"] == copies and info["slowdown"] == pytest.approx(getattr(result.times, key) / result.times.baseline)
-        assert info["peak_bytes"] == result.peak_after and info["within"] == (result.peak_after < info["peak_before_bytes"])
+        assert info["copies"] == copies and info["slowdown"] == pytest.approx(
+            getattr(result.times, key) / result.times.baseline
+        )
+        assert info["peak_bytes"] == result.peak_after and info["within"] == (
+            result.peak_after < info["peak_before_bytes"]
+        )
 
 
 def test_max_slowdown_on_the_command_line(run_cli, tmp_path):
@@ -270,7 +298,9 @@ def test_max_slowdown_on_the_command_line(run_cli, tmp_path):
     doc = read_plan(out)  # validated against the schema
     info = doc["budget"]["max_slowdown"]
     assert doc["options"]["filter"]["max_slowdown"] == 1.05 and info["requested"] == 1.05
-    assert info["within"] and info["slowdown"] <= 1.05 and info["budget_bytes"] == doc["options"]["filter"]["budget_bytes"]
+    assert (
+        info["within"] and info["slowdown"] <= 1.05 and info["budget_bytes"] == doc["options"]["filter"]["budget_bytes"]
+    )
     assert info["peak_bytes"] < info["peak_before_bytes"] and info["budgets_tried"] >= 16
     text = _words(result.stdout)
     assert f"max slowdown 1.05x (copies in line, profile ascend-910b): budget" in text

@@ -60,16 +60,27 @@ def external_model(folder: Path, name: str = "m.onnx") -> Path:
     c = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "c_value")
     b = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "B")
     then_branch = helper.make_graph(
-        [helper.make_node("Add", ["s", "B"], ["t_out"], name="then_add")], "then", [], [tensor("t_out")], initializer=[b]
+        [helper.make_node("Add", ["s", "B"], ["t_out"], name="then_add")],
+        "then",
+        [],
+        [tensor("t_out")],
+        initializer=[b],
     )
-    else_branch = helper.make_graph([helper.make_node("Neg", ["s"], ["e_out"], name="else_neg")], "else", [], [tensor("e_out")])
+    else_branch = helper.make_graph(
+        [helper.make_node("Neg", ["s"], ["e_out"], name="else_neg")], "else", [], [tensor("e_out")]
+    )
     nodes = [
         helper.make_node("MatMul", ["x", "W"], ["a"], name="mm"),
         helper.make_node("Constant", [], ["c"], value=c, name="const_c"),
         helper.make_node("Add", ["a", "c"], ["s"], name="add"),
         helper.make_node("If", ["cond"], ["y"], then_branch=then_branch, else_branch=else_branch, name="branch"),
     ]
-    model = make_model(nodes, [tensor("x"), helper.make_tensor_value_info("cond", TensorProto.BOOL, [])], [tensor("y")], initializers=[w])
+    model = make_model(
+        nodes,
+        [tensor("x"), helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [tensor("y")],
+        initializers=[w],
+    )
     graph = model.graph
     _externalize(graph.initializer[0], folder, "w.bin")
     _externalize(graph.node[1].attribute[0].t, folder, "c.bin")
@@ -258,7 +269,9 @@ def test_sparse_initializers_count_at_their_dense_size_and_stay_on_the_device(ru
     sim = run_cli("simulate", path, "--json")
     assert sim.exit_code == 0, sim.stderr
     assert sim.json()["resident_weight_bytes"]["before"] == 128
-    plan_path = _plan(run_cli, path, tmp_path / "p.json", "--params", "--select-distance", "0", "--prefetch-distance", "0")
+    plan_path = _plan(
+        run_cli, path, tmp_path / "p.json", "--params", "--select-distance", "0", "--prefetch-distance", "0"
+    )
     plan = json.loads(plan_path.read_text())
     assert {r["tensor"]: r["reason"] for r in plan["rejected"]}["S"] == "not-copyable"
     out = tmp_path / "o.onnx"
@@ -270,7 +283,9 @@ def test_sparse_initializers_count_at_their_dense_size_and_stay_on_the_device(ru
 
 def test_a_sparse_constant_is_never_planned_so_the_plan_always_applies(run_cli, tmp_path):
     sparse = helper.make_sparse_tensor(
-        numpy_helper.from_array(np.array([1.0], np.float32), "v"), numpy_helper.from_array(np.array([3], np.int64), "i"), [4, 8]
+        numpy_helper.from_array(np.array([1.0], np.float32), "v"),
+        numpy_helper.from_array(np.array([3], np.int64), "i"),
+        [4, 8],
     )
     nodes = [
         helper.make_node("Constant", [], ["C"], sparse_value=sparse, name="const"),
@@ -291,10 +306,21 @@ def test_an_element_type_onnx_does_not_define(run_cli, tmp_path, where):
     if where == "initializer":
         w = numpy_helper.from_array(np.ones((4, 8), np.float32), "W")
         w.data_type = 99
-        model = make_model([helper.make_node("Add", ["x", "W"], ["y"], name="add")], [tensor("x")], [tensor("y")], initializers=[w], check=False)
+        model = make_model(
+            [helper.make_node("Add", ["x", "W"], ["y"], name="add")],
+            [tensor("x")],
+            [tensor("y")],
+            initializers=[w],
+            check=False,
+        )
         needle = "'W'"
     else:
-        model = make_model([helper.make_node("Relu", ["x"], ["y"], name="relu")], [tensor("x", elem_type=99)], [tensor("y")], check=False)
+        model = make_model(
+            [helper.make_node("Relu", ["x"], ["y"], name="relu")],
+            [tensor("x", elem_type=99)],
+            [tensor("y")],
+            check=False,
+        )
         needle = "'x'"
     path = save(model, tmp_path / "m.onnx")
     for args in (["inspect", path], ["plan", path, "-o", tmp_path / "p.json", "--params"], ["simulate", path]):
@@ -319,7 +345,9 @@ def _chain():
 
 
 def test_positions_written_as_whole_floats_are_read_as_integers(run_cli, tmp_path):
-    plan_path = _plan(run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json", "--select-distance", "1", "--prefetch-distance", "0")
+    plan_path = _plan(
+        run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json", "--select-distance", "1", "--prefetch-distance", "0"
+    )
     text = plan_path.read_text()
     plan = json.loads(text)
     group = plan["offloads"][0]["reload_groups"][0]
@@ -327,14 +355,16 @@ def test_positions_written_as_whole_floats_are_read_as_integers(run_cli, tmp_pat
     plan["offloads"][0]["d2h_after"] = float(plan["offloads"][0]["d2h_after"])
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(plan, indent=1))
-    assert '.0,' in edited.read_text()
+    assert ".0," in edited.read_text()
     for args in (["apply", edited, "-o", tmp_path / "o.onnx"], ["simulate", SAMPLES / "seed.onnx", "--plan", edited]):
         res = run_cli(*args)
         assert res.exit_code == 0, res.stderr
 
 
 def test_positions_with_a_fraction_are_refused(run_cli, tmp_path):
-    plan_path = _plan(run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json", "--select-distance", "1", "--prefetch-distance", "0")
+    plan_path = _plan(
+        run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json", "--select-distance", "1", "--prefetch-distance", "0"
+    )
     plan = json.loads(plan_path.read_text())
     plan["offloads"][0]["reload_groups"][0]["h2d_before"] = 5.5
     edited = tmp_path / "edited.json"
@@ -348,7 +378,9 @@ def test_plans_built_in_memory_must_use_integers():
     from offloadctl.errors import OffloadError
     from offloadctl.plan import validate_plan
 
-    plan = json.loads((SAMPLES / "seed.onnx").with_suffix(".onnx").parent.joinpath("seed.onnx").read_bytes()[:0] or b"{}")
+    plan = json.loads(
+        (SAMPLES / "seed.onnx").with_suffix(".onnx").parent.joinpath("seed.onnx").read_bytes()[:0] or b"{}"
+    )
     from offloadctl.analysis import analyse
     from offloadctl.model import load_model
     from offloadctl.stages import make_plan
@@ -426,7 +458,9 @@ def test_int4_weights_are_not_copyable(run_cli, tmp_path):
     model = make_model(nodes, [tensor("x")], [tensor("y")], initializers=[w4], check=False)
     model.opset_import[0].version = 21
     path = save(model, tmp_path / "m.onnx")
-    plan_path = _plan(run_cli, path, tmp_path / "p.json", "--params", "--select-distance", "0", "--prefetch-distance", "0")
+    plan_path = _plan(
+        run_cli, path, tmp_path / "p.json", "--params", "--select-distance", "0", "--prefetch-distance", "0"
+    )
     plan = json.loads(plan_path.read_text())
     assert "W4" not in {o["tensor"] for o in plan["offloads"]}
     rejected = {r["tensor"]: r for r in plan["rejected"]}
@@ -443,7 +477,13 @@ def test_only_the_copy_kernels_types_are_copyable():
     from offloadctl.model import tensor_info
 
     assert tensor_info("t", TensorProto.FLOAT, (2,)).copyable
-    for elem in (TensorProto.INT4, TensorProto.UINT4, TensorProto.FLOAT8E4M3FN, TensorProto.COMPLEX64, TensorProto.STRING):
+    for elem in (
+        TensorProto.INT4,
+        TensorProto.UINT4,
+        TensorProto.FLOAT8E4M3FN,
+        TensorProto.COMPLEX64,
+        TensorProto.STRING,
+    ):
         assert elem not in COPY_TYPES
         assert not tensor_info("t", elem, (2,)).copyable
     assert tensor_info("t", TensorProto.COMPLEX64, (2,)).bytes == 16  # not copyable, still counted
@@ -453,7 +493,10 @@ def test_only_the_copy_kernels_types_are_copyable():
 def test_conflicting_value_info_entries_do_not_change_sizes(run_cli, tmp_path, order):
     """Shape inference decides; a stale or duplicate declaration changes no size and no copy's shape."""
     model = make_model(_chain(), [tensor("x")], [tensor("y")], check=False)
-    entries = [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 2]), helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 8])]
+    entries = [
+        helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 2]),
+        helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 8]),
+    ]
     model.graph.value_info.extend(entries if order == "stale-first" else entries[::-1])
     model.graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [3, 3]))
     path = save(model, tmp_path / "m.onnx")
@@ -463,7 +506,11 @@ def test_conflicting_value_info_entries_do_not_change_sizes(run_cli, tmp_path, o
     out = tmp_path / "o.onnx"
     assert run_cli("apply", plan_path, "-o", out).exit_code == 0
     rewritten = onnx.load(str(out))
-    copies = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in rewritten.graph.value_info if "__offload" in vi.name}
+    copies = {
+        vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        for vi in rewritten.graph.value_info
+        if "__offload" in vi.name
+    }
     assert copies and all(shape == [4, 8] for shape in copies.values())
     from offloadctl.memcpy import register_schemas
 
@@ -584,10 +631,16 @@ CONTRADICTIONS = {
 
 @pytest.fixture
 def unet_plan(run_cli, tmp_path) -> tuple[Path, dict]:
-    path = _plan(run_cli, SAMPLES / "unet.onnx", tmp_path / "p.json", "--select-distance", "3", "--prefetch-distance", "1")
+    path = _plan(
+        run_cli, SAMPLES / "unet.onnx", tmp_path / "p.json", "--select-distance", "3", "--prefetch-distance", "1"
+    )
     plan = json.loads(path.read_text())
     first = plan["offloads"][0]
-    assert first["kind"] == "activation" and not first["graph_output"] and first["reload_groups"][0]["uses"][0]["input_index"] in (0, 1)
+    assert (
+        first["kind"] == "activation"
+        and not first["graph_output"]
+        and first["reload_groups"][0]["uses"][0]["input_index"] in (0, 1)
+    )
     return path, plan
 
 
@@ -601,13 +654,19 @@ def test_apply_and_simulate_refuse_the_same_contradictions(run_cli, tmp_path, un
     edit(plan)
     edited = tmp_path / "edited.json"
     edited.write_text(json.dumps(plan))
-    args = ["apply", edited, "-o", tmp_path / "o.onnx"] if command == "apply" else ["simulate", SAMPLES / "unet.onnx", "--plan", edited]
+    args = (
+        ["apply", edited, "-o", tmp_path / "o.onnx"]
+        if command == "apply"
+        else ["simulate", SAMPLES / "unet.onnx", "--plan", edited]
+    )
     assert_clean_failure(run_cli(*args), needle)
     assert not (tmp_path / "o.onnx").exists()
 
 
 def test_a_release_before_the_last_device_use_is_refused(run_cli, tmp_path):
-    path = _plan(run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json", "--select-distance", "1", "--prefetch-distance", "0")
+    path = _plan(
+        run_cli, SAMPLES / "seed.onnx", tmp_path / "p.json", "--select-distance", "1", "--prefetch-distance", "0"
+    )
     plan = json.loads(path.read_text())
     off = plan["offloads"][0]  # m1: read by Mul on the device, reloaded for Sub
     assert [u["node"] for u in off["device_uses"]] == ["mul_m3"]
@@ -628,14 +687,24 @@ def test_every_stage_function_checks_the_stage_it_reads():
     selected = select(analyse(load_model(SAMPLES / "seed.onnx")), select_distance=1)
     filtered = filter_plan(selected)
     scheduled = prefetch(filtered)
-    for stage_function, wrong in ((filter_plan, scheduled), (filter_plan, filtered), (prefetch, scheduled), (prefetch, selected)):
-        with pytest.raises(OffloadError, match=f"reads a plan at stage .* but this plan is at stage '{wrong['stage']}'"):
+    for stage_function, wrong in (
+        (filter_plan, scheduled),
+        (filter_plan, filtered),
+        (prefetch, scheduled),
+        (prefetch, selected),
+    ):
+        with pytest.raises(
+            OffloadError, match=f"reads a plan at stage .* but this plan is at stage '{wrong['stage']}'"
+        ):
             stage_function(wrong)
     from offloadctl.stages.budget import budget_filter
 
     analysis = analyse(load_model(SAMPLES / "seed.onnx"))
     for wrong in (filtered, scheduled):
-        with pytest.raises(OffloadError, match=f"budget strategy reads a plan at stage 'selected', but this plan is at stage '{wrong['stage']}'"):
+        with pytest.raises(
+            OffloadError,
+            match=f"budget strategy reads a plan at stage 'selected', but this plan is at stage '{wrong['stage']}'",
+        ):
             budget_filter(wrong, analysis, budget_bytes=1000)
 
 
@@ -651,7 +720,9 @@ def _custom_op_model(path: Path) -> Path:
         helper.make_node("Custom", ["a"], ["c"], domain="my.ops", name="custom"),
         helper.make_node("Neg", ["a"], ["y"], name="neg"),
     ]
-    graph = helper.make_graph(nodes, "g", [tensor("x")], [tensor("y"), helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        nodes, "g", [tensor("x")], [tensor("y"), helper.make_tensor_value_info("c", TensorProto.FLOAT, None)]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("my.ops", 1)])
     model.ir_version = IR_VERSION
     return save(model, path)
@@ -711,15 +782,21 @@ def test_a_plan_that_saves_nothing_says_so_and_why(run_cli, tmp_path):
         nodes.append(helper.make_node("MatMul", [prev, f"W{i}"], [f"h{i}"], name=f"mm{i}"))
         nodes.append(helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}"))
         prev = f"r{i}"
-    path = save(make_model(nodes, [tensor("x", (4, 16))], [tensor(prev, (4, 16))], initializers=inits), tmp_path / "m.onnx")
-    weak = run_cli("plan", path, "-o", tmp_path / "weak.json", "--params", "--select-distance", "5", "--prefetch-distance", "100")
+    path = save(
+        make_model(nodes, [tensor("x", (4, 16))], [tensor(prev, (4, 16))], initializers=inits), tmp_path / "m.onnx"
+    )
+    weak = run_cli(
+        "plan", path, "-o", tmp_path / "weak.json", "--params", "--select-distance", "5", "--prefetch-distance", "100"
+    )
     assert weak.exit_code == 0, weak.stderr
     text = " ".join(weak.stderr.split())
     assert "lowers the simulated peak by only" in text
     assert "copied back before the tensor's idle stretch even starts" in text and "--prefetch-distance" in text
     sim = run_cli("simulate", path, "--plan", tmp_path / "weak.json")
     assert "lowers the simulated peak by only" in " ".join(sim.stderr.split())
-    good = run_cli("plan", path, "-o", tmp_path / "good.json", "--params", "--select-distance", "5", "--prefetch-distance", "1")
+    good = run_cli(
+        "plan", path, "-o", tmp_path / "good.json", "--params", "--select-distance", "5", "--prefetch-distance", "1"
+    )
     assert good.exit_code == 0 and "lowers the simulated peak by only" not in " ".join(good.stderr.split())
 
 
@@ -735,10 +812,14 @@ def test_the_advice_reads_the_simulation_it_is_given_and_says_the_same(tmp_path,
         nodes, inits, prev = [], [], "x"
         for i in range(12):
             inits.append(numpy_helper.from_array(np.full((16, 16), 0.1, np.float32), f"W{i}"))
-            nodes += [helper.make_node("MatMul", [prev, f"W{i}"], [f"h{i}"], name=f"mm{i}"),
-                      helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}")]
+            nodes += [
+                helper.make_node("MatMul", [prev, f"W{i}"], [f"h{i}"], name=f"mm{i}"),
+                helper.make_node("Relu", [f"h{i}"], [f"r{i}"], name=f"relu{i}"),
+            ]
             prev = f"r{i}"
-        path = save(make_model(nodes, [tensor("x", (4, 16))], [tensor(prev, (4, 16))], initializers=inits), tmp_path / "m.onnx")
+        path = save(
+            make_model(nodes, [tensor("x", (4, 16))], [tensor(prev, (4, 16))], initializers=inits), tmp_path / "m.onnx"
+        )
         options = {"select_distance": 5, "prefetch_distance": 100}
     else:
         path = SAMPLES / f"{name}.onnx"

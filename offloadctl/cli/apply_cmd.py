@@ -26,7 +26,9 @@ def find_model(plan: dict, plan_path: str, model: str | None) -> Path:
     if model is not None:
         path = Path(model)
         if path.is_dir():
-            raise OffloadError(f"--model {path} is a directory", hint="give the path of the .onnx model the plan was made for")
+            raise OffloadError(
+                f"--model {path} is a directory", hint="give the path of the .onnx model the plan was made for"
+            )
         if not path.is_file():
             raise OffloadError(f"model file {path} does not exist", hint="check the --model path")
         return path
@@ -101,7 +103,10 @@ def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None
     else:
         parts.append(f"peak and time: offloadctl simulate {output}")
     finish(
-        "apply", plan_path, parts, [output, *extra],
+        "apply",
+        plan_path,
+        parts,
+        [output, *extra],
         as_json=as_json,
         doc={
             "model": str(model_path),

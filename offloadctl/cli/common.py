@@ -101,8 +101,10 @@ def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
     if dynamic:
         fix = f"pin the dynamic inputs ({', '.join(dynamic)}) with --input-shape NAME=D0,D1,... or --dim NAME=VALUE"
     else:  # every input is known: pinning would not help
-        fix = ("shape inference cannot follow their shapes (data-dependent shapes, control flow, or ops it does not "
-               "know); nothing to pin")
+        fix = (
+            "shape inference cannot follow their shapes (data-dependent shapes, control flow, or ops it does not "
+            "know); nothing to pin"
+        )
     if strict:
         raise OffloadError(
             f"{len(unknown)} tensor(s) of {path} have an unknown size, and --strict refuses figures that count them "
@@ -112,7 +114,10 @@ def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
     logger.warning(
         "%d tensor(s) of %s have an unknown size and count as 0 bytes in every memory figure, so the figures may "
         "be low: %s (%s; --strict makes this an error)",
-        len(unknown), path, shown, fix,
+        len(unknown),
+        path,
+        shown,
+        fix,
     )
     return unknown
 
@@ -158,7 +163,10 @@ def warn_slowdown(figures: Mapping[str, Any]) -> None:
             "the estimated slowdown with copies in line (how onnxruntime runs them) is %.2fx, over %.1fx "
             "(profile %s; %.2fx if copies could overlap compute): fewer or larger-gap offloads cost less "
             "(a larger --select-distance or --min-bytes, or a --budget closer to the peak)",
-            slow["serialized"], SLOWDOWN_WARNING, figures["profile"], slow["overlapped"],
+            slow["serialized"],
+            SLOWDOWN_WARNING,
+            figures["profile"],
+            slow["overlapped"],
         )
 
 
@@ -228,7 +236,9 @@ def print_estimate(figures: Mapping[str, Any], *, where: str = "", what: str = "
     slow = figures.get("slowdown")
     if slow:
         nodes = figures.get("time_nodes")
-        measured = f", {nodes['measured']} of {nodes['total']} node times measured" if nodes and nodes["measured"] else ""
+        measured = (
+            f", {nodes['measured']} of {nodes['total']} node times measured" if nodes and nodes["measured"] else ""
+        )
         line += (
             f"; estimated time {slow['serialized']:.2f}x the baseline with copies in line, "
             f"{slow['overlapped']:.2f}x with copies on streams ({STREAMS_NOTE}; profile {figures['profile']}{measured})"

@@ -105,7 +105,11 @@ def frontier_cmd(model, profile, objective, params, copies, points, input_shape,
     written: list[str | Path] = []
     if plot:
         plot_frontier(
-            frontier, plot, peak_bytes=trade.peak_bytes, lower_bound_bytes=trade.lower_bound_bytes, default=default,
+            frontier,
+            plot,
+            peak_bytes=trade.peak_bytes,
+            lower_bound_bytes=trade.lower_bound_bytes,
+            default=default,
             title=(
                 f"{Path(model).name}: peak memory against estimated time (profile {prof.name}, objective "
                 f"{trade.objective}{', --params' if params else ''})"
@@ -123,7 +127,9 @@ def frontier_cmd(model, profile, objective, params, copies, points, input_shape,
         for mode in modes:
             console.print(_table(mode, frontier[mode], trade.peak_bytes, prof.name))
         if any(any(dominated(frontier[mode])) for mode in modes):
-            console.print("dominated: a plan with a lower peak is as fast (a lower budget's plan fits a higher budget too)")
+            console.print(
+                "dominated: a plan with a lower peak is as fast (a lower budget's plan fits a higher budget too)"
+            )
         d = next(iter(default.values()))
         times = ", ".join(f"{default[m].slowdown:.3f}x {copy_mode_label(m).split(',')[0]}" for m in modes)
         console.print(
@@ -136,9 +142,7 @@ def frontier_cmd(model, profile, objective, params, copies, points, input_shape,
         pts = frontier[mode]
         if pts:
             low = min(pts, key=lambda p: (p.peak_bytes, p.time_s))
-            parts.append(
-                f"{copy_mode_label(mode)}: lowest peak {fmt_bytes(low.peak_bytes)} at {low.slowdown:.2f}x"
-            )
+            parts.append(f"{copy_mode_label(mode)}: lowest peak {fmt_bytes(low.peak_bytes)} at {low.slowdown:.2f}x")
     doc = {
         "model": model,
         "profile": prof.name,

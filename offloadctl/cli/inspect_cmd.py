@@ -60,7 +60,9 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
         "topologically_sorted": analysis.topological,
         "file_in_run_order": analysis.was_sorted,
         "subgraph_nodes": sum(
-            1 for n in analysis.nodes if any(a.type in (5, 10) for a in n.attribute)  # GRAPH, GRAPHS
+            1
+            for n in analysis.nodes
+            if any(a.type in (5, 10) for a in n.attribute)  # GRAPH, GRAPHS
         ),
         "op_types": dict(Counter(n.op_type for n in analysis.nodes).most_common()),
         "inputs": [_tensor_row(analysis, n) for n in analysis.graph_inputs],
@@ -110,7 +112,11 @@ def inspect(model: str, input_shape, dim, top: int, as_json: bool) -> None:
     console.print(
         f"{report['nodes']} nodes in execution order ({report['constant_nodes']} Constant nodes folded into weights"
         + ("" if report["topologically_sorted"] else "; the file is not topologically sorted")
-        + ("" if report["file_in_run_order"] or not report["topologically_sorted"] else "; onnxruntime runs some nodes earlier than the file has them (Shape/Size first)")
+        + (
+            ""
+            if report["file_in_run_order"] or not report["topologically_sorted"]
+            else "; onnxruntime runs some nodes earlier than the file has them (Shape/Size first)"
+        )
         + ")"
     )
     console.print(
@@ -139,7 +145,12 @@ def inspect(model: str, input_shape, dim, top: int, as_json: bool) -> None:
             idle.add_column(col, justify="right" if col != "tensor" else "left")
         for r in report["longest_idle"]:
             idle.add_row(
-                r["tensor"], fmt_bytes(r["bytes"]), str(r["producer"]), str(r["first_use"]), str(r["last_use"]), str(r["max_gap"])
+                r["tensor"],
+                fmt_bytes(r["bytes"]),
+                str(r["producer"]),
+                str(r["first_use"]),
+                str(r["last_use"]),
+                str(r["max_gap"]),
             )
         console.print(idle)
     finish("inspect", model, verdict, [], as_json=False)

@@ -69,7 +69,10 @@ input_shape_option = _compose(
 )
 
 json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON document on stdout (figures, files written) and nothing else."
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document on stdout (figures, files written) and nothing else.",
 )
 
 max_peak_option = click.option(
@@ -117,7 +120,9 @@ select_options = _compose(
         show_default=True,
         help="Consider weights (initializers, Constant nodes): they stay on the host and are streamed in.",
     ),
-    click.option("--force", multiple=True, metavar="PATTERN", help="Offload tensors matching this glob even without a long gap."),
+    click.option(
+        "--force", multiple=True, metavar="PATTERN", help="Offload tensors matching this glob even without a long gap."
+    ),
     click.option("--never", multiple=True, metavar="PATTERN", help="Never offload tensors matching this glob."),
     input_shape_option,
 )

@@ -54,12 +54,21 @@ def plot_timeline(result: SimResult, path: str, *, title: str | None = None) -> 
     n = len(before.kinds)
     # copies sit between nodes: a D2H after p at p+0.5, H2Ds before q just before q (spread in the gap)
     xs_after = _after_x(after)
-    ax.step(range(n), [b / scale for b in before.device], where="mid", color="#888888", lw=1.6, label="before (no plan)")
+    ax.step(
+        range(n), [b / scale for b in before.device], where="mid", color="#888888", lw=1.6, label="before (no plan)"
+    )
     ax.fill_between(range(n), [b / scale for b in before.device], step="mid", color="#bbbbbb", alpha=0.35)
     if after is not before:
-        ax.step(xs_after, [b / scale for b in after.device], where="mid", color="#1f77b4", lw=1.8, label="after (with plan)")
-    ax.axhline(result.lower_bound_bytes / scale, color="#d62728", ls="--", lw=1, label="lower bound (largest single step)")
-    for trace, xs, color, name in ((before, list(range(n)), "#555555", "before"), (after, xs_after, "#1f77b4", "after")):
+        ax.step(
+            xs_after, [b / scale for b in after.device], where="mid", color="#1f77b4", lw=1.8, label="after (with plan)"
+        )
+    ax.axhline(
+        result.lower_bound_bytes / scale, color="#d62728", ls="--", lw=1, label="lower bound (largest single step)"
+    )
+    for trace, xs, color, name in (
+        (before, list(range(n)), "#555555", "before"),
+        (after, xs_after, "#1f77b4", "after"),
+    ):
         s = trace.peak_step
         if s is None or (name == "after" and after is before):
             continue
@@ -159,20 +168,33 @@ def plot_frontier(
         flags = dominated(pts)
         front = sorted((p for p, d in zip(pts, flags) if not d), key=lambda p: p.peak_bytes)
         ax.plot(
-            [p.peak_bytes / scale for p in front], [p.slowdown for p in front], line, marker=marker, ms=4,
-            color=color, label=label, drawstyle="steps-post",
+            [p.peak_bytes / scale for p in front],
+            [p.slowdown for p in front],
+            line,
+            marker=marker,
+            ms=4,
+            color=color,
+            label=label,
+            drawstyle="steps-post",
         )
         others = [p for p, d in zip(pts, flags) if d]
         if others:
             ax.plot(
-                [p.peak_bytes / scale for p in others], [p.slowdown for p in others], marker, ms=4, color=color,
-                markerfacecolor="none", alpha=0.6,
+                [p.peak_bytes / scale for p in others],
+                [p.slowdown for p in others],
+                marker,
+                ms=4,
+                color=color,
+                markerfacecolor="none",
+                alpha=0.6,
             )
         if default and mode in default:
             d = default[mode]
             ax.plot([d.peak_bytes / scale], [d.slowdown], "*", ms=14, color=color, markeredgecolor="black", zorder=5)
     if default:
-        ax.plot([], [], "*", ms=12, color="white", markeredgecolor="black", label="HyperOffload default plan (plan MODEL)")
+        ax.plot(
+            [], [], "*", ms=12, color="white", markeredgecolor="black", label="HyperOffload default plan (plan MODEL)"
+        )
     ax.plot([], [], "o", ms=4, color="#555555", markerfacecolor="none", label="dominated (a lower peak is as fast)")
     ax.axvline(lower_bound_bytes / scale, color="#d62728", ls=":", lw=1, label="lower bound")
     ax.axvline(peak_bytes / scale, color="#888888", ls=":", lw=1, label="peak without offload")

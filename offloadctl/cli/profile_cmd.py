@@ -53,8 +53,11 @@ def _us(seconds: float) -> str:
 def _print(info: dict[str, Any], model: str) -> None:
     console = out_console()
     device = info["device"]
-    table = Table(title=f"measured on {escape(device['name'])} ({device['provider']}, onnxruntime {device['onnxruntime']})",
-                  show_edge=False, show_header=False)
+    table = Table(
+        title=f"measured on {escape(device['name'])} ({device['provider']}, onnxruntime {device['onnxruntime']})",
+        show_edge=False,
+        show_header=False,
+    )
     table.add_column(style="bold")
     table.add_column()
     table.add_row("model", f"{escape(model)} (sha256 {info['sha256'][:12]}…)")
@@ -64,7 +67,9 @@ def _print(info: dict[str, Any], model: str) -> None:
         f"PRIORITY_BASED, no graph optimizations, {threads or 'default'} intra-op thread{'s' if threads != 1 else ''}",
     )
     table.add_row("latency", f"{info['latency_s'] * 1e3:.3f} ms (median of {info['repeat']} or more runs)")
-    table.add_row("node times", f"{info['nodes']['measured']} nodes, summing to {info['kernel_sum_s'] * 1e3:.3f} ms in profiling")
+    table.add_row(
+        "node times", f"{info['nodes']['measured']} nodes, summing to {info['kernel_sum_s'] * 1e3:.3f} ms in profiling"
+    )
     executor = info["executor"]
     table.add_row("executor", f"{_us(executor['run_overhead_s'])} per run, {_us(executor['node_overhead_s'])} per node")
     low, high = info["link_fit_bytes"]
@@ -75,15 +80,20 @@ def _print(info: dict[str, Any], model: str) -> None:
             f"{_us(link['latency_s'])} + bytes / {fmt_bytes(link['bandwidth'])}/s "
             f"(fit within {info['link_fit_error'][direction]:.0%} from {fmt_bytes(low)} to {fmt_bytes(high)})",
         )
-    table.add_row("roofline", f"{info['peak_flops']['default'] / 1e9:.1f} GFLOP/s, {fmt_bytes(info['mem_bandwidth'])}/s, "
-                  f"{_us(info['kernel_launch_s'])} per estimated node")
+    table.add_row(
+        "roofline",
+        f"{info['peak_flops']['default'] / 1e9:.1f} GFLOP/s, {fmt_bytes(info['mem_bandwidth'])}/s, "
+        f"{_us(info['kernel_launch_s'])} per estimated node",
+    )
     console.print(table)
     console.print(f"use it: offloadctl simulate {escape(model)} --profile {escape(info['output'])}", style="dim")
 
 
 @click.command("profile")
 @model_argument
-@click.option("--device", required=True, type=click.Choice(list(DEVICES)), help="Where to measure: ascend (CANN), cpu or cuda.")
+@click.option(
+    "--device", required=True, type=click.Choice(list(DEVICES)), help="Where to measure: ascend (CANN), cpu or cuda."
+)
 @click.option(
     "--inputs",
     type=click.Path(path_type=str),
@@ -135,7 +145,13 @@ def profile_cmd(model, device, inputs, input_shape, dim, repeat, ep_option, thre
         logger.warning("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
     with steps(not as_json, total=5) as step:
         doc = measure_profile(
-            model, device, inputs=inputs, input_shapes=shapes, dims=dims, repeat=repeat, ep_options=options,
+            model,
+            device,
+            inputs=inputs,
+            input_shapes=shapes,
+            dims=dims,
+            repeat=repeat,
+            ep_options=options,
             threads=threads,
             report=step,
         )

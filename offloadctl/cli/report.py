@@ -186,9 +186,7 @@ def _moves_section(result: SimResult, doc: dict[str, Any], plan: dict[str, Any] 
             )
         if len(rows) > MAX_ROWS:
             rest = rows[MAX_ROWS:]
-            lines.append(
-                f"| … {len(rest)} more | | {fmt_bytes(sum(r['bytes'] or 0 for r in rest))} | | |"
-            )
+            lines.append(f"| … {len(rest)} more | | {fmt_bytes(sum(r['bytes'] or 0 for r in rest))} | | |")
         lines.append("")
     else:
         lines += ["The plan offloads nothing.", ""]

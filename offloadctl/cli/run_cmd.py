@@ -51,7 +51,9 @@ class Tolerance(click.ParamType):
 
 @click.command("run")
 @model_argument
-@click.option("--device", required=True, type=click.Choice(list(DEVICES)), help="Where to run: ascend (CANN), cpu or cuda.")
+@click.option(
+    "--device", required=True, type=click.Choice(list(DEVICES)), help="Where to run: ascend (CANN), cpu or cuda."
+)
 @click.option(
     "--inputs",
     "inputs",
@@ -89,7 +91,9 @@ class Tolerance(click.ParamType):
     help="Execution provider option for CANN or CUDA (repeatable); overrides enable_cann_graph=0 and "
     "arena_extend_strategy=kSameAsRequested.",
 )
-@click.option("--repeat", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs after one warm-up run.")
+@click.option(
+    "--repeat", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs after one warm-up run."
+)
 @click.option(
     "--opt-level",
     type=click.Choice(list(OPT_LEVELS)),
@@ -99,8 +103,12 @@ class Tolerance(click.ParamType):
     "match exactly and outputs be bit-identical; with fusions onnxruntime renumbers fused nodes and may run copies "
     "earlier than planned.",
 )
-@click.option("--rtol", type=Tolerance(), help="Relative tolerance for --compare-to [default: 1e-5; 0 with --opt-level disable].")
-@click.option("--atol", type=Tolerance(), help="Absolute tolerance for --compare-to [default: 1e-6; 0 with --opt-level disable].")
+@click.option(
+    "--rtol", type=Tolerance(), help="Relative tolerance for --compare-to [default: 1e-5; 0 with --opt-level disable]."
+)
+@click.option(
+    "--atol", type=Tolerance(), help="Absolute tolerance for --compare-to [default: 1e-6; 0 with --opt-level disable]."
+)
 @click.option("--strict-order", is_flag=True, help="Exit 1 when nodes did not run in the planned (file) order.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
 def run(
@@ -181,12 +189,14 @@ def run(
     ]
     if report.comparison is not None:
         identical = all(c.identical for c in report.comparison.values())
-        parts.append(
-            f"outputs {'bit-identical to' if identical else 'within tolerance of'} {compare_to}"
-        )
+        parts.append(f"outputs {'bit-identical to' if identical else 'within tolerance of'} {compare_to}")
     finish(
-        "run", f"{model} on {device} ({report.providers[0]})", parts, written,
-        as_json=as_json, doc=report.to_json(),
+        "run",
+        f"{model} on {device} ({report.providers[0]})",
+        parts,
+        written,
+        as_json=as_json,
+        doc=report.to_json(),
     )
 
 
@@ -223,9 +233,14 @@ def _print_report(report: RunReport) -> None:
         for d in order.first_differences:
             diffs.add_row(str(d["index"]), escape(d["planned"]), escape(d["ran"]))
         if order.exact and order.missing:
-            diffs.add_row("-", escape(", ".join(order.missing[:5])) + (" …" if len(order.missing) > 5 else ""), "(did not run)")
+            diffs.add_row(
+                "-", escape(", ".join(order.missing[:5])) + (" …" if len(order.missing) > 5 else ""), "(did not run)"
+            )
         console.print(diffs)
-    outputs = Table(title="outputs" if report.comparison is None else f"outputs vs {escape(str(report.compare_to))}", show_edge=False)
+    outputs = Table(
+        title="outputs" if report.comparison is None else f"outputs vs {escape(str(report.compare_to))}",
+        show_edge=False,
+    )
     for col in ("output", "shape", "dtype"):
         outputs.add_column(col)
     if report.comparison is not None:

@@ -111,7 +111,9 @@ def _print_report(result: SimResult, doc: dict) -> None:
 @max_peak_option
 @report_option
 @json_option
-@click.option("--plot", type=click.Path(path_type=str), metavar="FILE.png|FILE.svg", help="Write the memory timeline plot.")
+@click.option(
+    "--plot", type=click.Path(path_type=str), metavar="FILE.png|FILE.svg", help="Write the memory timeline plot."
+)
 @click.option(
     "--timeline-limit",
     type=click.IntRange(min=0),
@@ -133,8 +135,12 @@ def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, 
         check_output_path(plot, model, plan_path)
     check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
     analysis = load_and_analyse(
-        model, input_shape, dim, pins=plan_pins(plan) if plan is not None else None,
-        pins_from=f"model.input_shapes of plan {plan_path}", show_progress=not as_json,
+        model,
+        input_shape,
+        dim,
+        pins=plan_pins(plan) if plan is not None else None,
+        pins_from=f"model.input_shapes of plan {plan_path}",
+        show_progress=not as_json,
     )
     check_unknown_sizes(analysis, strict=strict)
     if plot:
@@ -147,7 +153,9 @@ def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, 
         logger.warning(
             "profile %s was measured on %s: no node of %s matches its node times (name, op type and input "
             "shapes), so every node is estimated from FLOPs and bytes",
-            profile, prof.measured.model_path, model,
+            profile,
+            prof.measured.model_path,
+            model,
         )
     written: list[str | Path] = []
     if plot:

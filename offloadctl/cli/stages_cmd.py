@@ -51,7 +51,14 @@ from offloadctl.plan import check_plan_model, read_plan, write_plan
 from offloadctl.profiles import Profile, load_profile
 from offloadctl.cli.report import write_report
 from offloadctl.simulator import is_rewritten, simulate
-from offloadctl.stages import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, filter_plan, make_plan, prefetch, select
+from offloadctl.stages import (
+    DEFAULT_PREFETCH_DISTANCE,
+    DEFAULT_RELEASE_DISTANCE,
+    filter_plan,
+    make_plan,
+    prefetch,
+    select,
+)
 from offloadctl.stages.budget import budget_filter
 
 __all__ = ["COMMANDS"]
@@ -77,7 +84,9 @@ def _use_budget(
         if strategy == "distance":
             raise click.UsageError("--max-slowdown needs the budget strategy, not --strategy distance")
         if optimal:
-            raise click.UsageError("--optimal needs --budget BYTES; --max-slowdown searches many budgets with the greedy")
+            raise click.UsageError(
+                "--optimal needs --budget BYTES; --max-slowdown searches many budgets with the greedy"
+            )
         return True
     if strategy == "distance" and (budget is not None or stream_weights):
         raise click.UsageError("--budget and --stream-weights need the budget strategy, not --strategy distance")
@@ -87,7 +96,9 @@ def _use_budget(
         raise click.UsageError("--optimal needs --budget BYTES (it finds the cheapest plan that fits the budget)")
     use = strategy == "budget" or budget is not None or stream_weights
     if objective is not None and not use:
-        raise click.UsageError("--objective is the budget strategy's: give --budget BYTES (or --stream-weights, --max-slowdown)")
+        raise click.UsageError(
+            "--objective is the budget strategy's: give --budget BYTES (or --stream-weights, --max-slowdown)"
+        )
     return use
 
 
@@ -111,7 +122,9 @@ def _objective_words(info: dict, defaulted: bool | None) -> str:
     objective = info["objective"]["objective"]
     words = f"objective {objective}"
     if defaulted:
-        words += ", the default with a measured profile" if objective == "time" else ", the default with a datasheet profile"
+        words += (
+            ", the default with a measured profile" if objective == "time" else ", the default with a datasheet profile"
+        )
     return f"{words}; {copy_mode_label(info.get('copies') or 'inline')}"
 
 
@@ -208,7 +221,12 @@ def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
 
 
 def _stage_end(
-    command: str, subject: str, plan: dict, output: str, as_json: bool, explain: bool = False,
+    command: str,
+    subject: str,
+    plan: dict,
+    output: str,
+    as_json: bool,
+    explain: bool = False,
     defaulted: bool | None = None,
 ) -> None:
     """Summary (or JSON document) and verdict of a stage command that writes one plan."""
@@ -221,8 +239,12 @@ def _stage_end(
     off = figures["offloads"]
     noun = "candidate(s)" if plan["stage"] == "selected" else "offload(s)"
     finish(
-        command, subject, [f"{off['count']} {noun}, {fmt_bytes(off['bytes'])}"], [output],
-        as_json=as_json, doc={"model": plan["model"]["path"], **figures},
+        command,
+        subject,
+        [f"{off['count']} {noun}, {fmt_bytes(off['bytes'])}"],
+        [output],
+        as_json=as_json,
+        doc={"model": plan["model"]["path"], **figures},
     )
 
 
@@ -255,8 +277,21 @@ def select_cmd(model, output, select_distance, activations, params, force, never
 @profile_option
 @json_option
 def filter_cmd(
-    selected, output, select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain,
-    optimal, time_limit, objective, copies, profile, as_json,
+    selected,
+    output,
+    select_num,
+    min_bytes,
+    strategy,
+    budget,
+    stream_weights,
+    stream_depth,
+    explain,
+    optimal,
+    time_limit,
+    objective,
+    copies,
+    profile,
+    as_json,
 ):
     """Keep the first --select-num candidates in first-use order (stage 'filtered').
 
@@ -275,14 +310,27 @@ def filter_cmd(
         check_output_path(output, selected, *analysis.loaded.files)
         with steps(not as_json) as step:
             plan = budget_filter(
-                selected_plan, analysis, budget_bytes=budget,
-                prefetch_distance=DEFAULT_PREFETCH_DISTANCE, release_distance=DEFAULT_RELEASE_DISTANCE,
-                select_num=select_num, min_bytes=min_bytes, stream_weights=stream_weights, stream_depth=stream_depth,
-                report=step, objective=objective, profile=prof, copies=copies, optimal=optimal, time_limit=time_limit,
+                selected_plan,
+                analysis,
+                budget_bytes=budget,
+                prefetch_distance=DEFAULT_PREFETCH_DISTANCE,
+                release_distance=DEFAULT_RELEASE_DISTANCE,
+                select_num=select_num,
+                min_bytes=min_bytes,
+                stream_weights=stream_weights,
+                stream_depth=stream_depth,
+                report=step,
+                objective=objective,
+                profile=prof,
+                copies=copies,
+                optimal=optimal,
+                time_limit=time_limit,
             )
     else:
         if copies != "inline":
-            logger.warning("--copies is the budget strategy's: without --budget the filter keeps the first --select-num")
+            logger.warning(
+                "--copies is the budget strategy's: without --budget the filter keeps the first --select-num"
+            )
         plan = filter_plan(selected_plan, select_num=select_num, min_bytes=min_bytes)
     write_plan(output, plan)
     _stage_end("filter", selected, plan, output, as_json, explain, defaulted)
@@ -321,10 +369,34 @@ def prefetch_cmd(filtered, output, prefetch_distance, release_distance, as_json)
 @report_option
 @json_option
 def plan_cmd(
-    model, output, select_distance, activations, params, force, never, input_shape, dim,
-    select_num, min_bytes, strategy, budget, stream_weights, stream_depth, explain,
-    optimal, time_limit, max_slowdown, objective, copies, prefetch_distance, release_distance, strict, profile,
-    max_peak, report, as_json,
+    model,
+    output,
+    select_distance,
+    activations,
+    params,
+    force,
+    never,
+    input_shape,
+    dim,
+    select_num,
+    min_bytes,
+    strategy,
+    budget,
+    stream_weights,
+    stream_depth,
+    explain,
+    optimal,
+    time_limit,
+    max_slowdown,
+    objective,
+    copies,
+    prefetch_distance,
+    release_distance,
+    strict,
+    profile,
+    max_peak,
+    report,
+    as_json,
 ):
     """select + filter + prefetch in one call; same document as chaining the three.
 
@@ -352,11 +424,27 @@ def plan_cmd(
         )
     with steps(not as_json, total=5) as step:
         plan = make_plan(
-            analysis, select_distance=select_distance, activations=activations, params=params, force=force,
-            never=never, select_num=select_num, min_bytes=min_bytes, prefetch_distance=prefetch_distance,
-            release_distance=release_distance, strategy="budget" if use_budget else "distance", budget=budget,
-            stream_weights=stream_weights, stream_depth=stream_depth, step=step, objective=objective,
-            profile=prof, optimal=optimal, time_limit=time_limit, copies=copies, max_slowdown=max_slowdown,
+            analysis,
+            select_distance=select_distance,
+            activations=activations,
+            params=params,
+            force=force,
+            never=never,
+            select_num=select_num,
+            min_bytes=min_bytes,
+            prefetch_distance=prefetch_distance,
+            release_distance=release_distance,
+            strategy="budget" if use_budget else "distance",
+            budget=budget,
+            stream_weights=stream_weights,
+            stream_depth=stream_depth,
+            step=step,
+            objective=objective,
+            profile=prof,
+            optimal=optimal,
+            time_limit=time_limit,
+            copies=copies,
+            max_slowdown=max_slowdown,
         )
         step("simulating peak memory and time")
         with paused_gc():
@@ -380,7 +468,11 @@ def plan_cmd(
     search = {"objective": objective if use_budget else None, "objective_default": defaulted, "copy_mode": copies}
     if result is None or figures is None:
         finish(
-            "plan", model, [], written, as_json=as_json,
+            "plan",
+            model,
+            [],
+            written,
+            as_json=as_json,
             doc={"model": model, "plan": output, **plan_figures(plan), **search},
         )
         return
@@ -392,7 +484,11 @@ def plan_cmd(
         logger.warning("%s", warning)
     warn_slowdown(figures)
     finish(
-        "plan", model, [peak_text(figures), slowdown_text(figures)], written, as_json=as_json,
+        "plan",
+        model,
+        [peak_text(figures), slowdown_text(figures)],
+        written,
+        as_json=as_json,
         failure=gate_failure(max_peak, result.peak_after, "peak after the plan"),
         doc={"model": model, "plan": output, **plan_figures(plan), **figures, **search, "max_peak_bytes": max_peak},
     )

@@ -122,6 +122,7 @@ def _new_base(analysis: Analysis) -> Base:
             new_id(name, len(index))
         canonical = index
     else:
+
         def tid(name: str) -> int:
             return new_id(canon(name), len(index))
 
@@ -144,7 +145,9 @@ def _new_base(analysis: Analysis) -> Base:
                 writes[k].append(tid(name))
         for name in analysis.graph_outputs:
             tid(name)
-        canonical = {name: index[canon(name)] for name in (*analysis.weights, *analysis.graph_inputs, *analysis.graph_outputs)}
+        canonical = {
+            name: index[canon(name)] for name in (*analysis.weights, *analysis.graph_inputs, *analysis.graph_outputs)
+        }
     names = list(index)
     count = len(names)
     sizes = [0] * count
@@ -203,4 +206,3 @@ def base_of(analysis: Analysis) -> Base:
     base = _new_base(analysis)
     _BASES[key] = (weakref.ref(analysis, lambda _ref, key=key: _BASES.pop(key, None)), base)
     return base
-

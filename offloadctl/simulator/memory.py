@@ -81,7 +81,9 @@ def _intervals(program: Program) -> tuple[list[int], list[tuple[int, int, int, i
     return resident, spans
 
 
-def _alive(program: Program, resident: list[int], spans: list[tuple[int, int, int, int, bool, bool]], where: int) -> list[int]:
+def _alive(
+    program: Program, resident: list[int], spans: list[tuple[int, int, int, int, bool, bool]], where: int
+) -> list[int]:
     """Bytes alive during each step at ``where`` (DEVICE or HOST), from `_intervals`."""
     mine = [(a, f, size) for place, size, a, f, _, _ in spans if place == where]
     alive = sweep(len(program.kinds), [a for a, _, _ in mine], [f for _, f, _ in mine], [b for _, _, b in mine])

@@ -219,9 +219,7 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
         if readers.get(t) == {"h2d"}:
             place[t] = HOST  # an offloaded weight (or input) only copies read
     outputs = set(analysis.graph_outputs)
-    resident = [
-        name in weights and weight_is_resident(index[name] in readers, name in outputs) for name in names
-    ]
+    resident = [name in weights and weight_is_resident(index[name] in readers, name in outputs) for name in names]
     from_start = [False] * count
     for name in analysis.graph_inputs:
         from_start[index[name]] = True
@@ -230,8 +228,18 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
         to_end[index[name]] = True
     sub = subgraph_memory(analysis)
     program = Program(
-        kinds, positions, reads, writes, names, sizes, place, resident, from_start, to_end,
-        inner=[sub.at(s) for s in range(len(kinds))], always=sub.weight_bytes,
+        kinds,
+        positions,
+        reads,
+        writes,
+        names,
+        sizes,
+        place,
+        resident,
+        from_start,
+        to_end,
+        inner=[sub.at(s) for s in range(len(kinds))],
+        always=sub.weight_bytes,
         step_labels=list(analysis.node_names),
     )
     last_node_read: dict[int, int] = {}

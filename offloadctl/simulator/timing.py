@@ -203,7 +203,7 @@ class TimeFigures:
 
     @property
     def slowdown(self) -> dict[str, float]:
-        ratio = (lambda t: t / self.baseline if self.baseline > 0 else 1.0)
+        ratio = lambda t: t / self.baseline if self.baseline > 0 else 1.0
         return {"serialized": ratio(self.serialized), "overlapped": ratio(self.overlapped)}
 
 

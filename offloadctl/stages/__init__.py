@@ -120,10 +120,19 @@ def make_plan(
         report = step or (lambda text, new=True: None)
         report("fitting the slowdown")
         return plan_within_slowdown(
-            analysis, max_slowdown, copies=copies, profile=prof,
-            objective=objective if isinstance(objective, str) else None, activations=activations, params=params,
-            force=force, never=never, min_bytes=min_bytes, prefetch_distance=prefetch_distance,
-            release_distance=release_distance, step=lambda text: report(text, new=False),
+            analysis,
+            max_slowdown,
+            copies=copies,
+            profile=prof,
+            objective=objective if isinstance(objective, str) else None,
+            activations=activations,
+            params=params,
+            force=force,
+            never=never,
+            min_bytes=min_bytes,
+            prefetch_distance=prefetch_distance,
+            release_distance=release_distance,
+            step=lambda text: report(text, new=False),
         )
     if strategy == "distance" and (budget_bytes is not None or stream_weights):
         raise OffloadError(
@@ -136,18 +145,31 @@ def make_plan(
     report = step or (lambda text, new=True: None)
     report("selecting")
     selected = select(  # the budget strategy weighs every idle stretch: it selects at distance 0
-        analysis, select_distance=0 if use_budget else select_distance, activations=activations, params=params,
-        force=tuple(force), never=tuple(never),
+        analysis,
+        select_distance=0 if use_budget else select_distance,
+        activations=activations,
+        params=params,
+        force=tuple(force),
+        never=tuple(never),
     )
     if use_budget:
         report("fitting the budget")
         filtered = budget_filter(
-            selected, analysis, budget_bytes=budget_bytes, prefetch_distance=prefetch_distance,
-            release_distance=release_distance, select_num=select_num, min_bytes=min_bytes,
+            selected,
+            analysis,
+            budget_bytes=budget_bytes,
+            prefetch_distance=prefetch_distance,
+            release_distance=release_distance,
+            select_num=select_num,
+            min_bytes=min_bytes,
             stream_weights=stream_weights,
             stream_depth=DEFAULT_STREAM_DEPTH if stream_depth is None else stream_depth,
-            report=lambda text: report(text, new=False), objective=objective, profile=prof, copies=copies,
-            optimal=optimal, time_limit=DEFAULT_TIME_LIMIT if time_limit is None else time_limit,
+            report=lambda text: report(text, new=False),
+            objective=objective,
+            profile=prof,
+            copies=copies,
+            optimal=optimal,
+            time_limit=DEFAULT_TIME_LIMIT if time_limit is None else time_limit,
         )
     else:
         report("filtering")

@@ -51,13 +51,19 @@ def filter_plan(plan: Plan, *, select_num: int = DEFAULT_SELECT_NUM, min_bytes: 
         if off.get("forced"):
             kept.append(off)
         elif off["bytes"] < min_bytes:
-            dropped.append(_rejection(off, "min-bytes", f"{fmt_bytes(off['bytes'])} < --min-bytes {fmt_bytes(min_bytes)}"))
+            dropped.append(
+                _rejection(off, "min-bytes", f"{fmt_bytes(off['bytes'])} < --min-bytes {fmt_bytes(min_bytes)}")
+            )
         elif count < select_num:
             kept.append(off)
             count += 1
         else:
-            dropped.append(_rejection(off, "select-num", f"beyond the first {select_num} candidates in first-use order"))
+            dropped.append(
+                _rejection(off, "select-num", f"beyond the first {select_num} candidates in first-use order")
+            )
     # only the kept candidates are copied into the new plan (the input plan is left as it was)
-    new = record_stage({**plan, "offloads": kept}, "filtered", "filter", {"select_num": select_num, "min_bytes": min_bytes})
+    new = record_stage(
+        {**plan, "offloads": kept}, "filtered", "filter", {"select_num": select_num, "min_bytes": min_bytes}
+    )
     new["rejected"] += dropped
     return new

@@ -22,7 +22,17 @@ from offloadctl.analysis import Analysis, Use
 from offloadctl.bulk import paused_gc
 from offloadctl.onnxutil import iter_graphs, subgraphs
 from offloadctl.plan import SCHEMA_VERSION
-from offloadctl.plantypes import Kind, ModelInfo, Offload, Plan, Rejection, RejectionReason, offload, rejection, reload_group
+from offloadctl.plantypes import (
+    Kind,
+    ModelInfo,
+    Offload,
+    Plan,
+    Rejection,
+    RejectionReason,
+    offload,
+    rejection,
+    reload_group,
+)
 
 __all__ = ["DEFAULT_SELECT_DISTANCE", "select", "split_reload_groups"]
 
@@ -34,12 +44,33 @@ DEFAULT_SELECT_DISTANCE = 100
 HOST_INPUTS: dict[str, frozenset[int]] = {
     op: frozenset(idx)
     for op, idx in {
-        "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Resize": (1, 2, 3),
-        "Upsample": (1,), "ConstantOfShape": (0,), "Range": (0, 1, 2), "TopK": (1,), "Pad": (1, 2, 3),
-        "Unsqueeze": (1,), "Squeeze": (1,), "Split": (1,), "OneHot": (1,), "CumSum": (1,),
-        "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
-        "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
-        "ReduceSumSquare": (1,), "NonMaxSuppression": (2, 3, 4), "Trilu": (1,),
+        "Reshape": (1,),
+        "Expand": (1,),
+        "Tile": (1,),
+        "Slice": (1, 2, 3, 4),
+        "Resize": (1, 2, 3),
+        "Upsample": (1,),
+        "ConstantOfShape": (0,),
+        "Range": (0, 1, 2),
+        "TopK": (1,),
+        "Pad": (1, 2, 3),
+        "Unsqueeze": (1,),
+        "Squeeze": (1,),
+        "Split": (1,),
+        "OneHot": (1,),
+        "CumSum": (1,),
+        "ReduceSum": (1,),
+        "ReduceMean": (1,),
+        "ReduceMax": (1,),
+        "ReduceMin": (1,),
+        "ReduceProd": (1,),
+        "ReduceL1": (1,),
+        "ReduceL2": (1,),
+        "ReduceLogSum": (1,),
+        "ReduceLogSumExp": (1,),
+        "ReduceSumSquare": (1,),
+        "NonMaxSuppression": (2, 3, 4),
+        "Trilu": (1,),
     }.items()
 }
 
@@ -74,7 +105,9 @@ def split_reload_groups(
     return device, groups
 
 
-def _reads_on_host(analysis: Analysis, use: Use, name: str | None = None, cache: dict[int, frozenset[str]] | None = None) -> bool:
+def _reads_on_host(
+    analysis: Analysis, use: Use, name: str | None = None, cache: dict[int, frozenset[str]] | None = None
+) -> bool:
     """True when ``use`` reads at an input onnxruntime keeps in host memory.
 
     A read inside a subgraph (``input_index`` None) counts when the body reads ``name`` at such an
@@ -206,7 +239,9 @@ def select(
     ) -> None:
         first = uses[0].sort_key if uses else (n, 0)
         info = analysis.infos.get(name)
-        rejected.append((first, rejection(name, kind, info.bytes if info is not None else None, "select", reason, detail, max_gap)))
+        rejected.append(
+            (first, rejection(name, kind, info.bytes if info is not None else None, "select", reason, detail, max_gap))
+        )
 
     candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
     candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
@@ -224,7 +259,14 @@ def select(
         end = None if is_act else max(n - 1, uses[-1].position)
         max_gap = _max_gap(start, uses, end)
         if not enabled and not _matches(name, force):
-            reject(name, kind, uses, "disabled", f"{kind} offload is switched off (--{'activations' if is_act else 'params'})", max_gap)
+            reject(
+                name,
+                kind,
+                uses,
+                "disabled",
+                f"{kind} offload is switched off (--{'activations' if is_act else 'params'})",
+                max_gap,
+            )
             continue
         if _matches(name, never):
             reject(name, kind, uses, "never", "matches a --never pattern", max_gap)
@@ -233,22 +275,48 @@ def select(
         if max_gap <= select_distance and not forced:
             # Checked before size and placement: no idle stretch qualifies, whatever else holds.
             reject(
-                name, kind, uses, "short-gaps", f"largest idle stretch {max_gap} <= select distance {select_distance}", max_gap
+                name,
+                kind,
+                uses,
+                "short-gaps",
+                f"largest idle stretch {max_gap} <= select distance {select_distance}",
+                max_gap,
             )
             continue
         info = analysis.infos.get(name)
         if name in analysis.sparse_weights:
-            reject(name, kind, uses, "not-copyable", "a sparse weight (onnxruntime makes it dense when it loads the model); "
-                   "offloadctl copies dense tensors only", max_gap)
+            reject(
+                name,
+                kind,
+                uses,
+                "not-copyable",
+                "a sparse weight (onnxruntime makes it dense when it loads the model); "
+                "offloadctl copies dense tensors only",
+                max_gap,
+            )
             continue
         if info is not None and not info.copyable:
-            reject(name, kind, uses, "not-copyable", info.why_unknown() if info.bytes is None else
-                   f"type {info.dtype} cannot be copied by onnxruntime's MemcpyToHost/MemcpyFromHost on every provider", max_gap)
+            reject(
+                name,
+                kind,
+                uses,
+                "not-copyable",
+                info.why_unknown()
+                if info.bytes is None
+                else f"type {info.dtype} cannot be copied by onnxruntime's MemcpyToHost/MemcpyFromHost on every provider",
+                max_gap,
+            )
             continue
         if info is None or info.bytes is None:
             why = info.why_unknown() if info is not None else "shape inference could not find its type"
-            reject(name, kind, uses, "unknown-size",
-                   f"size unknown: {why}; pin dynamic inputs with --input-shape NAME=D0,D1,...", max_gap)
+            reject(
+                name,
+                kind,
+                uses,
+                "unknown-size",
+                f"size unknown: {why}; pin dynamic inputs with --input-shape NAME=D0,D1,...",
+                max_gap,
+            )
             continue
         host_use = None if forced else next((u for u in uses if _reads_on_host(analysis, u, name, host_reads)), None)
         if host_use is not None:
@@ -268,14 +336,24 @@ def select(
         if host_end is not None:
             op = analysis.nodes[host_end.position].op_type
             reject(
-                name, kind, uses, "host-input",
+                name,
+                kind,
+                uses,
+                "host-input",
                 f"feeds only shape computations ending at input {host_end.input_index} of {op} {host_end.node!r}, "
                 "which onnxruntime keeps in host memory",
                 max_gap,
             )
             continue
         if not is_act and name in outputs:
-            reject(name, kind, uses, "graph-output-weight", "a weight that is also a graph output stays on the device", max_gap)
+            reject(
+                name,
+                kind,
+                uses,
+                "graph-output-weight",
+                "a weight that is also a graph output stays on the device",
+                max_gap,
+            )
             continue
         device, groups = split_reload_groups(start, uses, select_distance, first_group_at_start=not is_act)
         if not groups:  # only a forced tensor gets here: one group holding every use

@@ -180,10 +180,29 @@ def candidates(analysis: Analysis, selected0: dict[str, Any], min_bytes: int) ->
         positions = [uses[0][0]] if len(uses) == 1 else list(dict.fromkeys([u[0] for u in uses]))
         entries = [start] + positions if is_act else positions
         if off["bytes"] < min_bytes and not off.get("forced"):
-            small.append(reject(off["tensor"], off["kind"], off["bytes"], "min-bytes", f"{off['bytes']} bytes < --min-bytes {min_bytes}", entries))
+            small.append(
+                reject(
+                    off["tensor"],
+                    off["kind"],
+                    off["bytes"],
+                    "min-bytes",
+                    f"{off['bytes']} bytes < --min-bytes {min_bytes}",
+                    entries,
+                )
+            )
             continue
         cands.append(
-            Cand(name, is_act, off["bytes"], start, uses, entries, is_act and name in outputs, bool(off.get("forced")), off)
+            Cand(
+                name,
+                is_act,
+                off["bytes"],
+                start,
+                uses,
+                entries,
+                is_act and name in outputs,
+                bool(off.get("forced")),
+                off,
+            )
         )
     cands.extend(_unread_outputs(analysis, selected0, min_bytes, small))
     return cands, small
@@ -211,12 +230,29 @@ def _unread_outputs(analysis: Analysis, selected0: dict[str, Any], min_bytes: in
             continue
         start = analysis.producer[name]
         if info.bytes < min_bytes and not forced:
-            small.append(reject(name, "activation", info.bytes, "min-bytes", f"{info.bytes} bytes < --min-bytes {min_bytes}", [start]))
+            small.append(
+                reject(
+                    name,
+                    "activation",
+                    info.bytes,
+                    "min-bytes",
+                    f"{info.bytes} bytes < --min-bytes {min_bytes}",
+                    [start],
+                )
+            )
             continue
         template = offload(
-            tensor=name, kind="activation", dtype=info.dtype, shape=[int(d) for d in info.shape or ()], size=info.bytes,
-            producer={"position": start, "node": analysis.node_names[start]}, device_uses=[], reload_groups=[],
-            graph_output=True, output_h2d_before=n, forced=forced,
+            tensor=name,
+            kind="activation",
+            dtype=info.dtype,
+            shape=[int(d) for d in info.shape or ()],
+            size=info.bytes,
+            producer={"position": start, "node": analysis.node_names[start]},
+            device_uses=[],
+            reload_groups=[],
+            graph_output=True,
+            output_h2d_before=n,
+            forced=forced,
         )
         found.append(Cand(name, True, info.bytes, start, [], [start], True, forced, template))
     return found
@@ -226,7 +262,9 @@ def _max_gap(entries: list[int]) -> int | None:
     return max((b - a for a, b in zip(entries, entries[1:])), default=None)
 
 
-def reject(tensor: str, kind: Kind, b: int | None, reason: RejectionReason, detail: str, entries: list[int]) -> Rejection:
+def reject(
+    tensor: str, kind: Kind, b: int | None, reason: RejectionReason, detail: str, entries: list[int]
+) -> Rejection:
     return rejection(tensor, kind, b, "filter", reason, detail, _max_gap(entries))
 
 

@@ -49,7 +49,9 @@ class ExactReport:
         }
 
 
-def solve_exact(p: Planner, base: np.ndarray, pinned: set[int], budget: int, time_limit: float) -> tuple[ExactReport, list[State] | None]:
+def solve_exact(
+    p: Planner, base: np.ndarray, pinned: set[int], budget: int, time_limit: float
+) -> tuple[ExactReport, list[State] | None]:
     """Solve the choice exactly from the greedy's states; returns the solver's states if they beat them.
 
     ``base``: the profile with only the fixed choices (streamed weights, ``pinned`` forced tensors)
@@ -126,7 +128,9 @@ def solve_exact(p: Planner, base: np.ndarray, pinned: set[int], budget: int, tim
         chosen[i] = State(True, cuts) if offloaded else State()
     peak = _exact_peak(p, base, chosen, pinned)
     if peak > budget:
-        report.answer = f"rejected: its plan peaks at {peak} bytes > budget {budget} (solver tolerance); the greedy's plan is kept"
+        report.answer = (
+            f"rejected: its plan peaks at {peak} bytes > budget {budget} (solver tolerance); the greedy's plan is kept"
+        )
         return report, None
     if sum(p.state_cost(i, s) for i, s in enumerate(chosen)) >= p.moved():
         report.answer = "no cheaper than the greedy's plan, which is kept"
@@ -143,7 +147,9 @@ def _exact_peak(p: Planner, base: np.ndarray, states: list[State], pinned: set[i
     for i, (c, st) in enumerate(zip(p.cands, states)):
         if p.fixed[i] or i in pinned or not st.offloaded:
             continue
-        for s, e, delta in span_changes(spans_in_state(c, State(), p.n, p.release), spans_in_state(c, st, p.n, p.release), c.b):
+        for s, e, delta in span_changes(
+            spans_in_state(c, State(), p.n, p.release), spans_in_state(c, st, p.n, p.release), c.b
+        ):
             firsts.append(s)
             lasts.append(e)
             sizes.append(delta)

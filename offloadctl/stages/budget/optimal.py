@@ -90,9 +90,15 @@ class CoverProblem:
 
     def _segments(self) -> tuple[np.ndarray, np.ndarray]:
         """(first step of each segment, largest excess in it)."""
-        cuts = np.unique(np.concatenate((
-            [0], np.asarray(self.term_first, dtype=np.int64), np.asarray(self.term_last, dtype=np.int64) + 1,
-        )))
+        cuts = np.unique(
+            np.concatenate(
+                (
+                    [0],
+                    np.asarray(self.term_first, dtype=np.int64),
+                    np.asarray(self.term_last, dtype=np.int64) + 1,
+                )
+            )
+        )
         cuts = cuts[cuts < self.steps]
         need = np.maximum.reduceat(np.asarray(self.excess, dtype=np.float64), cuts) if self.steps else np.zeros(0)
         return cuts, need
@@ -153,7 +159,10 @@ def _model(problem: CoverProblem) -> dict[str, Any]:
         tbytes = np.asarray(problem.term_bytes, dtype=np.float64)
         end = np.asarray(problem.term_last, dtype=np.int64) + 1
         inside = end < problem.steps
-        row_index += [np.searchsorted(cuts, np.asarray(problem.term_first, dtype=np.int64)), np.searchsorted(cuts, end[inside])]
+        row_index += [
+            np.searchsorted(cuts, np.asarray(problem.term_first, dtype=np.int64)),
+            np.searchsorted(cuts, end[inside]),
+        ]
         col_index += [tcol, tcol[inside]]
         coef += [-tbytes, tbytes[inside]]
     for k, (cols, coefs, _, _) in enumerate(problem.rows):
@@ -217,7 +226,9 @@ def _run(
     lp.a_matrix_.start_ = model["start"]
     lp.a_matrix_.index_ = model["index"]
     lp.a_matrix_.value_ = model["value"]
-    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in model["integer"]]
+    lp.integrality_ = [
+        highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in model["integer"]
+    ]
     h.passModel(lp)
     ncols = model["problem_columns"]
     if start is not None:
@@ -229,8 +240,14 @@ def _run(
     def improved(event: Any) -> None:
         out = event.data_out
         bound = float(out.mip_dual_bound)
-        send(("improved", float(out.objective_function_value), bound if np.isfinite(bound) else None,
-              np.asarray(out.mip_solution[:ncols], dtype=np.float64)))
+        send(
+            (
+                "improved",
+                float(out.objective_function_value),
+                bound if np.isfinite(bound) else None,
+                np.asarray(out.mip_solution[:ncols], dtype=np.float64),
+            )
+        )
 
     h.cbMipImprovingSolution.subscribe(improved)
     h.run()
@@ -289,7 +306,9 @@ def solve_cover(
     receive, send = ctx.Pipe(duplex=False)
     sys.stdout.flush()
     sys.stderr.flush()
-    child = ctx.Process(target=_child, args=(send, model, full_start, time_limit, integral_objective, options), daemon=True)
+    child = ctx.Process(
+        target=_child, args=(send, model, full_start, time_limit, integral_objective, options), daemon=True
+    )
     child.start()
     send.close()
     best = final = None

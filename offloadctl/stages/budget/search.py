@@ -44,7 +44,9 @@ class Intervals:
         is_act = np.fromiter((c.is_act for c in cands), dtype=bool, count=count)
         output = np.fromiter((c.output for c in cands), dtype=bool, count=count)
         lengths = np.fromiter((len(c.entries) for c in cands), dtype=np.int64, count=count)
-        flat = np.fromiter(itertools.chain.from_iterable(c.entries for c in cands), dtype=np.int64, count=int(lengths.sum()))
+        flat = np.fromiter(
+            itertools.chain.from_iterable(c.entries for c in cands), dtype=np.int64, count=int(lengths.sum())
+        )
         owner = np.repeat(np.arange(count), lengths)
         first_entry = np.cumsum(lengths) - lengths
         last = flat[np.maximum(first_entry + lengths - 1, 0)] if len(flat) else np.zeros(count, dtype=np.int64)
@@ -162,7 +164,9 @@ class Planner:
                 removed.append(j)
         return added, removed
 
-    def set(self, i: int, st: State, rows: tuple[list[int], list[int]] | None = None, *, defer: list | None = None) -> None:
+    def set(
+        self, i: int, st: State, rows: tuple[list[int], list[int]] | None = None, *, defer: list | None = None
+    ) -> None:
         """Move candidate ``i`` to state ``st``, updating the profile exactly.
 
         ``rows``: (rows freed, rows taken back) when the caller knows them. ``defer``: collect the
@@ -254,7 +258,9 @@ class Planner:
         cost = iv.own_cost[rows] + np.where(bundle, iv.bundle_cost[rows], 0.0)
         if not self.cost.linear:
             # a gap before an offloaded activation's first freed stretch moves its D2H's release earlier
-            earlier = self.offloaded[cand] & iv.is_act[rows] & (iv.gap[rows] >= 0) & (iv.entry[rows] < self.last_device[cand])
+            earlier = (
+                self.offloaded[cand] & iv.is_act[rows] & (iv.gap[rows] >= 0) & (iv.entry[rows] < self.last_device[cand])
+            )
             cost = cost + np.where(earlier, iv.d2h_first[rows] - self.d2h_now[cand], 0.0)
         owner = np.arange(len(rows))
         firsts = [self._starts(rows), iv.first1[rows]]
@@ -348,8 +354,10 @@ class Planner:
             if change is None:
                 continue
             new, rows = change
-            if self._fast(i, new) and peak + self.cands[i].b > budget and any(
-                s <= at <= e for j in rows[1] for s, e in self._row_ranges(j)
+            if (
+                self._fast(i, new)
+                and peak + self.cands[i].b > budget
+                and any(s <= at <= e for j in rows[1] for s, e in self._row_ranges(j))
             ):
                 continue  # it would take back the peak step, which has no room for it
             if self._fits(i, new, budget, rows):
@@ -690,7 +698,9 @@ def _program_base(p: Planner, pinned: set[int]) -> np.ndarray:
         st = p.state[i]
         if p.fixed[i] or i in pinned or not st.offloaded:
             continue
-        for s, e, delta in span_changes(spans_in_state(c, st, p.n, p.release), spans_in_state(c, State(), p.n, p.release), c.b):
+        for s, e, delta in span_changes(
+            spans_in_state(c, st, p.n, p.release), spans_in_state(c, State(), p.n, p.release), c.b
+        ):
             firsts.append(s)
             lasts.append(e)
             sizes.append(delta)

@@ -186,7 +186,8 @@ class BudgetSearch:
         require_stage(plan, "selected", "the budget strategy")
         check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
         dynamic = [
-            name for name in analysis.graph_inputs
+            name
+            for name in analysis.graph_inputs
             if (info := analysis.infos.get(name)) is not None and info.copyable and info.bytes is None
         ]
         if dynamic:
@@ -196,7 +197,9 @@ class BudgetSearch:
                 hint="pin them with --input-shape NAME=D0,D1,... (on select or plan)",
             )
         if select_num != DEFAULT_SELECT_NUM:
-            logger.warning("--select-num %d is not used by the budget strategy (it fits the budget instead)", select_num)
+            logger.warning(
+                "--select-num %d is not used by the budget strategy (it fits the budget instead)", select_num
+            )
         self.plan = plan
         self.analysis = analysis
         self.prefetch_distance = prefetch_distance
@@ -220,8 +223,12 @@ class BudgetSearch:
                 selected0 = self.plan  # already every candidate (read only here)
             else:
                 selected0 = select(
-                    self.analysis, select_distance=0, activations=sel["activations"], params=with_params,
-                    force=tuple(sel.get("force", ())), never=tuple(sel.get("never", ())),
+                    self.analysis,
+                    select_distance=0,
+                    activations=sel["activations"],
+                    params=with_params,
+                    force=tuple(sel.get("force", ())),
+                    never=tuple(sel.get("never", ())),
                 )
             cands, small = candidates(self.analysis, selected0, self.min_bytes)
             stream = info = None
@@ -237,13 +244,30 @@ class BudgetSearch:
             hit = self._timing[id(profile)] = (profile, copy_timing(self.analysis, profile))
         return hit[1]
 
-    def _attempt(self, with_params: bool, budget: int | None, cost: CopyCost, *, timing: CopyTiming | None,
-                 optimal: bool, time_limit: float, report: Callable[[str], None] | None) -> tuple:
+    def _attempt(
+        self,
+        with_params: bool,
+        budget: int | None,
+        cost: CopyCost,
+        *,
+        timing: CopyTiming | None,
+        optimal: bool,
+        time_limit: float,
+        report: Callable[[str], None] | None,
+    ) -> tuple:
         selected0, cands, small, stream, info = self._prepare(with_params)
         outcome = solve(
-            self.analysis, cands, budget=budget, prefetch_distance=self.prefetch_distance,
-            release_distance=self.release_distance, stream=stream, cost=cost, optimal=optimal, time_limit=time_limit,
-            report=report, timing=timing,
+            self.analysis,
+            cands,
+            budget=budget,
+            prefetch_distance=self.prefetch_distance,
+            release_distance=self.release_distance,
+            stream=stream,
+            cost=cost,
+            optimal=optimal,
+            time_limit=time_limit,
+            report=report,
+            timing=timing,
         )
         return selected0, cands, small, info, outcome
 
@@ -300,7 +324,9 @@ class BudgetSearch:
             retry = self._attempt(True, budget_bytes, cost, **search)
             if retry[-1].fits:
                 if not quiet:
-                    logger.warning("activations alone cannot fit the budget: weights were considered too (as with --params)")
+                    logger.warning(
+                        "activations alone cannot fit the budget: weights were considered too (as with --params)"
+                    )
                 chosen = retry
                 weights_added = True
         if not chosen[-1].fits:
@@ -312,16 +338,24 @@ class BudgetSearch:
                 hint=f"raise --budget to at least {byte_arg(best)}, or allow more candidates (--params, fewer --never patterns)",
                 reachable=best,
             )
-        build = dict(budget_bytes=budget_bytes, cost=cost, profile=prof, copies=copies, optimal=optimal,
-                     time_limit=time_limit, weights_added=weights_added)
+        build = dict(
+            budget_bytes=budget_bytes,
+            cost=cost,
+            profile=prof,
+            copies=copies,
+            optimal=optimal,
+            time_limit=time_limit,
+            weights_added=weights_added,
+        )
         if cost.objective != "time" or budget_bytes is None or isinstance(objective, CopyCost):
             return self._build(chosen, **build)
         # the time objective is priced copy by copy; the plan the bytes objective finds is checked too,
         # and the faster of the two (estimated as the chosen copy mode runs) is kept, so asking for
         # time never gives a longer estimate than asking for bytes
         with_params = True if chosen is retry else self.params
-        other = self._attempt(with_params, budget_bytes, BytesMoved(), timing=timing, optimal=False,
-                              time_limit=time_limit, report=report)
+        other = self._attempt(
+            with_params, budget_bytes, BytesMoved(), timing=timing, optimal=False, time_limit=time_limit, report=report
+        )
         if not other[-1].fits:  # pragma: no cover - the same candidates fit under any price
             return self._build(chosen, **build)
         if copies == "inline":  # the copies' time in line: a sum the planners' states give
@@ -348,8 +382,19 @@ class BudgetSearch:
         times = simulate(self.analysis, scheduled, profile=profile).times
         return times.overlapped - times.baseline
 
-    def _build(self, attempt: tuple, *, budget_bytes: int | None, cost: CopyCost, profile: Profile, copies: str,
-               optimal: bool, time_limit: float, weights_added: bool, searched: Outcome | None = None) -> dict[str, Any]:
+    def _build(
+        self,
+        attempt: tuple,
+        *,
+        budget_bytes: int | None,
+        cost: CopyCost,
+        profile: Profile,
+        copies: str,
+        optimal: bool,
+        time_limit: float,
+        weights_added: bool,
+        searched: Outcome | None = None,
+    ) -> dict[str, Any]:
         """The filtered plan of one search's outcome, priced by ``cost``.
 
         ``searched``: the search whose bound (and solver) the plan reports, when its plan is another
@@ -361,11 +406,18 @@ class BudgetSearch:
         planner = kept.planner
         outcome = kept if searched is None else searched
         new = record_stage(  # only the chosen offloads go into the new plan: the selected ones are not copied
-            {**self.plan, "offloads": []}, "filtered", "filter",
+            {**self.plan, "offloads": []},
+            "filtered",
+            "filter",
             {
-                "select_num": self.select_num, "min_bytes": self.min_bytes, "strategy": "budget",
-                "budget_bytes": budget_bytes, "profile": profile.name if cost.objective == "time" or copies == "streams" else None,
-                "objective": cost.objective, "copies": copies, "optimal": optimal,
+                "select_num": self.select_num,
+                "min_bytes": self.min_bytes,
+                "strategy": "budget",
+                "budget_bytes": budget_bytes,
+                "profile": profile.name if cost.objective == "time" or copies == "streams" else None,
+                "objective": cost.objective,
+                "copies": copies,
+                "optimal": optimal,
                 "time_limit_s": float(time_limit) if optimal else None,
             },
         )
@@ -395,10 +447,19 @@ class BudgetSearch:
         peak, pos = planner.peak()
         total = planner.moved(cost)
         result = BudgetResult(
-            requested=budget_bytes, lower_bound=self.lower_bound, lower_bound_position=self.lower_bound_position,
-            peak_before=self.peak_before, peak=peak, peak_position=pos, moved=bytes_moved(new),
-            weights_added=weights_added, stream=stream_info, chosen=chosen, objective=cost.to_json(),
-            cost=_round_cost(total, cost), copies=copies,
+            requested=budget_bytes,
+            lower_bound=self.lower_bound,
+            lower_bound_position=self.lower_bound_position,
+            peak_before=self.peak_before,
+            peak=peak,
+            peak_position=pos,
+            moved=bytes_moved(new),
+            weights_added=weights_added,
+            stream=stream_info,
+            chosen=chosen,
+            objective=cost.to_json(),
+            cost=_round_cost(total, cost),
+            copies=copies,
         )
         bound, source = (outcome.bound, "steps") if outcome.bound is not None else (None, None)
         if budget_bytes is None:
@@ -409,8 +470,10 @@ class BudgetSearch:
             solver_bound = outcome.exact.bound
             if solver_bound is not None and (bound is None or solver_bound > bound):
                 bound, source = solver_bound, "solver"
-            if searched is None and outcome.exact.status == "optimal" and outcome.exact.answer in (
-                "accepted", "no cheaper than the greedy's plan, which is kept"
+            if (
+                searched is None
+                and outcome.exact.status == "optimal"
+                and outcome.exact.answer in ("accepted", "no cheaper than the greedy's plan, which is kept")
             ):
                 result.optimal = True
                 bound, source = total, "solver"
@@ -472,10 +535,23 @@ def budget_filter(
             and the best peak reachable).
     """
     return BudgetSearch(
-        plan, analysis, prefetch_distance=prefetch_distance, release_distance=release_distance,
-        select_num=select_num, min_bytes=min_bytes, stream_weights=stream_weights, stream_depth=stream_depth,
-    ).filter(budget_bytes, objective=objective, profile=profile, copies=copies, optimal=optimal,
-             time_limit=time_limit, report=report)
+        plan,
+        analysis,
+        prefetch_distance=prefetch_distance,
+        release_distance=release_distance,
+        select_num=select_num,
+        min_bytes=min_bytes,
+        stream_weights=stream_weights,
+        stream_depth=stream_depth,
+    ).filter(
+        budget_bytes,
+        objective=objective,
+        profile=profile,
+        copies=copies,
+        optimal=optimal,
+        time_limit=time_limit,
+        report=report,
+    )
 
 
 def _round_cost(value: float, cost: CopyCost) -> float | int:
