@@ -52,13 +52,13 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import budget_cases  # noqa: E402
-import gen_large  # noqa: E402
-
 from offloadctl.analysis import analyse  # noqa: E402
 from offloadctl.model import load_model  # noqa: E402
 from offloadctl.simulator import peak_memory  # noqa: E402
 from offloadctl.timeline import lower_bound  # noqa: E402
+
+import budget_cases  # noqa: E402
+import gen_large  # noqa: E402
 
 __all__ = ["main"]
 
@@ -400,9 +400,10 @@ def _print_more(doc: dict[str, Any], console: Console) -> None:
         console.print(table)
         shorter = [r["shorter"] for r in doc["objectives"]]
         console.print(
-            f"objectives: the time objective is never slower in {sum(r['never_slower'] for r in doc['objectives'])} of "
-            f"{len(shorter)} cases; faster in {sum(x > 1e-9 for x in shorter)}, by {100 * statistics.median(shorter):.1f}% "
-            f"(median) and up to {100 * max(shorter):.1f}%. streams, longest lead: the bytes plan placed for copies in line"
+            f"objectives: the time objective is never slower in "
+            f"{sum(r['never_slower'] for r in doc['objectives'])} of {len(shorter)} cases; faster in "
+            f"{sum(x > 1e-9 for x in shorter)}, by {100 * statistics.median(shorter):.1f}% (median) and up to "
+            f"{100 * max(shorter):.1f}%. streams, longest lead: the bytes plan placed for copies in line"
         )
     if doc["exact_scale"]:
         table = Table(title="how far the exact search scales (generated models, --params)", title_justify="left")

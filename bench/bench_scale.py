@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -301,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     out.print(
         "plan s and plan --params s: the library (load, analyse, make_plan, write_plan); offloadctl plan --params s: "
         "the command, which also simulates the plan for its verdict line. apply rewrites by the command's plan "
-        f"({', '.join(str(r['offloads']) for r in rows)} offloads) into another folder, so it also copies the data file."
+        f"({', '.join(str(r['offloads']) for r in rows)} offloads) into another folder, "
+        "so it also copies the data file."
     )
     out.print(memory_table)
     out.print(f"import-only peak RSS: {_fmt_bytes(baseline)}")

@@ -29,18 +29,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gen_large import LargeModelConfig, generate  # noqa: E402
-
 from offloadctl.analysis import analyse  # noqa: E402
-from offloadctl.rewrite import apply_plan, write_model  # noqa: E402
 from offloadctl.errors import OffloadError  # noqa: E402
 from offloadctl.model import load_model  # noqa: E402
 from offloadctl.profiler import alternate, measure_profile, write_profile  # noqa: E402
 from offloadctl.profiles import load_profile  # noqa: E402
+from offloadctl.rewrite import apply_plan, write_model  # noqa: E402
 from offloadctl.runner import (  # noqa: E402
     _feeds_for,
     _required_settings,
@@ -53,6 +49,8 @@ from offloadctl.runner import (  # noqa: E402
 )
 from offloadctl.simulator import simulate  # noqa: E402
 from offloadctl.stages import make_plan  # noqa: E402
+
+from gen_large import LargeModelConfig, generate  # noqa: E402
 
 __all__ = ["main"]
 

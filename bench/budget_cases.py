@@ -30,14 +30,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gen_large  # noqa: E402
-
 from offloadctl.analysis import Analysis, analyse  # noqa: E402
 from offloadctl.errors import OffloadError  # noqa: E402
 from offloadctl.model import load_model  # noqa: E402
 from offloadctl.simulator import lower_bound, peak_memory  # noqa: E402
 from offloadctl.stages import prefetch, select  # noqa: E402
 from offloadctl.stages.budget import budget_filter, bytes_moved  # noqa: E402
+
+import gen_large  # noqa: E402
 
 __all__ = ["SAMPLES", "GENERATED", "MODES", "RULES", "Case", "cases", "load", "budget_for", "run_case"]
 

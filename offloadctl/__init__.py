@@ -33,8 +33,8 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from offloadctl.analysis import Analysis
-    from offloadctl.rewrite import ApplyResult
     from offloadctl.model import LoadedModel
+    from offloadctl.rewrite import ApplyResult
     from offloadctl.runner import RunReport
     from offloadctl.simulator import SimResult
 
@@ -129,8 +129,8 @@ def apply(
     `offloadctl.rewrite.write_model`); no file the model or plan reads is ever overwritten.
     ``result`` (an `ApplyResult`) is filled with what was inserted.
     """
-    from offloadctl.rewrite import apply_plan, check_model_outputs, write_model
     from offloadctl.files import check_output_path
+    from offloadctl.rewrite import apply_plan, check_model_outputs, write_model
 
     model = apply_plan(plan, analysis, result=result)
     if output is not None:

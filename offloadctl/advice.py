@@ -73,7 +73,8 @@ def weak_plan_advice(analysis: Analysis, plan: dict[str, Any], *, result: SimRes
     if idle_free:
         lines.append(
             f"- {len(idle_free)} of {len(groups)} reloads are copied back before the tensor's idle stretch even starts "
-            f"(prefetch distance {prefetch if prefetch is not None else distances}): those tensors never leave the device"
+            f"(prefetch distance {prefetch if prefetch is not None else distances}): "
+            "those tensors never leave the device"
         )
     if at is not None and at < analysis.num_positions:
         own = _node_working_set(analysis, at)

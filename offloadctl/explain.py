@@ -86,8 +86,8 @@ def explain_table(plan: dict[str, Any]) -> Table:
         req = budget.get("requested_bytes")
         title += (
             f": budget {fmt_bytes(req) if req is not None else 'none'}, predicted peak "
-            f"{fmt_bytes(budget.get('predicted_peak_bytes'))}, lower bound {fmt_bytes(budget.get('lower_bound_bytes'))}, "
-            f"moved {fmt_bytes(budget.get('bytes_moved'))}"
+            f"{fmt_bytes(budget.get('predicted_peak_bytes'))}, "
+            f"lower bound {fmt_bytes(budget.get('lower_bound_bytes'))}, moved {fmt_bytes(budget.get('bytes_moved'))}"
         )
     table = Table(title=title, show_edge=False)
     table.add_column("tensor", overflow="fold")

@@ -18,7 +18,7 @@ import re
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -65,7 +65,7 @@ MAX_TENSOR_BYTES = 1 << 50
 _MAX_DIM = 2**63 - 1  # a dimension is an int64 in onnx
 
 
-@lru_cache(maxsize=None)
+@cache
 def _itemsize(elem_type: int) -> int | None:
     """Bytes per element, or None for types without a fixed size (strings) or unknown to numpy."""
     if elem_type == TensorProto.STRING:
@@ -76,7 +76,7 @@ def _itemsize(elem_type: int) -> int | None:
         return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _type_name(elem_type: int) -> str:
     """``float``, ``int64``, ... for a defined element type (asked once per tensor of a plan)."""
     return TensorProto.DataType.Name(elem_type).lower()
@@ -767,7 +767,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
 _INFERRED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
 
 
-@lru_cache(maxsize=None)
+@cache
 def _has_inference(op_type: str, domain: str) -> bool:
     """True when onnx's shape inference computes this op's outputs (an op of an onnx domain it
     knows; the copy ops registered by offloadctl have no inference function)."""

@@ -169,7 +169,8 @@ def _check_facts(off: dict[str, Any], info: TensorInfo, model_path: Any) -> None
     tensor = off["tensor"]
     if info.bytes is None:
         raise OffloadError(
-            f"the size of tensor {tensor!r} of {model_path} is unknown ({info.why_unknown()}), so it cannot be offloaded",
+            f"the size of tensor {tensor!r} of {model_path} is unknown ({info.why_unknown()}), "
+            "so it cannot be offloaded",
             hint="pin the model's dynamic inputs (model.input_shapes in the plan, --input-shape when planning) or "
             "remove the entry",
         )

@@ -58,11 +58,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl import __version__
 from offloadctl.analysis import analyse
-from offloadctl.rewrite import apply_plan, external_locations, write_model
 from offloadctl.errors import OffloadError
 from offloadctl.files import atomic_write_text
 from offloadctl.model import load_model
 from offloadctl.profiles import PROFILE_SCHEMA_VERSION, profile_from_dict, validate_profile
+from offloadctl.rewrite import apply_plan, external_locations, write_model
 from offloadctl.runner import (
     DEVICES,
     _feeds_for,
@@ -605,8 +605,8 @@ def _copies_in_model(
             entry["scale"] = factor
         else:
             logger.warning(
-                "timing %s copies inside %s: they added %.1f us against %.1f us predicted by the sweep; the sweep's fit "
-                "is kept (measure on a quiet machine)",
+                "timing %s copies inside %s: they added %.1f us against %.1f us predicted by the sweep; "
+                "the sweep's fit is kept (measure on a quiet machine)",
                 direction.upper(),
                 model,
                 cost * 1e6,

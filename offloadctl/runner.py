@@ -479,7 +479,8 @@ def load_inputs(path: str | os.PathLike[str], specs: Sequence[InputSpec], model:
     else:
         raise OffloadError(
             f"inputs {source} do not exist",
-            hint="give an .npz file (numpy.savez), a folder of NAME.npy files, or an onnx test-data folder (input_0.pb ...)",
+            hint="give an .npz file (numpy.savez), a folder of NAME.npy files, "
+            "or an onnx test-data folder (input_0.pb ...)",
         )
     _check_inputs(arrays, specs, source, model)
     return arrays
@@ -540,7 +541,8 @@ def _read_pb_inputs(folder: Path, pbs: list[tuple[int, Path]], specs: Sequence[I
         except Exception as exc:  # protobuf and onnx raise several types for a bad file
             raise OffloadError(
                 f"input file {p} is not a serialized onnx TensorProto ({type(exc).__name__})",
-                hint="write it with open(path, 'wb').write(onnx.numpy_helper.from_array(array, name).SerializeToString())",
+                hint="write it with "
+                "open(path, 'wb').write(onnx.numpy_helper.from_array(array, name).SerializeToString())",
             ) from None
         name = tensor.name
         if not name:

@@ -14,12 +14,12 @@ import pytest
 from onnx import TensorProto, helper
 
 from offloadctl.analysis import analyse
-from offloadctl.rewrite import ApplyResult, apply_plan, write_model
 from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
 from offloadctl.metadata import session_settings
 from offloadctl.model import load_model
 from offloadctl.plan import write_plan
+from offloadctl.rewrite import ApplyResult, apply_plan, write_model
 from offloadctl.stages import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,8 +19,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from models import chain_nodes, long_reuse_model, make_model, save, tensor
 from offloadctl.plan import validate_plan
+
+from models import chain_nodes, long_reuse_model, make_model, save, tensor
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 

@@ -11,11 +11,11 @@ import onnxruntime as ort
 import pytest
 
 from offloadctl.analysis import analyse
-from offloadctl.rewrite import apply_plan, write_model
 from offloadctl.cli.ui import parse_bytes
 from offloadctl.errors import OffloadError
 from offloadctl.explain import explain_rows
 from offloadctl.model import load_model
+from offloadctl.rewrite import apply_plan, write_model
 from offloadctl.simulator import peak_memory, simulate
 from offloadctl.stages import filter_plan, make_plan, prefetch, select
 from offloadctl.stages.budget import budget_filter, bytes_moved, check_budget, plan_peak
@@ -280,7 +280,6 @@ def test_weight_streaming_with_a_budget(run_cli, tmp_path):
 def test_budget_plans_run_bit_identical_on_cpu(name, tmp_path):
     path = SAMPLES / f"{name}.onnx"
     analysis = _analysis(path)
-    before = peak_memory(analysis)[0]
     lb, _ = lower_bound(analysis)
     budget = int(lb * 1.3)
     _, scheduled = _budget_plan(analysis, budget, prefetch_distance=3)

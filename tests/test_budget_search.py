@@ -22,9 +22,9 @@ from offloadctl.costs import BytesMoved, InlineTime, make_cost, plan_cost
 from offloadctl.model import load_model
 from offloadctl.profiles import profile_from_dict
 from offloadctl.simulator import peak_memory, simulate
-from offloadctl.stages.budget import optimal as optimal_module
 from offloadctl.stages import prefetch, select
 from offloadctl.stages.budget import budget_filter, bytes_moved
+from offloadctl.stages.budget import optimal as optimal_module
 from offloadctl.timeline import lower_bound
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,6 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from models import make_model, save, tensor
 from offloadctl.analysis import analyse
 from offloadctl.cli.inspect_cmd import inspect_report
 from offloadctl.model import load_model
@@ -29,6 +28,8 @@ from offloadctl.simulator import simulate
 from offloadctl.stages import prefetch, select
 from offloadctl.stages.budget import budget_filter, plan_peak
 from offloadctl.timeline import lower_bound, profile, subgraph_memory
+
+from models import make_model, save, tensor
 
 KIB = 1024
 

@@ -14,10 +14,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from models import IR_VERSION, OPSET, save, tensor
 from offloadctl.analysis import analyse
 from offloadctl.model import load_model
 from offloadctl.ortgraph import expected_run_order, normalize
+
+from models import IR_VERSION, OPSET, save, tensor
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -16,18 +16,19 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from conftest import SAMPLES
-from models import long_reuse_model, save
 from offloadctl import profiler
 from offloadctl.analysis import analyse
-from offloadctl.rewrite import apply_plan
 from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
 from offloadctl.model import load_model
 from offloadctl.profiler import fit_link, fit_range, kernel_runs, measure_profile, node_overhead_for, write_profile
 from offloadctl.profiles import list_profiles, load_profile, profile_from_dict, profile_schema
+from offloadctl.rewrite import apply_plan
 from offloadctl.simulator import simulate
 from offloadctl.stages import make_plan
+
+from conftest import SAMPLES
+from models import long_reuse_model, save
 
 SEED = SAMPLES / "seed.onnx"
 SEED_INPUTS = SAMPLES / "seed.inputs.npz"

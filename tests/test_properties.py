@@ -20,17 +20,17 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from models import make_model, tensor
 from offloadctl.analysis import Analysis, analyse
-from offloadctl.rewrite import apply_plan, write_model
 from offloadctl.model import load_model
 from offloadctl.plan import validate_plan
+from offloadctl.rewrite import apply_plan, write_model
 from offloadctl.stages import make_plan, select
+
+from models import make_model, tensor
 
 settings.register_profile(
     "offloadctl-properties",
@@ -96,11 +96,11 @@ def dag_models(draw: st.DrawFn) -> RandomModel:
             if use_weights and draw(st.booleans()):
                 b = weight(a_shape)
             else:
-                b, _ = pick(lambda s: s == a_shape)
+                b, _ = pick(lambda s: s == a_shape)  # noqa: B023 (called at once)
             node = helper.make_node(op, [a, b], [out])
             outs = [(out, a_shape)]
         elif op == "MatMul":
-            other = pick(lambda s: s[0] == a_shape[1])
+            other = pick(lambda s: s[0] == a_shape[1])  # noqa: B023 (called at once)
             if other is None or (use_weights and draw(st.booleans())):
                 b_shape = (a_shape[1], draw(st.sampled_from(DIMS)))
                 b = weight(b_shape)
@@ -110,7 +110,7 @@ def dag_models(draw: st.DrawFn) -> RandomModel:
             outs = [(out, (a_shape[0], b_shape[1]))]
         elif op == "Concat":
             axis = draw(st.integers(0, 1))
-            other = pick(lambda s: s[1 - axis] == a_shape[1 - axis] and s[axis] + a_shape[axis] <= MAX_DIM)
+            other = pick(lambda s: s[1 - axis] == a_shape[1 - axis] and s[axis] + a_shape[axis] <= MAX_DIM)  # noqa: B023
             if other is None:
                 op, node, outs = "Relu", helper.make_node("Relu", [a], [out]), [(out, a_shape)]
             else:

@@ -11,9 +11,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl.analysis import analyse
-from offloadctl.rewrite import apply_plan
 from offloadctl.inline import inlined_calls
 from offloadctl.model import load_model
+from offloadctl.rewrite import apply_plan
 from offloadctl.runner import run_model
 from offloadctl.simulator import lower_bound, simulate
 from offloadctl.stages import make_plan, prefetch, select
@@ -27,7 +27,8 @@ SHAPE_PATH_MODEL = """
 <ir_version: 10, opset_import: ["" : 17]>
 g (float[4, 8] x, int64[4] tok) => (float[4, 4, 8] y, float[4, 8] z)
   <int64 idx = {0}, int64[2] tail = {4, 8}, int64[1] ax = {0}, float[8] w = {1, 2, 3, 4, 5, 6, 7, 8},
-   float[4, 8] emb = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0, 3.1}>
+   float[4, 8] emb = {0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5,
+                      1.6, 1.7, 1.8, 1.9, 2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7, 2.8, 2.9, 3.0, 3.1}>
 {
     a = Relu(x)
     s = Shape(a)
@@ -157,7 +158,8 @@ def test_model_with_inlined_functions_runs_in_the_planned_order_bit_identically(
 # depends on the input types, which onnx's inliner only finds when weights have a declared type.
 GROUP_NORM_MODEL = """
 <ir_version: 10, opset_import: ["" : 21]>
-g (float[2, 4, 3, 3] x) => (float[2, 4, 3, 3] y) <float[4] scale = {1.0, 0.5, 2.0, 1.5}, float[4] bias = {0.0, 0.1, 0.2, 0.3}> {
+g (float[2, 4, 3, 3] x) => (float[2, 4, 3, 3] y)
+  <float[4] scale = {1.0, 0.5, 2.0, 1.5}, float[4] bias = {0.0, 0.1, 0.2, 0.3}> {
     r = Relu(x)
     n = GroupNormalization<num_groups = 2>(r, scale, bias)
     m = Neg(n)

@@ -11,7 +11,6 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import IR_VERSION, SAMPLE_NAMES, SAMPLES
 from offloadctl.errors import OffloadError
 from offloadctl.runner import (
     SESSION_METADATA_KEY,
@@ -22,6 +21,8 @@ from offloadctl.runner import (
     session_config,
     settings_warnings,
 )
+
+from conftest import IR_VERSION, SAMPLE_NAMES, SAMPLES
 
 
 def _save(model: onnx.ModelProto, path) -> str:

@@ -27,8 +27,8 @@ from onnx import TensorProto
 
 from offloadctl import plan as plan_module
 from offloadctl.analysis import analyse
-from offloadctl.onnxutil import is_constant_node, subgraph_outer_names
 from offloadctl.model import load_model
+from offloadctl.onnxutil import is_constant_node, subgraph_outer_names
 from offloadctl.plan import dump_plan, plan_schema, validate_plan
 from offloadctl.stages import make_plan
 
@@ -432,9 +432,9 @@ def test_converting_every_tensor_at_once_gives_what_lookups_give(small_model, na
 
 
 def test_converting_at_once_refuses_nothing_that_is_not_looked_up(tmp_path):
-    from models import IR_VERSION, OPSET
-
     from offloadctl.errors import OffloadError
+
+    from models import IR_VERSION, OPSET
 
     # a = Relu(x) is 2**60 elements: absurd, refused when looked up, never while converting
     nodes = [
@@ -457,9 +457,9 @@ def test_converting_at_once_refuses_nothing_that_is_not_looked_up(tmp_path):
 def test_the_producer_map_finds_the_same_stale_declarations_as_a_walk_over_every_node(tmp_path):
     """Declared shapes that shape inference must not see are found through analyse's map of
     producers; a walk over every node (tensor_infos without it) finds the same ones."""
-    from models import IR_VERSION, OPSET, chain_nodes
-
     from offloadctl.model import tensor_infos
+
+    from models import IR_VERSION, OPSET, chain_nodes
 
     nodes = chain_nodes() + [onnx.helper.make_node("Custom", ["y"], ["z"], domain="my.ops", name="custom")]
     x = onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])

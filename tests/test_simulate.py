@@ -13,11 +13,11 @@ import onnxruntime as ort
 import pytest
 
 from offloadctl.analysis import analyse
-from offloadctl.rewrite import apply_plan, write_model
 from offloadctl.errors import OffloadError
 from offloadctl.model import load_model
 from offloadctl.plan import write_plan
 from offloadctl.profiles import DEFAULT_PROFILE, list_profiles, load_profile, profile_from_dict
+from offloadctl.rewrite import apply_plan, write_model
 from offloadctl.simulator import node_flops, peak_memory, simulate
 from offloadctl.stages import make_plan
 
@@ -283,7 +283,8 @@ def test_flop_counts(write_model):
     path = write_model(
         """
         <ir_version: 10, opset_import: ["" : 17]>
-        g (float[2,3] a, float[3,4] b, float[1,3,8,8] x, float[5,3,3,3] w) => (float[2,4] y, float[2,4] z, float[1,5,6,6] c)
+        g (float[2,3] a, float[3,4] b, float[1,3,8,8] x, float[5,3,3,3] w)
+          => (float[2,4] y, float[2,4] z, float[1,5,6,6] c)
         {
           y = MatMul(a, b)
           z = Gemm(a, b)

@@ -33,6 +33,7 @@ from offloadctl.simulator import peak_memory, simulate
 from offloadctl.stages import make_plan, prefetch, select
 from offloadctl.stages.budget import budget_filter
 from offloadctl.timeline import WorkingSet, lower_bound, profile
+
 from test_properties import PROPERTIES, RandomModel, dag_models
 
 # ---------------------------------------------------------------------------------------------------
@@ -193,9 +194,9 @@ def test_the_working_set_matches_plain_arrays(values: list[int], block: int, cha
         lo, hi = min(first, last), max(first, last)
         assert ws.max(lo, hi) == int(plain[lo : hi + 1].max())
         assert ws.window(lo, hi).tolist() == plain[lo : hi + 1].tolist()
-    many = [(f % n, l % n, d) for f, l, d in changes]
+    many = [(first % n, last % n, d) for first, last, d in changes]
     if many:
         ws.add_many(*zip(*many))
-        for f, l, d in many:
-            plain[f : l + 1] += d
+        for first, last, d in many:
+            plain[first : last + 1] += d
     assert ws.values().tolist() == plain.tolist()

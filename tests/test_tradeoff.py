@@ -19,8 +19,6 @@ import numpy as np
 import pytest
 from onnx import helper, numpy_helper
 
-from conftest import SAMPLES
-from models import make_model, save, tensor
 from offloadctl import profiler
 from offloadctl.analysis import analyse
 from offloadctl.costs import CopyTiming, StreamStall, default_objective, make_cost
@@ -33,6 +31,9 @@ from offloadctl.stages import make_plan, prefetch, select
 from offloadctl.stages.budget import budget_filter
 from offloadctl.timeline import lower_bound
 from offloadctl.tradeoff import Tradeoff, budget_grid, dominated
+
+from conftest import SAMPLES
+from models import make_model, save, tensor
 
 MODELS = ["unet", "transformer", "training", "mlp"]
 
@@ -303,7 +304,7 @@ def test_max_slowdown_on_the_command_line(run_cli, tmp_path):
     )
     assert info["peak_bytes"] < info["peak_before_bytes"] and info["budgets_tried"] >= 16
     text = _words(result.stdout)
-    assert f"max slowdown 1.05x (copies in line, profile ascend-910b): budget" in text
+    assert "max slowdown 1.05x (copies in line, profile ascend-910b): budget" in text
     assert "Max slowdown 1.05x" in report.read_text()
     for args in (("--budget", "700KiB"), ("--stream-weights",), ("--strategy", "distance"), ("--optimal",)):
         bad = run_cli("plan", model, "-o", tmp_path / "bad.json", "--max-slowdown", "1.05", *args)

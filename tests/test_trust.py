@@ -18,9 +18,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
+from test_bad_inputs import assert_clean_failure
 
 from models import IR_VERSION, OPSET, make_model, save, tensor
-from test_bad_inputs import assert_clean_failure
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from offloadctl.analysis import analyse
-from offloadctl.rewrite import ApplyResult, apply_plan, check_model_outputs, write_model
 from offloadctl.cli.common import finish, peak_text, plan_pins, print_estimate, slowdown_text
 from offloadctl.cli.options import json_option, output_option
 from offloadctl.cli.ui import out_console, steps
@@ -16,6 +15,7 @@ from offloadctl.estimate import recorded_estimate
 from offloadctl.files import check_output_path, sha256_file
 from offloadctl.model import load_model
 from offloadctl.plan import check_plan_model, read_plan
+from offloadctl.rewrite import ApplyResult, apply_plan, check_model_outputs, write_model
 
 __all__ = ["COMMANDS", "find_model"]
 

@@ -8,8 +8,8 @@ import click
 from rich.table import Table
 
 from offloadctl.cli.common import check_unknown_sizes, finish, load_and_analyse
-from offloadctl.cli.plot import plot_frontier
 from offloadctl.cli.options import input_shape_option, json_option, model_argument, objective_option, profile_option
+from offloadctl.cli.plot import plot_frontier
 from offloadctl.cli.ui import fmt_bytes, out_console, steps
 from offloadctl.costs import COPY_MODES, STREAMS_NOTE, copy_mode_label
 from offloadctl.errors import OffloadError

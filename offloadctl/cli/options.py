@@ -7,6 +7,9 @@ from typing import Any
 
 import click
 
+from offloadctl.cli.ui import BytesParam
+from offloadctl.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
+from offloadctl.profiles import DEFAULT_PROFILE, list_profiles
 from offloadctl.stages import (
     DEFAULT_MIN_BYTES,
     DEFAULT_PREFETCH_DISTANCE,
@@ -14,9 +17,6 @@ from offloadctl.stages import (
     DEFAULT_SELECT_DISTANCE,
     DEFAULT_SELECT_NUM,
 )
-from offloadctl.cli.ui import BytesParam
-from offloadctl.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
-from offloadctl.profiles import DEFAULT_PROFILE, list_profiles
 from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH, DEFAULT_TIME_LIMIT
 
 __all__ = [

@@ -9,8 +9,8 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from offloadctl.cli.options import input_shape_option, json_option, model_argument, output_option
 from offloadctl.cli.common import finish
+from offloadctl.cli.options import input_shape_option, json_option, model_argument, output_option
 from offloadctl.cli.ui import fmt_bytes, out_console, steps
 from offloadctl.files import check_output_path
 from offloadctl.model import parse_dims, parse_input_shapes

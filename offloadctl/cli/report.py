@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from offloadctl import __version__
+from offloadctl.cli.plot import plot_timeline
 from offloadctl.costs import STREAMS_NOTE
 from offloadctl.errors import OffloadError
 from offloadctl.explain import explain_rows
 from offloadctl.files import atomic_write_text
-from offloadctl.cli.plot import plot_timeline
 from offloadctl.simulator import SimResult
 from offloadctl.units import fmt_bytes
 
@@ -166,8 +166,8 @@ def _moves_section(result: SimResult, doc: dict[str, Any], plan: dict[str, Any] 
             if within["within"]:
                 lines += [
                     f"Max slowdown {within['requested']:g}x: the budget {fmt_bytes(within['budget_bytes'])} gives the "
-                    f"lowest peak of {within['budgets_tried']} budgets tried, at an estimated {within['slowdown']:.3f}x "
-                    f"the baseline (profile {within['profile']}).",
+                    f"lowest peak of {within['budgets_tried']} budgets tried, "
+                    f"at an estimated {within['slowdown']:.3f}x the baseline (profile {within['profile']}).",
                     "",
                 ]
             else:

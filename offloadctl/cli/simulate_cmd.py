@@ -20,7 +20,6 @@ from offloadctl.cli.common import (
     plan_pins,
     slowdown_text,
 )
-from offloadctl.cli.plot import plot_timeline
 from offloadctl.cli.options import (
     input_shape_option,
     json_option,
@@ -30,13 +29,14 @@ from offloadctl.cli.options import (
     report_option,
     strict_option,
 )
+from offloadctl.cli.plot import plot_timeline
+from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import fmt_bytes, out_console
 from offloadctl.costs import STREAMS_NOTE
 from offloadctl.estimate import estimate_figures
 from offloadctl.files import check_output_path
 from offloadctl.plan import read_plan
 from offloadctl.profiles import load_profile
-from offloadctl.cli.report import write_report
 from offloadctl.simulator import SimResult, simulate
 
 __all__ = ["COMMANDS", "simulate_cmd"]
@@ -71,18 +71,20 @@ def _print_report(result: SimResult, doc: dict) -> None:
     console.print(mem)
     lb = doc["lower_bound_at"]
     console.print(
-        f"lower bound {fmt_bytes(doc['lower_bound_bytes'])} (largest single-step working set, #{lb['position']} {lb['node']})"
+        f"lower bound {fmt_bytes(doc['lower_bound_bytes'])} "
+        f"(largest single-step working set, #{lb['position']} {lb['node']})"
     )
     moved, copies = doc["transfer_bytes"], doc["copies"]
     console.print(
-        f"copies: {copies['d2h']} D2H moving {fmt_bytes(moved['d2h'])}, {copies['h2d']} H2D moving {fmt_bytes(moved['h2d'])}; "
-        f"host peak {fmt_bytes(doc['host_peak_bytes'])}"
+        f"copies: {copies['d2h']} D2H moving {fmt_bytes(moved['d2h'])}, "
+        f"{copies['h2d']} H2D moving {fmt_bytes(moved['h2d'])}; host peak {fmt_bytes(doc['host_peak_bytes'])}"
     )
     if result.times is not None and result.profile is not None:
         t = doc["time_s"]
         nodes = doc["time_nodes"]
         caption = (
-            f"node times: {nodes['measured']} of {nodes['total']} measured, {nodes['estimated']} estimated from FLOPs and bytes"
+            f"node times: {nodes['measured']} of {nodes['total']} measured, "
+            f"{nodes['estimated']} estimated from FLOPs and bytes"
             if result.profile.measured is not None
             else f"node times: all {nodes['total']} estimated from FLOPs and bytes (no measurements in this profile)"
         )

@@ -40,8 +40,9 @@ from offloadctl.cli.options import (
     select_options,
     strict_option,
 )
+from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import fmt_bytes, out_console, steps
-from offloadctl.costs import STREAMS_NOTE, copy_mode_label, default_objective
+from offloadctl.costs import copy_mode_label, default_objective
 from offloadctl.errors import OffloadError
 from offloadctl.estimate import estimate_figures, record_estimate
 from offloadctl.explain import explain_table
@@ -49,7 +50,6 @@ from offloadctl.files import check_output_path
 from offloadctl.model import load_model
 from offloadctl.plan import check_plan_model, read_plan, write_plan
 from offloadctl.profiles import Profile, load_profile
-from offloadctl.cli.report import write_report
 from offloadctl.simulator import is_rewritten, simulate
 from offloadctl.stages import (
     DEFAULT_PREFETCH_DISTANCE,
@@ -171,7 +171,10 @@ def _print_search(plan: dict, defaulted: bool | None = None) -> None:
     if compared:
         stall = compared["stall_s"]
         if compared["kept"] == "time":
-            line += f"; estimated stall {_ms(stall['time'])}, against {_ms(stall['bytes'])} for the plan the bytes objective finds"
+            line += (
+                f"; estimated stall {_ms(stall['time'])}, "
+                f"against {_ms(stall['bytes'])} for the plan the bytes objective finds"
+            )
         else:
             line += (
                 f"; the plan the bytes objective finds stalls less ({_ms(stall['bytes'])} against "

@@ -22,9 +22,9 @@ from typing import Any
 
 from offloadctl.analysis import Analysis
 from offloadctl.errors import OffloadError
+from offloadctl.onnxutil import copy_kind
 from offloadctl.plan import check_plan_model
 from offloadctl.plancheck import check_plan_for_model
-from offloadctl.onnxutil import copy_kind
 from offloadctl.simulator.base import Base, base_of, interner
 from offloadctl.timeline import subgraph_memory, weight_is_resident
 

@@ -7,8 +7,9 @@ the profile's ``node_overhead_s`` (what the executor spends per node beyond the 
 profiler's own cost inside each event; never below 0 in total). Any other node takes
 ``max(flops / peak_flops, bytes / mem_bandwidth) + kernel_launch_s``. FLOPs are counted for
 MatMul/FusedMatMul/Gemm (2*M*N*K), Conv (2 * output elements * Cin/group * kernel size),
-ConvTranspose (2 * input elements * Cout/group * kernel size) and attention ops (Attention, MultiHeadAttention, GroupQueryAttention: 4*B*Sq*Skv*hidden, plus the
-QKV projection for com.microsoft Attention); every other node is counted by the bytes it reads and
+ConvTranspose (2 * input elements * Cout/group * kernel size) and attention ops (Attention,
+MultiHeadAttention, GroupQueryAttention: 4*B*Sq*Skv*hidden, plus the QKV projection for
+com.microsoft Attention); every other node is counted by the bytes it reads and
 writes. A copy takes ``latency_s + bytes / bandwidth`` of its direction (in a measured profile the
 in-line cost of a copy node, from the measured fit). Every figure includes the profile's
 ``run_overhead_s`` once (the fixed cost of a session run; 0 in datasheet profiles). Three figures:
@@ -203,7 +204,9 @@ class TimeFigures:
 
     @property
     def slowdown(self) -> dict[str, float]:
-        ratio = lambda t: t / self.baseline if self.baseline > 0 else 1.0
+        def ratio(t: float) -> float:
+            return t / self.baseline if self.baseline > 0 else 1.0
+
         return {"serialized": ratio(self.serialized), "overlapped": ratio(self.overlapped)}
 
 

@@ -303,7 +303,8 @@ def select(
                 "not-copyable",
                 info.why_unknown()
                 if info.bytes is None
-                else f"type {info.dtype} cannot be copied by onnxruntime's MemcpyToHost/MemcpyFromHost on every provider",
+                else f"type {info.dtype} cannot be copied by onnxruntime's MemcpyToHost/MemcpyFromHost "
+                "on every provider",
                 max_gap,
             )
             continue

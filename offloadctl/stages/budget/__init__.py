@@ -43,8 +43,8 @@ Greedy search (the default), built to scale to graphs of 100,000 nodes:
    offload gets the largest per-tensor ``prefetch_distance`` <= the requested global distance that
    keeps the peak within the budget. With copies on streams it gets only the lead its H2Ds need to
    be done in time on the shared link (scheduled back from their deadlines, one copy at a time per
-   direction; `offloadctl.stages.budget.search.Planner.place_prefetch_streams`), within the same limits: a longer lead would hold
-   memory and take the link ahead of copies due sooner.
+   direction; `offloadctl.stages.budget.search.Planner.place_prefetch_streams`), within the same
+   limits: a longer lead would hold memory and take the link ahead of copies due sooner.
 
 The plan's ``budget`` object records what the plan costs and a proven lower bound on what any plan
 of this strategy must cost (for each of the steps furthest over the budget: the cheapest way to
@@ -52,16 +52,17 @@ free its excess, taking intervals fractionally; with release distance 0, where a
 exactly its idle steps), and the gap between them.
 
 Exact search (``optimal=True``, needs HiGHS; linear costs only: bytes, or time with copies in line):
-the same choice written as an integer covering program (`offloadctl.stages.budget.optimal`), started from
-the greedy's plan, with a time limit; it returns the best plan found, HiGHS's proven bound and the gap. Every answer is checked against the
-timeline in exact integer bytes before it is trusted; one that does not fit, or costs more than the
-greedy's, is set aside for the greedy's.
+the same choice written as an integer covering program (`offloadctl.stages.budget.optimal`),
+started from the greedy's plan, with a time limit; it returns the best plan found, HiGHS's proven
+bound and the gap. Every answer is checked against the timeline in exact integer bytes before it
+is trusted; one that does not fit, or costs more than the greedy's, is set aside for the greedy's.
 
 If the budget is below the lower bound (the largest single-node working set: inputs, outputs and
 weights one node reads), or cannot be reached, a `BudgetUnreachable` error gives the lower bound and
 the best peak reachable. `BudgetSearch` prepares what does not depend on the budget once, for
-sweeps over many budgets (`offloadctl.tradeoff`). When the user did not enable weights (``--params``) and activations alone
-cannot reach the budget, weights are added as candidates and the plan says so.
+sweeps over many budgets (`offloadctl.tradeoff`). When the user did not enable weights
+(``--params``) and activations alone cannot reach the budget, weights are added as candidates and
+the plan says so.
 
 Weight streaming (``stream_weights``): weights stay on the host and come in by *layer group*.
 Groups are built from the execution order: eligible weights sorted by first use are packed into

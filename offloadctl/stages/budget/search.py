@@ -269,9 +269,9 @@ class Planner:
         opening = iv.opening[cand]
         with_opening = bundle & (opening >= 0)
         o = opening[with_opening]
-        for f, l in ((iv.first0[o], iv.last0[o]), (iv.first1[o], iv.last1[o])):
-            firsts.append(f)
-            lasts.append(l)
+        for first, last in ((iv.first0[o], iv.last0[o]), (iv.first1[o], iv.last1[o])):
+            firsts.append(first)
+            lasts.append(last)
             owners.append(owner[with_opening])
         return cost, np.concatenate(owners), np.concatenate(firsts), np.concatenate(lasts), iv.bytes[rows]
 
@@ -547,9 +547,9 @@ class Planner:
         iv = self.iv
         rows = np.flatnonzero(~iv.taken & ~self.fixed[iv.cand])
         freed = np.zeros(self.n + 1, dtype=np.int64)
-        for f, l in ((iv.first0[rows], iv.last0[rows]), (iv.first1[rows], iv.last1[rows])):
-            keep = f <= l
-            freed += timeline.sweep(self.n + 1, f[keep], l[keep], iv.bytes[rows][keep])
+        for first, last in ((iv.first0[rows], iv.last0[rows]), (iv.first1[rows], iv.last1[rows])):
+            keep = first <= last
+            freed += timeline.sweep(self.n + 1, first[keep], last[keep], iv.bytes[rows][keep])
         return int((self.ws.values() - freed).max())
 
     def cost_bound(self, budget: int) -> float:

@@ -301,8 +301,9 @@ class BudgetSearch:
             cost = make_cost(objective, prof)
         if optimal and not cost.linear:
             raise OffloadError(
-                "the exact search (--optimal) supports only the linear objectives: bytes, or time with copies in line; "
-                "with copies on streams a copy's price depends on the compute around it, which the program cannot state",
+                "the exact search (--optimal) supports only the linear objectives: bytes, "
+                "or time with copies in line; with copies on streams a copy's price depends on the compute "
+                "around it, which the program cannot state",
                 hint="drop --optimal, or use --copies inline (or --objective bytes)",
             )
         if optimal and budget_bytes is None:
@@ -335,7 +336,8 @@ class BudgetSearch:
                 f"the budget strategy cannot fit {analysis.loaded.path} into {fmt_bytes(budget_bytes)}: the best peak "
                 f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(lb)}, peak without offload "
                 f"{fmt_bytes(before)})",
-                hint=f"raise --budget to at least {byte_arg(best)}, or allow more candidates (--params, fewer --never patterns)",
+                hint=f"raise --budget to at least {byte_arg(best)}, "
+                "or allow more candidates (--params, fewer --never patterns)",
                 reachable=best,
             )
         build = dict(
