@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from offloadctl.errors import OffloadError
+from offloadctl.plantypes import Plan
 
 __version__ = "0.1.0"
 
@@ -102,7 +103,7 @@ def analyse(model: LoadedModel | str | os.PathLike[str]) -> Analysis:
     return _analyse(model)
 
 
-def make_plan(analysis: Analysis, **options: Any) -> dict[str, Any]:
+def make_plan(analysis: Analysis, **options: Any) -> Plan:
     """The whole scheduled plan in one call: select, filter (by count, or by ``budget``), prefetch.
 
     Takes every keyword option of `offloadctl.stages.make_plan`: ``select_distance``,
@@ -116,7 +117,7 @@ def make_plan(analysis: Analysis, **options: Any) -> dict[str, Any]:
 
 
 def apply(
-    plan: dict[str, Any],
+    plan: Plan,
     analysis: Analysis,
     output: str | os.PathLike[str] | None = None,
     *,
@@ -143,7 +144,7 @@ def apply(
     return model
 
 
-def simulate(analysis: Analysis, plan: dict[str, Any] | None = None, *, profile: Any = "ascend-910b") -> SimResult:
+def simulate(analysis: Analysis, plan: Plan | None = None, *, profile: Any = "ascend-910b") -> SimResult:
     """Peak device memory before and after ``plan`` and its estimated time under a device profile.
 
     See `offloadctl.simulator.simulate`; ``profile`` is a bundled profile name (the default is

@@ -10,9 +10,8 @@ and changes neither.
 
 from __future__ import annotations
 
-from typing import Any
-
 from offloadctl.analysis import Analysis
+from offloadctl.plantypes import Offload, Plan, ReloadGroup
 from offloadctl.simulator import SimResult, lower_bound, peak_memory
 from offloadctl.stages.budget import bytes_moved
 from offloadctl.units import fmt_bytes
@@ -22,11 +21,11 @@ __all__ = ["WEAK_CUT", "weak_plan_advice"]
 WEAK_CUT = 0.03  # a plan that moves bytes but cuts the peak by less than this fraction is reported
 
 
-def _idle_free(off: dict[str, Any], group: dict[str, Any]) -> bool:
+def _idle_free(off: Offload, group: ReloadGroup) -> bool:
     """True when a reload group leaves the device for no step: its H2D runs no later than the use
     (or the producer) before its gap, so the copy is back as soon as it left."""
-    first = group["uses"][0]["position"]
-    return group["h2d_before"] is not None and first - group["h2d_before"] >= group["gap"]
+    first, h2d = group["uses"][0]["position"], group["h2d_before"]
+    return h2d is not None and first - h2d >= group["gap"]
 
 
 def _node_working_set(analysis: Analysis, position: int) -> int:
@@ -45,7 +44,7 @@ def _peaks(result: SimResult) -> tuple[int, int, int | None]:
     return result.peak_before, result.peak_after, None if step is None else result.after.positions[step]
 
 
-def weak_plan_advice(analysis: Analysis, plan: dict[str, Any], *, result: SimResult | None = None) -> str | None:
+def weak_plan_advice(analysis: Analysis, plan: Plan, *, result: SimResult | None = None) -> str | None:
     """The warning for a scheduled plan that moves bytes but barely lowers the peak, else None.
 
     ``result`` is the simulation of this plan on this analysis when the caller has it (the figures
@@ -68,7 +67,7 @@ def weak_plan_advice(analysis: Analysis, plan: dict[str, Any], *, result: SimRes
     ]
     groups = [(off, g) for off in plan["offloads"] for g in off["reload_groups"]]
     idle_free = [(off, g) for off, g in groups if _idle_free(off, g)]
-    distances = sorted({(o.get("prefetch_distance") for o in plan["offloads"])} - {None})
+    distances = sorted({d for o in plan["offloads"] if (d := o["prefetch_distance"]) is not None})
     prefetch = (plan["options"].get("prefetch") or {}).get("prefetch_distance")
     if idle_free:
         lines.append(

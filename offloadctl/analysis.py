@@ -22,6 +22,7 @@ from typing import NamedTuple
 import networkx as nx
 import onnx
 
+from offloadctl import plantypes
 from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.model import LoadedModel, TensorInfos, tensor_infos
@@ -56,7 +57,7 @@ class Use(NamedTuple):
     def sort_key(self) -> tuple[int, int]:
         return (self.position, self.input_index if self.input_index is not None else 1 << 30)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> plantypes.Use:
         return {"position": self.position, "node": self.node, "input_index": self.input_index}
 
 
@@ -152,8 +153,8 @@ def execution_order(
             cycle = [u for u, _ in nx.find_cycle(graph)]
         except nx.NetworkXNoCycle:  # pragma: no cover - Kahn stalls only on cycles
             cycle = stuck[:5]
-        names = " -> ".join(_describe(nodes[i], i) for i in cycle[:6])
-        raise OffloadError(f"the graph has a cycle: {names}", hint="the model is malformed; re-export it")
+        chain = " -> ".join(_describe(nodes[i], i) for i in cycle[:6])
+        raise OffloadError(f"the graph has a cycle: {chain}", hint="the model is malformed; re-export it")
     was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
     return order, was_sorted
 

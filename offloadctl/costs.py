@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from offloadctl.plantypes import Offload, Plan
 from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
 
 if TYPE_CHECKING:
@@ -287,7 +288,7 @@ def make_cost(
     raise ValueError(f"unknown objective {objective!r}; expected one of {', '.join(OBJECTIVES)}")
 
 
-def copies_of(offload: dict[str, Any]) -> tuple[int, int]:
+def copies_of(offload: Offload) -> tuple[int, int]:
     """(D2H copies, H2D copies) of one plan entry."""
     d2h = 1 if offload["kind"] == "activation" else 0
     h2d = len(offload["reload_groups"]) + bool(
@@ -296,12 +297,13 @@ def copies_of(offload: dict[str, Any]) -> tuple[int, int]:
     return d2h, h2d
 
 
-def _positions(offload: dict[str, Any], n: int) -> tuple[tuple[int, int] | None, list[tuple[int, int]]]:
+def _positions(offload: Offload, n: int) -> tuple[tuple[int, int] | None, list[tuple[int, int]]]:
     """(producer, release) of an entry's D2H, and (issue, use) of each H2D; positions not filled in yet
     count as at the use (H2D) and at the last device use (release)."""
     d2h = None
     if offload["kind"] == "activation":
         producer = offload["d2h_after"]
+        assert producer is not None  # a valid plan's activation has its D2H position
         release = offload.get("release_after")
         if release is None:
             release = offload["device_uses"][-1]["position"] if offload["device_uses"] else producer
@@ -310,12 +312,13 @@ def _positions(offload: dict[str, Any], n: int) -> tuple[tuple[int, int] | None,
     for group in offload["reload_groups"]:
         use = group["uses"][0]["position"]
         h2d.append((use if group["h2d_before"] is None else group["h2d_before"], use))
-    if offload.get("graph_output") and offload.get("output_h2d_before") is not None:
-        h2d.append((offload["output_h2d_before"], n))
+    out_h2d = offload.get("output_h2d_before")
+    if offload.get("graph_output") and out_h2d is not None:
+        h2d.append((out_h2d, n))
     return d2h, h2d
 
 
-def plan_cost(plan: dict[str, Any], cost: CopyCost) -> float:
+def plan_cost(plan: Plan, cost: CopyCost) -> float:
     """The cost of every copy a plan makes."""
     total = 0.0
     n = plan["model"]["num_positions"]

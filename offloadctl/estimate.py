@@ -14,6 +14,7 @@ import hashlib
 import json
 from typing import Any
 
+from offloadctl.plantypes import Plan
 from offloadctl.simulator import SimResult
 
 __all__ = ["estimate_figures", "record_estimate", "recorded_estimate"]
@@ -40,17 +41,17 @@ def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any
     }
 
 
-def _offloads_sha256(plan: dict[str, Any]) -> str:
+def _offloads_sha256(plan: Plan) -> str:
     text = json.dumps(plan["offloads"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def record_estimate(plan: dict[str, Any], figures: dict[str, Any]) -> None:
+def record_estimate(plan: Plan, figures: dict[str, Any]) -> None:
     """Store ``figures`` (`estimate_figures`) in ``plan["summary"]["estimate"]``."""
     plan.setdefault("summary", {})["estimate"] = {**figures, "offloads_sha256": _offloads_sha256(plan)}
 
 
-def recorded_estimate(plan: dict[str, Any]) -> dict[str, Any] | None:
+def recorded_estimate(plan: Plan) -> dict[str, Any] | None:
     """The figures `record_estimate` stored, or None when there are none or the offloads changed since."""
     recorded = (plan.get("summary") or {}).get("estimate")
     if not isinstance(recorded, dict) or recorded.get("offloads_sha256") != _offloads_sha256(plan):

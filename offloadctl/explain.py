@@ -13,24 +13,27 @@ from typing import Any
 
 from rich.table import Table
 
+from offloadctl.plantypes import Offload, Plan
 from offloadctl.units import fmt_bytes
 
 __all__ = ["explain_rows", "explain_table"]
 
 
-def _idle(off: dict[str, Any], plan: dict[str, Any]) -> int:
+def _idle(off: Offload, plan: Plan) -> int:
     """The longest stretch a tensor sits idle (the select stage's rule): between its producer (a
     weight: the start of the run) and its uses, and for a weight after its last use to the end."""
     uses = sorted(
         [u["position"] for u in off["device_uses"]] + [u["position"] for g in off["reload_groups"] for u in g["uses"]]
     )
-    points = [off["d2h_after"] if off["kind"] == "activation" else 0, *uses]
+    start = off["d2h_after"] if off["kind"] == "activation" else 0
+    assert start is not None  # a valid plan's activation has its D2H position
+    points = [start, *uses]
     if off["kind"] == "parameter":
         points.append(max(plan["model"]["num_positions"] - 1, points[-1]))
     return max((b - a for a, b in zip(points, points[1:])), default=0)
 
 
-def explain_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
+def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     """One row per candidate: tensor, kind, bytes, reload groups, max gap, status, reason, detail.
 
     Chosen tensors come first (in plan order), then rejected ones (largest first).
@@ -78,7 +81,7 @@ def explain_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def explain_table(plan: dict[str, Any]) -> Table:
+def explain_table(plan: Plan) -> Table:
     """A rich table of :func:`explain_rows`, titled with the strategy and, for a budget, its figures."""
     title = f"candidates ({plan['strategy']} strategy, stage {plan['stage']})"
     budget = plan.get("budget")

@@ -133,7 +133,7 @@ def _temporary_beside(path: Path) -> Iterator[Path]:
         raise
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], None], *, mode: int | None = None) -> None:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object], *, mode: int | None = None) -> None:
     """Call ``write(tmp_path)`` to fill a temporary file, then rename it over ``path``.
 
     The result gets permission bits ``mode`` (a copy of a file keeps its source's), by default

@@ -26,6 +26,7 @@ from typing import Any
 import onnx
 
 from offloadctl.errors import OffloadError
+from offloadctl.plantypes import Plan
 
 __all__ = [
     "KEY_VERSION",
@@ -44,7 +45,7 @@ KEY_OFFLOADS = "offloadctl.offloads"
 KEY_SESSION = "offloadctl.session"
 
 
-def plan_sha256(plan: dict[str, Any]) -> str:
+def plan_sha256(plan: Plan) -> str:
     """sha256 of the plan's canonical JSON (sorted keys, no whitespace, UTF-8)."""
     # json's ASCII encoder is the faster one; it writes the same text unless a string holds a
     # character beyond ASCII, which it writes as \uXXXX (so does a control character either way)

@@ -125,6 +125,10 @@ class TensorInfo(NamedTuple):
         """A dense tensor whose element type has a fixed size (its bytes are known once its shape is)."""
         return self.type_kind is None and (self.elem_type is None or _itemsize(self.elem_type) is not None)
 
+    def int_shape(self) -> list[int]:
+        """The shape as numbers, for a tensor whose size is known (so is every dimension)."""
+        return [int(d) for d in self.shape or () if d is not None]
+
     def why_unknown(self) -> str:
         """Human-readable reason why `bytes` is None (or, for a tensor that cannot be copied, why not)."""
         if self.type_kind is not None or (self.elem_type is not None and _itemsize(self.elem_type) is None):

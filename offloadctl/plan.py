@@ -14,7 +14,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fastjsonschema
 import jsonschema
@@ -23,6 +23,7 @@ from offloadctl import __version__
 from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.files import atomic_write
+from offloadctl.plantypes import Plan
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -39,14 +40,14 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 STAGES = ("selected", "filtered", "scheduled")
-Plan = dict[str, Any]
+
 _RECREATE = "fix that field or re-create the plan from the model with offloadctl plan"
 
 
 @lru_cache(maxsize=1)
 def plan_schema() -> dict[str, Any]:
     """The plan schema, from the installed package or, in a source checkout, from ``schemas/``."""
-    packaged = resources.files("offloadctl").joinpath("_schemas", "plan.schema.json")
+    packaged = resources.files("offloadctl") / "_schemas" / "plan.schema.json"
     if packaged.is_file():
         return json.loads(packaged.read_text(encoding="utf-8"))
     source = Path(__file__).resolve().parent.parent / "schemas" / "plan.schema.json"
@@ -256,7 +257,7 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
             f"{source} is not a valid plan: field {_where(error)}: {error.message}",
             hint="fix that field (schema: schemas/plan.schema.json) or re-create the plan",
         )
-    _check_rules(plan, source)
+    _check_rules(cast(Plan, plan), source)  # the schema holds: the plan has the typed shape
 
 
 def _whole_numbers(plan: Plan, source: str) -> None:
@@ -321,7 +322,8 @@ def _check_rules(plan: Plan, source: str) -> None:
                 )
             if h2d is not None:
                 first = group["uses"][0]["position"]
-                low = off["d2h_after"] + 1 if is_act else 0
+                d2h_after = off["d2h_after"]
+                low = d2h_after + 1 if is_act and d2h_after is not None else 0
                 if not low <= h2d <= first:
                     raise OffloadError(
                         f"{source}: {where} reload_groups/{g}/h2d_before={h2d} must lie in [{low}, {first}] "
@@ -333,12 +335,13 @@ def _check_rules(plan: Plan, source: str) -> None:
                 f"{source}: {where} has uses out of order or beyond the model's {n} positions",
                 hint="re-create the plan from the model",
             )
-        if is_act and positions and off["producer"]["position"] >= positions[0]:
+        producer = off["producer"]
+        if is_act and positions and producer is not None and producer["position"] >= positions[0]:
             raise OffloadError(f"{source}: {where} is used before it is produced", hint=_RECREATE)
-        for key in ("release_after", "output_h2d_before"):
-            if off[key] is not None and off[key] > n:
+        for key, value in (("release_after", off["release_after"]), ("output_h2d_before", off["output_h2d_before"])):
+            if value is not None and value > n:
                 raise OffloadError(
-                    f"{source}: {where} {key}={off[key]} is beyond the model's {n} positions", hint=_RECREATE
+                    f"{source}: {where} {key}={value} is beyond the model's {n} positions", hint=_RECREATE
                 )
 
 
@@ -452,7 +455,8 @@ def record_stage(plan: Plan, stage: str, options_key: str, options: dict[str, An
     new plan shares them (a big model has one for almost every tensor) in a list of its own.
     """
     memo: dict[int, Any] = {}
-    new = {k: list(v) if k == "rejected" else _copy_json(v, memo) for k, v in plan.items()}
+    doc = cast(dict[str, Any], plan)
+    new: Any = {k: list(v) if k == "rejected" else _copy_json(v, memo) for k, v in doc.items()}
     new["stage"] = stage
     new["tool"] = {"name": "offloadctl", "version": __version__}
     new["options"][options_key] = dict(options)

@@ -12,13 +12,14 @@ from typing import Any
 from offloadctl.analysis import Analysis
 from offloadctl.errors import OffloadError
 from offloadctl.model import TensorInfo
+from offloadctl.plantypes import Offload, Plan, Use
 
 __all__ = ["check_plan_for_model"]
 
 _HINT_REPLAN = "re-create the plan from this model (offloadctl plan) or pass the model the plan was made for"
 
 
-def _use_key(use: dict[str, Any]) -> tuple[int, int, str]:
+def _use_key(use: Use) -> tuple[int, int, str]:
     index = use["input_index"]
     return (use["position"], -1 if index is None else index, use["node"])
 
@@ -28,7 +29,7 @@ def _describe_use(key: tuple[int, int, str]) -> str:
     return f"node {key[2]!r} (position {key[0]}) {where}"
 
 
-def check_plan_for_model(plan: dict[str, Any], analysis: Analysis) -> None:
+def check_plan_for_model(plan: Plan, analysis: Analysis) -> None:
     """Refuse a plan that does not describe this model: every field that states a fact about the
     model (tensor, kind, producer, uses, size, shape, type, graph output) must be true of it, and
     every position must make sense for it (copies after the D2H and by their group's first use,
@@ -62,14 +63,16 @@ def check_plan_for_model(plan: dict[str, Any], analysis: Analysis) -> None:
             )
         if kind == "activation":
             producer = analysis.producer[tensor]
-            if off["producer"]["position"] != producer or off["producer"]["node"] != analysis.node_names[producer]:
+            planned_producer, d2h_after = off["producer"], off["d2h_after"]
+            assert planned_producer is not None and d2h_after is not None  # validate_plan requires both
+            if planned_producer["position"] != producer or planned_producer["node"] != analysis.node_names[producer]:
                 raise OffloadError(
-                    f"plan says tensor {tensor!r} is produced by node {off['producer']['node']!r} at position "
-                    f"{off['producer']['position']}, but in {model_path} node {analysis.node_names[producer]!r} at "
+                    f"plan says tensor {tensor!r} is produced by node {planned_producer['node']!r} at position "
+                    f"{planned_producer['position']}, but in {model_path} node {analysis.node_names[producer]!r} at "
                     f"position {producer} produces it",
                     hint=_HINT_REPLAN,
                 )
-            if not producer <= off["d2h_after"] < n:
+            if not producer <= d2h_after < n:
                 raise OffloadError(
                     f"plan puts the D2H copy of tensor {tensor!r} after position {off['d2h_after']}, before its "
                     f"producer (position {producer}) or beyond the model's {n} positions",
@@ -88,7 +91,7 @@ def check_plan_for_model(plan: dict[str, Any], analysis: Analysis) -> None:
                     f"plan sets output_h2d_before for tensor {tensor!r}, which is not a graph output of {model_path}",
                     hint="set it to null",
                 )
-            if out_h2d is not None and not off["d2h_after"] < out_h2d <= n:
+            if out_h2d is not None and not d2h_after < out_h2d <= n:
                 raise OffloadError(
                     f"plan puts the H2D copy feeding graph output {tensor!r} before position {out_h2d}; it must lie "
                     f"after the D2H (position {off['d2h_after']}) and at most {n} (the end)",
@@ -117,7 +120,7 @@ def check_plan_for_model(plan: dict[str, Any], analysis: Analysis) -> None:
         if kind == "activation":
             last_device = off["device_uses"][-1]["position"] if off["device_uses"] else off["d2h_after"]
             release = off["release_after"]
-            if release is not None and release < last_device:
+            if release is not None and last_device is not None and release < last_device:
                 raise OffloadError(
                     f"plan releases the device buffer of tensor {tensor!r} after position {release}, before its last "
                     f"device use (position {last_device})",
@@ -151,9 +154,10 @@ def check_plan_for_model(plan: dict[str, Any], analysis: Analysis) -> None:
         _check_h2d_positions(off, kind == "activation")
 
 
-def _check_h2d_positions(off: dict[str, Any], activation: bool) -> None:
+def _check_h2d_positions(off: Offload, activation: bool) -> None:
     """Every reload group's H2D runs after the D2H (activations) and not after the group's first use."""
-    low = off["d2h_after"] + 1 if activation else 0
+    d2h_after = off["d2h_after"]
+    low = d2h_after + 1 if activation and d2h_after is not None else 0
     for g, group in enumerate(off["reload_groups"]):
         h2d, first = group["h2d_before"], group["uses"][0]["position"]
         if h2d is None or not low <= h2d <= first:
@@ -164,7 +168,7 @@ def _check_h2d_positions(off: dict[str, Any], activation: bool) -> None:
             )
 
 
-def _check_facts(off: dict[str, Any], info: TensorInfo, model_path: Any) -> None:
+def _check_facts(off: Offload, info: TensorInfo, model_path: Any) -> None:
     """The plan's bytes, shape and dtype of a tensor must be the model's."""
     tensor = off["tensor"]
     if info.bytes is None:

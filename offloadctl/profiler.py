@@ -47,7 +47,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ from offloadctl.analysis import analyse
 from offloadctl.errors import OffloadError
 from offloadctl.files import atomic_write_text
 from offloadctl.model import load_model
+from offloadctl.plantypes import Plan
 from offloadctl.profiles import PROFILE_SCHEMA_VERSION, profile_from_dict, validate_profile
 from offloadctl.rewrite import apply_plan, external_locations, write_model
 from offloadctl.runner import (
@@ -207,7 +208,7 @@ class KernelEvent:
 def _shapes(arg: Any) -> tuple[tuple[int, ...], ...]:
     shapes = []
     for entry in arg or []:
-        dims = next(iter(entry.values()), []) if isinstance(entry, dict) else []
+        dims: Iterable[Any] = next(iter(entry.values()), []) if isinstance(entry, dict) else []
         shapes.append(tuple(int(d) for d in dims))
     return tuple(shapes)
 
@@ -509,14 +510,14 @@ def _device_name(device: str, ep_options: Mapping[str, str]) -> str:
 # ------------------------------------------------------------------------------- copies in the model
 
 
-def _offload_everything(analysis: Any, *, activations: bool) -> dict[str, Any]:
+def _offload_everything(analysis: Any, *, activations: bool) -> Plan:
     """A plan that offloads every activation (or every weight) it can, reloaded for each use at the
     default prefetch distance (where a plan's reloads usually run: early, the copy then waits)."""
     every = len(analysis.producer) + len(analysis.weights) + 1
     return make_plan(analysis, select_distance=0, activations=activations, params=not activations, select_num=every)
 
 
-def _plan_copies(plan: dict[str, Any]) -> dict[str, list[int]]:
+def _plan_copies(plan: Plan) -> dict[str, list[int]]:
     """Bytes of every copy a plan makes, per direction."""
     copies: dict[str, list[int]] = {"d2h": [], "h2d": []}
     for off in plan["offloads"]:
@@ -576,8 +577,10 @@ def _copies_in_model(
         record["note"] = "nothing in the model can be offloaded: the sweep's fits are used as measured"
         return scale, record
     runners = [dev.runner(model, feeds, settings, profiled=False)]
-    for path in paths.values():
-        runners.append(dev.runner(path, feeds, _required_settings(load_model(path).proto, path), profiled=False))
+    for written in paths.values():
+        runners.append(
+            dev.runner(written, feeds, _required_settings(load_model(written).proto, written), profiled=False)
+        )
     # the difference of two latencies is what counts: time them three times as long as the model alone
     medians = [statistics.median(t) for t in _alternate(runners, repeat, min_seconds=3 * _MIN_SECONDS)]
     del runners
@@ -728,7 +731,9 @@ def measure_profile(
         footprint = peak_memory(analysis)[0]  # the memory a run cycles through (freed buffers are reused)
         fitted = fit_range([_elements(size) * 4 for size in sizes], tensor_bytes)
         sizes = [size for size in sizes if fitted[0] <= _elements(size) * 4 <= fitted[1]]
-        fits, points, sweep_doc = {}, {}, {}
+        fits: dict[str, LinkFit] = {}
+        points: dict[str, list[tuple[int, float]]] = {}
+        sweep_doc: dict[str, list[dict[str, Any]]] = {}
         rng = np.random.default_rng(0)
         for direction in ("d2h", "h2d"):
             points[direction], sweep_doc[direction] = [], []

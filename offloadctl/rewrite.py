@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import filecmp
+import functools
 import json
 import logging
 import os
@@ -56,7 +57,6 @@ from collections import Counter, defaultdict
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -81,6 +81,7 @@ from offloadctl.metadata import (
 from offloadctl.model import TensorInfo, external_data_entries
 from offloadctl.onnxutil import BACKWARD_ATTR, is_backward, is_constant_node, iter_graphs, rename_outer, subgraphs
 from offloadctl.plancheck import check_plan_for_model
+from offloadctl.plantypes import Offload, Plan, Use
 
 __all__ = [
     "ApplyResult",
@@ -114,7 +115,7 @@ class ApplyResult:
 
 
 @paused_gc()
-def apply_plan(plan: dict[str, Any], analysis: Analysis, *, result: ApplyResult | None = None) -> onnx.ModelProto:
+def apply_plan(plan: Plan, analysis: Analysis, *, result: ApplyResult | None = None) -> onnx.ModelProto:
     """Return a copy of the analysed model with the plan's copies inserted.
 
     Args:
@@ -227,7 +228,7 @@ def _constant_to_initializer(node: onnx.NodeProto) -> TensorProto:
 
 
 class _Rewriter:
-    def __init__(self, plan: dict[str, Any], analysis: Analysis, result: ApplyResult) -> None:
+    def __init__(self, plan: Plan, analysis: Analysis, result: ApplyResult) -> None:
         self.plan = plan
         self.analysis = analysis
         self.result = result
@@ -270,7 +271,7 @@ class _Rewriter:
         self.result.copy_nodes.append(node.name)
         return node
 
-    def _reroute(self, use: dict[str, Any], old: str, new: str) -> None:
+    def _reroute(self, use: Use, old: str, new: str) -> None:
         node = self.pos_nodes[use["position"]]
         index = use["input_index"]
         if index is None:
@@ -283,8 +284,9 @@ class _Rewriter:
             raise AssertionError(f"node {node.name!r} input {index} is {node.input[index]!r}, not {old!r}")
         node.input[index] = new
 
-    def _offload_activation(self, off: dict[str, Any], info: TensorInfo) -> None:
-        tensor, oid = off["tensor"], off["id"]
+    def _offload_activation(self, off: Offload, info: TensorInfo) -> None:
+        tensor, oid, d2h_after = off["tensor"], off["id"], off["d2h_after"]
+        assert off["producer"] is not None and d2h_after is not None  # checked when the plan was read
         source = tensor
         if off["graph_output"] and off["output_h2d_before"] is not None:
             source = self.tensors.new(f"{tensor}__offload{oid}_device")
@@ -299,8 +301,8 @@ class _Rewriter:
                     vi.name = source
             self.value_infos.append(_value_info(source, info))
         host = self.tensors.new(f"{tensor}__offload{oid}_host")
-        d2h = self._copy_node(MEMCPY_TO_HOST, source, host, f"offload{oid}/d2h", off["d2h_after"])
-        self.after[off["d2h_after"]].append(d2h)
+        d2h = self._copy_node(MEMCPY_TO_HOST, source, host, f"offload{oid}/d2h", d2h_after)
+        self.after[d2h_after].append(d2h)
         self.value_infos.append(_value_info(host, info))
         self.result.d2h += 1
         self._reload_groups(off, info, host)
@@ -309,7 +311,7 @@ class _Rewriter:
             self.before[at].append(self._copy_node(MEMCPY_FROM_HOST, host, tensor, f"offload{oid}/h2d_out", at))
             self.result.h2d += 1
 
-    def _offload_parameter(self, off: dict[str, Any], info: TensorInfo) -> None:
+    def _offload_parameter(self, off: Offload, info: TensorInfo) -> None:
         tensor = off["tensor"]
         if tensor in self.analysis.constants:
             index = self.analysis.constants[tensor]
@@ -320,11 +322,12 @@ class _Rewriter:
             self.graph_input_names.add(tensor)
         self._reload_groups(off, info, tensor)
 
-    def _reload_groups(self, off: dict[str, Any], info: TensorInfo, feed: str) -> None:
+    def _reload_groups(self, off: Offload, info: TensorInfo, feed: str) -> None:
         tensor, oid = off["tensor"], off["id"]
         for g, group in enumerate(off["reload_groups"]):
             out = self.tensors.new(f"{tensor}__offload{oid}_dev{g}")
             at = group["h2d_before"]
+            assert at is not None  # a scheduled plan has every H2D position
             self.before[at].append(self._copy_node(MEMCPY_FROM_HOST, feed, out, f"offload{oid}/h2d{g}", at))
             self.value_infos.append(_value_info(out, info))
             self.result.h2d += 1
@@ -473,7 +476,7 @@ def _provide_external_data(locations: list[str], source_dir: Path, out_dir: Path
             # A copy, not a hard link: onnx >= 1.23 refuses to load external data files with more
             # than one link (a "hardlink attack" guard), which would break the source model too.
             mode = stat.S_IMODE(src.stat().st_mode)
-            atomic_write(dst, lambda tmp, src=src: shutil.copyfile(src, tmp), mode=mode)
+            atomic_write(dst, functools.partial(shutil.copyfile, src), mode=mode)
             created.append(dst)
     except BaseException:
         _remove(created)

@@ -313,13 +313,12 @@ def _providers_as_mapping(provider_options: Any) -> dict[str, dict[str, str]]:
     """Accept {provider: options} or an InferenceSession-style providers list."""
     if provider_options is None:
         return {}
+    result: dict[str, dict[str, str]] = {}
     if isinstance(provider_options, Mapping):
-        result = {}
         for key, value in provider_options.items():
-            name = _SECTION_PROVIDERS.get(key, key)
+            name = _SECTION_PROVIDERS.get(key) or key
             result[name] = {str(k): _option_str(v) for k, v in (value or {}).items()}
         return result
-    result = {}
     for entry in provider_options:
         if isinstance(entry, str):
             result[entry] = {}
@@ -670,6 +669,7 @@ def generate_inputs(
             )
         shape = [int(d) for d in spec.shape]  # type: ignore[arg-type]
         low_high = ranges.get(spec.name, ranges.get(""))
+        value: np.ndarray
         if low_high is None:
             if dtype.kind == "f":
                 value = rng.standard_normal(shape)

@@ -56,6 +56,7 @@ import onnx
 
 from offloadctl.analysis import Analysis, node_reads
 from offloadctl.onnxutil import has_subgraphs, is_constant_node, named_subgraphs
+from offloadctl.plantypes import Offload, Plan
 
 __all__ = [
     "Span",
@@ -80,6 +81,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+IntArray = Sequence[int] | np.ndarray  # positions or sizes, as a list or an array
 
 Span = tuple[int, int]
 
@@ -166,9 +169,7 @@ def offloaded_spans(
     return spans
 
 
-def entry_spans(
-    entry: dict[str, Any], num_positions: int, *, prefetch_distance: int, release_distance: int = 0
-) -> list[Span]:
+def entry_spans(entry: Offload, num_positions: int, *, prefetch_distance: int, release_distance: int = 0) -> list[Span]:
     """Steps a plan entry's tensor occupies; positions a stage has not filled in yet (``h2d_before``,
     ``release_after`` null) are placed as the prefetch stage will place them."""
     activation = entry["kind"] == "activation"
@@ -182,11 +183,14 @@ def entry_spans(
         groups.append((h2d, group["uses"][-1]["position"]))
     producer = last_device = release = 0
     if activation:
+        assert entry["producer"] is not None and entry["d2h_after"] is not None  # so is every valid activation's
         producer = entry["producer"]["position"]
         last_device = entry["device_uses"][-1]["position"] if entry["device_uses"] else entry["d2h_after"]
-        release = entry["release_after"]
-        if release is None:
+        planned_release = entry["release_after"]
+        if planned_release is None:
             release = release_point(last_device, release_distance, num_positions)
+        else:
+            release = planned_release
     return offloaded_spans(
         activation=activation,
         producer=producer,
@@ -228,7 +232,7 @@ def _cached(analysis: Analysis, key: str, compute: Any) -> Any:
     ident = id(analysis)
     hit = _CACHE.get(ident)
     if hit is None or hit[0]() is not analysis:
-        hit = _CACHE[ident] = (weakref.ref(analysis, lambda _ref, ident=ident: _CACHE.pop(ident, None)), {})
+        hit = _CACHE[ident] = (weakref.ref(analysis, lambda _ref: _CACHE.pop(ident, None)), {})
     found = hit[1]
     if key not in found:
         found[key] = compute(analysis)
@@ -374,7 +378,7 @@ def subgraph_memory(analysis: Analysis) -> SubgraphMemory:
 # ------------------------------------------------------------------------------ working set
 
 
-def sweep(steps: int, starts: Sequence[int], ends: Sequence[int], sizes: Sequence[int]) -> np.ndarray:
+def sweep(steps: int, starts: IntArray, ends: IntArray, sizes: IntArray) -> np.ndarray:
     """Bytes alive at each of ``steps`` steps for spans (starts[i], ends[i]) of sizes[i] bytes."""
     diff = np.zeros(steps + 1, dtype=np.int64)
     if len(sizes):
@@ -409,7 +413,7 @@ def _resident_profile(analysis: Analysis) -> np.ndarray:
 
 def profile(
     analysis: Analysis,
-    plan: dict[str, Any] | None = None,
+    plan: Plan | None = None,
     *,
     prefetch_distance: int,
     release_distance: int = 0,

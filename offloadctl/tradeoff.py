@@ -30,6 +30,7 @@ from typing import Any
 from offloadctl.analysis import Analysis
 from offloadctl.costs import COPY_MODES, InlineTime, copies_of, copy_mode_label, default_objective, plan_cost
 from offloadctl.errors import OffloadError
+from offloadctl.plantypes import Plan
 from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
 from offloadctl.simulator import SimResult, is_rewritten, simulate
 from offloadctl.stages.budget import BudgetSearch, BudgetUnreachable, check_budget
@@ -119,10 +120,10 @@ def dominated(points: Sequence[Point]) -> list[bool]:
     return flags
 
 
-def point_of(result: SimResult, plan: dict[str, Any] | None, copies: str, budget: int | None = None) -> Point:
+def point_of(result: SimResult, plan: Plan | None, copies: str, budget: int | None = None) -> Point:
     """The frontier point of a simulated plan under a copy mode."""
     assert result.times is not None
-    budget_info = (plan or {}).get("budget") or {}
+    budget_info = (plan.get("budget") if plan is not None else None) or {}
     return Point(
         copies=copies,
         budget_bytes=budget,
@@ -188,9 +189,7 @@ class Tradeoff:
         assert base is not None
         self.baseline_s = base.baseline
 
-    def plan(
-        self, budget: int, copies: str = "inline", *, report: Callable[[str], None] | None = None
-    ) -> dict[str, Any]:
+    def plan(self, budget: int, copies: str = "inline", *, report: Callable[[str], None] | None = None) -> Plan:
         """The scheduled budget plan at ``budget`` for a copy mode.
 
         Raises:
@@ -202,7 +201,7 @@ class Tradeoff:
         plan = prefetch(filtered, prefetch_distance=self.prefetch_distance, release_distance=self.release_distance)
         return check_budget(self.analysis, plan)
 
-    def point(self, budget: int, copies: str = "inline") -> tuple[Point, dict[str, Any]]:
+    def point(self, budget: int, copies: str = "inline") -> tuple[Point, Plan]:
         """The plan at ``budget`` and its point; raises `BudgetUnreachable` as `plan`.
 
         The figures are the simulator's, taken where the search already has them: the peak the
@@ -234,16 +233,17 @@ class Tradeoff:
 
     def sweep(
         self, copies: str, points: int = DEFAULT_POINTS, *, step: Callable[[str], None] | None = None
-    ) -> list[tuple[Point, dict[str, Any]]]:
+    ) -> list[tuple[Point, Plan]]:
         """Plans from the peak down to the lower bound (or the best peak reachable), one per budget."""
-        found: list[tuple[Point, dict[str, Any]]] = []
+        found: list[tuple[Point, Plan]] = []
         for budget in budget_grid(self.peak_bytes, self.lower_bound_bytes, points):
             if step is not None:
                 step(f"{copy_mode_label(copies).split(',')[0]}: budget {budget} bytes")
             try:
                 found.append(self.point(budget, copies))
             except BudgetUnreachable as exc:
-                if exc.reachable < (found[-1][0].budget_bytes if found else self.peak_bytes):
+                last = found[-1][0].budget_bytes if found else None  # the smallest budget reached so far
+                if exc.reachable < (last if last is not None else self.peak_bytes):
                     try:
                         found.append(self.point(exc.reachable, copies))
                     except BudgetUnreachable:
@@ -261,7 +261,7 @@ class Tradeoff:
         """The frontier of each copy mode: one `Point` per budget of `sweep`."""
         return {mode: [p for p, _ in self.sweep(mode, points, step=step)] for mode in modes}
 
-    def default_plan(self) -> tuple[dict[str, Any], SimResult]:
+    def default_plan(self) -> tuple[Plan, SimResult]:
         """HyperOffload's default plan (``offloadctl plan MODEL`` with no options) and its simulation."""
         from offloadctl.stages import make_plan
 
@@ -275,7 +275,7 @@ class Tradeoff:
         points: int = DEFAULT_POINTS,
         *,
         step: Callable[[str], None] | None = None,
-    ) -> tuple[dict[str, Any], Point, int]:
+    ) -> tuple[Plan, Point, int]:
         """The plan with the lowest peak whose estimated time is at most ``max_slowdown`` x the baseline.
 
         Returns:
@@ -288,13 +288,13 @@ class Tradeoff:
         tried = self.sweep(copies, points, step=step)
         ok = [(p, plan) for p, plan in tried if p.slowdown <= limit]
         best_point, best_plan = min(ok, key=lambda pp: (pp[0].peak_bytes, pp[0].time_s))
+        best_budget = best_point.budget_bytes
+        assert best_budget is not None  # every point of a sweep has its budget
         count = len(tried)
         # bisect between the best budget and the next one down, which did not qualify
-        below = [
-            p.budget_bytes for p, _ in tried if p.budget_bytes is not None and p.budget_bytes < best_point.budget_bytes
-        ]
+        below = [p.budget_bytes for p, _ in tried if p.budget_bytes is not None and p.budget_bytes < best_budget]
         if below:
-            lo, hi = max(below), best_point.budget_bytes
+            lo, hi = max(below), best_budget
             for _ in range(REFINE_STEPS):
                 if hi - lo <= 1:
                     break
@@ -332,7 +332,7 @@ def plan_within_slowdown(
     release_distance: int = DEFAULT_RELEASE_DISTANCE,
     points: int = DEFAULT_POINTS,
     step: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
+) -> Plan:
     """The scheduled plan with the largest cut in peak memory whose estimated time, under ``copies``,
     is at most ``max_slowdown`` times the baseline (``plan --max-slowdown``); the figures go into
     ``plan["budget"]["max_slowdown"]`` and ``options.filter.max_slowdown``."""

@@ -15,12 +15,13 @@ from offloadctl.estimate import recorded_estimate
 from offloadctl.files import check_output_path, sha256_file
 from offloadctl.model import load_model
 from offloadctl.plan import check_plan_model, read_plan
+from offloadctl.plantypes import Plan
 from offloadctl.rewrite import ApplyResult, apply_plan, check_model_outputs, write_model
 
 __all__ = ["COMMANDS", "find_model"]
 
 
-def find_model(plan: dict, plan_path: str, model: str | None) -> Path:
+def find_model(plan: Plan, plan_path: str, model: str | None) -> Path:
     """The model a plan applies to: ``model`` if given, else the plan's model.path as given
     (relative to the current folder), else relative to the plan file's folder."""
     if model is not None:
@@ -97,7 +98,7 @@ def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None
             console.print(f"placed data file {path}", soft_wrap=True)
         if figures is not None:
             print_estimate(figures, what="planned")
-    parts = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
+    parts: list[str | None] = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
     if figures is not None:
         parts += [peak_text(figures), slowdown_text(figures)]
     else:

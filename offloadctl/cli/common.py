@@ -25,6 +25,7 @@ from offloadctl.costs import STREAMS_NOTE, copy_mode_label
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_distinct_outputs, check_output_path
 from offloadctl.model import load_model, parse_dims, parse_input_shapes
+from offloadctl.plantypes import Plan
 
 __all__ = [
     "load_and_analyse",
@@ -44,7 +45,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def plan_pins(plan: Mapping[str, Any]) -> dict[str, Any]:
+def plan_pins(plan: Plan) -> dict[str, Any]:
     """The input pins a plan was made with, as keyword arguments of `load_model`."""
     return {"input_shapes": plan["model"]["input_shapes"], "dims": plan["model"].get("dims") or None}
 
@@ -122,7 +123,7 @@ def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
     return unknown
 
 
-def plan_figures(plan: Mapping[str, Any]) -> dict[str, Any]:
+def plan_figures(plan: Plan) -> dict[str, Any]:
     """What a plan offloads, in numbers (for --json and the verdict)."""
     offloads = plan["offloads"]
     return {
@@ -246,7 +247,7 @@ def print_estimate(figures: Mapping[str, Any], *, where: str = "", what: str = "
     out_console().print(line, soft_wrap=True)
 
 
-def print_plan_summary(plan: dict) -> None:
+def print_plan_summary(plan: Plan) -> None:
     """One short table of what a plan offloads, and why the rest is not."""
     offloads = plan["offloads"]
     console = out_console()

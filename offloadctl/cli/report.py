@@ -20,6 +20,7 @@ from offloadctl.costs import STREAMS_NOTE
 from offloadctl.errors import OffloadError
 from offloadctl.explain import explain_rows
 from offloadctl.files import atomic_write_text
+from offloadctl.plantypes import Plan
 from offloadctl.simulator import SimResult
 from offloadctl.units import fmt_bytes
 
@@ -54,7 +55,7 @@ def report_plot_path(report: str | os.PathLike[str], fmt: str = "png") -> Path:
 
 def markdown_report(
     result: SimResult,
-    plan: dict[str, Any] | None = None,
+    plan: Plan | None = None,
     *,
     plot: str | os.PathLike[str] | None = None,
     plot_note: str | None = None,
@@ -138,7 +139,7 @@ def _time_section(result: SimResult, doc: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _moves_section(result: SimResult, doc: dict[str, Any], plan: dict[str, Any] | None) -> list[str]:
+def _moves_section(result: SimResult, doc: dict[str, Any], plan: Plan | None) -> list[str]:
     moved, copies = doc["transfer_bytes"], doc["copies"]
     lines = [
         "## What moved and why",
@@ -202,7 +203,7 @@ def _moves_section(result: SimResult, doc: dict[str, Any], plan: dict[str, Any] 
 def write_report(
     path: str | os.PathLike[str],
     result: SimResult,
-    plan: dict[str, Any] | None = None,
+    plan: Plan | None = None,
     *,
     plot: str | os.PathLike[str] | None = None,
     plot_format: str = "png",

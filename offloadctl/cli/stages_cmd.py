@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -49,6 +50,7 @@ from offloadctl.explain import explain_table
 from offloadctl.files import check_output_path
 from offloadctl.model import load_model
 from offloadctl.plan import check_plan_model, read_plan, write_plan
+from offloadctl.plantypes import Plan
 from offloadctl.profiles import Profile, load_profile
 from offloadctl.simulator import is_rewritten, simulate
 from offloadctl.stages import (
@@ -106,7 +108,7 @@ def _objective(objective: str | None, profile: Profile, copies: str, optimal: bo
     """(the objective, True when it is the default for the profile); --optimal with a cost that is not
     linear (time with copies on streams) is a usage error."""
     defaulted = objective is None
-    chosen = default_objective(profile) if defaulted else objective
+    chosen = objective if objective is not None else default_objective(profile)
     if optimal and chosen == "time" and copies == "streams":
         because = " (the default with a measured profile)" if defaulted else ""
         raise click.UsageError(
@@ -133,7 +135,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.2f} us"
 
 
-def _print_search(plan: dict, defaulted: bool | None = None) -> None:
+def _print_search(plan: Plan, defaulted: bool | None = None) -> None:
     """What the budget plan costs, the proven bound and the gap (or that it is optimal), and the objective
     used; with --max-slowdown, the budget it chose."""
     info = plan.get("budget") or {}
@@ -141,6 +143,7 @@ def _print_search(plan: dict, defaulted: bool | None = None) -> None:
         return
     objective = info["objective"]
     head = f"budget search ({info['search']}, {_objective_words(info, defaulted)})"
+    fmt: Callable[[float], str]
     if objective["unit"] == "bytes":
         fmt = fmt_bytes
         line = f"{head}: the plan moves {fmt(info['cost'])}"
@@ -202,7 +205,7 @@ def _print_search(plan: dict, defaulted: bool | None = None) -> None:
             )
 
 
-def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
+def _plan_analysis(plan: Plan, plan_path: str) -> Analysis:
     """Re-load the model a plan was made for (same input pins) and check it is the same file.
 
     The model is looked for at the path the plan records, then beside the plan file.
@@ -226,7 +229,7 @@ def _plan_analysis(plan: dict, plan_path: str) -> Analysis:
 def _stage_end(
     command: str,
     subject: str,
-    plan: dict,
+    plan: Plan,
     output: str,
     as_json: bool,
     explain: bool = False,

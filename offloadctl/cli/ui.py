@@ -102,6 +102,10 @@ def progress(enabled: bool = True) -> Iterator[Progress | None]:
         yield bar
 
 
+def _ignore_step(description: str, new: bool = True) -> None:
+    """The step function when no progress is shown."""
+
+
 @contextlib.contextmanager
 def steps(enabled: bool = True, total: int | None = None) -> Iterator[Callable[[str], None]]:
     """A one-line progress display naming the current step: ``step("writing plan")``.
@@ -112,7 +116,7 @@ def steps(enabled: bool = True, total: int | None = None) -> Iterator[Callable[[
     """
     with progress(enabled) as bar:
         if bar is None:
-            yield lambda description, new=True: None
+            yield _ignore_step
             return
         task = bar.add_task("", total=total)
         started = False

@@ -59,7 +59,7 @@ _SCHEMA_FILE = "profile.schema.json"
 @lru_cache(maxsize=1)
 def profile_schema() -> dict[str, Any]:
     """The profile schema, from the installed package or, in a source checkout, from ``schemas/``."""
-    packaged = resources.files("offloadctl").joinpath("_schemas", _SCHEMA_FILE)
+    packaged = resources.files("offloadctl") / "_schemas" / _SCHEMA_FILE
     if packaged.is_file():
         return json.loads(packaged.read_text(encoding="utf-8"))
     source = Path(__file__).resolve().parent.parent.parent / "schemas" / _SCHEMA_FILE

@@ -10,7 +10,7 @@ copies. Programs (`offloadctl.simulator.program`) and the time model are built o
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ import onnx
 
 from offloadctl.analysis import Analysis
 from offloadctl.errors import OffloadError
+from offloadctl.model import TensorInfo
 from offloadctl.onnxutil import copy_kind
 from offloadctl.timeline import subgraph_memory, weight_is_resident
 
@@ -49,7 +50,7 @@ class Base:
     reads: list[list[int]]  # per position, one entry per input slot / subgraph read
     writes: list[list[int]]
     canon: Callable[[str], str]  # node input name -> the tensor it stands for
-    infos: dict[str, Any]
+    infos: Mapping[str, TensorInfo]
     resident: list[bool] = field(default_factory=list)  # weights that occupy memory (read, or graph outputs)
     inner: list[int] = field(default_factory=list)  # per position: memory inside its subgraphs while it runs
     subgraph_weights: int = 0  # bytes of subgraph weights, resident for the whole run
@@ -204,5 +205,5 @@ def base_of(analysis: Analysis) -> Base:
     if hit is not None and hit[0]() is analysis:
         return hit[1]
     base = _new_base(analysis)
-    _BASES[key] = (weakref.ref(analysis, lambda _ref, key=key: _BASES.pop(key, None)), base)
+    _BASES[key] = (weakref.ref(analysis, lambda _ref: _BASES.pop(key, None)), base)
     return base

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from offloadctl.analysis import Analysis
+from offloadctl.plantypes import Plan
 from offloadctl.simulator.base import Base, base_of
 from offloadctl.simulator.program import DEVICE, HOST, Program, program_for
 from offloadctl.timeline import buffer_span, step_bound, sweep
@@ -192,7 +193,7 @@ def lower_bound(analysis: Analysis) -> tuple[int, int | None]:
     return base_lower_bound(base_of(analysis))
 
 
-def peak_memory(analysis: Analysis, plan: dict[str, Any] | None = None) -> tuple[int, int | None]:
+def peak_memory(analysis: Analysis, plan: Plan | None = None) -> tuple[int, int | None]:
     """Peak device bytes of the model with ``plan`` (None: without one), and where it occurs.
 
     Cheap enough to call in a loop: O(nodes + uses + copies) per call; the per-model part is

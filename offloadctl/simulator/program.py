@@ -18,13 +18,13 @@ the model (`offloadctl.plancheck`, the check apply makes) before building its pr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from offloadctl.analysis import Analysis
 from offloadctl.errors import OffloadError
 from offloadctl.onnxutil import copy_kind
 from offloadctl.plan import check_plan_model
 from offloadctl.plancheck import check_plan_for_model
+from offloadctl.plantypes import Plan
 from offloadctl.simulator.base import Base, base_of, interner
 from offloadctl.timeline import subgraph_memory, weight_is_resident
 
@@ -86,7 +86,7 @@ def before_program(base: Base) -> Program:
     return base.before
 
 
-def _plan_program(base: Base, plan: dict[str, Any]) -> Program:
+def _plan_program(base: Base, plan: Plan) -> Program:
     """The program of the original model with the plan's copies inserted (the plan checked by `program_for`)."""
     n = base.n
     names = list(base.names)
@@ -116,6 +116,7 @@ def _plan_program(base: Base, plan: dict[str, Any]) -> Program:
         size = sizes[t]
         if is_act:
             d2h = off["d2h_after"]
+            assert d2h is not None  # a valid plan's activation has its D2H position
             src = new_tensor(f"{name}@host", size, HOST)
             post[d2h].append((t, src))
             release = off["release_after"]
@@ -125,7 +126,9 @@ def _plan_program(base: Base, plan: dict[str, Any]) -> Program:
             place[t] = HOST
         for k, g in enumerate(off["reload_groups"]):
             dst = new_tensor(f"{name}@h2d{k}", size, DEVICE)
-            pre[g["h2d_before"]].append((src, dst))
+            h2d = g["h2d_before"]
+            assert h2d is not None  # checked when the program is built from a scheduled plan
+            pre[h2d].append((src, dst))
             for u in g["uses"]:
                 remap.setdefault(u["position"], {})[t] = dst
         if is_act and off["graph_output"] and off["output_h2d_before"] is not None:
@@ -257,7 +260,7 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
     return program
 
 
-def program_for(analysis: Analysis, plan: dict[str, Any] | None, source: str) -> tuple[Base, Program]:
+def program_for(analysis: Analysis, plan: Plan | None, source: str) -> tuple[Base, Program]:
     """The base of ``analysis`` and the program of the model with ``plan`` (None: as it is).
 
     Raises:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from offloadctl.analysis import Analysis
+from offloadctl.plantypes import Plan
 from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
 from offloadctl.simulator.memory import MemoryTrace, base_lower_bound, trace
 from offloadctl.simulator.program import before_program, program_for
@@ -119,7 +120,7 @@ class SimResult:
 
 def simulate(
     analysis: Analysis,
-    plan: dict[str, Any] | None = None,
+    plan: Plan | None = None,
     *,
     profile: Profile | str | None = DEFAULT_PROFILE,
     plan_source: str = "plan",

@@ -26,13 +26,14 @@ in-line cost of a copy node, from the measured fit). Every figure includes the p
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import onnx
 
 from offloadctl.analysis import Analysis
+from offloadctl.model import TensorInfo
 from offloadctl.profiles import DEFAULT_PROFILE, NodeTime, Profile, load_profile
 from offloadctl.simulator.base import Base, base_of
 from offloadctl.simulator.program import Program
@@ -44,11 +45,11 @@ MATMUL_OPS = frozenset({"MatMul", "FusedMatMul"})
 FLOP_OPS = MATMUL_OPS | ATTENTION_OPS | {"Gemm", "Conv", "ConvTranspose"}  # the ops counted by FLOPs
 
 
-def _dims(infos: dict[str, Any], name: str) -> tuple[int, ...] | None:
+def _dims(infos: Mapping[str, TensorInfo], name: str) -> tuple[int, ...] | None:
     info = infos.get(name) if name else None
     if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
         return None
-    return tuple(info.shape)
+    return cast(tuple[int, ...], info.shape)
 
 
 def node_flops(node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...] | None]) -> int | None:

@@ -9,9 +9,10 @@ a caller that hands an edited plan to a stage directly can check it with `valida
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from offloadctl.errors import OffloadError
+from offloadctl.plantypes import Plan
 from offloadctl.stages.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, filter_plan
 from offloadctl.stages.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, prefetch
 from offloadctl.stages.select import DEFAULT_SELECT_DISTANCE, select
@@ -57,7 +58,7 @@ def make_plan(
     time_limit: float | None = None,
     copies: str = "inline",
     max_slowdown: float | None = None,
-) -> dict[str, Any]:
+) -> Plan:
     """The whole plan in one call: select, filter (by count, or by budget) and prefetch.
 
     With the distance strategy (HyperOffload's, the default) the result equals chaining `select`,

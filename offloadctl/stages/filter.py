@@ -30,7 +30,9 @@ def first_use_key(offload: Offload) -> tuple[int, int]:
     elif offload["reload_groups"]:
         first = offload["reload_groups"][0]["uses"][0]
     else:
-        return (offload["output_h2d_before"], 0)
+        end = offload["output_h2d_before"]
+        assert end is not None  # an entry no node reads is a graph output, copied back at the end
+        return (end, 0)
     index = first["input_index"]
     return (first["position"], index if index is not None else 1 << 30)
 

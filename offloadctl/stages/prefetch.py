@@ -16,10 +16,9 @@ the simulator and the budget strategy use too.
 
 from __future__ import annotations
 
-from typing import Any
-
 from offloadctl.bulk import paused_gc
 from offloadctl.plan import record_stage, require_stage
+from offloadctl.plantypes import Plan
 from offloadctl.timeline import h2d_low, h2d_position, release_point
 
 __all__ = ["DEFAULT_PREFETCH_DISTANCE", "DEFAULT_RELEASE_DISTANCE", "prefetch"]
@@ -30,11 +29,11 @@ DEFAULT_RELEASE_DISTANCE = 0
 
 @paused_gc()
 def prefetch(
-    plan: dict[str, Any],
+    plan: Plan,
     *,
     prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
     release_distance: int = DEFAULT_RELEASE_DISTANCE,
-) -> dict[str, Any]:
+) -> Plan:
     """Return a "scheduled" plan with every H2D position and release point filled in."""
     require_stage(plan, "filtered", "prefetch")
     new = record_stage(
@@ -51,5 +50,6 @@ def prefetch(
             group["h2d_before"] = h2d_position(group["uses"][0]["position"], low, distance)
         if off["kind"] == "activation":
             last_device_use = off["device_uses"][-1]["position"] if off["device_uses"] else off["d2h_after"]
+            assert last_device_use is not None  # an activation has its D2H position
             off["release_after"] = release_point(last_device_use, release_distance, n)
     return new

@@ -363,7 +363,7 @@ def select(
             tensor=name,
             kind=kind,
             dtype=info.dtype,
-            shape=[int(d) for d in info.shape or ()],
+            shape=info.int_shape(),
             size=info.bytes,
             producer={"position": start, "node": analysis.node_names[start]} if is_act else None,
             device_uses=[u.to_json() for u in device],

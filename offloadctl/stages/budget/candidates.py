@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
-from typing import Any
 
 from offloadctl import timeline
 from offloadctl.analysis import Analysis, Use
 from offloadctl.costs import CopyCost
-from offloadctl.plantypes import Kind, Offload, Rejection, RejectionReason, offload, rejection, reload_group
+from offloadctl.plantypes import Kind, Offload, Plan, Rejection, RejectionReason, offload, rejection, reload_group
 
 __all__ = [
     "Cand",
@@ -167,10 +166,10 @@ def group_firsts(c: Cand, st: State) -> list[int]:
     return sorted(starts)
 
 
-def candidates(analysis: Analysis, selected0: dict[str, Any], min_bytes: int) -> tuple[list[Cand], list[dict]]:
+def candidates(analysis: Analysis, selected0: Plan, min_bytes: int) -> tuple[list[Cand], list[Rejection]]:
     outputs = set(analysis.graph_outputs)
     cands: list[Cand] = []
-    small: list[dict] = []
+    small: list[Rejection] = []
     for off in selected0["offloads"]:
         name = off["tensor"]
         is_act = off["kind"] == "activation"
@@ -208,7 +207,7 @@ def candidates(analysis: Analysis, selected0: dict[str, Any], min_bytes: int) ->
     return cands, small
 
 
-def _unread_outputs(analysis: Analysis, selected0: dict[str, Any], min_bytes: int, small: list[dict]) -> list[Cand]:
+def _unread_outputs(analysis: Analysis, selected0: Plan, min_bytes: int, small: list[Rejection]) -> list[Cand]:
     """Graph outputs no node reads (e.g. gradients): offloadable over their trailing stretch only.
 
     ``select`` rejects them as unused (HyperOffload offloads by uses); here a D2H right after the
@@ -245,7 +244,7 @@ def _unread_outputs(analysis: Analysis, selected0: dict[str, Any], min_bytes: in
             tensor=name,
             kind="activation",
             dtype=info.dtype,
-            shape=[int(d) for d in info.shape or ()],
+            shape=info.int_shape(),
             size=info.bytes,
             producer={"position": start, "node": analysis.node_names[start]},
             device_uses=[],

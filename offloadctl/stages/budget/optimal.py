@@ -200,7 +200,7 @@ def _run(
     start: np.ndarray | None,
     time_limit: float,
     integral_objective: bool,
-    options: dict[str, object] | None,
+    options: dict[str, bool | float | str] | None,
     send: Callable[[tuple], None],
 ) -> tuple:
     """Solve ``model`` with HiGHS; improving solutions go to ``send``; returns the final message."""
@@ -285,7 +285,7 @@ def solve_cover(
     start: np.ndarray | None = None,
     time_limit: float = 60.0,
     integral_objective: bool = False,
-    options: dict[str, object] | None = None,
+    options: dict[str, bool | float | str] | None = None,
 ) -> CoverSolution:
     """Solve ``problem`` with HiGHS in at most ``time_limit`` seconds (plus a short grace), starting
     from ``start`` (problem column values).
@@ -300,8 +300,8 @@ def solve_cover(
     sizes = (model["num_col"], model["num_row"], len(model["value"]))
     t0 = time.perf_counter()
     if "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - Linux has fork
-        final = _run(model, full_start, time_limit, integral_objective, options, lambda message: None)
-        return _solution(final, None, time.perf_counter() - t0, sizes)
+        answer = _run(model, full_start, time_limit, integral_objective, options, lambda message: None)
+        return _solution(answer, None, time.perf_counter() - t0, sizes)
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     sys.stdout.flush()
@@ -311,7 +311,8 @@ def solve_cover(
     )
     child.start()
     send.close()
-    best = final = None
+    best: tuple[Any, ...] | None = None
+    final: tuple[Any, ...] | None = None
     deadline = t0 + time_limit + _GRACE_S
     try:
         while final is None:

@@ -368,7 +368,7 @@ class Planner:
                 if new.offloaded and not new.cuts:
                     self._push_removal(heap, i, -1, last=True)
 
-    def _removal(self, i: int, k: int) -> tuple[State, tuple[list[int], list[int]] | None] | None:
+    def _removal(self, i: int, k: int) -> tuple[State, tuple[list[int], list[int]]] | None:
         """The state without cut ``k`` (k = -1: without offloading at all), and the rows it takes back;
         None when that is not a removal the strategy allows from the current state."""
         c = self.cands[i]

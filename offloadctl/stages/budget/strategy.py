@@ -29,6 +29,7 @@ from offloadctl.costs import (
 )
 from offloadctl.errors import OffloadError
 from offloadctl.plan import check_plan_model, record_stage, require_stage
+from offloadctl.plantypes import Offload, Plan
 from offloadctl.profiles import DEFAULT_PROFILE, Profile, load_profile
 from offloadctl.stages.budget.candidates import candidates, plan_entry, reject
 from offloadctl.stages.budget.exact import DEFAULT_TIME_LIMIT
@@ -54,15 +55,15 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def _where(analysis: Analysis, pos: int) -> str:
-    if pos >= analysis.num_positions:
+def _where(analysis: Analysis, pos: int | None) -> str:
+    if pos is None or pos >= analysis.num_positions:
         return "the graph outputs, all on the device at the end of the run"
     return f"the working set of node {analysis.node_names[pos]!r} at position {pos}: its inputs, outputs and weights"
 
 
 def memory_profile(
     analysis: Analysis,
-    plan: dict[str, Any] | None = None,
+    plan: Plan | None = None,
     *,
     prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
     release_distance: int = DEFAULT_RELEASE_DISTANCE,
@@ -78,7 +79,7 @@ def memory_profile(
 
 def plan_peak(
     analysis: Analysis,
-    plan: dict[str, Any] | None = None,
+    plan: Plan | None = None,
     *,
     prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
     release_distance: int = DEFAULT_RELEASE_DISTANCE,
@@ -89,7 +90,7 @@ def plan_peak(
     )
 
 
-def bytes_moved(plan: dict[str, Any]) -> int:
+def bytes_moved(plan: Plan) -> int:
     """Bytes a plan copies per run: one D2H per activation, one H2D per reload group and output."""
     return int(plan_cost(plan, BytesMoved()))
 
@@ -100,7 +101,7 @@ class BudgetResult:
 
     requested: int | None
     lower_bound: int
-    lower_bound_position: int
+    lower_bound_position: int | None
     peak_before: int
     peak: int
     peak_position: int
@@ -173,7 +174,7 @@ class BudgetSearch:
 
     def __init__(
         self,
-        plan: dict[str, Any],
+        plan: Plan,
         analysis: Analysis,
         *,
         prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
@@ -282,7 +283,7 @@ class BudgetSearch:
         time_limit: float = DEFAULT_TIME_LIMIT,
         report: Callable[[str], None] | None = None,
         quiet: bool = False,
-    ) -> dict[str, Any]:
+    ) -> Plan:
         """The "filtered" plan whose peak fits ``budget_bytes`` at the least cost (see `budget_filter`).
 
         ``quiet``: do not warn when weights join the candidates (a sweep over many budgets reads
@@ -316,7 +317,7 @@ class BudgetSearch:
                 hint=f"give --budget {byte_arg(lb)} or more",
                 reachable=lb,
             )
-        search = {"timing": timing, "optimal": optimal, "time_limit": time_limit, "report": report}
+        search: dict[str, Any] = {"timing": timing, "optimal": optimal, "time_limit": time_limit, "report": report}
         first = self._attempt(self.params, budget_bytes, cost, **search)
         chosen = first
         weights_added = False
@@ -340,7 +341,7 @@ class BudgetSearch:
                 "or allow more candidates (--params, fewer --never patterns)",
                 reachable=best,
             )
-        build = dict(
+        build: dict[str, Any] = dict(
             budget_bytes=budget_bytes,
             cost=cost,
             profile=prof,
@@ -375,13 +376,14 @@ class BudgetSearch:
         new["budget"]["compared"] = {"copies": copies, "stall_s": {"time": mine_s, "bytes": theirs_s}, "kept": kept}
         return new
 
-    def _stall(self, filtered: dict[str, Any], profile: Profile) -> float:
+    def _stall(self, filtered: Plan, profile: Profile) -> float:
         """The time a filtered plan's copies add to the baseline with copies on streams (the simulator's)."""
         from offloadctl.simulator import simulate
         from offloadctl.stages.prefetch import prefetch
 
         scheduled = prefetch(filtered, prefetch_distance=self.prefetch_distance, release_distance=self.release_distance)
         times = simulate(self.analysis, scheduled, profile=profile).times
+        assert times is not None  # a simulation with a profile has its times
         return times.overlapped - times.baseline
 
     def _build(
@@ -396,7 +398,7 @@ class BudgetSearch:
         time_limit: float,
         weights_added: bool,
         searched: Outcome | None = None,
-    ) -> dict[str, Any]:
+    ) -> Plan:
         """The filtered plan of one search's outcome, priced by ``cost``.
 
         ``searched``: the search whose bound (and solver) the plan reports, when its plan is another
@@ -424,7 +426,7 @@ class BudgetSearch:
             },
         )
         new["strategy"] = "budget"
-        offloads: list[dict[str, Any]] = []
+        offloads: list[Offload] = []
         handled = {c.name for c in cands} | {r["tensor"] for r in small}
         rejected = [dict(r) for r in selected0["rejected"] if r["tensor"] not in handled] + small
         chosen: dict[str, str] = {}
@@ -489,7 +491,7 @@ class BudgetSearch:
 
 
 def budget_filter(
-    plan: dict[str, Any],
+    plan: Plan,
     analysis: Analysis,
     *,
     budget_bytes: int | None,
@@ -505,7 +507,7 @@ def budget_filter(
     copies: str = "inline",
     optimal: bool = False,
     time_limit: float = DEFAULT_TIME_LIMIT,
-) -> dict[str, Any]:
+) -> Plan:
     """Turn a "selected" plan into a "filtered" plan whose peak fits ``budget_bytes`` at the least cost.
 
     Args:
@@ -560,7 +562,7 @@ def _round_cost(value: float, cost: CopyCost) -> float | int:
     return int(round(value)) if cost.integral else float(value)
 
 
-def check_budget(analysis: Analysis, plan: dict[str, Any]) -> dict[str, Any]:
+def check_budget(analysis: Analysis, plan: Plan) -> Plan:
     """Check a scheduled budget plan against the timeline and record its figures in ``plan["budget"]``.
 
     Returns the plan (updated in place).
