@@ -1,4 +1,4 @@
-# offloadctl: `make demo` runs the main job on a sample model, `make test` runs the tests.
+# offloadctl: `make demo` runs the main job on a sample model, `make test` runs the linters and the tests.
 # Both create .venv and install everything on first use.
 
 PYTHON ?= python3
@@ -7,8 +7,10 @@ BIN    := $(VENV)/bin
 # The Ascend build of onnxruntime (it runs on CPU too). Use EXTRA=cpu or EXTRA=cuda without Ascend.
 EXTRA  ?= cann
 OUT    ?= build/demo
+# the Python sources ruff checks and formats (mypy checks offloadctl/)
+LINT   := offloadctl tests bench sample_models
 
-.PHONY: install demo test test-install bench samples clean
+.PHONY: install demo lint format test test-install bench samples clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +34,18 @@ demo: install
 	$(BIN)/offloadctl simulate sample_models/unet.onnx --plan $(OUT)/unet.plan.json --plot $(OUT)/unet.memory.png
 	$(BIN)/offloadctl plan sample_models/transformer.onnx -o $(OUT)/transformer.budget.json --budget 800KiB
 
-test: install
+# ruff (lint and format) and mypy, at the versions pinned in the test extra
+lint: install
+	$(BIN)/ruff check $(LINT)
+	$(BIN)/ruff format --check $(LINT)
+	$(BIN)/mypy offloadctl
+
+# apply ruff's formatting and its safe fixes
+format: install
+	$(BIN)/ruff format $(LINT)
+	$(BIN)/ruff check --fix $(LINT)
+
+test: install lint
 	$(BIN)/python -m pytest -q
 
 # pip install '.[cpu]' into a fresh virtual environment and compare its figures with this install's.
