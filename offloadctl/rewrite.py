@@ -75,7 +75,6 @@ from offloadctl.metadata import (
     KEY_VERSION,
     make_session_settings,
     plan_sha256,
-    session_settings,
     set_metadata,
 )
 from offloadctl.model import TensorInfo, external_data_entries
@@ -90,7 +89,6 @@ __all__ = [
     "check_model_outputs",
     "data_copies",
     "external_locations",
-    "session_settings",
     "write_model",
 ]
 

@@ -587,10 +587,6 @@ class WorkingSet:
         if bl > bf + 1:
             self._lazy[bf + 1 : bl] += delta
 
-    def add_spans(self, spans: Iterable[Span], delta: int) -> None:
-        for first, last in spans:
-            self.add(first, last, delta)
-
     def add_many(self, firsts: Sequence[int], lasts: Sequence[int], deltas: Sequence[int]) -> None:
         """Add deltas[i] bytes at steps firsts[i]..lasts[i] for every i (empty ranges ignored)."""
         if len(deltas) <= len(self._lazy):

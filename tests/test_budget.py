@@ -11,7 +11,6 @@ import onnxruntime as ort
 import pytest
 
 from offloadctl.analysis import analyse
-from offloadctl.cli.ui import parse_bytes
 from offloadctl.errors import OffloadError
 from offloadctl.explain import explain_rows
 from offloadctl.model import load_model
@@ -20,6 +19,7 @@ from offloadctl.simulator import peak_memory, simulate
 from offloadctl.stages import filter_plan, make_plan, prefetch, select
 from offloadctl.stages.budget import budget_filter, bytes_moved, check_budget, plan_peak
 from offloadctl.timeline import lower_bound
+from offloadctl.units import parse_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"

@@ -418,7 +418,7 @@ def test_byte_sizes_beyond_64_bits_are_refused(run_cli, tmp_path, option):
 
 
 def test_byte_sizes_are_parsed_exactly():
-    from offloadctl.cli.ui import parse_bytes
+    from offloadctl.units import parse_bytes
 
     assert parse_bytes("9007199254740993") == 9007199254740993  # 2**53 + 1: a float would round it
     assert parse_bytes("1.5GiB") == 3 * 2**29

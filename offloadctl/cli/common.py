@@ -20,12 +20,13 @@ from rich.table import Table
 
 from offloadctl.analysis import Analysis, analyse
 from offloadctl.cli.report import SLOWDOWN_WARNING, report_plot_path
-from offloadctl.cli.ui import err_console, fmt_bytes, out_console, print_json, steps
+from offloadctl.cli.ui import err_console, out_console, print_json, steps
 from offloadctl.costs import STREAMS_NOTE, copy_mode_label
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_distinct_outputs, check_output_path
 from offloadctl.model import load_model, parse_dims, parse_input_shapes
 from offloadctl.plantypes import Plan
+from offloadctl.units import fmt_bytes
 
 __all__ = [
     "load_and_analyse",

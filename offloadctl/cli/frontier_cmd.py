@@ -10,13 +10,14 @@ from rich.table import Table
 from offloadctl.cli.common import check_unknown_sizes, finish, load_and_analyse
 from offloadctl.cli.options import input_shape_option, json_option, model_argument, objective_option, profile_option
 from offloadctl.cli.plot import plot_frontier
-from offloadctl.cli.ui import fmt_bytes, out_console, steps
+from offloadctl.cli.ui import out_console, steps
 from offloadctl.costs import COPY_MODES, STREAMS_NOTE, copy_mode_label
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_output_path
 from offloadctl.profiles import load_profile
 from offloadctl.simulator import is_rewritten
 from offloadctl.tradeoff import DEFAULT_POINTS, Point, Tradeoff, dominated, point_of
+from offloadctl.units import fmt_bytes
 
 __all__ = ["COMMANDS", "frontier_cmd"]
 

@@ -11,8 +11,9 @@ from rich.table import Table
 from offloadctl.analysis import Analysis
 from offloadctl.cli.common import finish, load_and_analyse
 from offloadctl.cli.options import input_shape_option, model_argument
-from offloadctl.cli.ui import fmt_bytes, out_console
+from offloadctl.cli.ui import out_console
 from offloadctl.timeline import subgraph_memory
+from offloadctl.units import fmt_bytes
 
 __all__ = ["inspect", "inspect_report"]
 

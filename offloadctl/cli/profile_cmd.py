@@ -11,11 +11,12 @@ from rich.table import Table
 
 from offloadctl.cli.common import finish
 from offloadctl.cli.options import input_shape_option, json_option, model_argument, output_option
-from offloadctl.cli.ui import fmt_bytes, out_console, steps
+from offloadctl.cli.ui import out_console, steps
 from offloadctl.files import check_output_path
 from offloadctl.model import parse_dims, parse_input_shapes
 from offloadctl.profiler import DEFAULT_REPEAT, measure_profile, write_profile
 from offloadctl.runner import DEVICES, parse_ep_options
+from offloadctl.units import fmt_bytes
 
 __all__ = ["COMMANDS", "profile_cmd", "summary"]
 

@@ -31,13 +31,14 @@ from offloadctl.cli.options import (
 )
 from offloadctl.cli.plot import plot_timeline
 from offloadctl.cli.report import write_report
-from offloadctl.cli.ui import fmt_bytes, out_console
+from offloadctl.cli.ui import out_console
 from offloadctl.costs import STREAMS_NOTE
 from offloadctl.estimate import estimate_figures
 from offloadctl.files import check_output_path
 from offloadctl.plan import read_plan
 from offloadctl.profiles import load_profile
 from offloadctl.simulator import SimResult, simulate
+from offloadctl.units import fmt_bytes
 
 __all__ = ["COMMANDS", "simulate_cmd"]
 

@@ -42,7 +42,7 @@ from offloadctl.cli.options import (
     strict_option,
 )
 from offloadctl.cli.report import write_report
-from offloadctl.cli.ui import fmt_bytes, out_console, steps
+from offloadctl.cli.ui import out_console, steps
 from offloadctl.costs import copy_mode_label, default_objective
 from offloadctl.errors import OffloadError
 from offloadctl.estimate import estimate_figures, record_estimate
@@ -62,6 +62,7 @@ from offloadctl.stages import (
     select,
 )
 from offloadctl.stages.budget import budget_filter
+from offloadctl.units import fmt_bytes
 
 __all__ = ["COMMANDS"]
 

@@ -22,7 +22,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from offloadctl.errors import OffloadError
-from offloadctl.units import fmt_bytes, parse_bytes
+from offloadctl.units import parse_bytes
 
 __all__ = [
     "out_console",
@@ -30,8 +30,6 @@ __all__ = [
     "setup_logging",
     "progress",
     "steps",
-    "fmt_bytes",
-    "parse_bytes",
     "print_json",
     "BytesParam",
 ]

@@ -88,13 +88,11 @@ from __future__ import annotations
 
 from offloadctl.stages.budget.exact import DEFAULT_TIME_LIMIT
 from offloadctl.stages.budget.strategy import (
-    BudgetResult,
     BudgetSearch,
     BudgetUnreachable,
     budget_filter,
     bytes_moved,
     check_budget,
-    memory_profile,
     plan_peak,
 )
 from offloadctl.stages.budget.streaming import DEFAULT_STREAM_DEPTH
@@ -102,12 +100,10 @@ from offloadctl.stages.budget.streaming import DEFAULT_STREAM_DEPTH
 __all__ = [
     "DEFAULT_STREAM_DEPTH",
     "DEFAULT_TIME_LIMIT",
-    "BudgetResult",
     "BudgetSearch",
     "BudgetUnreachable",
     "budget_filter",
     "bytes_moved",
     "check_budget",
-    "memory_profile",
     "plan_peak",
 ]

@@ -84,10 +84,6 @@ class CoverProblem:
     def row(self, columns: list[int], coefficients: list[float], lower: float, upper: float) -> None:
         self.rows.append((columns, coefficients, lower, upper))
 
-    @property
-    def num_nonzeros(self) -> int:
-        return 2 * len(self.term_column) + 2 * len(self._segments()[0]) + sum(len(r[0]) for r in self.rows)
-
     def _segments(self) -> tuple[np.ndarray, np.ndarray]:
         """(first step of each segment, largest excess in it)."""
         cuts = np.unique(
@@ -116,10 +112,6 @@ class CoverSolution:
     columns: int
     rows: int
     nonzeros: int
-
-    @property
-    def proven_optimal(self) -> bool:
-        return self.status == "optimal"
 
 
 @contextlib.contextmanager
