@@ -1,8 +1,8 @@
 """The plan document: the JSON contract between stages, validated on every read and write.
 
-A plan is a plain dict that follows ``schemas/plan.schema.json`` (JSON Schema 2020-12). Stages are
-pure functions from one plan dict to a new one; this module owns reading, writing and validating
-them, and checking that a plan belongs to a given model.
+A plan is a plain dict that follows ``schemas/plan.schema.json`` (JSON Schema 2020-12), typed as
+`offloadctl.plantypes.Plan`. Stages are pure functions from one plan dict to a new one; this module
+owns reading, writing and validating them, and checking that a plan belongs to a given model.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Terminal output helpers: consoles, logging, progress, byte formatting and byte parsing.
+"""Terminal output helpers: consoles, logging, progress, the JSON document, and a click type for byte sizes.
 
 Human-readable output uses rich. Under ``--json`` or when stdout is not a terminal, progress bars
 stay silent and stdout carries only the JSON document. Output that is not a terminal is not wrapped

@@ -77,6 +77,7 @@ its group's depth, that keeps the budget.
 
 A model with dynamic input dimensions is refused until they are pinned (``--input-shape``); other
 tensors of unknown size count 0 bytes.
+
 Rooms: `offloadctl.stages.budget.candidates` (candidate tensors, their states, the spans and
 prices of a state, and their plan entries), `~.search` (the intervals, the greedy, pruning,
 prefetch placement and the cost bound), `~.exact` and `~.optimal` (the exact search and its
