@@ -8,7 +8,14 @@ import click
 from rich.table import Table
 
 from offloadctl.cli.common import check_unknown_sizes, finish, load_and_analyse
-from offloadctl.cli.options import input_shape_option, json_option, model_argument, objective_option, profile_option
+from offloadctl.cli.options import (
+    ShapeOptions,
+    input_shape_option,
+    json_option,
+    model_argument,
+    objective_option,
+    profile_option,
+)
 from offloadctl.cli.plot import plot_frontier
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.costs import COPY_MODES, STREAMS_NOTE, copy_mode_label
@@ -76,7 +83,17 @@ def _table(mode: str, points: list[Point], peak: int, profile: str) -> Table:
 @input_shape_option
 @click.option("--plot", type=click.Path(path_type=str), metavar="FILE.png|FILE.svg", help="Draw the frontier.")
 @json_option
-def frontier_cmd(model, profile, objective, params, copies, points, input_shape, dim, plot, as_json):
+def frontier_cmd(
+    model: str,
+    profile: str,
+    objective: str | None,
+    params: bool,
+    copies: str,
+    points: int,
+    shapes: ShapeOptions,
+    plot: str | None,
+    as_json: bool,
+) -> None:
     """Peak device memory against estimated time, from the peak down to the lower bound.
 
     Runs the budget strategy at --points budgets and times each plan with the simulator under each
@@ -86,7 +103,7 @@ def frontier_cmd(model, profile, objective, params, copies, points, input_shape,
     prof = load_profile(profile)
     if plot:
         check_output_path(plot, model)
-    analysis = load_and_analyse(model, input_shape, dim, show_progress=not as_json)
+    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json)
     if is_rewritten(analysis):
         raise OffloadError(
             f"{model} already contains copies: the frontier needs the original model",

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from offloadctl.analysis import Analysis
 from offloadctl.cli.common import finish, load_and_analyse
-from offloadctl.cli.options import input_shape_option, model_argument
+from offloadctl.cli.options import ShapeOptions, input_shape_option, model_argument
 from offloadctl.cli.ui import out_console
 from offloadctl.timeline import subgraph_memory
 from offloadctl.units import fmt_bytes
@@ -93,9 +93,9 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
 @input_shape_option
 @click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle tensors to list.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
-def inspect(model: str, input_shape, dim, top: int, as_json: bool) -> None:
+def inspect(model: str, shapes: ShapeOptions, top: int, as_json: bool) -> None:
     """Nodes, tensors, bytes of activations and weights, and the longest-idle tensors."""
-    analysis = load_and_analyse(model, input_shape, dim, show_progress=not as_json)
+    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json)
     report = inspect_report(analysis, top=top)
     acts, weights = report["activations"], report["weights"]
     verdict = [

@@ -1,8 +1,16 @@
-"""Option groups shared by several subcommands (defined once, reused)."""
+"""Option groups shared by several subcommands (defined once, reused).
+
+A group of options reaches its command as one frozen dataclass (`ShapeOptions`, `SelectOptions`,
+`FilterOptions`, `BudgetOptions`, `PrefetchOptions`) in one keyword argument, rather than as one
+argument per option; single options stay plain arguments.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -20,6 +28,11 @@ from offloadctl.stages import (
 from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH, DEFAULT_TIME_LIMIT
 
 __all__ = [
+    "ShapeOptions",
+    "SelectOptions",
+    "FilterOptions",
+    "BudgetOptions",
+    "PrefetchOptions",
     "model_argument",
     "input_shape_option",
     "json_option",
@@ -49,9 +62,78 @@ def _compose(*decorators: Decorator) -> Decorator:
     return apply
 
 
+def _group(argument: str, options: type, *decorators: Decorator) -> Decorator:
+    """Click options whose values reach the command as one ``options`` object, in ``argument``.
+
+    The options keep their flags, help and order; the command's keyword arguments named after the
+    dataclass's fields are replaced by the object.
+    """
+    names = [f.name for f in dataclasses.fields(options)]
+
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(f)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            kwargs[argument] = options(**{name: kwargs.pop(name) for name in names})
+            return f(*args, **kwargs)
+
+        return _compose(*decorators)(command)
+
+    return apply
+
+
+@dataclass(frozen=True)
+class ShapeOptions:
+    """``--input-shape`` and ``--dim`` as given (parsed when the model is loaded)."""
+
+    input_shape: tuple[str, ...]
+    dim: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SelectOptions:
+    """The select stage's options."""
+
+    select_distance: int
+    activations: bool
+    params: bool
+    force: tuple[str, ...]
+    never: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FilterOptions:
+    """The filter stage's options."""
+
+    select_num: int
+    min_bytes: int
+
+
+@dataclass(frozen=True)
+class BudgetOptions:
+    """The budget strategy's options (and ``--explain``, which lists every candidate)."""
+
+    strategy: str | None
+    budget: int | None
+    stream_weights: bool
+    stream_depth: int
+    explain: bool
+    optimal: bool
+    time_limit: float
+
+
+@dataclass(frozen=True)
+class PrefetchOptions:
+    """The prefetch stage's options."""
+
+    prefetch_distance: int
+    release_distance: int
+
+
 model_argument = click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 
-input_shape_option = _compose(
+input_shape_option = _group(
+    "shapes",
+    ShapeOptions,
     click.option(
         "--input-shape",
         "input_shape",
@@ -106,28 +188,37 @@ def output_option(what: str) -> Decorator:
 
 
 select_options = _compose(
-    click.option(
-        "--select-distance",
-        type=click.IntRange(min=0),
-        default=DEFAULT_SELECT_DISTANCE,
-        show_default=True,
-        help="A tensor is offloaded across gaps between uses larger than this many positions.",
+    _group(
+        "selecting",
+        SelectOptions,
+        click.option(
+            "--select-distance",
+            type=click.IntRange(min=0),
+            default=DEFAULT_SELECT_DISTANCE,
+            show_default=True,
+            help="A tensor is offloaded across gaps between uses larger than this many positions.",
+        ),
+        click.option("--activations/--no-activations", default=True, show_default=True, help="Consider node outputs."),
+        click.option(
+            "--params/--no-params",
+            default=False,
+            show_default=True,
+            help="Consider weights (initializers, Constant nodes): they stay on the host and are streamed in.",
+        ),
+        click.option(
+            "--force",
+            multiple=True,
+            metavar="PATTERN",
+            help="Offload tensors matching this glob even without a long gap.",
+        ),
+        click.option("--never", multiple=True, metavar="PATTERN", help="Never offload tensors matching this glob."),
     ),
-    click.option("--activations/--no-activations", default=True, show_default=True, help="Consider node outputs."),
-    click.option(
-        "--params/--no-params",
-        default=False,
-        show_default=True,
-        help="Consider weights (initializers, Constant nodes): they stay on the host and are streamed in.",
-    ),
-    click.option(
-        "--force", multiple=True, metavar="PATTERN", help="Offload tensors matching this glob even without a long gap."
-    ),
-    click.option("--never", multiple=True, metavar="PATTERN", help="Never offload tensors matching this glob."),
     input_shape_option,
 )
 
-filter_options = _compose(
+filter_options = _group(
+    "filtering",
+    FilterOptions,
     click.option(
         "--select-num",
         type=click.IntRange(min=0),
@@ -144,7 +235,9 @@ filter_options = _compose(
     ),
 )
 
-budget_options = _compose(
+budget_options = _group(
+    "budgeting",
+    BudgetOptions,
     click.option(
         "--strategy",
         type=click.Choice(["distance", "budget"]),
@@ -221,7 +314,9 @@ strict_option = click.option(
     help="Fail when a figure would count a tensor of unknown size as 0 bytes.",
 )
 
-prefetch_options = _compose(
+prefetch_options = _group(
+    "prefetching",
+    PrefetchOptions,
     click.option(
         "--prefetch-distance",
         type=click.IntRange(min=0),

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from offloadctl.cli.common import finish
-from offloadctl.cli.options import input_shape_option, json_option, model_argument, output_option
+from offloadctl.cli.options import ShapeOptions, input_shape_option, json_option, model_argument, output_option
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.files import check_output_path
 from offloadctl.model import parse_dims, parse_input_shapes
@@ -126,7 +126,17 @@ def _print(info: dict[str, Any], model: str) -> None:
 )
 @output_option("the measured profile (JSON, schemas/profile.schema.json)")
 @json_option
-def profile_cmd(model, device, inputs, input_shape, dim, repeat, ep_option, threads, output, as_json):
+def profile_cmd(
+    model: str,
+    device: str,
+    inputs: str | None,
+    shapes: ShapeOptions,
+    repeat: int,
+    ep_option: tuple[str, ...],
+    threads: int,
+    output: str,
+    as_json: bool,
+) -> None:
     """Measure MODEL on a device and write a profile for simulate and plan (--profile FILE).
 
     \b
@@ -136,11 +146,11 @@ def profile_cmd(model, device, inputs, input_shape, dim, repeat, ep_option, thre
     over a sweep of sizes and fitted as latency + bytes / bandwidth; roofline figures for nodes
     without a measurement; and what it ran on. Measure on a quiet machine.
     """
-    if inputs is not None and (input_shape or dim):
+    if inputs is not None and (shapes.input_shape or shapes.dim):
         raise click.UsageError("--inputs and --input-shape/--dim exclude each other: the inputs fix the shapes")
     check_output_path(output, model, inputs)
-    shapes = parse_input_shapes(input_shape)
-    dims = parse_dims(dim)
+    input_shapes = parse_input_shapes(shapes.input_shape)
+    dims = parse_dims(shapes.dim)
     options = parse_ep_options(ep_option)
     if options and device == "cpu":
         logger.warning("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
@@ -149,7 +159,7 @@ def profile_cmd(model, device, inputs, input_shape, dim, repeat, ep_option, thre
             model,
             device,
             inputs=inputs,
-            input_shapes=shapes,
+            input_shapes=input_shapes,
             dims=dims,
             repeat=repeat,
             ep_options=options,

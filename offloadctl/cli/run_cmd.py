@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from offloadctl.cli.common import finish
-from offloadctl.cli.options import input_shape_option, model_argument
+from offloadctl.cli.options import ShapeOptions, input_shape_option, model_argument
 from offloadctl.cli.ui import out_console, print_json
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_output_path
@@ -115,8 +115,7 @@ def run(
     model: str,
     device: str,
     inputs: str | None,
-    input_shape: tuple[str, ...],
-    dim: tuple[str, ...],
+    shapes: ShapeOptions,
     seed: int,
     value_range: tuple[str, ...],
     save_outputs: str | None,
@@ -153,8 +152,8 @@ def run(
         opt_level=opt_level,
         rtol=rtol,
         atol=atol,
-        input_shapes=parse_input_shapes(input_shape),
-        dims=parse_dims(dim),
+        input_shapes=parse_input_shapes(shapes.input_shape),
+        dims=parse_dims(shapes.dim),
         seed=seed,
         value_ranges=parse_value_ranges(value_range),
     )

@@ -21,6 +21,7 @@ from offloadctl.cli.common import (
     slowdown_text,
 )
 from offloadctl.cli.options import (
+    ShapeOptions,
     input_shape_option,
     json_option,
     max_peak_option,
@@ -124,7 +125,18 @@ def _print_report(result: SimResult, doc: dict) -> None:
     show_default=True,
     help="Leave the per-step timeline out of --json when the run has more steps than this.",
 )
-def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, report, as_json, plot, timeline_limit):
+def simulate_cmd(
+    model: str,
+    plan_path: str | None,
+    profile: str,
+    shapes: ShapeOptions,
+    strict: bool,
+    max_peak: int | None,
+    report: str | None,
+    as_json: bool,
+    plot: str | None,
+    timeline_limit: int,
+) -> None:
     """Peak device memory before and after a plan, where it occurs, bytes moved, and estimated time.
 
     MODEL is an original model (with or without --plan) or a model already rewritten by apply.
@@ -139,8 +151,8 @@ def simulate_cmd(model, plan_path, profile, input_shape, dim, strict, max_peak, 
     check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
     analysis = load_and_analyse(
         model,
-        input_shape,
-        dim,
+        shapes.input_shape,
+        shapes.dim,
         pins=plan_pins(plan) if plan is not None else None,
         pins_from=f"model.input_shapes of plan {plan_path}",
         show_progress=not as_json,

@@ -26,6 +26,11 @@ from offloadctl.cli.common import (
     warn_slowdown,
 )
 from offloadctl.cli.options import (
+    BudgetOptions,
+    FilterOptions,
+    PrefetchOptions,
+    SelectOptions,
+    ShapeOptions,
     budget_options,
     copies_option,
     filter_options,
@@ -69,16 +74,15 @@ __all__ = ["COMMANDS"]
 logger = logging.getLogger(__name__)
 
 
-def _use_budget(
-    strategy: str | None,
-    budget: int | None,
-    stream_weights: bool,
-    objective: str | None = None,
-    optimal: bool = False,
-    max_slowdown: float | None = None,
-) -> bool:
+def _use_budget(budgeting: BudgetOptions, objective: str | None = None, max_slowdown: float | None = None) -> bool:
     """Resolve --strategy/--budget/--stream-weights/--objective/--optimal/--max-slowdown; bad combinations
     are usage errors."""
+    strategy, budget, stream_weights, optimal = (
+        budgeting.strategy,
+        budgeting.budget,
+        budgeting.stream_weights,
+        budgeting.optimal,
+    )
     if max_slowdown is not None:
         if budget is not None:
             raise click.UsageError("--max-slowdown and --budget are alternatives: give one of them")
@@ -260,15 +264,20 @@ def _stage_end(
 @output_option("the selected plan (stage 'selected')")
 @select_options
 @json_option
-def select_cmd(model, output, select_distance, activations, params, force, never, input_shape, dim, as_json):
+def select_cmd(model: str, output: str, selecting: SelectOptions, shapes: ShapeOptions, as_json: bool) -> None:
     """Find tensors idle for more than --select-distance positions (stage 'selected')."""
     check_output_path(output, model)
-    analysis = load_and_analyse(model, input_shape, dim, show_progress=not as_json)
+    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json)
     check_output_path(output, *analysis.loaded.files)
     with steps(not as_json) as step:
         step("selecting")
         plan = select(
-            analysis, select_distance=select_distance, activations=activations, params=params, force=force, never=never
+            analysis,
+            select_distance=selecting.select_distance,
+            activations=selecting.activations,
+            params=selecting.params,
+            force=selecting.force,
+            never=selecting.never,
         )
     write_plan(output, plan)
     _stage_end("select", model, plan, output, as_json)
@@ -284,63 +293,57 @@ def select_cmd(model, output, select_distance, activations, params, force, never
 @profile_option
 @json_option
 def filter_cmd(
-    selected,
-    output,
-    select_num,
-    min_bytes,
-    strategy,
-    budget,
-    stream_weights,
-    stream_depth,
-    explain,
-    optimal,
-    time_limit,
-    objective,
-    copies,
-    profile,
-    as_json,
-):
+    selected: str,
+    output: str,
+    filtering: FilterOptions,
+    budgeting: BudgetOptions,
+    objective: str | None,
+    copies: str,
+    profile: str,
+    as_json: bool,
+) -> None:
     """Keep the first --select-num candidates in first-use order (stage 'filtered').
 
     With --budget (budget strategy) it instead chooses what to offload so the simulated peak fits,
     assuming the default prefetch distance (each offload gets its own, smaller one if needed).
     """
     check_output_path(output, selected)
-    use_budget = _use_budget(strategy, budget, stream_weights, objective, optimal)
+    use_budget = _use_budget(budgeting, objective)
     defaulted = None
     if use_budget:
         prof = load_profile(profile)
-        objective, defaulted = _objective(objective, prof, copies, optimal)
+        objective, defaulted = _objective(objective, prof, copies, budgeting.optimal)
     selected_plan = read_plan(selected, stages=("selected",))
     if use_budget:
         analysis = _plan_analysis(selected_plan, selected)
         check_output_path(output, selected, *analysis.loaded.files)
+        assert objective is not None  # resolved with the profile above
         with steps(not as_json) as step:
             plan = budget_filter(
                 selected_plan,
                 analysis,
-                budget_bytes=budget,
+                budget_bytes=budgeting.budget,
                 prefetch_distance=DEFAULT_PREFETCH_DISTANCE,
                 release_distance=DEFAULT_RELEASE_DISTANCE,
-                select_num=select_num,
-                min_bytes=min_bytes,
-                stream_weights=stream_weights,
-                stream_depth=stream_depth,
+                select_num=filtering.select_num,
+                min_bytes=filtering.min_bytes,
+                stream_weights=budgeting.stream_weights,
+                stream_depth=budgeting.stream_depth,
                 report=step,
                 objective=objective,
                 profile=prof,
                 copies=copies,
-                optimal=optimal,
-                time_limit=time_limit,
+                optimal=budgeting.optimal,
+                time_limit=budgeting.time_limit,
             )
     else:
         if copies != "inline":
             logger.warning(
                 "--copies is the budget strategy's: without --budget the filter keeps the first --select-num"
             )
-        plan = filter_plan(selected_plan, select_num=select_num, min_bytes=min_bytes)
+        plan = filter_plan(selected_plan, select_num=filtering.select_num, min_bytes=filtering.min_bytes)
     write_plan(output, plan)
-    _stage_end("filter", selected, plan, output, as_json, explain, defaulted)
+    _stage_end("filter", selected, plan, output, as_json, budgeting.explain, defaulted)
 
 
 @click.command("prefetch")
@@ -348,13 +351,13 @@ def filter_cmd(
 @output_option("the scheduled plan (stage 'scheduled')")
 @prefetch_options
 @json_option
-def prefetch_cmd(filtered, output, prefetch_distance, release_distance, as_json):
+def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchOptions, as_json: bool) -> None:
     """Place each host-to-device copy --prefetch-distance positions early (stage 'scheduled')."""
     check_output_path(output, filtered)
     plan = prefetch(
         read_plan(filtered, stages=("filtered",)),
-        prefetch_distance=prefetch_distance,
-        release_distance=release_distance,
+        prefetch_distance=prefetching.prefetch_distance,
+        release_distance=prefetching.release_distance,
     )
     write_plan(output, plan)
     _stage_end("prefetch", filtered, plan, output, as_json)
@@ -376,35 +379,22 @@ def prefetch_cmd(filtered, output, prefetch_distance, release_distance, as_json)
 @report_option
 @json_option
 def plan_cmd(
-    model,
-    output,
-    select_distance,
-    activations,
-    params,
-    force,
-    never,
-    input_shape,
-    dim,
-    select_num,
-    min_bytes,
-    strategy,
-    budget,
-    stream_weights,
-    stream_depth,
-    explain,
-    optimal,
-    time_limit,
-    max_slowdown,
-    objective,
-    copies,
-    prefetch_distance,
-    release_distance,
-    strict,
-    profile,
-    max_peak,
-    report,
-    as_json,
-):
+    model: str,
+    output: str,
+    selecting: SelectOptions,
+    shapes: ShapeOptions,
+    filtering: FilterOptions,
+    budgeting: BudgetOptions,
+    max_slowdown: float | None,
+    objective: str | None,
+    copies: str,
+    prefetching: PrefetchOptions,
+    strict: bool,
+    profile: str,
+    max_peak: int | None,
+    report: str | None,
+    as_json: bool,
+) -> None:
     """select + filter + prefetch in one call; same document as chaining the three.
 
     Ends with the simulated peak before and after and the estimated slowdown (--profile, --copies);
@@ -414,12 +404,12 @@ def plan_cmd(
     """
     check_output_path(output, model)
     check_report_paths(report, model, others=[("the plan", output)])
-    use_budget = _use_budget(strategy, budget, stream_weights, objective, optimal, max_slowdown)
+    use_budget = _use_budget(budgeting, objective, max_slowdown)
     prof = load_profile(profile)
     defaulted = None
     if use_budget:
-        objective, defaulted = _objective(objective, prof, copies, optimal)
-    analysis = load_and_analyse(model, input_shape, dim, show_progress=not as_json)
+        objective, defaulted = _objective(objective, prof, copies, budgeting.optimal)
+    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json)
     check_output_path(output, *analysis.loaded.files)
     if report is not None:
         check_report_paths(report, *analysis.loaded.files, others=[("the plan", output)])
@@ -432,24 +422,24 @@ def plan_cmd(
     with steps(not as_json, total=5) as step:
         plan = make_plan(
             analysis,
-            select_distance=select_distance,
-            activations=activations,
-            params=params,
-            force=force,
-            never=never,
-            select_num=select_num,
-            min_bytes=min_bytes,
-            prefetch_distance=prefetch_distance,
-            release_distance=release_distance,
+            select_distance=selecting.select_distance,
+            activations=selecting.activations,
+            params=selecting.params,
+            force=selecting.force,
+            never=selecting.never,
+            select_num=filtering.select_num,
+            min_bytes=filtering.min_bytes,
+            prefetch_distance=prefetching.prefetch_distance,
+            release_distance=prefetching.release_distance,
             strategy="budget" if use_budget else "distance",
-            budget=budget,
-            stream_weights=stream_weights,
-            stream_depth=stream_depth,
+            budget=budgeting.budget,
+            stream_weights=budgeting.stream_weights,
+            stream_depth=budgeting.stream_depth,
             step=step,
             objective=objective,
             profile=prof,
-            optimal=optimal,
-            time_limit=time_limit,
+            optimal=budgeting.optimal,
+            time_limit=budgeting.time_limit,
             copies=copies,
             max_slowdown=max_slowdown,
         )
@@ -468,7 +458,7 @@ def plan_cmd(
     if not as_json:
         print_plan_summary(plan)
         _print_search(plan, defaulted)
-        if explain:
+        if budgeting.explain:
             out_console().print(explain_table(plan))
         if result is None:
             out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
