@@ -133,6 +133,7 @@ def apply(
     from offloadctl.files import check_output_path
     from offloadctl.rewrite import apply_plan, check_model_outputs, write_model
 
+    _check_plan(plan, analysis, "apply")
     model = apply_plan(plan, analysis, result=result)
     if output is not None:
         loaded = analysis.loaded
@@ -153,7 +154,19 @@ def simulate(analysis: Analysis, plan: Plan | None = None, *, profile: Any = "as
     """
     from offloadctl.simulator import simulate as _simulate
 
+    if plan is not None:
+        _check_plan(plan, analysis, "simulate")
     return _simulate(analysis, plan, profile=profile)
+
+
+def _check_plan(plan: Plan, analysis: Analysis, step: str) -> None:
+    """What the commands check of a plan file, for a plan handed over in memory: its schema and rules,
+    its stage, and that it was made for this model."""
+    from offloadctl.plan import check_plan_model, require_stage, validate_plan
+
+    validate_plan(plan, source="the plan")
+    require_stage(plan, "scheduled", step)
+    check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
 
 
 def run(model: str | os.PathLike[str], device: str = "cpu", **options: Any) -> RunReport:

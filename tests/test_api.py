@@ -97,3 +97,18 @@ def test_apply_refuses_to_overwrite_its_model(tmp_path):
     assert (tmp_path / "seed.onnx").read_bytes() == before
     proto = offloadctl.apply(plan, analysis)  # in memory only
     assert any(n.op_type == "MemcpyToHost" for n in proto.graph.node)
+
+
+def test_apply_and_simulate_check_a_plan_handed_over_in_memory():
+    analysis = offloadctl.analyse(offloadctl.load(SAMPLES / "transformer.onnx"))
+    plan = offloadctl.make_plan(analysis, select_distance=3)
+    offloadctl.simulate(analysis, plan)
+    broken = {**plan, "offloads": [{**plan["offloads"][0], "bytes": "many"}]}
+    for call in (offloadctl.apply, lambda p, a: offloadctl.simulate(a, p)):
+        with pytest.raises(OffloadError, match="not a valid plan"):
+            call(broken, analysis)
+        with pytest.raises(OffloadError, match="at stage 'selected'"):
+            call({**offloadctl.make_plan(analysis), "stage": "selected"}, analysis)
+    other = offloadctl.analyse(offloadctl.load(SAMPLES / "mlp.onnx"))
+    with pytest.raises(OffloadError, match="the plan was made for"):
+        offloadctl.apply(plan, other)
