@@ -13,10 +13,36 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-__all__ = ["IR_VERSION", "OPSET", "make_model", "save", "tensor", "chain_nodes", "long_reuse_model"]
+__all__ = [
+    "IR_VERSION",
+    "OPSET",
+    "COMPUTED_RESHAPE",
+    "make_model",
+    "save",
+    "tensor",
+    "chain_nodes",
+    "long_reuse_model",
+]
 
 IR_VERSION = 10
 OPSET = 17
+
+# Shape -> Slice -> Concat -> Reshape (as exported by paddle2onnx): onnx's data propagation stops at the
+# Slice, so only onnxruntime's symbolic shape inference (which needs sympy) sizes `r` (1 x 40 x 8 floats).
+COMPUTED_RESHAPE = """
+<ir_version: 8, opset_import: ["" : 12]>
+g (float[1, 8, 1, 40] x) => (float[1, 40, 8] y) {
+    s = Shape(x)
+    starts = Constant<value = int64[1] {0}>()
+    ends = Constant<value = int64[1] {1}>()
+    axes = Constant<value = int64[1] {0}>()
+    head = Slice(s, starts, ends, axes)
+    tail = Constant<value = int64[2] {-1, 8}>()
+    shape = Concat<axis = 0>(head, tail)
+    r = Reshape(x, shape)
+    y = Neg(r)
+}
+"""
 
 
 def tensor(name: str, shape: Sequence[int | str | None] = (4, 8), elem_type: int = TensorProto.FLOAT):

@@ -17,25 +17,9 @@ import pytest
 
 import offloadctl
 from tests.conftest import IR_VERSION, ROOT, SAMPLE_NAMES, SAMPLES
+from tests.models import COMPUTED_RESHAPE
 
 pytestmark = pytest.mark.install
-
-# Shape -> Slice -> Concat -> Reshape: only onnxruntime's symbolic shape inference (which needs
-# sympy) sizes `r`; without it the size is unknown.
-NEEDS_SYMBOLIC = """
-<ir_version: 8, opset_import: ["" : 12]>
-g (float[1, 8, 1, 40] x) => (float[1, 40, 8] y) {
-    s = Shape(x)
-    starts = Constant<value = int64[1] {0}>()
-    ends = Constant<value = int64[1] {1}>()
-    axes = Constant<value = int64[1] {0}>()
-    head = Slice(s, starts, ends, axes)
-    tail = Constant<value = int64[2] {-1, 8}>()
-    shape = Concat<axis = 0>(head, tail)
-    r = Reshape(x, shape)
-    y = Neg(r)
-}
-"""
 
 
 def _figures(doc: dict) -> tuple:
@@ -75,7 +59,7 @@ def test_a_fresh_cpu_install_gives_the_same_figures(tmp_path):
     assert probe.returncode == 0, probe.stderr
     assert str(venv) in probe.stdout  # the fresh environment's onnxruntime, not this one's
 
-    model = onnx.parser.parse_model(NEEDS_SYMBOLIC)
+    model = onnx.parser.parse_model(COMPUTED_RESHAPE)
     model.ir_version = IR_VERSION
     symbolic = tmp_path / "symbolic.onnx"
     onnx.save(model, str(symbolic))

@@ -11,6 +11,7 @@ from offloadctl.errors import OffloadError
 from offloadctl.model import load_model
 from offloadctl.plan import read_plan, validate_plan
 from offloadctl.stages import filter_plan, make_plan, prefetch, select
+from tests.models import COMPUTED_RESHAPE
 
 # x -> a -> chain of 8 Relus; `a` is read at positions 1, 4 and 8 (two long gaps), `b` is a graph output
 # that is read far away again, and `w` is a weight read at positions 1 and 8.
@@ -411,23 +412,7 @@ def test_a_rejected_tensor_gets_the_first_reason_in_the_documented_order(write_m
 
 
 def test_sizes_behind_computed_reshape_shapes_are_known(write_model):
-    # Shape -> Slice -> Concat -> Reshape (as exported by paddle2onnx): onnx's data propagation stops
-    # at the Slice; onnxruntime's symbolic shape inference finishes the job.
-    text = """
-    <ir_version: 8, opset_import: ["" : 12]>
-    g (float[1, 8, 1, 40] x) => (float[1, 40, 8] y) {
-        s = Shape(x)
-        starts = Constant<value = int64[1] {0}>()
-        ends = Constant<value = int64[1] {1}>()
-        axes = Constant<value = int64[1] {0}>()
-        head = Slice(s, starts, ends, axes)
-        tail = Constant<value = int64[2] {-1, 8}>()
-        shape = Concat<axis = 0>(head, tail)
-        r = Reshape(x, shape)
-        y = Neg(r)
-    }
-    """
-    analysis = _analysis(write_model(text))
+    analysis = _analysis(write_model(COMPUTED_RESHAPE))
     assert analysis.infos["r"].bytes == 1 * 8 * 40 * 4
     assert analysis.infos["r"].shape == (1, 40, 8)
 
