@@ -38,13 +38,13 @@ from offloadctl.profiler import alternate, measure_profile, write_profile  # noq
 from offloadctl.profiles import load_profile  # noqa: E402
 from offloadctl.rewrite import apply_plan, write_model  # noqa: E402
 from offloadctl.runner import (  # noqa: E402
-    _feeds_for,
-    _required_settings,
     create_session,
+    feeds_for,
     generate_inputs,
     import_onnxruntime,
     input_specs,
     load_inputs,
+    required_settings,
     session_config,
 )
 from offloadctl.simulator import simulate  # noqa: E402
@@ -66,7 +66,7 @@ GOAL = 0.15
 
 
 def _session(path: str, ort, threads: int):
-    settings = _required_settings(load_model(path).proto, path)
+    settings = required_settings(load_model(path).proto, path)
     config = session_config(settings, "cpu", opt_level="disable", ort=ort)
     config.sess_options.intra_op_num_threads = threads
     return create_session(path, config, "cpu", ort=ort)
@@ -79,7 +79,7 @@ def _latencies(
     calls = []
     for path in paths:
         session = _session(path, ort, threads)
-        inputs = _feeds_for(session, feeds, path, "the inputs")
+        inputs = feeds_for(session, feeds, path, "the inputs")
         calls.append(lambda s=session, f=inputs: _timed(s, f))
     return [statistics.median(t) for t in alternate(calls, repeat, min_seconds=min_seconds)]
 

@@ -66,14 +66,14 @@ from offloadctl.profiles import PROFILE_SCHEMA_VERSION, profile_from_dict, valid
 from offloadctl.rewrite import apply_plan, external_locations, write_model
 from offloadctl.runner import (
     DEVICES,
-    _feeds_for,
-    _required_settings,
-    _run_once,
     create_session,
+    feeds_for,
     generate_inputs,
     import_onnxruntime,
     input_specs,
     load_inputs,
+    required_settings,
+    run_once,
     session_config,
 )
 from offloadctl.simulator import is_rewritten, peak_memory
@@ -305,7 +305,7 @@ class _Device:
             config.sess_options.enable_profiling = True
             config.sess_options.profile_file_prefix = str(self.folder / f"profile{self.profiles}")
         session = create_session(path, config, self.device, ort=self.ort)
-        return _Runner(session, _feeds_for(session, feeds, path, "the inputs"), path, self.ort)
+        return _Runner(session, feeds_for(session, feeds, path, "the inputs"), path, self.ort)
 
 
 class _Runner:
@@ -316,7 +316,7 @@ class _Runner:
 
     def run(self) -> float:
         start = time.perf_counter()
-        _run_once(self.session, self.feeds, self.path, self.ort)
+        run_once(self.session, self.feeds, self.path, self.ort)
         return time.perf_counter() - start
 
     def kernels(self) -> list[list[KernelEvent]]:
@@ -579,7 +579,7 @@ def _copies_in_model(
     runners = [dev.runner(model, feeds, settings, profiled=False)]
     for written in paths.values():
         runners.append(
-            dev.runner(written, feeds, _required_settings(load_model(written).proto, written), profiled=False)
+            dev.runner(written, feeds, required_settings(load_model(written).proto, written), profiled=False)
         )
     # the difference of two latencies is what counts: time them three times as long as the model alone
     medians = [statistics.median(t) for t in _alternate(runners, repeat, min_seconds=3 * _MIN_SECONDS)]
@@ -689,7 +689,7 @@ def measure_profile(
         )
     loaded = load_model(model, input_shapes=input_shapes, dims=dims)
     analysis = analyse(loaded)
-    settings = _required_settings(loaded.proto, model)
+    settings = required_settings(loaded.proto, model)
     specs = input_specs(loaded.proto)
     if inputs is not None:
         feeds = load_inputs(inputs, specs, model)

@@ -66,6 +66,9 @@ __all__ = [
     "load_inputs",
     "parse_value_ranges",
     "generate_inputs",
+    "feeds_for",
+    "required_settings",
+    "run_once",
     "save_outputs",
     "planned_order",
     "order_from_profile",
@@ -192,7 +195,7 @@ def _has_memcpy_nodes(proto: onnx.ModelProto) -> bool:
     return any(copy_kind(n) is not None for n in proto.graph.node)
 
 
-def _required_settings(proto: onnx.ModelProto, where: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def required_settings(proto: onnx.ModelProto, where: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The settings record, or the minimum a model with copy nodes but no record needs."""
     try:
         settings = _settings_of(proto)
@@ -402,7 +405,7 @@ def check_session_settings(
     """
     proto = load_model(model_path, normalize=False).proto
     warnings = []
-    settings = _required_settings(proto, model_path)
+    settings = required_settings(proto, model_path)
     if not read_session_settings(proto) and _has_memcpy_nodes(proto):
         warnings.append(
             f"{model_path} has copy nodes but no {SESSION_METADATA_KEY!r} metadata: its required session "
@@ -950,7 +953,8 @@ def create_session(model_path: str | os.PathLike[str], config: SessionConfig, de
     return session
 
 
-def _run_once(session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any) -> dict[str, Any]:
+def run_once(session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any) -> dict[str, Any]:
+    """One run of ``session``: its outputs by name; a failed run is one clear error naming ``model``."""
     names = [o.name for o in session.get_outputs()]
     try:
         values = session.run(names, dict(feeds))
@@ -968,7 +972,7 @@ def _check_same_inputs(specs: Sequence[InputSpec], feeds: Mapping[str, np.ndarra
     for spec in specs:
         value = feeds.get(spec.name)
         if value is None:
-            continue  # reported by _feeds_for
+            continue  # reported by feeds_for
         fixed = [d if isinstance(d, int) else None for d in spec.shape] if spec.shape is not None else None
         wrong_type = spec.dtype is not None and value.dtype != spec.dtype
         wrong_shape = fixed is not None and (
@@ -982,7 +986,8 @@ def _check_same_inputs(specs: Sequence[InputSpec], feeds: Mapping[str, np.ndarra
             )
 
 
-def _feeds_for(session: Any, inputs: Mapping[str, np.ndarray], model: str, source: str) -> dict[str, np.ndarray]:
+def feeds_for(session: Any, inputs: Mapping[str, np.ndarray], model: str, source: str) -> dict[str, np.ndarray]:
+    """The feeds ``session`` takes, picked from ``inputs`` (named by ``source``); a missing one is a clear error."""
     feeds = {}
     for arg in session.get_inputs():
         if arg.name not in inputs:
@@ -1106,7 +1111,7 @@ def run_model(
     # as onnxruntime reads it (the order check predicts its rewrites), with the pins for generated inputs
     loaded = load_model(model, input_shapes=input_shapes, dims=dims, normalize=False)
     ort = import_onnxruntime(device)
-    settings = _required_settings(loaded.proto, model)
+    settings = required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
     if ep_options and device == "cpu":
         warnings.append("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
@@ -1128,8 +1133,8 @@ def run_model(
         config.sess_options.profile_file_prefix = os.path.join(tmp, "profile")
         session = create_session(model, config, device, ort=ort)
         providers = list(session.get_providers())
-        feeds = _feeds_for(session, feeds_all, model, "the inputs")
-        outputs = _run_once(session, feeds, model, ort)  # warm-up, profiled
+        feeds = feeds_for(session, feeds_all, model, "the inputs")
+        outputs = run_once(session, feeds, model, ort)  # warm-up, profiled
         profile = session.end_profiling()
         ran = order_from_profile(profile) if profile else []
     order = compare_order(planned_order(loaded.proto), ran, exact=opt_level == "disable")
@@ -1139,7 +1144,7 @@ def run_model(
     runs = []
     for _ in range(repeat):
         start = time.perf_counter()
-        _run_once(session, feeds, model, ort)
+        run_once(session, feeds, model, ort)
         runs.append(time.perf_counter() - start)
 
     comparison = None
@@ -1150,11 +1155,11 @@ def run_model(
             atol = 0.0 if opt_level == "disable" else _DEFAULT_ATOL
         original = load_model(compare_to, normalize=False)
         _check_same_inputs(input_specs(original.proto), feeds_all, compare_to, model)
-        original_settings = _required_settings(original.proto, compare_to)
+        original_settings = required_settings(original.proto, compare_to)
         original_config = session_config(original_settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
         original_session = create_session(compare_to, original_config, device, ort=ort)
-        original_feeds = _feeds_for(original_session, feeds_all, compare_to, model)
-        expected = _run_once(original_session, original_feeds, compare_to, ort)
+        original_feeds = feeds_for(original_session, feeds_all, compare_to, model)
+        expected = run_once(original_session, original_feeds, compare_to, ort)
         comparison = compare_outputs(outputs, expected, rtol=rtol, atol=atol)
         for name in expected:
             if name not in outputs:
