@@ -62,6 +62,13 @@ def _compose(*decorators: Decorator) -> Decorator:
     return apply
 
 
+class _Keywords:
+    """A stage's options as the keyword arguments of its library function (field names match)."""
+
+    def keywords(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+
 def _group(argument: str, options: type, *decorators: Decorator) -> Decorator:
     """Click options whose values reach the command as one ``options`` object, in ``argument``.
 
@@ -90,7 +97,7 @@ class ShapeOptions:
 
 
 @dataclass(frozen=True)
-class SelectOptions:
+class SelectOptions(_Keywords):
     """The select stage's options."""
 
     select_distance: int
@@ -101,7 +108,7 @@ class SelectOptions:
 
 
 @dataclass(frozen=True)
-class FilterOptions:
+class FilterOptions(_Keywords):
     """The filter stage's options."""
 
     select_num: int
@@ -122,7 +129,7 @@ class BudgetOptions:
 
 
 @dataclass(frozen=True)
-class PrefetchOptions:
+class PrefetchOptions(_Keywords):
     """The prefetch stage's options."""
 
     prefetch_distance: int

@@ -273,11 +273,7 @@ def select_cmd(model: str, output: str, selecting: SelectOptions, shapes: ShapeO
         step("selecting")
         plan = select(
             analysis,
-            select_distance=selecting.select_distance,
-            activations=selecting.activations,
-            params=selecting.params,
-            force=selecting.force,
-            never=selecting.never,
+            **selecting.keywords(),
         )
     write_plan(output, plan)
     _stage_end("select", model, plan, output, as_json)
@@ -325,8 +321,7 @@ def filter_cmd(
                 budget_bytes=budgeting.budget,
                 prefetch_distance=DEFAULT_PREFETCH_DISTANCE,
                 release_distance=DEFAULT_RELEASE_DISTANCE,
-                select_num=filtering.select_num,
-                min_bytes=filtering.min_bytes,
+                **filtering.keywords(),
                 stream_weights=budgeting.stream_weights,
                 stream_depth=budgeting.stream_depth,
                 report=step,
@@ -341,7 +336,7 @@ def filter_cmd(
             logger.warning(
                 "--copies is the budget strategy's: without --budget the filter keeps the first --select-num"
             )
-        plan = filter_plan(selected_plan, select_num=filtering.select_num, min_bytes=filtering.min_bytes)
+        plan = filter_plan(selected_plan, **filtering.keywords())
     write_plan(output, plan)
     _stage_end("filter", selected, plan, output, as_json, budgeting.explain, defaulted)
 
@@ -356,8 +351,7 @@ def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchOptions, as_js
     check_output_path(output, filtered)
     plan = prefetch(
         read_plan(filtered, stages=("filtered",)),
-        prefetch_distance=prefetching.prefetch_distance,
-        release_distance=prefetching.release_distance,
+        **prefetching.keywords(),
     )
     write_plan(output, plan)
     _stage_end("prefetch", filtered, plan, output, as_json)
@@ -422,15 +416,9 @@ def plan_cmd(
     with steps(not as_json, total=5) as step:
         plan = make_plan(
             analysis,
-            select_distance=selecting.select_distance,
-            activations=selecting.activations,
-            params=selecting.params,
-            force=selecting.force,
-            never=selecting.never,
-            select_num=filtering.select_num,
-            min_bytes=filtering.min_bytes,
-            prefetch_distance=prefetching.prefetch_distance,
-            release_distance=prefetching.release_distance,
+            **selecting.keywords(),
+            **filtering.keywords(),
+            **prefetching.keywords(),
             strategy="budget" if use_budget else "distance",
             budget=budgeting.budget,
             stream_weights=budgeting.stream_weights,
