@@ -17,9 +17,8 @@ import heapq
 import logging
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import networkx as nx
 import onnx
 
 from offloadctl import plantypes
@@ -27,6 +26,9 @@ from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.model import LoadedModel, TensorInfos, tensor_infos
 from offloadctl.onnxutil import is_backward, is_constant_node, subgraph_outer_names
+
+if TYPE_CHECKING:
+    import networkx as nx  # imported where used: it takes a seventh of the command line's start-up
 
 __all__ = [
     "Use",
@@ -147,6 +149,8 @@ def execution_order(
             if indegree[c] == 0:
                 push(heap, (rank[c], c))
     if len(order) != len(nodes):
+        import networkx as nx
+
         stuck = [i for i in range(len(nodes)) if indegree[i] > 0]
         graph = nx.DiGraph((p, c) for p in stuck for c in consumers[p] if indegree[c] > 0)
         try:
@@ -218,6 +222,8 @@ class Analysis:
     @cached_property
     def graph(self) -> nx.DiGraph:
         """Producer -> user DiGraph over positions; edge attribute ``tensors`` lists what flows."""
+        import networkx as nx
+
         g = nx.DiGraph()
         g.add_nodes_from((p, {"op_type": n.op_type, "name": self.node_names[p]}) for p, n in enumerate(self.nodes))
         for tensor, uses in self.uses.items():

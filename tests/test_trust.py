@@ -557,7 +557,7 @@ main()
 """
 
 
-@pytest.mark.parametrize("module", ["onnx", "rich.table", "networkx"])
+@pytest.mark.parametrize("module", ["onnx", "rich.table", "jsonschema"])
 def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path, module):
     import subprocess
     import sys
