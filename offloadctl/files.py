@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from offloadctl.errors import OffloadError
 
@@ -23,6 +24,8 @@ __all__ = [
     "check_distinct_outputs",
     "atomic_write",
     "atomic_write_text",
+    "NotJsonNumber",
+    "refuse_json_constant",
 ]
 
 
@@ -158,3 +161,13 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object], 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write text atomically (UTF-8)."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+class NotJsonNumber(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a JSON text: Python's json module reads them, but
+    JSON has no such numbers, and every figure in a plan or profile must be finite."""
+
+
+def refuse_json_constant(token: str) -> NoReturn:
+    """``parse_constant`` for `json.loads`: refuse NaN and the infinities (see `NotJsonNumber`)."""
+    raise NotJsonNumber(f"{token} is not a JSON number")

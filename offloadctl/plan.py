@@ -22,7 +22,7 @@ import jsonschema
 from offloadctl import __version__
 from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
-from offloadctl.files import atomic_write
+from offloadctl.files import NotJsonNumber, atomic_write, refuse_json_constant
 from offloadctl.plantypes import Plan
 
 __all__ = [
@@ -373,7 +373,12 @@ def read_plan(path: str | os.PathLike[str], *, stages: tuple[str, ...] = STAGES)
             f"cannot read plan file {p}: {exc.strerror or exc}", hint="check the file's permissions"
         ) from None
     try:
-        plan = json.loads(text, parse_float=_number)
+        plan = json.loads(text, parse_float=_number, parse_constant=refuse_json_constant)
+    except NotJsonNumber as exc:
+        raise OffloadError(
+            f"plan file {p} is not JSON: {exc}",
+            hint="write finite numbers (JSON has no NaN or Infinity), or re-create the plan",
+        ) from None
     except json.JSONDecodeError as exc:
         raise OffloadError(
             f"plan file {p} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",

@@ -23,6 +23,7 @@ a frontier point of the same sweep that qualifies. Nothing here edits ONNX.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -282,8 +283,11 @@ class Tradeoff:
             (scheduled plan, its point, how many budgets were tried). When no budget below the peak
             qualifies, the plan at the peak (nothing offloaded).
         """
-        if max_slowdown < 1:
-            raise OffloadError(f"--max-slowdown {max_slowdown} is below 1", hint="give 1.05 for at most 5% slower")
+        if not (math.isfinite(max_slowdown) and max_slowdown >= 1):
+            raise OffloadError(
+                f"--max-slowdown {max_slowdown} is not a finite number of at least 1",
+                hint="give 1.05 for at most 5% slower",
+            )
         limit = max_slowdown * (1 + _TOLERANCE)
         tried = self.sweep(copies, points, step=step)
         ok = [(p, plan) for p, plan in tried if p.slowdown <= limit]

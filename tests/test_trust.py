@@ -898,3 +898,47 @@ def test_the_unknown_size_hint_never_asks_to_pin_inputs_that_are_pinned(run_cli,
     dyn = save(long_reuse_model(dynamic=True), tmp_path / "dyn.onnx")
     text = " ".join(run_cli("simulate", dyn).stderr.split())
     assert "pin the dynamic inputs (x)" in text
+
+
+def test_numbers_that_are_not_finite_are_refused_everywhere(run_cli, tmp_path):
+    # nan passes a range check (it compares false with everything): options, files and the library
+    # refuse it and the infinities, so no plan ever records NaN or Infinity (which are not JSON)
+    unet = SAMPLES / "unet.onnx"
+    for args in (
+        ["--max-slowdown", "nan"],
+        ["--max-slowdown", "inf"],
+        ["--max-slowdown", "1e999"],
+        ["--budget", "300KiB", "--optimal", "--time-limit", "nan"],
+        ["--budget", "300KiB", "--optimal", "--time-limit", "inf"],
+    ):
+        result = run_cli("plan", unet, "-o", tmp_path / "p.json", *args)
+        assert result.exit_code == 2 and "is not a finite number" in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stdout + result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+    plan = tmp_path / "p.json"
+    assert run_cli("plan", SAMPLES / "seed.onnx", "-o", plan, "--select-distance", "1").exit_code == 0
+    doc = json.loads(plan.read_text())
+    doc["summary"]["nan"] = float("nan")
+    plan.write_text(json.dumps(doc))
+    assert "NaN" in plan.read_text()
+    assert_clean_failure(run_cli("apply", plan, "-o", tmp_path / "o.onnx"), "NaN is not a JSON number")
+    assert_clean_failure(run_cli("simulate", SAMPLES / "seed.onnx", "--plan", plan), "NaN is not a JSON number")
+
+    profile = json.loads((Path(__file__).resolve().parent.parent / "offloadctl/profiles/cpu.json").read_text())
+    profile["mem_bandwidth"] = float("inf")
+    bad = tmp_path / "inf.profile.json"
+    bad.write_text(json.dumps(profile))
+    assert_clean_failure(run_cli("simulate", unet, "--profile", bad), "Infinity is not a JSON number")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inf.profile.json", "p.json"]
+
+
+def test_the_library_refuses_numbers_that_are_not_finite():
+    import offloadctl
+
+    analysis = offloadctl.analyse(offloadctl.load(SAMPLES / "unet.onnx"))
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(offloadctl.OffloadError, match="max-slowdown"):
+            offloadctl.make_plan(analysis, max_slowdown=value)
+        with pytest.raises(offloadctl.OffloadError, match="time limit"):
+            offloadctl.make_plan(analysis, budget="300KiB", optimal=True, time_limit=value)

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from offloadctl.cli.ui import BytesParam
+from offloadctl.cli.ui import BytesParam, FiniteFloatRange
 from offloadctl.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
 from offloadctl.profiles import DEFAULT_PROFILE, list_profiles
 from offloadctl.stages import (
@@ -280,7 +280,7 @@ budget_options = _group(
     ),
     click.option(
         "--time-limit",
-        type=click.FloatRange(min=0, min_open=True),
+        type=FiniteFloatRange(min=0, min_open=True),
         default=DEFAULT_TIME_LIMIT,
         show_default=True,
         metavar="SECONDS",
@@ -307,7 +307,7 @@ copies_option = click.option(
 
 max_slowdown_option = click.option(
     "--max-slowdown",
-    type=click.FloatRange(min=1.0),
+    type=FiniteFloatRange(min=1.0),
     default=None,
     metavar="X",
     help="Instead of --budget: the largest cut in peak memory whose estimated time (--copies, --profile) "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ __all__ = [
     "steps",
     "print_json",
     "BytesParam",
+    "FiniteFloatRange",
 ]
 
 _consoles: dict[str, Console] = {}
@@ -139,6 +141,16 @@ class BytesParam(click.ParamType):
             return parse_bytes(str(value))
         except OffloadError as exc:
             self.fail(exc.message, param, ctx)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange that also refuses nan and the infinities (nan compares as in any range)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def print_json(document: Any) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 import jsonschema
 
 from offloadctl.errors import OffloadError
+from offloadctl.files import NotJsonNumber, refuse_json_constant
 
 __all__ = [
     "DEFAULT_PROFILE",
@@ -277,7 +278,12 @@ def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> Prof
             hint=f"use one of {', '.join(list_profiles())} or the path of a profile JSON file",
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse_json_constant)
+    except NotJsonNumber as exc:
+        raise OffloadError(
+            f"profile file {path} is not JSON: {exc}",
+            hint="write finite numbers (JSON has no NaN or Infinity), or measure the profile again",
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise OffloadError(f"cannot read profile file {path}: {exc}") from None
     except RecursionError:

@@ -292,6 +292,11 @@ class BudgetSearch:
         analysis = self.analysis
         if copies not in COPY_MODES:
             raise OffloadError(f"unknown copy mode {copies!r}", hint=f"use one of {', '.join(COPY_MODES)}")
+        if optimal and not (math.isfinite(time_limit) and time_limit > 0):
+            raise OffloadError(
+                f"the exact search's time limit {time_limit} is not a finite number of seconds above 0",
+                hint="for example --time-limit 60",
+            )
         prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
         timing = self.timing(prof) if copies == "streams" else None
         if isinstance(objective, CopyCost):
