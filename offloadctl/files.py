@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +27,7 @@ __all__ = [
     "atomic_write_text",
     "NotJsonNumber",
     "refuse_json_constant",
+    "finite_json_float",
 ]
 
 
@@ -171,3 +173,12 @@ class NotJsonNumber(ValueError):
 def refuse_json_constant(token: str) -> NoReturn:
     """``parse_constant`` for `json.loads`: refuse NaN and the infinities (see `NotJsonNumber`)."""
     raise NotJsonNumber(f"{token} is not a JSON number")
+
+
+def finite_json_float(text: str) -> float:
+    """``parse_float`` for `json.loads`: a number too large for a double (``1e999``) is refused too,
+    where Python would read it as infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotJsonNumber(f"{text} is too large for a number")
+    return value

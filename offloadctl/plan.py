@@ -22,7 +22,7 @@ import jsonschema
 from offloadctl import __version__
 from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
-from offloadctl.files import NotJsonNumber, atomic_write, refuse_json_constant
+from offloadctl.files import NotJsonNumber, atomic_write, finite_json_float, refuse_json_constant
 from offloadctl.plantypes import Plan
 
 __all__ = [
@@ -347,7 +347,7 @@ def _check_rules(plan: Plan, source: str) -> None:
 
 def _number(text: str) -> int | float:
     """A JSON number with a fraction or exponent: an int when it is whole (``6.0`` -> 6)."""
-    value = float(text)
+    value = finite_json_float(text)
     return int(value) if value.is_integer() else value
 
 

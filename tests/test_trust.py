@@ -930,6 +930,10 @@ def test_numbers_that_are_not_finite_are_refused_everywhere(run_cli, tmp_path):
     bad = tmp_path / "inf.profile.json"
     bad.write_text(json.dumps(profile))
     assert_clean_failure(run_cli("simulate", unet, "--profile", bad), "Infinity is not a JSON number")
+    bad.write_text(bad.read_text().replace("Infinity", "1e999"))  # read by Python as infinity
+    assert_clean_failure(run_cli("simulate", unet, "--profile", bad), "1e999 is too large for a number")
+    plan.write_text(plan.read_text().replace("NaN", "-1e400"))
+    assert_clean_failure(run_cli("apply", plan, "-o", tmp_path / "o.onnx"), "-1e400 is too large for a number")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inf.profile.json", "p.json"]
 
 

@@ -36,7 +36,7 @@ from typing import Any
 import jsonschema
 
 from offloadctl.errors import OffloadError
-from offloadctl.files import NotJsonNumber, refuse_json_constant
+from offloadctl.files import NotJsonNumber, finite_json_float, refuse_json_constant
 
 __all__ = [
     "DEFAULT_PROFILE",
@@ -278,7 +278,9 @@ def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> Prof
             hint=f"use one of {', '.join(list_profiles())} or the path of a profile JSON file",
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse_json_constant)
+        data = json.loads(
+            path.read_text(encoding="utf-8"), parse_float=finite_json_float, parse_constant=refuse_json_constant
+        )
     except NotJsonNumber as exc:
         raise OffloadError(
             f"profile file {path} is not JSON: {exc}",
