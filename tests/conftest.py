@@ -16,6 +16,19 @@ SAMPLES = ROOT / "sample_models"
 SAMPLE_NAMES = ["seed", "unet", "transformer", "training", "mlp"]
 IR_VERSION = 10
 
+# Measurement sizes of `offloadctl.profiler` small enough for the test suite (patched onto the module);
+# the code paths are the ones `offloadctl profile` runs.
+FAST_PROFILER = {
+    "_MIN_SECONDS": 0.0,
+    "_SWEEP_SECONDS": 0.1,
+    "_CHAIN_REPEAT": 3,
+    "_CALIBRATION_REPEAT": 1,
+    "_MATMUL_N": 32,
+    "_ADD_ELEMENTS": 1024,
+    "SWEEP_BYTES": (4096, 65536, 262144),
+    "_COPIES_MAX": 64,
+}
+
 
 @pytest.fixture
 def write_model(tmp_path):

@@ -27,23 +27,13 @@ from offloadctl.rewrite import apply_plan
 from offloadctl.simulator import simulate
 from offloadctl.stages import make_plan
 
-from conftest import SAMPLES
+from conftest import FAST_PROFILER, SAMPLES
 from models import long_reuse_model, save
 
 SEED = SAMPLES / "seed.onnx"
 SEED_INPUTS = SAMPLES / "seed.inputs.npz"
 
-# Measurement sizes small enough for the test suite; the code paths are the ones `profile` runs.
-FAST = {
-    "_MIN_SECONDS": 0.0,
-    "_SWEEP_SECONDS": 0.1,
-    "_CHAIN_REPEAT": 3,
-    "_CALIBRATION_REPEAT": 1,
-    "_MATMUL_N": 32,
-    "_ADD_ELEMENTS": 1024,
-    "SWEEP_BYTES": (4096, 65536, 262144),
-    "_COPIES_MAX": 64,
-}
+FAST = FAST_PROFILER
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from offloadctl.stages.budget import budget_filter
 from offloadctl.timeline import lower_bound
 from offloadctl.tradeoff import Tradeoff, budget_grid, dominated
 
-from conftest import SAMPLES
+from conftest import FAST_PROFILER, SAMPLES
 from models import make_model, save, tensor
 
 MODELS = ["unet", "transformer", "training", "mlp"]
@@ -81,18 +81,8 @@ def _words(text: str) -> str:
 @pytest.fixture(scope="module")
 def measured_profile(tmp_path_factory):
     """A profile measured on CPU for the training sample, with the measurement sizes cut short."""
-    fast = {
-        "_MIN_SECONDS": 0.0,
-        "_SWEEP_SECONDS": 0.1,
-        "_CHAIN_REPEAT": 3,
-        "_CALIBRATION_REPEAT": 1,
-        "_MATMUL_N": 32,
-        "_ADD_ELEMENTS": 1024,
-        "SWEEP_BYTES": (4096, 65536, 262144),
-        "_COPIES_MAX": 64,
-    }
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in fast.items():
+        for name, value in FAST_PROFILER.items():
             mp.setattr(profiler, name, value)
         doc = profiler.measure_profile(
             str(SAMPLES / "training.onnx"), "cpu", inputs=SAMPLES / "training.inputs.npz", repeat=2
