@@ -10,17 +10,15 @@ that needs a few tensors pays for a few. A tensor whose byte size stays unknown 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import onnx
 from google.protobuf import json_format, text_format
@@ -31,8 +29,9 @@ from offloadctl.bulk import paused_gc
 from offloadctl.errors import OffloadError
 from offloadctl.files import sha256_file
 from offloadctl.memcpy import COPY_OPS, COPY_TYPES
-from offloadctl.onnxutil import copy_kind, is_constant_node, iter_tensor_protos, subgraphs
+from offloadctl.onnxutil import is_constant_node, iter_tensor_protos
 from offloadctl.ortgraph import normalize as normalize_graph
+from offloadctl.symbolic import NodeFailure, symbolic_value_infos
 from offloadctl.units import fmt_bytes
 
 __all__ = [
@@ -582,7 +581,10 @@ class TensorInfos(Mapping[str, TensorInfo]):
         self._types: dict[str, list[bytes]] | None = None
         self._declared: dict[str, list[bytes]] | None = None
         self._symbolic: dict[str, list[bytes]] | None = None
+        #: nodes onnxruntime's symbolic shape inference could not follow (set once it has run)
+        self.symbolic_failures: tuple[NodeFailure, ...] = ()
         self._inference_model: onnx.ModelProto | None = None
+        self._present_past: dict[str, str] | None = None
 
     def _inference_proto(self) -> onnx.ModelProto:
         """The model as shape inference should see it (the loaded model itself when nothing changes):
@@ -648,8 +650,20 @@ class TensorInfos(Mapping[str, TensorInfo]):
 
     def _symbolic_types(self) -> dict[str, list[bytes]]:
         if self._symbolic is None:
-            self._symbolic = _types_by_name((_symbolic_value_infos(self._inference_proto(), self._loaded.path),))
+            result = symbolic_value_infos(self._inference_proto(), self._loaded.path, self._onnx_hint)
+            self.symbolic_failures = tuple(result.failures)
+            self._symbolic = _types_by_name((result.value_infos,))
         return self._symbolic
+
+    def _onnx_hint(self, name: str) -> tuple[int, tuple[int | None, ...] | None] | None:
+        """Element type and shape onnx's inference found for a tensor (unknown dimensions None)."""
+        found = self._inferred().get(name)
+        if not found:
+            return None
+        info = _type_to_info(name, found[0], self._type_cache)
+        if info.shape is None:
+            return (info.elem_type or 0, None)
+        return (info.elem_type or 0, tuple(d if isinstance(d, int) else None for d in info.shape))
 
     def _compute(self, name: str) -> TensorInfo | None:
         weight = self._weights.get(name)
@@ -675,12 +689,47 @@ class TensorInfos(Mapping[str, TensorInfo]):
                 better = _first_known(name, declared[:1], self._type_cache)
                 if better is not None and (info is None or better.bytes is not None):
                     info = better
+        shared = self._shared_kv().get(name)
+        if shared is not None:  # the symbolic tool's guess for it is the past's shape: see below
+            return None if info is None else self._present_as_kernel_returns(info, shared)
         if info is None or info.bytes is None:
             # Never replace a known size by an unknown one (the first of equals wins).
             better = _first_known(name, self._symbolic_types().get(name, ()), self._type_cache)
             if better is not None and (info is None or better.bytes is not None):
                 info = better
         return info
+
+    def _shared_kv(self) -> dict[str, str]:
+        """Present key/value outputs of GroupQueryAttention nodes -> the past input they may share."""
+        if self._present_past is None:
+            found: dict[str, str] = {}
+            for node in self._loaded.proto.graph.node:
+                if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":
+                    for out, past in zip(node.output[1:3], node.input[3:5]):
+                        if out and past:
+                            found[out] = past
+            self._present_past = found
+        return self._present_past
+
+    def _present_as_kernel_returns(self, info: TensorInfo, past_name: str) -> TensorInfo:
+        """onnxruntime's GroupQueryAttention returns a present of ``max(past length, total length)``
+        positions (``group_query_attention_helper.h``): with a past and present that share one buffer
+        (onnxruntime-genai's ``past_present_share_buffer``) the present is as long as the past buffer,
+        whatever the model declares for it. The total length is what the model declares for the
+        present (onnxruntime-genai's builder: the attention mask's length); where it declares none,
+        the length stays unknown (onnxruntime's symbolic inference would say "the past's", which is
+        wrong whenever the past is shorter)."""
+        past = self.get(past_name)
+        if info.shape is None or len(info.shape) != 4 or past is None or past.shape is None or len(past.shape) != 4:
+            return info
+        past_len, total = past.shape[2], info.shape[2]
+        if isinstance(past_len, int) and isinstance(total, int):
+            length: int | str | None = max(past_len, total)
+        else:
+            length = total if isinstance(total, str) else None
+        if length == total:
+            return info
+        return tensor_info(info.name, info.elem_type, (*info.shape[:2], length, *info.shape[3:]))
 
     def _checked(self, info: TensorInfo) -> TensorInfo:
         """Refuse a tensor no model can really have: an undefined element type, an absurd size."""
@@ -719,9 +768,10 @@ class TensorInfos(Mapping[str, TensorInfo]):
         done = self._done
         weights = self._weights
         cache = self._type_cache
+        shared = self._shared_kv()
         types: dict[str, list[bytes]] | None = None
         for name in names:
-            if name in done:
+            if name in done or name in shared:
                 continue
             weight = weights.get(name)
             if weight is not None:
@@ -849,106 +899,6 @@ def tensor_infos(
             value: no node does), when the caller knows it.
     """
     return TensorInfos(loaded, node_order, constants, producers)
-
-
-_SYMBOLIC_MISSING_WARNED: set[str] = set()
-
-
-def _symbolic_value_infos(proto: onnx.ModelProto, path: Path) -> list[onnx.ValueInfoProto]:
-    """Shapes from onnxruntime's symbolic shape inference, when onnxruntime (and sympy) are installed.
-
-    onnx's own inference stops where data propagation does (e.g. a Reshape whose shape is sliced out
-    of a Shape); onnxruntime's tool (``onnxruntime.tools.symbolic_shape_infer``, shipped with every
-    onnxruntime build, needs sympy) computes such shapes. It runs in a private temporary folder,
-    removed afterwards: when it cannot infer everything it writes ``sym_shape_infer_temp.onnx`` and a
-    data file into the current folder. What it inferred before stopping is used too. Without it,
-    those sizes stay unknown and a warning says why.
-    """
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
-    except Exception as exc:  # onnxruntime, or the sympy it needs, is missing
-        if str(path) not in _SYMBOLIC_MISSING_WARNED:
-            _SYMBOLIC_MISSING_WARNED.add(str(path))
-            logger.warning(
-                "some sizes of %s are unknown to onnx's shape inference, and onnxruntime's symbolic shape inference "
-                "cannot help: it cannot be imported (%s: %s); install onnxruntime and sympy "
-                "(pip install sympy) for those sizes",
-                path,
-                type(exc).__name__,
-                exc,
-            )
-        return []
-    proto = _copies_as_identity(proto)
-    with tempfile.TemporaryDirectory(prefix="offloadctl-shapes-") as folder, _working_directory(folder):
-        try:
-            inferred = _run_symbolic(SymbolicShapeInference, proto)
-        except Exception as exc:  # best effort, like onnx's inference
-            logger.info("onnxruntime's symbolic shape inference failed on %s (%s)", path, exc)
-            return []
-    if inferred is None:
-        return []
-    return list(inferred.graph.value_info) + list(inferred.graph.output)
-
-
-def _run_symbolic(inference_class: Any, proto: onnx.ModelProto) -> onnx.ModelProto | None:
-    """``SymbolicShapeInference.infer_shapes``, keeping what it inferred when it cannot finish (the
-    tool itself raises then); falls back to the public call if its internals ever change."""
-    try:
-        engine = inference_class(2**31 - 1, True, False, 0)
-        engine._preprocess(proto)
-        while engine.run_:
-            engine._infer_impl()
-        engine._update_output_from_vi()
-        return engine.out_mp_
-    except AttributeError:
-        return inference_class.infer_shapes(proto, auto_merge=True, guess_output_rank=False)
-
-
-@contextlib.contextmanager
-def _working_directory(folder: str) -> Iterator[None]:
-    previous = os.getcwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(previous)
-
-
-def _copies_as_identity(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """The model without its MemcpyToHost/MemcpyFromHost copies (a copy; the model itself when it
-    has none), for onnxruntime's symbolic shape inference, which gives up on ops it does not know
-    and needs constant inputs (axes, shapes) as constants: each copy becomes an Identity and every
-    reader of a copy, in subgraphs too, reads the copied tensor itself."""
-    copies = [i for i, n in enumerate(proto.graph.node) if copy_kind(n) is not None and len(n.input) == 1]
-    if not copies:
-        return proto
-    plain = onnx.ModelProto()
-    plain.CopyFrom(proto)
-    source: dict[str, str] = {}
-    for i in copies:
-        node = plain.graph.node[i]
-        node.op_type = "Identity"
-        del node.attribute[:]
-        source[node.output[0]] = node.input[0]
-
-    def original(name: str) -> str:
-        for _ in range(len(source) + 1):
-            if name not in source:
-                break
-            name = source[name]
-        return name
-
-    def reroute(graph: onnx.GraphProto) -> None:
-        for node in graph.node:
-            if node.op_type != "Identity" or node.output[0] not in source:
-                for k, name in enumerate(node.input):
-                    if name in source:
-                        node.input[k] = original(name)
-            for g in subgraphs(node):
-                reroute(g)
-
-    reroute(plain.graph)
-    return plain
 
 
 def _constant_info(node: onnx.NodeProto) -> TensorInfo | None:

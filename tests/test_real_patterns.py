@@ -285,7 +285,7 @@ def test_weight_read_at_a_host_input_inside_a_subgraph_is_a_host_input(write_mod
 def test_shape_inference_reads_through_copies_inside_subgraphs():
     # An If branch reads an offloaded weight as Unsqueeze's axes (silero VAD's pattern): the
     # symbolic inference needs the weight itself there, not the copy's output.
-    from offloadctl.model import _copies_as_identity
+    from offloadctl.symbolic import copies_as_identity as _copies_as_identity
 
     model = onnx.parser.parse_model("""
     <ir_version: 10, opset_import: ["" : 17]>

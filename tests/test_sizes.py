@@ -1,0 +1,180 @@
+"""Sizes are never silently lost: external data, nodes onnxruntime's symbolic inference cannot follow,
+Shape slices, and what onnxruntime's kernels really return (shared KV buffers), against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from offloadctl.analysis import analyse
+from offloadctl.model import load_model
+from offloadctl.symbolic import VALUE_BYTES
+
+from models import COMPUTED_RESHAPE
+
+
+def _reshape_model() -> onnx.ModelProto:
+    """Reshape(x, Concat(Slice(Shape(x)), tail)) with ``tail`` a weight (the `COMPUTED_RESHAPE` pattern):
+    onnx's data propagation stops at the Slice, and onnxruntime's symbolic inference needs the weight's
+    values. ``big`` is a weight larger than `VALUE_BYTES`."""
+    model = onnx.parser.parse_model(COMPUTED_RESHAPE)
+    graph = model.graph
+    tail = next(n for n in graph.node if n.output[0] == "tail")
+    graph.node.remove(tail)
+    graph.initializer.append(numpy_helper.from_array(np.array([-1, 8], np.int64), "tail"))
+    graph.initializer.append(numpy_helper.from_array(np.ones((160, 128), np.float32), "big"))
+    graph.node.append(helper.make_node("Neg", ["big"], ["nbig"]))
+    graph.output.append(helper.make_tensor_value_info("nbig", TensorProto.FLOAT, None))
+    model.ir_version = 8
+    return model
+
+
+def _external(tmp_path, *, one_file: bool):
+    folder = tmp_path / ("one" if one_file else "many")
+    folder.mkdir()
+    path = folder / "model.onnx"
+    onnx.save(
+        _reshape_model(),
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=one_file,
+        location="model.data" if one_file else None,
+        size_threshold=0,
+    )
+    return path
+
+
+@pytest.mark.parametrize("one_file", [True, False], ids=["one data file", "one file per tensor"])
+def test_sizes_need_the_values_of_external_weights(tmp_path, monkeypatch, one_file):
+    path = _external(tmp_path, one_file=one_file)
+    monkeypatch.chdir(tmp_path)  # the model's folder is not the current one
+    analysis = analyse(load_model(path))
+    assert analysis.infos["r"].bytes == 1 * 40 * 8 * 4
+    assert analysis.unknown_sizes() == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many" if not one_file else "one"]  # nothing left here
+
+
+def test_only_small_external_weights_are_read_for_inference(tmp_path, monkeypatch):
+    from offloadctl import symbolic
+
+    read = []
+    original = symbolic._with_small_weights
+
+    def spy(proto, folder):
+        work = original(proto, folder)
+        read.extend(t.name for t in work.graph.initializer if t.raw_data)
+        return work
+
+    monkeypatch.setattr(symbolic, "_with_small_weights", spy)
+    analysis = analyse(load_model(_external(tmp_path, one_file=True)))
+    assert analysis.infos["r"].bytes == 40 * 8 * 4 and analysis.infos["nbig"].bytes == 160 * 128 * 4
+    assert read == ["tail"]  # 16 bytes; big (80 KiB) keeps its dims only
+    assert 160 * 128 * 4 > VALUE_BYTES
+
+
+def _range_model() -> onnx.ModelProto:
+    """A torch dynamo pattern: Range(0, Squeeze(Shape(x, start=1, end=2))) — onnx's inference does not
+    know the Range's length; onnxruntime's tool did not honour Shape's start/end and failed on it."""
+    text = """
+    <ir_version: 10, opset_import: ["" : 18]>
+    g (float[B, N] x, float[B, N] w) => (float[B, N] y, float[N] z) {
+        s = Shape<start = 1, end = 2>(x)
+        n = Squeeze(s)
+        zero = Constant<value = int64 {0}>()
+        one = Constant<value = int64 {1}>()
+        idx = Range(zero, n, one)
+        f = Cast<to = 1>(idx)
+        z = Neg(f)
+        y = Add(x, w)
+    }
+    """
+    return onnx.parser.parse_model(text)
+
+
+def test_shape_slices_are_read_as_onnx_defines_them(tmp_path):
+    path = tmp_path / "range.onnx"
+    onnx.save(_range_model(), str(path))
+    analysis = analyse(load_model(path, dims={"B": 3, "N": 5}))
+    assert analysis.infos["idx"].shape == (5,)
+    assert analysis.infos["z"].bytes == 5 * 4
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.zeros((3, 5), np.float32)
+    assert session.run(["z"], {"x": x, "w": x})[0].shape == (5,)
+
+
+def test_a_node_the_tool_cannot_follow_loses_only_what_depends_on_it(tmp_path, monkeypatch, caplog):
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    def broken(self, node):
+        raise AssertionError
+
+    monkeypatch.setattr(SymbolicShapeInference, "_infer_Range", broken)
+    path = tmp_path / "range.onnx"
+    onnx.save(_range_model(), str(path))
+    caplog.set_level("INFO")
+    analysis = analyse(load_model(path, dims={"B": 3, "N": 5}))
+    assert analysis.unknown_sizes() == ["idx", "f"]  # the Range and what is computed from it (z is declared)
+    assert analysis.infos["y"].bytes == 3 * 5 * 4
+    assert [f.op_type for f in analysis.infos.symbolic_failures] == ["Range"]
+    assert "cannot follow node" in caplog.text
+
+
+def _gqa(tmp_path) -> str:
+    text = """
+    <ir_version: 10, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (float[1, S, 32] q, float[1, S, 16] k, float[1, S, 16] v, float[1, 2, P, 8] past_k, float[1, 2, P, 8] past_v,
+       int32[1] seqlens_k, int32 total, int64[1, T] attention_mask)
+      => (float[1, S, 32] out, float[1, 2, T, 8] present_k, float[1, 2, T, 8] present_v) {
+        out, present_k, present_v = com.microsoft.GroupQueryAttention<num_heads = 4, kv_num_heads = 2>(
+            q, k, v, past_k, past_v, seqlens_k, total)
+    }
+    """
+    path = tmp_path / "gqa.onnx"
+    onnx.save(onnx.parser.parse_model(text), str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("past, seq, total", [(16, 4, 4), (0, 4, 4), (3, 4, 7)], ids=["shared", "empty", "growing"])
+# The total length reaches the model as the attention mask's length, as in onnxruntime-genai's builder models.
+def test_present_kv_is_as_long_as_onnxruntime_returns_it(tmp_path, past, seq, total):
+    path = _gqa(tmp_path)
+    analysis = analyse(load_model(path, dims={"S": seq, "P": past, "T": total}))
+    rng = np.random.default_rng(0)
+    feeds = {
+        "q": rng.standard_normal((1, seq, 32)).astype(np.float32),
+        "k": rng.standard_normal((1, seq, 16)).astype(np.float32),
+        "v": rng.standard_normal((1, seq, 16)).astype(np.float32),
+        "past_k": np.zeros((1, 2, past, 8), np.float32),
+        "past_v": np.zeros((1, 2, past, 8), np.float32),
+        "seqlens_k": np.array([total - 1], np.int32),
+        "total": np.array(total, np.int32),
+        "attention_mask": np.ones((1, total), np.int64),
+    }
+    got = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for name, value in zip(["out", "present_k", "present_v"], got):
+        assert list(analysis.infos[name].shape) == list(value.shape), name
+        analysis.infos.convert([name])  # the bulk path gives the same
+        assert list(analysis.infos[name].shape) == list(value.shape), name
+
+
+def test_external_weights_and_inline_weights_give_the_same_sizes(tmp_path):
+    onnx.save(_reshape_model(), str(tmp_path / "inline.onnx"))
+    external = _external(tmp_path, one_file=False)
+    a, b = analyse(load_model(tmp_path / "inline.onnx")), analyse(load_model(external))
+    names = [*a.producer, *a.weights]
+    assert {n: a.infos[n].bytes for n in names} == {n: b.infos[n].bytes for n in names}
+
+
+def test_a_present_whose_total_length_is_not_declared_stays_unknown(tmp_path):
+    """onnxruntime's symbolic inference copies the past's shape to the present, which is wrong
+    whenever the past is shorter than the total; without a declared total the size is unknown."""
+    model = onnx.load(_gqa(tmp_path))
+    for out in model.graph.output[1:]:
+        out.type.tensor_type.shape.dim[2].Clear()
+    onnx.save(model, str(tmp_path / "undeclared.onnx"))
+    analysis = analyse(load_model(tmp_path / "undeclared.onnx", dims={"S": 4, "P": 0, "T": 4}))
+    assert analysis.infos["present_k"].bytes is None
+    assert "present_k" in analysis.unknown_sizes()
