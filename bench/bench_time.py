@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from offloadctl.analysis import analyse  # noqa: E402
 from offloadctl.errors import OffloadError  # noqa: E402
+from offloadctl.inputs import generate_inputs, input_specs, load_inputs  # noqa: E402
 from offloadctl.model import load_model  # noqa: E402
 from offloadctl.profiler import alternate, measure_profile, write_profile  # noqa: E402
 from offloadctl.profiles import load_profile  # noqa: E402
@@ -44,10 +45,7 @@ from offloadctl.rewrite import apply_plan, write_model  # noqa: E402
 from offloadctl.runner import (  # noqa: E402
     create_session,
     feeds_for,
-    generate_inputs,
     import_onnxruntime,
-    input_specs,
-    load_inputs,
     required_settings,
     session_config,
 )

@@ -24,6 +24,7 @@ an interrupt during start-up into one line.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -141,7 +142,14 @@ def apply(
         check_output_path(output, *loaded.files)
         # the rewrite refers to the data files of its source, which loading has listed already
         check_model_outputs(loaded.proto, output, source, loaded.files, locations=loaded.data_locations)
-        write_model(model, output, source_dir=source, protected=loaded.files, locations=loaded.data_locations)
+        write_model(
+            model,
+            output,
+            source_dir=source,
+            protected=loaded.files,
+            locations=loaded.data_locations,
+            mode=stat.S_IMODE(loaded.path.stat().st_mode),
+        )
     return model
 
 

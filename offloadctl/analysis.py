@@ -350,7 +350,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
     # Each list is already in execution order: positions ascend, and within a node the input
     # indices ascend before the subgraph reads (input_index None), which is Use.sort_key's order.
 
-    return Analysis(
+    analysis = Analysis(
         loaded=loaded,
         nodes=nodes,
         file_index=file_index,
@@ -369,6 +369,12 @@ def analyse(loaded: LoadedModel) -> Analysis:
         sparse_weights=frozenset(sparse),
         topological=topological,
     )
+    if loaded.sizes_from_run is not None:
+        from offloadctl.runsizes import measure_sizes
+
+        run = loaded.sizes_from_run
+        analysis.infos.use_measured(measure_sizes(loaded.path, loaded.proto, inputs=run["inputs"], seed=run["seed"]))
+    return analysis
 
 
 def _is_topological(reads: list[list[str]], outputs: list[list[str]]) -> bool:

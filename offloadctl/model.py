@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import onnx
 from google.protobuf import json_format, text_format
@@ -33,6 +33,10 @@ from offloadctl.onnxutil import is_constant_node, iter_tensor_protos
 from offloadctl.ortgraph import normalize as normalize_graph
 from offloadctl.symbolic import NodeFailure, symbolic_value_infos
 from offloadctl.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from offloadctl.plantypes import SizesFromRun
+    from offloadctl.runsizes import MeasuredSizes
 
 __all__ = [
     "LoadedModel",
@@ -94,6 +98,8 @@ class LoadedModel:
     # the data files' ``location`` entries as the model writes them, sorted (apply's `external_locations`);
     # None when not known
     data_locations: tuple[str, ...] | None = None
+    # read every size from one run (`offloadctl.runsizes`) when the model is analysed; None: infer them
+    sizes_from_run: SizesFromRun | None = None
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -246,6 +252,7 @@ def load_model(
     dims: Mapping[str, int] | None = None,
     normalize: bool = True,
     input_shapes_from: str = "--input-shape",
+    sizes_from_run: SizesFromRun | None = None,
 ) -> LoadedModel:
     """Read an ONNX file without its external weight data and pin the given input dimensions.
 
@@ -258,6 +265,8 @@ def load_model(
         normalize: change the graph as onnxruntime changes it at every optimization level
             (`offloadctl.ortgraph`), so that positions count what runs (the default).
         input_shapes_from: where ``input_shapes`` come from, for error messages.
+        sizes_from_run: read every size from one run on onnxruntime's CPU provider when the model
+            is analysed (`offloadctl.runsizes`): ``{"inputs": FILE or None, "seed": N}``.
 
     Raises:
         OffloadError: the file is missing, empty, not ONNX, truncated, lacks an external data
@@ -335,6 +344,7 @@ def load_model(
         data_files=data_files,
         dims=named,
         data_locations=data_locations,
+        sizes_from_run=None if sizes_from_run is None else {**sizes_from_run},
     )
 
 
@@ -585,6 +595,8 @@ class TensorInfos(Mapping[str, TensorInfo]):
         self.symbolic_failures: tuple[NodeFailure, ...] = ()
         self._inference_model: onnx.ModelProto | None = None
         self._present_past: dict[str, str] | None = None
+        #: sizes read from one run (`offloadctl.runsizes`), which win over inference; None: not measured
+        self.measured: MeasuredSizes | None = None
 
     def _inference_proto(self) -> onnx.ModelProto:
         """The model as shape inference should see it (the loaded model itself when nothing changes):
@@ -682,6 +694,10 @@ class TensorInfos(Mapping[str, TensorInfo]):
                 if fields is None:
                     fields = self._weight_cache[key] = tensor_info("", *key)[1:]
                 return TensorInfo(name, *fields)
+        if self.measured is not None:
+            found = self.measured.get(name)
+            if found is not None:
+                return tensor_info(name, found[0], found[1])
         info = _first_known(name, self._inferred().get(name, ()), self._type_cache)
         if info is None or info.bytes is None:
             declared = self._declared_types().get(name, ())
@@ -698,6 +714,11 @@ class TensorInfos(Mapping[str, TensorInfo]):
             if better is not None and (info is None or better.bytes is not None):
                 info = better
         return info
+
+    def use_measured(self, sizes: MeasuredSizes) -> None:
+        """Take the sizes one run measured (`offloadctl.runsizes.measure_sizes`) over inferred ones."""
+        self.measured = sizes
+        self._done.clear()
 
     def _shared_kv(self) -> dict[str, str]:
         """Present key/value outputs of GroupQueryAttention nodes -> the past input they may share."""
@@ -769,9 +790,10 @@ class TensorInfos(Mapping[str, TensorInfo]):
         weights = self._weights
         cache = self._type_cache
         shared = self._shared_kv()
+        measured = self.measured.shapes if self.measured is not None else {}
         types: dict[str, list[bytes]] | None = None
         for name in names:
-            if name in done or name in shared:
+            if name in done or name in shared or name in measured:
                 continue
             weight = weights.get(name)
             if weight is not None:

@@ -19,6 +19,7 @@ __all__ = [
     "Plan",
     "Producer",
     "Rejection",
+    "SizesFromRun",
     "RejectionReason",
     "RejectionStage",
     "ReloadGroup",
@@ -110,8 +111,16 @@ class Rejection(_RejectionOptional):
     detail: str
 
 
+class SizesFromRun(TypedDict):
+    """Sizes read from one run: with these inputs (None: generated with ``seed`` at the pinned shapes)."""
+
+    inputs: str | None
+    seed: int
+
+
 class _ModelOptional(TypedDict, total=False):
     dims: dict[str, int]
+    sizes_from_run: SizesFromRun
 
 
 class ModelInfo(_ModelOptional):

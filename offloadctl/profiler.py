@@ -60,6 +60,7 @@ from offloadctl import __version__
 from offloadctl.analysis import analyse
 from offloadctl.errors import OffloadError
 from offloadctl.files import atomic_write_text
+from offloadctl.inputs import generate_inputs, input_specs, load_inputs
 from offloadctl.model import load_model
 from offloadctl.plantypes import Plan
 from offloadctl.profiles import PROFILE_SCHEMA_VERSION, profile_from_dict, validate_profile
@@ -68,10 +69,7 @@ from offloadctl.runner import (
     DEVICES,
     create_session,
     feeds_for,
-    generate_inputs,
     import_onnxruntime,
-    input_specs,
-    load_inputs,
     required_settings,
     run_once,
     session_config,

@@ -496,8 +496,12 @@ def write_model(
     max_embedded_bytes: int = MAX_EMBEDDED_BYTES,
     protected: Sequence[str | os.PathLike[str]] = (),
     locations: Sequence[str] | None = None,
+    mode: int | None = None,
 ) -> list[Path]:
     """Write ``model`` atomically to ``out_path``; return the data files written beside it.
+
+    ``mode`` gives the written model (and the data file of a model over 2 GiB) those permission bits,
+    as `apply` gives a rewrite its source model's; None: the usual bits of a new file.
 
     External data files the model refers to (relative to ``source_dir``, the source model's
     folder) are copied beside the output when it goes to another folder (not hard-linked: onnx
@@ -527,7 +531,7 @@ def write_model(
     try:
         if model.ByteSize() <= max_embedded_bytes:
             data = model.SerializeToString()
-            atomic_write(out, lambda tmp: tmp.write_bytes(data))
+            atomic_write(out, lambda tmp: tmp.write_bytes(data), mode=mode)
             return created
         data_name = out.name + ".data"
         if data_name in locations:
@@ -547,6 +551,13 @@ def write_model(
                     location=data_name,
                     size_threshold=1024,
                 )
+                for name in (data_name, out.name):
+                    if mode is not None:
+                        os.chmod(os.path.join(tmp_dir, name), mode)
+                    else:  # tempfile's folder is private; its files get the usual bits of a new file
+                        umask = os.umask(0)
+                        os.umask(umask)
+                        os.chmod(os.path.join(tmp_dir, name), 0o666 & ~umask)
                 os.replace(os.path.join(tmp_dir, data_name), out_dir / data_name)
                 created.append(out_dir / data_name)
                 os.replace(os.path.join(tmp_dir, out.name), out)

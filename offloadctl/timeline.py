@@ -69,6 +69,7 @@ __all__ = [
     "entry_spans",
     "tensor_bytes",
     "memory_tensors",
+    "unknown_tensors",
     "weight_is_resident",
     "SubgraphMemory",
     "subgraph_memory",
@@ -291,9 +292,11 @@ def _weight_bytes(graph: onnx.GraphProto) -> tuple[int, int, set[str]]:
 
 
 class _BodyWalker:
-    """Weights and peak working set of bodies, recursively."""
+    """Weights and peak working set of bodies, recursively. ``measured`` sizes (one run) win over the
+    inferred types of body tensors."""
 
-    def __init__(self) -> None:
+    def __init__(self, measured: Any = None) -> None:
+        self.measured = measured
         self.weight_count = 0
         self.weight_bytes = 0
         self.unknown: list[str] = []
@@ -313,7 +316,11 @@ class _BodyWalker:
         inside -= outputs | weights
         sizes: dict[str, int] = {}
         for name in inside:
-            size = _type_bytes(types[name]) if name in types else None
+            found = self.measured.get(name) if self.measured is not None else None
+            if found is not None:
+                size = _bytes_of(found[0], found[1])
+            else:
+                size = _type_bytes(types[name]) if name in types else None
             if size is None:
                 self.unknown.append(f"{label}/{name}")
             sizes[name] = size or 0
@@ -360,7 +367,7 @@ def _compute_subgraph_memory(analysis: Analysis) -> SubgraphMemory:
     positions = [p for p, node in enumerate(analysis.nodes) if has_subgraphs(node)]
     if not positions:
         return SubgraphMemory()
-    walker = _BodyWalker()
+    walker = _BodyWalker(analysis.infos.measured)
     inner: dict[int, int] = {}
     nodes = _inferred_nodes(analysis)
     for p in positions:
@@ -373,6 +380,13 @@ def _compute_subgraph_memory(analysis: Analysis) -> SubgraphMemory:
 def subgraph_memory(analysis: Analysis) -> SubgraphMemory:
     """Memory inside the model's subgraphs, computed once per Analysis object."""
     return _cached(analysis, "subgraphs", _compute_subgraph_memory)
+
+
+def unknown_tensors(analysis: Analysis) -> list[str]:
+    """Every tensor whose size is unknown, so that memory figures count it as 0 bytes: the main
+    graph's (`Analysis.unknown_sizes`), then those inside If/Loop/Scan bodies (``node/branch/name``).
+    inspect, simulate and plan count these same tensors."""
+    return [*analysis.unknown_sizes(), *subgraph_memory(analysis).unknown]
 
 
 # ------------------------------------------------------------------------------ working set

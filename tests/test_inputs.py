@@ -234,3 +234,38 @@ def test_run_model_refuses_nan_tolerances_too():
 
     with pytest.raises(OffloadError, match="--rtol nan is not a tolerance"):
         run_model(str(SAMPLES / "seed.onnx"), "cpu", rtol=float("nan"))
+
+
+def test_generated_inputs_are_what_a_language_model_expects():
+    from onnx import TensorProto
+
+    from offloadctl.inputs import InputSpec, generate_inputs
+
+    specs = [
+        InputSpec("input_ids", TensorProto.INT64, (2, 4)),
+        InputSpec("attention_mask", TensorProto.INT64, (2, 7)),
+        InputSpec("position_ids", TensorProto.INT64, (2, 4)),
+        InputSpec("past_key_values.0.key", TensorProto.FLOAT, (2, 2, 3, 8)),
+        InputSpec("seqlens_k", TensorProto.INT32, (2,)),
+        InputSpec("total_sequence_length", TensorProto.INT32, ()),
+        InputSpec("use_cache_branch", TensorProto.BOOL, (1,)),
+    ]
+    feeds, _ = generate_inputs(specs)
+    assert (feeds["attention_mask"] == 1).all() and feeds["attention_mask"].dtype == np.int64
+    assert feeds["position_ids"].tolist() == [[3, 4, 5, 6]] * 2  # after the 3 past positions
+    assert feeds["seqlens_k"].tolist() == [6, 6] and feeds["seqlens_k"].dtype == np.int32
+    assert int(feeds["total_sequence_length"]) == 7 and feeds["use_cache_branch"].tolist() == [True]
+    assert feeds["past_key_values.0.key"].shape == (2, 2, 3, 8)
+    # a shared KV buffer (onnxruntime-genai): the past is the whole context, the mask says what is past
+    shared, _ = generate_inputs(
+        [
+            InputSpec("input_ids", TensorProto.INT64, (1, 4)),
+            InputSpec("attention_mask", TensorProto.INT64, (1, 4)),
+            InputSpec("past_key_values.0.key", TensorProto.FLOAT, (1, 2, 64, 8)),
+            InputSpec("position_ids", TensorProto.INT64, (1, 4)),
+        ]
+    )
+    assert shared["position_ids"].tolist() == [[0, 1, 2, 3]]
+    # a range the user gives wins over the rule
+    ranged, _ = generate_inputs(specs, value_ranges={"attention_mask": (0, 0)})
+    assert (ranged["attention_mask"] == 0).all()

@@ -3,6 +3,8 @@ Shape slices, and what onnxruntime's kernels really return (shared KV buffers), 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -178,3 +180,57 @@ def test_a_present_whose_total_length_is_not_declared_stays_unknown(tmp_path):
     analysis = analyse(load_model(tmp_path / "undeclared.onnx", dims={"S": 4, "P": 0, "T": 4}))
     assert analysis.infos["present_k"].bytes is None
     assert "present_k" in analysis.unknown_sizes()
+
+
+_NONZERO = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[B, 8] x) => (float[B, 8] y, int64[2, N] z) {
+    r = Relu(x)
+    z = NonZero(r)
+    a = Neg(r)
+    b = Neg(a)
+    y = Add(b, r)
+}
+"""
+
+
+def test_sizes_from_one_run_are_exact_where_inference_cannot_follow(run_cli, tmp_path):
+    path = tmp_path / "nz.onnx"
+    onnx.save(onnx.parser.parse_model(_NONZERO), str(path))
+    inferred = run_cli("simulate", path, "--dim", "B=4", "--json").json()
+    assert inferred["unknown_size"]["count"] == 1 and inferred["figures_low"]
+    measured = run_cli("simulate", path, "--dim", "B=4", "--sizes-from-run", "--json").json()
+    assert measured["unknown_size"]["count"] == 0 and not measured["figures_low"]
+    # the generated inputs are seeded: z's size is what onnxruntime returns for them
+    from offloadctl.inputs import generate_inputs, input_specs
+
+    feeds, _ = generate_inputs(input_specs(load_model(path, dims={"B": 4}).proto))
+    z = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["z"], feeds)[0]
+    assert measured["peak_bytes"]["before"] - inferred["peak_bytes"]["before"] == z.nbytes
+    assert "figures low" not in run_cli("simulate", path, "--dim", "B=4", "--sizes-from-run").stdout
+
+
+def test_a_plan_made_with_sizes_from_a_run_is_applied_with_them(run_cli, tmp_path):
+    path = tmp_path / "nz.onnx"
+    onnx.save(onnx.parser.parse_model(_NONZERO), str(path))
+    x = np.random.default_rng(1).standard_normal((3, 8)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    plan = tmp_path / "p.json"
+    made = run_cli("plan", path, "-o", plan, "--inputs", tmp_path / "in.npz", "--select-distance", "1", "--json")
+    assert made.exit_code in (0, 1), made.stderr
+    assert made.json()["unknown_size_tensors"] == 0
+    assert json.loads(plan.read_text())["model"]["sizes_from_run"] == {"inputs": str(tmp_path / "in.npz"), "seed": 0}
+    out = tmp_path / "out.onnx"
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+    simulated = run_cli("simulate", path, "--plan", plan, "--json").json()  # repeats the run for the plan's sizes
+    assert simulated["unknown_size"]["count"] == 0
+    ran = run_cli("run", out, "--device", "cpu", "--inputs", tmp_path / "in.npz", "--compare-to", path)
+    assert ran.exit_code == 0, ran.stderr
+
+
+def test_sizes_from_run_needs_every_input_dimension_or_the_inputs(run_cli, tmp_path):
+    path = tmp_path / "nz.onnx"
+    onnx.save(onnx.parser.parse_model(_NONZERO), str(path))
+    result = run_cli("simulate", path, "--sizes-from-run")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert "--sizes-from-run: cannot generate input 'x'" in result.stderr and "--inputs FILE.npz" in result.stderr

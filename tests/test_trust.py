@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -183,6 +184,33 @@ def test_copied_data_files_keep_their_permissions(run_cli, ext, tmp_path):
     assert run_cli("apply", plan, "-o", out).exit_code == 0
     assert stat.S_IMODE((out.parent / "w.bin").stat().st_mode) == 0o600
     assert stat.S_IMODE((out.parent / "c.bin").stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o644])
+def test_a_rewritten_model_keeps_the_permissions_of_its_source(run_cli, tmp_path, mode):
+    import offloadctl
+
+    model = tmp_path / "seed.onnx"
+    shutil.copyfile(SAMPLES / "seed.onnx", model)
+    model.chmod(mode)
+    plan = tmp_path / "p.json"
+    assert run_cli("plan", model, "-o", plan, "--select-distance", "1").exit_code == 0
+    assert run_cli("apply", plan, "-o", tmp_path / "out.onnx").exit_code == 0
+    assert stat.S_IMODE((tmp_path / "out.onnx").stat().st_mode) == mode
+    analysis = offloadctl.analyse(model)
+    offloadctl.apply(offloadctl.make_plan(analysis, select_distance=1), analysis, tmp_path / "api.onnx")
+    assert stat.S_IMODE((tmp_path / "api.onnx").stat().st_mode) == mode
+
+
+def test_a_model_over_2_gib_keeps_the_permissions_of_its_source_in_both_files(tmp_path):
+    from offloadctl.rewrite import write_model
+
+    weight = numpy_helper.from_array(np.ones((32, 32), np.float32), "w")  # above onnx's 1 KiB external threshold
+    proto = make_model([helper.make_node("Neg", ["w"], ["y"])], [], [tensor("y", (32, 32))], initializers=[weight])
+    out = tmp_path / "big.onnx"
+    written = write_model(proto, out, source_dir=tmp_path, max_embedded_bytes=10, mode=0o600)
+    assert written == [tmp_path / "big.onnx.data"]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600 == stat.S_IMODE(written[0].stat().st_mode)
 
 
 # ---------------------------------------------------------------------------------------------------

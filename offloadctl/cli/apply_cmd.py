@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import click
 
 from offloadctl.analysis import analyse
-from offloadctl.cli.common import finish, peak_text, plan_pins, print_estimate, slowdown_text
+from offloadctl.cli.common import (
+    finish,
+    low_figures_text,
+    peak_text,
+    plan_effect,
+    plan_pins,
+    print_estimate,
+    slowdown_text,
+)
 from offloadctl.cli.options import json_option, output_option
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.errors import OffloadError
@@ -84,7 +93,12 @@ def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None
         step(f"writing {output}")
         # the rewrite refers to the data files of its source, which loading has listed already
         extra = write_model(
-            proto, output, source_dir=model_path.parent, protected=reads, locations=loaded.data_locations
+            proto,
+            output,
+            source_dir=model_path.parent,
+            protected=reads,
+            locations=loaded.data_locations,
+            mode=stat.S_IMODE(model_path.stat().st_mode),  # a rewrite is as private as its source
         )
     figures = recorded_estimate(plan)
     if not as_json:
@@ -100,7 +114,13 @@ def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None
             print_estimate(figures, what="planned")
     parts: list[str | None] = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
     if figures is not None:
-        parts += [peak_text(figures), slowdown_text(figures)]
+        words, raised = plan_effect(figures)
+        parts += [
+            peak_text(figures),
+            words or (raised and "the plan raises the peak"),
+            slowdown_text(figures),
+            low_figures_text(figures.get("unknown_size_tensors", 0)),
+        ]
     else:
         parts.append(f"peak and time: offloadctl simulate {output}")
     finish(

@@ -25,7 +25,7 @@ from offloadctl.costs import STREAMS_NOTE, copy_mode_label
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_distinct_outputs, check_output_path
 from offloadctl.model import load_model, parse_dims, parse_input_shapes
-from offloadctl.plantypes import Plan
+from offloadctl.plantypes import Plan, SizesFromRun
 from offloadctl.units import fmt_bytes
 
 __all__ = [
@@ -38,6 +38,8 @@ __all__ = [
     "slowdown_text",
     "warn_slowdown",
     "gate_failure",
+    "low_figures_text",
+    "plan_effect",
     "finish",
     "check_report_paths",
     "print_estimate",
@@ -47,8 +49,13 @@ logger = logging.getLogger(__name__)
 
 
 def plan_pins(plan: Plan) -> dict[str, Any]:
-    """The input pins a plan was made with, as keyword arguments of `load_model`."""
-    return {"input_shapes": plan["model"]["input_shapes"], "dims": plan["model"].get("dims") or None}
+    """The input pins a plan was made with (and whether its sizes came from a run), as keyword
+    arguments of `load_model`."""
+    return {
+        "input_shapes": plan["model"]["input_shapes"],
+        "dims": plan["model"].get("dims") or None,
+        "sizes_from_run": plan["model"].get("sizes_from_run"),
+    }
 
 
 def load_and_analyse(
@@ -59,12 +66,14 @@ def load_and_analyse(
     pins: Mapping[str, Any] | None = None,
     pins_from: str = "--input-shape",
     show_progress: bool = True,
+    sizes: SizesFromRun | None = None,
 ) -> Analysis:
     """Load MODEL (weights stay on disk), pin input shapes and analyse it, with progress on a terminal.
 
     ``input_shape`` and ``dim`` are the raw ``--input-shape`` and ``--dim`` values; ``pins`` (from
     `plan_pins`) is used when neither is given, and named ``pins_from`` in messages (e.g. a plan's
-    model.input_shapes).
+    model.input_shapes). ``sizes`` (`offloadctl.plantypes.SizesFromRun`, or the plan's through
+    ``pins``) reads every size from one run.
     """
     shapes = parse_input_shapes(input_shape)
     dims = parse_dims(dim)
@@ -72,10 +81,12 @@ def load_and_analyse(
     if not shapes and not dims and pins:
         shapes, dims = dict(pins.get("input_shapes") or {}), dict(pins.get("dims") or {})
         source = pins_from
+    if sizes is None and pins:
+        sizes = pins.get("sizes_from_run")
     with steps(show_progress, total=2) as step:
         step(f"loading {model}")
-        loaded = load_model(model, input_shapes=shapes, dims=dims, input_shapes_from=source)
-        step(f"analysing {model}")
+        loaded = load_model(model, input_shapes=shapes, dims=dims, input_shapes_from=source, sizes_from_run=sizes)
+        step(f"analysing {model}" + (" (sizes from one run on the CPU provider)" if sizes else ""))
         analysis = analyse(loaded)
     dynamic = [
         name
@@ -94,7 +105,9 @@ def load_and_analyse(
 def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
     """Say when memory figures rest on tensors of unknown size (they count as 0 bytes): a warning,
     or with ``strict`` an error. Returns the names."""
-    unknown = analysis.unknown_sizes()
+    from offloadctl.timeline import unknown_tensors
+
+    unknown = unknown_tensors(analysis)
     if not unknown:
         return unknown
     shown = ", ".join(unknown[:8]) + (" …" if len(unknown) > 8 else "")
@@ -103,9 +116,11 @@ def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
     if dynamic:
         fix = f"pin the dynamic inputs ({', '.join(dynamic)}) with --input-shape NAME=D0,D1,... or --dim NAME=VALUE"
     else:  # every input is known: pinning would not help
+        failed = analysis.infos.symbolic_failures
+        stuck = f" (it could not follow {', '.join(f'{f.node!r} ({f.op_type})' for f in failed[:3])})" if failed else ""
         fix = (
             "shape inference cannot follow their shapes (data-dependent shapes, control flow, or ops it does not "
-            "know); nothing to pin"
+            f"know){stuck}; nothing to pin"
         )
     if strict:
         raise OffloadError(
@@ -172,11 +187,40 @@ def warn_slowdown(figures: Mapping[str, Any]) -> None:
         )
 
 
-def gate_failure(max_peak: int | None, peak: int, what: str) -> str | None:
-    """The one-line reason a ``--max-peak`` gate fails, or None when it passes (or is not set)."""
-    if max_peak is None or peak <= max_peak:
+def low_figures_text(unknown: int) -> str | None:
+    """What the verdict says when memory figures count tensors of unknown size as 0 bytes."""
+    if not unknown:
         return None
-    return f"{what} {fmt_bytes(peak)} ({peak} bytes) is above --max-peak {fmt_bytes(max_peak)} ({max_peak} bytes)"
+    return f"figures low: {unknown} tensor(s) of unknown size count as 0 B"
+
+
+def gate_failure(max_peak: int | None, peak: int, what: str, *, unknown: int = 0) -> str | None:
+    """The one-line reason a ``--max-peak`` gate fails, or None when it passes (or is not set).
+
+    A peak that counts ``unknown`` tensors of unknown size as 0 bytes is known to be low: the gate
+    cannot pass on it."""
+    if max_peak is None:
+        return None
+    if peak > max_peak:
+        return f"{what} {fmt_bytes(peak)} ({peak} bytes) is above --max-peak {fmt_bytes(max_peak)} ({max_peak} bytes)"
+    if unknown:
+        return (
+            f"{what} {fmt_bytes(peak)} is known to be low ({unknown} tensor(s) of unknown size count as 0 B), so "
+            f"--max-peak {fmt_bytes(max_peak)} cannot pass on it: pin the dynamic dimensions (--input-shape, --dim) "
+            "or read the sizes from one run (--sizes-from-run)"
+        )
+    return None
+
+
+def plan_effect(figures: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(words for the verdict, failure): a plan that leaves the peak where it was says so; one that
+    raises it fails."""
+    before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
+    if after > before:
+        return None, f"the plan raises the peak: {peak_text(figures).removeprefix('peak ')}"
+    if after == before:
+        return "the plan does not lower the peak", None
+    return None, None
 
 
 def finish(

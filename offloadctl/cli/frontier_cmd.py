@@ -10,11 +10,13 @@ from rich.table import Table
 from offloadctl.cli.common import check_unknown_sizes, finish, load_and_analyse
 from offloadctl.cli.options import (
     ShapeOptions,
+    SizesOptions,
     input_shape_option,
     json_option,
     model_argument,
     objective_option,
     profile_option,
+    sizes_option,
 )
 from offloadctl.cli.plot import plot_frontier
 from offloadctl.cli.ui import out_console, steps
@@ -81,6 +83,7 @@ def _table(mode: str, points: list[Point], peak: int, profile: str) -> Table:
     help="Budgets from the peak down to the lower bound, evenly spaced.",
 )
 @input_shape_option
+@sizes_option
 @click.option("--plot", type=click.Path(path_type=str), metavar="FILE.png|FILE.svg", help="Draw the frontier.")
 @json_option
 def frontier_cmd(
@@ -91,6 +94,7 @@ def frontier_cmd(
     copies: str,
     points: int,
     shapes: ShapeOptions,
+    sizes: SizesOptions,
     plot: str | None,
     as_json: bool,
 ) -> None:
@@ -103,7 +107,7 @@ def frontier_cmd(
     prof = load_profile(profile)
     if plot:
         check_output_path(plot, model)
-    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json)
+    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json, sizes=sizes.request())
     if is_rewritten(analysis):
         raise OffloadError(
             f"{model} already contains copies: the frontier needs the original model",

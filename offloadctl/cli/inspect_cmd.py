@@ -9,10 +9,10 @@ import click
 from rich.table import Table
 
 from offloadctl.analysis import Analysis
-from offloadctl.cli.common import finish, load_and_analyse
-from offloadctl.cli.options import ShapeOptions, input_shape_option, model_argument
+from offloadctl.cli.common import finish, load_and_analyse, low_figures_text
+from offloadctl.cli.options import ShapeOptions, SizesOptions, input_shape_option, model_argument, sizes_option
 from offloadctl.cli.ui import out_console
-from offloadctl.timeline import subgraph_memory
+from offloadctl.timeline import subgraph_memory, unknown_tensors
 from offloadctl.units import fmt_bytes
 
 __all__ = ["inspect", "inspect_report"]
@@ -47,6 +47,7 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
             idle.append((gap, size or 0, name, prod, uses))
     weight_bytes = sum((analysis.infos[w].bytes or 0) for w in analysis.weights if w in analysis.infos)
     inner = subgraph_memory(analysis)
+    unknown_names = unknown_tensors(analysis)
     idle.sort(key=lambda t: (-t[0], -t[1], t[2]))
     return {
         "model": {
@@ -74,6 +75,8 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
             "bytes": weight_bytes + inner.weight_bytes,
             "in_subgraphs": {"count": inner.weight_count, "bytes": inner.weight_bytes},
         },
+        # every tensor whose size is unknown, as simulate and plan count them (inputs, weights, bodies too)
+        "unknown_size": {"count": len(unknown_names), "tensors": unknown_names[:100]},
         "longest_idle": [
             {
                 "tensor": name,
@@ -91,18 +94,19 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
 @click.command("inspect")
 @model_argument
 @input_shape_option
+@sizes_option
 @click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle tensors to list.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
-def inspect(model: str, shapes: ShapeOptions, top: int, as_json: bool) -> None:
+def inspect(model: str, shapes: ShapeOptions, sizes: SizesOptions, top: int, as_json: bool) -> None:
     """Nodes, tensors, bytes of activations and weights, and the longest-idle tensors."""
-    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json)
+    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json, sizes=sizes.request())
     report = inspect_report(analysis, top=top)
     acts, weights = report["activations"], report["weights"]
     verdict = [
         f"{report['nodes']} nodes",
-        f"activations {fmt_bytes(acts['bytes'])}"
-        + (f" ({acts['unknown_size']} of unknown size)" if acts["unknown_size"] else ""),
+        f"activations {fmt_bytes(acts['bytes'])}",
         f"weights {fmt_bytes(weights['bytes'])}",
+        low_figures_text(report["unknown_size"]["count"]),
     ]
     if as_json:
         finish("inspect", model, verdict, [], as_json=True, doc=report)

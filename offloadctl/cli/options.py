@@ -17,6 +17,7 @@ import click
 
 from offloadctl.cli.ui import BytesParam, FiniteFloatRange
 from offloadctl.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
+from offloadctl.plantypes import SizesFromRun
 from offloadctl.profiles import DEFAULT_PROFILE, list_profiles
 from offloadctl.stages import (
     DEFAULT_MIN_BYTES,
@@ -29,6 +30,8 @@ from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH, DEFAULT_TIME_LIMIT
 
 __all__ = [
     "ShapeOptions",
+    "SizesOptions",
+    "sizes_option",
     "SelectOptions",
     "FilterOptions",
     "BudgetOptions",
@@ -97,6 +100,21 @@ class ShapeOptions:
 
 
 @dataclass(frozen=True)
+class SizesOptions:
+    """``--sizes-from-run`` and ``--inputs``: read every size from one run on onnxruntime's CPU provider."""
+
+    sizes_from_run: bool
+    inputs: str | None
+
+    def request(self) -> SizesFromRun | None:
+        """The `offloadctl.plantypes.SizesFromRun` record, or None to infer sizes (``--inputs`` implies
+        ``--sizes-from-run``)."""
+        if not self.sizes_from_run and self.inputs is None:
+            return None
+        return {"inputs": self.inputs, "seed": 0}
+
+
+@dataclass(frozen=True)
 class SelectOptions(_Keywords):
     """The select stage's options."""
 
@@ -154,6 +172,25 @@ input_shape_option = _group(
         multiple=True,
         metavar="NAME=VALUE",
         help="Pin a named dynamic dimension wherever the inputs use it, e.g. --dim batch=1 (repeatable).",
+    ),
+)
+
+sizes_option = _group(
+    "sizes",
+    SizesOptions,
+    click.option(
+        "--sizes-from-run",
+        is_flag=True,
+        default=False,
+        help="Read every tensor's size from one run on onnxruntime's CPU provider (inputs generated at the pinned "
+        "shapes, or --inputs): exact where shape inference leaves sizes unknown. Takes one run's time and host memory.",
+    ),
+    click.option(
+        "--inputs",
+        type=click.Path(path_type=str),
+        default=None,
+        metavar="FILE.npz|FOLDER",
+        help="The inputs of that run (.npz, a folder of .npy files, or onnx test data); implies --sizes-from-run.",
     ),
 )
 

@@ -14,17 +14,17 @@ from offloadctl.cli.options import ShapeOptions, input_shape_option, model_argum
 from offloadctl.cli.ui import out_console, print_json
 from offloadctl.errors import OffloadError
 from offloadctl.files import check_output_path
+from offloadctl.inputs import parse_value_ranges
+from offloadctl.inputs import save_outputs as save_outputs_file
 from offloadctl.model import parse_dims, parse_input_shapes
 from offloadctl.runner import (
     DEVICES,
     OPT_LEVELS,
     RunReport,
     parse_ep_options,
-    parse_value_ranges,
     quiet_onnxruntime,
     run_model,
 )
-from offloadctl.runner import save_outputs as save_outputs_file
 
 __all__ = ["COMMANDS", "run"]
 

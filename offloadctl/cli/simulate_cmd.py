@@ -16,18 +16,22 @@ from offloadctl.cli.common import (
     finish,
     gate_failure,
     load_and_analyse,
+    low_figures_text,
     peak_text,
+    plan_effect,
     plan_pins,
     slowdown_text,
 )
 from offloadctl.cli.options import (
     ShapeOptions,
+    SizesOptions,
     input_shape_option,
     json_option,
     max_peak_option,
     model_argument,
     profile_option,
     report_option,
+    sizes_option,
     strict_option,
 )
 from offloadctl.cli.plot import plot_timeline
@@ -111,6 +115,7 @@ def _print_report(result: SimResult, doc: dict) -> None:
 @click.option("--plan", "plan_path", type=click.Path(path_type=str), help="A scheduled plan for MODEL.")
 @profile_option
 @input_shape_option
+@sizes_option
 @strict_option
 @max_peak_option
 @report_option
@@ -130,6 +135,7 @@ def simulate_cmd(
     plan_path: str | None,
     profile: str,
     shapes: ShapeOptions,
+    sizes: SizesOptions,
     strict: bool,
     max_peak: int | None,
     report: str | None,
@@ -156,6 +162,7 @@ def simulate_cmd(
         pins=plan_pins(plan) if plan is not None else None,
         pins_from=f"model.input_shapes of plan {plan_path}",
         show_progress=not as_json,
+        sizes=sizes.request(),
     )
     check_unknown_sizes(analysis, strict=strict)
     if plot:
@@ -185,12 +192,19 @@ def simulate_cmd(
     if not as_json:
         _print_report(result, doc)
     planned = plan is not None or result.rewritten
-    failure = gate_failure(max_peak, result.peak_after, "peak after the plan" if planned else "peak")
+    unknown = len(result.unknown_tensors)
+    failure = gate_failure(max_peak, result.peak_after, "peak after the plan" if planned else "peak", unknown=unknown)
     figures = estimate_figures(result)
-    parts = [peak_text(figures), slowdown_text(figures)] if planned else [f"peak {fmt_bytes(result.peak_before)}"]
+    parts: list[str | None] = [f"peak {fmt_bytes(result.peak_before)}"]
+    if planned:
+        parts = [peak_text(figures), plan_effect(figures)[0] if plan is not None else None, slowdown_text(figures)]
+        if plan is not None and result.peak_after > result.peak_before:
+            parts[1] = "the plan raises the peak"
+    parts.append(low_figures_text(unknown))
     subject = model + (f" with plan {plan_path}" if plan_path else "")
     if as_json:
         doc["max_peak_bytes"] = max_peak
+        doc["figures_low"] = bool(unknown)
     finish("simulate", subject, parts, written, as_json=as_json, doc=doc, failure=failure)
 
 

@@ -17,7 +17,9 @@ from offloadctl.cli.common import (
     finish,
     gate_failure,
     load_and_analyse,
+    low_figures_text,
     peak_text,
+    plan_effect,
     plan_figures,
     plan_pins,
     print_estimate,
@@ -31,6 +33,7 @@ from offloadctl.cli.options import (
     PrefetchOptions,
     SelectOptions,
     ShapeOptions,
+    SizesOptions,
     budget_options,
     copies_option,
     filter_options,
@@ -44,6 +47,7 @@ from offloadctl.cli.options import (
     profile_option,
     report_option,
     select_options,
+    sizes_option,
     strict_option,
 )
 from offloadctl.cli.report import write_report
@@ -263,11 +267,14 @@ def _stage_end(
 @model_argument
 @output_option("the selected plan (stage 'selected')")
 @select_options
+@sizes_option
 @json_option
-def select_cmd(model: str, output: str, selecting: SelectOptions, shapes: ShapeOptions, as_json: bool) -> None:
+def select_cmd(
+    model: str, output: str, selecting: SelectOptions, shapes: ShapeOptions, sizes: SizesOptions, as_json: bool
+) -> None:
     """Find tensors idle for more than --select-distance positions (stage 'selected')."""
     check_output_path(output, model)
-    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json)
+    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json, sizes=sizes.request())
     check_output_path(output, *analysis.loaded.files)
     with steps(not as_json) as step:
         step("selecting")
@@ -361,6 +368,7 @@ def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchOptions, as_js
 @model_argument
 @output_option("the scheduled plan")
 @select_options
+@sizes_option
 @filter_options
 @budget_options
 @max_slowdown_option
@@ -377,6 +385,7 @@ def plan_cmd(
     output: str,
     selecting: SelectOptions,
     shapes: ShapeOptions,
+    sizes: SizesOptions,
     filtering: FilterOptions,
     budgeting: BudgetOptions,
     max_slowdown: float | None,
@@ -403,7 +412,7 @@ def plan_cmd(
     defaulted = None
     if use_budget:
         objective, defaulted = _objective(objective, prof, copies, budgeting.optimal)
-    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json)
+    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json, sizes=sizes.request())
     check_output_path(output, *analysis.loaded.files)
     if report is not None:
         check_report_paths(report, *analysis.loaded.files, others=[("the plan", output)])
@@ -468,14 +477,25 @@ def plan_cmd(
     if warning:
         logger.warning("%s", warning)
     warn_slowdown(figures)
+    unknown = figures["unknown_size_tensors"]
+    words, raised = plan_effect(figures)
     finish(
         "plan",
         model,
-        [peak_text(figures), slowdown_text(figures)],
+        [peak_text(figures), words, slowdown_text(figures), low_figures_text(unknown)],
         written,
         as_json=as_json,
-        failure=gate_failure(max_peak, result.peak_after, "peak after the plan"),
-        doc={"model": model, "plan": output, **plan_figures(plan), **figures, **search, "max_peak_bytes": max_peak},
+        failure=raised or gate_failure(max_peak, result.peak_after, "peak after the plan", unknown=unknown),
+        doc={
+            "model": model,
+            "plan": output,
+            **plan_figures(plan),
+            **figures,
+            **search,
+            "max_peak_bytes": max_peak,
+            "figures_low": bool(unknown),
+            "peak_lowered": figures["peak_bytes"]["after"] < figures["peak_bytes"]["before"],
+        },
     )
 
 

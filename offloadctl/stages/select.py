@@ -395,6 +395,8 @@ def select(
     }
     if loaded.dims:
         model["dims"] = dict(loaded.dims)
+    if loaded.sizes_from_run is not None:
+        model["sizes_from_run"] = {**loaded.sizes_from_run}
     plan: Plan = {
         "schema_version": SCHEMA_VERSION,
         "stage": "selected",
