@@ -52,10 +52,10 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from offloadctl.analysis import analyse  # noqa: E402
-from offloadctl.model import load_model  # noqa: E402
-from offloadctl.simulator import peak_memory  # noqa: E402
-from offloadctl.timeline import lower_bound  # noqa: E402
+from offloadctl.analysis.graph import analyse  # noqa: E402
+from offloadctl.analysis.timeline import lower_bound  # noqa: E402
+from offloadctl.loading.model import load_model  # noqa: E402
+from offloadctl.simulation.memory import peak_memory  # noqa: E402
 
 import budget_cases  # noqa: E402
 import gen_large  # noqa: E402
@@ -224,9 +224,9 @@ def exact_scale(sizes: list[int], folder: Path, time_limit: float, progress: Con
 
 def objectives(models: list[str] | None, folder: Path, profile: str, progress: Console) -> list[dict[str, Any]]:
     """Simulated time of the time objective's plan against the bytes objective's, per case and copy mode."""
-    from offloadctl.profiles import load_profile
-    from offloadctl.simulator import simulate
-    from offloadctl.stages import make_plan
+    from offloadctl.planning.planners import make_plan
+    from offloadctl.simulation.profiles import load_profile
+    from offloadctl.simulation.result import simulate
 
     prof = load_profile(profile)
     rows = []

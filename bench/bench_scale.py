@@ -69,9 +69,9 @@ def _child(task: str, args: list[str]) -> dict:
     """Run one measured task in this (fresh) process; return seconds and peak memory."""
     import onnx  # imported before the clock starts, like offloadctl below
 
-    import offloadctl.analysis
-    import offloadctl.model
-    import offloadctl.plan
+    import offloadctl.analysis.graph
+    import offloadctl.contract.document
+    import offloadctl.loading.model
     import offloadctl.stages
     from offloadctl._entry import main as console_script
     from offloadctl.cli import cli  # noqa: F401 - imported before the clock starts
@@ -99,10 +99,10 @@ def _child(task: str, args: list[str]) -> dict:
         )
     elif task == "plan":
         model_path, out_path, params = args
-        loaded = offloadctl.model.load_model(model_path)
-        analysis = offloadctl.analysis.analyse(loaded)
-        plan = offloadctl.stages.make_plan(analysis, params=params == "params")
-        offloadctl.plan.write_plan(out_path, plan)
+        loaded = offloadctl.loading.model.load_model(model_path)
+        analysis = offloadctl.analysis.graph.analyse(loaded)
+        plan = offloadctl.planning.planners.make_plan(analysis, params=params == "params")
+        offloadctl.contract.document.write_plan(out_path, plan)
     elif task == "plan-cli":
         model_path, out_path = args
         command("plan", model_path, "-o", out_path, "--params")

@@ -35,22 +35,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from offloadctl.analysis import analyse  # noqa: E402
-from offloadctl.errors import OffloadError  # noqa: E402
-from offloadctl.inputs import generate_inputs, input_specs, load_inputs  # noqa: E402
-from offloadctl.model import load_model  # noqa: E402
-from offloadctl.profiler import alternate, measure_profile, write_profile  # noqa: E402
-from offloadctl.profiles import load_profile  # noqa: E402
-from offloadctl.rewrite import apply_plan, write_model  # noqa: E402
-from offloadctl.runner import (  # noqa: E402
-    create_session,
-    feeds_for,
-    import_onnxruntime,
-    required_settings,
-    session_config,
-)
-from offloadctl.simulator import simulate  # noqa: E402
-from offloadctl.stages import make_plan  # noqa: E402
+from offloadctl.analysis.graph import analyse  # noqa: E402
+from offloadctl.core.errors import OffloadError  # noqa: E402
+from offloadctl.loading.model import load_model  # noqa: E402
+from offloadctl.planning.planners import make_plan  # noqa: E402
+from offloadctl.rewriting.rewrite import apply_plan, write_model  # noqa: E402
+from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs  # noqa: E402
+from offloadctl.running.profiler import alternate, measure_profile, write_profile  # noqa: E402
+from offloadctl.running.runner import create_session, feeds_for, import_onnxruntime, required_settings, session_config
+from offloadctl.simulation.profiles import load_profile  # noqa: E402
+from offloadctl.simulation.result import simulate  # noqa: E402
 
 from gen_large import LargeModelConfig, generate  # noqa: E402
 
@@ -77,7 +71,7 @@ def _session(path: str, ort, threads: int):
 def _latencies(
     paths: list[str], feeds: dict, repeat: int, ort, threads: int, *, min_seconds: float = 2.0
 ) -> list[float]:
-    """Median wall-clock latency of each model, timed side by side (`offloadctl.profiler.alternate`)."""
+    """Median wall-clock latency of each model, timed side by side (`offloadctl.running.profiler.alternate`)."""
     calls = []
     for path in paths:
         session = _session(path, ort, threads)

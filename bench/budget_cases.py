@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from offloadctl.analysis import Analysis, analyse  # noqa: E402
-from offloadctl.errors import OffloadError  # noqa: E402
-from offloadctl.model import load_model  # noqa: E402
-from offloadctl.simulator import lower_bound, peak_memory  # noqa: E402
-from offloadctl.stages import prefetch, select  # noqa: E402
-from offloadctl.stages.budget import budget_filter, bytes_moved  # noqa: E402
+from offloadctl.analysis.graph import Analysis, analyse  # noqa: E402
+from offloadctl.core.errors import OffloadError  # noqa: E402
+from offloadctl.loading.model import load_model  # noqa: E402
+from offloadctl.planning.budget.strategy import budget_filter, bytes_moved  # noqa: E402
+from offloadctl.planning.prefetch import prefetch  # noqa: E402
+from offloadctl.planning.select import select  # noqa: E402
+from offloadctl.simulation.memory import lower_bound, peak_memory  # noqa: E402
 
 import gen_large  # noqa: E402
 

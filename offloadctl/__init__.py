@@ -11,10 +11,11 @@ The library is usable without the command line. Its entry points, in pipeline or
     offloadctl.apply(plan, analysis, "model.offload.onnx")
     report = offloadctl.run("model.offload.onnx", "cpu", compare_to="model.onnx")
 
-Each is a thin name over the module that owns the work: `offloadctl.model.load_model`,
-`offloadctl.analysis.analyse`, `offloadctl.stages.make_plan` (and the single stages `select`,
-`filter_plan`, `prefetch` in `offloadctl.stages`), `offloadctl.rewrite.apply_plan` with
-`offloadctl.rewrite.write_model`, `offloadctl.simulator.simulate` and `offloadctl.runner.run_model`.
+Each is a thin name over the module that owns the work, one subpackage per stage of the pipeline:
+`offloadctl.loading.model.load_model`, `offloadctl.analysis.graph.analyse`,
+`offloadctl.planning.planners.make_plan` (the single stages are `offloadctl.planning.select`,
+`~.filter` and `~.prefetch`), `offloadctl.rewriting.rewrite.apply_plan` with `~.write_model`,
+`offloadctl.simulation.result.simulate` and `offloadctl.running.runner.run_model`.
 User errors raise `OffloadError` (a message naming the file or tensor, and a hint).
 
 Importing the package is light (the modules load on first use), so that the command line can turn
@@ -28,17 +29,16 @@ import stat
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from offloadctl.errors import OffloadError
-from offloadctl.plantypes import Plan
-
-__version__ = "0.1.0"
+from offloadctl._version import __version__
+from offloadctl.contract.types import Plan
+from offloadctl.core.errors import OffloadError
 
 if TYPE_CHECKING:
-    from offloadctl.analysis import Analysis
-    from offloadctl.model import LoadedModel
-    from offloadctl.rewrite import ApplyResult
-    from offloadctl.runner import RunReport
-    from offloadctl.simulator import SimResult
+    from offloadctl.analysis.graph import Analysis
+    from offloadctl.loading.model import LoadedModel
+    from offloadctl.rewriting.rewrite import ApplyResult
+    from offloadctl.running.runner import RunReport
+    from offloadctl.simulation.result import SimResult
 
 __all__ = [
     "OffloadError",
@@ -57,11 +57,11 @@ __all__ = [
 ]
 
 _TYPES = {
-    "LoadedModel": "offloadctl.model",
-    "Analysis": "offloadctl.analysis",
-    "SimResult": "offloadctl.simulator",
-    "RunReport": "offloadctl.runner",
-    "ApplyResult": "offloadctl.rewrite",
+    "LoadedModel": "offloadctl.loading.model",
+    "Analysis": "offloadctl.analysis.graph",
+    "SimResult": "offloadctl.simulation.result",
+    "RunReport": "offloadctl.running.runner",
+    "ApplyResult": "offloadctl.rewriting.rewrite",
 }
 
 
@@ -84,9 +84,9 @@ def load(
 
     ``input_shapes`` pins every dimension of named inputs (``{"x": [1, 3, 224, 224]}``); ``dims``
     pins named dimensions wherever the inputs use them (``{"batch": 1}``). See
-    `offloadctl.model.load_model`.
+    `offloadctl.loading.model.load_model`.
     """
-    from offloadctl.model import load_model
+    from offloadctl.loading.model import load_model
 
     return load_model(path, input_shapes=input_shapes, dims=dims)
 
@@ -96,8 +96,8 @@ def analyse(model: LoadedModel | str | os.PathLike[str]) -> Analysis:
 
     Accepts a `LoadedModel` or a path (loaded without pins).
     """
-    from offloadctl.analysis import analyse as _analyse
-    from offloadctl.model import LoadedModel, load_model
+    from offloadctl.analysis.graph import analyse as _analyse
+    from offloadctl.loading.model import LoadedModel, load_model
 
     if not isinstance(model, LoadedModel):
         model = load_model(model)
@@ -107,12 +107,12 @@ def analyse(model: LoadedModel | str | os.PathLike[str]) -> Analysis:
 def make_plan(analysis: Analysis, **options: Any) -> Plan:
     """The whole scheduled plan in one call: select, filter (by count, or by ``budget``), prefetch.
 
-    Takes every keyword option of `offloadctl.stages.make_plan`: ``select_distance``,
+    Takes every keyword option of `offloadctl.planning.planners.make_plan`: ``select_distance``,
     ``activations``, ``params``, ``force``, ``never``, ``select_num``, ``min_bytes``,
     ``prefetch_distance``, ``release_distance``, ``strategy``, ``budget`` (bytes, or text such as
     ``"1.5GiB"``), ``stream_weights``, ``stream_depth``, ``step``.
     """
-    from offloadctl.stages import make_plan as _make_plan
+    from offloadctl.planning.planners import make_plan as _make_plan
 
     return _make_plan(analysis, **options)
 
@@ -128,11 +128,11 @@ def apply(
 
     Returns the rewritten ``onnx.ModelProto``. With ``output`` the model is also written there
     atomically, its external data files copied beside it when it goes to another folder (see
-    `offloadctl.rewrite.write_model`); no file the model or plan reads is ever overwritten.
+    `offloadctl.rewriting.rewrite.write_model`); no file the model or plan reads is ever overwritten.
     ``result`` (an `ApplyResult`) is filled with what was inserted.
     """
-    from offloadctl.files import check_output_path
-    from offloadctl.rewrite import apply_plan, check_model_outputs, write_model
+    from offloadctl.core.files import check_output_path
+    from offloadctl.rewriting.rewrite import apply_plan, check_model_outputs, write_model
 
     _check_plan(plan, analysis, "apply")
     model = apply_plan(plan, analysis, result=result)
@@ -156,11 +156,11 @@ def apply(
 def simulate(analysis: Analysis, plan: Plan | None = None, *, profile: Any = "ascend-910b") -> SimResult:
     """Peak device memory before and after ``plan`` and its estimated time under a device profile.
 
-    See `offloadctl.simulator.simulate`; ``profile`` is a bundled profile name (the default is
-    `offloadctl.profiles.DEFAULT_PROFILE`), a profile file, a `offloadctl.profiles.Profile`, or None
-    to skip the time estimate.
+    See `offloadctl.simulation.result.simulate`; ``profile`` is a bundled profile name (the default is
+    `offloadctl.simulation.profiles.DEFAULT_PROFILE`), a profile file, a
+    `offloadctl.simulation.profiles.Profile`, or None to skip the time estimate.
     """
-    from offloadctl.simulator import simulate as _simulate
+    from offloadctl.simulation.result import simulate as _simulate
 
     if plan is not None:
         _check_plan(plan, analysis, "simulate")
@@ -170,7 +170,7 @@ def simulate(analysis: Analysis, plan: Plan | None = None, *, profile: Any = "as
 def _check_plan(plan: Plan, analysis: Analysis, step: str) -> None:
     """What the commands check of a plan file, for a plan handed over in memory: its schema and rules,
     its stage, and that it was made for this model."""
-    from offloadctl.plan import check_plan_model, require_stage, validate_plan
+    from offloadctl.contract.document import check_plan_model, require_stage, validate_plan
 
     validate_plan(plan, source="the plan")
     require_stage(plan, "scheduled", step)
@@ -178,8 +178,8 @@ def _check_plan(plan: Plan, analysis: Analysis, step: str) -> None:
 
 
 def run(model: str | os.PathLike[str], device: str = "cpu", **options: Any) -> RunReport:
-    """Run a model with onnxruntime on ``device`` and check it (see `offloadctl.runner.run_model`:
+    """Run a model with onnxruntime on ``device`` and check it (see `offloadctl.running.runner.run_model`:
     ``inputs``, ``compare_to``, ``repeat``, ``opt_level``, ``input_shapes``, ``dims``, ...)."""
-    from offloadctl.runner import run_model
+    from offloadctl.running.runner import run_model
 
     return run_model(str(model), device, **options)

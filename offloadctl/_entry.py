@@ -4,7 +4,7 @@ This module imports nothing heavy at the top, so that an interrupt during start-
 numpy and rich load) is handled like one during the work: one line on stderr and exit status 130,
 never a traceback. Output files are written atomically, so an interrupt leaves none half-written.
 The process lives for one command, so what it builds is kept from the garbage collector's later
-walks (`offloadctl.bulk.keep_what_is_built`).
+walks (`offloadctl.core.bulk.keep_what_is_built`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import click
 
-        from offloadctl.bulk import keep_what_is_built
         from offloadctl.cli import cli
+        from offloadctl.core.bulk import keep_what_is_built
 
         keep_what_is_built()  # the process ends with the command: what it builds need no later collection
 

@@ -16,7 +16,7 @@ SAMPLES = ROOT / "sample_models"
 SAMPLE_NAMES = ["seed", "unet", "transformer", "training", "mlp"]
 IR_VERSION = 10
 
-# Measurement sizes of `offloadctl.profiler` small enough for the test suite (patched onto the module);
+# Measurement sizes of `offloadctl.running.profiler` small enough for the test suite (patched onto the module);
 # the code paths are the ones `offloadctl profile` runs.
 FAST_PROFILER = {
     "_MIN_SECONDS": 0.0,

@@ -8,11 +8,13 @@ import shutil
 import pytest
 
 import offloadctl
-from offloadctl.errors import OffloadError
-from offloadctl.plan import validate_plan
-from offloadctl.simulator import peak_memory
-from offloadctl.stages import filter_plan, prefetch, select
-from offloadctl.stages.budget import budget_filter, check_budget
+from offloadctl.contract.document import validate_plan
+from offloadctl.core.errors import OffloadError
+from offloadctl.planning.budget.strategy import budget_filter, check_budget
+from offloadctl.planning.filter import filter_plan
+from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.select import select
+from offloadctl.simulation.memory import peak_memory
 from tests.conftest import ROOT, SAMPLES
 
 
@@ -22,7 +24,7 @@ def test_the_entry_points_are_exported():
     assert (ROOT / "offloadctl" / "py.typed").is_file()
     import inspect
 
-    from offloadctl.profiles import DEFAULT_PROFILE
+    from offloadctl.simulation.profiles import DEFAULT_PROFILE
 
     assert inspect.signature(offloadctl.simulate).parameters["profile"].default == DEFAULT_PROFILE
 
@@ -34,12 +36,12 @@ def test_the_functions_survive_importing_the_modules_and_the_package_stays_light
     code = (
         "import sys, offloadctl\n"
         "light = 'onnx' not in sys.modules\n"
-        "import offloadctl.rewrite, offloadctl.simulator\n"
+        "import offloadctl.rewriting.rewrite, offloadctl.simulation.result, offloadctl.running.runner\n"
         "print(light, offloadctl.apply.__module__, offloadctl.simulate.__module__,\n"
         "      offloadctl.ApplyResult.__module__, offloadctl.SimResult.__module__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["True", "offloadctl", "offloadctl", "offloadctl.rewrite", "offloadctl.simulator.result"]
+    assert out == ["True", "offloadctl", "offloadctl", "offloadctl.rewriting.rewrite", "offloadctl.simulation.result"]
 
 
 def test_the_readme_example_runs(tmp_path, monkeypatch):

@@ -13,14 +13,14 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from offloadctl.analysis import analyse
-from offloadctl.errors import OffloadError
-from offloadctl.files import sha256_file
-from offloadctl.metadata import session_settings
-from offloadctl.model import load_model
-from offloadctl.plan import write_plan
-from offloadctl.rewrite import ApplyResult, apply_plan, write_model
-from offloadctl.stages import make_plan
+from offloadctl.analysis.graph import analyse
+from offloadctl.contract.document import write_plan
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import sha256_file
+from offloadctl.loading.model import load_model
+from offloadctl.planning.planners import make_plan
+from offloadctl.rewriting.metadata import session_settings
+from offloadctl.rewriting.rewrite import ApplyResult, apply_plan, write_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
@@ -587,7 +587,7 @@ def test_session_settings_absent_on_a_plain_model(seed_path):
 def test_constant_numbers_become_initializers_of_their_type_and_shape(attr, value, dtype):
     from onnx import helper, numpy_helper
 
-    from offloadctl.rewrite import _constant_to_initializer
+    from offloadctl.rewriting.rewrite import _constant_to_initializer
 
     tensor = _constant_to_initializer(helper.make_node("Constant", [], ["c"], **{attr: value}))
     assert tensor.name == "c"

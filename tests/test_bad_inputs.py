@@ -19,7 +19,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from offloadctl.plan import validate_plan
+from offloadctl.contract.document import validate_plan
 
 from models import chain_nodes, long_reuse_model, make_model, save, tensor
 

@@ -10,16 +10,20 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from offloadctl.analysis import analyse
-from offloadctl.errors import OffloadError
-from offloadctl.explain import explain_rows
-from offloadctl.model import load_model
-from offloadctl.rewrite import apply_plan, write_model
-from offloadctl.simulator import peak_memory, simulate
-from offloadctl.stages import filter_plan, make_plan, prefetch, select
-from offloadctl.stages.budget import budget_filter, bytes_moved, check_budget, plan_peak
-from offloadctl.timeline import lower_bound
-from offloadctl.units import parse_bytes
+from offloadctl.analysis.graph import analyse
+from offloadctl.analysis.timeline import lower_bound
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.units import parse_bytes
+from offloadctl.loading.model import load_model
+from offloadctl.planning.budget.strategy import budget_filter, bytes_moved, check_budget, plan_peak
+from offloadctl.planning.explain import explain_rows
+from offloadctl.planning.filter import filter_plan
+from offloadctl.planning.planners import make_plan
+from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.select import select
+from offloadctl.rewriting.rewrite import apply_plan, write_model
+from offloadctl.simulation.memory import peak_memory
+from offloadctl.simulation.result import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
@@ -342,7 +346,7 @@ def test_explain_lists_distance_rejections(run_cli, write_model, tmp_path):
 
 def test_graph_outputs_nobody_reads_are_offloaded_over_their_trailing_stretch(tmp_path):
     """Training graphs: gradients are graph outputs made early and read by nobody."""
-    from offloadctl.simulator import lower_bound
+    from offloadctl.simulation.memory import lower_bound
 
     model = SAMPLES / "training.onnx"
     analysis = analyse(load_model(model))

@@ -17,15 +17,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from offloadctl.analysis import analyse
-from offloadctl.costs import BytesMoved, InlineTime, make_cost, plan_cost
-from offloadctl.model import load_model
-from offloadctl.profiles import profile_from_dict
-from offloadctl.simulator import peak_memory, simulate
-from offloadctl.stages import prefetch, select
-from offloadctl.stages.budget import budget_filter, bytes_moved
-from offloadctl.stages.budget import optimal as optimal_module
-from offloadctl.timeline import lower_bound
+from offloadctl.analysis.graph import analyse
+from offloadctl.analysis.timeline import lower_bound
+from offloadctl.loading.model import load_model
+from offloadctl.planning.budget import optimal as optimal_module
+from offloadctl.planning.budget.strategy import budget_filter, bytes_moved
+from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.select import select
+from offloadctl.simulation.costs import BytesMoved, InlineTime, make_cost, plan_cost
+from offloadctl.simulation.memory import peak_memory
+from offloadctl.simulation.profiles import profile_from_dict
+from offloadctl.simulation.result import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"

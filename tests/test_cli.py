@@ -6,7 +6,7 @@ import contextlib
 import subprocess
 import sys
 
-from offloadctl import __version__
+from offloadctl._version import __version__
 
 
 def test_python_dash_m_and_version():

@@ -203,7 +203,7 @@ def test_the_readme_ci_example_fails_the_job_on_a_regression(tmp_path, ci_script
 
 
 def test_a_recorded_estimate_holds_only_while_the_offloads_are_unchanged(run_cli, tmp_path):
-    from offloadctl.estimate import recorded_estimate
+    from offloadctl.simulation.estimate import recorded_estimate
 
     path = tmp_path / "p.json"
     assert run_cli("plan", SEED, "-o", path, *SEED_PLAN).exit_code == 0

@@ -6,10 +6,10 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from offloadctl.analysis import analyse
-from offloadctl.model import load_model
-from offloadctl.simulator import simulate
-from offloadctl.timeline import unknown_tensors
+from offloadctl.analysis.graph import analyse
+from offloadctl.analysis.timeline import unknown_tensors
+from offloadctl.loading.model import load_model
+from offloadctl.simulation.result import simulate
 
 from models import COMPUTED_RESHAPE
 

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from offloadctl.errors import OffloadError
-from offloadctl.model import load_model, parse_dims, parse_input_shapes
+from offloadctl.core.errors import OffloadError
+from offloadctl.loading.model import load_model, parse_dims, parse_input_shapes
 from tests.conftest import SAMPLES
 
 DYNAMIC = """
@@ -62,7 +62,7 @@ def test_dim_pins_named_dimensions_everywhere_the_inputs_use_them(write_model):
     assert inputs == {"x": [2, 5, 8], "z": [2, 8]}
     assert loaded.dims == {"batch": 2, "seq": 5}
     # a partial pin is kept too: z is fully known, x still depends on seq
-    from offloadctl.analysis import analyse
+    from offloadctl.analysis.graph import analyse
 
     analysis = analyse(load_model(path, dims={"batch": 2}))
     assert analysis.infos["w"].bytes == 2 * 8 * 4 and analysis.infos["a"].bytes is None
@@ -230,7 +230,7 @@ def test_run_refuses_tolerances_that_are_not_tolerances(run_cli, value):
 
 
 def test_run_model_refuses_nan_tolerances_too():
-    from offloadctl.runner import run_model
+    from offloadctl.running.runner import run_model
 
     with pytest.raises(OffloadError, match="--rtol nan is not a tolerance"):
         run_model(str(SAMPLES / "seed.onnx"), "cpu", rtol=float("nan"))
@@ -239,7 +239,7 @@ def test_run_model_refuses_nan_tolerances_too():
 def test_generated_inputs_are_what_a_language_model_expects():
     from onnx import TensorProto
 
-    from offloadctl.inputs import InputSpec, generate_inputs
+    from offloadctl.running.inputs import InputSpec, generate_inputs
 
     specs = [
         InputSpec("input_ids", TensorProto.INT64, (2, 4)),

@@ -20,14 +20,15 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from offloadctl.analysis import analyse
+from offloadctl.analysis.graph import analyse
+from offloadctl.analysis.timeline import lower_bound, profile, subgraph_memory
 from offloadctl.cli.inspect_cmd import inspect_report
-from offloadctl.model import load_model
-from offloadctl.simulator import lower_bound as simulator_lower_bound
-from offloadctl.simulator import simulate
-from offloadctl.stages import prefetch, select
-from offloadctl.stages.budget import budget_filter, plan_peak
-from offloadctl.timeline import lower_bound, profile, subgraph_memory
+from offloadctl.loading.model import load_model
+from offloadctl.planning.budget.strategy import budget_filter, plan_peak
+from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.select import select
+from offloadctl.simulation.memory import lower_bound as simulator_lower_bound
+from offloadctl.simulation.result import simulate
 
 from models import make_model, save, tensor
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from onnx import TensorProto, helper
 
-from offloadctl.onnxutil import (
+from offloadctl.core.onnxutil import (
     copy_kind,
     is_backward,
     is_constant_node,

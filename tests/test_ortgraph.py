@@ -1,6 +1,6 @@
 """Positions count what onnxruntime runs: the rewrites it applies at every optimization level.
 
-Each kind of rewrite (offloadctl.ortgraph) is checked against onnxruntime itself: the planned
+Each kind of rewrite (offloadctl.loading.ortgraph) is checked against onnxruntime itself: the planned
 positions leave out what it removes and include what it adds, `run` finds the untouched original
 and the rewritten model both run exactly as predicted, and the rewrite is bit-identical.
 """
@@ -14,9 +14,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from offloadctl.analysis import analyse
-from offloadctl.model import load_model
-from offloadctl.ortgraph import expected_run_order, normalize
+from offloadctl.analysis.graph import analyse
+from offloadctl.loading.model import load_model
+from offloadctl.loading.ortgraph import expected_run_order, normalize
 
 from models import IR_VERSION, OPSET, save, tensor
 

@@ -6,11 +6,14 @@ import json
 
 import pytest
 
-from offloadctl.analysis import analyse
-from offloadctl.errors import OffloadError
-from offloadctl.model import load_model
-from offloadctl.plan import read_plan, validate_plan
-from offloadctl.stages import filter_plan, make_plan, prefetch, select
+from offloadctl.analysis.graph import analyse
+from offloadctl.contract.document import read_plan, validate_plan
+from offloadctl.core.errors import OffloadError
+from offloadctl.loading.model import load_model
+from offloadctl.planning.filter import filter_plan
+from offloadctl.planning.planners import make_plan
+from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.select import select
 from tests.models import COMPUTED_RESHAPE
 
 # x -> a -> chain of 8 Relus; `a` is read at positions 1, 4 and 8 (two long gaps), `b` is a graph output
@@ -245,8 +248,8 @@ def test_unknown_sizes_are_excluded_with_a_reason_and_pinned_by_input_shape(writ
 
 
 def test_plan_pins_the_model_and_records_every_stage(seed_path):
-    from offloadctl import __version__
-    from offloadctl.files import sha256_file
+    from offloadctl._version import __version__
+    from offloadctl.core.files import sha256_file
 
     plan = make_plan(_analysis(seed_path), select_distance=1)
     assert plan["model"]["sha256"] == sha256_file(seed_path)

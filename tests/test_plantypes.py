@@ -6,9 +6,9 @@ import typing
 
 import pytest
 
-from offloadctl import plantypes
-from offloadctl.plan import plan_schema, validate_plan
-from offloadctl.plantypes import offload, rejection, reload_group
+from offloadctl.contract import types as plantypes
+from offloadctl.contract.document import plan_schema, validate_plan
+from offloadctl.contract.types import offload, rejection, reload_group
 
 SCHEMA = plan_schema()
 DEFS = SCHEMA["$defs"]

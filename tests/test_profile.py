@@ -16,16 +16,23 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from offloadctl import profiler
-from offloadctl.analysis import analyse
-from offloadctl.errors import OffloadError
-from offloadctl.files import sha256_file
-from offloadctl.model import load_model
-from offloadctl.profiler import fit_link, fit_range, kernel_runs, measure_profile, node_overhead_for, write_profile
-from offloadctl.profiles import list_profiles, load_profile, profile_from_dict, profile_schema
-from offloadctl.rewrite import apply_plan
-from offloadctl.simulator import simulate
-from offloadctl.stages import make_plan
+from offloadctl.analysis.graph import analyse
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import sha256_file
+from offloadctl.loading.model import load_model
+from offloadctl.planning.planners import make_plan
+from offloadctl.rewriting.rewrite import apply_plan
+from offloadctl.running import profiler
+from offloadctl.running.profiler import (
+    fit_link,
+    fit_range,
+    kernel_runs,
+    measure_profile,
+    node_overhead_for,
+    write_profile,
+)
+from offloadctl.simulation.profiles import list_profiles, load_profile, profile_from_dict, profile_schema
+from offloadctl.simulation.result import simulate
 
 from conftest import FAST_PROFILER, SAMPLES
 from models import long_reuse_model, save
@@ -238,7 +245,7 @@ def profile_to_nodes(profile):
 def test_bundled_profiles_follow_the_schema():
     validator = jsonschema.Draft202012Validator(profile_schema())
     for name in list_profiles():
-        path = SAMPLES.parent / "offloadctl" / "profiles" / f"{name}.json"
+        path = SAMPLES.parent / "offloadctl" / "simulation" / "profiles" / f"{name}.json"
         validator.validate(json.loads(path.read_text()))
 
 

@@ -24,11 +24,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from offloadctl.analysis import Analysis, analyse
-from offloadctl.model import load_model
-from offloadctl.plan import validate_plan
-from offloadctl.rewrite import apply_plan, write_model
-from offloadctl.stages import make_plan, select
+from offloadctl.analysis.graph import Analysis, analyse
+from offloadctl.contract.document import validate_plan
+from offloadctl.loading.model import load_model
+from offloadctl.planning.planners import make_plan
+from offloadctl.planning.select import select
+from offloadctl.rewriting.rewrite import apply_plan, write_model
 
 from models import make_model, tensor
 

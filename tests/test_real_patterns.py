@@ -10,14 +10,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from offloadctl.analysis import analyse
-from offloadctl.inline import inlined_calls
-from offloadctl.model import load_model
-from offloadctl.rewrite import apply_plan
-from offloadctl.runner import run_model
-from offloadctl.simulator import lower_bound, simulate
-from offloadctl.stages import make_plan, prefetch, select
-from offloadctl.stages.budget import budget_filter
+from offloadctl.analysis.graph import analyse
+from offloadctl.loading.inline import inlined_calls
+from offloadctl.loading.model import load_model
+from offloadctl.planning.budget.strategy import budget_filter
+from offloadctl.planning.planners import make_plan
+from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.select import select
+from offloadctl.rewriting.rewrite import apply_plan
+from offloadctl.running.runner import run_model
+from offloadctl.simulation.memory import lower_bound
+from offloadctl.simulation.result import simulate
 
 # PyTorch's LSTM export builds its initial state's shape at run time:
 # Shape(x) -> Gather(idx) -> Unsqueeze -> Concat(with a constant) -> Expand's shape input.
@@ -285,7 +288,7 @@ def test_weight_read_at_a_host_input_inside_a_subgraph_is_a_host_input(write_mod
 def test_shape_inference_reads_through_copies_inside_subgraphs():
     # An If branch reads an offloaded weight as Unsqueeze's axes (silero VAD's pattern): the
     # symbolic inference needs the weight itself there, not the copy's output.
-    from offloadctl.symbolic import copies_as_identity as _copies_as_identity
+    from offloadctl.loading.symbolic import copies_as_identity as _copies_as_identity
 
     model = onnx.parser.parse_model("""
     <ir_version: 10, opset_import: ["" : 17]>

@@ -10,7 +10,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from offloadctl.cli import report as report_module
-from offloadctl.errors import OffloadError
+from offloadctl.core.errors import OffloadError
 from tests.conftest import SAMPLES
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -11,8 +11,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from offloadctl.errors import OffloadError
-from offloadctl.runner import (
+from offloadctl.core.errors import OffloadError
+from offloadctl.running.runner import (
     SESSION_METADATA_KEY,
     check_session_settings,
     compare_order,
@@ -300,11 +300,11 @@ def test_order_check_detects_a_different_order(run_cli, tmp_path, monkeypatch):
     """When onnxruntime runs another order than predicted, run warns, and fails with --strict-order."""
     import onnx
 
-    import offloadctl.runner
+    import offloadctl.running.runner
 
     path = _non_topological_model(tmp_path)
     file_order = [n.name for n in onnx.load(str(path)).graph.node]
-    monkeypatch.setattr(offloadctl.runner, "expected_run_order", lambda proto: file_order)  # a wrong prediction
+    monkeypatch.setattr(offloadctl.running.runner, "expected_run_order", lambda proto: file_order)  # a wrong prediction
     result = run_cli("run", path, "--device", "cpu", "--opt-level", "disable", "--repeat", "1", "--json")
     assert result.exit_code == 0  # a warning, not a failure
     order = result.json()["order"]

@@ -25,12 +25,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto
 
-from offloadctl import plan as plan_module
-from offloadctl.analysis import analyse
-from offloadctl.model import load_model
-from offloadctl.onnxutil import is_constant_node, subgraph_outer_names
-from offloadctl.plan import dump_plan, plan_schema, validate_plan
-from offloadctl.stages import make_plan
+from offloadctl.analysis.graph import analyse
+from offloadctl.contract import document as plan_module
+from offloadctl.contract.document import dump_plan, plan_schema, validate_plan
+from offloadctl.core.onnxutil import is_constant_node, subgraph_outer_names
+from offloadctl.loading.model import load_model
+from offloadctl.planning.planners import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -375,8 +375,8 @@ def test_the_plan_schema_is_a_valid_draft_2020_12_schema():
 def test_apply_walks_the_models_tensors_once_and_its_output_reads_the_same_data_files(
     small_model, tmp_path, run_cli, monkeypatch
 ):
-    from offloadctl import model as model_module
-    from offloadctl.rewrite import external_locations
+    from offloadctl.loading import model as model_module
+    from offloadctl.rewriting.rewrite import external_locations
 
     plan = tmp_path / "plan.json"
     assert run_cli("plan", small_model.path, "-o", plan, "--params", "--select-distance", "10").exit_code == 0
@@ -402,7 +402,7 @@ def test_apply_walks_the_models_tensors_once_and_its_output_reads_the_same_data_
 
 
 def test_write_model_given_the_locations_writes_what_it_writes_without_them(small_model, tmp_path):
-    from offloadctl.rewrite import apply_plan, write_model
+    from offloadctl.rewriting.rewrite import apply_plan, write_model
 
     analysis = analyse(load_model(small_model.path))
     proto = apply_plan(make_plan(analysis, select_distance=10, params=True), analysis)
@@ -432,7 +432,7 @@ def test_converting_every_tensor_at_once_gives_what_lookups_give(small_model, na
 
 
 def test_converting_at_once_refuses_nothing_that_is_not_looked_up(tmp_path):
-    from offloadctl.errors import OffloadError
+    from offloadctl.core.errors import OffloadError
 
     from models import IR_VERSION, OPSET
 
@@ -457,7 +457,7 @@ def test_converting_at_once_refuses_nothing_that_is_not_looked_up(tmp_path):
 def test_the_producer_map_finds_the_same_stale_declarations_as_a_walk_over_every_node(tmp_path):
     """Declared shapes that shape inference must not see are found through analyse's map of
     producers; a walk over every node (tensor_infos without it) finds the same ones."""
-    from offloadctl.model import tensor_infos
+    from offloadctl.loading.model import tensor_infos
 
     from models import IR_VERSION, OPSET, chain_nodes
 
@@ -485,7 +485,7 @@ def test_the_producer_map_finds_the_same_stale_declarations_as_a_walk_over_every
 def test_the_plan_hash_is_that_of_the_canonical_utf8_text_whatever_the_names(name):
     import hashlib
 
-    from offloadctl.metadata import plan_sha256
+    from offloadctl.rewriting.metadata import plan_sha256
 
     plan = copy.deepcopy(SAMPLE_PLANS[0])
     plan["rejected"].append({**plan["rejected"][0], "tensor": name, "detail": f"detail of {name}"})
@@ -496,7 +496,7 @@ def test_the_plan_hash_is_that_of_the_canonical_utf8_text_whatever_the_names(nam
 def test_a_pause_of_the_collector_nests_and_restores_it():
     import gc
 
-    from offloadctl.bulk import paused_gc
+    from offloadctl.core.bulk import paused_gc
 
     assert gc.isenabled()
     with paused_gc():
@@ -526,7 +526,7 @@ def test_a_pause_of_the_collector_nests_and_restores_it():
 
 _FREEZES = """
 import gc, sys
-import offloadctl.bulk as bulk
+import offloadctl.core.bulk as bulk
 from offloadctl._entry import main
 with bulk.paused_gc():
     kept = [[i] for i in range(1000)]

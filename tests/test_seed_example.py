@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from offloadctl.analysis import analyse
-from offloadctl.model import load_model
-from offloadctl.stages import make_plan
+from offloadctl.analysis.graph import analyse
+from offloadctl.loading.model import load_model
+from offloadctl.planning.planners import make_plan
 
 
 def _plan(path, **kw):

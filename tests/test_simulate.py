@@ -12,14 +12,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from offloadctl.analysis import analyse
-from offloadctl.errors import OffloadError
-from offloadctl.model import load_model
-from offloadctl.plan import write_plan
-from offloadctl.profiles import DEFAULT_PROFILE, list_profiles, load_profile, profile_from_dict
-from offloadctl.rewrite import apply_plan, write_model
-from offloadctl.simulator import node_flops, peak_memory, simulate
-from offloadctl.stages import make_plan
+from offloadctl.analysis.graph import analyse
+from offloadctl.contract.document import write_plan
+from offloadctl.core.errors import OffloadError
+from offloadctl.loading.model import load_model
+from offloadctl.planning.planners import make_plan
+from offloadctl.rewriting.rewrite import apply_plan, write_model
+from offloadctl.simulation.memory import peak_memory
+from offloadctl.simulation.profiles import DEFAULT_PROFILE, list_profiles, load_profile, profile_from_dict
+from offloadctl.simulation.result import simulate
+from offloadctl.simulation.timing import node_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
@@ -594,9 +596,10 @@ def test_plan_command_prints_the_simulated_peak(run_cli, tmp_path, seed_path):
 
 
 def test_lower_bound_counts_the_graph_outputs_at_the_end():
-    from offloadctl.analysis import analyse
-    from offloadctl.model import load_model
-    from offloadctl.simulator import lower_bound, simulate
+    from offloadctl.analysis.graph import analyse
+    from offloadctl.loading.model import load_model
+    from offloadctl.simulation.memory import lower_bound
+    from offloadctl.simulation.result import simulate
     from tests.conftest import SAMPLES
 
     analysis = analyse(load_model(SAMPLES / "training.onnx"))

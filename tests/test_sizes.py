@@ -11,9 +11,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from offloadctl.analysis import analyse
-from offloadctl.model import load_model
-from offloadctl.symbolic import VALUE_BYTES
+from offloadctl.analysis.graph import analyse
+from offloadctl.loading.model import load_model
+from offloadctl.loading.symbolic import VALUE_BYTES
 
 from models import COMPUTED_RESHAPE
 
@@ -60,7 +60,7 @@ def test_sizes_need_the_values_of_external_weights(tmp_path, monkeypatch, one_fi
 
 
 def test_only_small_external_weights_are_read_for_inference(tmp_path, monkeypatch):
-    from offloadctl import symbolic
+    from offloadctl.loading import symbolic
 
     read = []
     original = symbolic._with_small_weights
@@ -202,7 +202,7 @@ def test_sizes_from_one_run_are_exact_where_inference_cannot_follow(run_cli, tmp
     measured = run_cli("simulate", path, "--dim", "B=4", "--sizes-from-run", "--json").json()
     assert measured["unknown_size"]["count"] == 0 and not measured["figures_low"]
     # the generated inputs are seeded: z's size is what onnxruntime returns for them
-    from offloadctl.inputs import generate_inputs, input_specs
+    from offloadctl.running.inputs import generate_inputs, input_specs
 
     feeds, _ = generate_inputs(input_specs(load_model(path, dims={"B": 4}).proto))
     z = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["z"], feeds)[0]

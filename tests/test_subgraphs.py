@@ -14,10 +14,10 @@ import numpy as np
 import onnx
 import pytest
 
-from offloadctl.analysis import analyse
-from offloadctl.model import load_model
-from offloadctl.plan import validate_plan
-from offloadctl.stages import make_plan
+from offloadctl.analysis.graph import analyse
+from offloadctl.contract.document import validate_plan
+from offloadctl.loading.model import load_model
+from offloadctl.planning.planners import make_plan
 
 # `a` is produced at position 0, read by Neg at 1, then only inside both branches of the If at 4,
 # and once more by the Mul at 5 (directly).

@@ -1,4 +1,4 @@
-"""One memory model: every consumer of `offloadctl.timeline` agrees with a naive recomputation.
+"""One memory model: every consumer of `offloadctl.analysis.timeline` agrees with a naive recomputation.
 
 On random DAG models (the strategy of test_properties.py) and random plans — distance plans with
 random select, prefetch and release distances, and budget plans at random budgets between the
@@ -25,14 +25,17 @@ import onnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from offloadctl.analysis import Analysis, analyse
-from offloadctl.errors import OffloadError
-from offloadctl.model import load_model
-from offloadctl.simulator import lower_bound as simulator_lower_bound
-from offloadctl.simulator import peak_memory, simulate
-from offloadctl.stages import make_plan, prefetch, select
-from offloadctl.stages.budget import budget_filter
-from offloadctl.timeline import WorkingSet, lower_bound, profile
+from offloadctl.analysis.graph import Analysis, analyse
+from offloadctl.analysis.timeline import WorkingSet, lower_bound, profile
+from offloadctl.core.errors import OffloadError
+from offloadctl.loading.model import load_model
+from offloadctl.planning.budget.strategy import budget_filter
+from offloadctl.planning.planners import make_plan
+from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.select import select
+from offloadctl.simulation.memory import lower_bound as simulator_lower_bound
+from offloadctl.simulation.memory import peak_memory
+from offloadctl.simulation.result import simulate
 
 from test_properties import PROPERTIES, RandomModel, dag_models
 

@@ -19,18 +19,21 @@ import numpy as np
 import pytest
 from onnx import helper, numpy_helper
 
-from offloadctl import profiler
-from offloadctl.analysis import analyse
-from offloadctl.costs import CopyTiming, StreamStall, default_objective, make_cost
-from offloadctl.errors import OffloadError
-from offloadctl.model import load_model
-from offloadctl.plan import read_plan
-from offloadctl.profiles import load_profile, profile_from_dict
-from offloadctl.simulator import peak_memory, simulate
-from offloadctl.stages import make_plan, prefetch, select
-from offloadctl.stages.budget import budget_filter
-from offloadctl.timeline import lower_bound
-from offloadctl.tradeoff import Tradeoff, budget_grid, dominated
+from offloadctl.analysis.graph import analyse
+from offloadctl.analysis.timeline import lower_bound
+from offloadctl.contract.document import read_plan
+from offloadctl.core.errors import OffloadError
+from offloadctl.loading.model import load_model
+from offloadctl.planning.budget.strategy import budget_filter
+from offloadctl.planning.planners import make_plan
+from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.select import select
+from offloadctl.planning.tradeoff import Tradeoff, budget_grid, dominated
+from offloadctl.running import profiler
+from offloadctl.simulation.costs import CopyTiming, StreamStall, default_objective, make_cost
+from offloadctl.simulation.memory import peak_memory
+from offloadctl.simulation.profiles import load_profile, profile_from_dict
+from offloadctl.simulation.result import simulate
 
 from conftest import FAST_PROFILER, SAMPLES
 from models import make_model, save, tensor

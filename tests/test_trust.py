@@ -203,7 +203,7 @@ def test_a_rewritten_model_keeps_the_permissions_of_its_source(run_cli, tmp_path
 
 
 def test_a_model_over_2_gib_keeps_the_permissions_of_its_source_in_both_files(tmp_path):
-    from offloadctl.rewrite import write_model
+    from offloadctl.rewriting.rewrite import write_model
 
     weight = numpy_helper.from_array(np.ones((32, 32), np.float32), "w")  # above onnx's 1 KiB external threshold
     proto = make_model([helper.make_node("Neg", ["w"], ["y"])], [], [tensor("y", (32, 32))], initializers=[weight])
@@ -220,7 +220,7 @@ def test_a_model_over_2_gib_keeps_the_permissions_of_its_source_in_both_files(tm
 
 def _relocate(model_path: Path, old: str, new: str) -> None:
     model = onnx.load(str(model_path), load_external_data=False)
-    from offloadctl.onnxutil import iter_tensor_protos
+    from offloadctl.core.onnxutil import iter_tensor_protos
 
     for t in iter_tensor_protos(model.graph):
         for entry in t.external_data:
@@ -403,15 +403,15 @@ def test_positions_with_a_fraction_are_refused(run_cli, tmp_path):
 
 
 def test_plans_built_in_memory_must_use_integers():
-    from offloadctl.errors import OffloadError
-    from offloadctl.plan import validate_plan
+    from offloadctl.contract.document import validate_plan
+    from offloadctl.core.errors import OffloadError
 
     plan = json.loads(
         (SAMPLES / "seed.onnx").with_suffix(".onnx").parent.joinpath("seed.onnx").read_bytes()[:0] or b"{}"
     )
-    from offloadctl.analysis import analyse
-    from offloadctl.model import load_model
-    from offloadctl.stages import make_plan
+    from offloadctl.analysis.graph import analyse
+    from offloadctl.loading.model import load_model
+    from offloadctl.planning.planners import make_plan
 
     plan = make_plan(analyse(load_model(SAMPLES / "seed.onnx")), select_distance=1, prefetch_distance=0)
     validate_plan(plan)
@@ -446,7 +446,7 @@ def test_byte_sizes_beyond_64_bits_are_refused(run_cli, tmp_path, option):
 
 
 def test_byte_sizes_are_parsed_exactly():
-    from offloadctl.units import parse_bytes
+    from offloadctl.core.units import parse_bytes
 
     assert parse_bytes("9007199254740993") == 9007199254740993  # 2**53 + 1: a float would round it
     assert parse_bytes("1.5GiB") == 3 * 2**29
@@ -501,8 +501,8 @@ def test_int4_weights_are_not_copyable(run_cli, tmp_path):
 
 
 def test_only_the_copy_kernels_types_are_copyable():
-    from offloadctl.memcpy import COPY_TYPES
-    from offloadctl.model import tensor_info
+    from offloadctl.core.memcpy import COPY_TYPES
+    from offloadctl.loading.model import tensor_info
 
     assert tensor_info("t", TensorProto.FLOAT, (2,)).copyable
     for elem in (
@@ -540,7 +540,7 @@ def test_conflicting_value_info_entries_do_not_change_sizes(run_cli, tmp_path, o
         if "__offload" in vi.name
     }
     assert copies and all(shape == [4, 8] for shape in copies.values())
-    from offloadctl.memcpy import register_schemas
+    from offloadctl.core.memcpy import register_schemas
 
     register_schemas()
     own = [vi for vi in rewritten.graph.value_info if "__offload" in vi.name]
@@ -553,7 +553,7 @@ def test_conflicting_value_info_entries_do_not_change_sizes(run_cli, tmp_path, o
 
 def test_a_declared_type_still_serves_an_op_onnx_cannot_infer(tmp_path):
     """Custom-domain ops have no inference: their declared output types are used."""
-    from offloadctl.model import load_model, tensor_infos
+    from offloadctl.loading.model import load_model, tensor_infos
 
     nodes = [
         helper.make_node("Relu", ["x"], ["a"], name="relu"),
@@ -603,8 +603,8 @@ def test_ctrl_c_while_working_exits_130_and_leaves_no_file(tmp_path):
 
     code = """
 import sys
-import offloadctl.files as files
-import offloadctl.plan as plan_module
+import offloadctl.core.files as files
+import offloadctl.contract.document as plan_module
 real = files.atomic_write
 def write(path, fill, **kw):  # Ctrl-C once the plan's bytes are in the temporary file
     def fill_then_stop(tmp):
@@ -707,10 +707,12 @@ def test_a_release_before_the_last_device_use_is_refused(run_cli, tmp_path):
 
 
 def test_every_stage_function_checks_the_stage_it_reads():
-    from offloadctl.analysis import analyse
-    from offloadctl.errors import OffloadError
-    from offloadctl.model import load_model
-    from offloadctl.stages import filter_plan, prefetch, select
+    from offloadctl.analysis.graph import analyse
+    from offloadctl.core.errors import OffloadError
+    from offloadctl.loading.model import load_model
+    from offloadctl.planning.filter import filter_plan
+    from offloadctl.planning.prefetch import prefetch
+    from offloadctl.planning.select import select
 
     selected = select(analyse(load_model(SAMPLES / "seed.onnx")), select_distance=1)
     filtered = filter_plan(selected)
@@ -725,7 +727,7 @@ def test_every_stage_function_checks_the_stage_it_reads():
             OffloadError, match=f"reads a plan at stage .* but this plan is at stage '{wrong['stage']}'"
         ):
             stage_function(wrong)
-    from offloadctl.stages.budget import budget_filter
+    from offloadctl.planning.budget.strategy import budget_filter
 
     analysis = analyse(load_model(SAMPLES / "seed.onnx"))
     for wrong in (filtered, scheduled):
@@ -786,7 +788,7 @@ def test_shape_inference_leaves_nothing_in_the_current_folder(run_cli, tmp_path,
 def test_symbolic_inference_missing_is_a_warning_naming_the_fix(tmp_path, monkeypatch, caplog):
     import builtins
 
-    from offloadctl.model import load_model, tensor_infos
+    from offloadctl.loading.model import load_model, tensor_infos
 
     real_import = builtins.__import__
 
@@ -830,11 +832,11 @@ def test_a_plan_that_saves_nothing_says_so_and_why(run_cli, tmp_path):
 
 @pytest.mark.parametrize("name", ["unet", "transformer", "training", "mlp", "weak"])
 def test_the_advice_reads_the_simulation_it_is_given_and_says_the_same(tmp_path, monkeypatch, name):
-    from offloadctl import advice
-    from offloadctl.analysis import analyse
-    from offloadctl.model import load_model
-    from offloadctl.simulator import simulate
-    from offloadctl.stages import make_plan
+    from offloadctl.analysis.graph import analyse
+    from offloadctl.loading.model import load_model
+    from offloadctl.planning import advice
+    from offloadctl.planning.planners import make_plan
+    from offloadctl.simulation.result import simulate
 
     if name == "weak":  # a plan whose reloads come back before the idle stretch starts
         nodes, inits, prev = [], [], "x"
@@ -953,7 +955,8 @@ def test_numbers_that_are_not_finite_are_refused_everywhere(run_cli, tmp_path):
     assert_clean_failure(run_cli("apply", plan, "-o", tmp_path / "o.onnx"), "NaN is not a JSON number")
     assert_clean_failure(run_cli("simulate", SAMPLES / "seed.onnx", "--plan", plan), "NaN is not a JSON number")
 
-    profile = json.loads((Path(__file__).resolve().parent.parent / "offloadctl/profiles/cpu.json").read_text())
+    bundled = Path(__file__).resolve().parent.parent / "offloadctl/simulation/profiles/cpu.json"
+    profile = json.loads(bundled.read_text())
     profile["mem_bandwidth"] = float("inf")
     bad = tmp_path / "inf.profile.json"
     bad.write_text(json.dumps(profile))

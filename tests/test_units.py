@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from offloadctl.errors import OffloadError
-from offloadctl.units import MAX_BYTES, byte_arg, fmt_bytes, parse_bytes
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.units import MAX_BYTES, byte_arg, fmt_bytes, parse_bytes
 
 
 @pytest.mark.parametrize(

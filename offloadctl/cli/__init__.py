@@ -12,9 +12,9 @@ import logging
 import click
 from rich.markup import escape
 
-from offloadctl import __version__
+from offloadctl._version import __version__
 from offloadctl.cli.ui import err_console, setup_logging
-from offloadctl.errors import OffloadError
+from offloadctl.core.errors import OffloadError
 
 __all__ = ["cli", "main"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from offloadctl.analysis import analyse
+from offloadctl.analysis.graph import analyse
 from offloadctl.cli.common import (
     finish,
     low_figures_text,
@@ -19,13 +19,13 @@ from offloadctl.cli.common import (
 )
 from offloadctl.cli.options import json_option, output_option
 from offloadctl.cli.ui import out_console, steps
-from offloadctl.errors import OffloadError
-from offloadctl.estimate import recorded_estimate
-from offloadctl.files import check_output_path, sha256_file
-from offloadctl.model import load_model
-from offloadctl.plan import check_plan_model, read_plan
-from offloadctl.plantypes import Plan
-from offloadctl.rewrite import ApplyResult, apply_plan, check_model_outputs, write_model
+from offloadctl.contract.document import check_plan_model, read_plan
+from offloadctl.contract.types import Plan
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import check_output_path, sha256_file
+from offloadctl.loading.model import load_model
+from offloadctl.rewriting.rewrite import ApplyResult, apply_plan, check_model_outputs, write_model
+from offloadctl.simulation.estimate import recorded_estimate
 
 __all__ = ["COMMANDS", "find_model"]
 

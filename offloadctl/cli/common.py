@@ -18,15 +18,15 @@ from typing import Any
 import click
 from rich.table import Table
 
-from offloadctl.analysis import Analysis, analyse
+from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.cli.report import SLOWDOWN_WARNING, report_plot_path
 from offloadctl.cli.ui import err_console, out_console, print_json, steps
-from offloadctl.costs import STREAMS_NOTE, copy_mode_label
-from offloadctl.errors import OffloadError
-from offloadctl.files import check_distinct_outputs, check_output_path
-from offloadctl.model import load_model, parse_dims, parse_input_shapes
-from offloadctl.plantypes import Plan, SizesFromRun
-from offloadctl.units import fmt_bytes
+from offloadctl.contract.types import Plan, SizesFromRun
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import check_distinct_outputs, check_output_path
+from offloadctl.core.units import fmt_bytes
+from offloadctl.loading.model import load_model, parse_dims, parse_input_shapes
+from offloadctl.simulation.costs import STREAMS_NOTE, copy_mode_label
 
 __all__ = [
     "load_and_analyse",
@@ -72,7 +72,7 @@ def load_and_analyse(
 
     ``input_shape`` and ``dim`` are the raw ``--input-shape`` and ``--dim`` values; ``pins`` (from
     `plan_pins`) is used when neither is given, and named ``pins_from`` in messages (e.g. a plan's
-    model.input_shapes). ``sizes`` (`offloadctl.plantypes.SizesFromRun`, or the plan's through
+    model.input_shapes). ``sizes`` (`offloadctl.contract.types.SizesFromRun`, or the plan's through
     ``pins``) reads every size from one run.
     """
     shapes = parse_input_shapes(input_shape)
@@ -105,7 +105,7 @@ def load_and_analyse(
 def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
     """Say when memory figures rest on tensors of unknown size (they count as 0 bytes): a warning,
     or with ``strict`` an error. Returns the names."""
-    from offloadctl.timeline import unknown_tensors
+    from offloadctl.analysis.timeline import unknown_tensors
 
     unknown = unknown_tensors(analysis)
     if not unknown:
@@ -157,7 +157,7 @@ def plan_figures(plan: Plan) -> dict[str, Any]:
 
 
 def peak_text(figures: Mapping[str, Any]) -> str:
-    """``peak 1.20 MiB -> 0.90 MiB (-25.0%)`` from `offloadctl.estimate.estimate_figures`."""
+    """``peak 1.20 MiB -> 0.90 MiB (-25.0%)`` from `offloadctl.simulation.estimate.estimate_figures`."""
     before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
     change = f" ({100.0 * (after - before) / before:+.1f}%)" if before else ""
     return f"peak {fmt_bytes(before)} -> {fmt_bytes(after)}{change}"

@@ -20,13 +20,13 @@ from offloadctl.cli.options import (
 )
 from offloadctl.cli.plot import plot_frontier
 from offloadctl.cli.ui import out_console, steps
-from offloadctl.costs import COPY_MODES, STREAMS_NOTE, copy_mode_label
-from offloadctl.errors import OffloadError
-from offloadctl.files import check_output_path
-from offloadctl.profiles import load_profile
-from offloadctl.simulator import is_rewritten
-from offloadctl.tradeoff import DEFAULT_POINTS, Point, Tradeoff, dominated, point_of
-from offloadctl.units import fmt_bytes
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import check_output_path
+from offloadctl.core.units import fmt_bytes
+from offloadctl.planning.tradeoff import DEFAULT_POINTS, Point, Tradeoff, dominated, point_of
+from offloadctl.simulation.base import is_rewritten
+from offloadctl.simulation.costs import COPY_MODES, STREAMS_NOTE, copy_mode_label
+from offloadctl.simulation.profiles import load_profile
 
 __all__ = ["COMMANDS", "frontier_cmd"]
 

@@ -8,12 +8,12 @@ from typing import Any
 import click
 from rich.table import Table
 
-from offloadctl.analysis import Analysis
+from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.timeline import subgraph_memory, unknown_tensors
 from offloadctl.cli.common import finish, load_and_analyse, low_figures_text
 from offloadctl.cli.options import ShapeOptions, SizesOptions, input_shape_option, model_argument, sizes_option
 from offloadctl.cli.ui import out_console
-from offloadctl.timeline import subgraph_memory, unknown_tensors
-from offloadctl.units import fmt_bytes
+from offloadctl.core.units import fmt_bytes
 
 __all__ = ["inspect", "inspect_report"]
 

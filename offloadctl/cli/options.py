@@ -16,17 +16,14 @@ from typing import Any
 import click
 
 from offloadctl.cli.ui import BytesParam, FiniteFloatRange
-from offloadctl.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
-from offloadctl.plantypes import SizesFromRun
-from offloadctl.profiles import DEFAULT_PROFILE, list_profiles
-from offloadctl.stages import (
-    DEFAULT_MIN_BYTES,
-    DEFAULT_PREFETCH_DISTANCE,
-    DEFAULT_RELEASE_DISTANCE,
-    DEFAULT_SELECT_DISTANCE,
-    DEFAULT_SELECT_NUM,
-)
-from offloadctl.stages.budget import DEFAULT_STREAM_DEPTH, DEFAULT_TIME_LIMIT
+from offloadctl.contract.types import SizesFromRun
+from offloadctl.planning.budget.exact import DEFAULT_TIME_LIMIT
+from offloadctl.planning.budget.streaming import DEFAULT_STREAM_DEPTH
+from offloadctl.planning.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM
+from offloadctl.planning.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
+from offloadctl.planning.select import DEFAULT_SELECT_DISTANCE
+from offloadctl.simulation.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
+from offloadctl.simulation.profiles import DEFAULT_PROFILE, list_profiles
 
 __all__ = [
     "ShapeOptions",
@@ -107,7 +104,7 @@ class SizesOptions:
     inputs: str | None
 
     def request(self) -> SizesFromRun | None:
-        """The `offloadctl.plantypes.SizesFromRun` record, or None to infer sizes (``--inputs`` implies
+        """The `offloadctl.contract.types.SizesFromRun` record, or None to infer sizes (``--inputs`` implies
         ``--sizes-from-run``)."""
         if not self.sizes_from_run and self.inputs is None:
             return None

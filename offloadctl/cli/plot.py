@@ -3,7 +3,7 @@
 
 Both are written atomically as PNG or SVG with matplotlib (the ``plot`` extra); without it, or for
 another file type, they raise `OffloadError`. Nothing here computes a figure: the simulator
-(`offloadctl.simulator`) and the frontier (`offloadctl.tradeoff`) do.
+(`offloadctl.simulation`) and the frontier (`offloadctl.planning.tradeoff`) do.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from offloadctl.errors import OffloadError
-from offloadctl.files import atomic_write
-from offloadctl.tradeoff import Point, dominated
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import atomic_write
+from offloadctl.planning.tradeoff import Point, dominated
 
 if TYPE_CHECKING:
-    from offloadctl.simulator import MemoryTrace, SimResult
+    from offloadctl.simulation.memory import MemoryTrace
+    from offloadctl.simulation.result import SimResult
 
 __all__ = ["plot_frontier", "plot_timeline"]
 

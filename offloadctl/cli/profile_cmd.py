@@ -12,11 +12,11 @@ from rich.table import Table
 from offloadctl.cli.common import finish
 from offloadctl.cli.options import ShapeOptions, input_shape_option, json_option, model_argument, output_option
 from offloadctl.cli.ui import out_console, steps
-from offloadctl.files import check_output_path
-from offloadctl.model import parse_dims, parse_input_shapes
-from offloadctl.profiler import DEFAULT_REPEAT, measure_profile, write_profile
-from offloadctl.runner import DEVICES, parse_ep_options
-from offloadctl.units import fmt_bytes
+from offloadctl.core.files import check_output_path
+from offloadctl.core.units import fmt_bytes
+from offloadctl.loading.model import parse_dims, parse_input_shapes
+from offloadctl.running.profiler import DEFAULT_REPEAT, measure_profile, write_profile
+from offloadctl.running.runner import DEVICES, parse_ep_options
 
 __all__ = ["COMMANDS", "profile_cmd", "summary"]
 

@@ -1,6 +1,6 @@
 """A Markdown report of what a plan does, to attach to a pull request or a CI job.
 
-`markdown_report` turns a simulation (`offloadctl.simulator.SimResult`) and, when there is one, the
+`markdown_report` turns a simulation (`offloadctl.simulation.result.SimResult`) and, when there is one, the
 plan it simulated into Markdown: the peak device memory before and after, the lower bound, what
 moved and why, and the estimated time, with the memory timeline plot beside it. `write_report`
 writes the report and its plot (``report.md`` and ``report.png`` or ``.svg``), atomically. Nothing
@@ -14,15 +14,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from offloadctl import __version__
+from offloadctl._version import __version__
 from offloadctl.cli.plot import plot_timeline
-from offloadctl.costs import STREAMS_NOTE
-from offloadctl.errors import OffloadError
-from offloadctl.explain import explain_rows
-from offloadctl.files import atomic_write_text
-from offloadctl.plantypes import Plan
-from offloadctl.simulator import SimResult
-from offloadctl.units import fmt_bytes
+from offloadctl.contract.types import Plan
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import atomic_write_text
+from offloadctl.core.units import fmt_bytes
+from offloadctl.planning.explain import explain_rows
+from offloadctl.simulation.costs import STREAMS_NOTE
+from offloadctl.simulation.result import SimResult
 
 __all__ = ["markdown_report", "write_report", "report_plot_path", "MAX_ROWS"]
 
@@ -63,7 +63,7 @@ def markdown_report(
     """The report as Markdown text.
 
     Args:
-        result: the simulation (`offloadctl.simulator.simulate`) of the model with ``plan``, or of a
+        result: the simulation (`offloadctl.simulation.result.simulate`) of the model with ``plan``, or of a
             rewritten model.
         plan: the scheduled plan simulated, if any: its offloads are listed with the reason each
             was chosen, and its rejected candidates counted by reason.

@@ -12,19 +12,12 @@ from rich.table import Table
 from offloadctl.cli.common import finish
 from offloadctl.cli.options import ShapeOptions, input_shape_option, model_argument
 from offloadctl.cli.ui import out_console, print_json
-from offloadctl.errors import OffloadError
-from offloadctl.files import check_output_path
-from offloadctl.inputs import parse_value_ranges
-from offloadctl.inputs import save_outputs as save_outputs_file
-from offloadctl.model import parse_dims, parse_input_shapes
-from offloadctl.runner import (
-    DEVICES,
-    OPT_LEVELS,
-    RunReport,
-    parse_ep_options,
-    quiet_onnxruntime,
-    run_model,
-)
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import check_output_path
+from offloadctl.loading.model import parse_dims, parse_input_shapes
+from offloadctl.running.inputs import parse_value_ranges
+from offloadctl.running.inputs import save_outputs as save_outputs_file
+from offloadctl.running.runner import DEVICES, OPT_LEVELS, RunReport, parse_ep_options, quiet_onnxruntime, run_model
 
 __all__ = ["COMMANDS", "run"]
 

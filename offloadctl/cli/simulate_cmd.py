@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from offloadctl.advice import weak_plan_advice
 from offloadctl.cli.common import (
     check_report_paths,
     check_unknown_sizes,
@@ -37,13 +36,14 @@ from offloadctl.cli.options import (
 from offloadctl.cli.plot import plot_timeline
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console
-from offloadctl.costs import STREAMS_NOTE
-from offloadctl.estimate import estimate_figures
-from offloadctl.files import check_output_path
-from offloadctl.plan import read_plan
-from offloadctl.profiles import load_profile
-from offloadctl.simulator import SimResult, simulate
-from offloadctl.units import fmt_bytes
+from offloadctl.contract.document import read_plan
+from offloadctl.core.files import check_output_path
+from offloadctl.core.units import fmt_bytes
+from offloadctl.planning.advice import weak_plan_advice
+from offloadctl.simulation.costs import STREAMS_NOTE
+from offloadctl.simulation.estimate import estimate_figures
+from offloadctl.simulation.profiles import load_profile
+from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = ["COMMANDS", "simulate_cmd"]
 

@@ -8,9 +8,7 @@ from pathlib import Path
 
 import click
 
-from offloadctl.advice import weak_plan_advice
-from offloadctl.analysis import Analysis, analyse
-from offloadctl.bulk import paused_gc
+from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.cli.common import (
     check_report_paths,
     check_unknown_sizes,
@@ -52,26 +50,25 @@ from offloadctl.cli.options import (
 )
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
-from offloadctl.costs import copy_mode_label, default_objective
-from offloadctl.errors import OffloadError
-from offloadctl.estimate import estimate_figures, record_estimate
-from offloadctl.explain import explain_table
-from offloadctl.files import check_output_path
-from offloadctl.model import load_model
-from offloadctl.plan import check_plan_model, read_plan, write_plan
-from offloadctl.plantypes import Plan
-from offloadctl.profiles import Profile, load_profile
-from offloadctl.simulator import is_rewritten, simulate
-from offloadctl.stages import (
-    DEFAULT_PREFETCH_DISTANCE,
-    DEFAULT_RELEASE_DISTANCE,
-    filter_plan,
-    make_plan,
-    prefetch,
-    select,
-)
-from offloadctl.stages.budget import budget_filter
-from offloadctl.units import fmt_bytes
+from offloadctl.contract.document import check_plan_model, read_plan, write_plan
+from offloadctl.contract.types import Plan
+from offloadctl.core.bulk import paused_gc
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import check_output_path
+from offloadctl.core.units import fmt_bytes
+from offloadctl.loading.model import load_model
+from offloadctl.planning.advice import weak_plan_advice
+from offloadctl.planning.budget.strategy import budget_filter
+from offloadctl.planning.explain import explain_table
+from offloadctl.planning.filter import filter_plan
+from offloadctl.planning.planners import make_plan
+from offloadctl.planning.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, prefetch
+from offloadctl.planning.select import select
+from offloadctl.simulation.base import is_rewritten
+from offloadctl.simulation.costs import copy_mode_label, default_objective
+from offloadctl.simulation.estimate import estimate_figures, record_estimate
+from offloadctl.simulation.profiles import Profile, load_profile
+from offloadctl.simulation.result import simulate
 
 __all__ = ["COMMANDS"]
 

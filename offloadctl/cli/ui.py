@@ -3,7 +3,7 @@
 Human-readable output uses rich. Under ``--json`` or when stdout is not a terminal, progress bars
 stay silent and stdout carries only the JSON document. Output that is not a terminal is not wrapped
 (tables and paths stay on one line each, whatever their length). Byte sizes are formatted and
-parsed by `offloadctl.units`.
+parsed by `offloadctl.core.units`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from offloadctl.errors import OffloadError
-from offloadctl.units import parse_bytes
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.units import parse_bytes
 
 __all__ = [
     "out_console",

@@ -1,0 +1,5 @@
+"""The package version, in a module of its own so that any module can read it without importing
+the package (and what its entry points import).
+"""
+
+__version__ = "0.1.0"

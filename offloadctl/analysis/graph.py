@@ -1,0 +1,397 @@
+"""Read-only analysis of a loaded model: execution order, producers, uses and sizes.
+
+The execution order is the one onnxruntime runs with ``ExecutionOrder.PRIORITY_BASED``: Kahn's
+algorithm where, among ready nodes, Shape/Size come first, then forward before backward
+(``__backwardpass`` attribute), then the lowest file index. Constant nodes take no position:
+onnxruntime folds them into initializers, so their outputs are weights like initializers.
+Positions count only the remaining ("original") nodes.
+
+A tensor read inside a subgraph (If/Loop/Scan body, as an outer-scope name) is a use at the parent
+node's position. The networkx graph (positions as nodes, producer -> user edges) is a view for
+graph queries; the lists here are the source of truth.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, NamedTuple
+
+import onnx
+
+from offloadctl.contract import types as plantypes
+from offloadctl.core.bulk import paused_gc
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.onnxutil import is_backward, is_constant_node, subgraph_outer_names
+from offloadctl.loading.model import LoadedModel, TensorInfos, tensor_infos
+
+if TYPE_CHECKING:
+    import networkx as nx  # imported where used: it takes a seventh of the command line's start-up
+
+__all__ = [
+    "Use",
+    "Analysis",
+    "analyse",
+    "execution_order",
+    "node_reads",
+    "priority_rank",
+    "priority_ranks",
+]
+
+logger = logging.getLogger(__name__)
+
+HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
+
+
+class Use(NamedTuple):
+    """One read of a tensor: by the node at ``position``, at ``input_index``.
+
+    ``input_index`` is None for a read inside a subgraph of that node (an outer-scope name).
+    """
+
+    position: int
+    input_index: int | None
+    node: str
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return (self.position, self.input_index if self.input_index is not None else 1 << 30)
+
+    def to_json(self) -> plantypes.Use:
+        return {"position": self.position, "node": self.node, "input_index": self.input_index}
+
+
+_PLAIN_RANK = 2  # a forward node that is not Shape/Size: ordered by file index alone
+
+
+def priority_rank(node: onnx.NodeProto) -> int:
+    """A node's first sort key in onnxruntime's priority order: Shape/Size first, then forward
+    before backward (``__backwardpass``); ties are broken by file index."""
+    rank = 0 if node.op_type in HIGH_PRIORITY_OPS else _PLAIN_RANK
+    if node.attribute and is_backward(node):
+        rank += 1
+    return rank
+
+
+def priority_ranks(nodes: list[onnx.NodeProto]) -> list[int]:
+    """`priority_rank` of each node."""
+    return [priority_rank(node) for node in nodes]
+
+
+def execution_order(
+    nodes: list[onnx.NodeProto],
+    available: set[str],
+    reads: list[list[str]] | None = None,
+    ranks: list[int] | None = None,
+    outputs: list[list[str]] | None = None,
+) -> tuple[list[int], bool]:
+    """Order node indices as onnxruntime's PRIORITY_BASED mode does.
+
+    Args:
+        nodes: the nodes that take part (Constant nodes already removed), in file order.
+        available: tensor names present before any node runs (inputs, initializers, constants).
+        reads, ranks, outputs: ``node_reads(node)``, ``priority_ranks(nodes)`` and the outputs of
+            each node, when the caller has them already (big graphs: protobuf fields are slow to read).
+
+    Returns:
+        (order, was_sorted): indices into ``nodes``, and whether ``nodes`` was already in a
+        topological order.
+
+    Raises:
+        OffloadError: the graph has a cycle or reads a tensor nobody provides.
+    """
+    if reads is None:
+        reads = [node_reads(node) for node in nodes]
+    producer: dict[str, int] = {}
+    for i, outs in enumerate(outputs if outputs is not None else (node.output for node in nodes)):
+        for out in outs:
+            producer[out] = i
+    producer.pop("", None)
+    producer_of = producer.get
+    all_preds: list[set[int]] = []
+    topological = True
+    for i, names in enumerate(reads):
+        preds = {producer_of(name, -1) for name in names}
+        if -1 in preds:
+            preds.discard(-1)
+            for name in names:
+                if name not in producer and name not in available:
+                    raise OffloadError(
+                        f"node {_describe(nodes[i], i)} reads tensor {name!r}, which no node, graph input or weight "
+                        "provides",
+                        hint="the model is malformed; re-export it or fix the tensor name",
+                    )
+        if preds and max(preds) >= i:
+            topological = False
+        all_preds.append(preds)
+    rank = priority_ranks(nodes) if ranks is None else ranks
+    if topological and all(r == _PLAIN_RANK for r in rank):
+        # Kahn's algorithm by file index alone returns a topological file order unchanged.
+        return list(range(len(nodes))), True
+
+    consumers: list[list[int]] = [[] for _ in nodes]
+    indegree = [0] * len(nodes)
+    for i, preds in enumerate(all_preds):
+        for p in preds:
+            consumers[p].append(i)
+        indegree[i] = len(preds)
+    heap = [(rank[i], i) for i in range(len(nodes)) if indegree[i] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
+    while heap:
+        i = pop(heap)[1]
+        order.append(i)
+        for c in consumers[i]:
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                push(heap, (rank[c], c))
+    if len(order) != len(nodes):
+        import networkx as nx
+
+        stuck = [i for i in range(len(nodes)) if indegree[i] > 0]
+        graph = nx.DiGraph((p, c) for p in stuck for c in consumers[p] if indegree[c] > 0)
+        try:
+            cycle = [u for u, _ in nx.find_cycle(graph)]
+        except nx.NetworkXNoCycle:  # pragma: no cover - Kahn stalls only on cycles
+            cycle = stuck[:5]
+        chain = " -> ".join(_describe(nodes[i], i) for i in cycle[:6])
+        raise OffloadError(f"the graph has a cycle: {chain}", hint="the model is malformed; re-export it")
+    was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
+    return order, was_sorted
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Every tensor a node reads: its inputs, then (sorted) what its subgraphs read from outside."""
+    reads = [name for name in node.input if name]
+    if node.attribute:  # only a node with attributes can have subgraphs
+        reads.extend(sorted(subgraph_outer_names(node)))
+    return reads
+
+
+def _describe(node: onnx.NodeProto, index: int) -> str:
+    return f"{node.name!r} ({node.op_type})" if node.name else f"#{index} ({node.op_type})"
+
+
+@dataclass
+class Analysis:
+    """Everything the planning stages need to know about a model, computed once."""
+
+    loaded: LoadedModel
+    nodes: list[onnx.NodeProto]  # original nodes in execution order; index = position
+    file_index: list[int]  # file index (in graph.node) of the node at each position
+    was_sorted: bool
+    plain_priority: bool  # no Shape/Size and no backward node: onnxruntime runs a sorted file in file order
+    graph_inputs: list[str]
+    graph_outputs: list[str]
+    initializers: set[str]
+    constants: dict[str, int]  # Constant-node output -> file index of the Constant node
+    producer: dict[str, int]  # activation name -> position of its producer
+    uses: dict[str, list[Use]]  # tensor -> uses in execution order (position, input index)
+    infos: TensorInfos  # lazy: looked-up tensors are converted (and inference run) on demand
+    node_names: list[str]  # a unique label for each position (node name, or generated)
+    sparse_weights: frozenset[str] = frozenset()  # sparse initializers and Constant sparse_values
+    topological: bool = True  # the file's node order is a valid order (was_sorted: it is the order that runs)
+
+    @property
+    def num_positions(self) -> int:
+        return len(self.nodes)
+
+    @cached_property
+    def weights(self) -> set[str]:
+        return self.initializers | set(self.constants)
+
+    def kind(self, tensor: str) -> str:
+        """'activation', 'parameter' or 'input' for a main-graph tensor."""
+        if tensor in self.producer:
+            return "activation"
+        if tensor in self.initializers or tensor in self.constants:
+            return "parameter"
+        return "input"
+
+    @paused_gc()
+    def unknown_sizes(self) -> list[str]:
+        """Graph inputs, activations and weights whose byte size is unknown (memory figures count
+        them as 0 bytes), in that order."""
+        names = dict.fromkeys([*self.graph_inputs, *self.producer, *sorted(self.weights)])
+        self.infos.convert(names)
+        return [n for n in names if (info := self.infos.get(n)) is None or info.bytes is None]
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        """Producer -> user DiGraph over positions; edge attribute ``tensors`` lists what flows."""
+        import networkx as nx
+
+        g = nx.DiGraph()
+        g.add_nodes_from((p, {"op_type": n.op_type, "name": self.node_names[p]}) for p, n in enumerate(self.nodes))
+        for tensor, uses in self.uses.items():
+            src = self.producer.get(tensor)
+            if src is None:
+                continue
+            for use in uses:
+                if g.has_edge(src, use.position):
+                    g.edges[src, use.position]["tensors"].append(tensor)
+                else:
+                    g.add_edge(src, use.position, tensors=[tensor])
+        return g
+
+
+@paused_gc()
+def analyse(loaded: LoadedModel) -> Analysis:
+    """Compute execution order, producers, uses and sizes of a loaded model.
+
+    Raises:
+        OffloadError: duplicate tensor names, a cycle, a read of an undefined tensor, or a graph
+            output that nothing produces.
+    """
+    graph = loaded.proto.graph
+    sparse = {i.values.name for i in graph.sparse_initializer}
+    initializers = {i.name for i in graph.initializer} | sparse
+    graph_inputs = [i.name for i in graph.input if i.name not in initializers]
+    constants: dict[str, int] = {}
+    compute: list[int] = []  # file indices of the nodes that take positions
+    # What defines each name: "a graph input", "a weight", or the file index of a node (described
+    # only when reporting a duplicate, so big graphs do not format a label per tensor).
+    defined: dict[str, str | int] = {name: "a graph input" for name in graph_inputs}
+    defined.update(dict.fromkeys(initializers, "a weight"))
+    file_nodes = list(graph.node)
+    file_outputs = [list(node.output) for node in file_nodes]
+    for idx, node in enumerate(file_nodes):
+        outputs = file_outputs[idx]
+        for out in outputs:
+            if out in defined and out:
+                first = defined[out]
+                by = f"node {_describe(file_nodes[first], first)}" if isinstance(first, int) else first
+                raise OffloadError(
+                    f"tensor {out!r} is defined twice in {loaded.path} (by node {_describe(node, idx)} and by {by})",
+                    hint="tensor names must be unique; re-export the model or rename one of them",
+                )
+            defined[out] = idx
+        if is_constant_node(node):
+            if outputs and outputs[0]:
+                constants[outputs[0]] = idx
+                if any(a.name == "sparse_value" for a in node.attribute):
+                    sparse.add(outputs[0])
+        else:
+            compute.append(idx)
+    defined.pop("", None)
+
+    for out in graph.output:
+        if out.name not in defined:
+            raise OffloadError(
+                f"graph output {out.name!r} of {loaded.path} is not produced by any node, graph input or weight",
+                hint="the model is malformed; re-export it or fix the output name",
+            )
+    available = set(graph_inputs) | initializers | set(constants)
+    compute_nodes = [file_nodes[i] for i in compute]
+    inputs = [list(node.input) for node in compute_nodes]
+    # Reads inside subgraphs (outer-scope names, sorted) and priority ranks: both come from the
+    # attributes, which most nodes of a big graph do not have.
+    outer: list[list[str]] = [[]] * len(compute_nodes)  # shared empty list, never mutated
+    ranks = [_PLAIN_RANK] * len(compute_nodes)
+    for i, node in enumerate(compute_nodes):
+        if node.attribute:
+            ranks[i] = priority_rank(node)
+            names = subgraph_outer_names(node)
+            if names:
+                outer[i] = sorted(names)
+        elif node.op_type in HIGH_PRIORITY_OPS:
+            ranks[i] = 0
+    reads = []
+    for ins, out in zip(inputs, outer):
+        present = ins if "" not in ins else [name for name in ins if name]  # optional inputs left out
+        reads.append(present + out if out else present)
+    try:
+        order, was_sorted = execution_order(compute_nodes, available, reads, ranks, [file_outputs[i] for i in compute])
+    except OffloadError as exc:
+        raise OffloadError(f"{loaded.path}: {exc.message}", hint=exc.hint) from None
+    topological = was_sorted or _is_topological(reads, [file_outputs[i] for i in compute])
+    if not topological:
+        logger.warning(
+            "%s: nodes are not topologically sorted; they were sorted into the order onnxruntime will run "
+            "and plan positions count in that order",
+            loaded.path,
+        )
+    elif not was_sorted:
+        moved = sum(1 for k, i in enumerate(order) if k != i)
+        logger.info(
+            "%s: onnxruntime runs %d node(s) at another place than the file has them (Shape/Size as soon as they "
+            "are ready, forward nodes before backward ones); plan positions count in the order it runs",
+            loaded.path,
+            moved,
+        )
+    nodes = [compute_nodes[i] for i in order]
+    file_index = [compute[i] for i in order]
+
+    node_names = _unique_labels(nodes, file_index)
+    producer: dict[str, int] = {}
+    uses: dict[str, list[Use]] = {}
+    get = uses.get
+    new_use = tuple.__new__  # Use(...) without the NamedTuple's Python-level __new__ (big graphs)
+    for pos, i in enumerate(order):
+        label = node_names[pos]
+        for out in file_outputs[file_index[pos]]:
+            producer[out] = pos
+        k = 0
+        for name in inputs[i]:
+            if name:
+                use = new_use(Use, (pos, k, label))
+                lst = get(name)
+                if lst is None:
+                    uses[name] = [use]
+                else:
+                    lst.append(use)
+            k += 1
+        for name in outer[i]:
+            uses.setdefault(name, []).append(Use(pos, None, label))
+    producer.pop("", None)
+    # Each list is already in execution order: positions ascend, and within a node the input
+    # indices ascend before the subgraph reads (input_index None), which is Use.sort_key's order.
+
+    analysis = Analysis(
+        loaded=loaded,
+        nodes=nodes,
+        file_index=file_index,
+        was_sorted=was_sorted,
+        plain_priority=all(r == _PLAIN_RANK for r in ranks),
+        graph_inputs=graph_inputs,
+        graph_outputs=[o.name for o in graph.output],
+        initializers=initializers,
+        constants=constants,
+        producer=producer,
+        uses=uses,
+        infos=tensor_infos(
+            loaded, None if was_sorted else sorted(constants.values()) + file_index, constants, producers=defined
+        ),
+        node_names=node_names,
+        sparse_weights=frozenset(sparse),
+        topological=topological,
+    )
+    if loaded.sizes_from_run is not None:
+        from offloadctl.running.sizes import measure_sizes
+
+        run = loaded.sizes_from_run
+        analysis.infos.use_measured(measure_sizes(loaded.path, loaded.proto, inputs=run["inputs"], seed=run["seed"]))
+    return analysis
+
+
+def _is_topological(reads: list[list[str]], outputs: list[list[str]]) -> bool:
+    """True when every node reads only what earlier nodes (or no node) produce, in file order."""
+    produced_at: dict[str, int] = {}
+    for i, outs in enumerate(outputs):
+        for out in outs:
+            produced_at[out] = i
+    return all(produced_at.get(name, -1) < i for i, names in enumerate(reads) for name in names)
+
+
+def _unique_labels(nodes: list[onnx.NodeProto], file_index: list[int]) -> list[str]:
+    names = [node.name for node in nodes]
+    seen: dict[str, int] = {}
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+    return [
+        name if name and seen[name] == 1 else f"{name or node.op_type}#{idx}"
+        for name, node, idx in zip(names, nodes, file_index)
+    ]

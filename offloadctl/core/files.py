@@ -1,0 +1,184 @@
+"""File handling shared by every stage: hashing, output-path checks and atomic writes.
+
+Every output offloadctl writes goes through `atomic_write`: the bytes land in a temporary file in
+the destination folder and are renamed over the destination only when complete, so a failure never
+leaves a half-written or clobbered file behind. Inputs are only ever read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from offloadctl.core.errors import OffloadError
+
+__all__ = [
+    "sha256_file",
+    "same_file",
+    "check_output_path",
+    "check_distinct_outputs",
+    "atomic_write",
+    "atomic_write_text",
+    "NotJsonNumber",
+    "refuse_json_constant",
+    "finite_json_float",
+]
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Return the hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """True when two paths name the same file: equal after resolving symlinks, or hard links of one file."""
+    pa, pb = Path(a), Path(b)
+    try:
+        if pa.resolve() == pb.resolve():
+            return True
+        return pa.exists() and pb.exists() and os.path.samefile(pa, pb)
+    except (OSError, RuntimeError):  # unreadable or looping paths: compare them as written
+        return os.path.abspath(pa) == os.path.abspath(pb)
+
+
+def check_output_path(output: str | os.PathLike[str], *inputs: str | os.PathLike[str] | None) -> Path:
+    """Refuse an output that would overwrite an input or cannot be written; return it as a Path.
+
+    ``inputs`` are every file the command reads (a model's external data files included): an
+    output equal to one of them, through symlinks or as a hard link, is refused.
+    """
+    out = Path(output)
+    try:
+        for src in dict.fromkeys(inputs):  # each distinct input once: a model may name one data file per weight
+            if src is None:
+                continue
+            if same_file(out, src):
+                raise OffloadError(
+                    f"output {out} is the same file as the input {src}",
+                    hint="write the result to a new path; inputs are never modified",
+                )
+        if out.is_dir():
+            raise OffloadError(f"output {out} is a directory", hint="give a file path for the output")
+        parent = out.parent if str(out.parent) else Path(".")
+        blocking = next((a for a in (parent, *parent.parents) if a.exists() and not a.is_dir()), None)
+        if blocking is not None:
+            raise OffloadError(
+                f"cannot write {out}: {blocking} is a file, not a folder",
+                hint="choose an output path inside an existing folder",
+            )
+        if not parent.is_dir():
+            raise OffloadError(
+                f"cannot write {out}: folder {parent} does not exist",
+                hint=f"create it first (mkdir -p {parent}) or choose another output path",
+            )
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise OffloadError(
+                f"cannot write {out}: folder {parent} is not writable",
+                hint="choose an output path in a folder you can write to",
+            )
+        if out.exists() and not os.access(out, os.W_OK):
+            raise OffloadError(f"cannot write {out}: file is read-only", hint="choose another output path")
+        _check_name_length(out)
+    except OSError as exc:  # e.g. a name longer than the file system allows
+        raise OffloadError(
+            f"cannot write {out}: {exc.strerror or exc}", hint="choose a shorter or valid output path"
+        ) from None
+    return out
+
+
+def _check_name_length(out: Path) -> None:
+    """Refuse a file name the temporary file beside it could not get (``.NAME.random.tmp``)."""
+    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        limit = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(out.name)) + len(".") + 8 + len(".tmp") + 1 > limit:
+        raise OffloadError(
+            f"cannot write {out}: the file name is {len(os.fsencode(out.name))} bytes long; this folder allows "
+            f"names of at most {limit} bytes, and the output is first written under a slightly longer temporary name",
+            hint=f"choose a file name shorter than {limit - 14} bytes",
+        )
+
+
+def check_distinct_outputs(outputs: Sequence[tuple[str, str | os.PathLike[str]]]) -> None:
+    """Refuse two outputs of one command that land on the same file.
+
+    ``outputs`` are (what it is, path) pairs, e.g. ("the rewritten model", "out/m.onnx").
+    """
+    for i, (what, path) in enumerate(outputs):
+        for other_what, other in outputs[:i]:
+            if same_file(path, other):
+                raise OffloadError(
+                    f"{what} and {other_what} would both be written to {path}",
+                    hint="choose another output path, so that each file is written once",
+                )
+
+
+@contextlib.contextmanager
+def _temporary_beside(path: Path) -> Iterator[Path]:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink()
+        raise
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object], *, mode: int | None = None) -> None:
+    """Call ``write(tmp_path)`` to fill a temporary file, then rename it over ``path``.
+
+    The result gets permission bits ``mode`` (a copy of a file keeps its source's), by default
+    the usual ones for a new file (0666 less the umask).
+    """
+    out = Path(path)
+    try:
+        with _temporary_beside(out) as tmp:
+            write(tmp)
+            if mode is None:  # mkstemp creates 0600 files
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o666 & ~umask
+            os.chmod(tmp, mode)
+            os.replace(tmp, out)
+    except OSError as exc:
+        raise OffloadError(
+            f"cannot write {out}: {exc.strerror or exc}", hint="check the path and free disk space"
+        ) from exc
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write text atomically (UTF-8)."""
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+class NotJsonNumber(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity`` in a JSON text: Python's json module reads them, but
+    JSON has no such numbers, and every figure in a plan or profile must be finite."""
+
+
+def refuse_json_constant(token: str) -> NoReturn:
+    """``parse_constant`` for `json.loads`: refuse NaN and the infinities (see `NotJsonNumber`)."""
+    raise NotJsonNumber(f"{token} is not a JSON number")
+
+
+def finite_json_float(text: str) -> float:
+    """``parse_float`` for `json.loads`: a number too large for a double (``1e999``) is refused too,
+    where Python would read it as infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotJsonNumber(f"{text} is too large for a number")
+    return value

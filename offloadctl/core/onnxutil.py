@@ -1,0 +1,185 @@
+"""Small ONNX helpers every module shares: which nodes are Constant, backward or copy nodes, and
+walks over the subgraphs (If/Loop/Scan bodies) a node holds.
+
+It depends on onnx alone (and `offloadctl.core.memcpy` for the copy operators' names), so the model
+loader, onnxruntime's graph rewrites, the analysis, the timeline, the stages and the rewrite can all
+use it without an import cycle. Functions take protos and never change them, except
+`rename_outer`, which renames in place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx
+from onnx import TensorProto
+
+from offloadctl.core.memcpy import COPY_OPS, MEMCPY_TO_HOST
+
+__all__ = [
+    "BACKWARD_ATTR",
+    "ONNX_DOMAINS",
+    "copy_kind",
+    "defined_names",
+    "has_subgraphs",
+    "is_backward",
+    "is_constant_node",
+    "iter_graphs",
+    "iter_tensor_protos",
+    "named_subgraphs",
+    "outer_names",
+    "rename_outer",
+    "subgraph_outer_names",
+    "subgraphs",
+]
+
+#: The default domain under both of its spellings.
+ONNX_DOMAINS = ("", "ai.onnx")
+#: The attribute onnxruntime's training graphs put on backward nodes (odd value: backward).
+BACKWARD_ATTR = "__backwardpass"
+
+_GRAPH = onnx.AttributeProto.GRAPH
+_GRAPHS = onnx.AttributeProto.GRAPHS
+
+
+def is_constant_node(node: onnx.NodeProto) -> bool:
+    """A Constant node: onnxruntime folds it into an initializer, so its output is a weight."""
+    return node.op_type == "Constant" and node.domain in ONNX_DOMAINS
+
+
+def is_backward(node: onnx.NodeProto) -> bool:
+    """A node of the backward pass (``__backwardpass`` set to an odd value)."""
+    return any(a.name == BACKWARD_ATTR and a.i % 2 == 1 for a in node.attribute)
+
+
+def copy_kind(node: onnx.NodeProto) -> str | None:
+    """``"d2h"`` for a MemcpyToHost node, ``"h2d"`` for a MemcpyFromHost node, None for any other."""
+    if node.op_type in COPY_OPS and node.domain in ONNX_DOMAINS:
+        return "d2h" if node.op_type == MEMCPY_TO_HOST else "h2d"
+    return None
+
+
+def subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs a node holds in its attributes (an If's branches, a Loop's or Scan's body)."""
+    for attr in node.attribute:
+        if attr.type == _GRAPH:
+            yield attr.g
+        elif attr.type == _GRAPHS:
+            yield from attr.graphs
+
+
+def named_subgraphs(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
+    """`subgraphs` with the attribute each comes from (``body``, or ``branches[1]`` in a list)."""
+    found: list[tuple[str, onnx.GraphProto]] = []
+    for attr in node.attribute:
+        if attr.type == _GRAPH:
+            found.append((attr.name, attr.g))
+        elif attr.type == _GRAPHS:
+            found.extend((f"{attr.name}[{i}]", g) for i, g in enumerate(attr.graphs))
+    return found
+
+
+def has_subgraphs(node: onnx.NodeProto) -> bool:
+    """True when the node holds a graph in an attribute."""
+    return bool(node.attribute) and any(a.type in (_GRAPH, _GRAPHS) for a in node.attribute)
+
+
+def iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph (If/Loop/Scan bodies, at any depth)."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        yield g
+        for node in g.node:
+            if not node.attribute:  # most nodes of a big graph
+                continue
+            stack.extend(subgraphs(node))
+
+
+def iter_tensor_protos(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Every TensorProto that may hold data, in ``graph`` and its subgraphs: initializers, the
+    values and indices of sparse initializers, and tensor attributes (Constant values, sparse ones
+    included). Graphs come in the order of `iter_graphs`, each walked once."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        yield from g.initializer
+        for sparse in g.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        for node in g.node:
+            if not node.attribute:  # most nodes of a big graph
+                continue
+            for attr in node.attribute:
+                kind = attr.type
+                if kind == onnx.AttributeProto.TENSOR:
+                    yield attr.t
+                elif kind == _GRAPH:
+                    stack.append(attr.g)
+                elif kind == _GRAPHS:
+                    stack.extend(attr.graphs)
+                elif kind == onnx.AttributeProto.TENSORS:
+                    yield from attr.tensors
+                elif kind == onnx.AttributeProto.SPARSE_TENSOR:
+                    yield attr.sparse_tensor.values
+                    yield attr.sparse_tensor.indices
+                elif kind == onnx.AttributeProto.SPARSE_TENSORS:
+                    for sparse in attr.sparse_tensors:
+                        yield sparse.values
+                        yield sparse.indices
+
+
+def defined_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a graph defines itself: its inputs, initializers (sparse ones too) and node outputs."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {s.values.name for s in graph.sparse_initializer}
+    for node in graph.node:
+        defined.update(node.output)
+    return defined
+
+
+def outer_names(graph: onnx.GraphProto) -> set[str]:
+    """Names a (sub)graph reads from enclosing scopes, its own subgraphs' included."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    defined |= {s.values.name for s in graph.sparse_initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(n for n in node.input if n)
+        used |= subgraph_outer_names(node)
+        defined.update(node.output)
+    used.update(o.name for o in graph.output)
+    return used - defined
+
+
+def subgraph_outer_names(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (at any depth) read from scopes outside the node."""
+    names: set[str] = set()
+    if node.attribute:  # only a node with attributes can have subgraphs
+        for graph in subgraphs(node):
+            names |= outer_names(graph)
+    return names
+
+
+def rename_outer(graph: onnx.GraphProto, old: str, new: str) -> int:
+    """Rename, in place, the reads of the outer-scope name ``old`` inside ``graph`` and its
+    subgraphs to ``new``; return how many were renamed.
+
+    A graph that defines its own ``old`` (`defined_names`) reads that one, not the outer tensor,
+    and is left alone. Subgraph outputs and value_info entries of that name are renamed too (a
+    subgraph's outputs are matched by position, so their names may change).
+    """
+    if old in defined_names(graph):
+        return 0
+    count = 0
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name == old:
+                node.input[k] = new
+                count += 1
+        for sub in subgraphs(node):
+            count += rename_outer(sub, old, new)
+    for value in list(graph.output) + list(graph.value_info):
+        if value.name == old:
+            value.name = new
+            count += 1
+    return count

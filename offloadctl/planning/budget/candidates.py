@@ -1,0 +1,288 @@
+"""Candidate tensors of the budget strategy, their states, and what a state means.
+
+A candidate (`Cand`) is a tensor the select stage accepts at distance 0, with its entries (producer
+and distinct use positions; a weight's use positions) between which its gaps lie. A `State` says
+whether it is offloaded, which gaps are cut (each opens a reload group) and the prefetch distance
+of its reloads. From a state come its reload layout, the steps it occupies (the timeline's rules),
+what its copies cost, and its plan entry.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+from offloadctl.analysis import timeline
+from offloadctl.analysis.graph import Analysis, Use
+from offloadctl.contract.types import Kind, Offload, Plan, Rejection, RejectionReason, offload, rejection, reload_group
+from offloadctl.simulation.costs import CopyCost
+
+__all__ = [
+    "Cand",
+    "Layout",
+    "State",
+    "candidates",
+    "cost_in_state",
+    "group_firsts",
+    "layout",
+    "opening_cost",
+    "plan_entry",
+    "reject",
+    "span_changes",
+    "spans_in_state",
+]
+
+
+@dataclass(slots=True)
+class Cand:
+    """One eligible tensor. Gap i of an activation lies between entries[i] and entries[i+1]
+    (entries = producer + distinct use positions); gap i of a weight lies between use positions
+    entries[i] and entries[i+1] (its outer stretches are freed by offloading it at all)."""
+
+    name: str
+    is_act: bool
+    b: int
+    start: int  # producer (activations) or 0
+    uses: list[Use]
+    entries: list[int]
+    output: bool
+    forced: bool
+    template: Offload  # the select-stage entry (dtype, shape, producer...)
+
+    @property
+    def num_gaps(self) -> int:
+        return len(self.entries) - 1
+
+    def gap_len(self, i: int) -> int:
+        return self.entries[i + 1] - self.entries[i]
+
+    @property
+    def kind(self) -> Kind:
+        return "activation" if self.is_act else "parameter"
+
+
+@dataclass(frozen=True)
+class State:
+    offloaded: bool = False
+    cuts: frozenset[int] = frozenset()
+    distance: int = 0
+
+
+@dataclass
+class Layout:
+    device_uses: list[Use]
+    groups: list[tuple[int, list[Use]]]  # (gap before it, uses)
+
+
+def layout(c: Cand, st: State) -> Layout:
+    """device_uses and reload groups of a candidate under a state (offloaded)."""
+    starts = {c.entries[i + 1] for i in st.cuts}
+    if not c.is_act:
+        starts.add(c.entries[0])
+    device: list[Use] = []
+    groups: list[tuple[int, list[Use]]] = []
+    prev = c.start
+    for u in c.uses:
+        if u.position in starts and (not groups or groups[-1][1][0].position != u.position):
+            groups.append((u.position - prev, [u]))
+        elif groups:
+            groups[-1][1].append(u)
+        else:
+            device.append(u)
+        prev = u.position
+    return Layout(device, groups)
+
+
+def spans_in_state(c: Cand, st: State, n: int, release_distance: int) -> list[timeline.Span]:
+    """Steps a candidate occupies in a state (the timeline's rules)."""
+    if not st.offloaded:
+        if c.is_act:
+            return [timeline.buffer_span(c.start, c.entries[-1], n, to_end=c.output)]
+        return [(0, n)]  # a weight a node reads is resident
+    lay = layout(c, st)
+    low = timeline.h2d_low(c.kind, c.start if c.is_act else None)
+    groups = [(timeline.h2d_position(g[0].position, low, st.distance), g[-1].position) for _, g in lay.groups]
+    last_device = lay.device_uses[-1].position if lay.device_uses else c.start
+    return timeline.offloaded_spans(
+        activation=c.is_act,
+        producer=c.start,
+        last_device_use=last_device,
+        release_after=timeline.release_point(last_device, release_distance, n) if c.is_act else None,
+        groups=groups,
+        output_h2d=n if c.output else None,
+        num_positions=n,
+    )
+
+
+def opening_cost(c: Cand, cost: CopyCost) -> float:
+    """Cost of offloading a candidate at all: an activation's D2H (+ the H2D back for a graph
+    output), a weight's first H2D (prices of size alone: a linear cost's)."""
+    if c.is_act:
+        return cost.d2h(c.b) + (cost.h2d(c.b) if c.output else 0.0)
+    return cost.h2d(c.b)
+
+
+def cost_in_state(c: Cand, st: State, cost: CopyCost, n: int = 0, release_distance: int = 0, lead: int = 0) -> float:
+    """What a candidate's copies cost in a state. A position-aware cost (not ``linear``) prices each
+    H2D issued ``lead`` positions before its group's first use and the D2H released after the last
+    device use (+ ``release_distance``); see `offloadctl.simulation.costs`."""
+    if not st.offloaded:
+        return 0.0
+    if cost.linear:
+        return opening_cost(c, cost) + len(st.cuts) * cost.h2d(c.b)
+    low = timeline.h2d_low(c.kind, c.start if c.is_act else None)
+    total = sum(cost.h2d_at(c.b, timeline.h2d_position(f, low, lead), f) for f in group_firsts(c, st))
+    if c.is_act:
+        last_device = min(c.entries[k] for k in st.cuts) if st.cuts else c.entries[-1]
+        total += cost.d2h_at(c.b, c.start, timeline.release_point(last_device, release_distance, n))
+        if c.output:
+            total += cost.h2d_at(c.b, n, n)
+    return total
+
+
+def span_changes(old: list[timeline.Span], new: list[timeline.Span], b: int) -> list[tuple[int, int, int]]:
+    """How the profile changes from spans ``old`` to ``new`` of a ``b``-byte tensor: (first, last,
+    bytes) pieces covering only the steps that change."""
+    events: dict[int, int] = {}
+    for spans, sign in ((old, -b), (new, b)):
+        for s, e in spans:
+            events[s] = events.get(s, 0) + sign
+            events[e + 1] = events.get(e + 1, 0) - sign
+    pieces = []
+    level = 0
+    points = sorted(events)
+    for k, at in enumerate(points[:-1]):
+        level += events[at]
+        if level:
+            pieces.append((at, points[k + 1] - 1, level))
+    return pieces
+
+
+def group_firsts(c: Cand, st: State) -> list[int]:
+    """First use position of each reload group of an offloaded candidate, in order."""
+    starts = {c.entries[k + 1] for k in st.cuts}
+    if not c.is_act:
+        starts.add(c.entries[0])
+    return sorted(starts)
+
+
+def candidates(analysis: Analysis, selected0: Plan, min_bytes: int) -> tuple[list[Cand], list[Rejection]]:
+    outputs = set(analysis.graph_outputs)
+    cands: list[Cand] = []
+    small: list[Rejection] = []
+    for off in selected0["offloads"]:
+        name = off["tensor"]
+        is_act = off["kind"] == "activation"
+        uses = analysis.uses[name]
+        start = analysis.producer[name] if is_act else 0
+        # uses are in execution order; a node reading a tensor twice gives one entry
+        positions = [uses[0][0]] if len(uses) == 1 else list(dict.fromkeys([u[0] for u in uses]))
+        entries = [start] + positions if is_act else positions
+        if off["bytes"] < min_bytes and not off.get("forced"):
+            small.append(
+                reject(
+                    off["tensor"],
+                    off["kind"],
+                    off["bytes"],
+                    "min-bytes",
+                    f"{off['bytes']} bytes < --min-bytes {min_bytes}",
+                    entries,
+                )
+            )
+            continue
+        cands.append(
+            Cand(
+                name,
+                is_act,
+                off["bytes"],
+                start,
+                uses,
+                entries,
+                is_act and name in outputs,
+                bool(off.get("forced")),
+                off,
+            )
+        )
+    cands.extend(_unread_outputs(analysis, selected0, min_bytes, small))
+    return cands, small
+
+
+def _unread_outputs(analysis: Analysis, selected0: Plan, min_bytes: int, small: list[Rejection]) -> list[Cand]:
+    """Graph outputs no node reads (e.g. gradients): offloadable over their trailing stretch only.
+
+    ``select`` rejects them as unused (HyperOffload offloads by uses); here a D2H right after the
+    producer and the final H2D free the device buffer until the end of the run.
+    """
+    sel = selected0["options"]["select"]
+    never, force = tuple(sel.get("never", ())), tuple(sel.get("force", ()))
+    n = analysis.num_positions
+    found = []
+    for r in selected0["rejected"]:
+        name = r["tensor"]
+        if r["reason"] != "unused" or r["kind"] != "activation" or name not in analysis.graph_outputs:
+            continue
+        forced = any(fnmatch.fnmatchcase(name, pat) for pat in force)
+        if any(fnmatch.fnmatchcase(name, pat) for pat in never) or not (sel["activations"] or forced):
+            continue
+        info = analysis.infos.get(name)
+        if info is None or info.bytes is None:
+            continue
+        start = analysis.producer[name]
+        if info.bytes < min_bytes and not forced:
+            small.append(
+                reject(
+                    name,
+                    "activation",
+                    info.bytes,
+                    "min-bytes",
+                    f"{info.bytes} bytes < --min-bytes {min_bytes}",
+                    [start],
+                )
+            )
+            continue
+        template = offload(
+            tensor=name,
+            kind="activation",
+            dtype=info.dtype,
+            shape=info.int_shape(),
+            size=info.bytes,
+            producer={"position": start, "node": analysis.node_names[start]},
+            device_uses=[],
+            reload_groups=[],
+            graph_output=True,
+            output_h2d_before=n,
+            forced=forced,
+        )
+        found.append(Cand(name, True, info.bytes, start, [], [start], True, forced, template))
+    return found
+
+
+def _max_gap(entries: list[int]) -> int | None:
+    return max((b - a for a, b in zip(entries, entries[1:])), default=None)
+
+
+def reject(
+    tensor: str, kind: Kind, b: int | None, reason: RejectionReason, detail: str, entries: list[int]
+) -> Rejection:
+    return rejection(tensor, kind, b, "filter", reason, detail, _max_gap(entries))
+
+
+def plan_entry(c: Cand, st: State, n: int) -> Offload:
+    """The plan entry of a candidate offloaded in state ``st``."""
+    lay = layout(c, st)
+    t = c.template
+    producer = t["producer"]
+    return offload(
+        tensor=c.name,
+        kind=c.kind,
+        dtype=t["dtype"],
+        shape=t["shape"],
+        size=t["bytes"],
+        producer={"position": producer["position"], "node": producer["node"]} if producer is not None else None,
+        device_uses=[u.to_json() for u in lay.device_uses],
+        reload_groups=[reload_group([u.to_json() for u in g], gap) for gap, g in lay.groups],
+        graph_output=c.output,
+        output_h2d_before=n if c.output else None,
+        prefetch_distance=st.distance,
+        forced=bool(t.get("forced")),
+    )

@@ -1,0 +1,157 @@
+"""The exact budget search: the greedy's choice written as an integer covering program
+(`offloadctl.planning.budget.optimal`), solved from the greedy's states within a time limit, and its
+answer checked in exact integer bytes before it is trusted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from offloadctl.analysis import timeline
+from offloadctl.planning.budget.candidates import State, span_changes, spans_in_state
+
+if TYPE_CHECKING:
+    from offloadctl.planning.budget.search import Planner
+
+__all__ = ["DEFAULT_TIME_LIMIT", "ExactReport", "solve_exact"]
+
+DEFAULT_TIME_LIMIT = 60.0  # seconds the exact search may take
+_TIME_SCALE = 1e6  # the time objective goes to HiGHS in microseconds (costs near 1 solve better)
+
+
+@dataclass
+class ExactReport:
+    """What the exact search did."""
+
+    status: str
+    seconds: float
+    time_limit: float
+    columns: int
+    rows: int
+    nonzeros: int
+    bound: float | None  # proven lower bound on the cost, in the objective's unit
+    answer: str  # "accepted", or why the greedy's plan was kept
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": "HiGHS",
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+            "time_limit_s": self.time_limit,
+            "columns": self.columns,
+            "rows": self.rows,
+            "nonzeros": self.nonzeros,
+            "answer": self.answer,
+        }
+
+
+def solve_exact(
+    p: Planner, base: np.ndarray, pinned: set[int], budget: int, time_limit: float
+) -> tuple[ExactReport, list[State] | None]:
+    """Solve the choice exactly from the greedy's states; returns the solver's states if they beat them.
+
+    ``base``: the profile with only the fixed choices (streamed weights, ``pinned`` forced tensors)
+    applied; every other candidate starts not offloaded in the program.
+    """
+    from offloadctl.planning.budget.optimal import CoverProblem, solve_cover
+
+    iv = p.iv
+    n = p.n
+    scale = 1.0 if p.cost.integral else _TIME_SCALE
+    prob = CoverProblem(steps=n + 1, excess=base - budget)
+    start: list[float] = []
+    y_of: dict[int, int] = {}
+    x_of: dict[int, int] = {}
+    greedy = p.state
+    for i, c in enumerate(p.cands):
+        if p.fixed[i] or i in pinned or not p.rows[i]:
+            continue
+        st = greedy[i]
+        y = prob.column(float(iv.opening_cost[i]) * scale, lower=1.0 if c.forced else 0.0)
+        start.append(float(st.offloaded))
+        y_of[i] = y
+        gaps: list[tuple[int, int, int]] = []  # (entry, column, row)
+        for j in p.rows[i]:
+            g = int(iv.gap[j])
+            if g < 0:
+                for first, last in p._row_ranges(j):
+                    prob.frees(y, first, last, c.b)
+                if c.is_act:
+                    gaps.append((int(iv.entry[j]), y, j))
+                continue
+            x = prob.column(float(iv.own_cost[j]) * scale)
+            start.append(float(g in st.cuts))
+            x_of[j] = x
+            for first, last in p._row_ranges(j):
+                prob.frees(x, first, last, c.b)
+            prob.row([x, y], [1.0, -1.0], -math.inf, 0.0)  # an interval needs its tensor offloaded
+            gaps.append((int(iv.entry[j]), x, j))
+        if c.is_act and iv.opening[i] < 0:  # an activation is offloaded for the sake of its gaps
+            cols = [col for _, col, _ in gaps]
+            prob.row([y] + cols, [1.0] + [-1.0] * len(cols), -math.inf, 0.0)
+        if c.is_act and p.release:
+            # the buffer is held release_distance steps past the first freed stretch:
+            # first_k = before_k - before_(k-1), before_k = "some stretch up to k is freed"
+            previous = None
+            taken_before = 0.0
+            for entry, col, _ in sorted(gaps):
+                before = prob.column(0.0, integer=False)
+                taken_before = max(taken_before, start[col])
+                start.append(taken_before)
+                prob.row([before, col], [1.0, -1.0], 0.0, math.inf)
+                if previous is None:
+                    prob.row([before, col], [1.0, -1.0], -math.inf, 0.0)
+                else:
+                    prob.row([before, previous], [1.0, -1.0], 0.0, math.inf)
+                    prob.row([before, previous, col], [1.0, -1.0, -1.0], -math.inf, 0.0)
+                hold = (entry + 1, min(entry + p.release, max(n - 1, 0)))
+                prob.frees(before, hold[0], hold[1], -c.b)
+                if previous is not None:
+                    prob.frees(previous, hold[0], hold[1], c.b)
+                previous = before
+    solution = solve_cover(prob, start=np.asarray(start), time_limit=time_limit, integral_objective=p.cost.integral)
+    bound = solution.bound / scale if solution.bound is not None else None
+    report = ExactReport(
+        solution.status, solution.seconds, time_limit, solution.columns, solution.rows, solution.nonzeros, bound, ""
+    )
+    if solution.values is None:
+        report.answer = "no solution found in the time limit: the greedy's plan is kept"
+        return report, None
+    chosen = list(greedy)
+    for i, y in y_of.items():
+        cuts = frozenset(int(iv.gap[j]) for j in p.rows[i] if j in x_of and solution.values[x_of[j]] > 0.5)
+        offloaded = bool(solution.values[y] > 0.5)
+        chosen[i] = State(True, cuts) if offloaded else State()
+    peak = _exact_peak(p, base, chosen, pinned)
+    if peak > budget:
+        report.answer = (
+            f"rejected: its plan peaks at {peak} bytes > budget {budget} (solver tolerance); the greedy's plan is kept"
+        )
+        return report, None
+    if sum(p.state_cost(i, s) for i, s in enumerate(chosen)) >= p.moved():
+        report.answer = "no cheaper than the greedy's plan, which is kept"
+        return report, None
+    report.answer = "accepted"
+    return report, chosen
+
+
+def _exact_peak(p: Planner, base: np.ndarray, states: list[State], pinned: set[int]) -> int:
+    """The peak of ``states`` in exact integer bytes, recomputed from the spans (no incremental state)."""
+    firsts: list[int] = []
+    lasts: list[int] = []
+    sizes: list[int] = []
+    for i, (c, st) in enumerate(zip(p.cands, states)):
+        if p.fixed[i] or i in pinned or not st.offloaded:
+            continue
+        for s, e, delta in span_changes(
+            spans_in_state(c, State(), p.n, p.release), spans_in_state(c, st, p.n, p.release), c.b
+        ):
+            firsts.append(s)
+            lasts.append(e)
+            sizes.append(delta)
+    values = np.asarray(base, dtype=np.int64) + timeline.sweep(p.n + 1, firsts, lasts, sizes)
+    return int(values.max())

@@ -1,0 +1,71 @@
+"""The filter stage: cap the number of offloads (HyperOffload OffloadInfoFilterByNumber).
+
+Candidates are taken in first-use order (position of the tensor's first use, then the input index
+there) and the first ``select_num`` are kept. MindSpore's loop keeps N-1; offloadctl keeps exactly
+N. Candidates smaller than ``min_bytes`` are dropped first (they do not use up the count). Forced
+candidates (``--force``) are always kept and do not count. Every dropped candidate is moved to
+``rejected`` with its reason.
+"""
+
+from __future__ import annotations
+
+from offloadctl.contract.document import record_stage, require_stage
+from offloadctl.contract.types import Offload, Plan, Rejection, RejectionReason, rejection
+from offloadctl.core.bulk import paused_gc
+from offloadctl.core.units import fmt_bytes
+
+__all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_SELECT_NUM", "filter_plan", "first_use_key"]
+
+DEFAULT_SELECT_NUM = 100
+DEFAULT_MIN_BYTES = 0
+
+
+def first_use_key(offload: Offload) -> tuple[int, int]:
+    """(position, input index) of the offload's first use; subgraph reads sort after inputs.
+
+    A graph output that no node reads sorts at its final reload (the end of the run).
+    """
+    if offload["device_uses"]:
+        first = offload["device_uses"][0]
+    elif offload["reload_groups"]:
+        first = offload["reload_groups"][0]["uses"][0]
+    else:
+        end = offload["output_h2d_before"]
+        assert end is not None  # an entry no node reads is a graph output, copied back at the end
+        return (end, 0)
+    index = first["input_index"]
+    return (first["position"], index if index is not None else 1 << 30)
+
+
+def _rejection(off: Offload, reason: RejectionReason, detail: str) -> Rejection:
+    gaps = [g["gap"] for g in off["reload_groups"]]
+    return rejection(off["tensor"], off["kind"], off["bytes"], "filter", reason, detail, max(gaps) if gaps else None)
+
+
+@paused_gc()
+def filter_plan(plan: Plan, *, select_num: int = DEFAULT_SELECT_NUM, min_bytes: int = DEFAULT_MIN_BYTES) -> Plan:
+    """Return a "filtered" plan keeping the first ``select_num`` candidates in first-use order."""
+    require_stage(plan, "selected", "filter")
+    kept: list[Offload] = []
+    dropped: list[Rejection] = []
+    count = 0
+    for off in sorted(plan["offloads"], key=first_use_key):
+        if off.get("forced"):
+            kept.append(off)
+        elif off["bytes"] < min_bytes:
+            dropped.append(
+                _rejection(off, "min-bytes", f"{fmt_bytes(off['bytes'])} < --min-bytes {fmt_bytes(min_bytes)}")
+            )
+        elif count < select_num:
+            kept.append(off)
+            count += 1
+        else:
+            dropped.append(
+                _rejection(off, "select-num", f"beyond the first {select_num} candidates in first-use order")
+            )
+    # only the kept candidates are copied into the new plan (the input plan is left as it was)
+    new = record_stage(
+        {**plan, "offloads": kept}, "filtered", "filter", {"select_num": select_num, "min_bytes": min_bytes}
+    )
+    new["rejected"] += dropped
+    return new

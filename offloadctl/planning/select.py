@@ -1,0 +1,411 @@
+"""The select stage: which tensors sit idle long enough to offload (HyperOffload "distance").
+
+For every activation, positions = [producer] + [each use] in execution order. Each gap between
+consecutive entries larger than ``select_distance`` opens a reload group holding the use after the
+gap and the uses that follow up to the next such gap. Uses before the first such gap keep reading
+the device tensor. A weight (initializer or Constant node) stays on the host and is read through
+one host-to-device copy per reload group; the first group starts at its first use, and it is
+selected when it sits idle for more than ``select_distance`` positions before its first use, after
+its last use, or between two uses. Every tensor not selected is listed with its reason.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+
+import onnx
+from onnx import TensorProto
+
+from offloadctl._version import __version__
+from offloadctl.analysis.graph import Analysis, Use
+from offloadctl.contract.document import SCHEMA_VERSION
+from offloadctl.contract.types import (
+    Kind,
+    ModelInfo,
+    Offload,
+    Plan,
+    Rejection,
+    RejectionReason,
+    offload,
+    rejection,
+    reload_group,
+)
+from offloadctl.core.bulk import paused_gc
+from offloadctl.core.onnxutil import iter_graphs, subgraphs
+
+__all__ = ["DEFAULT_SELECT_DISTANCE", "select", "split_reload_groups"]
+
+DEFAULT_SELECT_DISTANCE = 100
+
+# Inputs that onnxruntime's kernels read from host memory (shapes, axes, indices of shape ops).
+# Tensors read there are small and already host-side on every execution provider: copying them to
+# the device would only add a copy back. (op type -> input indices)
+HOST_INPUTS: dict[str, frozenset[int]] = {
+    op: frozenset(idx)
+    for op, idx in {
+        "Reshape": (1,),
+        "Expand": (1,),
+        "Tile": (1,),
+        "Slice": (1, 2, 3, 4),
+        "Resize": (1, 2, 3),
+        "Upsample": (1,),
+        "ConstantOfShape": (0,),
+        "Range": (0, 1, 2),
+        "TopK": (1,),
+        "Pad": (1, 2, 3),
+        "Unsqueeze": (1,),
+        "Squeeze": (1,),
+        "Split": (1,),
+        "OneHot": (1,),
+        "CumSum": (1,),
+        "ReduceSum": (1,),
+        "ReduceMean": (1,),
+        "ReduceMax": (1,),
+        "ReduceMin": (1,),
+        "ReduceProd": (1,),
+        "ReduceL1": (1,),
+        "ReduceL2": (1,),
+        "ReduceLogSum": (1,),
+        "ReduceLogSumExp": (1,),
+        "ReduceSumSquare": (1,),
+        "NonMaxSuppression": (2, 3, 4),
+        "Trilu": (1,),
+    }.items()
+}
+
+
+def split_reload_groups(
+    start: int, uses: list[Use], select_distance: int, *, first_group_at_start: bool = False
+) -> tuple[list[Use], list[tuple[int, list[Use]]]]:
+    """Split ``uses`` (sorted) by gaps larger than ``select_distance``.
+
+    Args:
+        start: position of the producer (activations) or of the run's start (weights: 0).
+        uses: the tensor's uses in execution order.
+        select_distance: a gap must be strictly larger to open a reload group.
+        first_group_at_start: weights: the first use always opens a group.
+
+    Returns:
+        (device_uses, groups): the uses before the first qualifying gap, and each reload group as
+        (gap before it, its uses).
+    """
+    device: list[Use] = []
+    groups: list[tuple[int, list[Use]]] = []
+    prev = start
+    for k, use in enumerate(uses):
+        gap = use.position - prev
+        if (first_group_at_start and k == 0) or gap > select_distance:
+            groups.append((gap, [use]))
+        elif groups:
+            groups[-1][1].append(use)
+        else:
+            device.append(use)
+        prev = use.position
+    return device, groups
+
+
+def _reads_on_host(
+    analysis: Analysis, use: Use, name: str | None = None, cache: dict[int, frozenset[str]] | None = None
+) -> bool:
+    """True when ``use`` reads at an input onnxruntime keeps in host memory.
+
+    A read inside a subgraph (``input_index`` None) counts when the body reads ``name`` at such an
+    input (an If branch's Unsqueeze axes, a Loop body's Reshape shape).
+    """
+    node = analysis.nodes[use.position]
+    if use.input_index is not None:
+        return use.input_index in HOST_INPUTS.get(node.op_type, frozenset())
+    if name is None or cache is None:
+        return False
+    reads = cache.get(use.position)
+    if reads is None:
+        reads = cache[use.position] = _subgraph_host_reads(node)
+    return name in reads
+
+
+def _subgraph_host_reads(node: onnx.NodeProto) -> frozenset[str]:
+    """Names a node's subgraphs (at any depth) read at inputs onnxruntime keeps in host memory."""
+    found: set[str] = set()
+    for body in subgraphs(node):
+        for graph in iter_graphs(body):
+            for inner in graph.node:
+                for k in HOST_INPUTS.get(inner.op_type, ()):
+                    if k < len(inner.input) and inner.input[k]:
+                        found.add(inner.input[k])
+    return frozenset(found)
+
+
+# Element types of shape arithmetic (Shape's output, Gather/Concat/Unsqueeze of dimensions).
+_SHAPE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
+
+
+def _shape_feeders(analysis: Analysis, cache: dict[int, frozenset[str]]) -> dict[str, Use]:
+    """Integer tensors that only feed shape computations, each with one host read it ends in.
+
+    An integer tensor whose every read is by a node all of whose outputs end, directly or through
+    more such nodes, at inputs onnxruntime keeps in host memory (a Concat of dimensions that becomes
+    an Expand's shape, a Gather index on a Shape output). onnxruntime places these small shape
+    computations on the host; copying their inputs to the device only adds copies back and hides
+    the shape values from shape inference. Computed in reverse execution order, so a node's outputs
+    are decided before its inputs.
+    """
+    outputs = set(analysis.graph_outputs)
+    ends: dict[str, Use] = {}  # tensor -> a host read it (eventually) feeds
+
+    def end_of(name: str) -> Use | None:
+        if name in outputs:
+            return None
+        info = analysis.infos.get(name)
+        if info is None or info.elem_type not in _SHAPE_TYPES:
+            return None
+        uses = analysis.uses.get(name)
+        if not uses:
+            return None
+        found: Use | None = None
+        for use in uses:
+            if _reads_on_host(analysis, use, name, cache):
+                found = found or use
+                continue
+            if use.input_index is None:
+                return None
+            node_outputs = [o for o in analysis.nodes[use.position].output if o]
+            if not node_outputs or any(o not in ends for o in node_outputs):
+                return None
+            found = found or ends[node_outputs[0]]
+        return found
+
+    for position in range(analysis.num_positions - 1, -1, -1):
+        for name in analysis.nodes[position].output:
+            if name:
+                end = end_of(name)
+                if end is not None:
+                    ends[name] = end
+    for name in analysis.weights:
+        end = end_of(name)
+        if end is not None:
+            ends[name] = end
+    return ends
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    if not patterns:  # the usual case, for every tensor of a big graph
+        return False
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def _max_gap(start: int, uses: list[Use], end: int | None = None) -> int:
+    """The largest distance between consecutive entries of [start] + use positions (+ [end])."""
+    best = 0
+    prev = start
+    for use in uses:
+        position = use[0]
+        if position - prev > best:
+            best = position - prev
+        prev = position
+    if end is not None and end - prev > best:
+        best = end - prev
+    return best
+
+
+@paused_gc()
+def select(
+    analysis: Analysis,
+    *,
+    select_distance: int = DEFAULT_SELECT_DISTANCE,
+    activations: bool = True,
+    params: bool = False,
+    force: Iterable[str] = (),
+    never: Iterable[str] = (),
+) -> Plan:
+    """Build a plan at stage "selected" from an analysed model.
+
+    Args:
+        analysis: the analysed model.
+        select_distance: a gap must be larger than this to open a reload group (MindSpore: 100).
+        activations: consider node outputs.
+        params: consider weights (initializers and Constant nodes).
+        force: glob patterns of tensors to offload even when no gap qualifies.
+        never: glob patterns of tensors never to offload (wins over ``force``).
+    """
+    force, never = tuple(force), tuple(never)
+    n = analysis.num_positions
+    outputs = set(analysis.graph_outputs)
+    chosen: list[tuple[tuple[int, int], Offload]] = []
+    rejected: list[tuple[tuple[int, int], Rejection]] = []
+
+    def reject(
+        name: str, kind: Kind, uses: list[Use], reason: RejectionReason, detail: str, max_gap: int | None = None
+    ) -> None:
+        first = uses[0].sort_key if uses else (n, 0)
+        info = analysis.infos.get(name)
+        rejected.append(
+            (first, rejection(name, kind, info.bytes if info is not None else None, "select", reason, detail, max_gap))
+        )
+
+    candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
+    candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
+    analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
+    shape_feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
+    host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
+    for name, kind in candidates:
+        uses = analysis.uses.get(name, [])
+        enabled = activations if kind == "activation" else params
+        if not uses:
+            reject(name, kind, uses, "unused", "no node reads it" + (" (graph output only)" if name in outputs else ""))
+            continue
+        is_act = kind == "activation"
+        start = analysis.producer[name] if is_act else 0
+        end = None if is_act else max(n - 1, uses[-1].position)
+        max_gap = _max_gap(start, uses, end)
+        if not enabled and not _matches(name, force):
+            reject(
+                name,
+                kind,
+                uses,
+                "disabled",
+                f"{kind} offload is switched off (--{'activations' if is_act else 'params'})",
+                max_gap,
+            )
+            continue
+        if _matches(name, never):
+            reject(name, kind, uses, "never", "matches a --never pattern", max_gap)
+            continue
+        forced = _matches(name, force)
+        if max_gap <= select_distance and not forced:
+            # Checked before size and placement: no idle stretch qualifies, whatever else holds.
+            reject(
+                name,
+                kind,
+                uses,
+                "short-gaps",
+                f"largest idle stretch {max_gap} <= select distance {select_distance}",
+                max_gap,
+            )
+            continue
+        info = analysis.infos.get(name)
+        if name in analysis.sparse_weights:
+            reject(
+                name,
+                kind,
+                uses,
+                "not-copyable",
+                "a sparse weight (onnxruntime makes it dense when it loads the model); "
+                "offloadctl copies dense tensors only",
+                max_gap,
+            )
+            continue
+        if info is not None and not info.copyable:
+            reject(
+                name,
+                kind,
+                uses,
+                "not-copyable",
+                info.why_unknown()
+                if info.bytes is None
+                else f"type {info.dtype} cannot be copied by onnxruntime's MemcpyToHost/MemcpyFromHost "
+                "on every provider",
+                max_gap,
+            )
+            continue
+        if info is None or info.bytes is None:
+            why = info.why_unknown() if info is not None else "shape inference could not find its type"
+            reject(
+                name,
+                kind,
+                uses,
+                "unknown-size",
+                f"size unknown: {why}; pin dynamic inputs with --input-shape NAME=D0,D1,...",
+                max_gap,
+            )
+            continue
+        host_use = None if forced else next((u for u in uses if _reads_on_host(analysis, u, name, host_reads)), None)
+        if host_use is not None:
+            op = analysis.nodes[host_use.position].op_type
+            where = (
+                f"read as input {host_use.input_index} of {op} {host_use.node!r}"
+                if host_use.input_index is not None
+                else f"read inside a subgraph of {op} {host_use.node!r} at an input"
+            )
+            reject(name, kind, uses, "host-input", f"{where}, which onnxruntime keeps in host memory", max_gap)
+            continue
+        host_end = None
+        if info.elem_type in _SHAPE_TYPES and not forced:  # only integer tensors feed shape computations
+            if shape_feeders is None:
+                shape_feeders = _shape_feeders(analysis, host_reads)
+            host_end = shape_feeders.get(name)
+        if host_end is not None:
+            op = analysis.nodes[host_end.position].op_type
+            reject(
+                name,
+                kind,
+                uses,
+                "host-input",
+                f"feeds only shape computations ending at input {host_end.input_index} of {op} {host_end.node!r}, "
+                "which onnxruntime keeps in host memory",
+                max_gap,
+            )
+            continue
+        if not is_act and name in outputs:
+            reject(
+                name,
+                kind,
+                uses,
+                "graph-output-weight",
+                "a weight that is also a graph output stays on the device",
+                max_gap,
+            )
+            continue
+        device, groups = split_reload_groups(start, uses, select_distance, first_group_at_start=not is_act)
+        if not groups:  # only a forced tensor gets here: one group holding every use
+            device, groups = ([], [(uses[0].position - start, list(uses))])
+        entry = offload(
+            tensor=name,
+            kind=kind,
+            dtype=info.dtype,
+            shape=info.int_shape(),
+            size=info.bytes,
+            producer={"position": start, "node": analysis.node_names[start]} if is_act else None,
+            device_uses=[u.to_json() for u in device],
+            reload_groups=[reload_group([u.to_json() for u in g], gap) for gap, g in groups],
+            graph_output=is_act and name in outputs,
+            output_h2d_before=n if is_act and name in outputs else None,
+            forced=forced,
+        )
+        chosen.append((uses[0].sort_key, entry))
+
+    chosen.sort(key=lambda item: item[0])
+    rejected.sort(key=lambda item: item[0])
+    offloads = [entry for _, entry in chosen]
+    for i, entry in enumerate(offloads):
+        entry["id"] = i
+    options = {
+        "select_distance": select_distance,
+        "activations": activations,
+        "params": params,
+        "force": list(force),
+        "never": list(never),
+    }
+    loaded = analysis.loaded
+    model: ModelInfo = {
+        "path": str(loaded.path),
+        "sha256": loaded.sha256,
+        "num_positions": n,
+        "input_shapes": loaded.input_shapes,
+    }
+    if loaded.dims:
+        model["dims"] = dict(loaded.dims)
+    if loaded.sizes_from_run is not None:
+        model["sizes_from_run"] = {**loaded.sizes_from_run}
+    plan: Plan = {
+        "schema_version": SCHEMA_VERSION,
+        "stage": "selected",
+        "tool": {"name": "offloadctl", "version": __version__},
+        "model": model,
+        "strategy": "distance",
+        "options": {"select": options},
+        "history": [{"stage": "selected", "tool_version": __version__, "options": options}],
+        "offloads": offloads,
+        "rejected": [entry for _, entry in rejected],
+    }
+    return plan

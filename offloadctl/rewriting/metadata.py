@@ -1,0 +1,103 @@
+"""What a rewritten model records about itself in ``metadata_props``, and reading it back.
+
+`offloadctl apply` writes these keys (replacing keys of the same name, keeping all others):
+
+- ``offloadctl.version``: the offloadctl version that rewrote the model.
+- ``offloadctl.plan_sha256``: sha256 of the plan's canonical JSON (`plan_sha256`).
+- ``offloadctl.offloads``: how many tensors are offloaded.
+- ``offloadctl.session``: JSON of the session settings the model needs to keep its copies and
+  run them where they were planned::
+
+      {"execution_order": "PRIORITY_BASED",
+       "disabled_optimizers": ["ConstantFolding"],     # only when weights are offloaded
+       "cann": {"enable_cann_graph": "0"}}
+
+  PRIORITY_BASED makes onnxruntime run the nodes in file order (the default order moves the
+  copies); ConstantFolding would turn ``MemcpyFromHost(weight)`` back into a device weight; the
+  CANN graph mode compiles subgraphs, owns their memory and splits at every copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import onnx
+
+from offloadctl.contract.types import Plan
+from offloadctl.core.errors import OffloadError
+
+__all__ = [
+    "KEY_VERSION",
+    "KEY_PLAN_SHA256",
+    "KEY_OFFLOADS",
+    "KEY_SESSION",
+    "plan_sha256",
+    "make_session_settings",
+    "set_metadata",
+    "session_settings",
+]
+
+KEY_VERSION = "offloadctl.version"
+KEY_PLAN_SHA256 = "offloadctl.plan_sha256"
+KEY_OFFLOADS = "offloadctl.offloads"
+KEY_SESSION = "offloadctl.session"
+
+
+def plan_sha256(plan: Plan) -> str:
+    """sha256 of the plan's canonical JSON (sorted keys, no whitespace, UTF-8)."""
+    # json's ASCII encoder is the faster one; it writes the same text unless a string holds a
+    # character beyond ASCII, which it writes as \uXXXX (so does a control character either way)
+    text = json.dumps(plan, sort_keys=True, separators=(",", ":"))
+    if "\\u" in text:
+        text = json.dumps(plan, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def make_session_settings(*, weights_offloaded: bool) -> dict[str, Any]:
+    """The session settings an offloaded model needs (see the module docstring)."""
+    settings: dict[str, Any] = {"execution_order": "PRIORITY_BASED"}
+    if weights_offloaded:
+        settings["disabled_optimizers"] = ["ConstantFolding"]
+    settings["cann"] = {"enable_cann_graph": "0"}
+    return settings
+
+
+def set_metadata(model: onnx.ModelProto, values: dict[str, str]) -> None:
+    """Set ``metadata_props`` entries in place: same keys replaced, other keys kept in order."""
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key not in values]
+    del model.metadata_props[:]
+    for key, value in kept + list(values.items()):
+        entry = model.metadata_props.add()
+        entry.key = key
+        entry.value = value
+
+
+def session_settings(model: onnx.ModelProto) -> dict[str, Any] | None:
+    """The session settings recorded by `offloadctl apply`, or None for a model it did not rewrite.
+
+    Raises:
+        OffloadError: the ``offloadctl.session`` entry exists but is not a JSON object.
+    """
+    for prop in model.metadata_props:
+        if prop.key == KEY_SESSION:
+            try:
+                value = json.loads(prop.value)
+            except json.JSONDecodeError as exc:
+                raise OffloadError(
+                    f"model metadata {KEY_SESSION!r} is not valid JSON ({exc.msg})",
+                    hint="re-create the model with offloadctl apply",
+                ) from None
+            except RecursionError:
+                raise OffloadError(
+                    f"model metadata {KEY_SESSION!r} is not valid: its JSON is nested too deeply",
+                    hint="re-create the model with offloadctl apply",
+                ) from None
+            if not isinstance(value, dict):
+                raise OffloadError(
+                    f"model metadata {KEY_SESSION!r} is not a JSON object",
+                    hint="re-create the model with offloadctl apply",
+                )
+            return value
+    return None

@@ -1,0 +1,571 @@
+"""Rewriting a model by a scheduled plan: the only code that edits ONNX.
+
+`apply_plan` returns a new model in which every offload of the plan is encoded with onnxruntime's
+own copy operators (`offloadctl.core.memcpy`); `write_model` writes it atomically, next to the external
+data files it refers to. The source model is never modified.
+
+Encoding:
+
+- Activation: a ``MemcpyToHost`` (D2H) is added as an extra consumer of the tensor right after the
+  node at ``d2h_after``. Each reload group gets one ``MemcpyFromHost`` (H2D) that reads the host copy,
+  just before the node at ``h2d_before``; only that group's uses are rerouted to its output (by
+  node position and input index; a use with input index null is a read inside an If/Loop/Scan
+  body, renamed there as an outer-scope name). Device uses keep reading the original tensor, so
+  onnxruntime's fusions still see it.
+- Offloaded graph output: the output name must not change, so the producer's output gets a new
+  name (the device uses and the D2H read it) and an H2D whose output is the original name runs
+  before ``output_h2d_before`` (the end for plans made by `offloadctl prefetch`). Feeding the
+  output from the host copy at the end, rather than from the device tensor, lets the device buffer
+  be freed after its last device use instead of living until the run ends.
+- Weight (initializer or Constant node): no D2H; one H2D per reload group reads the weight. A
+  Constant-node weight first becomes an initializer. Each offloaded weight is also listed in
+  ``graph.input`` so that constant folding cannot turn ``MemcpyFromHost(W)`` back into a device
+  weight (the model's metadata also asks to disable ConstantFolding).
+
+Node order: the file order is the planned order — Constant nodes first (they take no position),
+then for each position p the H2Ds placed before p, node p, the D2Hs placed after p, then the H2Ds at
+the end — re-sorted into onnxruntime's PRIORITY_BASED order (`offloadctl.analysis.graph.execution_order`),
+so the file order is exactly the order onnxruntime runs. Copy nodes placed among backward nodes
+(``__backwardpass``) carry that attribute too, so that the priority order keeps them there.
+
+Every copy node carries the internal attribute ``__offload`` (its own name; onnx allows attributes
+whose name starts with "__" on any operator). Without it onnxruntime's common subexpression
+elimination merges the H2Ds of two reload groups of one tensor (same op, same input) into the
+first one, which keeps the tensor on the device across the gap the plan offloads.
+
+Names: copy nodes are ``offload{id}/d2h``, ``offload{id}/h2d{g}`` and ``offload{id}/h2d_out``; copy
+outputs ``{tensor}__offload{id}_host`` and ``{tensor}__offload{id}_dev{g}`` (a renamed graph output:
+``{tensor}__offload{id}_device``); a suffix is added on any clash. Unnamed or duplicate-named
+nodes get the unique label the analysis gives them, so profiled node names match plan labels.
+
+The model keeps its IR version and opset imports. Inputs whose dimensions were pinned at planning
+time (``model.input_shapes`` of the plan) stay pinned: the plan's sizes hold for those shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import filecmp
+import functools
+import json
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from offloadctl._version import __version__
+from offloadctl.analysis.graph import Analysis, execution_order
+from offloadctl.contract.check import check_plan_for_model
+from offloadctl.contract.types import Offload, Plan, Use
+from offloadctl.core.bulk import paused_gc
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import atomic_write, check_distinct_outputs, same_file
+from offloadctl.core.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, register_schemas
+from offloadctl.core.onnxutil import BACKWARD_ATTR, is_backward, is_constant_node, iter_graphs, rename_outer, subgraphs
+from offloadctl.loading.model import TensorInfo, external_data_entries
+from offloadctl.rewriting.metadata import (
+    KEY_OFFLOADS,
+    KEY_PLAN_SHA256,
+    KEY_SESSION,
+    KEY_VERSION,
+    make_session_settings,
+    plan_sha256,
+    set_metadata,
+)
+
+__all__ = [
+    "ApplyResult",
+    "MAX_EMBEDDED_BYTES",
+    "apply_plan",
+    "check_model_outputs",
+    "data_copies",
+    "external_locations",
+    "write_model",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_EMBEDDED_BYTES = 2**31 - 1  # protobuf's limit for one serialized message
+_COPY_ATTR = "__offload"  # the copy's own name: keeps copies of one tensor distinct (see module docstring)
+
+register_schemas()  # so onnx.checker accepts the models this module produces
+
+
+@dataclass
+class ApplyResult:
+    """What `apply_plan` inserted (for summaries and tests)."""
+
+    d2h: int = 0
+    h2d: int = 0
+    activations: int = 0
+    parameters: int = 0
+    reordered: int = 0  # nodes onnxruntime runs at another place than planned (Shape/Size first)
+    copy_nodes: list[str] = field(default_factory=list)
+
+
+@paused_gc()
+def apply_plan(plan: Plan, analysis: Analysis, *, result: ApplyResult | None = None) -> onnx.ModelProto:
+    """Return a copy of the analysed model with the plan's copies inserted.
+
+    Args:
+        plan: a validated plan at stage "scheduled", made for this model.
+        analysis: the analysis of the model (with the plan's input shapes).
+        result: filled with counts of what was inserted, when given.
+
+    Raises:
+        OffloadError: the plan does not fit the model (unknown tensor, other kind, other uses,
+            positions beyond the model) or is not scheduled.
+    """
+    register_schemas()
+    if plan.get("stage") != "scheduled":
+        raise OffloadError(
+            f"the plan is at stage {plan.get('stage')!r}; apply needs a scheduled plan",
+            hint="run offloadctl prefetch on it first (or offloadctl plan to do every stage)",
+        )
+    check_plan_for_model(plan, analysis)
+    return _Rewriter(plan, analysis, result if result is not None else ApplyResult()).run()
+
+
+# ---------------------------------------------------------------------------------------------
+# Names
+
+
+class _ModelNames:
+    """Every tensor name of the model, subgraphs included, asked one name at a time (new names must
+    clash with none): the analysis's maps answer for the main graph's nodes and weights, a set
+    holds the few others (graph inputs and outputs, value_info, sparse weights, subgraphs)."""
+
+    def __init__(self, analysis: Analysis, nodes: list[onnx.NodeProto]) -> None:
+        graph = analysis.loaded.proto.graph
+        self._maps = (analysis.producer, analysis.uses, analysis.weights)
+        names = set(analysis.graph_inputs) | set(analysis.graph_outputs)
+        names.update(v.name for v in graph.value_info)
+        names.update(v.name for v in graph.input)
+        names.update(s.values.name for s in graph.sparse_initializer)
+        for node in nodes:
+            if node.attribute:
+                for sub in subgraphs(node):
+                    for g in iter_graphs(sub):
+                        names.update(v.name for v in g.input)
+                        names.update(v.name for v in g.output)
+                        names.update(v.name for v in g.value_info)
+                        names.update(t.name for t in g.initializer)
+                        names.update(s.values.name for s in g.sparse_initializer)
+                        for inner in g.node:
+                            names.update(inner.input)
+                            names.update(inner.output)
+        names.discard("")
+        self._others = names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._others or any(name in names for names in self._maps)
+
+
+class _Names:
+    """Hands out names that clash with nothing in the model (``taken``) and with each other."""
+
+    def __init__(self, taken: Container[str]) -> None:
+        self.taken = taken
+        self.given: set[str] = set()
+
+    def new(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.given or name in self.taken:
+            name = f"{base}_{k}"
+            k += 1
+        self.given.add(name)
+        return name
+
+
+def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
+    shape = None if info.shape is None else list(info.shape)
+    return helper.make_tensor_value_info(name, info.elem_type or TensorProto.UNDEFINED, shape)
+
+
+# Constant attributes holding a number or a list: the field that holds it and the numpy type.
+_CONSTANT_NUMBERS = {
+    "value_float": ("f", np.float32),
+    "value_floats": ("floats", np.float32),
+    "value_int": ("i", np.int64),
+    "value_ints": ("ints", np.int64),
+}
+
+
+def _constant_to_initializer(node: onnx.NodeProto) -> TensorProto:
+    """The tensor a Constant node produces, as an initializer named like its output."""
+    for attr in node.attribute:
+        if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+            tensor = TensorProto()
+            tensor.CopyFrom(attr.t)
+            break
+        if attr.name in _CONSTANT_NUMBERS:
+            field, dtype = _CONSTANT_NUMBERS[attr.name]
+            value = getattr(attr, field)
+            tensor = numpy_helper.from_array(np.array(value if field in ("f", "i") else list(value), dtype=dtype))
+            break
+    else:
+        raise OffloadError(
+            f"Constant node {node.name or node.output[0]!r} holds a sparse or string value, which cannot be offloaded",
+            hint=f"remove tensor {node.output[0]!r} from the plan",
+        )
+    tensor.name = node.output[0]
+    return tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# The rewrite
+
+
+class _Rewriter:
+    def __init__(self, plan: Plan, analysis: Analysis, result: ApplyResult) -> None:
+        self.plan = plan
+        self.analysis = analysis
+        self.result = result
+        source = analysis.loaded.proto
+        self.model = onnx.ModelProto()
+        self.model.CopyFrom(source)
+        self.graph = self.model.graph
+        # The copy's own nodes, edited in place; the graph's node list is rebuilt from them at the
+        # end (protobuf keeps these references valid after they are removed from the list).
+        self.file_nodes = list(self.graph.node)
+        self.pos_nodes = [self.file_nodes[i] for i in analysis.file_index]
+        self.constant_files = [i for i, n in enumerate(self.file_nodes) if is_constant_node(n)]
+        self.tensors = _Names(_ModelNames(analysis, self.pos_nodes))
+        self.before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+        self.after: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+        self.value_infos: list[onnx.ValueInfoProto] = []
+        self.converted: set[int] = set()  # file indices of Constant nodes turned into initializers
+        self.graph_input_names = {v.name for v in self.graph.input}
+        self._name_nodes()
+
+    def _name_nodes(self) -> None:
+        """Give unnamed and duplicate-named nodes unique names; positions get the analysis labels."""
+        names = [node.name for node in self.file_nodes]
+        counts = Counter(names)
+        self.nodes = _Names({name for name, c in counts.items() if c == 1 and name})
+        for pos, i in enumerate(self.analysis.file_index):
+            if not names[i] or counts[names[i]] > 1:
+                self.pos_nodes[pos].name = self.nodes.new(self.analysis.node_names[pos])
+        for i in self.constant_files:
+            node = self.file_nodes[i]
+            if not names[i] or counts[names[i]] > 1:
+                node.name = self.nodes.new(f"{node.name or node.op_type}#{i}")
+
+    def _copy_node(self, op: str, src: str, dst: str, name: str, beside: int) -> onnx.NodeProto:
+        node = helper.make_node(op, [src], [dst], name=self.nodes.new(name))
+        node.attribute.append(helper.make_attribute(_COPY_ATTR, node.name))
+        n = self.analysis.num_positions
+        if n and is_backward(self.pos_nodes[min(beside, n - 1)]):
+            node.attribute.append(helper.make_attribute(BACKWARD_ATTR, 1))
+        self.result.copy_nodes.append(node.name)
+        return node
+
+    def _reroute(self, use: Use, old: str, new: str) -> None:
+        node = self.pos_nodes[use["position"]]
+        index = use["input_index"]
+        if index is None:
+            if (
+                sum(rename_outer(g, old, new) for g in subgraphs(node)) == 0
+            ):  # pragma: no cover - the plan check rules this out
+                raise AssertionError(f"node {node.name!r} has no subgraph read of {old!r}")
+            return
+        if node.input[index] != old:  # pragma: no cover - the plan check rules this out
+            raise AssertionError(f"node {node.name!r} input {index} is {node.input[index]!r}, not {old!r}")
+        node.input[index] = new
+
+    def _offload_activation(self, off: Offload, info: TensorInfo) -> None:
+        tensor, oid, d2h_after = off["tensor"], off["id"], off["d2h_after"]
+        assert off["producer"] is not None and d2h_after is not None  # checked when the plan was read
+        source = tensor
+        if off["graph_output"] and off["output_h2d_before"] is not None:
+            source = self.tensors.new(f"{tensor}__offload{oid}_device")
+            producer = self.pos_nodes[off["producer"]["position"]]
+            for k, name in enumerate(producer.output):
+                if name == tensor:
+                    producer.output[k] = source
+            for use in off["device_uses"]:
+                self._reroute(use, tensor, source)
+            for vi in self.graph.value_info:
+                if vi.name == tensor:
+                    vi.name = source
+            self.value_infos.append(_value_info(source, info))
+        host = self.tensors.new(f"{tensor}__offload{oid}_host")
+        d2h = self._copy_node(MEMCPY_TO_HOST, source, host, f"offload{oid}/d2h", d2h_after)
+        self.after[d2h_after].append(d2h)
+        self.value_infos.append(_value_info(host, info))
+        self.result.d2h += 1
+        self._reload_groups(off, info, host)
+        if off["graph_output"] and off["output_h2d_before"] is not None:
+            at = off["output_h2d_before"]
+            self.before[at].append(self._copy_node(MEMCPY_FROM_HOST, host, tensor, f"offload{oid}/h2d_out", at))
+            self.result.h2d += 1
+
+    def _offload_parameter(self, off: Offload, info: TensorInfo) -> None:
+        tensor = off["tensor"]
+        if tensor in self.analysis.constants:
+            index = self.analysis.constants[tensor]
+            self.graph.initializer.append(_constant_to_initializer(self.file_nodes[index]))
+            self.converted.add(index)
+        if tensor not in self.graph_input_names:
+            self.graph.input.append(_value_info(tensor, info))
+            self.graph_input_names.add(tensor)
+        self._reload_groups(off, info, tensor)
+
+    def _reload_groups(self, off: Offload, info: TensorInfo, feed: str) -> None:
+        tensor, oid = off["tensor"], off["id"]
+        for g, group in enumerate(off["reload_groups"]):
+            out = self.tensors.new(f"{tensor}__offload{oid}_dev{g}")
+            at = group["h2d_before"]
+            assert at is not None  # a scheduled plan has every H2D position
+            self.before[at].append(self._copy_node(MEMCPY_FROM_HOST, feed, out, f"offload{oid}/h2d{g}", at))
+            self.value_infos.append(_value_info(out, info))
+            self.result.h2d += 1
+            for use in group["uses"]:
+                self._reroute(use, tensor, out)
+
+    def run(self) -> onnx.ModelProto:
+        analysis = self.analysis
+        for off in self.plan["offloads"]:
+            info = analysis.infos[off["tensor"]]
+            if off["kind"] == "activation":
+                self._offload_activation(off, info)
+                self.result.activations += 1
+            else:
+                self._offload_parameter(off, info)
+                self.result.parameters += 1
+
+        n = analysis.num_positions
+        planned: list[onnx.NodeProto] = []
+        for p in range(n):
+            planned += self.before.get(p, [])
+            planned.append(self.pos_nodes[p])
+            planned += self.after.get(p, [])
+        planned += self.before.get(n, [])
+        constants = [self.file_nodes[i] for i in self.constant_files if i not in self.converted]
+
+        graph = self.graph
+        if analysis.plain_priority:
+            # No Shape/Size and no backward node (so no backward copy): onnxruntime's priority order
+            # is the file order, and the planned order is topological by construction.
+            order = list(range(len(planned)))
+        else:
+            available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+            available |= {s.values.name for s in graph.sparse_initializer}
+            available |= {o for node in constants for o in node.output if o}
+            order, _ = execution_order(planned, available)
+        self.result.reordered = sum(1 for k, i in enumerate(order) if k != i)
+        if self.result.reordered:
+            logger.info(
+                "onnxruntime runs %d node(s) at another place than planned (Shape/Size run as soon as ready); "
+                "the file follows onnxruntime's order",
+                self.result.reordered,
+            )
+        del graph.node[:]
+        graph.node.extend(constants + [planned[i] for i in order])
+        graph.value_info.extend(self.value_infos)
+
+        weights = any(off["kind"] == "parameter" for off in self.plan["offloads"])
+        settings = make_session_settings(weights_offloaded=weights)
+        set_metadata(
+            self.model,
+            {
+                KEY_VERSION: __version__,
+                KEY_PLAN_SHA256: plan_sha256(self.plan),
+                KEY_OFFLOADS: str(len(self.plan["offloads"])),
+                KEY_SESSION: json.dumps(settings, sort_keys=False),
+            },
+        )
+        return self.model
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def external_locations(model: onnx.ModelProto) -> list[str]:
+    """The distinct external data files (``location`` values) the model's tensors refer to."""
+    return sorted({location for _, location in external_data_entries(model)})
+
+
+def data_copies(
+    model: onnx.ModelProto,
+    out_path: str | os.PathLike[str],
+    source_dir: str | os.PathLike[str],
+    *,
+    locations: Sequence[str] | None = None,
+) -> list[Path]:
+    """Where `write_model` copies the model's external data files (none when the output goes to
+    the source's folder). ``locations``: the model's `external_locations`, when the caller has them."""
+    out = Path(out_path)
+    out_dir = out.parent if str(out.parent) else Path(".")
+    if Path(source_dir).resolve() == out_dir.resolve():
+        return []
+    return [out_dir / location for location in (external_locations(model) if locations is None else locations)]
+
+
+def check_model_outputs(
+    model: onnx.ModelProto,
+    out_path: str | os.PathLike[str],
+    source_dir: str | os.PathLike[str],
+    protected: Sequence[str | os.PathLike[str]] = (),
+    *,
+    big: bool = False,
+    locations: Sequence[str] | None = None,
+) -> None:
+    """Refuse a write of ``model`` to ``out_path`` whose files (the model, the copies of its data
+    files, with ``big`` the data file of a model over 2 GiB) collide with each other or with a
+    ``protected`` file (one the command reads). ``locations``: the model's `external_locations`,
+    when the caller has them."""
+    out = Path(out_path)
+    out_dir = out.parent if str(out.parent) else Path(".")
+    outputs = [("the rewritten model", out)]
+    copies = data_copies(model, out, source_dir, locations=locations)
+    outputs += [(f"the copy of external data file {p.name}", p) for p in copies]
+    if big:
+        outputs.append((f"the weights of the rewritten model ({out.name}.data)", out_dir / f"{out.name}.data"))
+    check_distinct_outputs(outputs)
+    for what, path in outputs:
+        for src in protected:
+            if same_file(path, src):
+                raise OffloadError(
+                    f"{what} would overwrite {src}, which the command reads",
+                    hint="write the output to another path or folder; inputs are never modified",
+                )
+
+
+def _provide_external_data(locations: list[str], source_dir: Path, out_dir: Path) -> list[Path]:
+    """Copy each data file beside the output (streamed, never read into memory, keeping its
+    permission bits); return the new files."""
+    created: list[Path] = []
+    if source_dir.resolve() == out_dir.resolve():
+        return created
+    try:
+        for location in locations:
+            src = source_dir / location
+            dst = out_dir / location
+            if Path(location).is_absolute() or not src.resolve().is_relative_to(source_dir.resolve()):
+                raise OffloadError(
+                    f"external data file {location!r} lies outside the model's folder {source_dir}",
+                    hint="keep the model's data files inside its folder (no absolute paths, no '..', no symlinks to "
+                    "elsewhere)",
+                )
+            if not dst.resolve().is_relative_to(out_dir.resolve()):
+                raise OffloadError(
+                    f"external data file {location!r} would be placed outside the output folder {out_dir}",
+                    hint=f"write the output into the model's folder {source_dir}",
+                )
+            if dst.exists():
+                if os.path.samefile(src, dst) or filecmp.cmp(src, dst, shallow=False):
+                    continue
+                raise OffloadError(
+                    f"{dst} already exists and differs from the model's external data file {src}",
+                    hint="write the output into another folder, or remove that file",
+                )
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            # A copy, not a hard link: onnx >= 1.23 refuses to load external data files with more
+            # than one link (a "hardlink attack" guard), which would break the source model too.
+            mode = stat.S_IMODE(src.stat().st_mode)
+            atomic_write(dst, functools.partial(shutil.copyfile, src), mode=mode)
+            created.append(dst)
+    except BaseException:
+        _remove(created)
+        raise
+    return created
+
+
+def _remove(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def write_model(
+    model: onnx.ModelProto,
+    out_path: str | os.PathLike[str],
+    *,
+    source_dir: str | os.PathLike[str],
+    max_embedded_bytes: int = MAX_EMBEDDED_BYTES,
+    protected: Sequence[str | os.PathLike[str]] = (),
+    locations: Sequence[str] | None = None,
+    mode: int | None = None,
+) -> list[Path]:
+    """Write ``model`` atomically to ``out_path``; return the data files written beside it.
+
+    ``mode`` gives the written model (and the data file of a model over 2 GiB) those permission bits,
+    as `apply` gives a rewrite its source model's; None: the usual bits of a new file.
+
+    External data files the model refers to (relative to ``source_dir``, the source model's
+    folder) are copied beside the output when it goes to another folder (not hard-linked: onnx
+    refuses to load external data files that have several links). A model larger than
+    ``max_embedded_bytes`` (protobuf cannot serialize more than 2 GiB) is written with its
+    embedded weights in one external file ``OUT.name + ".data"``.
+
+    ``protected`` are files that must not be written (the inputs of the command): the output, the
+    copied data files and the data file of a model over 2 GiB are checked against them and against
+    each other before anything is written.
+
+    ``locations`` are the model's `external_locations` when the caller knows them (a model from
+    `apply_plan` refers to the data files of its source, `LoadedModel.data_locations`): a big
+    model's tensors are then not walked again.
+
+    Raises:
+        OffloadError: the output cannot be written, an output would overwrite a protected file or
+            another output, or a data file of that name exists and differs.
+    """
+    out = Path(out_path)
+    out_dir = out.parent if str(out.parent) else Path(".")
+    locations = external_locations(model) if locations is None else sorted(locations)
+    check_model_outputs(
+        model, out, source_dir, protected, big=model.ByteSize() > max_embedded_bytes, locations=locations
+    )
+    created = _provide_external_data(locations, Path(source_dir), out_dir)
+    try:
+        if model.ByteSize() <= max_embedded_bytes:
+            data = model.SerializeToString()
+            atomic_write(out, lambda tmp: tmp.write_bytes(data), mode=mode)
+            return created
+        data_name = out.name + ".data"
+        if data_name in locations:
+            raise OffloadError(
+                f"cannot write the weights of {out} to {data_name}: the model already refers to a file of that name",
+                hint="choose another output name",
+            )
+        try:
+            with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out_dir) as tmp_dir:
+                copy = onnx.ModelProto()
+                copy.CopyFrom(model)
+                onnx.save_model(
+                    copy,
+                    os.path.join(tmp_dir, out.name),
+                    save_as_external_data=True,
+                    all_tensors_to_one_file=True,
+                    location=data_name,
+                    size_threshold=1024,
+                )
+                for name in (data_name, out.name):
+                    if mode is not None:
+                        os.chmod(os.path.join(tmp_dir, name), mode)
+                    else:  # tempfile's folder is private; its files get the usual bits of a new file
+                        umask = os.umask(0)
+                        os.umask(umask)
+                        os.chmod(os.path.join(tmp_dir, name), 0o666 & ~umask)
+                os.replace(os.path.join(tmp_dir, data_name), out_dir / data_name)
+                created.append(out_dir / data_name)
+                os.replace(os.path.join(tmp_dir, out.name), out)
+        except OSError as exc:
+            raise OffloadError(
+                f"cannot write {out}: {exc.strerror or exc}", hint="check the path and free disk space"
+            ) from exc
+        return created
+    except BaseException:
+        _remove(created)
+        raise

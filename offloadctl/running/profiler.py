@@ -1,0 +1,904 @@
+"""Measuring a device profile on the real device with onnxruntime (`offloadctl profile`).
+
+This module owns the measurements behind a *measured* profile (format: ``schemas/profile.schema.json``,
+loader: `offloadctl.simulation.profiles`). It runs sessions configured exactly as `offloadctl run` does
+(`offloadctl.running.runner.session_config` with ``--opt-level disable``: PRIORITY_BASED order, no graph
+optimizations; `offloadctl.running.runner.create_session` checks that the device's provider is really in
+use) and measures:
+
+* the model: its wall-clock latency without profiling (median of ``repeat`` runs after a warm-up),
+  and every node's duration from onnxruntime's profiling (``<node>_kernel_time`` events), the median
+  over ``repeat`` profiled runs, keyed by the name profiling gives the node, with its op type and
+  input shapes;
+* the executor: what kernel events do not cover. A run costs ``run_overhead_s`` (measured as the
+  intercept of the latency of chains of 1 and 65 trivial nodes) plus, per node, its kernel time plus
+  ``node_overhead_s`` (never below 0 in all), the offset that makes the nodes and the run's cost add
+  up to the latency (`node_overhead_for`). On a CPU ``node_overhead_s`` is negative: onnxruntime's
+  profiler spends more inside each event (thread-pool statistics, shape strings) than the executor
+  spends between nodes; the figure corrects both.
+* copies: the latency one more ``MemcpyToHost`` (D2H) or ``MemcpyFromHost`` (H2D) node adds to a
+  run, without profiling (models with 1 and with many copies, runs interleaved), over a sweep of
+  sizes (``SWEEP_BYTES``), fitted as ``latency_s + bytes / bandwidth`` (`fit_link`); this is the
+  profile's top-level ``link``. The cache decides the cost of a small copy, so each direction is
+  timed as a model uses it: a D2H reads the tensor its producer has just written (warm: the copies
+  read one tensor again and again); an H2D reads a host tensor written long before (as cold as
+  the model leaves it: the copies cycle through distinct weights, as many bytes as the model's
+  simulated peak memory, the memory a run cycles through since freed buffers are reused; at most
+  ``_COLD_BYTES_MAX``). A copy inside a model still costs otherwise (the cache holds the model's
+  data, neighbours compete for memory bandwidth): two rewrites of the model, every weight and
+  every activation offloaded, are timed against it, and the fits are scaled to what their copies
+  added (`_copies_in_model`). On the CPU execution provider both copies are real memcpys;
+* the roofline figures for nodes a profile has no time for: ``peak_flops`` from a 512x512x512
+  float32 MatMul, ``mem_bandwidth`` from an Add of two 16 MiB tensors, ``kernel_launch_s`` as the
+  latency one more trivial node adds to a run.
+
+On CUDA and CANN, kernel events time the host side of each node (launches are asynchronous); the
+latency and ``node_overhead_s`` still come from whole runs, which end when the device is done.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from offloadctl._version import __version__
+from offloadctl.analysis.graph import analyse
+from offloadctl.contract.types import Plan
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import atomic_write_text
+from offloadctl.loading.model import load_model
+from offloadctl.planning.planners import make_plan
+from offloadctl.rewriting.rewrite import apply_plan, external_locations, write_model
+from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs
+from offloadctl.running.runner import (
+    DEVICES,
+    create_session,
+    feeds_for,
+    import_onnxruntime,
+    required_settings,
+    run_once,
+    session_config,
+)
+from offloadctl.simulation.base import is_rewritten
+from offloadctl.simulation.memory import peak_memory
+from offloadctl.simulation.profiles import PROFILE_SCHEMA_VERSION, profile_from_dict, validate_profile
+
+__all__ = [
+    "DEFAULT_REPEAT",
+    "SWEEP_BYTES",
+    "LinkFit",
+    "fit_link",
+    "fit_range",
+    "node_overhead_for",
+    "alternate",
+    "KernelEvent",
+    "kernel_runs",
+    "measure_profile",
+    "write_profile",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REPEAT = 20
+#: Sizes of the copy sweep: 256 bytes to 64 MiB, x4 per step.
+SWEEP_BYTES: tuple[int, ...] = tuple(256 * 4**k for k in range(10))
+_KERNEL_SUFFIX = "_kernel_time"
+_CHAIN_NODES = 64  # trivial nodes in the long calibration chain (the short one has 1)
+_CHAIN_REPEAT = 200  # runs per chain: a run takes microseconds
+_MATMUL_N = 512
+_ADD_ELEMENTS = 1 << 22  # 16 MiB of float32 per operand
+_CALIBRATION_REPEAT = 10
+_MIN_SECONDS = 0.5  # fast models get more runs than --repeat, until this much time has passed
+_MAX_ROUNDS_FACTOR = 20
+_BLOCK_SECONDS = 0.05  # sessions timed side by side take turns in blocks this long
+_SWEEP_BUDGET = 32 << 20  # bytes copied per run when timing copies of one size
+_COPIES_MAX = 256  # copies per run at most (small sizes)
+_COLD_BYTES_MAX = 64 << 20  # distinct H2D sources per run at most (memory, and the model file)
+_SWEEP_SECONDS = 0.2  # each size is timed for at least this long
+_FIT_LARGE = 64 << 10  # a copy fit reaches this size at least
+_IN_MODEL_DATA_MAX = 512 << 20  # rewrites of a model with more external data are not timed
+_SCALE_RANGE = (0.1, 10.0)  # a sweep fit scaled beyond this by the copies in the model is kept as it is
+_IR_VERSION = 10
+_OPSET = 17
+
+
+# --------------------------------------------------------------------------------------------- fit
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """``seconds = latency_s + bytes / bandwidth`` fitted to measured (bytes, seconds) points."""
+
+    latency_s: float
+    bandwidth: float
+    max_relative_error: float
+
+    def time(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bandwidth
+
+
+def fit_link(points: Sequence[tuple[int, float]]) -> LinkFit:
+    """Least-squares fit of ``latency + bytes / bandwidth`` on the relative error of each point.
+
+    Weighting by 1/seconds lets the small copies decide the latency and the large ones the
+    bandwidth (plain least squares would let the largest copy decide both). A negative latency is
+    refitted as 0.
+
+    Raises:
+        OffloadError: fewer than two distinct sizes, or times that do not grow with size.
+    """
+    pts = [(float(b), float(t)) for b, t in points if t > 0]
+    if len({b for b, _ in pts}) < 2:
+        raise OffloadError(
+            f"cannot fit a copy cost to {len(pts)} point(s): need times for at least two sizes",
+            hint="time copies of at least two different sizes",
+        )
+    x = np.array([b for b, _ in pts])
+    t = np.array([s for _, s in pts])
+    w = 1.0 / t
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+    if latency < 0:
+        latency = 0.0
+        per_byte = float(np.sum(w * w * x * t) / np.sum(w * w * x * x))
+    if per_byte <= 0:
+        raise OffloadError(
+            "measured copy times do not grow with the number of bytes copied: no bandwidth can be fitted",
+            hint="measure again on a quiet machine (other work may have disturbed the timings)",
+        )
+    predicted = latency + per_byte * x
+    return LinkFit(float(latency), float(1.0 / per_byte), float(np.max(np.abs(predicted - t) / t)))
+
+
+def node_overhead_for(durations: Sequence[float], total: float) -> float:
+    """The offset d such that ``sum(max(t + d, 0) for t in durations) == total``.
+
+    A node's simulated time is its duration in profiling plus this offset, never below 0; the
+    offset makes the nodes add up to the latency measured without profiling (``total``: the latency
+    less the run's fixed cost). It is negative when the profiler's cost inside each event exceeds
+    the executor's between nodes. With no time left (``total <= 0``) every node takes 0.
+    """
+    if not durations:
+        return 0.0
+    if total <= 0:
+        return -max(durations)
+
+    def covered(offset: float) -> float:
+        return sum(max(t + offset, 0.0) for t in durations)
+
+    low, high = -max(durations), max(total, 0.0)  # covered(low) = 0 <= total <= covered(high)
+    for _ in range(200):
+        mid = (low + high) / 2
+        if covered(mid) < total:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+# ---------------------------------------------------------------------------------------- profiling
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One node's kernel event of one run."""
+
+    name: str
+    op_type: str
+    seconds: float
+    input_shapes: tuple[tuple[int, ...], ...]
+
+
+def _shapes(arg: Any) -> tuple[tuple[int, ...], ...]:
+    shapes = []
+    for entry in arg or []:
+        dims: Iterable[Any] = next(iter(entry.values()), []) if isinstance(entry, dict) else []
+        shapes.append(tuple(int(d) for d in dims))
+    return tuple(shapes)
+
+
+def kernel_runs(profile_path: str | os.PathLike[str], *, skip: int = 1) -> list[list[KernelEvent]]:
+    """The top-level kernel events of each run in an onnxruntime profiling file, in run order.
+
+    Events nested inside another node's event (nodes of an If/Loop/Scan body, run by their parent)
+    are left out: the parent's duration covers them. The first ``skip`` runs (warm-up) are dropped.
+    """
+    with open(profile_path, encoding="utf-8") as f:
+        events = json.load(f)
+    runs = sorted(
+        (e for e in events if isinstance(e, dict) and e.get("cat") == "Session" and e.get("name") == "model_run"),
+        key=lambda e: e.get("ts", 0),
+    )
+    nodes = sorted(
+        (
+            e
+            for e in events
+            if isinstance(e, dict) and e.get("cat") == "Node" and str(e.get("name", "")).endswith(_KERNEL_SUFFIX)
+        ),
+        key=lambda e: (e.get("ts", 0), -e.get("dur", 0)),
+    )
+    result: list[list[KernelEvent]] = []
+    k = 0
+    for run in runs:
+        start, end = run.get("ts", 0), run.get("ts", 0) + run.get("dur", 0)
+        while k < len(nodes) and nodes[k].get("ts", 0) < start:
+            k += 1
+        top: list[KernelEvent] = []
+        covered = -1
+        while k < len(nodes) and nodes[k].get("ts", 0) <= end:
+            e = nodes[k]
+            k += 1
+            ts, dur = e.get("ts", 0), e.get("dur", 0)
+            if ts < covered:
+                continue  # inside the previous top-level event
+            covered = ts + dur
+            args = e.get("args") or {}
+            top.append(
+                KernelEvent(
+                    e["name"][: -len(_KERNEL_SUFFIX)],
+                    str(args.get("op_name", "")),
+                    dur * 1e-6,
+                    _shapes(args.get("input_type_shape")),
+                )
+            )
+        result.append(top)
+    return result[skip:]
+
+
+def _node_medians(runs: list[list[KernelEvent]]) -> dict[str, dict[str, Any]]:
+    """Node name -> {op_type, seconds (median over runs), input_shapes}, in the order nodes ran."""
+    times: dict[str, list[float]] = {}
+    first: dict[str, KernelEvent] = {}
+    for run in runs:
+        for e in run:
+            times.setdefault(e.name, []).append(e.seconds)
+            first.setdefault(e.name, e)
+    return {
+        name: {
+            "op_type": first[name].op_type or "unknown",
+            "seconds": statistics.median(values),
+            "input_shapes": [list(s) for s in first[name].input_shapes],
+        }
+        for name, values in times.items()
+    }
+
+
+# ------------------------------------------------------------------------------------------ sessions
+
+
+class _Device:
+    """Sessions on one device, configured as `offloadctl run --opt-level disable` configures them."""
+
+    def __init__(self, device: str, ep_options: Mapping[str, str] | None, folder: Path, threads: int = 0) -> None:
+        self.device = device
+        self.ort = import_onnxruntime(device)
+        self.ep_options = dict(ep_options or {})
+        self.folder = folder
+        self.threads = threads
+        self.profiles = 0
+
+    def runner(
+        self, path: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any] | None = None, *, profiled: bool
+    ) -> _Runner:
+        config = session_config(
+            settings or {}, self.device, opt_level="disable", ep_options=self.ep_options, ort=self.ort
+        )
+        config.sess_options.intra_op_num_threads = self.threads
+        if profiled:
+            self.profiles += 1
+            config.sess_options.enable_profiling = True
+            config.sess_options.profile_file_prefix = str(self.folder / f"profile{self.profiles}")
+        session = create_session(path, config, self.device, ort=self.ort)
+        return _Runner(session, feeds_for(session, feeds, path, "the inputs"), path, self.ort)
+
+
+class _Runner:
+    """One session with its feeds: ``run()`` runs it once and returns the wall-clock seconds."""
+
+    def __init__(self, session: Any, feeds: dict[str, np.ndarray], path: str, ort: Any) -> None:
+        self.session, self.feeds, self.path, self.ort = session, feeds, path, ort
+
+    def run(self) -> float:
+        start = time.perf_counter()
+        run_once(self.session, self.feeds, self.path, self.ort)
+        return time.perf_counter() - start
+
+    def kernels(self) -> list[list[KernelEvent]]:
+        """Kernel events of every run but the first (the warm-up), from the session's profiling file."""
+        profile_file = self.session.end_profiling()
+        if not profile_file:  # pragma: no cover - onnxruntime always writes one when asked
+            raise OffloadError(
+                f"onnxruntime wrote no profile for {self.path}", hint="check the onnxruntime installation"
+            )
+        return kernel_runs(profile_file)
+
+
+def alternate(
+    calls: Sequence[Callable[[], float]],
+    repeat: int,
+    *,
+    min_seconds: float | None = None,
+    block_seconds: float | None = None,
+) -> list[list[float]]:
+    """Time several sessions side by side: each call runs one session once and returns its seconds.
+
+    After one warm-up run each, the sessions take turns in blocks of about ``block_seconds``, so
+    that all see the same machine load, until each has ``repeat`` timed
+    runs and ``min_seconds`` have passed (fast models get more runs, at most
+    ``_MAX_ROUNDS_FACTOR * repeat``). Blocks, not single runs: a session's thread pool spins for a
+    while after its run, and would slow the next session's run if turns were run by run; the first
+    run of each block (after another session's block) is not timed.
+
+    Returns:
+        The seconds of every timed run, per session.
+    """
+    min_seconds = _MIN_SECONDS if min_seconds is None else min_seconds
+    block_seconds = _BLOCK_SECONDS if block_seconds is None else block_seconds
+    warm = [call() for call in calls]
+    limit = _MAX_ROUNDS_FACTOR * repeat
+    blocks = [max(1, min(limit, int(block_seconds / max(t, 1e-9)))) for t in warm]
+    times: list[list[float]] = [[] for _ in calls]
+    start = time.perf_counter()
+    while any(len(t) < repeat for t in times) or (
+        time.perf_counter() - start < min_seconds and all(len(t) < limit for t in times)
+    ):
+        for k, call in enumerate(calls):
+            if len(calls) > 1:
+                call()
+            for _ in range(blocks[k]):
+                times[k].append(call())
+    return times
+
+
+def _alternate(runners: Sequence[_Runner], repeat: int, *, min_seconds: float | None = None) -> list[list[float]]:
+    return alternate([r.run for r in runners], repeat, min_seconds=min_seconds)
+
+
+def _save(model: onnx.ModelProto, folder: Path, name: str) -> str:
+    path = folder / name
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _model(nodes, inputs, outputs, initializers=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "calibration", inputs, outputs, initializer=list(initializers))
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="offloadctl-profile"
+    )
+    model.ir_version = _IR_VERSION
+    return model
+
+
+def _float(name: str, shape: Sequence[int]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def _chain_model(length: int) -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"], name=f"relu{i}") for i in range(length)]
+    return _model(nodes, [_float("t0", [1])], [_float(f"t{length}", [1])])
+
+
+def _copies_model(direction: str, size: int, copies: int, sources: int = 1) -> onnx.ModelProto:
+    """``copies`` copy nodes of ``size`` bytes in one direction, their outputs unread.
+
+    ``d2h``: every copy reads the input ``x`` (after the first, from the cache: the warm tensor a
+    D2H copies right after its producer wrote it). ``h2d``: copy k reads weight ``w{k % sources}``,
+    so between two reads of a weight the other ``sources - 1`` are read: a source is as cold as a
+    host copy that waited while the model cycled through that much memory (weights, not inputs:
+    onnxruntime's cost of feeding an input grows with the number of inputs). A Relu on ``x`` gives
+    the model its output.
+    """
+    n = _elements(size)
+    if direction == "d2h":
+        nodes = [helper.make_node("MemcpyToHost", ["x"], [f"c{k}"], name=f"d2h{k}") for k in range(copies)]
+        weights = []
+    else:
+        sources = max(1, min(sources, copies))
+        nodes = [
+            helper.make_node("MemcpyFromHost", [f"w{k % sources}"], [f"c{k}"], name=f"h2d{k}") for k in range(copies)
+        ]
+        fill = np.arange(n, dtype=np.float32)
+        weights = [numpy_helper.from_array(fill, f"w{k}") for k in range(sources)]
+    nodes.append(helper.make_node("Relu", ["t"], ["y"], name="out"))
+    return _model(nodes, [_float("x", [n]), _float("t", [1])], [_float("y", [1])], weights)
+
+
+def _tensor_bytes(analysis: Any) -> list[int]:
+    """Sizes of the tensors of known size in a run: weights, inputs, activations."""
+    names = set(analysis.weights) | set(analysis.graph_inputs) | set(analysis.producer)
+    sizes = []
+    for name in names:
+        info = analysis.infos.get(name)
+        if info is not None and info.bytes:
+            sizes.append(info.bytes)
+    return sizes
+
+
+def fit_range(sweep: Sequence[int], tensor_bytes: Sequence[int]) -> tuple[int, int]:
+    """The sweep sizes a copy fit uses: from the largest one at or below the model's smallest tensor to
+    the smallest one at or above its largest (or ``_FIT_LARGE``), widened to at least three sizes
+    (the whole sweep for a model without sizes).
+
+    The cost of a copy per byte falls as copies outgrow the caches, so no one line fits 4 KiB and
+    64 MiB; a profile's fit is made for the sizes its model can copy.
+    """
+    grid = sorted(set(sweep))
+    if not tensor_bytes:
+        return grid[0], grid[-1]
+    # up to _FIT_LARGE at least: below it every copy costs about its latency, and noise decides the slope
+    small, large = min(tensor_bytes), max(max(tensor_bytes), _FIT_LARGE)
+    lo = max((g for g in grid if g <= small), default=grid[0])
+    hi = min((g for g in grid if g >= large), default=grid[-1])
+    inside = [g for g in grid if lo <= g <= hi]
+    while len(inside) < min(3, len(grid)):  # at least three sizes: a line through two is at noise's mercy
+        first, last = grid.index(inside[0]), grid.index(inside[-1])
+        inside = grid[first : last + 2] if last + 1 < len(grid) else grid[max(first - 1, 0) : last + 1]
+    return inside[0], inside[-1]
+
+
+def _elements(size: int) -> int:
+    return max(1, size // 4)
+
+
+def _roofline_model() -> onnx.ModelProto:
+    n, m = _MATMUL_N, _ADD_ELEMENTS
+    nodes = [
+        helper.make_node("MatMul", ["a", "b"], ["c"], name="matmul"),
+        helper.make_node("Add", ["x", "y"], ["z"], name="add"),
+    ]
+    return _model(
+        nodes,
+        [_float("a", [n, n]), _float("b", [n, n]), _float("x", [m]), _float("y", [m])],
+        [_float("c", [n, n]), _float("z", [m])],
+    )
+
+
+def _random_feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    feeds, _ = generate_inputs(input_specs(model))
+    return feeds
+
+
+# ------------------------------------------------------------------------------------------- device
+
+
+def _device_name(device: str, ep_options: Mapping[str, str]) -> str:
+    """The device's name, best effort; 'unknown' when it cannot be read."""
+    index = str(ep_options.get("device_id", "0"))
+    try:
+        if device == "cpu":
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                for line in f:
+                    if line.lower().startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+            return platform.processor() or platform.machine() or "unknown"
+        if device == "cuda":
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", index],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            )
+            return out.stdout.strip() or "unknown"
+        if device == "ascend":
+            out = subprocess.run(["npu-smi", "info"], capture_output=True, text=True, timeout=10, check=True)
+            for line in out.stdout.splitlines():
+                row = re.match(r"^\|\s*(\d+)\s+(\S+)\s+\|", line)
+                if row and row.group(1) == index:
+                    return row.group(2)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return "unknown"
+
+
+# ------------------------------------------------------------------------------- copies in the model
+
+
+def _offload_everything(analysis: Any, *, activations: bool) -> Plan:
+    """A plan that offloads every activation (or every weight) it can, reloaded for each use at the
+    default prefetch distance (where a plan's reloads usually run: early, the copy then waits)."""
+    every = len(analysis.producer) + len(analysis.weights) + 1
+    return make_plan(analysis, select_distance=0, activations=activations, params=not activations, select_num=every)
+
+
+def _plan_copies(plan: Plan) -> dict[str, list[int]]:
+    """Bytes of every copy a plan makes, per direction."""
+    copies: dict[str, list[int]] = {"d2h": [], "h2d": []}
+    for off in plan["offloads"]:
+        if off["kind"] == "activation":
+            copies["d2h"].append(off["bytes"])
+        copies["h2d"] += [off["bytes"]] * (len(off["reload_groups"]) + (off["output_h2d_before"] is not None))
+    return copies
+
+
+def _external_bytes(model: str, proto: onnx.ModelProto) -> int:
+    folder = Path(model).parent
+    return sum((folder / name).stat().st_size for name in external_locations(proto) if (folder / name).is_file())
+
+
+def _copies_in_model(
+    dev: _Device,
+    analysis: Any,
+    model: str,
+    feeds: Mapping[str, np.ndarray],
+    settings: Mapping[str, Any],
+    fits: dict[str, LinkFit],
+    repeat: int,
+    folder: Path,
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Scale the sweep's fits to what copies cost inside the model; returns (scale per direction, record).
+
+    Two rewrites of the model are timed against it side by side: every weight offloaded (H2D only),
+    and every activation offloaded (a D2H after its producer, an H2D before each use). The time
+    each adds, over what the sweep's fits predict for its copies, scales the fits: the H2D fit from
+    the first, then the D2H fit from the second (its H2Ds counted with the scaled H2D fit). A copy
+    in a model is not a copy in a loop of copies: the cache holds other things, and the copy's
+    neighbours compete for memory bandwidth.
+    """
+    scale = {"d2h": 1.0, "h2d": 1.0}
+    record: dict[str, Any] = {"d2h": None, "h2d": None}
+    if is_rewritten(analysis):
+        record["note"] = "the model already contains copies: the sweep's fits are used as measured"
+        return scale, record
+    if _external_bytes(model, analysis.loaded.proto) > _IN_MODEL_DATA_MAX:
+        record["note"] = (
+            f"the model's external data exceed {_IN_MODEL_DATA_MAX >> 20} MiB: not copied to time rewrites of it; "
+            "the sweep's fits are used as measured"
+        )
+        return scale, record
+    plans = {
+        "h2d": _offload_everything(analysis, activations=False),
+        "d2h": _offload_everything(analysis, activations=True),
+    }
+    paths = {}
+    for direction, plan in plans.items():
+        if not plan["offloads"]:
+            continue
+        path = folder / f"everything_{direction}.onnx"
+        write_model(apply_plan(plan, analysis), path, source_dir=Path(model).parent)
+        paths[direction] = str(path)
+    if not paths:
+        record["note"] = "nothing in the model can be offloaded: the sweep's fits are used as measured"
+        return scale, record
+    runners = [dev.runner(model, feeds, settings, profiled=False)]
+    for written in paths.values():
+        runners.append(
+            dev.runner(written, feeds, required_settings(load_model(written).proto, written), profiled=False)
+        )
+    # the difference of two latencies is what counts: time them three times as long as the model alone
+    medians = [statistics.median(t) for t in _alternate(runners, repeat, min_seconds=3 * _MIN_SECONDS)]
+    del runners
+    base = medians[0]
+    added = dict(zip(paths, medians[1:]))
+    record["latency_s"] = base
+    for direction in ("h2d", "d2h"):
+        if direction not in added:
+            continue
+        copies = _plan_copies(plans[direction])
+        others = sum(fits["h2d"].time(b) * scale["h2d"] for b in copies["h2d"]) if direction == "d2h" else 0.0
+        predicted = sum(fits[direction].time(b) for b in copies[direction])
+        cost = added[direction] - base - others
+        factor = cost / predicted if predicted > 0 else 0.0
+        entry = {
+            "copies": len(copies[direction]),
+            "bytes": sum(copies[direction]),
+            "rewrite_copies": sum(len(v) for v in copies.values()),
+            "added_s": added[direction] - base,
+            "sweep_fit_s": predicted + others,
+            "scale": None,
+        }
+        if _SCALE_RANGE[0] <= factor <= _SCALE_RANGE[1]:
+            scale[direction] = factor
+            entry["scale"] = factor
+        else:
+            logger.warning(
+                "timing %s copies inside %s: they added %.1f us against %.1f us predicted by the sweep; "
+                "the sweep's fit is kept (measure on a quiet machine)",
+                direction.upper(),
+                model,
+                cost * 1e6,
+                predicted * 1e6,
+            )
+        record[direction] = entry
+    return scale, record
+
+
+# ---------------------------------------------------------------------------------------- measuring
+
+
+def _fit_doc(fit: LinkFit, points: list[tuple[int, float]], fitted: tuple[int, int]) -> dict[str, Any]:
+    return {
+        "latency_s": fit.latency_s,
+        "bandwidth": fit.bandwidth,
+        "max_relative_error": fit.max_relative_error,
+        "fitted_bytes": [int(fitted[0]), int(fitted[1])],
+        "points": [[int(b), float(t)] for b, t in points],
+    }
+
+
+def measure_profile(
+    model: str,
+    device: str,
+    *,
+    inputs: str | os.PathLike[str] | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    repeat: int = DEFAULT_REPEAT,
+    ep_options: Mapping[str, str] | None = None,
+    sweep: Sequence[int] | None = None,
+    threads: int = 0,
+    report: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Measure ``model`` and the copy costs on ``device``; return the profile document.
+
+    Args:
+        model: the ONNX model whose nodes are timed (an original or a rewritten one).
+        device: ``cpu``, ``cuda`` or ``ascend``.
+        inputs: an .npz file with every input; generated from ``default_rng(0)`` when None.
+        input_shapes, dims: pins for dynamic input dimensions when inputs are generated (as for
+            `offloadctl.loading.model.load_model`).
+        repeat: runs per measurement after one warm-up run (medians are taken over them).
+        ep_options: provider options (CUDA and CANN), as for `offloadctl run`.
+        sweep: the copy sizes in bytes (at least two distinct ones); None: ``SWEEP_BYTES``.
+        threads: onnxruntime's intra-op threads for every session (0: its default, one per
+            physical core). The profile describes sessions with this setting.
+        report: called with the name of each step as it starts.
+
+    Returns:
+        The profile, valid against ``schemas/profile.schema.json`` (checked).
+
+    Raises:
+        OffloadError: bad model or inputs, onnxruntime missing, the device not really in use, or
+            copy times that cannot be fitted.
+    """
+    if device not in DEVICES:
+        raise OffloadError(f"unknown device {device!r}", hint=f"use one of: {', '.join(DEVICES)}")
+    if repeat < 1:
+        raise OffloadError(f"repeat must be at least 1, not {repeat}", hint="for example --repeat 20")
+    if threads < 0:
+        raise OffloadError(
+            f"threads must be 0 (onnxruntime's default) or more, not {threads}", hint="for example --threads 1"
+        )
+    sweep = SWEEP_BYTES if sweep is None else tuple(sweep)
+    if len(set(sweep)) < 2 or any(s < 4 for s in sweep):
+        raise OffloadError(
+            f"the copy sweep {list(sweep)} needs at least two distinct sizes of 4 bytes or more",
+            hint="give sizes in bytes, for example (4096, 65536, 1048576)",
+        )
+    step = report or (lambda text: None)
+    ep_options = dict(ep_options or {})
+    if inputs is not None and (input_shapes or dims):
+        raise OffloadError(
+            "give either an inputs file or input shapes, not both", hint="the inputs file fixes the shapes"
+        )
+    loaded = load_model(model, input_shapes=input_shapes, dims=dims)
+    analysis = analyse(loaded)
+    settings = required_settings(loaded.proto, model)
+    specs = input_specs(loaded.proto)
+    if inputs is not None:
+        feeds = load_inputs(inputs, specs, model)
+        source = "file"
+    else:
+        feeds, warnings = generate_inputs(specs)
+        for warning in warnings:
+            logger.warning("%s", warning)
+        source = "generated"
+
+    sizes = sorted(set(sweep))
+    with tempfile.TemporaryDirectory(prefix="offloadctl-profile-") as tmp:
+        folder = Path(tmp)
+        dev = _Device(device, ep_options, folder, threads)
+        step(f"timing and profiling {model}")
+        plain = dev.runner(model, feeds, settings, profiled=False)
+        profiled = dev.runner(model, feeds, settings, profiled=True)
+        latency, _ = _alternate([plain, profiled], repeat)
+        runs = profiled.kernels()
+        providers = list(plain.session.get_providers())
+        del plain, profiled
+        nodes = _node_medians(runs)
+        kernel_sum = statistics.median(sum(e.seconds for e in run) for run in runs) if runs else 0.0
+        nodes_ran = round(statistics.median(len(run) for run in runs)) if runs else 0
+
+        step("timing the executor (chains of trivial nodes)")
+        one = {"t0": np.ones(1, np.float32)}
+        chains = [
+            dev.runner(_save(_chain_model(k), folder, f"chain{k}.onnx"), one, profiled=False)
+            for k in (1, _CHAIN_NODES + 1)
+        ]
+        short, long = (statistics.median(t) for t in _alternate(chains, _CHAIN_REPEAT))
+        del chains
+        per_trivial = max((long - short) / _CHAIN_NODES, 0.0)
+        run_overhead = max(short - per_trivial, 0.0)
+
+        step("timing copies over a sweep of sizes")
+        tensor_bytes = _tensor_bytes(analysis)
+        footprint = peak_memory(analysis)[0]  # the memory a run cycles through (freed buffers are reused)
+        fitted = fit_range([_elements(size) * 4 for size in sizes], tensor_bytes)
+        sizes = [size for size in sizes if fitted[0] <= _elements(size) * 4 <= fitted[1]]
+        fits: dict[str, LinkFit] = {}
+        points: dict[str, list[tuple[int, float]]] = {}
+        sweep_doc: dict[str, list[dict[str, Any]]] = {}
+        rng = np.random.default_rng(0)
+        for direction in ("d2h", "h2d"):
+            points[direction], sweep_doc[direction] = [], []
+            for size in sizes:
+                copies = max(2, min(_COPIES_MAX, _SWEEP_BUDGET // size))
+                sources = max(1, min(copies, min(footprint, _COLD_BYTES_MAX) // size))
+                feeds_copy = {"x": rng.standard_normal(_elements(size)).astype(np.float32), "t": np.ones(1, np.float32)}
+                runners = [
+                    dev.runner(
+                        _save(_copies_model(direction, size, k, sources), folder, f"{direction}{size}x{k}.onnx"),
+                        feeds_copy,
+                        profiled=False,
+                    )
+                    for k in (1, copies)
+                ]
+                few, many = (statistics.median(t) for t in _alternate(runners, repeat, min_seconds=_SWEEP_SECONDS))
+                del runners, feeds_copy
+                seconds = max(many - few, 0.0) / (copies - 1)
+                points[direction].append((_elements(size) * 4, seconds))
+                sweep_doc[direction].append(
+                    {
+                        "bytes": _elements(size) * 4,
+                        "copies": copies,
+                        "sources": 1 if direction == "d2h" else sources,
+                        "seconds": seconds,
+                    }
+                )
+            chosen = [(b, t) for b, t in points[direction] if fitted[0] <= b <= fitted[1]]
+            lost = [b for b, t in chosen if t <= 0]
+            if lost:
+                raise OffloadError(
+                    f"timing {direction.upper()} copies of {lost[0]} bytes on {device}: the machine's noise exceeded "
+                    "what the copies cost (a run with more copies was not slower)",
+                    hint="measure on a quiet machine, or raise --repeat",
+                )
+            fits[direction] = fit_link(chosen)
+
+        step("timing copies in the model (every weight, then every activation offloaded)")
+        scale, in_model = _copies_in_model(dev, analysis, model, feeds, settings, fits, repeat, folder)
+
+        step("timing a MatMul and an Add (roofline figures)")
+        roof = _roofline_model()
+        roof_runner = dev.runner(_save(roof, folder, "roofline.onnx"), _random_feeds(roof), profiled=True)
+        _alternate([roof_runner], _CALIBRATION_REPEAT, min_seconds=0.0)
+        roof_times = _node_medians(roof_runner.kernels())
+        del roof_runner
+
+    latency_median = statistics.median(latency)
+    node_overhead = node_overhead_for([e["seconds"] for e in nodes.values()], latency_median - run_overhead)
+    matmul_flops = 2 * _MATMUL_N**3
+    add_bytes = 3 * 4 * _ADD_ELEMENTS
+    peak = matmul_flops / max(roof_times["matmul"]["seconds"], 1e-9)
+    bandwidth = add_bytes / max(roof_times["add"]["seconds"], 1e-9)
+    provider = DEVICES[device]
+    device_name = _device_name(device, ep_options)
+    ort_version = dev.ort.__version__
+    link = {d: {"bandwidth": fits[d].bandwidth / scale[d], "latency_s": fits[d].latency_s * scale[d]} for d in fits}
+    doc: dict[str, Any] = {
+        "schema_version": PROFILE_SCHEMA_VERSION,
+        "name": f"measured {device}: {Path(model).name}",
+        "description": (
+            f"Measured by offloadctl profile on {device_name} ({provider}, onnxruntime {ort_version}) "
+            f"with {Path(model).name}; node times are used for models with the same nodes."
+        ),
+        "peak_flops": {"float32": peak, "default": peak},
+        "mem_bandwidth": bandwidth,
+        "kernel_launch_s": per_trivial,
+        "run_overhead_s": run_overhead,
+        "link": link,
+        "source": {
+            "peak_flops": f"measured: a {_MATMUL_N}x{_MATMUL_N}x{_MATMUL_N} float32 MatMul, median of "
+            f"{_CALIBRATION_REPEAT} profiled runs (2*N^3 FLOP / duration); other types use the same figure",
+            "mem_bandwidth": f"measured: an Add of two {4 * _ADD_ELEMENTS >> 20} MiB float32 tensors, median of "
+            f"{_CALIBRATION_REPEAT} profiled runs (3 tensors' bytes / duration)",
+            "kernel_launch_s": f"measured: latency of a chain of {_CHAIN_NODES + 1} Relu nodes on one float minus that "
+            f"of 1, per node (medians of {_CHAIN_REPEAT} runs without profiling)",
+            "run_overhead_s": "measured: latency of a one-node run minus kernel_launch_s",
+            "link": f"measured: the latency one more copy node adds to a run, without profiling, over {len(sizes)} "
+            f"sizes ({sizes[0]} to {sizes[-1]} bytes; models with 1 and many copies, medians of runs taking turns), "
+            "fitted as latency + bytes / bandwidth over the sizes of the model's tensors (measured.link). D2H "
+            "copies read a warm tensor (as right after its producer); H2D copies read tensors as cold as the model "
+            f"leaves them (between two reads of one, the others are read: {min(footprint, _COLD_BYTES_MAX)} bytes, "
+            "the model's simulated peak memory); then scaled to what the copies of two rewrites of the model "
+            "(every weight, every activation offloaded) added to its latency (measured.copies_in_model)",
+            "nodes": f"measured: onnxruntime profiling of {Path(model).name}, median of {len(runs)} runs per node "
+            "(measured.nodes), plus measured.executor.node_overhead_s per node",
+        },
+        "measured": {
+            "tool": {"name": "offloadctl", "version": __version__},
+            "device": {
+                "device": device,
+                "provider": providers[0] if providers else provider,
+                "providers": providers,
+                "onnxruntime": ort_version,
+                "name": device_name,
+                "host": {"platform": platform.platform(), "cpu_count": os.cpu_count() or 0},
+            },
+            "session": {
+                "execution_order": "PRIORITY_BASED",
+                "opt_level": "disable",
+                "intra_op_num_threads": threads,
+                "provider_options": ep_options,
+                "disabled_optimizers": [str(x) for x in settings.get("disabled_optimizers") or []],
+            },
+            "repeat": repeat,
+            "model": {
+                "path": str(model),
+                "sha256": loaded.sha256,
+                "nodes": analysis.num_positions,
+                "inputs": {
+                    name: {"dtype": str(a.dtype), "shape": [int(d) for d in a.shape], "source": source}
+                    for name, a in feeds.items()
+                },
+            },
+            "latency_s": {"median": latency_median, "runs": latency},
+            "kernel_sum_s": kernel_sum,
+            "executor": {
+                "run_overhead_s": run_overhead,
+                "node_overhead_s": node_overhead,
+                "nodes_ran": nodes_ran,
+                "source": "chosen so that run_overhead_s plus every node's time (its median duration plus "
+                "node_overhead_s, never below 0) is latency_s.median: the executor's time between kernels minus the "
+                "profiler's own time inside each kernel event",
+            },
+            "nodes": nodes,
+            "link": {d: _fit_doc(fits[d], points[d], fitted) for d in ("d2h", "h2d")},
+            "copy_sweep": sweep_doc,
+            "copies_in_model": in_model,
+            "calibration": {
+                "trivial_chain": {"nodes": [1, _CHAIN_NODES + 1], "latency_s": [short, long], "runs": _CHAIN_REPEAT},
+                "matmul": {"n": _MATMUL_N, "seconds": roof_times["matmul"]["seconds"], "flops": matmul_flops},
+                "add": {"bytes": add_bytes, "seconds": roof_times["add"]["seconds"]},
+            },
+        },
+    }
+    validate_profile(doc, origin=f"measured for {model}")
+    profile_from_dict(doc, origin=f"measured for {model}")  # the loader accepts what was written
+    return doc
+
+
+def write_profile(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
+    """Validate a profile document and write it atomically.
+
+    Indented JSON, except that each node of ``measured.nodes`` and each list of numbers (the runs,
+    the sweep's points) takes one line: a big model has one entry per node.
+    """
+    validate_profile(doc, origin="being written")
+    compact: dict[str, str] = {}
+
+    def slot(value: Any) -> str:
+        key = f"\u0000{len(compact)}"
+        compact[key] = json.dumps(value)
+        return key
+
+    def shrink(value: Any, nodes: bool = False) -> Any:
+        if isinstance(value, dict):
+            if nodes:
+                return {k: slot(v) for k, v in value.items()}
+            return {k: shrink(v, nodes=k == "nodes" and isinstance(v, dict)) for k, v in value.items()}
+        if isinstance(value, list):
+            if all(isinstance(v, (int, float)) or isinstance(v, list) for v in value) and value:
+                return slot(value)
+            return [shrink(v) for v in value]
+        return value
+
+    text = json.dumps(shrink(dict(doc)), indent=1)
+    for key, value in compact.items():
+        text = text.replace(json.dumps(key), value, 1)
+    atomic_write_text(path, text + "\n")

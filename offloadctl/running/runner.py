@@ -1,0 +1,895 @@
+"""Running a model with onnxruntime: session settings, inputs, timing, order check, comparison.
+
+This module owns everything `offloadctl run` does, as a library:
+
+* the session configuration an offloaded model needs (`session_config`): always
+  ``ExecutionOrder.PRIORITY_BASED`` (the file order is the plan; the DEFAULT order would undo it),
+  the optimizers the model's metadata asks to disable, and CANN provider options
+  (``enable_cann_graph=0``, ``arena_extend_strategy=kSameAsRequested``) that the user may override;
+* the settings record a rewritten model carries in its metadata (key ``offloadctl.session``) and
+  the warnings for a session configuration that would not honour it (`check_session_settings`);
+* a check that the requested device is really in use: onnxruntime silently falls back to the CPU
+  when the Ascend toolkit or the CUDA libraries are missing;
+* the order nodes actually ran in, read from onnxruntime's profiling events, against the planned
+  order (the model file's node order, Constant nodes excluded);
+* the inputs: read from an .npz file, a folder of .npy files or onnx's test-data layout
+  (`load_inputs`), or generated from a seed and value ranges (`generate_inputs`), never with
+  invented sizes (dynamic dimensions must be pinned); and the outputs saved (`save_outputs`);
+* a comparison of every output against an original model run with the same inputs.
+
+onnxruntime is an optional dependency and is imported only when a model is run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+import onnx
+
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.onnxutil import copy_kind
+from offloadctl.loading.model import load_model
+from offloadctl.loading.ortgraph import expected_run_order
+from offloadctl.rewriting.metadata import KEY_SESSION, session_settings
+from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
+
+__all__ = [
+    "DEVICES",
+    "OPT_LEVELS",
+    "SESSION_METADATA_KEY",
+    "CANN_DEFAULT_OPTIONS",
+    "SessionConfig",
+    "OrderCheck",
+    "OutputComparison",
+    "RunReport",
+    "import_onnxruntime",
+    "quiet_onnxruntime",
+    "read_session_settings",
+    "session_config",
+    "settings_warnings",
+    "check_session_settings",
+    "parse_ep_options",
+    "feeds_for",
+    "required_settings",
+    "run_once",
+    "planned_order",
+    "order_from_profile",
+    "compare_order",
+    "compare_outputs",
+    "create_session",
+    "run_model",
+]
+
+logger = logging.getLogger(__name__)
+
+#: --device name -> onnxruntime execution provider.
+DEVICES: dict[str, str] = {
+    "ascend": "CANNExecutionProvider",
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+}
+
+#: --opt-level name -> name of the onnxruntime GraphOptimizationLevel member.
+OPT_LEVELS: dict[str, str] = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+
+SESSION_METADATA_KEY = KEY_SESSION
+
+#: CANN provider options `run` uses unless the model's metadata or --ep-option says otherwise.
+#: With ``enable_cann_graph`` on (CANN's default) CANN compiles subgraphs and owns their memory,
+#: and the copy nodes split the graph.
+CANN_DEFAULT_OPTIONS: dict[str, str] = {"enable_cann_graph": "0", "arena_extend_strategy": "kSameAsRequested"}
+
+# What each provider does when an option is not given (only the options the settings record uses).
+_PROVIDER_DEFAULTS: dict[str, dict[str, str]] = {
+    "CANNExecutionProvider": {"enable_cann_graph": "1", "arena_extend_strategy": "kNextPowerOfTwo"},
+    "CUDAExecutionProvider": {"arena_extend_strategy": "kNextPowerOfTwo"},
+}
+
+# Keys of the settings record's per-provider sections.
+_SECTION_PROVIDERS: dict[str, str] = {
+    "cann": "CANNExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "cpu": "CPUExecutionProvider",
+}
+
+_EXTRAS = {"ascend": "cann", "cpu": "cpu", "cuda": "cuda"}
+
+_DEVICE_FIX = {
+    "ascend": (
+        "the Ascend CANN toolkit could not be loaded",
+        "install the Ascend CANN toolkit and source its set_env.sh "
+        "(e.g. source /usr/local/Ascend/ascend-toolkit/set_env.sh), or use --device cpu",
+    ),
+    "cuda": (
+        "the CUDA/cuDNN libraries could not be loaded",
+        "install the CUDA and cuDNN versions your onnxruntime-gpu was built for and put them on "
+        "LD_LIBRARY_PATH, or use --device cpu",
+    ),
+    "cpu": ("", "reinstall onnxruntime"),
+}
+
+_DEFAULT_RTOL = 1e-5
+_DEFAULT_ATOL = 1e-6
+_KERNEL_SUFFIX = "_kernel_time"
+
+
+# --------------------------------------------------------------------------------------------------
+# onnxruntime and session settings
+
+
+def import_onnxruntime(device: str = "cpu") -> Any:
+    """Import onnxruntime, or fail with the install command for ``device``.
+
+    Raises:
+        OffloadError: onnxruntime is not installed.
+    """
+    try:
+        import onnxruntime
+    except ImportError:
+        extra = _EXTRAS.get(device, "cpu")
+        raise OffloadError(
+            "onnxruntime is not installed",
+            hint=f"pip install 'offloadctl[{extra}]' (extras: cann for Ascend, cpu, cuda; install only one)",
+        ) from None
+    return onnxruntime
+
+
+def quiet_onnxruntime(device: str = "cpu") -> None:
+    """Keep onnxruntime's process-wide logger to fatal errors (info with -v): the command line
+    reports its failures itself, as one message. Library callers keep their own setting."""
+    import_onnxruntime(device).set_default_logger_severity(_ort_log_severity())
+
+
+def _ort_log_severity() -> int:
+    """onnxruntime's log level: 1 (info) with -v, else 4 (fatal only; errors are raised to us)."""
+    return 1 if logging.getLogger().isEnabledFor(logging.INFO) else 4
+
+
+def read_session_settings(model: str | os.PathLike[str] | onnx.ModelProto) -> dict[str, Any]:
+    """The session settings a model asks for (metadata key ``offloadctl.session``), or ``{}``.
+
+    Args:
+        model: a path (read without external weight data) or a loaded proto.
+
+    Raises:
+        OffloadError: the file cannot be read, or the metadata entry is not a JSON object.
+    """
+    if isinstance(model, onnx.ModelProto):
+        return _settings_of(model)
+    try:
+        return _settings_of(load_model(model, normalize=False).proto)
+    except OffloadError as exc:
+        if str(model) in exc.message:
+            raise
+        raise OffloadError(f"{model}: {exc.message}", hint=exc.hint) from None
+
+
+def _settings_of(proto: onnx.ModelProto) -> dict[str, Any]:
+    return session_settings(proto) or {}
+
+
+def _has_memcpy_nodes(proto: onnx.ModelProto) -> bool:
+    return any(copy_kind(n) is not None for n in proto.graph.node)
+
+
+def required_settings(proto: onnx.ModelProto, where: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The settings record, or the minimum a model with copy nodes but no record needs."""
+    try:
+        settings = _settings_of(proto)
+    except OffloadError as exc:
+        if where is None:
+            raise
+        raise OffloadError(f"{where}: {exc.message}", hint=exc.hint) from None
+    if not settings and _has_memcpy_nodes(proto):
+        settings = {"execution_order": "PRIORITY_BASED"}
+    return settings
+
+
+def _provider_sections(settings: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Per-provider option sections of a settings record, keyed by provider name."""
+    sections: dict[str, dict[str, str]] = {}
+    for key, value in settings.items():
+        provider = _SECTION_PROVIDERS.get(key) or (key if key.endswith("ExecutionProvider") else None)
+        if provider is not None and isinstance(value, Mapping):
+            sections[provider] = {str(k): _option_str(v) for k, v in value.items()}
+    return sections
+
+
+def _option_str(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _same_option(a: str | None, b: str | None) -> bool:
+    def norm(v: str | None) -> str | None:
+        if v is None:
+            return None
+        s = str(v).strip().lower()
+        return {"true": "1", "false": "0"}.get(s, s)
+
+    return norm(a) == norm(b)
+
+
+def parse_ep_options(specs: Sequence[str]) -> dict[str, str]:
+    """Parse ``KEY=VALUE`` strings (as given to ``--ep-option``)."""
+    options: dict[str, str] = {}
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip():
+            raise OffloadError(
+                f"--ep-option {spec!r} is not KEY=VALUE", hint="for example --ep-option enable_cann_graph=0"
+            )
+        options[key.strip()] = value.strip()
+    return options
+
+
+class SessionConfig(NamedTuple):
+    """What `onnxruntime.InferenceSession(path, sess_options, providers=providers, **kwargs)` needs."""
+
+    sess_options: Any
+    providers: list[Any]
+    kwargs: dict[str, Any]
+
+
+def session_config(
+    settings: Mapping[str, Any],
+    device: str,
+    *,
+    opt_level: str = "all",
+    ep_options: Mapping[str, str] | None = None,
+    ort: Any = None,
+) -> SessionConfig:
+    """Build the session configuration for running a model on ``device``.
+
+    Args:
+        settings: the model's settings record (`read_session_settings`); ``{}`` for none.
+        device: ``ascend``, ``cpu`` or ``cuda``.
+        opt_level: ``disable``, ``basic``, ``extended`` or ``all``.
+        ep_options: provider options that override the defaults and the record (CANN and CUDA).
+        ort: the onnxruntime module (imported if not given).
+
+    Returns:
+        sess_options with ``PRIORITY_BASED`` order and the optimization level; providers (the
+        device's provider with its options, then the CPU provider); kwargs with
+        ``disabled_optimizers`` from the record and ``enable_fallback=0`` so that a provider that
+        fails to start raises instead of silently falling back to the CPU.
+    """
+    if device not in DEVICES:
+        raise OffloadError(f"unknown device {device!r}", hint=f"use one of: {', '.join(DEVICES)}")
+    if opt_level not in OPT_LEVELS:
+        raise OffloadError(f"unknown optimization level {opt_level!r}", hint=f"use one of: {', '.join(OPT_LEVELS)}")
+    ort = ort or import_onnxruntime(device)
+    so = ort.SessionOptions()
+    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt_level])
+    if opt_level == "disable":
+        # Weight pre-packing is a kernel-level rewrite that graph optimizations do not govern:
+        # onnxruntime pre-packs a constant MatMul weight but not one that arrives through
+        # MemcpyFromHost, and the two paths may round differently in the last bit. Verifying a plan
+        # compares like with like.
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    # onnxruntime logs to stderr itself: once per weight listed in graph.input (how offloaded weights
+    # escape constant folding), and every failure it also raises, which reaches the user as one
+    # clear message. Keep its log to fatal errors unless the user asked for detail (-v).
+    so.log_severity_level = _ort_log_severity()
+    provider = DEVICES[device]
+    providers: list[Any]
+    if provider == "CPUExecutionProvider":
+        providers = ["CPUExecutionProvider"]
+    else:
+        options = dict(CANN_DEFAULT_OPTIONS) if provider == "CANNExecutionProvider" else {}
+        options.update(_provider_sections(settings).get(provider, {}))
+        options.update({k: _option_str(v) for k, v in (ep_options or {}).items()})
+        providers = [(provider, options), "CPUExecutionProvider"]
+    kwargs: dict[str, Any] = {"enable_fallback": 0}
+    disabled = [str(x) for x in settings.get("disabled_optimizers") or []]
+    if disabled:
+        kwargs["disabled_optimizers"] = disabled
+    return SessionConfig(so, providers, kwargs)
+
+
+def _providers_as_mapping(provider_options: Any) -> dict[str, dict[str, str]]:
+    """Accept {provider: options} or an InferenceSession-style providers list."""
+    if provider_options is None:
+        return {}
+    result: dict[str, dict[str, str]] = {}
+    if isinstance(provider_options, Mapping):
+        for key, value in provider_options.items():
+            name = _SECTION_PROVIDERS.get(key) or key
+            result[name] = {str(k): _option_str(v) for k, v in (value or {}).items()}
+        return result
+    for entry in provider_options:
+        if isinstance(entry, str):
+            result[entry] = {}
+        else:
+            name, options = entry
+            result[name] = {str(k): _option_str(v) for k, v in (options or {}).items()}
+    return result
+
+
+def settings_warnings(
+    settings: Mapping[str, Any],
+    sess_options: Any,
+    disabled_optimizers: Sequence[str] | None,
+    provider_options: Any,
+) -> list[str]:
+    """Warnings for a session configuration that does not honour a settings record.
+
+    Args:
+        settings: what the model asks for (`read_session_settings`).
+        sess_options: an ``onnxruntime.SessionOptions`` (None: onnxruntime's defaults).
+        disabled_optimizers: the ``disabled_optimizers`` passed to the session.
+        provider_options: ``{provider or section name: {key: value}}``, or the ``providers`` list
+            given to ``InferenceSession`` (names or (name, options) pairs).
+    """
+    warnings: list[str] = []
+    order_name = "DEFAULT"
+    level_name = "ORT_ENABLE_ALL"
+    if sess_options is not None:
+        order_name = getattr(sess_options.execution_order, "name", str(sess_options.execution_order))
+        level_name = getattr(sess_options.graph_optimization_level, "name", str(sess_options.graph_optimization_level))
+    wanted_order = settings.get("execution_order")
+    if wanted_order and str(wanted_order).split(".")[-1] != order_name.split(".")[-1]:
+        warnings.append(
+            f"the model asks for execution_order={wanted_order} but the session uses {order_name}: "
+            "the copy nodes will not run where the plan put them (set "
+            "SessionOptions.execution_order = ExecutionOrder.PRIORITY_BASED)"
+        )
+    wanted_disabled = [str(x) for x in settings.get("disabled_optimizers") or []]
+    if wanted_disabled and level_name.split(".")[-1] != "ORT_DISABLE_ALL":
+        missing = [o for o in wanted_disabled if o not in set(disabled_optimizers or [])]
+        if missing:
+            warnings.append(
+                f"the model asks to disable the optimizer(s) {', '.join(missing)} but the session keeps them: "
+                "offloaded weights may be folded back onto the device (pass "
+                f"disabled_optimizers={wanted_disabled!r} to InferenceSession)"
+            )
+    given = _providers_as_mapping(provider_options)
+    for provider, wanted in _provider_sections(settings).items():
+        if provider not in given:
+            continue
+        defaults = _PROVIDER_DEFAULTS.get(provider, {})
+        for key, value in wanted.items():
+            actual = given[provider].get(key, defaults.get(key))
+            if not _same_option(actual, value):
+                shown = "not set" if actual is None else f"{key}={actual}"
+                if key not in given[provider] and actual is not None:
+                    shown += " (the provider's default)"
+                warnings.append(f"the model asks for {provider} option {key}={value} but the session has {shown}")
+    return warnings
+
+
+def check_session_settings(
+    model_path: str | os.PathLike[str],
+    sess_options: Any,
+    disabled_optimizers: Sequence[str] | None,
+    provider_options: Any,
+) -> list[str]:
+    """Warnings for running ``model_path`` with a user's own onnxruntime session configuration.
+
+    The requirements come from the model's ``offloadctl.session`` metadata; a model that has copy
+    nodes but no such record still needs ``PRIORITY_BASED`` order.
+
+    Args:
+        model_path: the (rewritten) model.
+        sess_options: the ``onnxruntime.SessionOptions`` the user will pass (None: defaults).
+        disabled_optimizers: the user's ``disabled_optimizers`` list.
+        provider_options: ``{provider: options}`` or the ``providers`` list for InferenceSession.
+
+    Returns:
+        One message per setting that is not honoured; empty when all are.
+    """
+    proto = load_model(model_path, normalize=False).proto
+    warnings = []
+    settings = required_settings(proto, model_path)
+    if not read_session_settings(proto) and _has_memcpy_nodes(proto):
+        warnings.append(
+            f"{model_path} has copy nodes but no {SESSION_METADATA_KEY!r} metadata: its required session "
+            "settings are unknown beyond PRIORITY_BASED order"
+        )
+    return warnings + settings_warnings(settings, sess_options, disabled_optimizers, provider_options)
+
+
+# --------------------------------------------------------------------------------------------------
+# Execution order
+
+
+def planned_order(proto: onnx.ModelProto) -> list[str]:
+    """The order onnxruntime runs the model in with PRIORITY_BASED: node names, Constant nodes and
+    nodes onnxruntime replaces or removes excluded (`offloadctl.loading.ortgraph.expected_run_order`).
+
+    For a model rewritten by `offloadctl apply` this is its file order. Nodes without a name, or
+    whose name is not unique, cannot be matched with profiling events and are left out.
+    """
+    return expected_run_order(proto)
+
+
+def order_from_profile(profile_path: str | os.PathLike[str]) -> list[str]:
+    """Node names in the order they ran, from an onnxruntime profiling file (one run)."""
+    with open(profile_path, encoding="utf-8") as f:
+        events = json.load(f)
+    kernels = [
+        e
+        for e in events
+        if isinstance(e, dict) and e.get("cat") == "Node" and str(e.get("name", "")).endswith(_KERNEL_SUFFIX)
+    ]
+    kernels.sort(key=lambda e: e.get("ts", 0))
+    order, seen = [], set()
+    for e in kernels:
+        name = e["name"][: -len(_KERNEL_SUFFIX)]
+        if name not in seen:
+            seen.add(name)
+            order.append(name)
+    return order
+
+
+@dataclass
+class OrderCheck:
+    """How the order nodes ran compares with the planned order."""
+
+    planned_count: int
+    ran_count: int
+    exact: bool  # True: every planned node must run, in order; False: relative order of survivors
+    matches: bool
+    first_differences: list[dict[str, Any]]
+    missing: list[str]  # planned nodes that did not run (removed or fused by optimizations)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "planned_count": self.planned_count,
+            "ran_count": self.ran_count,
+            "mode": "exact" if self.exact else "relative",
+            "matches": self.matches,
+            "verdict": "as planned" if self.matches else "differs from the plan",
+            "first_differences": self.first_differences,
+            "missing_count": len(self.missing),
+            "missing": self.missing[:20],
+        }
+
+
+def compare_order(planned: Sequence[str], ran: Sequence[str], *, exact: bool, limit: int = 5) -> OrderCheck:
+    """Compare the planned node order with the order that ran.
+
+    Nodes that ran but were not planned (inserted by onnxruntime, unnamed, in subgraphs) are
+    ignored. With ``exact`` every planned node must have run, in the planned order; otherwise
+    only the relative order of planned nodes that still ran counts.
+    """
+    planned_set = set(planned)
+    ran_planned = [n for n in ran if n in planned_set]
+    ran_set = set(ran_planned)
+    survivors = [n for n in planned if n in ran_set]
+    missing = [n for n in planned if n not in ran_set]
+    differences = []
+    for i, (want, got) in enumerate(zip(survivors, ran_planned)):
+        if want != got:
+            differences.append({"index": i, "planned": want, "ran": got})
+            if len(differences) >= limit:
+                break
+    matches = not differences and (not exact or not missing)
+    return OrderCheck(len(planned), len(ran_planned), exact, matches, differences, missing)
+
+
+# --------------------------------------------------------------------------------------------------
+# Output comparison
+
+
+@dataclass
+class OutputComparison:
+    """One output of the model against the same output of the original."""
+
+    identical: bool
+    max_abs: float | None
+    max_rel: float | None
+    within_tolerance: bool
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "identical": self.identical,
+            "max_abs": self.max_abs,
+            "max_rel": self.max_rel,
+            "within_tolerance": self.within_tolerance,
+        }
+        if self.note:
+            doc["note"] = self.note
+        return doc
+
+
+def _finite_or_none(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def _compare_one(got: Any, want: Any, rtol: float, atol: float) -> OutputComparison:
+    if not isinstance(got, np.ndarray) or not isinstance(want, np.ndarray):
+        same = _equal_values(got, want)
+        return OutputComparison(same, None, None, same, None if same else "non-tensor outputs differ")
+    if got.shape != want.shape:
+        return OutputComparison(False, None, None, False, f"shape {list(got.shape)} vs {list(want.shape)}")
+    if got.dtype != want.dtype:
+        return OutputComparison(False, None, None, False, f"dtype {got.dtype} vs {want.dtype}")
+    if got.dtype.kind in "OSUV":
+        same = bool(np.array_equal(got, want))
+        return OutputComparison(same, None, None, same)
+    identical = got.tobytes() == want.tobytes()
+    if identical:
+        return OutputComparison(True, 0.0, 0.0, True)
+    if got.size == 0:
+        return OutputComparison(True, 0.0, 0.0, True)
+    wide = np.complex128 if got.dtype.kind == "c" else np.float64
+    a, b = got.astype(wide), want.astype(wide)
+    both_nan = np.isnan(a) & np.isnan(b)
+    same = (a == b) | both_nan
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(same, 0.0, np.abs(a - b))
+        max_abs = float(np.max(diff))
+        nonzero = np.abs(b) > 0
+        rel = np.where(nonzero & ~same, diff / np.where(nonzero, np.abs(b), 1.0), 0.0)
+        max_rel = float(np.max(rel))
+        ok = bool(np.all(same | (diff <= atol + rtol * np.abs(b))))
+    note = None if np.isfinite(max_abs) else "NaN or infinity where the original has a different value"
+    return OutputComparison(False, _finite_or_none(max_abs), _finite_or_none(max_rel), ok, note)
+
+
+def _equal_values(a: Any, b: Any) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (
+            isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and (a.tobytes() == b.tobytes() if a.dtype.kind not in "OSUV" else bool(np.array_equal(a, b)))
+        )
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal_values(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal_values(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def compare_outputs(
+    got: Mapping[str, Any], want: Mapping[str, Any], *, rtol: float, atol: float
+) -> dict[str, OutputComparison]:
+    """Compare every output in ``got`` with the output of the same name in ``want``.
+
+    ``rtol = atol = 0`` demands bit equality. An output that the original lacks differs.
+    """
+    result = {}
+    for name, value in got.items():
+        if name not in want:
+            result[name] = OutputComparison(False, None, None, False, "the original has no output of this name")
+        else:
+            result[name] = _compare_one(value, want[name], rtol, atol)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# Sessions
+
+
+def _ort_errors(ort: Any) -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [RuntimeError, ValueError]
+    state = getattr(getattr(ort, "capi", None), "onnxruntime_pybind11_state", None)
+    for name in dir(state) if state is not None else ():
+        obj = getattr(state, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            errors.append(obj)
+    return tuple(errors)
+
+
+_IR_RE = re.compile(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)")
+
+
+def _device_error(device: str, detail: str) -> OffloadError:
+    provider = DEVICES[device]
+    cause, fix = _DEVICE_FIX[device]
+    return OffloadError(f"--device {device}: onnxruntime is not using {provider} ({detail}); {cause}", hint=fix)
+
+
+def create_session(model_path: str | os.PathLike[str], config: SessionConfig, device: str, *, ort: Any = None) -> Any:
+    """Create an InferenceSession and make sure it really runs on ``device``.
+
+    Raises:
+        OffloadError: the device's provider is missing from this onnxruntime build, could not be
+            started, or onnxruntime fell back to another provider; or onnxruntime refuses the model
+            (with a specific message for an IR version newer than it supports).
+    """
+    ort = ort or import_onnxruntime(device)
+    provider = DEVICES[device]
+    available = list(ort.get_available_providers())
+    if provider not in available:
+        extra = _EXTRAS[device]
+        raise OffloadError(
+            f"--device {device}: {provider} is not available in this onnxruntime build "
+            f"(available: {', '.join(available)})",
+            hint=f"install the onnxruntime build for {device}: pip install 'offloadctl[{extra}]' "
+            "(one onnxruntime package at a time), or use --device cpu",
+        )
+    path = str(model_path)
+    try:
+        session = ort.InferenceSession(path, config.sess_options, providers=config.providers, **config.kwargs)
+    except _ort_errors(ort) as exc:
+        text = str(exc)
+        ir = _IR_RE.search(text)
+        if ir:
+            version, supported = ir.groups()
+            raise OffloadError(
+                f"{path} has IR version {version}, newer than this onnxruntime ({ort.__version__}) supports "
+                f"(at most {supported})",
+                hint=f"re-export the model with IR version {supported} or lower, or set it and save a copy: "
+                f"m = onnx.load({path!r}); m.ir_version = {supported}; onnx.save(m, 'model.ir{supported}.onnx')",
+            ) from None
+        if device != "cpu" and re.search(r"create \w+ ExecutionProvider fail|Failed to load library", text):
+            raise _device_error(device, "creating the provider failed") from None
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        raise OffloadError(
+            f"onnxruntime cannot load {path}: {first}",
+            hint="check the model with onnx.checker.check_model(onnx.load(path), full_check=True)",
+        ) from None
+    in_use = list(session.get_providers())
+    if not in_use or in_use[0] != provider:
+        raise _device_error(device, f"in use: {', '.join(in_use) or 'none'}")
+    return session
+
+
+def run_once(session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any) -> dict[str, Any]:
+    """One run of ``session``: its outputs by name; a failed run is one clear error naming ``model``."""
+    names = [o.name for o in session.get_outputs()]
+    try:
+        values = session.run(names, dict(feeds))
+    except _ort_errors(ort) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise OffloadError(
+            f"onnxruntime failed running {model}: {first}",
+            hint="check the inputs (give real ones with --inputs FILE.npz)",
+        ) from None
+    return dict(zip(names, values))
+
+
+def _check_same_inputs(specs: Sequence[InputSpec], feeds: Mapping[str, np.ndarray], original: str, model: str) -> None:
+    """Refuse a comparison between models whose inputs differ in dtype or fixed dimensions."""
+    for spec in specs:
+        value = feeds.get(spec.name)
+        if value is None:
+            continue  # reported by feeds_for
+        fixed = [d if isinstance(d, int) else None for d in spec.shape] if spec.shape is not None else None
+        wrong_type = spec.dtype is not None and value.dtype != spec.dtype
+        wrong_shape = fixed is not None and (
+            value.ndim != len(fixed) or any(d is not None and d != a for d, a in zip(fixed, value.shape))
+        )
+        if wrong_type or wrong_shape:
+            raise OffloadError(
+                f"--compare-to {original} expects input {spec.name!r} as {spec.describe()}, but the inputs for {model} "
+                f"are {value.dtype}{list(value.shape)}",
+                hint="compare a rewritten model with the model its plan was made from",
+            )
+
+
+def feeds_for(session: Any, inputs: Mapping[str, np.ndarray], model: str, source: str) -> dict[str, np.ndarray]:
+    """The feeds ``session`` takes, picked from ``inputs`` (named by ``source``); a missing one is a clear error."""
+    feeds = {}
+    for arg in session.get_inputs():
+        if arg.name not in inputs:
+            raise OffloadError(
+                f"{model} needs input {arg.name!r}, which {source} does not take",
+                hint="compare models with the same inputs",
+            )
+        feeds[arg.name] = inputs[arg.name]
+    return feeds
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole run
+
+
+@dataclass
+class RunReport:
+    """What `run_model` measured; `to_json` is the `offloadctl run --json` document."""
+
+    model: str
+    device: str
+    providers: list[str]
+    opt_level: str
+    session: dict[str, Any]
+    inputs: dict[str, dict[str, Any]]
+    latency_runs: list[float]
+    order: OrderCheck
+    outputs: dict[str, dict[str, Any]]
+    compare_to: str | None = None
+    comparison: dict[str, OutputComparison] | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    output_values: dict[str, Any] = field(default_factory=dict, repr=False)  # what the model returned
+
+    @property
+    def latency_median(self) -> float:
+        return statistics.median(self.latency_runs)
+
+    @property
+    def outputs_differ(self) -> list[str]:
+        """Names of outputs beyond tolerance (empty without a comparison)."""
+        return [n for n, c in (self.comparison or {}).items() if not c.within_tolerance]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "device": self.device,
+            "providers": self.providers,
+            "opt_level": self.opt_level,
+            "session": self.session,
+            "inputs": self.inputs,
+            "latency_s": {"median": self.latency_median, "runs": self.latency_runs, "warmup_runs": 1},
+            "order": self.order.to_json(),
+            "outputs": self.outputs,
+            "compare_to": self.compare_to,
+            "tolerance": None if self.comparison is None else {"rtol": self.rtol, "atol": self.atol},
+            "comparison": None if self.comparison is None else {n: c.to_json() for n, c in self.comparison.items()},
+            "warnings": self.warnings,
+        }
+
+
+def _describe_value(value: Any) -> dict[str, Any]:
+    if isinstance(value, np.ndarray):
+        return {"shape": list(value.shape), "dtype": str(value.dtype)}
+    return {"shape": None, "dtype": type(value).__name__}
+
+
+def run_model(
+    model: str,
+    device: str,
+    *,
+    inputs: str | os.PathLike[str] | None = None,
+    compare_to: str | None = None,
+    ep_options: Mapping[str, str] | None = None,
+    repeat: int = 5,
+    opt_level: str = "all",
+    rtol: float | None = None,
+    atol: float | None = None,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    dims: Mapping[str, int] | None = None,
+    seed: int = 0,
+    value_ranges: Mapping[str, tuple[float, float]] | None = None,
+) -> RunReport:
+    """Run ``model`` on ``device``: one profiled warm-up run, then ``repeat`` timed runs.
+
+    Args:
+        model: the model to run.
+        device: ``ascend``, ``cpu`` or ``cuda``.
+        inputs: every input, as an .npz file, a folder of .npy files or an onnx test-data folder
+            (`load_inputs`); generated (`generate_inputs`) when None.
+        compare_to: an original model to run with the same inputs and settings and compare.
+        ep_options: provider options overriding the defaults (CANN and CUDA).
+        repeat: timed runs after the warm-up (at least 1).
+        opt_level: ``disable`` (then the order must match exactly and outputs be bit-identical by
+            default), ``basic``, ``extended`` or ``all``.
+        rtol, atol: tolerances for the comparison; default 1e-5 / 1e-6 with optimizations on,
+            0 / 0 (bit equality) with ``disable``. Finite and >= 0.
+        input_shapes, dims: pins for dynamic input dimensions (as for `load_model`): generated
+            inputs take these sizes, and given inputs are checked against them. A dynamic
+            dimension of a generated input that is not pinned is an error.
+        seed: seed of the generated inputs.
+        value_ranges: ranges of the generated inputs (`parse_value_ranges`).
+
+    Returns:
+        The report; it does not raise when outputs differ or the order does not match (see
+        `RunReport.outputs_differ` and `RunReport.order`).
+
+    Raises:
+        OffloadError: bad files or inputs, onnxruntime missing, the device not really in use, or a
+            model onnxruntime refuses.
+    """
+    if repeat < 1:
+        raise OffloadError(f"repeat must be at least 1, not {repeat}")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise OffloadError(
+                f"--{name} {value} is not a tolerance", hint=f"give a finite number >= 0, e.g. --{name} 1e-5"
+            )
+    warnings: list[str] = []
+    # as onnxruntime reads it (the order check predicts its rewrites), with the pins for generated inputs
+    loaded = load_model(model, input_shapes=input_shapes, dims=dims, normalize=False)
+    ort = import_onnxruntime(device)
+    settings = required_settings(loaded.proto, model)
+    config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
+    if ep_options and device == "cpu":
+        warnings.append("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
+    warnings += settings_warnings(
+        settings, config.sess_options, config.kwargs.get("disabled_optimizers"), config.providers
+    )
+
+    specs = input_specs(loaded.proto)
+    if inputs is not None:
+        feeds_all = load_inputs(inputs, specs, model)
+        source = "file"
+    else:
+        feeds_all, input_warnings = generate_inputs(specs, seed=seed, value_ranges=value_ranges)
+        warnings += input_warnings
+        source = "generated"
+
+    with tempfile.TemporaryDirectory(prefix="offloadctl-profile-") as tmp:
+        config.sess_options.enable_profiling = True
+        config.sess_options.profile_file_prefix = os.path.join(tmp, "profile")
+        session = create_session(model, config, device, ort=ort)
+        providers = list(session.get_providers())
+        feeds = feeds_for(session, feeds_all, model, "the inputs")
+        outputs = run_once(session, feeds, model, ort)  # warm-up, profiled
+        profile = session.end_profiling()
+        ran = order_from_profile(profile) if profile else []
+    order = compare_order(planned_order(loaded.proto), ran, exact=opt_level == "disable")
+    if not order.matches:
+        warnings.append(_order_warning(order))
+
+    runs = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run_once(session, feeds, model, ort)
+        runs.append(time.perf_counter() - start)
+
+    comparison = None
+    if compare_to is not None:
+        if rtol is None:
+            rtol = 0.0 if opt_level == "disable" else _DEFAULT_RTOL
+        if atol is None:
+            atol = 0.0 if opt_level == "disable" else _DEFAULT_ATOL
+        original = load_model(compare_to, normalize=False)
+        _check_same_inputs(input_specs(original.proto), feeds_all, compare_to, model)
+        original_settings = required_settings(original.proto, compare_to)
+        original_config = session_config(original_settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
+        original_session = create_session(compare_to, original_config, device, ort=ort)
+        original_feeds = feeds_for(original_session, feeds_all, compare_to, model)
+        expected = run_once(original_session, original_feeds, compare_to, ort)
+        comparison = compare_outputs(outputs, expected, rtol=rtol, atol=atol)
+        for name in expected:
+            if name not in outputs:
+                comparison[name] = OutputComparison(False, None, None, False, f"{model} has no output of this name")
+
+    session_doc = {
+        "execution_order": "PRIORITY_BASED",
+        "disabled_optimizers": list(config.kwargs.get("disabled_optimizers", [])),
+        "provider_options": {p[0]: p[1] for p in config.providers if isinstance(p, tuple)},
+        "model_settings": settings,
+    }
+    return RunReport(
+        model=model,
+        device=device,
+        providers=providers,
+        opt_level=opt_level,
+        session=session_doc,
+        inputs={n: {**_describe_value(a), "source": source} for n, a in feeds_all.items()},
+        latency_runs=runs,
+        order=order,
+        outputs={n: _describe_value(v) for n, v in outputs.items()},
+        compare_to=compare_to,
+        comparison=comparison,
+        rtol=rtol,
+        atol=atol,
+        warnings=warnings,
+        output_values=outputs,
+    )
+
+
+def _order_warning(order: OrderCheck) -> str:
+    parts = []
+    if order.first_differences:
+        d = order.first_differences[0]
+        parts.append(f"at step {d['index']} the plan has {d['planned']!r} but {d['ran']!r} ran")
+    if order.exact and order.missing:
+        parts.append(f"{len(order.missing)} planned node(s) did not run (first: {order.missing[0]!r})")
+    return "nodes did not run in the planned (file) order: " + "; ".join(parts)

@@ -1,0 +1,209 @@
+"""The model as the simulator sees it: its original nodes, with tensors interned as integer ids.
+
+`base_of` gives, once per `Analysis` object, the positions of the original nodes and, per position,
+the tensor ids they read and write, with each tensor's size and role (weight, graph input, graph
+output). A model already rewritten by apply keeps only its original nodes here: each copy's output
+is read as the tensor it copies (`Base.canon`), so its "before" program is the model without
+copies. Programs (`offloadctl.simulation.program`) and the time model are built on it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import onnx
+
+from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.timeline import subgraph_memory, weight_is_resident
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.onnxutil import copy_kind
+from offloadctl.loading.model import TensorInfo
+
+if TYPE_CHECKING:
+    from offloadctl.simulation.program import Program
+
+__all__ = ["Base", "base_of", "interner", "is_rewritten"]
+
+
+def is_rewritten(analysis: Analysis) -> bool:
+    """True when the model already contains MemcpyToHost/MemcpyFromHost nodes."""
+    return any(copy_kind(n) is not None for n in analysis.nodes)
+
+
+@dataclass
+class Base:
+    """The model as the original nodes see it: tensors as integer ids, reads and writes per position."""
+
+    n: int
+    labels: list[str]
+    nodes: list[onnx.NodeProto]
+    names: list[str]
+    index: dict[str, int]
+    sizes: list[int]  # unknown sizes count 0
+    unknown: list[str]  # names of tensors with unknown size
+    weight: list[bool]
+    graph_input: list[bool]
+    graph_output: list[bool]
+    reads: list[list[int]]  # per position, one entry per input slot / subgraph read
+    writes: list[list[int]]
+    canon: Callable[[str], str]  # node input name -> the tensor it stands for
+    infos: Mapping[str, TensorInfo]
+    resident: list[bool] = field(default_factory=list)  # weights that occupy memory (read, or graph outputs)
+    inner: list[int] = field(default_factory=list)  # per position: memory inside its subgraphs while it runs
+    subgraph_weights: int = 0  # bytes of subgraph weights, resident for the whole run
+    rewritten: bool = False  # the model contains copy nodes
+    before: Program | None = None
+    costs: dict[str, Any] = field(default_factory=dict)  # time model: profile key -> its node costs
+
+
+def interner() -> tuple[list[str], dict[str, int], Callable[[str], int]]:
+    """(names, index, intern): ``intern(name)`` gives each new name the next id, in first-seen order."""
+    names: list[str] = []
+    index: dict[str, int] = {}
+
+    def intern(name: str) -> int:
+        t = index.get(name)
+        if t is None:
+            t = index[name] = len(names)
+            names.append(name)
+        return t
+
+    return names, index, intern
+
+
+def _copy_sources(analysis: Analysis) -> tuple[set[int], dict[str, str]]:
+    """The positions of the model's copy nodes, and what each copy's output copies."""
+    copy_nodes = {p for p, node in enumerate(analysis.nodes) if copy_kind(node) is not None}
+    source: dict[str, str] = {}
+    for p in sorted(copy_nodes):
+        node = analysis.nodes[p]
+        if len(node.input) != 1 or len(node.output) != 1 or not node.input[0] or not node.output[0]:
+            raise OffloadError(
+                f"copy node {analysis.node_names[p]!r} ({node.op_type}) in {analysis.loaded.path} must have one "
+                "input and one output",
+                hint="re-create the model with offloadctl apply",
+            )
+        source[node.output[0]] = node.input[0]
+    return copy_nodes, source
+
+
+def _new_base(analysis: Analysis) -> Base:
+    copy_nodes, source = _copy_sources(analysis)
+
+    def canon(name: str) -> str:
+        seen = 0
+        while name in source and seen <= len(source):
+            name = source[name]
+            seen += 1
+        return name
+
+    # Ids in first-seen order: graph inputs, weights (sorted), what the nodes read, what they write,
+    # graph outputs. Without copies every name stands for itself, and the analysis's uses and
+    # producers are read as they are.
+    index: dict[str, int] = {}
+    new_id = index.setdefault
+    positions = [p for p in range(analysis.num_positions) if p not in copy_nodes]
+    reads: list[list[int]] = [[] for _ in positions]
+    writes: list[list[int]] = [[] for _ in positions]
+    if not source:
+        for name in analysis.graph_inputs:
+            new_id(name, len(index))
+        for name in sorted(analysis.weights):
+            new_id(name, len(index))
+        for name, uses in analysis.uses.items():
+            t = new_id(name, len(index))
+            for use in uses:
+                reads[use[0]].append(t)
+        for name, p in analysis.producer.items():
+            writes[p].append(new_id(name, len(index)))
+        for name in analysis.graph_outputs:
+            new_id(name, len(index))
+        canonical = index
+    else:
+
+        def tid(name: str) -> int:
+            return new_id(canon(name), len(index))
+
+        for name in analysis.graph_inputs:
+            tid(name)
+        for name in sorted(analysis.weights):
+            tid(name)
+        where = {p: k for k, p in enumerate(positions)}
+        for name, uses in analysis.uses.items():
+            t = None
+            for use in uses:
+                k = where.get(use.position)
+                if k is not None:
+                    if t is None:
+                        t = tid(name)
+                    reads[k].append(t)
+        for name, p in analysis.producer.items():
+            k = where.get(p)
+            if k is not None:
+                writes[k].append(tid(name))
+        for name in analysis.graph_outputs:
+            tid(name)
+        canonical = {
+            name: index[canon(name)] for name in (*analysis.weights, *analysis.graph_inputs, *analysis.graph_outputs)
+        }
+    names = list(index)
+    count = len(names)
+    sizes = [0] * count
+    unknown: list[str] = []
+    for t, name in enumerate(names):
+        info = analysis.infos.get(name)
+        size = info.bytes if info is not None else None
+        if size is None:
+            unknown.append(name)
+        else:
+            sizes[t] = size
+    weight = [False] * count
+    for name in analysis.weights:
+        weight[canonical[name]] = True
+    graph_input = [False] * count
+    for name in analysis.graph_inputs:
+        graph_input[canonical[name]] = True
+    graph_output = [False] * count
+    for name in analysis.graph_outputs:
+        graph_output[canonical[name]] = True
+    read = {t for lst in reads for t in lst}
+    resident = [weight[t] and weight_is_resident(t in read, graph_output[t]) for t in range(count)]
+    sub = subgraph_memory(analysis)
+    unknown += sub.unknown
+    return Base(
+        n=len(positions),
+        labels=[analysis.node_names[p] for p in positions],
+        nodes=[analysis.nodes[p] for p in positions],
+        names=names,
+        index=index,
+        sizes=sizes,
+        unknown=unknown,
+        weight=weight,
+        graph_input=graph_input,
+        graph_output=graph_output,
+        reads=reads,
+        writes=writes,
+        canon=canon,
+        infos=analysis.infos,
+        resident=resident,
+        inner=[sub.at(p) for p in positions],
+        subgraph_weights=sub.weight_bytes,
+        rewritten=bool(copy_nodes),
+    )
+
+
+_BASES: dict[int, tuple[weakref.ref, Base]] = {}
+
+
+def base_of(analysis: Analysis) -> Base:
+    """The base of an analysis, computed once per Analysis object."""
+    key = id(analysis)
+    hit = _BASES.get(key)
+    if hit is not None and hit[0]() is analysis:
+        return hit[1]
+    base = _new_base(analysis)
+    _BASES[key] = (weakref.ref(analysis, lambda _ref: _BASES.pop(key, None)), base)
+    return base

@@ -1,0 +1,59 @@
+"""A plan's estimated figures: peak memory before and after, lower bound, bytes moved, time.
+
+`estimate_figures` condenses a simulation (`offloadctl.simulation.result.SimResult`) into the plain figures
+the command line prints and puts in its ``--json`` documents. `record_estimate` stores them in the
+plan's informative ``summary.estimate`` (what ``offloadctl plan`` writes), keyed by a hash of the
+plan's offloads; `recorded_estimate` gives them back only while the offloads are unchanged, so
+``offloadctl apply`` can quote them without simulating again (on a large model the simulation
+needs shape inference over the whole graph, which a weights-only apply otherwise never runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from offloadctl.contract.types import Plan
+from offloadctl.simulation.result import SimResult
+
+__all__ = ["estimate_figures", "record_estimate", "recorded_estimate"]
+
+
+def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any]:
+    """Peak, lower bound, bytes moved and estimated time of a simulation, as plain JSON values.
+
+    ``copy_mode`` says which time the command quotes: ``inline`` (the simulator's serialized time,
+    what onnxruntime runs) or ``streams`` (its overlapped time, an estimate for copy streams).
+    """
+    doc = result.to_json(timeline_limit=0)
+    return {
+        "copy_mode": copies,
+        "peak_bytes": doc["peak_bytes"],
+        "lower_bound_bytes": doc["lower_bound_bytes"],
+        "transfer_bytes": doc["transfer_bytes"],
+        "copies": doc["copies"],
+        "unknown_size_tensors": len(result.unknown_tensors),
+        "profile": result.profile.name if result.profile is not None else None,
+        "time_s": doc["time_s"],
+        "time_nodes": doc["time_nodes"],
+        "slowdown": doc["slowdown"],
+    }
+
+
+def _offloads_sha256(plan: Plan) -> str:
+    text = json.dumps(plan["offloads"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def record_estimate(plan: Plan, figures: dict[str, Any]) -> None:
+    """Store ``figures`` (`estimate_figures`) in ``plan["summary"]["estimate"]``."""
+    plan.setdefault("summary", {})["estimate"] = {**figures, "offloads_sha256": _offloads_sha256(plan)}
+
+
+def recorded_estimate(plan: Plan) -> dict[str, Any] | None:
+    """The figures `record_estimate` stored, or None when there are none or the offloads changed since."""
+    recorded = (plan.get("summary") or {}).get("estimate")
+    if not isinstance(recorded, dict) or recorded.get("offloads_sha256") != _offloads_sha256(plan):
+        return None
+    return {k: v for k, v in recorded.items() if k != "offloads_sha256"}

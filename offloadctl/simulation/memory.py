@@ -1,0 +1,212 @@
+"""Memory: the device and host bytes alive at every step of a program, and the lower bound.
+
+Memory rules (onnxruntime's, stated once in `offloadctl.analysis.timeline`; this module applies them to
+steps that include copies):
+
+- A tensor is allocated on the device when the step producing it runs and freed after its last
+  reader; a graph output lives to the end; a graph input lives from the first step to its last
+  reader (or the end if it is also an output); an output nobody reads is freed after its producer.
+- Weights (initializers, Constant nodes) are resident for the whole run unless offloaded; a weight
+  that no node reads and that is not a graph output takes no memory (onnxruntime drops it).
+- Memory inside subgraphs: body weights are resident for the whole run; a node with bodies also
+  holds their working set while it runs (an If its larger branch, a Loop/Scan one iteration).
+- An offloaded activation T: its device buffer is freed only after its last device reader, its
+  D2H (an extra reader) and the plan's release point (``release_after``) have all passed. Its host
+  copy lives from the D2H to the last H2D reading it (the end, for a graph output). Each reload
+  group's copy lives on the device from its H2D to the group's last use; the copy feeding an
+  offloaded graph output lives from its H2D to the end.
+- An offloaded weight lives on the host for the whole run; each reload group's device copy lives
+  from its H2D to the group's last use.
+- A rewritten model follows the same rules with the release point at the D2H (what onnxruntime
+  does, and what a plan with release distance 0 asks for).
+
+Accounting convention: the *working set* of step k is every tensor alive while step k runs: all
+tensors allocated at a step <= k and freed at a step >= k, plus resident weights. A step's outputs
+are allocated before its inputs are freed, so both count at step k. "Live in" of step k excludes
+what step k allocates; "live out" excludes what step k frees. The peak is the largest working set;
+ties go to the earliest step. Host memory is accounted the same way.
+
+Not modelled: onnxruntime's buffer reuse inside an op (in-place kernels, Reshape/Squeeze aliases),
+the arena's rounding and fragmentation, and kernel workspaces. An outer tensor a subgraph reads
+counts as read by the parent node. Tensors whose size is unknown count as
+0 bytes in every figure; `SimResult.unknown_tensors` lists them so the figures are never silently
+low.
+
+Lower bound (`offloadctl.analysis.timeline.step_bound`): the largest working set of a single node on its own
+(its inputs, including the weights it reads, its outputs, the memory inside its subgraphs, the graph
+inputs still to be read and the subgraph weights). The end of the run counts as one more such step
+whose inputs are the graph outputs, which must all be on the device when the run returns. No plan
+can go below it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.timeline import buffer_span, step_bound, sweep
+from offloadctl.contract.types import Plan
+from offloadctl.simulation.base import Base, base_of
+from offloadctl.simulation.program import DEVICE, HOST, Program, program_for
+
+__all__ = ["MemoryTrace", "lower_bound", "peak_memory", "trace", "base_lower_bound"]
+
+
+def _intervals(program: Program) -> tuple[list[int], list[tuple[int, int, int, int, bool, bool]]]:
+    """Resident bytes per place, and (place, size, alloc, free, from_start, to_end) per other tensor."""
+    steps = len(program.kinds)
+    alloc = [-1] * len(program.names)
+    last = [-1] * len(program.names)
+    for s in range(steps):
+        for t in program.writes[s]:
+            alloc[t] = s
+        for t in program.reads[s]:
+            last[t] = s
+    resident = [program.always, 0]
+    spans = []
+    hold = program.hold
+    for t, size in enumerate(program.sizes):
+        where = program.place[t]
+        if program.resident[t]:
+            resident[where] += size
+            continue
+        start = program.from_start[t]
+        a = 0 if start else alloc[t]
+        if a < 0 or steps == 0:
+            continue
+        end = program.to_end[t]
+        a, f = buffer_span(a, last[t], steps - 1, to_end=end, hold=hold.get(t, -1))
+        spans.append((where, size, a, f, start, end))
+    return resident, spans
+
+
+def _alive(
+    program: Program, resident: list[int], spans: list[tuple[int, int, int, int, bool, bool]], where: int
+) -> list[int]:
+    """Bytes alive during each step at ``where`` (DEVICE or HOST), from `_intervals`."""
+    mine = [(a, f, size) for place, size, a, f, _, _ in spans if place == where]
+    alive = sweep(len(program.kinds), [a for a, _, _ in mine], [f for _, f, _ in mine], [b for _, _, b in mine])
+    alive += resident[where]
+    if where == DEVICE and program.inner:
+        alive += program.inner
+    return alive.tolist()
+
+
+def _working_sets(program: Program, where: int = DEVICE) -> list[int]:
+    """Bytes alive during each step at ``where`` (DEVICE or HOST)."""
+    resident, spans = _intervals(program)
+    return _alive(program, resident, spans, where)
+
+
+def _argmax(values: Sequence[int]) -> int | None:
+    best = None
+    for s, v in enumerate(values):
+        if best is None or v > values[best]:
+            best = s
+    return best
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    """Device and host bytes at every step of one program (see the module docstring)."""
+
+    kinds: list[str]
+    positions: list[int]
+    labels: list[str]
+    device: list[int]  # working set during each step
+    device_in: list[int]  # alive when the step starts
+    device_out: list[int]  # alive when the step ends
+    host: list[int]  # host working set during each step
+    resident_device: int  # weights resident on the device
+    resident_host: int  # weights resident on the host
+
+    @property
+    def peak_step(self) -> int | None:
+        return _argmax(self.device)
+
+    @property
+    def peak_bytes(self) -> int:
+        s = self.peak_step
+        return self.device[s] if s is not None else self.resident_device
+
+    @property
+    def host_peak_bytes(self) -> int:
+        return max(self.host, default=self.resident_host)
+
+    def at(self, step: int | None) -> dict[str, Any]:
+        """Where a step is: step index, kind, position and a readable label."""
+        if step is None:
+            return {"step": None, "kind": None, "position": None, "node": None}
+        return {"step": step, "kind": self.kinds[step], "position": self.positions[step], "node": self.labels[step]}
+
+
+def trace(program: Program, base: Base) -> MemoryTrace:
+    """The memory of every step of ``program`` (device, host, live in and out)."""
+    resident, spans = _intervals(program)
+    steps = len(program.kinds)
+    alloc_at = [0] * steps
+    free_at = [0] * steps
+    for place, size, a, f, start, end in spans:
+        if place == DEVICE:
+            if not start:
+                alloc_at[a] += size
+            if not end:
+                free_at[f] += size
+    device = _alive(program, resident, spans, DEVICE)
+    host = _alive(program, resident, spans, HOST)
+    return MemoryTrace(
+        kinds=list(program.kinds),
+        positions=list(program.positions),
+        labels=[program.label(base, s) for s in range(steps)],
+        device=device,
+        device_in=[device[s] - alloc_at[s] for s in range(steps)],
+        device_out=[device[s] - free_at[s] for s in range(steps)],
+        host=host,
+        resident_device=resident[DEVICE],
+        resident_host=resident[HOST],
+    )
+
+
+def base_lower_bound(base: Base) -> tuple[int, int | None]:
+    """`offloadctl.analysis.timeline.step_bound` of the base's original nodes: (bytes, position)."""
+    positions: list[int] = []
+    tensors: list[int] = []
+    for p in range(base.n):
+        touched = base.reads[p] + base.writes[p]
+        positions += [p] * len(touched)
+        tensors += touched
+    is_input = [i and not w for i, w in zip(base.graph_input, base.weight)]
+    inner = {p: b for p, b in enumerate(base.inner) if b}
+    return step_bound(base.n, positions, tensors, base.sizes, is_input, base.graph_output, inner, base.subgraph_weights)
+
+
+def lower_bound(analysis: Analysis) -> tuple[int, int | None]:
+    """The largest single-step working set: (bytes, position), position num_positions = the end.
+
+    A node's working set is the distinct tensors it reads (inputs, weights, outer-scope reads of
+    its subgraphs) and writes, plus the graph inputs still to be read after it (they are never
+    offloaded); the end of the run reads every graph output. No plan can bring the peak below it.
+    None as position for a model without nodes or outputs.
+    """
+    return base_lower_bound(base_of(analysis))
+
+
+def peak_memory(analysis: Analysis, plan: Plan | None = None) -> tuple[int, int | None]:
+    """Peak device bytes of the model with ``plan`` (None: without one), and where it occurs.
+
+    Cheap enough to call in a loop: O(nodes + uses + copies) per call; the per-model part is
+    computed once per `Analysis` object.
+
+    Returns:
+        (peak bytes, position): the position of the node at the peak, or for a copy step the
+        position it is anchored to (D2H: the node it follows; H2D: the node it precedes, or
+        num_positions at the end); None for a model without nodes.
+    """
+    _, program = program_for(analysis, plan, "plan")
+    device = _working_sets(program)
+    s = _argmax(device)
+    if s is None:
+        return _intervals(program)[0][DEVICE], None
+    return device[s], program.positions[s]

@@ -1,0 +1,288 @@
+"""Programs: the steps the device runs, in onnxruntime's PRIORITY_BASED order, and the tensors they
+read and write.
+
+Without a plan the steps are the model's nodes (positions 0..n-1). With a plan, copies are steps
+too: for every position q, first the H2Ds placed ``h2d_before: q`` (in plan order, then reload-group
+order), then node q, then the D2Hs placed ``d2h_after: q``; H2Ds placed before ``num_positions`` run
+after the last node. A model that is already rewritten (it contains ``MemcpyToHost``/
+``MemcpyFromHost`` nodes) is walked in its own order, and its "before" is the same model with the
+copies taken out (each copy output read as the tensor it copies). Copy steps carry the position of
+the node they follow (D2H) or precede (H2D) so reports can name original nodes.
+
+A program also records where each tensor lives (device or host), which tensors are resident for the
+whole run, and, for an offloaded activation, the step its device buffer is held through (the plan's
+release point) and the D2H the compute stream waits for there. `program_for` checks a plan against
+the model (`offloadctl.contract.check`, the check apply makes) before building its program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.timeline import subgraph_memory, weight_is_resident
+from offloadctl.contract.check import check_plan_for_model
+from offloadctl.contract.document import check_plan_model
+from offloadctl.contract.types import Plan
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.onnxutil import copy_kind
+from offloadctl.simulation.base import Base, base_of, interner
+
+__all__ = ["DEVICE", "HOST", "Program", "before_program", "program_for"]
+
+DEVICE, HOST = 0, 1
+
+
+@dataclass
+class Program:
+    """Steps in run order and the tensors they read and write (ids index the tensor arrays)."""
+
+    kinds: list[str]  # "node" | "d2h" | "h2d"
+    positions: list[int]  # node: its position; d2h: the position it follows; h2d: the one it precedes
+    reads: list[list[int]]
+    writes: list[list[int]]
+    names: list[str]
+    sizes: list[int]
+    place: list[int]  # DEVICE or HOST
+    resident: list[bool]  # alive for the whole run (weights)
+    from_start: list[bool]  # graph inputs
+    to_end: list[bool]  # graph outputs
+    inner: list[int] = field(default_factory=list)  # per step: memory inside the node's subgraphs
+    always: int = 0  # device bytes resident for the whole run besides the tensors (subgraph weights)
+    hold: dict[int, int] = field(default_factory=dict)  # tensor -> step its buffer is kept through
+    waits: list[tuple[int, int]] = field(default_factory=list)  # (after step, wait for copy step)
+    step_labels: list[str] | None = None  # rewritten models: the node labels
+
+    def label(self, base: Base, s: int) -> str:
+        """A readable name for step ``s``."""
+        if self.step_labels is not None:
+            return self.step_labels[s]
+        kind, pos = self.kinds[s], self.positions[s]
+        if kind == "node":
+            return base.labels[pos]
+        tensor = self.names[self.reads[s][0]] if kind == "d2h" else self.names[self.writes[s][0]]
+        tensor = tensor.split("@", 1)[0]
+        if kind == "d2h":
+            return f"D2H({tensor}) after {base.labels[pos]}"
+        return f"H2D({tensor}) " + (f"before {base.labels[pos]}" if pos < base.n else "at the end")
+
+
+def before_program(base: Base) -> Program:
+    if base.before is None:
+        base.before = Program(
+            kinds=["node"] * base.n,
+            positions=list(range(base.n)),
+            reads=base.reads,
+            writes=base.writes,
+            names=base.names,
+            sizes=base.sizes,
+            place=[DEVICE] * len(base.names),
+            resident=base.resident,
+            from_start=base.graph_input,
+            to_end=base.graph_output,
+            inner=base.inner,
+            always=base.subgraph_weights,
+        )
+    return base.before
+
+
+def _plan_program(base: Base, plan: Plan) -> Program:
+    """The program of the original model with the plan's copies inserted (the plan checked by `program_for`)."""
+    n = base.n
+    names = list(base.names)
+    sizes = list(base.sizes)
+    place = [DEVICE] * len(names)
+    resident = list(base.resident)
+    from_start = list(base.graph_input)
+    to_end = list(base.graph_output)
+    pre: list[list[tuple[int, int]]] = [[] for _ in range(n + 1)]
+    post: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    remap: dict[int, dict[int, int]] = {}  # position -> {tensor: copy read there instead}
+    releases: list[tuple[int, int, int]] = []  # (tensor, host copy, release position)
+
+    def new_tensor(name: str, size: int, where: int, end: bool = False) -> int:
+        names.append(name)
+        sizes.append(size)
+        place.append(where)
+        resident.append(False)
+        from_start.append(False)
+        to_end.append(end)
+        return len(names) - 1
+
+    for off in plan["offloads"]:
+        name = off["tensor"]
+        t = base.index[name]
+        is_act = off["kind"] == "activation"
+        size = sizes[t]
+        if is_act:
+            d2h = off["d2h_after"]
+            assert d2h is not None  # a valid plan's activation has its D2H position
+            src = new_tensor(f"{name}@host", size, HOST)
+            post[d2h].append((t, src))
+            release = off["release_after"]
+            releases.append((t, src, d2h if release is None else release))
+        else:
+            src = t
+            place[t] = HOST
+        for k, g in enumerate(off["reload_groups"]):
+            dst = new_tensor(f"{name}@h2d{k}", size, DEVICE)
+            h2d = g["h2d_before"]
+            assert h2d is not None  # checked when the program is built from a scheduled plan
+            pre[h2d].append((src, dst))
+            for u in g["uses"]:
+                remap.setdefault(u["position"], {})[t] = dst
+        if is_act and off["graph_output"] and off["output_h2d_before"] is not None:
+            to_end[t] = False
+            dst = new_tensor(f"{name}@output", size, DEVICE, end=True)
+            pre[off["output_h2d_before"]].append((src, dst))
+
+    kinds: list[str] = []
+    positions: list[int] = []
+    reads: list[list[int]] = []
+    writes: list[list[int]] = []
+    node_step = [0] * n
+    d2h_step: dict[int, int] = {}
+    for q in range(n + 1):
+        for src, dst in pre[q]:
+            kinds.append("h2d")
+            positions.append(q)
+            reads.append([src])
+            writes.append([dst])
+        if q == n:
+            break
+        node_step[q] = len(kinds)
+        kinds.append("node")
+        positions.append(q)
+        swap = remap.get(q)
+        reads.append([swap.get(t, t) for t in base.reads[q]] if swap else base.reads[q])
+        writes.append(base.writes[q])
+        for src, dst in post[q]:
+            d2h_step[src] = len(kinds)
+            kinds.append("d2h")
+            positions.append(q)
+            reads.append([src])
+            writes.append([dst])
+    program = Program(kinds, positions, reads, writes, names, sizes, place, resident, from_start, to_end)
+    program.inner = [base.inner[p] if kind == "node" else 0 for kind, p in zip(kinds, positions)]
+    program.always = base.subgraph_weights
+    last = len(kinds) - 1
+    for t, _src, release in releases:
+        d = d2h_step[t]
+        point = last if release >= n else max(node_step[release], d)
+        program.hold[t] = point
+        program.waits.append((point, d))
+    return program
+
+
+def _rewritten_program(analysis: Analysis, base: Base) -> Program:
+    """The program of a rewritten model: its own nodes, copies included, in its own order."""
+    kinds: list[str] = []
+    positions: list[int] = []
+    originals = 0
+    for node in analysis.nodes:
+        kind = copy_kind(node) or "node"
+        kinds.append(kind)
+        if kind == "node":
+            positions.append(originals)
+            originals += 1
+        else:
+            positions.append(originals - 1 if kind == "d2h" else originals)
+    names, index, tid = interner()
+
+    for name in analysis.graph_inputs:
+        tid(name)
+    for name in sorted(analysis.weights):
+        tid(name)
+    reads: list[list[int]] = [[] for _ in kinds]
+    readers: dict[int, set[str]] = {}
+    for name, uses in analysis.uses.items():
+        t = tid(name)
+        for use in uses:
+            reads[use.position].append(t)
+            readers.setdefault(t, set()).add(kinds[use.position])
+    writes = [[tid(o) for o in node.output if o] for node in analysis.nodes]
+    for name in analysis.graph_outputs:
+        tid(name)
+    count = len(names)
+    sizes = [0] * count
+    for t, name in enumerate(names):
+        # a copy has the size of what it copies (apply writes value_info, but do not rely on it)
+        size = base.sizes[base.index[base.canon(name)]] if base.canon(name) in base.index else None
+        info = analysis.infos.get(name)
+        own = info.bytes if info is not None else None
+        sizes[t] = own if own is not None else (size or 0)
+    weights = set(analysis.weights)
+    place = [DEVICE] * count
+    for s, kind in enumerate(kinds):
+        if kind == "d2h":
+            for t in writes[s]:
+                place[t] = HOST
+    for name in list(weights) + list(analysis.graph_inputs):
+        t = index[name]
+        if readers.get(t) == {"h2d"}:
+            place[t] = HOST  # an offloaded weight (or input) only copies read
+    outputs = set(analysis.graph_outputs)
+    resident = [name in weights and weight_is_resident(index[name] in readers, name in outputs) for name in names]
+    from_start = [False] * count
+    for name in analysis.graph_inputs:
+        from_start[index[name]] = True
+    to_end = [False] * count
+    for name in analysis.graph_outputs:
+        to_end[index[name]] = True
+    sub = subgraph_memory(analysis)
+    program = Program(
+        kinds,
+        positions,
+        reads,
+        writes,
+        names,
+        sizes,
+        place,
+        resident,
+        from_start,
+        to_end,
+        inner=[sub.at(s) for s in range(len(kinds))],
+        always=sub.weight_bytes,
+        step_labels=list(analysis.node_names),
+    )
+    last_node_read: dict[int, int] = {}
+    producer_step: dict[int, int] = {}
+    for s, kind in enumerate(kinds):
+        for t in writes[s]:
+            producer_step[t] = s
+        if kind == "node":
+            for t in reads[s]:
+                last_node_read[t] = s
+    for s, kind in enumerate(kinds):
+        if kind == "d2h" and reads[s]:
+            t = reads[s][0]
+            program.waits.append((max(s, last_node_read.get(t, producer_step.get(t, s))), s))
+    return program
+
+
+def program_for(analysis: Analysis, plan: Plan | None, source: str) -> tuple[Base, Program]:
+    """The base of ``analysis`` and the program of the model with ``plan`` (None: as it is).
+
+    Raises:
+        OffloadError: a plan for a rewritten model, or a plan that is not scheduled, belongs to
+            another model or contradicts it.
+    """
+    base = base_of(analysis)
+    if base.rewritten:
+        if plan is not None:
+            raise OffloadError(
+                f"{analysis.loaded.path} already contains MemcpyToHost/MemcpyFromHost copies; it cannot take a plan",
+                hint="simulate the rewritten model on its own, or the original model with the plan",
+            )
+        return base, _rewritten_program(analysis, base)
+    if plan is not None:
+        check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
+        if plan.get("stage") != "scheduled":
+            raise OffloadError(
+                f"{source} is at stage {plan.get('stage')!r}; simulating needs a scheduled plan",
+                hint="run offloadctl prefetch on it (or offloadctl plan to do every stage)",
+            )
+        check_plan_for_model(plan, analysis)  # what apply accepts, and nothing else
+    if plan is None or not plan["offloads"]:
+        return base, before_program(base)
+    return base, _plan_program(base, plan)

@@ -1,0 +1,252 @@
+"""Time: what each node costs on a device profile, and the run time of a program with its copies.
+
+Time model (needs a profile): a node the profile has measured (a measured profile, written by
+``offloadctl profile``, holding a node of the same name, op type and input shapes; copy nodes are
+never matched, so a rewritten model takes its original's times) takes its measured duration plus
+the profile's ``node_overhead_s`` (what the executor spends per node beyond the kernel, less the
+profiler's own cost inside each event; never below 0 in total). Any other node takes
+``max(flops / peak_flops, bytes / mem_bandwidth) + kernel_launch_s``. FLOPs are counted for
+MatMul/FusedMatMul/Gemm (2*M*N*K), Conv (2 * output elements * Cin/group * kernel size),
+ConvTranspose (2 * input elements * Cout/group * kernel size) and attention ops (Attention,
+MultiHeadAttention, GroupQueryAttention: 4*B*Sq*Skv*hidden, plus the QKV projection for
+com.microsoft Attention); every other node is counted by the bytes it reads and
+writes. A copy takes ``latency_s + bytes / bandwidth`` of its direction (in a measured profile the
+in-line cost of a copy node, from the measured fit). Every figure includes the profile's
+``run_overhead_s`` once (the fixed cost of a session run; 0 in datasheet profiles). Three figures:
+
+- baseline: the nodes alone, no copies.
+- serialized: copies run in line on the compute stream (onnxruntime today): baseline + every copy.
+- overlapped: one copy stream per direction, FIFO. A copy is issued when the compute stream reaches
+  its place and starts when its stream is free (an H2D also waits for the D2H of its tensor); a
+  node waits for the copies whose outputs it reads; at each offloaded buffer's release point the
+  compute stream waits for that buffer's D2H (HyperOffload's release event). The run ends when the
+  compute stream and both copy streams are done.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+import onnx
+
+from offloadctl.analysis.graph import Analysis
+from offloadctl.loading.model import TensorInfo
+from offloadctl.simulation.base import Base, base_of
+from offloadctl.simulation.profiles import DEFAULT_PROFILE, NodeTime, Profile, load_profile
+from offloadctl.simulation.program import Program
+
+__all__ = ["Costs", "TimeFigures", "node_costs", "node_flops", "node_seconds", "times"]
+
+ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
+MATMUL_OPS = frozenset({"MatMul", "FusedMatMul"})
+FLOP_OPS = MATMUL_OPS | ATTENTION_OPS | {"Gemm", "Conv", "ConvTranspose"}  # the ops counted by FLOPs
+
+
+def _dims(infos: Mapping[str, TensorInfo], name: str) -> tuple[int, ...] | None:
+    info = infos.get(name) if name else None
+    if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+        return None
+    return cast(tuple[int, ...], info.shape)
+
+
+def node_flops(node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...] | None]) -> int | None:
+    """Floating-point operations of a compute-bound node; None for other ops or unknown shapes."""
+    op = node.op_type
+    if op not in FLOP_OPS:
+        return None
+    ins = list(node.input)
+    out = shape_of(node.output[0]) if node.output else None
+
+    def inp(i: int) -> tuple[int, ...] | None:
+        return shape_of(ins[i]) if i < len(ins) and ins[i] else None
+
+    if op in MATMUL_OPS:
+        a = inp(0)
+        if a is None or out is None or not a:
+            return None
+        return 2 * math.prod(out) * a[-1]
+    if op == "Gemm":
+        a = inp(0)
+        if a is None or out is None or len(a) != 2:
+            return None
+        trans = next((at.i for at in node.attribute if at.name == "transA"), 0)
+        return 2 * math.prod(out) * (a[0] if trans else a[1])
+    if op == "Conv":
+        w = inp(1)
+        if w is None or out is None or len(w) < 2:
+            return None
+        return 2 * math.prod(out) * math.prod(w[1:])
+    if op == "ConvTranspose":
+        x, w = inp(0), inp(1)
+        if x is None or w is None or len(w) < 2:
+            return None
+        return 2 * math.prod(x) * math.prod(w[1:])
+    if op in ATTENTION_OPS:
+        return _attention_flops(node, inp)
+    return None
+
+
+def _attention_flops(node: onnx.NodeProto, inp: Callable[[int], tuple[int, ...] | None]) -> int | None:
+    q = inp(0)
+    if q is None:
+        return None
+    if node.op_type == "Attention" and node.domain == "com.microsoft":
+        w = inp(1)  # input (B, S, in_hidden), weights (in_hidden, 3 * hidden)
+        if len(q) != 3 or w is None or len(w) != 2:
+            return None
+        b, s, in_hidden = q
+        hidden = w[1] // 3
+        return 2 * b * s * in_hidden * w[1] + 4 * b * s * s * hidden
+    k = inp(1)
+    if len(q) == 4:  # (B, heads, Sq, head_size)
+        b, h, sq, d = q
+        skv = k[2] if k is not None and len(k) == 4 else (k[1] if k is not None and len(k) == 3 else sq)
+        hidden = h * d
+    elif len(q) == 3:  # (B, Sq, hidden)
+        b, sq, hidden = q
+        skv = k[1] if k is not None and len(k) == 3 else (k[2] if k is not None and len(k) == 4 else sq)
+    else:
+        return None
+    if node.op_type == "GroupQueryAttention":
+        past = inp(3)
+        if past is not None and len(past) == 4:
+            skv += past[2]
+    return 4 * b * sq * skv * hidden
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds per node of the base, and how many came from the profile's measurements."""
+
+    seconds: list[float]
+    measured: int
+    source: Any  # the MeasuredTimes used (held so that its id in the cache key stays its own)
+
+
+def _measured_match(hit: NodeTime, node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...] | None]) -> bool:
+    """A measured node stands for ``node``: same op type and, where both are known, same input shapes."""
+    if hit.op_type != node.op_type:
+        return False
+    if hit.input_shapes is None:
+        return True
+    ours = [shape_of(name) for name in node.input if name]
+    if len(ours) != len(hit.input_shapes):
+        return False
+    return all(a is None or b is None or tuple(a) == tuple(b) for a, b in zip(ours, hit.input_shapes))
+
+
+def node_costs(base: Base, profile: Profile) -> Costs:
+    """Seconds of each node of the base on ``profile`` (measured where the profile has the node),
+    computed once per profile."""
+    measured = profile.measured
+    key = f"{profile!r}@{id(measured)}"
+    cached = base.costs.get(key)
+    if cached is not None:
+        return cached
+    infos = base.infos
+
+    def shape_of(name: str) -> tuple[int, ...] | None:
+        return _dims(infos, name) or _dims(infos, base.canon(name))
+
+    table = measured.nodes if measured is not None else {}
+    offset = measured.node_overhead_s if measured is not None else 0.0
+    sizes = base.sizes
+    costs = []
+    count = 0
+    for p, node in enumerate(base.nodes):
+        hit = table.get(node.name) if table and node.name else None
+        if hit is not None and _measured_match(hit, node, shape_of):
+            costs.append(max(hit.seconds + offset, 0.0))
+            count += 1
+            continue
+        moved = sum([sizes[t] for t in base.reads[p]]) + sum([sizes[t] for t in base.writes[p]])
+        flops = node_flops(node, shape_of)
+        seconds = moved / profile.mem_bandwidth
+        if flops:
+            first = next((i for i in node.input if i), "")
+            info = infos.get(first) or infos.get(base.canon(first))
+            dtype = info.dtype if info is not None else "default"
+            seconds = max(seconds, flops / profile.flops_for(dtype))
+        costs.append(seconds + profile.kernel_launch_s)
+    result = Costs(costs, count, measured)
+    base.costs[key] = result
+    return result
+
+
+def node_seconds(analysis: Analysis, profile: Profile | str = DEFAULT_PROFILE) -> list[float]:
+    """Seconds of each node of the model without its copies, in execution order, as the time model prices them.
+
+    The budget strategy uses them to see how much compute can hide a copy on a separate stream.
+    """
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    return list(node_costs(base_of(analysis), prof).seconds)
+
+
+@dataclass(frozen=True)
+class TimeFigures:
+    """Estimated run time in seconds under the profile (see the module docstring).
+
+    ``nodes`` counts the model's nodes and ``measured_nodes`` those whose time the profile measured
+    (the others are estimated from FLOPs and bytes).
+    """
+
+    baseline: float
+    serialized: float
+    overlapped: float
+    nodes: int = 0
+    measured_nodes: int = 0
+
+    @property
+    def stall(self) -> dict[str, float]:
+        return {"serialized": self.serialized - self.baseline, "overlapped": self.overlapped - self.baseline}
+
+    @property
+    def slowdown(self) -> dict[str, float]:
+        def ratio(t: float) -> float:
+            return t / self.baseline if self.baseline > 0 else 1.0
+
+        return {"serialized": ratio(self.serialized), "overlapped": ratio(self.overlapped)}
+
+
+def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
+    links = {"h2d": profile.h2d, "d2h": profile.d2h}
+    steps = len(program.kinds)
+    waits: dict[int, list[int]] = {}
+    for after, copy in program.waits:
+        waits.setdefault(after, []).append(copy)
+    copy_of: dict[int, int] = {}  # tensor -> the copy step that wrote it
+    end = [0.0] * steps
+    compute = 0.0
+    stream_free = {"h2d": 0.0, "d2h": 0.0}
+    baseline = serialized = 0.0
+    node_seconds = costs.seconds
+    for s in range(steps):
+        kind = program.kinds[s]
+        ready = max((end[copy_of[t]] for t in program.reads[s] if t in copy_of), default=0.0)
+        if kind == "node":
+            cost = node_seconds[program.positions[s]]
+            baseline += cost
+            serialized += cost
+            compute = max(compute, ready) + cost
+            end[s] = compute
+        else:
+            cost = links[kind].time(program.sizes[program.reads[s][0]])
+            serialized += cost
+            end[s] = max(compute, stream_free[kind], ready) + cost
+            stream_free[kind] = end[s]
+            for t in program.writes[s]:
+                copy_of[t] = s
+        for copy in waits.get(s, ()):
+            compute = max(compute, end[copy])
+    overlapped = max([compute, *stream_free.values()])
+    fixed = profile.run_overhead_s
+    return TimeFigures(
+        baseline=baseline + fixed,
+        serialized=serialized + fixed,
+        overlapped=overlapped + fixed,
+        nodes=len(node_seconds),
+        measured_nodes=costs.measured,
+    )
