@@ -15,8 +15,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl.analysis.graph import analyse
+from offloadctl.analysis.order import expected_run_order
 from offloadctl.loading.model import load_model
-from offloadctl.loading.ortgraph import expected_run_order, normalize
+from offloadctl.loading.ortgraph import normalize
 
 from models import IR_VERSION, OPSET, save, tensor
 

@@ -1,9 +1,10 @@
 """Read-only analysis of a loaded model: execution order, producers, uses and sizes.
 
-The execution order is the one onnxruntime runs with ``ExecutionOrder.PRIORITY_BASED``: Kahn's
-algorithm where, among ready nodes, Shape/Size come first, then forward before backward
-(``__backwardpass`` attribute), then the lowest file index. Constant nodes take no position:
-onnxruntime folds them into initializers, so their outputs are weights like initializers.
+The execution order is the one onnxruntime runs with ``ExecutionOrder.PRIORITY_BASED``
+(`offloadctl.analysis.order`): Kahn's algorithm where, among ready nodes, Shape/Size come first,
+then forward before backward (``__backwardpass`` attribute), then the lowest file index. Constant
+nodes take no position: onnxruntime folds them into initializers, so their outputs are weights
+like initializers.
 Positions count only the remaining ("original") nodes.
 
 A tensor read inside a subgraph (If/Loop/Scan body, as an outer-scope name) is a use at the parent
@@ -13,7 +14,6 @@ graph queries; the lists here are the source of truth.
 
 from __future__ import annotations
 
-import heapq
 import logging
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,28 +21,22 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import onnx
 
-from offloadctl.contract import types as plantypes
+from offloadctl.analysis.order import HIGH_PRIORITY_OPS, PLAIN_RANK, describe_node, execution_order, priority_rank
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.onnxutil import is_backward, is_constant_node, subgraph_outer_names
+from offloadctl.core.onnxutil import is_constant_node, subgraph_outer_names
 from offloadctl.loading.model import LoadedModel, TensorInfos, tensor_infos
 
 if TYPE_CHECKING:
-    import networkx as nx  # imported where used: it takes a seventh of the command line's start-up
+    import networkx as nx
 
-__all__ = [
-    "Use",
-    "Analysis",
-    "analyse",
-    "execution_order",
-    "node_reads",
-    "priority_rank",
-    "priority_ranks",
-]
+    from offloadctl.contract import (
+        types as plantypes,  # imported where used: it takes a seventh of the command line's start-up
+    )
+
+__all__ = ["Use", "Analysis", "analyse"]
 
 logger = logging.getLogger(__name__)
-
-HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
 
 
 class Use(NamedTuple):
@@ -61,118 +55,6 @@ class Use(NamedTuple):
 
     def to_json(self) -> plantypes.Use:
         return {"position": self.position, "node": self.node, "input_index": self.input_index}
-
-
-_PLAIN_RANK = 2  # a forward node that is not Shape/Size: ordered by file index alone
-
-
-def priority_rank(node: onnx.NodeProto) -> int:
-    """A node's first sort key in onnxruntime's priority order: Shape/Size first, then forward
-    before backward (``__backwardpass``); ties are broken by file index."""
-    rank = 0 if node.op_type in HIGH_PRIORITY_OPS else _PLAIN_RANK
-    if node.attribute and is_backward(node):
-        rank += 1
-    return rank
-
-
-def priority_ranks(nodes: list[onnx.NodeProto]) -> list[int]:
-    """`priority_rank` of each node."""
-    return [priority_rank(node) for node in nodes]
-
-
-def execution_order(
-    nodes: list[onnx.NodeProto],
-    available: set[str],
-    reads: list[list[str]] | None = None,
-    ranks: list[int] | None = None,
-    outputs: list[list[str]] | None = None,
-) -> tuple[list[int], bool]:
-    """Order node indices as onnxruntime's PRIORITY_BASED mode does.
-
-    Args:
-        nodes: the nodes that take part (Constant nodes already removed), in file order.
-        available: tensor names present before any node runs (inputs, initializers, constants).
-        reads, ranks, outputs: ``node_reads(node)``, ``priority_ranks(nodes)`` and the outputs of
-            each node, when the caller has them already (big graphs: protobuf fields are slow to read).
-
-    Returns:
-        (order, was_sorted): indices into ``nodes``, and whether ``nodes`` was already in a
-        topological order.
-
-    Raises:
-        OffloadError: the graph has a cycle or reads a tensor nobody provides.
-    """
-    if reads is None:
-        reads = [node_reads(node) for node in nodes]
-    producer: dict[str, int] = {}
-    for i, outs in enumerate(outputs if outputs is not None else (node.output for node in nodes)):
-        for out in outs:
-            producer[out] = i
-    producer.pop("", None)
-    producer_of = producer.get
-    all_preds: list[set[int]] = []
-    topological = True
-    for i, names in enumerate(reads):
-        preds = {producer_of(name, -1) for name in names}
-        if -1 in preds:
-            preds.discard(-1)
-            for name in names:
-                if name not in producer and name not in available:
-                    raise OffloadError(
-                        f"node {_describe(nodes[i], i)} reads tensor {name!r}, which no node, graph input or weight "
-                        "provides",
-                        hint="the model is malformed; re-export it or fix the tensor name",
-                    )
-        if preds and max(preds) >= i:
-            topological = False
-        all_preds.append(preds)
-    rank = priority_ranks(nodes) if ranks is None else ranks
-    if topological and all(r == _PLAIN_RANK for r in rank):
-        # Kahn's algorithm by file index alone returns a topological file order unchanged.
-        return list(range(len(nodes))), True
-
-    consumers: list[list[int]] = [[] for _ in nodes]
-    indegree = [0] * len(nodes)
-    for i, preds in enumerate(all_preds):
-        for p in preds:
-            consumers[p].append(i)
-        indegree[i] = len(preds)
-    heap = [(rank[i], i) for i in range(len(nodes)) if indegree[i] == 0]
-    heapq.heapify(heap)
-    order: list[int] = []
-    pop, push = heapq.heappop, heapq.heappush
-    while heap:
-        i = pop(heap)[1]
-        order.append(i)
-        for c in consumers[i]:
-            indegree[c] -= 1
-            if indegree[c] == 0:
-                push(heap, (rank[c], c))
-    if len(order) != len(nodes):
-        import networkx as nx
-
-        stuck = [i for i in range(len(nodes)) if indegree[i] > 0]
-        graph = nx.DiGraph((p, c) for p in stuck for c in consumers[p] if indegree[c] > 0)
-        try:
-            cycle = [u for u, _ in nx.find_cycle(graph)]
-        except nx.NetworkXNoCycle:  # pragma: no cover - Kahn stalls only on cycles
-            cycle = stuck[:5]
-        chain = " -> ".join(_describe(nodes[i], i) for i in cycle[:6])
-        raise OffloadError(f"the graph has a cycle: {chain}", hint="the model is malformed; re-export it")
-    was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
-    return order, was_sorted
-
-
-def node_reads(node: onnx.NodeProto) -> list[str]:
-    """Every tensor a node reads: its inputs, then (sorted) what its subgraphs read from outside."""
-    reads = [name for name in node.input if name]
-    if node.attribute:  # only a node with attributes can have subgraphs
-        reads.extend(sorted(subgraph_outer_names(node)))
-    return reads
-
-
-def _describe(node: onnx.NodeProto, index: int) -> str:
-    return f"{node.name!r} ({node.op_type})" if node.name else f"#{index} ({node.op_type})"
 
 
 @dataclass
@@ -263,9 +145,10 @@ def analyse(loaded: LoadedModel) -> Analysis:
         for out in outputs:
             if out in defined and out:
                 first = defined[out]
-                by = f"node {_describe(file_nodes[first], first)}" if isinstance(first, int) else first
+                by = f"node {describe_node(file_nodes[first], first)}" if isinstance(first, int) else first
                 raise OffloadError(
-                    f"tensor {out!r} is defined twice in {loaded.path} (by node {_describe(node, idx)} and by {by})",
+                    f"tensor {out!r} is defined twice in {loaded.path} (by node {describe_node(node, idx)} and "
+                    f"by {by})",
                     hint="tensor names must be unique; re-export the model or rename one of them",
                 )
             defined[out] = idx
@@ -290,7 +173,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
     # Reads inside subgraphs (outer-scope names, sorted) and priority ranks: both come from the
     # attributes, which most nodes of a big graph do not have.
     outer: list[list[str]] = [[]] * len(compute_nodes)  # shared empty list, never mutated
-    ranks = [_PLAIN_RANK] * len(compute_nodes)
+    ranks = [PLAIN_RANK] * len(compute_nodes)
     for i, node in enumerate(compute_nodes):
         if node.attribute:
             ranks[i] = priority_rank(node)
@@ -350,12 +233,12 @@ def analyse(loaded: LoadedModel) -> Analysis:
     # Each list is already in execution order: positions ascend, and within a node the input
     # indices ascend before the subgraph reads (input_index None), which is Use.sort_key's order.
 
-    analysis = Analysis(
+    return Analysis(
         loaded=loaded,
         nodes=nodes,
         file_index=file_index,
         was_sorted=was_sorted,
-        plain_priority=all(r == _PLAIN_RANK for r in ranks),
+        plain_priority=all(r == PLAIN_RANK for r in ranks),
         graph_inputs=graph_inputs,
         graph_outputs=[o.name for o in graph.output],
         initializers=initializers,
@@ -369,12 +252,6 @@ def analyse(loaded: LoadedModel) -> Analysis:
         sparse_weights=frozenset(sparse),
         topological=topological,
     )
-    if loaded.sizes_from_run is not None:
-        from offloadctl.running.sizes import measure_sizes
-
-        run = loaded.sizes_from_run
-        analysis.infos.use_measured(measure_sizes(loaded.path, loaded.proto, inputs=run["inputs"], seed=run["seed"]))
-    return analysis
 
 
 def _is_topological(reads: list[list[str]], outputs: list[list[str]]) -> bool:

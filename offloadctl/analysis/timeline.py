@@ -49,14 +49,17 @@ import math
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
-from offloadctl.analysis.graph import Analysis, node_reads
-from offloadctl.contract.types import Offload, Plan
+from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.order import node_reads
 from offloadctl.core.onnxutil import has_subgraphs, is_constant_node, named_subgraphs
+
+if TYPE_CHECKING:
+    from offloadctl.contract.types import Offload, Plan
 
 __all__ = [
     "Span",

@@ -16,7 +16,7 @@ from offloadctl._version import __version__
 from offloadctl.cli.ui import err_console, setup_logging
 from offloadctl.core.errors import OffloadError
 
-__all__ = ["cli", "main"]
+__all__ = ["cli"]
 
 
 class _Group(click.Group):
@@ -52,10 +52,3 @@ def _register() -> None:
 
 
 _register()
-
-
-def main() -> None:
-    """Console-script entry point (`offloadctl._entry.main`: exit 130 on Ctrl-C, even during start-up)."""
-    from offloadctl._entry import main as entry
-
-    entry()

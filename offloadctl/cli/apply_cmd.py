@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-from offloadctl.analysis.graph import analyse
 from offloadctl.cli.common import (
     finish,
     low_figures_text,
@@ -25,6 +24,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path, sha256_file
 from offloadctl.loading.model import load_model
 from offloadctl.rewriting.rewrite import ApplyResult, apply_plan, check_model_outputs, write_model
+from offloadctl.running.sizes import analysed
 from offloadctl.simulation.estimate import recorded_estimate
 
 __all__ = ["COMMANDS", "find_model"]
@@ -87,7 +87,7 @@ def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None
         check_output_path(output, *reads)
         check_model_outputs(loaded.proto, output, model_path.parent, reads, locations=loaded.data_locations)
         step(f"analysing {model_path}")
-        analysis = analyse(loaded)
+        analysis = analysed(loaded)
         step(f"rewriting {model_path}")
         proto = apply_plan(plan, analysis, result=result)
         step(f"writing {output}")

@@ -18,7 +18,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from offloadctl.analysis.graph import Analysis, analyse
+from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.report import SLOWDOWN_WARNING, report_plot_path
 from offloadctl.cli.ui import err_console, out_console, print_json, steps
 from offloadctl.contract.types import Plan, SizesFromRun
@@ -26,6 +26,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path
 from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.model import load_model, parse_dims, parse_input_shapes
+from offloadctl.running.sizes import analysed
 from offloadctl.simulation.costs import STREAMS_NOTE, copy_mode_label
 
 __all__ = [
@@ -87,7 +88,7 @@ def load_and_analyse(
         step(f"loading {model}")
         loaded = load_model(model, input_shapes=shapes, dims=dims, input_shapes_from=source, sizes_from_run=sizes)
         step(f"analysing {model}" + (" (sizes from one run on the CPU provider)" if sizes else ""))
-        analysis = analyse(loaded)
+        analysis = analysed(loaded)
     dynamic = [
         name
         for name in analysis.graph_inputs

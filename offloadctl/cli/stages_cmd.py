@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from offloadctl.analysis.graph import Analysis, analyse
+from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import (
     check_report_paths,
     check_unknown_sizes,
@@ -64,6 +64,7 @@ from offloadctl.planning.filter import filter_plan
 from offloadctl.planning.planners import make_plan
 from offloadctl.planning.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, prefetch
 from offloadctl.planning.select import select
+from offloadctl.running.sizes import analysed
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import copy_mode_label, default_objective
 from offloadctl.simulation.estimate import estimate_figures, record_estimate
@@ -229,7 +230,7 @@ def _plan_analysis(plan: Plan, plan_path: str) -> Analysis:
             hint="run the command from the directory the plan was made in, or re-create the plan with offloadctl plan",
         ) from None
     check_plan_model(plan, loaded.sha256, path)
-    return analyse(loaded)
+    return analysed(loaded)
 
 
 def _stage_end(

@@ -35,10 +35,17 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto
 
-from offloadctl.core.onnxutil import is_constant_node, rename_outer, subgraph_outer_names, subgraphs
+from offloadctl.core.onnxutil import rename_outer, subgraph_outer_names, subgraphs
 from offloadctl.loading.inline import expand_inlined_functions, inlined_calls
 
-__all__ = ["Normalized", "normalize", "expected_run_order", "unique_dequantize", "remove_duplicate_casts"]
+__all__ = [
+    "Normalized",
+    "normalize",
+    "unique_dequantize",
+    "remove_duplicate_casts",
+    "inlined_calls",
+    "expand_inlined_functions",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -357,47 +364,3 @@ def _remove_casts_in(graph: onnx.GraphProto, types: dict[str, int]) -> int:
         del graph.node[:]
         graph.node.extend(kept)
     return count
-
-
-# --------------------------------------------------------------------------------- expected run order
-
-
-def expected_run_order(proto: onnx.ModelProto) -> list[str]:
-    """Names of the nodes onnxruntime runs with PRIORITY_BASED, in the order it runs them.
-
-    The model is not changed. Constant nodes (folded into initializers) and nodes onnxruntime
-    replaces (function calls, removed Casts) are left out; the bodies onnxruntime inlines are
-    simulated but left out too (their names are onnxruntime's own). Nodes without a name, or
-    whose name is not unique, cannot be matched with profiling and are left out.
-    """
-    from offloadctl.analysis.graph import execution_order
-
-    work = onnx.ModelProto()
-    work.CopyFrom(proto)
-    calls = inlined_calls(work)
-    call_outputs = {tuple(n.output) for n in calls}
-    kept_outputs = {tuple(n.output) for n in work.graph.node} - call_outputs
-    body_names: set[str] = set()
-    if expand_inlined_functions(work, calls):
-        # onnxruntime appends the inlined bodies after every other node
-        body = [n for n in work.graph.node if tuple(n.output) not in kept_outputs]
-        rest = [n for n in work.graph.node if tuple(n.output) in kept_outputs]
-        body_names = {n.name for n in body}
-        ordered = [onnx.NodeProto() for _ in rest + body]
-        for dst, src in zip(ordered, rest + body):
-            dst.CopyFrom(src)
-        del work.graph.node[:]
-        work.graph.node.extend(ordered)
-    unique_dequantize(work.graph, place="end")
-    remove_duplicate_casts(work)
-    graph = work.graph
-    nodes = [n for n in graph.node if not is_constant_node(n)]
-    available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    available |= {s.values.name for s in graph.sparse_initializer}
-    available |= {o for n in graph.node if is_constant_node(n) for o in n.output}
-    order, _ = execution_order(nodes, available)
-    names = [nodes[i].name for i in order if nodes[i].name and nodes[i].name not in body_names]
-    counts: dict[str, int] = {}
-    for name in names:
-        counts[name] = counts.get(name, 0) + 1
-    return [n for n in names if counts[n] == 1]

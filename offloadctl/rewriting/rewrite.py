@@ -63,7 +63,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl._version import __version__
-from offloadctl.analysis.graph import Analysis, execution_order
+from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.order import execution_order
 from offloadctl.contract.check import check_plan_for_model
 from offloadctl.contract.types import Offload, Plan, Use
 from offloadctl.core.bulk import paused_gc

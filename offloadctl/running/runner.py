@@ -37,10 +37,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 
+from offloadctl.analysis.order import expected_run_order
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind
 from offloadctl.loading.model import load_model
-from offloadctl.loading.ortgraph import expected_run_order
 from offloadctl.rewriting.metadata import KEY_SESSION, session_settings
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
 

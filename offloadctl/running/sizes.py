@@ -27,10 +27,12 @@ from typing import Any
 import numpy as np
 import onnx
 
+from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import iter_graphs, subgraphs
+from offloadctl.loading.model import LoadedModel
 
-__all__ = ["MeasuredSizes", "measure_sizes", "ort_type"]
+__all__ = ["MeasuredSizes", "analysed", "measure_sizes", "ort_type"]
 
 logger = logging.getLogger(__name__)
 
@@ -184,3 +186,13 @@ def measure_sizes(
         sizes.nodes_ran,
     )
     return sizes
+
+
+def analysed(loaded: LoadedModel) -> Analysis:
+    """The analysis of a loaded model, its sizes read from one run when the model asks for that
+    (``loaded.sizes_from_run``, from ``--sizes-from-run`` or a plan made with it)."""
+    analysis = analyse(loaded)
+    run = loaded.sizes_from_run
+    if run is not None:
+        analysis.infos.use_measured(measure_sizes(loaded.path, loaded.proto, inputs=run["inputs"], seed=run["seed"]))
+    return analysis

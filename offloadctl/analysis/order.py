@@ -1,0 +1,188 @@
+"""The orders onnxruntime runs a graph's nodes in, and the names it runs them under.
+
+``ExecutionOrder.PRIORITY_BASED`` (`execution_order`): Kahn's algorithm where, among ready nodes,
+Shape/Size come first, then forward before backward (``__backwardpass``), then the lowest file
+index. Only the Python binding sets it; the plan's positions count in this order.
+
+`expected_run_order` predicts, for a model as it stands, the names of the nodes onnxruntime runs
+in that order, after the rewrites it applies at every optimization level
+(`offloadctl.loading.ortgraph`); `offloadctl run` checks the profiled order against it.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import onnx
+
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.onnxutil import is_backward, is_constant_node, subgraph_outer_names
+from offloadctl.loading.ortgraph import (
+    expand_inlined_functions,
+    inlined_calls,
+    remove_duplicate_casts,
+    unique_dequantize,
+)
+
+__all__ = [
+    "HIGH_PRIORITY_OPS",
+    "PLAIN_RANK",
+    "describe_node",
+    "execution_order",
+    "expected_run_order",
+    "node_reads",
+    "priority_rank",
+    "priority_ranks",
+]
+
+HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
+
+PLAIN_RANK = 2  # a forward node that is not Shape/Size: ordered by file index alone
+
+
+def priority_rank(node: onnx.NodeProto) -> int:
+    """A node's first sort key in onnxruntime's priority order: Shape/Size first, then forward
+    before backward (``__backwardpass``); ties are broken by file index."""
+    rank = 0 if node.op_type in HIGH_PRIORITY_OPS else PLAIN_RANK
+    if node.attribute and is_backward(node):
+        rank += 1
+    return rank
+
+
+def priority_ranks(nodes: list[onnx.NodeProto]) -> list[int]:
+    """`priority_rank` of each node."""
+    return [priority_rank(node) for node in nodes]
+
+
+def execution_order(
+    nodes: list[onnx.NodeProto],
+    available: set[str],
+    reads: list[list[str]] | None = None,
+    ranks: list[int] | None = None,
+    outputs: list[list[str]] | None = None,
+) -> tuple[list[int], bool]:
+    """Order node indices as onnxruntime's PRIORITY_BASED mode does.
+
+    Args:
+        nodes: the nodes that take part (Constant nodes already removed), in file order.
+        available: tensor names present before any node runs (inputs, initializers, constants).
+        reads, ranks, outputs: ``node_reads(node)``, ``priority_ranks(nodes)`` and the outputs of
+            each node, when the caller has them already (big graphs: protobuf fields are slow to read).
+
+    Returns:
+        (order, was_sorted): indices into ``nodes``, and whether ``nodes`` was already in a
+        topological order.
+
+    Raises:
+        OffloadError: the graph has a cycle or reads a tensor nobody provides.
+    """
+    if reads is None:
+        reads = [node_reads(node) for node in nodes]
+    producer: dict[str, int] = {}
+    for i, outs in enumerate(outputs if outputs is not None else (node.output for node in nodes)):
+        for out in outs:
+            producer[out] = i
+    producer.pop("", None)
+    producer_of = producer.get
+    all_preds: list[set[int]] = []
+    topological = True
+    for i, names in enumerate(reads):
+        preds = {producer_of(name, -1) for name in names}
+        if -1 in preds:
+            preds.discard(-1)
+            for name in names:
+                if name not in producer and name not in available:
+                    raise OffloadError(
+                        f"node {describe_node(nodes[i], i)} reads tensor {name!r}, which no node, graph input or "
+                        "weight provides",
+                        hint="the model is malformed; re-export it or fix the tensor name",
+                    )
+        if preds and max(preds) >= i:
+            topological = False
+        all_preds.append(preds)
+    rank = priority_ranks(nodes) if ranks is None else ranks
+    if topological and all(r == PLAIN_RANK for r in rank):
+        # Kahn's algorithm by file index alone returns a topological file order unchanged.
+        return list(range(len(nodes))), True
+
+    consumers: list[list[int]] = [[] for _ in nodes]
+    indegree = [0] * len(nodes)
+    for i, preds in enumerate(all_preds):
+        for p in preds:
+            consumers[p].append(i)
+        indegree[i] = len(preds)
+    heap = [(rank[i], i) for i in range(len(nodes)) if indegree[i] == 0]
+    heapq.heapify(heap)
+    order: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
+    while heap:
+        i = pop(heap)[1]
+        order.append(i)
+        for c in consumers[i]:
+            indegree[c] -= 1
+            if indegree[c] == 0:
+                push(heap, (rank[c], c))
+    if len(order) != len(nodes):
+        import networkx as nx
+
+        stuck = [i for i in range(len(nodes)) if indegree[i] > 0]
+        graph = nx.DiGraph((p, c) for p in stuck for c in consumers[p] if indegree[c] > 0)
+        try:
+            cycle = [u for u, _ in nx.find_cycle(graph)]
+        except nx.NetworkXNoCycle:  # pragma: no cover - Kahn stalls only on cycles
+            cycle = stuck[:5]
+        chain = " -> ".join(describe_node(nodes[i], i) for i in cycle[:6])
+        raise OffloadError(f"the graph has a cycle: {chain}", hint="the model is malformed; re-export it")
+    was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
+    return order, was_sorted
+
+
+def node_reads(node: onnx.NodeProto) -> list[str]:
+    """Every tensor a node reads: its inputs, then (sorted) what its subgraphs read from outside."""
+    reads = [name for name in node.input if name]
+    if node.attribute:  # only a node with attributes can have subgraphs
+        reads.extend(sorted(subgraph_outer_names(node)))
+    return reads
+
+
+def describe_node(node: onnx.NodeProto, index: int) -> str:
+    return f"{node.name!r} ({node.op_type})" if node.name else f"#{index} ({node.op_type})"
+
+
+def expected_run_order(proto: onnx.ModelProto) -> list[str]:
+    """Names of the nodes onnxruntime runs with PRIORITY_BASED, in the order it runs them.
+
+    The model is not changed. Constant nodes (folded into initializers) and nodes onnxruntime
+    replaces (function calls, removed Casts) are left out; the bodies onnxruntime inlines are
+    simulated but left out too (their names are onnxruntime's own). Nodes without a name, or
+    whose name is not unique, cannot be matched with profiling and are left out.
+    """
+    work = onnx.ModelProto()
+    work.CopyFrom(proto)
+    calls = inlined_calls(work)
+    call_outputs = {tuple(n.output) for n in calls}
+    kept_outputs = {tuple(n.output) for n in work.graph.node} - call_outputs
+    body_names: set[str] = set()
+    if expand_inlined_functions(work, calls):
+        # onnxruntime appends the inlined bodies after every other node
+        body = [n for n in work.graph.node if tuple(n.output) not in kept_outputs]
+        rest = [n for n in work.graph.node if tuple(n.output) in kept_outputs]
+        body_names = {n.name for n in body}
+        ordered = [onnx.NodeProto() for _ in rest + body]
+        for dst, src in zip(ordered, rest + body):
+            dst.CopyFrom(src)
+        del work.graph.node[:]
+        work.graph.node.extend(ordered)
+    unique_dequantize(work.graph, place="end")
+    remove_duplicate_casts(work)
+    graph = work.graph
+    nodes = [n for n in graph.node if not is_constant_node(n)]
+    available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    available |= {s.values.name for s in graph.sparse_initializer}
+    available |= {o for n in graph.node if is_constant_node(n) for o in n.output}
+    order, _ = execution_order(nodes, available)
+    names = [nodes[i].name for i in order if nodes[i].name and nodes[i].name not in body_names]
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return [n for n in names if counts[n] == 1]
