@@ -224,7 +224,7 @@ def exact_scale(sizes: list[int], folder: Path, time_limit: float, progress: Con
 
 def objectives(models: list[str] | None, folder: Path, profile: str, progress: Console) -> list[dict[str, Any]]:
     """Simulated time of the time objective's plan against the bytes objective's, per case and copy mode."""
-    from offloadctl.planning.planners import make_plan
+    from offloadctl.planning.make import make_plan
     from offloadctl.simulation.profiles import load_profile
     from offloadctl.simulation.result import simulate
 

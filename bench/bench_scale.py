@@ -72,7 +72,7 @@ def _child(task: str, args: list[str]) -> dict:
     import offloadctl.analysis.graph
     import offloadctl.contract.document
     import offloadctl.loading.model
-    import offloadctl.stages
+    import offloadctl.planning.make
     from offloadctl._entry import main as console_script
     from offloadctl.cli import cli  # noqa: F401 - imported before the clock starts
 
@@ -101,7 +101,7 @@ def _child(task: str, args: list[str]) -> dict:
         model_path, out_path, params = args
         loaded = offloadctl.loading.model.load_model(model_path)
         analysis = offloadctl.analysis.graph.analyse(loaded)
-        plan = offloadctl.planning.planners.make_plan(analysis, params=params == "params")
+        plan = offloadctl.planning.make.make_plan(analysis, params=params == "params")
         offloadctl.contract.document.write_plan(out_path, plan)
     elif task == "plan-cli":
         model_path, out_path = args

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.core.errors import OffloadError  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
-from offloadctl.planning.planners import make_plan  # noqa: E402
+from offloadctl.planning.make import make_plan  # noqa: E402
 from offloadctl.rewriting.rewrite import apply_plan, write_model  # noqa: E402
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs  # noqa: E402
 from offloadctl.running.profiler import alternate, measure_profile, write_profile  # noqa: E402

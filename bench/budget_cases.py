@@ -100,9 +100,7 @@ def run_case(analysis: Analysis, case: Case, **options: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         selected = select(analysis, params=case.mode == "params")
-        filtered = budget_filter(
-            selected, analysis, budget_bytes=budget, stream_weights=case.mode == "stream", **options
-        )
+        filtered = budget_filter(selected, analysis, budget=budget, stream_weights=case.mode == "stream", **options)
         plan = prefetch(filtered)
     except OffloadError as exc:
         return {"budget": budget, "fits": False, "error": exc.message, "seconds": time.perf_counter() - t0}

@@ -13,7 +13,7 @@ The library is usable without the command line. Its entry points, in pipeline or
 
 Each is a thin name over the module that owns the work, one subpackage per stage of the pipeline:
 `offloadctl.loading.model.load_model`, `offloadctl.analysis.graph.analyse`,
-`offloadctl.planning.planners.make_plan` (the single stages are `offloadctl.planning.select`,
+`offloadctl.planning.make.make_plan` (the single stages are `offloadctl.planning.select`,
 `~.filter` and `~.prefetch`), `offloadctl.rewriting.rewrite.apply_plan` with `~.write_model`,
 `offloadctl.simulation.result.simulate` and `offloadctl.running.runner.run_model`.
 User errors raise `OffloadError` (a message naming the file or tensor, and a hint).
@@ -36,6 +36,8 @@ from offloadctl.core.errors import OffloadError
 if TYPE_CHECKING:
     from offloadctl.analysis.graph import Analysis
     from offloadctl.loading.model import LoadedModel
+    from offloadctl.planning.make import make_plan
+    from offloadctl.planning.request import PlanRequest
     from offloadctl.rewriting.rewrite import ApplyResult
     from offloadctl.running.runner import RunReport
     from offloadctl.simulation.result import SimResult
@@ -46,6 +48,7 @@ __all__ = [
     "load",
     "analyse",
     "make_plan",
+    "PlanRequest",
     "apply",
     "simulate",
     "run",
@@ -56,7 +59,10 @@ __all__ = [
     "ApplyResult",
 ]
 
-_TYPES = {
+# names whose modules load on first use (so that importing the package stays light)
+_LAZY = {
+    "make_plan": "offloadctl.planning.make",
+    "PlanRequest": "offloadctl.planning.request",
     "LoadedModel": "offloadctl.loading.model",
     "Analysis": "offloadctl.analysis.graph",
     "SimResult": "offloadctl.simulation.result",
@@ -66,7 +72,7 @@ _TYPES = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _TYPES.get(name)
+    module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'offloadctl' has no attribute {name!r}")
     import importlib
@@ -96,25 +102,12 @@ def analyse(model: LoadedModel | str | os.PathLike[str]) -> Analysis:
 
     Accepts a `LoadedModel` or a path (loaded without pins).
     """
-    from offloadctl.analysis.graph import analyse as _analyse
     from offloadctl.loading.model import LoadedModel, load_model
+    from offloadctl.running.sizes import analysed
 
     if not isinstance(model, LoadedModel):
         model = load_model(model)
-    return _analyse(model)
-
-
-def make_plan(analysis: Analysis, **options: Any) -> Plan:
-    """The whole scheduled plan in one call: select, filter (by count, or by ``budget``), prefetch.
-
-    Takes every keyword option of `offloadctl.planning.planners.make_plan`: ``select_distance``,
-    ``activations``, ``params``, ``force``, ``never``, ``select_num``, ``min_bytes``,
-    ``prefetch_distance``, ``release_distance``, ``strategy``, ``budget`` (bytes, or text such as
-    ``"1.5GiB"``), ``stream_weights``, ``stream_depth``, ``step``.
-    """
-    from offloadctl.planning.planners import make_plan as _make_plan
-
-    return _make_plan(analysis, **options)
+    return analysed(model)
 
 
 def apply(

@@ -18,7 +18,7 @@ from offloadctl.contract.document import write_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import sha256_file
 from offloadctl.loading.model import load_model
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.rewrite import ApplyResult, apply_plan, write_model
 

@@ -15,10 +15,10 @@ from offloadctl.analysis.timeline import lower_bound
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.units import parse_bytes
 from offloadctl.loading.model import load_model
-from offloadctl.planning.budget.strategy import budget_filter, bytes_moved, check_budget, plan_peak
+from offloadctl.planning.budget.strategy import budget_filter, bytes_moved, plan_peak
 from offloadctl.planning.explain import explain_rows
 from offloadctl.planning.filter import filter_plan
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.select import select
 from offloadctl.rewriting.rewrite import apply_plan, write_model
@@ -57,7 +57,7 @@ def _analysis(path: Path):
 def _budget_plan(analysis, budget, *, prefetch_distance=50, release_distance=0, **select_kw):
     selected = select(analysis, **select_kw)
     filtered = budget_filter(
-        selected, analysis, budget_bytes=budget, prefetch_distance=prefetch_distance, release_distance=release_distance
+        selected, analysis, budget=budget, prefetch_distance=prefetch_distance, release_distance=release_distance
     )
     scheduled = prefetch(filtered, prefetch_distance=prefetch_distance, release_distance=release_distance)
     return filtered, scheduled
@@ -251,7 +251,7 @@ def test_weight_streaming_keeps_depth_plus_one_groups(write_model):
     weights = sum(analysis.infos[w].bytes or 0 for w in analysis.weights if w in analysis.uses)
     for depth in (0, 1, 2):
         selected = select(analysis, params=True)
-        filtered = budget_filter(selected, analysis, budget_bytes=None, stream_weights=True, stream_depth=depth)
+        filtered = budget_filter(selected, analysis, budget=None, stream_weights=True, stream_depth=depth)
         scheduled = prefetch(filtered)
         info = filtered["budget"]["stream_weights"]
         assert info["groups"] > 3 and info["depth"] == depth
@@ -271,9 +271,11 @@ def test_weight_streaming_with_a_budget(run_cli, tmp_path):
     lb, _ = lower_bound(analysis)
     budget = int(lb * 1.5)
     selected = select(analysis)
-    filtered = budget_filter(selected, analysis, budget_bytes=budget, stream_weights=True)
-    scheduled = check_budget(analysis, prefetch(filtered))
+    filtered = budget_filter(selected, analysis, budget=budget, stream_weights=True)
+    scheduled = prefetch(filtered)
     assert scheduled["budget"]["predicted_peak_bytes"] <= budget
+    # the planner's own peak is the timeline's (which the simulator follows)
+    assert scheduled["budget"]["predicted_peak_bytes"] == plan_peak(analysis, scheduled, prefetch_distance=0)[0]
     out = tmp_path / "plan.json"
     result = run_cli("plan", SAMPLES / "mlp.onnx", "-o", out, "--stream-weights", "--stream-depth", "2")
     assert result.exit_code == 0, result.stderr
@@ -354,7 +356,7 @@ def test_graph_outputs_nobody_reads_are_offloaded_over_their_trailing_stretch(tm
     assert at == analysis.num_positions  # all gradients on the device at the end
     budget = int(1.1 * lb)
     selected = select(analysis, select_distance=100)
-    plan = prefetch(budget_filter(selected, analysis, budget_bytes=budget, prefetch_distance=0), prefetch_distance=0)
+    plan = prefetch(budget_filter(selected, analysis, budget=budget, prefetch_distance=0), prefetch_distance=0)
     tails = [o for o in plan["offloads"] if not o["reload_groups"]]
     assert tails and all(o["graph_output"] and o["output_h2d_before"] == analysis.num_positions for o in tails)
     names = [o["tensor"] for o in plan["offloads"]]
@@ -396,7 +398,7 @@ def test_the_budget_search_reports_the_peak_left_to_fit():
     lines: list[str] = []
     budget = int(lb * 1.1)
     assert budget < before
-    budget_filter(select(analysis), analysis, budget_bytes=budget, report=lines.append)
+    budget_filter(select(analysis), analysis, budget=budget, step=lambda text, new=True: lines.append(text))
     searching = [line for line in lines if "peak" in line]
     assert searching and all(f"budget {budget / 2**20:.1f} MiB" in line for line in searching)
     assert f"peak {before / 2**20:.1f} MiB" in searching[0]

@@ -73,9 +73,7 @@ def _analysis(path: Path):
 
 def _plan(analysis, budget, **kw):
     selected = select(analysis, select_distance=0, params=kw.pop("params", True))
-    return prefetch(
-        budget_filter(selected, analysis, budget_bytes=budget, prefetch_distance=0, **kw), prefetch_distance=0
-    )
+    return prefetch(budget_filter(selected, analysis, budget=budget, prefetch_distance=0, **kw), prefetch_distance=0)
 
 
 def _words(text: str) -> str:
@@ -179,7 +177,7 @@ def test_optimal_with_a_release_distance_fits_and_is_no_worse():
     selected = select(analysis, select_distance=0, params=True)
     costs = []
     for optimal in (False, True):
-        filtered = budget_filter(selected, analysis, budget_bytes=budget, release_distance=2, optimal=optimal)
+        filtered = budget_filter(selected, analysis, budget=budget, release_distance=2, optimal=optimal)
         plan = prefetch(filtered, release_distance=2)
         assert simulate(analysis, plan, profile=None).peak_after == plan["budget"]["predicted_peak_bytes"] <= budget
         costs.append(plan["budget"]["cost"])

@@ -186,7 +186,7 @@ def test_a_budget_plan_with_an_unread_initializer(run_cli, tmp_path):
     path = save(unused_weight_model(), tmp_path / "m.onnx")
     analysis = analyse(load_model(path))
     tile = 64 * 64 * 4
-    plan = prefetch(budget_filter(select(analysis), analysis, budget_bytes=3 * tile), prefetch_distance=0)
+    plan = prefetch(budget_filter(select(analysis), analysis, budget=3 * tile), prefetch_distance=0)
     assert plan["budget"]["predicted_peak_bytes"] == simulate(analysis, plan, profile=None).peak_after <= 3 * tile
     out = tmp_path / "plan.json"
     result = run_cli("plan", path, "-o", out, "--budget", str(3 * tile), "--prefetch-distance", "0")

@@ -11,7 +11,7 @@ from offloadctl.contract.document import read_plan, validate_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
 from offloadctl.planning.filter import filter_plan
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.select import select
 from tests.models import COMPUTED_RESHAPE

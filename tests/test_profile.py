@@ -20,7 +20,7 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import sha256_file
 from offloadctl.loading.model import load_model
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.rewrite import apply_plan
 from offloadctl.running import profiler
 from offloadctl.running.profiler import (

@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.document import validate_plan
 from offloadctl.loading.model import load_model
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 from offloadctl.planning.select import select
 from offloadctl.rewriting.rewrite import apply_plan, write_model
 

@@ -14,7 +14,7 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.loading.inline import inlined_calls
 from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.select import select
 from offloadctl.rewriting.rewrite import apply_plan
@@ -238,7 +238,7 @@ def test_budget_at_1_1x_lower_bound_fits_with_a_long_lived_input(write_model, tm
     budget = int(bound * 1.1)
     assert budget < simulate(analysis, profile=None).peak_before
     selected = select(analysis, select_distance=0, params=True)
-    plan = prefetch(budget_filter(selected, analysis, budget_bytes=budget), prefetch_distance=0)
+    plan = prefetch(budget_filter(selected, analysis, budget=budget), prefetch_distance=0)
     assert simulate(analysis, plan, profile=None).peak_after <= budget
 
 

@@ -30,7 +30,7 @@ from offloadctl.contract import document as plan_module
 from offloadctl.contract.document import dump_plan, plan_schema, validate_plan
 from offloadctl.core.onnxutil import is_constant_node, subgraph_outer_names
 from offloadctl.loading.model import load_model
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

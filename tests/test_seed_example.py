@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from offloadctl.analysis.graph import analyse
 from offloadctl.loading.model import load_model
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 
 
 def _plan(path, **kw):

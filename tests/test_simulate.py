@@ -16,7 +16,7 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.contract.document import write_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.rewrite import apply_plan, write_model
 from offloadctl.simulation.memory import peak_memory
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, list_profiles, load_profile, profile_from_dict

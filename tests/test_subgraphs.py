@@ -17,7 +17,7 @@ import pytest
 from offloadctl.analysis.graph import analyse
 from offloadctl.contract.document import validate_plan
 from offloadctl.loading.model import load_model
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 
 # `a` is produced at position 0, read by Neg at 1, then only inside both branches of the If at 4,
 # and once more by the Mul at 5 (directly).

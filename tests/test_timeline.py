@@ -30,7 +30,7 @@ from offloadctl.analysis.timeline import WorkingSet, lower_bound, profile
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.select import select
 from offloadctl.simulation.memory import lower_bound as simulator_lower_bound
@@ -169,7 +169,7 @@ def test_budget_plans_agree_with_the_naive_rules(random_model: RandomModel, opts
     budget = int(bound + opts["fraction"] * (before - bound))
     selected = select(analysis, select_distance=0, params=opts["params"])
     try:
-        filtered = budget_filter(selected, analysis, budget_bytes=budget, prefetch_distance=pd, release_distance=rd)
+        filtered = budget_filter(selected, analysis, budget=budget, prefetch_distance=pd, release_distance=rd)
     except OffloadError as exc:
         assert "best peak reachable" in exc.message
         return

@@ -25,8 +25,9 @@ from offloadctl.contract.document import read_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.request import PlanRequest
 from offloadctl.planning.select import select
 from offloadctl.planning.tradeoff import Tradeoff, budget_grid, dominated
 from offloadctl.running import profiler
@@ -155,7 +156,7 @@ def test_streams_places_prefetches_for_a_shared_link(tmp_path):
     analysis = analyse(load_model(save(two_weights_model(), tmp_path / "two.onnx")))
     profile = profile_from_dict(FAST_LINK)
     selected = select(analysis, select_distance=0, params=True, force=("w1", "w2"))
-    plan = prefetch(budget_filter(selected, analysis, budget_bytes=None, profile=profile, copies="streams"))
+    plan = prefetch(budget_filter(selected, analysis, budget=None, profile=profile, copies="streams"))
     leads = {o["tensor"]: o["prefetch_distance"] for o in plan["offloads"]}
     assert leads == {"w1": 4, "w2": 2}
     times = simulate(analysis, plan, profile=profile).times
@@ -167,7 +168,7 @@ def test_streams_places_prefetches_for_a_shared_link(tmp_path):
     alone = simulate(analysis, prefetch(_unscheduled(plan)), profile=profile).times
     assert alone.overlapped > times.baseline + 0.4e-6
     # inline placement keeps the longest lead the budget allows: both from the start of the run
-    inline = prefetch(budget_filter(selected, analysis, budget_bytes=None, profile=profile, copies="inline"))
+    inline = prefetch(budget_filter(selected, analysis, budget=None, profile=profile, copies="inline"))
     assert {o["tensor"]: o["reload_groups"][0]["h2d_before"] for o in inline["offloads"]} == {"w1": 0, "w2": 0}
 
 
@@ -189,7 +190,7 @@ def test_optimal_takes_only_linear_objectives(run_cli, tmp_path, measured_profil
     budget = (lower_bound(analysis)[0] + peak_memory(analysis)[0]) // 2
     selected = select(analysis, select_distance=0, params=True)
     with pytest.raises(OffloadError, match="supports only the linear objectives"):
-        budget_filter(selected, analysis, budget_bytes=budget, objective="time", copies="streams", optimal=True)
+        budget_filter(selected, analysis, budget=budget, objective="time", copies="streams", optimal=True)
     out = tmp_path / "plan.json"
     model = SAMPLES / "training.onnx"
     result = run_cli(
@@ -265,7 +266,7 @@ def test_the_time_objective_is_never_slower_than_the_bytes_objective(name):
 def test_max_slowdown_stays_within_and_beats_the_default_plan_where_the_frontier_can(name):
     analysis = _analysis(name)
     default_peak = simulate(analysis, make_plan(analysis)).peak_after
-    frontier = Tradeoff(analysis, params=True).frontier()
+    frontier = Tradeoff(analysis, PlanRequest(strategy="frontier", params=True)).frontier()
     for copies, key in (("inline", "serialized"), ("streams", "overlapped")):
         plan = make_plan(analysis, max_slowdown=1.05, params=True, copies=copies)
         result = simulate(analysis, plan)
@@ -373,7 +374,8 @@ def test_frontier_never_overwrites_an_input(run_cli, tmp_path):
 
 
 def test_dominated_points():
-    trade_points = Tradeoff(_analysis("mlp"), params=True).frontier(("inline",), 6)["inline"]
+    trade = Tradeoff(_analysis("mlp"), PlanRequest(strategy="frontier", params=True))
+    trade_points = trade.frontier(("inline",), 6)["inline"]
     flags = dominated(trade_points)
     front = [p for p, d in zip(trade_points, flags) if not d]
     assert front  # the lowest peak is never dominated on peak

@@ -411,7 +411,7 @@ def test_plans_built_in_memory_must_use_integers():
     )
     from offloadctl.analysis.graph import analyse
     from offloadctl.loading.model import load_model
-    from offloadctl.planning.planners import make_plan
+    from offloadctl.planning.make import make_plan
 
     plan = make_plan(analyse(load_model(SAMPLES / "seed.onnx")), select_distance=1, prefetch_distance=0)
     validate_plan(plan)
@@ -735,7 +735,7 @@ def test_every_stage_function_checks_the_stage_it_reads():
             OffloadError,
             match=f"budget strategy reads a plan at stage 'selected', but this plan is at stage '{wrong['stage']}'",
         ):
-            budget_filter(wrong, analysis, budget_bytes=1000)
+            budget_filter(wrong, analysis, budget=1000)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -835,7 +835,7 @@ def test_the_advice_reads_the_simulation_it_is_given_and_says_the_same(tmp_path,
     from offloadctl.analysis.graph import analyse
     from offloadctl.loading.model import load_model
     from offloadctl.planning import advice
-    from offloadctl.planning.planners import make_plan
+    from offloadctl.planning.make import make_plan
     from offloadctl.simulation.result import simulate
 
     if name == "weak":  # a plan whose reloads come back before the idle stretch starts

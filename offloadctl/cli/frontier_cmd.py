@@ -17,12 +17,14 @@ from offloadctl.cli.options import (
     objective_option,
     profile_option,
     sizes_option,
+    usage,
 )
 from offloadctl.cli.plot import plot_frontier
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
+from offloadctl.planning.request import PlanRequest
 from offloadctl.planning.tradeoff import DEFAULT_POINTS, Point, Tradeoff, dominated, point_of
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import COPY_MODES, STREAMS_NOTE, copy_mode_label
@@ -119,7 +121,8 @@ def frontier_cmd(
     modes = COPY_MODES if copies == "both" else (copies,)
     with steps(not as_json) as step:
         step("preparing the budget search")
-        trade = Tradeoff(analysis, profile=prof, objective=objective, params=params)
+        request = usage(PlanRequest, strategy="frontier", profile=prof, objective=objective, params=params)
+        trade = Tradeoff(analysis, request)
         frontier = trade.frontier(modes, points, step=step)
         step("the HyperOffload default plan")
         default_plan, default_result = trade.default_plan()

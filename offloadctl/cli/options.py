@@ -1,8 +1,11 @@
 """Option groups shared by several subcommands (defined once, reused).
 
-A group of options reaches its command as one frozen dataclass (`ShapeOptions`, `SelectOptions`,
-`FilterOptions`, `BudgetOptions`, `PrefetchOptions`) in one keyword argument, rather than as one
-argument per option; single options stay plain arguments.
+A group of options reaches its command as one object in one keyword argument, rather than as one
+argument per option: the planning stages' groups as the request parts the stages take
+(`offloadctl.planning.request.SelectPart`, `FilterPart`, `PrefetchPart`, checked as they are made:
+a broken rule is a usage error), the loading options as `ShapeOptions` and `SizesOptions`, the
+budget flags as `BudgetFlags` (the plan and filter commands make the request with them). Single
+options stay plain arguments.
 """
 
 from __future__ import annotations
@@ -11,17 +14,25 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from offloadctl.cli.ui import BytesParam, FiniteFloatRange
 from offloadctl.contract.types import SizesFromRun
-from offloadctl.planning.budget.exact import DEFAULT_TIME_LIMIT
-from offloadctl.planning.budget.streaming import DEFAULT_STREAM_DEPTH
-from offloadctl.planning.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM
-from offloadctl.planning.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
-from offloadctl.planning.select import DEFAULT_SELECT_DISTANCE
+from offloadctl.planning.request import (
+    DEFAULT_MIN_BYTES,
+    DEFAULT_PREFETCH_DISTANCE,
+    DEFAULT_RELEASE_DISTANCE,
+    DEFAULT_SELECT_DISTANCE,
+    DEFAULT_SELECT_NUM,
+    DEFAULT_STREAM_DEPTH,
+    DEFAULT_TIME_LIMIT,
+    FilterPart,
+    PrefetchPart,
+    RequestError,
+    SelectPart,
+)
 from offloadctl.simulation.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, list_profiles
 
@@ -29,10 +40,9 @@ __all__ = [
     "ShapeOptions",
     "SizesOptions",
     "sizes_option",
-    "SelectOptions",
-    "FilterOptions",
-    "BudgetOptions",
-    "PrefetchOptions",
+    "BudgetFlags",
+    "usage",
+    "explain_option",
     "model_argument",
     "input_shape_option",
     "json_option",
@@ -62,25 +72,18 @@ def _compose(*decorators: Decorator) -> Decorator:
     return apply
 
 
-class _Keywords:
-    """A stage's options as the keyword arguments of its library function (field names match)."""
-
-    def keywords(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-
-
 def _group(argument: str, options: type, *decorators: Decorator) -> Decorator:
     """Click options whose values reach the command as one ``options`` object, in ``argument``.
 
     The options keep their flags, help and order; the command's keyword arguments named after the
     dataclass's fields are replaced by the object.
     """
-    names = [f.name for f in dataclasses.fields(options)]
+    names = [f.name for f in dataclasses.fields(options) if f.init]
 
     def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)
         def command(*args: Any, **kwargs: Any) -> Any:
-            kwargs[argument] = options(**{name: kwargs.pop(name) for name in names})
+            kwargs[argument] = usage(options, **{name: kwargs.pop(name) for name in names})
             return f(*args, **kwargs)
 
         return _compose(*decorators)(command)
@@ -112,43 +115,30 @@ class SizesOptions:
 
 
 @dataclass(frozen=True)
-class SelectOptions(_Keywords):
-    """The select stage's options."""
-
-    select_distance: int
-    activations: bool
-    params: bool
-    force: tuple[str, ...]
-    never: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class FilterOptions(_Keywords):
-    """The filter stage's options."""
-
-    select_num: int
-    min_bytes: int
-
-
-@dataclass(frozen=True)
-class BudgetOptions:
-    """The budget strategy's options (and ``--explain``, which lists every candidate)."""
+class BudgetFlags:
+    """The budget strategy's flags as given; the plan and filter commands make the request with them
+    (`offloadctl.planning.request.BudgetPart` states their rules)."""
 
     strategy: str | None
     budget: int | None
     stream_weights: bool
     stream_depth: int
-    explain: bool
     optimal: bool
     time_limit: float
 
+    def keywords(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
-@dataclass(frozen=True)
-class PrefetchOptions(_Keywords):
-    """The prefetch stage's options."""
 
-    prefetch_distance: int
-    release_distance: int
+T = TypeVar("T")
+
+
+def usage(make: Callable[..., T], /, **options: Any) -> T:
+    """``make(**options)`` (a request or one of its parts), a broken rule reported as a usage error."""
+    try:
+        return make(**options)
+    except RequestError as exc:
+        raise click.UsageError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
 
 
 model_argument = click.argument("model", type=click.Path(dir_okay=True, path_type=str))
@@ -231,7 +221,7 @@ def output_option(what: str) -> Decorator:
 select_options = _compose(
     _group(
         "selecting",
-        SelectOptions,
+        SelectPart,
         click.option(
             "--select-distance",
             type=click.IntRange(min=0),
@@ -259,7 +249,7 @@ select_options = _compose(
 
 filter_options = _group(
     "filtering",
-    FilterOptions,
+    FilterPart,
     click.option(
         "--select-num",
         type=click.IntRange(min=0),
@@ -278,7 +268,7 @@ filter_options = _group(
 
 budget_options = _group(
     "budgeting",
-    BudgetOptions,
+    BudgetFlags,
     click.option(
         "--strategy",
         type=click.Choice(["distance", "budget"]),
@@ -305,7 +295,6 @@ budget_options = _group(
         show_default=True,
         help="With --stream-weights: how many layer groups ahead weights are copied in.",
     ),
-    click.option("--explain", is_flag=True, default=False, help="Print every candidate, chosen or not, and why."),
     click.option(
         "--optimal",
         is_flag=True,
@@ -348,6 +337,10 @@ max_slowdown_option = click.option(
     "stays within X times the baseline, e.g. 1.05.",
 )
 
+explain_option = click.option(
+    "--explain", is_flag=True, default=False, help="Print every candidate, chosen or not, and why."
+)
+
 strict_option = click.option(
     "--strict",
     is_flag=True,
@@ -357,7 +350,7 @@ strict_option = click.option(
 
 prefetch_options = _group(
     "prefetching",
-    PrefetchOptions,
+    PrefetchPart,
     click.option(
         "--prefetch-distance",
         type=click.IntRange(min=0),

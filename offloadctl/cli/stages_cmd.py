@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -26,14 +28,12 @@ from offloadctl.cli.common import (
     warn_slowdown,
 )
 from offloadctl.cli.options import (
-    BudgetOptions,
-    FilterOptions,
-    PrefetchOptions,
-    SelectOptions,
+    BudgetFlags,
     ShapeOptions,
     SizesOptions,
     budget_options,
     copies_option,
+    explain_option,
     filter_options,
     json_option,
     max_peak_option,
@@ -47,11 +47,12 @@ from offloadctl.cli.options import (
     select_options,
     sizes_option,
     strict_option,
+    usage,
 )
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import check_plan_model, read_plan, write_plan
-from offloadctl.contract.types import Plan
+from offloadctl.contract.types import BudgetRecord, Plan
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
@@ -61,72 +62,38 @@ from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.explain import explain_table
 from offloadctl.planning.filter import filter_plan
-from offloadctl.planning.planners import make_plan
-from offloadctl.planning.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, prefetch
+from offloadctl.planning.make import plan_for
+from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.request import FilterPart, FilterRequest, PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
 from offloadctl.running.sizes import analysed
 from offloadctl.simulation.base import is_rewritten
-from offloadctl.simulation.costs import copy_mode_label, default_objective
+from offloadctl.simulation.costs import copy_mode_label
 from offloadctl.simulation.estimate import estimate_figures, record_estimate
-from offloadctl.simulation.profiles import Profile, load_profile
-from offloadctl.simulation.result import simulate
+from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = ["COMMANDS"]
 
 logger = logging.getLogger(__name__)
 
 
-def _use_budget(budgeting: BudgetOptions, objective: str | None = None, max_slowdown: float | None = None) -> bool:
-    """Resolve --strategy/--budget/--stream-weights/--objective/--optimal/--max-slowdown; bad combinations
-    are usage errors."""
-    strategy, budget, stream_weights, optimal = (
-        budgeting.strategy,
-        budgeting.budget,
-        budgeting.stream_weights,
-        budgeting.optimal,
-    )
-    if max_slowdown is not None:
-        if budget is not None:
-            raise click.UsageError("--max-slowdown and --budget are alternatives: give one of them")
-        if stream_weights:
-            raise click.UsageError("--max-slowdown chooses what to offload itself: drop --stream-weights")
-        if strategy == "distance":
-            raise click.UsageError("--max-slowdown needs the budget strategy, not --strategy distance")
-        if optimal:
-            raise click.UsageError(
-                "--optimal needs --budget BYTES; --max-slowdown searches many budgets with the greedy"
-            )
-        return True
-    if strategy == "distance" and (budget is not None or stream_weights):
-        raise click.UsageError("--budget and --stream-weights need the budget strategy, not --strategy distance")
-    if strategy == "budget" and budget is None and not stream_weights:
-        raise click.UsageError("--strategy budget needs --budget BYTES (or --stream-weights, or --max-slowdown X)")
-    if optimal and budget is None:
-        raise click.UsageError("--optimal needs --budget BYTES (it finds the cheapest plan that fits the budget)")
-    use = strategy == "budget" or budget is not None or stream_weights
-    if objective is not None and not use:
-        raise click.UsageError(
-            "--objective is the budget strategy's: give --budget BYTES (or --stream-weights, --max-slowdown)"
-        )
-    return use
+T = TypeVar("T")
 
 
-def _objective(objective: str | None, profile: Profile, copies: str, optimal: bool) -> tuple[str, bool]:
-    """(the objective, True when it is the default for the profile); --optimal with a cost that is not
-    linear (time with copies on streams) is a usage error."""
-    defaulted = objective is None
-    chosen = objective if objective is not None else default_objective(profile)
-    if optimal and chosen == "time" and copies == "streams":
-        because = " (the default with a measured profile)" if defaulted else ""
-        raise click.UsageError(
-            f"--optimal supports only the linear objectives: bytes, or time with copies in line. With --copies streams "
-            f"the time objective{because} prices each copy by the compute around it, which the exact program cannot "
-            "state: drop --optimal, or give --objective bytes or --copies inline"
-        )
-    return chosen, defaulted
+def _request(make: Callable[..., T], *groups: Any, **options: Any) -> T:
+    """A request made of the command's option groups (dataclasses) and single options; a broken rule
+    is a usage error."""
+    fields: dict[str, Any] = {}
+    for group in groups:
+        fields.update(_fields(group))
+    return usage(make, **fields, **options)
 
 
-def _objective_words(info: dict, defaulted: bool | None) -> str:
+def _fields(part: Any) -> dict[str, Any]:
+    return {f.name: getattr(part, f.name) for f in dataclasses.fields(part) if f.init}
+
+
+def _objective_words(info: BudgetRecord, defaulted: bool | None) -> str:
     """``objective time, the default with a measured profile; copies in line`` for the search line."""
     objective = info["objective"]["objective"]
     words = f"objective {objective}"
@@ -145,8 +112,8 @@ def _ms(seconds: float) -> str:
 def _print_search(plan: Plan, defaulted: bool | None = None) -> None:
     """What the budget plan costs, the proven bound and the gap (or that it is optimal), and the objective
     used; with --max-slowdown, the budget it chose."""
-    info = plan.get("budget") or {}
-    if info.get("cost") is None:
+    info = plan.get("budget")
+    if info is None:
         return
     objective = info["objective"]
     head = f"budget search ({info['search']}, {_objective_words(info, defaulted)})"
@@ -167,7 +134,7 @@ def _print_search(plan: Plan, defaulted: bool | None = None) -> None:
         line += ", proven optimal"
     elif info["cost_bound"] is not None:
         source = "HiGHS" if info["bound_source"] == "solver" else "the steps furthest over the budget"
-        line += f"; proven bound {fmt(info['cost_bound'])} ({source}): gap {100 * info['gap']:.1f}%"
+        line += f"; proven bound {fmt(info['cost_bound'])} ({source}): gap {100 * (info['gap'] or 0.0):.1f}%"
     elif objective.get("copies") == "streams":
         line += "; no bound: with copies on streams a copy's price depends on the compute around it"
     else:
@@ -268,7 +235,7 @@ def _stage_end(
 @sizes_option
 @json_option
 def select_cmd(
-    model: str, output: str, selecting: SelectOptions, shapes: ShapeOptions, sizes: SizesOptions, as_json: bool
+    model: str, output: str, selecting: SelectPart, shapes: ShapeOptions, sizes: SizesOptions, as_json: bool
 ) -> None:
     """Find tensors idle for more than --select-distance positions (stage 'selected')."""
     check_output_path(output, model)
@@ -276,10 +243,7 @@ def select_cmd(
     check_output_path(output, *analysis.loaded.files)
     with steps(not as_json) as step:
         step("selecting")
-        plan = select(
-            analysis,
-            **selecting.keywords(),
-        )
+        plan = select.run(analysis, selecting)
     write_plan(output, plan)
     _stage_end("select", model, plan, output, as_json)
 
@@ -289,6 +253,7 @@ def select_cmd(
 @output_option("the filtered plan (stage 'filtered')")
 @filter_options
 @budget_options
+@explain_option
 @objective_option
 @copies_option
 @profile_option
@@ -296,8 +261,9 @@ def select_cmd(
 def filter_cmd(
     selected: str,
     output: str,
-    filtering: FilterOptions,
-    budgeting: BudgetOptions,
+    filtering: FilterPart,
+    budgeting: BudgetFlags,
+    explain: bool,
     objective: str | None,
     copies: str,
     profile: str,
@@ -309,41 +275,21 @@ def filter_cmd(
     assuming the default prefetch distance (each offload gets its own, smaller one if needed).
     """
     check_output_path(output, selected)
-    use_budget = _use_budget(budgeting, objective)
-    defaulted = None
-    if use_budget:
-        prof = load_profile(profile)
-        objective, defaulted = _objective(objective, prof, copies, budgeting.optimal)
+    request = _request(FilterRequest, filtering, budgeting, objective=objective, copies=copies, profile=profile)
     selected_plan = read_plan(selected, stages=("selected",))
-    if use_budget:
+    if request.uses_budget:
         analysis = _plan_analysis(selected_plan, selected)
         check_output_path(output, selected, *analysis.loaded.files)
-        assert objective is not None  # resolved with the profile above
         with steps(not as_json) as step:
-            plan = budget_filter(
-                selected_plan,
-                analysis,
-                budget_bytes=budgeting.budget,
-                prefetch_distance=DEFAULT_PREFETCH_DISTANCE,
-                release_distance=DEFAULT_RELEASE_DISTANCE,
-                **filtering.keywords(),
-                stream_weights=budgeting.stream_weights,
-                stream_depth=budgeting.stream_depth,
-                report=step,
-                objective=objective,
-                profile=prof,
-                copies=copies,
-                optimal=budgeting.optimal,
-                time_limit=budgeting.time_limit,
-            )
+            plan = budget_filter.run(selected_plan, analysis, dataclasses.replace(request, step=step))
     else:
         if copies != "inline":
             logger.warning(
                 "--copies is the budget strategy's: without --budget the filter keeps the first --select-num"
             )
-        plan = filter_plan(selected_plan, **filtering.keywords())
+        plan = filter_plan.run(selected_plan, filtering)
     write_plan(output, plan)
-    _stage_end("filter", selected, plan, output, as_json, budgeting.explain, defaulted)
+    _stage_end("filter", selected, plan, output, as_json, explain, request.objective_defaulted or None)
 
 
 @click.command("prefetch")
@@ -351,13 +297,10 @@ def filter_cmd(
 @output_option("the scheduled plan (stage 'scheduled')")
 @prefetch_options
 @json_option
-def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchOptions, as_json: bool) -> None:
+def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchPart, as_json: bool) -> None:
     """Place each host-to-device copy --prefetch-distance positions early (stage 'scheduled')."""
     check_output_path(output, filtered)
-    plan = prefetch(
-        read_plan(filtered, stages=("filtered",)),
-        **prefetching.keywords(),
-    )
+    plan = prefetch.run(read_plan(filtered, stages=("filtered",)), prefetching)
     write_plan(output, plan)
     _stage_end("prefetch", filtered, plan, output, as_json)
 
@@ -369,6 +312,7 @@ def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchOptions, as_js
 @sizes_option
 @filter_options
 @budget_options
+@explain_option
 @max_slowdown_option
 @objective_option
 @copies_option
@@ -381,15 +325,16 @@ def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchOptions, as_js
 def plan_cmd(
     model: str,
     output: str,
-    selecting: SelectOptions,
+    selecting: SelectPart,
     shapes: ShapeOptions,
     sizes: SizesOptions,
-    filtering: FilterOptions,
-    budgeting: BudgetOptions,
+    filtering: FilterPart,
+    budgeting: BudgetFlags,
+    explain: bool,
     max_slowdown: float | None,
     objective: str | None,
     copies: str,
-    prefetching: PrefetchOptions,
+    prefetching: PrefetchPart,
     strict: bool,
     profile: str,
     max_peak: int | None,
@@ -405,11 +350,17 @@ def plan_cmd(
     """
     check_output_path(output, model)
     check_report_paths(report, model, others=[("the plan", output)])
-    use_budget = _use_budget(budgeting, objective, max_slowdown)
-    prof = load_profile(profile)
-    defaulted = None
-    if use_budget:
-        objective, defaulted = _objective(objective, prof, copies, budgeting.optimal)
+    request = _request(
+        PlanRequest,
+        selecting,
+        filtering,
+        budgeting,
+        prefetching,
+        objective=objective,
+        copies=copies,
+        profile=profile,
+        max_slowdown=max_slowdown,
+    )
     analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json, sizes=sizes.request())
     check_output_path(output, *analysis.loaded.files)
     if report is not None:
@@ -421,57 +372,68 @@ def plan_cmd(
             hint="check the rewritten model with offloadctl simulate MODEL --max-peak BYTES --report FILE.md",
         )
     with steps(not as_json, total=5) as step:
-        plan = make_plan(
-            analysis,
-            **selecting.keywords(),
-            **filtering.keywords(),
-            **prefetching.keywords(),
-            strategy="budget" if use_budget else "distance",
-            budget=budgeting.budget,
-            stream_weights=budgeting.stream_weights,
-            stream_depth=budgeting.stream_depth,
-            step=step,
-            objective=objective,
-            profile=prof,
-            optimal=budgeting.optimal,
-            time_limit=budgeting.time_limit,
-            copies=copies,
-            max_slowdown=max_slowdown,
-        )
-        step("simulating peak memory and time")
-        with paused_gc():
-            result = None if is_rewritten(analysis) else simulate(analysis, plan, profile=prof)
-            warning = None if result is None else weak_plan_advice(analysis, plan, result=result)
-        figures = None if result is None else estimate_figures(result, copies)
-        if figures is not None:
-            record_estimate(plan, figures)  # apply quotes it instead of simulating again
-        step(f"writing {output}")
-        write_plan(output, plan)
+        plan, result = _plan_and_simulate(analysis, dataclasses.replace(request, step=step), output, step)
     written: list[str | Path] = [output]
     if report is not None and result is not None:
         written += write_report(report, result, plan)
+    defaulted = request.objective_defaulted if request.uses_budget else None
     if not as_json:
         print_plan_summary(plan)
         _print_search(plan, defaulted)
-        if budgeting.explain:
+        if explain:
             out_console().print(explain_table(plan))
         if result is None:
             out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
-    search = {"objective": objective if use_budget else None, "objective_default": defaulted, "copy_mode": copies}
-    if result is None or figures is None:
-        finish(
-            "plan",
-            model,
-            [],
-            written,
-            as_json=as_json,
-            doc={"model": model, "plan": output, **plan_figures(plan), **search},
-        )
+    search = {
+        "objective": request.objective_name if request.uses_budget else None,
+        "objective_default": defaulted,
+        "copy_mode": copies,
+    }
+    _plan_verdict(analysis, plan, result, request, written, as_json, max_peak, search)
+
+
+def _plan_and_simulate(
+    analysis: Analysis, request: PlanRequest, output: str, step: Callable[..., None]
+) -> tuple[Plan, SimResult | None]:
+    """Make the plan, simulate it (unless the planner did, or the model is already rewritten), record
+    the estimate in it for apply to quote, and write it."""
+    outcome = plan_for(analysis, request)
+    plan = outcome.plan
+    step("simulating peak memory and time")
+    with paused_gc():
+        result = None
+        if not is_rewritten(analysis):
+            result = outcome.simulation or simulate(analysis, plan, profile=request.device_profile)
+    if result is not None:
+        record_estimate(plan, estimate_figures(result, request.copies))  # apply quotes it instead of simulating
+    step(f"writing {output}")
+    write_plan(output, plan)
+    return plan, result
+
+
+def _plan_verdict(
+    analysis: Analysis,
+    plan: Plan,
+    result: SimResult | None,
+    request: PlanRequest,
+    written: list[str | Path],
+    as_json: bool,
+    max_peak: int | None,
+    search: dict[str, Any],
+) -> None:
+    """The plan command's last lines: the estimate, the advice on a weak plan, and the verdict."""
+    model = str(analysis.loaded.path)
+    if result is None:
+        doc = {"model": model, "plan": written[0], **plan_figures(plan), **search}
+        finish("plan", model, [], written, as_json=as_json, doc=doc)
         return
+    figures = estimate_figures(result, request.copies)
     if not as_json:
         at = result.after.at(result.after.peak_step)
         where = f", at #{at['position']} {at['node']}" if at["step"] is not None and at["kind"] == "node" else ""
         print_estimate(figures, where=where)
+    with paused_gc():
+        warning = weak_plan_advice(analysis, plan, result=result)
     if warning:
         logger.warning("%s", warning)
     warn_slowdown(figures)
@@ -486,7 +448,7 @@ def plan_cmd(
         failure=raised or gate_failure(max_peak, result.peak_after, "peak after the plan", unknown=unknown),
         doc={
             "model": model,
-            "plan": output,
+            "plan": str(written[0]),
             **plan_figures(plan),
             **figures,
             **search,

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from typing import Any, Literal, TypedDict
 
 __all__ = [
+    "BudgetRecord",
+    "Compared",
+    "MaxSlowdown",
     "Kind",
     "ModelInfo",
     "Offload",
@@ -151,8 +154,64 @@ class Options(TypedDict, total=False):
     prefetch: dict[str, Any]
 
 
+class Compared(TypedDict):
+    """With the time objective: the stall of the plan it found and of the bytes objective's, and which is kept."""
+
+    copies: str
+    stall_s: dict[str, float]
+    kept: str
+
+
+class MaxSlowdown(TypedDict):
+    """``--max-slowdown``: the budget searched for, and the figures of the plan chosen."""
+
+    requested: float
+    copies: str
+    profile: str
+    baseline_s: float
+    time_s: float
+    slowdown: float
+    within: bool
+    budget_bytes: int | None
+    peak_before_bytes: int
+    peak_bytes: int
+    budgets_tried: int
+
+
+class _BudgetOptional(TypedDict, total=False):
+    stream_weights: dict[str, Any]
+    compared: Compared
+    max_slowdown: MaxSlowdown
+
+
+class BudgetRecord(_BudgetOptional):
+    """The plan's ``budget`` record, written by the budget planner: what was asked, what the planner
+    predicts, what the plan costs and how far from the best plan it can be."""
+
+    requested_bytes: int | None
+    lower_bound_bytes: int
+    lower_bound_position: int | None
+    peak_before_bytes: int
+    predicted_peak_bytes: int
+    predicted_peak_position: int
+    bytes_moved: int
+    assumed_prefetch_distance: int
+    assumed_release_distance: int
+    weights_added_by_budget: bool
+    search: str
+    objective: dict[str, Any]
+    copies: str
+    cost: float
+    cost_bound: float | None
+    gap: float | None
+    bound_source: str | None
+    optimal: bool
+    solver: dict[str, Any] | None
+    chosen: dict[str, str]
+
+
 class _PlanOptional(TypedDict, total=False):
-    budget: dict[str, Any]
+    budget: BudgetRecord
     summary: dict[str, Any]
 
 

@@ -39,7 +39,8 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     Chosen tensors come first (in plan order), then rejected ones (largest first).
     """
     rows: list[dict[str, Any]] = []
-    chosen_why = (plan.get("budget") or {}).get("chosen", {})
+    record = plan.get("budget")
+    chosen_why: dict[str, str] = record["chosen"] if record is not None else {}
     select_opts = plan["options"].get("select", {})
     distance = select_opts.get("select_distance")
     for off in plan["offloads"]:

@@ -13,11 +13,9 @@ from offloadctl.contract.document import record_stage, require_stage
 from offloadctl.contract.types import Offload, Plan, Rejection, RejectionReason, rejection
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.units import fmt_bytes
+from offloadctl.planning.request import FilterPart, recorded, taking
 
-__all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_SELECT_NUM", "filter_plan", "first_use_key"]
-
-DEFAULT_SELECT_NUM = 100
-DEFAULT_MIN_BYTES = 0
+__all__ = ["filter_plan", "first_use_key"]
 
 
 def first_use_key(offload: Offload) -> tuple[int, int]:
@@ -42,10 +40,13 @@ def _rejection(off: Offload, reason: RejectionReason, detail: str) -> Rejection:
     return rejection(off["tensor"], off["kind"], off["bytes"], "filter", reason, detail, max(gaps) if gaps else None)
 
 
+@taking(FilterPart)
 @paused_gc()
-def filter_plan(plan: Plan, *, select_num: int = DEFAULT_SELECT_NUM, min_bytes: int = DEFAULT_MIN_BYTES) -> Plan:
-    """Return a "filtered" plan keeping the first ``select_num`` candidates in first-use order."""
+def filter_plan(plan: Plan, options: FilterPart) -> Plan:
+    """Return a "filtered" plan keeping the first ``select_num`` candidates in first-use order
+    (``options``: `FilterPart`, or its fields as keywords)."""
     require_stage(plan, "selected", "filter")
+    select_num, min_bytes = options.select_num, options.min_size
     kept: list[Offload] = []
     dropped: list[Rejection] = []
     count = 0
@@ -64,8 +65,6 @@ def filter_plan(plan: Plan, *, select_num: int = DEFAULT_SELECT_NUM, min_bytes: 
                 _rejection(off, "select-num", f"beyond the first {select_num} candidates in first-use order")
             )
     # only the kept candidates are copied into the new plan (the input plan is left as it was)
-    new = record_stage(
-        {**plan, "offloads": kept}, "filtered", "filter", {"select_num": select_num, "min_bytes": min_bytes}
-    )
+    new = record_stage({**plan, "offloads": kept}, "filtered", "filter", recorded(FilterPart, options))
     new["rejected"] += dropped
     return new

@@ -20,28 +20,19 @@ from offloadctl.analysis.timeline import h2d_low, h2d_position, release_point
 from offloadctl.contract.document import record_stage, require_stage
 from offloadctl.contract.types import Plan
 from offloadctl.core.bulk import paused_gc
+from offloadctl.planning.request import PrefetchPart, recorded, taking
 
-__all__ = ["DEFAULT_PREFETCH_DISTANCE", "DEFAULT_RELEASE_DISTANCE", "prefetch"]
-
-DEFAULT_PREFETCH_DISTANCE = 50
-DEFAULT_RELEASE_DISTANCE = 0
+__all__ = ["prefetch"]
 
 
+@taking(PrefetchPart)
 @paused_gc()
-def prefetch(
-    plan: Plan,
-    *,
-    prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
-    release_distance: int = DEFAULT_RELEASE_DISTANCE,
-) -> Plan:
-    """Return a "scheduled" plan with every H2D position and release point filled in."""
+def prefetch(plan: Plan, options: PrefetchPart) -> Plan:
+    """Return a "scheduled" plan with every H2D position and release point filled in (``options``:
+    `PrefetchPart`, or its fields as keywords)."""
     require_stage(plan, "filtered", "prefetch")
-    new = record_stage(
-        plan,
-        "scheduled",
-        "prefetch",
-        {"prefetch_distance": prefetch_distance, "release_distance": release_distance},
-    )
+    prefetch_distance, release_distance = options.prefetch_distance, options.release_distance
+    new = record_stage(plan, "scheduled", "prefetch", recorded(PrefetchPart, options))
     n = new["model"]["num_positions"]
     for off in new["offloads"]:
         distance = off["prefetch_distance"] if off["prefetch_distance"] is not None else prefetch_distance

@@ -11,6 +11,7 @@ its last use, or between two uses. Every tensor not selected is listed with its 
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Iterable
 
@@ -33,10 +34,9 @@ from offloadctl.contract.types import (
 )
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.onnxutil import iter_graphs, subgraphs
+from offloadctl.planning.request import SelectPart, recorded, taking
 
-__all__ = ["DEFAULT_SELECT_DISTANCE", "select", "split_reload_groups"]
-
-DEFAULT_SELECT_DISTANCE = 100
+__all__ = ["Selection", "select", "split_reload_groups"]
 
 # Inputs that onnxruntime's kernels read from host memory (shapes, axes, indices of shape ops).
 # Tensors read there are small and already host-side on every execution provider: copying them to
@@ -208,118 +208,102 @@ def _max_gap(start: int, uses: list[Use], end: int | None = None) -> int:
     return best
 
 
-@paused_gc()
-def select(
-    analysis: Analysis,
-    *,
-    select_distance: int = DEFAULT_SELECT_DISTANCE,
-    activations: bool = True,
-    params: bool = False,
-    force: Iterable[str] = (),
-    never: Iterable[str] = (),
-) -> Plan:
-    """Build a plan at stage "selected" from an analysed model.
+class _Selector:
+    """The select stage over one analysis: each candidate's verdict, one check per method, in the
+    order the reasons are listed (the first that applies wins)."""
 
-    Args:
-        analysis: the analysed model.
-        select_distance: a gap must be larger than this to open a reload group (MindSpore: 100).
-        activations: consider node outputs.
-        params: consider weights (initializers and Constant nodes).
-        force: glob patterns of tensors to offload even when no gap qualifies.
-        never: glob patterns of tensors never to offload (wins over ``force``).
-    """
-    force, never = tuple(force), tuple(never)
-    n = analysis.num_positions
-    outputs = set(analysis.graph_outputs)
-    chosen: list[tuple[tuple[int, int], Offload]] = []
-    rejected: list[tuple[tuple[int, int], Rejection]] = []
+    def __init__(self, analysis: Analysis, options: SelectPart) -> None:
+        self.analysis = analysis
+        self.options = options
+        self.n = analysis.num_positions
+        self.outputs = set(analysis.graph_outputs)
+        # (first-use key, candidate number) of each verdict: sorting by it keeps candidates of one key in
+        # the order they were considered
+        self.chosen: list[tuple[tuple[tuple[int, int], int], Offload]] = []
+        self.rejected: list[tuple[tuple[tuple[int, int], int], Rejection]] = []
+        self.index: dict[str, int] = {}  # candidate -> its number
+        self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
+        self.host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
 
     def reject(
-        name: str, kind: Kind, uses: list[Use], reason: RejectionReason, detail: str, max_gap: int | None = None
+        self, name: str, kind: Kind, uses: list[Use], reason: RejectionReason, detail: str, max_gap: int | None = None
     ) -> None:
-        first = uses[0].sort_key if uses else (n, 0)
-        info = analysis.infos.get(name)
-        rejected.append(
-            (first, rejection(name, kind, info.bytes if info is not None else None, "select", reason, detail, max_gap))
-        )
+        first = uses[0].sort_key if uses else (self.n, 0)
+        info = self.analysis.infos.get(name)
+        size = info.bytes if info is not None else None
+        key = (first, self.index.setdefault(name, len(self.index)))
+        self.rejected.append((key, rejection(name, kind, size, "select", reason, detail, max_gap)))
 
-    candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
-    candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
-    analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
-    shape_feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
-    host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
-    for name, kind in candidates:
+    def shape_feeders(self) -> dict[str, Use]:
+        if self._feeders is None:
+            self._feeders = _shape_feeders(self.analysis, self.host_reads)
+        return self._feeders
+
+    def consider(self, name: str, kind: Kind) -> None:
+        """Offload ``name`` or reject it with the first reason that applies."""
+        analysis, options = self.analysis, self.options
         uses = analysis.uses.get(name, [])
-        enabled = activations if kind == "activation" else params
         if not uses:
-            reject(name, kind, uses, "unused", "no node reads it" + (" (graph output only)" if name in outputs else ""))
-            continue
+            why = "no node reads it" + (" (graph output only)" if name in self.outputs else "")
+            self.reject(name, kind, uses, "unused", why)
+            return
         is_act = kind == "activation"
         start = analysis.producer[name] if is_act else 0
-        end = None if is_act else max(n - 1, uses[-1].position)
-        max_gap = _max_gap(start, uses, end)
-        if not enabled and not _matches(name, force):
-            reject(
-                name,
-                kind,
-                uses,
-                "disabled",
-                f"{kind} offload is switched off (--{'activations' if is_act else 'params'})",
-                max_gap,
-            )
-            continue
-        if _matches(name, never):
-            reject(name, kind, uses, "never", "matches a --never pattern", max_gap)
-            continue
-        forced = _matches(name, force)
-        if max_gap <= select_distance and not forced:
-            # Checked before size and placement: no idle stretch qualifies, whatever else holds.
-            reject(
-                name,
-                kind,
-                uses,
-                "short-gaps",
-                f"largest idle stretch {max_gap} <= select distance {select_distance}",
-                max_gap,
-            )
-            continue
+        max_gap = _max_gap(start, uses, None if is_act else max(self.n - 1, uses[-1].position))
+        forced = _matches(name, options.force)
+        verdict = self._by_options(name, kind, forced, max_gap) or self._by_tensor(name, kind, uses, forced)
+        if verdict is not None:
+            self.reject(name, kind, uses, *verdict, max_gap)
+            return
+        key = (uses[0].sort_key, self.index.setdefault(name, len(self.index)))
+        self.chosen.append((key, self._entry(name, kind, uses, start, forced)))
+
+    def _by_options(self, name: str, kind: Kind, forced: bool, max_gap: int) -> tuple[RejectionReason, str] | None:
+        """Reasons the options give: disabled, never, short gaps."""
+        is_act = kind == "activation"
+        enabled = self.options.activations if is_act else self.options.params
+        if not enabled and not forced:
+            return "disabled", f"{kind} offload is switched off (--{'activations' if is_act else 'params'})"
+        if _matches(name, self.options.never):
+            return "never", "matches a --never pattern"
+        distance = self.options.select_distance
+        if max_gap <= distance and not forced:
+            # checked before size and placement: no idle stretch qualifies, whatever else holds
+            return "short-gaps", f"largest idle stretch {max_gap} <= select distance {distance}"
+        return None
+
+    def _by_tensor(self, name: str, kind: Kind, uses: list[Use], forced: bool) -> tuple[RejectionReason, str] | None:
+        """Reasons the tensor gives: not copyable, unknown size, read on the host, a weight output."""
+        analysis = self.analysis
         info = analysis.infos.get(name)
         if name in analysis.sparse_weights:
-            reject(
-                name,
-                kind,
-                uses,
+            return (
                 "not-copyable",
-                "a sparse weight (onnxruntime makes it dense when it loads the model); "
-                "offloadctl copies dense tensors only",
-                max_gap,
+                "a sparse weight (onnxruntime makes it dense when it loads the model); offloadctl copies dense "
+                "tensors only",
             )
-            continue
         if info is not None and not info.copyable:
-            reject(
-                name,
-                kind,
-                uses,
-                "not-copyable",
+            why = (
                 info.why_unknown()
                 if info.bytes is None
-                else f"type {info.dtype} cannot be copied by onnxruntime's MemcpyToHost/MemcpyFromHost "
-                "on every provider",
-                max_gap,
+                else f"type {info.dtype} cannot be copied by onnxruntime's MemcpyToHost/MemcpyFromHost on every "
+                "provider"
             )
-            continue
+            return "not-copyable", why
         if info is None or info.bytes is None:
             why = info.why_unknown() if info is not None else "shape inference could not find its type"
-            reject(
-                name,
-                kind,
-                uses,
-                "unknown-size",
-                f"size unknown: {why}; pin dynamic inputs with --input-shape NAME=D0,D1,...",
-                max_gap,
-            )
-            continue
-        host_use = None if forced else next((u for u in uses if _reads_on_host(analysis, u, name, host_reads)), None)
+            return "unknown-size", f"size unknown: {why}; pin dynamic inputs with --input-shape NAME=D0,D1,..."
+        if not forced:
+            host = self._host_reason(name, uses, info.elem_type)
+            if host is not None:
+                return "host-input", host
+        if kind != "activation" and name in self.outputs:
+            return "graph-output-weight", "a weight that is also a graph output stays on the device"
+        return None
+
+    def _host_reason(self, name: str, uses: list[Use], elem_type: int | None) -> str | None:
+        analysis = self.analysis
+        host_use = next((u for u in uses if _reads_on_host(analysis, u, name, self.host_reads)), None)
         if host_use is not None:
             op = analysis.nodes[host_use.position].op_type
             where = (
@@ -327,39 +311,27 @@ def select(
                 if host_use.input_index is not None
                 else f"read inside a subgraph of {op} {host_use.node!r} at an input"
             )
-            reject(name, kind, uses, "host-input", f"{where}, which onnxruntime keeps in host memory", max_gap)
-            continue
-        host_end = None
-        if info.elem_type in _SHAPE_TYPES and not forced:  # only integer tensors feed shape computations
-            if shape_feeders is None:
-                shape_feeders = _shape_feeders(analysis, host_reads)
-            host_end = shape_feeders.get(name)
-        if host_end is not None:
-            op = analysis.nodes[host_end.position].op_type
-            reject(
-                name,
-                kind,
-                uses,
-                "host-input",
-                f"feeds only shape computations ending at input {host_end.input_index} of {op} {host_end.node!r}, "
-                "which onnxruntime keeps in host memory",
-                max_gap,
-            )
-            continue
-        if not is_act and name in outputs:
-            reject(
-                name,
-                kind,
-                uses,
-                "graph-output-weight",
-                "a weight that is also a graph output stays on the device",
-                max_gap,
-            )
-            continue
-        device, groups = split_reload_groups(start, uses, select_distance, first_group_at_start=not is_act)
+            return f"{where}, which onnxruntime keeps in host memory"
+        if elem_type not in _SHAPE_TYPES:  # only integer tensors feed shape computations
+            return None
+        end = self.shape_feeders().get(name)
+        if end is None:
+            return None
+        op = analysis.nodes[end.position].op_type
+        return (
+            f"feeds only shape computations ending at input {end.input_index} of {op} {end.node!r}, "
+            "which onnxruntime keeps in host memory"
+        )
+
+    def _entry(self, name: str, kind: Kind, uses: list[Use], start: int, forced: bool) -> Offload:
+        analysis = self.analysis
+        info = analysis.infos[name]
+        is_act = kind == "activation"
+        device, groups = split_reload_groups(start, uses, self.options.select_distance, first_group_at_start=not is_act)
         if not groups:  # only a forced tensor gets here: one group holding every use
             device, groups = ([], [(uses[0].position - start, list(uses))])
-        entry = offload(
+        assert info.bytes is not None  # checked by _by_tensor
+        return offload(
             tensor=name,
             kind=kind,
             dtype=info.dtype,
@@ -368,44 +340,118 @@ def select(
             producer={"position": start, "node": analysis.node_names[start]} if is_act else None,
             device_uses=[u.to_json() for u in device],
             reload_groups=[reload_group([u.to_json() for u in g], gap) for gap, g in groups],
-            graph_output=is_act and name in outputs,
-            output_h2d_before=n if is_act and name in outputs else None,
+            graph_output=is_act and name in self.outputs,
+            output_h2d_before=self.n if is_act and name in self.outputs else None,
             forced=forced,
         )
-        chosen.append((uses[0].sort_key, entry))
 
-    chosen.sort(key=lambda item: item[0])
-    rejected.sort(key=lambda item: item[0])
-    offloads = [entry for _, entry in chosen]
+
+class Selection:
+    """One pass of the select stage over an analysis, for plans with weights and without.
+
+    The budget planner needs both (it adds weights when activations alone cannot fit a budget):
+    the tensors are looked at once, and `plan` assembles either plan; ``plan(weights=False)`` is
+    exactly what ``select`` gives with ``params=False``.
+    """
+
+    def __init__(self, analysis: Analysis, options: SelectPart) -> None:
+        self.options = options
+        self.analysis = analysis
+        self._selector = _Selector(analysis, dataclasses.replace(options, params=True))
+        self._weights: list[tuple[tuple[int, int], str, int | None]] = []  # weights the options would disable
+        candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
+        candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
+        analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
+        for name, kind in candidates:
+            self._selector.consider(name, kind)
+
+    def plan(self, *, weights: bool) -> Plan:
+        """The selected plan, weights considered or not (forced ones are always)."""
+        selector = self._selector
+        chosen, rejected = list(selector.chosen), list(selector.rejected)
+        if not weights:
+            disabled = {
+                entry["tensor"] for _, entry in chosen if entry["kind"] == "parameter" and not entry.get("forced")
+            } | {
+                entry["tensor"]
+                for _, entry in rejected
+                if entry["kind"] == "parameter"
+                and entry["reason"] != "unused"
+                and not _matches(entry["tensor"], self.options.force)
+            }
+            chosen = [(key, e) for key, e in chosen if e["tensor"] not in disabled]
+            rejected = [(key, e) for key, e in rejected if e["tensor"] not in disabled]
+            for name in sorted(disabled):
+                self._disable(name, rejected)
+        chosen.sort(key=lambda item: item[0])
+        rejected.sort(key=lambda item: item[0])
+        offloads = [{**entry} for _, entry in chosen]
+        for i, entry in enumerate(offloads):
+            entry["id"] = i
+        recorded_options = recorded(SelectPart, dataclasses.replace(self.options, params=weights))
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "stage": "selected",
+            "tool": {"name": "offloadctl", "version": __version__},
+            "model": _model_info(self.analysis),
+            "strategy": "distance",
+            "options": {"select": recorded_options},
+            "history": [{"stage": "selected", "tool_version": __version__, "options": recorded_options}],
+            "offloads": offloads,  # type: ignore[typeddict-item]
+            "rejected": [entry for _, entry in rejected],
+        }
+
+    def _disable(self, name: str, rejected: list[tuple[tuple[tuple[int, int], int], Rejection]]) -> None:
+        uses = self.analysis.uses[name]
+        info = self.analysis.infos.get(name)
+        max_gap = _max_gap(0, uses, max(self.analysis.num_positions - 1, uses[-1].position))
+        size = info.bytes if info is not None else None
+        why = "parameter offload is switched off (--params)"
+        key = (uses[0].sort_key, self._selector.index[name])
+        rejected.append((key, rejection(name, "parameter", size, "select", "disabled", why, max_gap)))
+
+
+@taking(SelectPart)
+@paused_gc()
+def select(analysis: Analysis, options: SelectPart) -> Plan:
+    """Build a plan at stage "selected" from an analysed model (``options``: `SelectPart`, or its
+    fields as keywords: ``select(analysis, select_distance=1)``)."""
+    selector = _Selector(analysis, options)
+    candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
+    candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
+    analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
+    for name, kind in candidates:
+        selector.consider(name, kind)
+    selector.chosen.sort(key=lambda item: item[0])
+    selector.rejected.sort(key=lambda item: item[0])
+    offloads = [entry for _, entry in selector.chosen]
     for i, entry in enumerate(offloads):
         entry["id"] = i
-    options = {
-        "select_distance": select_distance,
-        "activations": activations,
-        "params": params,
-        "force": list(force),
-        "never": list(never),
+    recorded_options = recorded(SelectPart, options)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "stage": "selected",
+        "tool": {"name": "offloadctl", "version": __version__},
+        "model": _model_info(analysis),
+        "strategy": "distance",
+        "options": {"select": recorded_options},
+        "history": [{"stage": "selected", "tool_version": __version__, "options": recorded_options}],
+        "offloads": offloads,
+        "rejected": [entry for _, entry in selector.rejected],
     }
+
+
+def _model_info(analysis: Analysis) -> ModelInfo:
+    """What the plan records of its model: file, hash, positions, and how its sizes were found."""
     loaded = analysis.loaded
     model: ModelInfo = {
         "path": str(loaded.path),
         "sha256": loaded.sha256,
-        "num_positions": n,
+        "num_positions": analysis.num_positions,
         "input_shapes": loaded.input_shapes,
     }
     if loaded.dims:
         model["dims"] = dict(loaded.dims)
     if loaded.sizes_from_run is not None:
         model["sizes_from_run"] = {**loaded.sizes_from_run}
-    plan: Plan = {
-        "schema_version": SCHEMA_VERSION,
-        "stage": "selected",
-        "tool": {"name": "offloadctl", "version": __version__},
-        "model": model,
-        "strategy": "distance",
-        "options": {"select": options},
-        "history": [{"stage": "selected", "tool_version": __version__, "options": options}],
-        "offloads": offloads,
-        "rejected": [entry for _, entry in rejected],
-    }
-    return plan
+    return model

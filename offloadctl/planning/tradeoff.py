@@ -31,12 +31,12 @@ from typing import Any
 from offloadctl.analysis.graph import Analysis
 from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
-from offloadctl.planning.budget.strategy import BudgetSearch, BudgetUnreachable, check_budget
-from offloadctl.planning.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE, prefetch
-from offloadctl.planning.select import select
+from offloadctl.planning.budget.strategy import BudgetSearch, BudgetUnreachable
+from offloadctl.planning.outcome import PlanOutcome
+from offloadctl.planning.planners import distance_plan
+from offloadctl.planning.request import PlanRequest
 from offloadctl.simulation.base import is_rewritten
-from offloadctl.simulation.costs import COPY_MODES, InlineTime, copies_of, copy_mode_label, default_objective, plan_cost
-from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
+from offloadctl.simulation.costs import COPY_MODES, InlineTime, copies_of, copy_mode_label, plan_cost
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = [
@@ -125,7 +125,7 @@ def dominated(points: Sequence[Point]) -> list[bool]:
 def point_of(result: SimResult, plan: Plan | None, copies: str, budget: int | None = None) -> Point:
     """The frontier point of a simulated plan under a copy mode."""
     assert result.times is not None
-    budget_info = (plan.get("budget") if plan is not None else None) or {}
+    record = plan.get("budget") if plan is not None else None
     return Point(
         copies=copies,
         budget_bytes=budget,
@@ -135,7 +135,7 @@ def point_of(result: SimResult, plan: Plan | None, copies: str, budget: int | No
         bytes_moved=sum(result.transfer_bytes.values()),
         copy_count=sum(result.copies.values()),
         offloads=len(plan["offloads"]) if plan else 0,
-        weights_added=bool(budget_info.get("weights_added_by_budget")),
+        weights_added=record is not None and record["weights_added_by_budget"],
     )
 
 
@@ -144,70 +144,48 @@ class Tradeoff:
 
     Args:
         analysis: the analysed model (not one already rewritten).
-        profile: the device profile of the time estimates (name, file or `Profile`).
-        objective: what each budget search minimises (``bytes`` or ``time``); None: the default for
-            the profile (`offloadctl.simulation.costs.default_objective`).
-        activations, params, force, never, min_bytes: the candidates, as for ``plan``.
-        prefetch_distance, release_distance: as for ``plan``.
+        request: a request for the frontier (``strategy="frontier"``) or for a slowdown limit
+            (``max_slowdown``): the candidates (select options, ``min_bytes``), the distances, the
+            objective each budget search minimises and the device profile of the time estimates;
+            each plan names its own budget and copy mode. None: the frontier with every default.
     """
 
-    def __init__(
-        self,
-        analysis: Analysis,
-        *,
-        profile: Profile | str | None = DEFAULT_PROFILE,
-        objective: str | None = None,
-        activations: bool = True,
-        params: bool = False,
-        force: Sequence[str] = (),
-        never: Sequence[str] = (),
-        min_bytes: int = 0,
-        prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
-        release_distance: int = DEFAULT_RELEASE_DISTANCE,
-    ) -> None:
+    def __init__(self, analysis: Analysis, request: PlanRequest | None = None) -> None:
         if is_rewritten(analysis):
             raise OffloadError(
                 f"{analysis.loaded.path} already contains copies: trading memory for time needs the original model",
                 hint="plan the model before offloadctl apply",
             )
+        request = request or PlanRequest(strategy="frontier")
+        if request.strategy != "frontier" and request.max_slowdown is None:
+            raise OffloadError(
+                "a trade-off is asked for with a frontier or a slowdown limit",
+                hint='give PlanRequest(strategy="frontier") or PlanRequest(max_slowdown=X)',
+            )
         self.analysis = analysis
-        self.profile = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
-        self.objective = objective or default_objective(self.profile)
-        self.prefetch_distance = prefetch_distance
-        self.release_distance = release_distance
-        selected = select(
-            analysis, select_distance=0, activations=activations, params=params, force=tuple(force), never=tuple(never)
-        )
-        self.search = BudgetSearch(
-            selected,
-            analysis,
-            prefetch_distance=prefetch_distance,
-            release_distance=release_distance,
-            min_bytes=min_bytes,
-        )
+        self.request = request  # every budget and copy mode is asked for plan by plan
+        self.profile = self.request.device_profile
+        self.objective = self.request.objective_name
+        self.search = BudgetSearch(analysis, self.request, self.request)
         self.peak_bytes = self.search.peak_before
         self.lower_bound_bytes = self.search.lower_bound
         base = simulate(analysis, None, profile=self.profile).times
         assert base is not None
         self.baseline_s = base.baseline
 
-    def plan(self, budget: int, copies: str = "inline", *, report: Callable[[str], None] | None = None) -> Plan:
+    def plan(self, budget: int, copies: str = "inline") -> Plan:
         """The scheduled budget plan at ``budget`` for a copy mode.
 
         Raises:
             BudgetUnreachable: the budget cannot be reached (``reachable`` says what can).
         """
-        filtered = self.search.filter(
-            budget, objective=self.objective, profile=self.profile, copies=copies, report=report, quiet=True
-        )
-        plan = prefetch(filtered, prefetch_distance=self.prefetch_distance, release_distance=self.release_distance)
-        return check_budget(self.analysis, plan)
+        return self.search.plan(budget, copies=copies, quiet=True).plan
 
     def point(self, budget: int, copies: str = "inline") -> tuple[Point, Plan]:
         """The plan at ``budget`` and its point; raises `BudgetUnreachable` as `plan`.
 
         The figures are the simulator's, taken where the search already has them: the peak the
-        timeline predicts (`check_budget`), the copies' time in line (their sum), and on streams
+        planner predicts (its working set, the timeline's), the copies' time in line (their sum), and on streams
         the stall the time objective simulated when it compared its plan with the bytes
         objective's; otherwise the plan is simulated.
         """
@@ -265,9 +243,7 @@ class Tradeoff:
 
     def default_plan(self) -> tuple[Plan, SimResult]:
         """HyperOffload's default plan (``offloadctl plan MODEL`` with no options) and its simulation."""
-        from offloadctl.planning.planners import make_plan
-
-        plan = make_plan(self.analysis)
+        plan = distance_plan(self.analysis, PlanRequest()).plan
         return plan, simulate(self.analysis, plan, profile=self.profile)
 
     def within(
@@ -321,38 +297,15 @@ class Tradeoff:
         return best_plan, best_point, count
 
 
-def plan_within_slowdown(
-    analysis: Analysis,
-    max_slowdown: float,
-    *,
-    copies: str = "inline",
-    profile: Profile | str | None = DEFAULT_PROFILE,
-    objective: str | None = None,
-    activations: bool = True,
-    params: bool = False,
-    force: Sequence[str] = (),
-    never: Sequence[str] = (),
-    min_bytes: int = 0,
-    prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
-    release_distance: int = DEFAULT_RELEASE_DISTANCE,
-    points: int = DEFAULT_POINTS,
-    step: Callable[[str], None] | None = None,
-) -> Plan:
-    """The scheduled plan with the largest cut in peak memory whose estimated time, under ``copies``,
-    is at most ``max_slowdown`` times the baseline (``plan --max-slowdown``); the figures go into
-    ``plan["budget"]["max_slowdown"]`` and ``options.filter.max_slowdown``."""
-    trade = Tradeoff(
-        analysis,
-        profile=profile,
-        objective=objective,
-        activations=activations,
-        params=params,
-        force=force,
-        never=never,
-        min_bytes=min_bytes,
-        prefetch_distance=prefetch_distance,
-        release_distance=release_distance,
-    )
+def plan_within_slowdown(analysis: Analysis, request: PlanRequest, points: int = DEFAULT_POINTS) -> PlanOutcome:
+    """The scheduled plan with the largest cut in peak memory whose estimated time, under
+    ``request.copies``, is at most ``request.max_slowdown`` times the baseline (``plan
+    --max-slowdown``); the figures go into ``plan["budget"]["max_slowdown"]`` and
+    ``options.filter.max_slowdown``."""
+    max_slowdown, copies = request.max_slowdown, request.copies
+    assert max_slowdown is not None  # a request sent here has one
+    trade = Tradeoff(analysis, request)
+    step = None if request.step is None else (lambda text: request.report(text, new=False))
     plan, point, tried = trade.within(max_slowdown, copies, points, step=step)
     within = point.peak_bytes < trade.peak_bytes
     if point.weights_added:
@@ -380,4 +333,4 @@ def plan_within_slowdown(
         "peak_bytes": point.peak_bytes,
         "budgets_tried": tried,
     }
-    return plan
+    return PlanOutcome(plan)

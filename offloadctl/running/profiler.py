@@ -62,7 +62,7 @@ from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write_text
 from offloadctl.loading.model import load_model
-from offloadctl.planning.planners import make_plan
+from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.rewrite import apply_plan, external_locations, write_model
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs
 from offloadctl.running.runner import (

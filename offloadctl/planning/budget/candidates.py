@@ -41,7 +41,7 @@ class Cand:
 
     name: str
     is_act: bool
-    b: int
+    size: int  # bytes
     start: int  # producer (activations) or 0
     uses: list[Use]
     entries: list[int]
@@ -118,8 +118,8 @@ def opening_cost(c: Cand, cost: CopyCost) -> float:
     """Cost of offloading a candidate at all: an activation's D2H (+ the H2D back for a graph
     output), a weight's first H2D (prices of size alone: a linear cost's)."""
     if c.is_act:
-        return cost.d2h(c.b) + (cost.h2d(c.b) if c.output else 0.0)
-    return cost.h2d(c.b)
+        return cost.d2h(c.size) + (cost.h2d(c.size) if c.output else 0.0)
+    return cost.h2d(c.size)
 
 
 def cost_in_state(c: Cand, st: State, cost: CopyCost, n: int = 0, release_distance: int = 0, lead: int = 0) -> float:
@@ -129,14 +129,14 @@ def cost_in_state(c: Cand, st: State, cost: CopyCost, n: int = 0, release_distan
     if not st.offloaded:
         return 0.0
     if cost.linear:
-        return opening_cost(c, cost) + len(st.cuts) * cost.h2d(c.b)
+        return opening_cost(c, cost) + len(st.cuts) * cost.h2d(c.size)
     low = timeline.h2d_low(c.kind, c.start if c.is_act else None)
-    total = sum(cost.h2d_at(c.b, timeline.h2d_position(f, low, lead), f) for f in group_firsts(c, st))
+    total = sum(cost.h2d_at(c.size, timeline.h2d_position(f, low, lead), f) for f in group_firsts(c, st))
     if c.is_act:
         last_device = min(c.entries[k] for k in st.cuts) if st.cuts else c.entries[-1]
-        total += cost.d2h_at(c.b, c.start, timeline.release_point(last_device, release_distance, n))
+        total += cost.d2h_at(c.size, c.start, timeline.release_point(last_device, release_distance, n))
         if c.output:
-            total += cost.h2d_at(c.b, n, n)
+            total += cost.h2d_at(c.size, n, n)
     return total
 
 

@@ -17,9 +17,8 @@ from offloadctl.planning.budget.candidates import State, span_changes, spans_in_
 if TYPE_CHECKING:
     from offloadctl.planning.budget.search import Planner
 
-__all__ = ["DEFAULT_TIME_LIMIT", "ExactReport", "solve_exact"]
+__all__ = ["ExactReport", "solve_exact"]
 
-DEFAULT_TIME_LIMIT = 60.0  # seconds the exact search may take
 _TIME_SCALE = 1e6  # the time objective goes to HiGHS in microseconds (costs near 1 solve better)
 
 
@@ -79,7 +78,7 @@ def solve_exact(
             g = int(iv.gap[j])
             if g < 0:
                 for first, last in p._row_ranges(j):
-                    prob.frees(y, first, last, c.b)
+                    prob.frees(y, first, last, c.size)
                 if c.is_act:
                     gaps.append((int(iv.entry[j]), y, j))
                 continue
@@ -87,7 +86,7 @@ def solve_exact(
             start.append(float(g in st.cuts))
             x_of[j] = x
             for first, last in p._row_ranges(j):
-                prob.frees(x, first, last, c.b)
+                prob.frees(x, first, last, c.size)
             prob.row([x, y], [1.0, -1.0], -math.inf, 0.0)  # an interval needs its tensor offloaded
             gaps.append((int(iv.entry[j]), x, j))
         if c.is_act and iv.opening[i] < 0:  # an activation is offloaded for the sake of its gaps
@@ -109,9 +108,9 @@ def solve_exact(
                     prob.row([before, previous], [1.0, -1.0], 0.0, math.inf)
                     prob.row([before, previous, col], [1.0, -1.0, -1.0], -math.inf, 0.0)
                 hold = (entry + 1, min(entry + p.release, max(n - 1, 0)))
-                prob.frees(before, hold[0], hold[1], -c.b)
+                prob.frees(before, hold[0], hold[1], -c.size)
                 if previous is not None:
-                    prob.frees(previous, hold[0], hold[1], c.b)
+                    prob.frees(previous, hold[0], hold[1], c.size)
                 previous = before
     solution = solve_cover(prob, start=np.asarray(start), time_limit=time_limit, integral_objective=p.cost.integral)
     bound = solution.bound / scale if solution.bound is not None else None
@@ -148,7 +147,7 @@ def _exact_peak(p: Planner, base: np.ndarray, states: list[State], pinned: set[i
         if p.fixed[i] or i in pinned or not st.offloaded:
             continue
         for s, e, delta in span_changes(
-            spans_in_state(c, State(), p.n, p.release), spans_in_state(c, st, p.n, p.release), c.b
+            spans_in_state(c, State(), p.n, p.release), spans_in_state(c, st, p.n, p.release), c.size
         ):
             firsts.append(s)
             lasts.append(e)

@@ -19,7 +19,8 @@ from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import WorkingSet
 from offloadctl.planning.budget.candidates import Cand, State, cost_in_state, group_firsts, span_changes, spans_in_state
-from offloadctl.planning.budget.exact import DEFAULT_TIME_LIMIT, ExactReport, solve_exact
+from offloadctl.planning.budget.exact import ExactReport, solve_exact
+from offloadctl.planning.request import FilterRequest
 from offloadctl.simulation.costs import CopyCost, CopyTiming
 
 __all__ = ["Intervals", "Outcome", "Planner", "solve"]
@@ -40,7 +41,7 @@ class Intervals:
 
     def __init__(self, cands: list[Cand], n: int, release_distance: int, cost: CopyCost, lead: int = 0) -> None:
         count = len(cands)
-        size = np.fromiter((c.b for c in cands), dtype=np.int64, count=count)
+        size = np.fromiter((c.size for c in cands), dtype=np.int64, count=count)
         is_act = np.fromiter((c.is_act for c in cands), dtype=bool, count=count)
         output = np.fromiter((c.output for c in cands), dtype=bool, count=count)
         lengths = np.fromiter((len(c.entries) for c in cands), dtype=np.int64, count=count)
@@ -150,19 +151,20 @@ class Planner:
         return [(int(iv.first0[j]), int(iv.last0[j])), (int(iv.first1[j]), int(iv.last1[j]))]
 
     def _rows_between(self, i: int, old: State, new: State) -> tuple[list[int], list[int]]:
-        """Rows freed and rows taken back going from ``old`` to ``new``."""
+        """(rows freed, rows restored) going from ``old`` to ``new``: intervals the new state offloads that the
+        old did not, and intervals the old state offloaded that the new does not."""
         iv = self.iv
-        added: list[int] = []
-        removed: list[int] = []
+        freed: list[int] = []
+        restored: list[int] = []
         for j in self.rows[i]:
             g = int(iv.gap[j])
             had = old.offloaded if g < 0 else g in old.cuts
             has = new.offloaded if g < 0 else g in new.cuts
             if has and not had:
-                added.append(j)
+                freed.append(j)
             elif had and not has:
-                removed.append(j)
-        return added, removed
+                restored.append(j)
+        return freed, restored
 
     def set(
         self, i: int, st: State, rows: tuple[list[int], list[int]] | None = None, *, defer: list | None = None
@@ -176,16 +178,16 @@ class Planner:
         old = self.state[i]
         iv = self.iv
         if self._fast(i, st):
-            added, removed = rows if rows is not None else self._rows_between(i, old, st)
-            changes = [(s, e, -c.b) for j in added for s, e in self._row_ranges(j)]
-            changes += [(s, e, c.b) for j in removed for s, e in self._row_ranges(j)]
-            iv.taken[added] = True
-            iv.taken[removed] = False
-            if removed:
+            freed, restored = rows if rows is not None else self._rows_between(i, old, st)
+            changes = [(s, e, -c.size) for j in freed for s, e in self._row_ranges(j)]
+            changes += [(s, e, c.size) for j in restored for s, e in self._row_ranges(j)]
+            iv.taken[freed] = True
+            iv.taken[restored] = False
+            if restored:
                 self._open = None
         else:
             self._open = None
-            changes = span_changes(self.spans(i), self.spans(i, st), c.b)
+            changes = span_changes(self.spans(i), self.spans(i, st), c.size)
             first = np.iinfo(np.int64).max
             for j in self.rows[i]:
                 g = int(iv.gap[j])
@@ -204,7 +206,7 @@ class Planner:
             if st.offloaded:
                 last = min(c.entries[k] for k in st.cuts) if st.cuts else c.entries[-1]
                 self.last_device[i] = last
-                self.d2h_now[i] = self.cost.d2h_at(c.b, c.start, timeline.release_point(last, self.release, self.n))
+                self.d2h_now[i] = self.cost.d2h_at(c.size, c.start, timeline.release_point(last, self.release, self.n))
             else:
                 self.last_device[i] = np.iinfo(np.int64).max
                 self.d2h_now[i] = 0.0
@@ -305,10 +307,10 @@ class Planner:
         st = self.state[i]
         g = int(iv.gap[j])
         new = State(True, st.cuts | {g} if g >= 0 else st.cuts, st.distance)
-        added = [j]
+        freed = [j]
         if not st.offloaded and g >= 0 and iv.opening[i] >= 0:
-            added.append(int(iv.opening[i]))
-        self.set(i, new, (added, []), defer=defer)
+            freed.append(int(iv.opening[i]))
+        self.set(i, new, (freed, []), defer=defer)
 
     # ---------------------------------------------------------------- the greedy
 
@@ -356,7 +358,7 @@ class Planner:
             new, rows = change
             if (
                 self._fast(i, new)
-                and peak + self.cands[i].b > budget
+                and peak + self.cands[i].size > budget
                 and any(s <= at <= e for j in rows[1] for s, e in self._row_ranges(j))
             ):
                 continue  # it would take back the peak step, which has no room for it
@@ -402,12 +404,12 @@ class Planner:
 
     def _fits(self, i: int, st: State, budget: float, rows: tuple[list[int], list[int]] | None = None) -> bool:
         """True when moving candidate ``i`` to ``st`` keeps the peak within ``budget``."""
-        b = self.cands[i].b
+        b = self.cands[i].size
         if self._fast(i, st):
-            added, removed = rows if rows is not None else self._rows_between(i, self.state[i], st)
-            if added:
+            freed, restored = rows if rows is not None else self._rows_between(i, self.state[i], st)
+            if freed:
                 return False  # only removals are asked for
-            return all(self.ws.max(s, e) + b <= budget for j in removed for s, e in self._row_ranges(j) if s <= e)
+            return all(self.ws.max(s, e) + b <= budget for j in restored for s, e in self._row_ranges(j) if s <= e)
         return all(
             self.ws.max(s, e) + delta <= budget
             for s, e, delta in span_changes(self.spans(i), self.spans(i, st), b)
@@ -444,11 +446,11 @@ class Planner:
             self.set(i, new)
             return
         for s, e in self._windows(i, firsts, lead):
-            self.ws.add(s, e, self.cands[i].b)
+            self.ws.add(s, e, self.cands[i].size)
         self.state[i] = new
 
     def _longest_lead(self, i: int, firsts: list[int], cap: int, budget: float) -> int:
-        room = budget - self.cands[i].b
+        room = budget - self.cands[i].size
         lead = cap
         for s, e in self._windows(i, firsts, cap):
             if s > e:
@@ -478,7 +480,7 @@ class Planner:
         hi = max(e for _, e in windows)
         extra = np.zeros(hi - lo + 1, dtype=np.int64)
         for s, e in windows:
-            extra[s - lo : e - lo + 1] += self.cands[i].b
+            extra[s - lo : e - lo + 1] += self.cands[i].size
         return bool((self.ws.window(lo, hi) + extra).max() <= budget)
 
     def place_prefetch_streams(
@@ -505,7 +507,7 @@ class Planner:
         acts = [i for i, s in enumerate(self.state) if s.offloaded and self.cands[i].is_act]
         for i in sorted(acts, key=lambda i: (self.cands[i].start, self.cands[i].name)):
             c = self.cands[i]
-            link_free = done[i] = max(float(starts[min(c.start + 1, self.n)]), link_free) + float(timing.d2h(c.b))
+            link_free = done[i] = max(float(starts[min(c.start + 1, self.n)]), link_free) + float(timing.d2h(c.size))
         firsts = {
             i: group_firsts(self.cands[i], s)
             for i, s in enumerate(self.state)
@@ -517,7 +519,7 @@ class Planner:
         for f, _, i in jobs:
             c = self.cands[i]
             end = min(float(starts[f]), free)
-            begin = max(end - float(timing.h2d(c.b)), done.get(i, 0.0))
+            begin = max(end - float(timing.h2d(c.size)), done.get(i, 0.0))
             free = min(free, begin)
             low = timeline.h2d_low(c.kind, c.start if c.is_act else None)
             issue = max(low, min(f, int(np.searchsorted(starts, begin, side="right")) - 1))
@@ -621,19 +623,19 @@ class Outcome:
 def solve(
     analysis: Analysis,
     cands: list[Cand],
+    options: FilterRequest,
     *,
     budget: int | None,
-    prefetch_distance: int,
-    release_distance: int,
     stream: dict[str, State] | None,
     cost: CopyCost,
-    optimal: bool = False,
-    time_limit: float = DEFAULT_TIME_LIMIT,
-    report: Callable[[str], None] | None = None,
     timing: CopyTiming | None = None,
 ) -> Outcome:
-    """One search: ``timing`` places prefetches for copies on streams (None: copies in line)."""
-    p = Planner(analysis, cands, release_distance, cost, report, lead=prefetch_distance)
+    """One search at ``budget``, priced by ``cost``, with the options' distances, exact search and time
+    limit; ``timing`` places prefetches for copies on streams (None: copies in line)."""
+    prefetch_distance, release_distance = options.prefetch_distance, options.release_distance
+    p = Planner(
+        analysis, cands, release_distance, cost, lambda text: options.report(text, new=False), lead=prefetch_distance
+    )
 
     def place(limit: float) -> None:
         if timing is None:
@@ -675,9 +677,9 @@ def solve(
     p.report("fitting the budget: dropping offloads it does not need")
     p.prune(budget)
     exact = None
-    if optimal:
+    if options.optimal:
         p.report("fitting the budget: solving the exact program")
-        exact, states = solve_exact(p, _program_base(p, pinned), pinned, budget, time_limit)
+        exact, states = solve_exact(p, _program_base(p, pinned), pinned, budget, options.time_limit)
         if states is not None:
             for i, st in enumerate(states):
                 if st != p.state[i]:
@@ -699,7 +701,7 @@ def _program_base(p: Planner, pinned: set[int]) -> np.ndarray:
         if p.fixed[i] or i in pinned or not st.offloaded:
             continue
         for s, e, delta in span_changes(
-            spans_in_state(c, st, p.n, p.release), spans_in_state(c, State(), p.n, p.release), c.b
+            spans_in_state(c, st, p.n, p.release), spans_in_state(c, State(), p.n, p.release), c.size
         ):
             firsts.append(s)
             lasts.append(e)

@@ -1,14 +1,20 @@
-"""The budget strategy's entry points: `BudgetSearch` (prepared once per selected plan, run at any
-budget), `budget_filter` (one search), `check_budget` (a scheduled plan against the timeline), the
-plan's ``budget`` object (`BudgetResult`) and the memory figures of a plan (`memory_profile`,
-`plan_peak`, `bytes_moved`).
+"""The budget planner's entry points: `BudgetSearch` (prepared once, run at any budget and copy mode),
+`budget_plan` (an analysis and a request to a scheduled plan), `budget_filter` (the filter stage
+with a budget: a selected plan to a filtered one), the plan's ``budget`` record (`BudgetResult`) and
+the memory figures of a plan (`memory_profile`, `plan_peak`, `bytes_moved`).
+
+The planner selects once (`offloadctl.planning.select.Selection`, at select distance 0, weights
+looked at in the same pass in case activations alone cannot fit), searches, and schedules the plan
+it found with the prefetch stage's rule (`offloadctl.planning.prefetch`); the peak it records is its
+own working set's, the timeline's by construction. It simulates only to compare the time and bytes
+objectives' plans with copies on streams, and hands that simulation back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,20 +22,26 @@ import numpy as np
 
 from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
-from offloadctl.analysis.timeline import lower_bound
 from offloadctl.contract.document import check_plan_model, record_stage, require_stage
-from offloadctl.contract.types import Offload, Plan
+from offloadctl.contract.types import BudgetRecord, Compared, Offload, Plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.units import byte_arg, fmt_bytes
-from offloadctl.planning.budget.candidates import candidates, plan_entry, reject
-from offloadctl.planning.budget.exact import DEFAULT_TIME_LIMIT
+from offloadctl.planning.budget.candidates import Cand, candidates, plan_entry, reject
 from offloadctl.planning.budget.search import Outcome, solve
-from offloadctl.planning.budget.streaming import DEFAULT_STREAM_DEPTH, stream_states
-from offloadctl.planning.filter import DEFAULT_MIN_BYTES, DEFAULT_SELECT_NUM, first_use_key
-from offloadctl.planning.prefetch import DEFAULT_PREFETCH_DISTANCE, DEFAULT_RELEASE_DISTANCE
-from offloadctl.planning.select import select
+from offloadctl.planning.budget.streaming import stream_states
+from offloadctl.planning.filter import first_use_key
+from offloadctl.planning.outcome import PlanOutcome
+from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.request import (
+    DEFAULT_PREFETCH_DISTANCE,
+    DEFAULT_RELEASE_DISTANCE,
+    FilterRequest,
+    PrefetchPart,
+    SelectPart,
+    taking2,
+)
+from offloadctl.planning.select import Selection
 from offloadctl.simulation.costs import (
-    COPY_MODES,
     BytesMoved,
     CopyCost,
     CopyTiming,
@@ -39,15 +51,16 @@ from offloadctl.simulation.costs import (
     make_cost,
     plan_cost,
 )
-from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
+from offloadctl.simulation.profiles import Profile
+from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = [
     "BudgetResult",
     "BudgetSearch",
     "BudgetUnreachable",
     "budget_filter",
+    "budget_plan",
     "bytes_moved",
-    "check_budget",
     "memory_profile",
     "plan_peak",
 ]
@@ -97,7 +110,7 @@ def bytes_moved(plan: Plan) -> int:
 
 @dataclass
 class BudgetResult:
-    """What the strategy found, besides the plan."""
+    """What the planner found, besides the plan (its ``budget`` record, `to_json`)."""
 
     requested: int | None
     lower_bound: int
@@ -127,8 +140,8 @@ class BudgetResult:
             return 0.0
         return max(0.0, (self.cost - self.cost_bound) / self.cost)
 
-    def to_json(self, prefetch_distance: int, release_distance: int) -> dict[str, Any]:
-        doc = {
+    def to_json(self, prefetch_distance: int, release_distance: int) -> BudgetRecord:
+        doc: BudgetRecord = {
             "requested_bytes": self.requested,
             "lower_bound_bytes": self.lower_bound,
             "lower_bound_position": self.lower_bound_position,
@@ -163,29 +176,60 @@ class BudgetUnreachable(OffloadError):
         self.reachable = reachable
 
 
-class BudgetSearch:
-    """The budget strategy prepared once for a selected plan, to run at any number of budgets.
+@dataclass
+class _Attempt:
+    """One search over one candidate set."""
 
-    What does not depend on the budget is done once and kept: the checks of the plan and the
-    model, the lower bound, the candidates (with and without weights) and the device timing of
-    copies on streams. `filter` runs one search; `budget_filter` is one `BudgetSearch` and one
-    `filter`. The frontier (`offloadctl.planning.tradeoff`) runs many.
+    selected: Plan  # the selection the candidates come from
+    cands: list[Cand]
+    small: list  # rejections for --min-bytes
+    stream_info: dict[str, Any] | None
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class _Pricing:
+    """What one search fits and how its plan is priced."""
+
+    budget: int | None
+    cost: CopyCost
+    copies: str
+    weights_added: bool
+
+
+@dataclass
+class _Found:
+    """A search's filtered plan, and the simulation of its scheduled plan when one was made; with
+    copies on streams, which objective's plan was kept and both plans' stalls (time's, bytes')."""
+
+    filtered: Plan
+    scheduled: Plan | None = None
+    simulation: SimResult | None = None
+    kept: str = "time"
+    stalls: tuple[float, float] = (0.0, 0.0)
+
+
+class BudgetSearch:
+    """The budget planner prepared once, to run at any number of budgets and copy modes.
+
+    What does not depend on the budget is done once and kept: the checks of the model, the
+    selection (weights looked at too), the lower bound, the candidates with and without weights and
+    the device timing of copies on streams. `plan` gives a scheduled plan at one budget, `filter`
+    the filtered plan the filter stage writes. The trade-off (`offloadctl.planning.tradeoff`) runs
+    many.
+
+    Args:
+        analysis: the analysed model.
+        options: the budget planner's options (`FilterRequest`, or a whole `PlanRequest`).
+        select: the candidates' select options (their select distance is not used: the planner
+            weighs every idle stretch).
+        base: the selected plan whose model, options and history the plans extend (None: the
+            planner's own selection at select distance 0).
     """
 
     def __init__(
-        self,
-        plan: Plan,
-        analysis: Analysis,
-        *,
-        prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
-        release_distance: int = DEFAULT_RELEASE_DISTANCE,
-        select_num: int = DEFAULT_SELECT_NUM,
-        min_bytes: int = DEFAULT_MIN_BYTES,
-        stream_weights: bool = False,
-        stream_depth: int = DEFAULT_STREAM_DEPTH,
+        self, analysis: Analysis, options: FilterRequest, select: SelectPart, *, base: Plan | None = None
     ) -> None:
-        require_stage(plan, "selected", "the budget strategy")
-        check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
         dynamic = [
             name
             for name in analysis.graph_inputs
@@ -197,45 +241,25 @@ class BudgetSearch:
                 "dimensions, so the sizes of the tensors computed from them are unknown",
                 hint="pin them with --input-shape NAME=D0,D1,... (on select or plan)",
             )
-        if select_num != DEFAULT_SELECT_NUM:
-            logger.warning(
-                "--select-num %d is not used by the budget strategy (it fits the budget instead)", select_num
-            )
-        self.plan = plan
         self.analysis = analysis
-        self.prefetch_distance = prefetch_distance
-        self.release_distance = release_distance
-        self.select_num = select_num
-        self.min_bytes = min_bytes
-        self.stream_weights = stream_weights
-        self.stream_depth = stream_depth
-        self.lower_bound, self.lower_bound_position = lower_bound(analysis)
+        self.options = options
+        self.params = select.params or options.stream_weights
+        self.selection = Selection(analysis, dataclasses.replace(select, select_distance=0))
+        self.base = base if base is not None else self.selection.plan(weights=select.params)
+        self.lower_bound, self.lower_bound_position = timeline.lower_bound(analysis)
         self.peak_before = plan_peak(analysis, None)[0]
-        sel = plan["options"]["select"]
-        self.params = sel["params"] or stream_weights
         self._prepared: dict[bool, tuple] = {}
         self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
 
     def _prepare(self, with_params: bool) -> tuple:
         """(selected plan, candidates, candidates too small, streamed states, streaming info), once each."""
         if with_params not in self._prepared:
-            sel = self.plan["options"]["select"]
-            if sel["select_distance"] == 0 and sel["params"] == with_params:
-                selected0 = self.plan  # already every candidate (read only here)
-            else:
-                selected0 = select(
-                    self.analysis,
-                    select_distance=0,
-                    activations=sel["activations"],
-                    params=with_params,
-                    force=tuple(sel.get("force", ())),
-                    never=tuple(sel.get("never", ())),
-                )
-            cands, small = candidates(self.analysis, selected0, self.min_bytes)
+            selected = self.selection.plan(weights=with_params)
+            cands, small = candidates(self.analysis, selected, self.options.min_size)
             stream = info = None
-            if self.stream_weights:
-                stream, info = stream_states(cands, self.stream_depth)
-            self._prepared[with_params] = (selected0, cands, small, stream, info)
+            if self.options.stream_weights:
+                stream, info = stream_states(cands, self.options.stream_depth)
+            self._prepared[with_params] = (selected, cands, small, stream, info)
         return self._prepared[with_params]
 
     def timing(self, profile: Profile) -> CopyTiming:
@@ -245,197 +269,191 @@ class BudgetSearch:
             hit = self._timing[id(profile)] = (profile, copy_timing(self.analysis, profile))
         return hit[1]
 
-    def _attempt(
-        self,
-        with_params: bool,
-        budget: int | None,
-        cost: CopyCost,
-        *,
-        timing: CopyTiming | None,
-        optimal: bool,
-        time_limit: float,
-        report: Callable[[str], None] | None,
-    ) -> tuple:
-        selected0, cands, small, stream, info = self._prepare(with_params)
-        outcome = solve(
-            self.analysis,
-            cands,
-            budget=budget,
-            prefetch_distance=self.prefetch_distance,
-            release_distance=self.release_distance,
-            stream=stream,
-            cost=cost,
-            optimal=optimal,
-            time_limit=time_limit,
-            report=report,
-            timing=timing,
-        )
-        return selected0, cands, small, info, outcome
+    def _attempt(self, with_params: bool, budget: int | None, cost: CopyCost, copies: str) -> _Attempt:
+        selected, cands, small, stream, info = self._prepare(with_params)
+        timing = self.timing(self.options.device_profile) if copies == "streams" else None
+        outcome = solve(self.analysis, cands, self.options, budget=budget, stream=stream, cost=cost, timing=timing)
+        return _Attempt(selected, cands, small, info, outcome)
 
-    def filter(
-        self,
-        budget_bytes: int | None,
-        *,
-        objective: str | CopyCost = "bytes",
-        profile: str | Profile | None = None,
-        copies: str = "inline",
-        optimal: bool = False,
-        time_limit: float = DEFAULT_TIME_LIMIT,
-        report: Callable[[str], None] | None = None,
-        quiet: bool = False,
-    ) -> Plan:
-        """The "filtered" plan whose peak fits ``budget_bytes`` at the least cost (see `budget_filter`).
-
-        ``quiet``: do not warn when weights join the candidates (a sweep over many budgets reads
-        ``weights_added_by_budget`` instead).
-        """
-        analysis = self.analysis
-        if copies not in COPY_MODES:
-            raise OffloadError(f"unknown copy mode {copies!r}", hint=f"use one of {', '.join(COPY_MODES)}")
-        if optimal and not (math.isfinite(time_limit) and time_limit > 0):
-            raise OffloadError(
-                f"the exact search's time limit {time_limit} is not a finite number of seconds above 0",
-                hint="for example --time-limit 60",
-            )
-        prof = profile if isinstance(profile, Profile) else load_profile(profile or DEFAULT_PROFILE)
-        timing = self.timing(prof) if copies == "streams" else None
+    def _cost(self, copies: str) -> CopyCost:
+        objective, prof = self.options.search_objective, self.options.device_profile
         if isinstance(objective, CopyCost):
-            cost = objective
-        elif objective == "time" and copies == "streams":
-            cost = StreamStall(self.timing(prof))
-        else:
-            cost = make_cost(objective, prof)
-        if optimal and not cost.linear:
+            return objective
+        if objective == "time" and copies == "streams":
+            return StreamStall(self.timing(prof))
+        assert isinstance(objective, str)
+        return make_cost(objective, prof)
+
+    def _check_budget(self, budget: int | None) -> None:
+        lb, pos = self.lower_bound, self.lower_bound_position
+        if budget is not None and budget < lb:
+            raise BudgetUnreachable(
+                f"budget {fmt_bytes(budget)} is below the lower bound {fmt_bytes(lb)} ({lb} bytes) of "
+                f"{self.analysis.loaded.path} ({_where(self.analysis, pos)}); the peak is "
+                f"{fmt_bytes(self.peak_before)} without offload",
+                hint=f"give --budget {byte_arg(lb)} or more",
+                reachable=lb,
+            )
+
+    def _fitting(self, budget: int | None, cost: CopyCost, copies: str, quiet: bool) -> tuple[_Attempt, bool]:
+        """The attempt that fits, and whether weights had to join the candidates."""
+        first = self._attempt(self.params, budget, cost, copies)
+        if first.outcome.fits:
+            return first, False
+        retry = None
+        if not self.params:
+            retry = self._attempt(True, budget, cost, copies)
+            if retry.outcome.fits:
+                if not quiet:
+                    logger.warning(
+                        "activations alone cannot fit the budget: weights were considered too (as with --params)"
+                    )
+                return retry, True
+        best = min(a.outcome.reachable for a in (first, retry) if a is not None and a.outcome.reachable is not None)
+        raise BudgetUnreachable(
+            f"the budget strategy cannot fit {self.analysis.loaded.path} into {fmt_bytes(budget)}: the best peak "
+            f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(self.lower_bound)}, peak without "
+            f"offload {fmt_bytes(self.peak_before)})",
+            hint=f"raise --budget to at least {byte_arg(best)}, "
+            "or allow more candidates (--params, fewer --never patterns)",
+            reachable=best,
+        )
+
+    def _search(self, budget: int | None, copies: str, quiet: bool) -> _Found:
+        if self.options.optimal and not self._cost(copies).linear:
             raise OffloadError(
                 "the exact search (--optimal) supports only the linear objectives: bytes, "
                 "or time with copies in line; with copies on streams a copy's price depends on the compute "
                 "around it, which the program cannot state",
                 hint="drop --optimal, or use --copies inline (or --objective bytes)",
             )
-        if optimal and budget_bytes is None:
-            logger.warning("--optimal needs --budget: without a budget there is nothing to optimise")
-        lb, lb_pos, before = self.lower_bound, self.lower_bound_position, self.peak_before
-        if budget_bytes is not None and budget_bytes < lb:
-            raise BudgetUnreachable(
-                f"budget {fmt_bytes(budget_bytes)} is below the lower bound {fmt_bytes(lb)} ({lb} bytes) of "
-                f"{analysis.loaded.path} ({_where(analysis, lb_pos)}); the peak is {fmt_bytes(before)} without offload",
-                hint=f"give --budget {byte_arg(lb)} or more",
-                reachable=lb,
-            )
-        search: dict[str, Any] = {"timing": timing, "optimal": optimal, "time_limit": time_limit, "report": report}
-        first = self._attempt(self.params, budget_bytes, cost, **search)
-        chosen = first
-        weights_added = False
-        retry = None
-        if not first[-1].fits and not self.params:
-            retry = self._attempt(True, budget_bytes, cost, **search)
-            if retry[-1].fits:
-                if not quiet:
-                    logger.warning(
-                        "activations alone cannot fit the budget: weights were considered too (as with --params)"
-                    )
-                chosen = retry
-                weights_added = True
-        if not chosen[-1].fits:
-            best = min(a[-1].reachable for a in (first, retry) if a is not None and a[-1].reachable is not None)
-            raise BudgetUnreachable(
-                f"the budget strategy cannot fit {analysis.loaded.path} into {fmt_bytes(budget_bytes)}: the best peak "
-                f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(lb)}, peak without offload "
-                f"{fmt_bytes(before)})",
-                hint=f"raise --budget to at least {byte_arg(best)}, "
-                "or allow more candidates (--params, fewer --never patterns)",
-                reachable=best,
-            )
-        build: dict[str, Any] = dict(
-            budget_bytes=budget_bytes,
-            cost=cost,
-            profile=prof,
-            copies=copies,
-            optimal=optimal,
-            time_limit=time_limit,
-            weights_added=weights_added,
-        )
-        if cost.objective != "time" or budget_bytes is None or isinstance(objective, CopyCost):
-            return self._build(chosen, **build)
-        # the time objective is priced copy by copy; the plan the bytes objective finds is checked too,
-        # and the faster of the two (estimated as the chosen copy mode runs) is kept, so asking for
-        # time never gives a longer estimate than asking for bytes
-        with_params = True if chosen is retry else self.params
-        other = self._attempt(
-            with_params, budget_bytes, BytesMoved(), timing=timing, optimal=False, time_limit=time_limit, report=report
-        )
-        if not other[-1].fits:  # pragma: no cover - the same candidates fit under any price
-            return self._build(chosen, **build)
+        self._check_budget(budget)
+        cost = self._cost(copies)
+        chosen, weights_added = self._fitting(budget, cost, copies, quiet)
+        build = _Pricing(budget, cost, copies, weights_added)
+        if cost.objective != "time" or budget is None or isinstance(self.options.search_objective, CopyCost):
+            return _Found(self._build(chosen, build))
+        # The time objective is priced copy by copy; the plan the bytes objective finds is checked too,
+        # and the faster of the two (estimated as the chosen copy mode runs) is kept, so asking for time
+        # never gives a longer estimate than asking for bytes.
+        other = self._attempt(self.params or weights_added, budget, BytesMoved(), copies)
+        if not other.outcome.fits:  # pragma: no cover - the same candidates fit under any price
+            return _Found(self._build(chosen, build))
         if copies == "inline":  # the copies' time in line: a sum the planners' states give
-            inline = InlineTime(prof)
-            mine_s, theirs_s = chosen[-1].planner.moved(inline), other[-1].planner.moved(inline)
+            inline = InlineTime(self.options.device_profile)
+            mine_s, theirs_s = chosen.outcome.planner.moved(inline), other.outcome.planner.moved(inline)
             kept = "bytes" if theirs_s < mine_s - 1e-12 * max(mine_s, 1e-30) else "time"
-            new = self._build(chosen, **build) if kept == "time" else self._build(other, **build, searched=chosen[-1])
+            found = _Found(
+                self._build(chosen, build) if kept == "time" else self._build(other, build, searched=chosen.outcome)
+            )
         else:
-            new = self._build(chosen, **build)
-            theirs = self._build(other, **build, searched=chosen[-1])
-            mine_s, theirs_s = self._stall(new, prof), self._stall(theirs, prof)
-            kept = "bytes" if theirs_s < mine_s - 1e-12 * max(mine_s, 1e-30) else "time"
-            if kept == "bytes":
-                new = theirs
-        new["budget"]["compared"] = {"copies": copies, "stall_s": {"time": mine_s, "bytes": theirs_s}, "kept": kept}
-        return new
+            found = self._compare_on_streams(chosen, other, build)
+            kept, (mine_s, theirs_s) = found.kept, found.stalls
+        compared: Compared = {"copies": copies, "stall_s": {"time": mine_s, "bytes": theirs_s}, "kept": kept}
+        for plan in (found.filtered, found.scheduled):
+            if plan is not None:
+                plan["budget"]["compared"] = compared
+        return found
 
-    def _stall(self, filtered: Plan, profile: Profile) -> float:
-        """The time a filtered plan's copies add to the baseline with copies on streams (the simulator's)."""
-        from offloadctl.planning.prefetch import prefetch
-        from offloadctl.simulation.result import simulate
+    def _compare_on_streams(self, chosen: _Attempt, other: _Attempt, build: _Pricing) -> _Found:
+        """With copies on streams a copy's price depends on the compute around it: both plans are
+        simulated (the stall is the simulator's), and the one kept hands its simulation back."""
+        mine = _Found(self._build(chosen, build))
+        theirs = _Found(self._build(other, build, searched=chosen.outcome))
+        for found in (mine, theirs):
+            found.scheduled = prefetch.run(found.filtered, self._prefetch_part())
+            found.simulation = simulate(self.analysis, found.scheduled, profile=self.options.device_profile)
+        stalls = (_stall(mine.simulation), _stall(theirs.simulation))
+        kept = "bytes" if stalls[1] < stalls[0] - 1e-12 * max(stalls[0], 1e-30) else "time"
+        found = theirs if kept == "bytes" else mine
+        found.kept, found.stalls = kept, stalls
+        return found
 
-        scheduled = prefetch(filtered, prefetch_distance=self.prefetch_distance, release_distance=self.release_distance)
-        times = simulate(self.analysis, scheduled, profile=profile).times
-        assert times is not None  # a simulation with a profile has its times
-        return times.overlapped - times.baseline
+    def _prefetch_part(self) -> PrefetchPart:
+        return PrefetchPart(
+            prefetch_distance=self.options.prefetch_distance, release_distance=self.options.release_distance
+        )
 
-    def _build(
-        self,
-        attempt: tuple,
-        *,
-        budget_bytes: int | None,
-        cost: CopyCost,
-        profile: Profile,
-        copies: str,
-        optimal: bool,
-        time_limit: float,
-        weights_added: bool,
-        searched: Outcome | None = None,
-    ) -> Plan:
-        """The filtered plan of one search's outcome, priced by ``cost``.
+    def filter(self, budget: int | None = None, *, copies: str | None = None, quiet: bool = False) -> Plan:
+        """The "filtered" plan whose peak fits ``budget`` (default: the options') at the least cost.
+
+        ``copies`` overrides the options' copy mode; ``quiet``: do not warn when weights join the
+        candidates (a sweep over many budgets reads ``weights_added_by_budget`` instead).
+
+        Raises:
+            BudgetUnreachable: the budget is below the lower bound or cannot be reached.
+        """
+        budget = self.options.budget_bytes if budget is None else budget
+        return self._search(budget, copies or self.options.copies, quiet).filtered
+
+    def plan(self, budget: int | None = None, *, copies: str | None = None, quiet: bool = False) -> PlanOutcome:
+        """The scheduled plan whose peak fits ``budget`` at the least cost (see `filter`), and its
+        simulation on the options' profile when the search made one."""
+        budget = self.options.budget_bytes if budget is None else budget
+        found = self._search(budget, copies or self.options.copies, quiet)
+        scheduled = found.scheduled or prefetch.run(found.filtered, self._prefetch_part())
+        return PlanOutcome(scheduled, found.simulation)
+
+    def _build(self, attempt: _Attempt, pricing: _Pricing, *, searched: Outcome | None = None) -> Plan:
+        """The filtered plan of one search's outcome, priced by ``pricing.cost``.
 
         ``searched``: the search whose bound (and solver) the plan reports, when its plan is another
         search's (the plan the bytes objective found, kept for the time objective).
         """
-        analysis = self.analysis
-        n = analysis.num_positions
-        selected0, cands, small, stream_info, kept = attempt
-        planner = kept.planner
-        outcome = kept if searched is None else searched
+        options = self.options
+        budget, cost, copies = pricing.budget, pricing.cost, pricing.copies
         new = record_stage(  # only the chosen offloads go into the new plan: the selected ones are not copied
-            {**self.plan, "offloads": []},
-            "filtered",
-            "filter",
-            {
-                "select_num": self.select_num,
-                "min_bytes": self.min_bytes,
-                "strategy": "budget",
-                "budget_bytes": budget_bytes,
-                "profile": profile.name if cost.objective == "time" or copies == "streams" else None,
-                "objective": cost.objective,
-                "copies": copies,
-                "optimal": optimal,
-                "time_limit_s": float(time_limit) if optimal else None,
-            },
+            {**self.base, "offloads": []}, "filtered", "filter", self._recorded(cost, copies, budget)
         )
         new["strategy"] = "budget"
+        offloads, rejected, chosen = self._entries(attempt, budget)
+        new["offloads"] = offloads
+        new["rejected"] = rejected
+        planner = attempt.outcome.planner
+        peak, pos = planner.peak()
+        total = planner.moved(cost)
+        result = BudgetResult(
+            requested=budget,
+            lower_bound=self.lower_bound,
+            lower_bound_position=self.lower_bound_position,
+            peak_before=self.peak_before,
+            peak=int(peak),
+            peak_position=pos,
+            moved=bytes_moved(new),
+            weights_added=pricing.weights_added,
+            stream=attempt.stream_info,
+            chosen=chosen,
+            objective=cost.to_json(),
+            cost=_round_cost(total, cost),
+            copies=copies,
+        )
+        _record_bound(result, attempt.outcome if searched is None else searched, total, cost, budget, searched)
+        new["budget"] = result.to_json(options.prefetch_distance, options.release_distance)
+        return new
+
+    def _recorded(self, cost: CopyCost, copies: str, budget: int | None) -> dict[str, Any]:
+        options = self.options
+        return {
+            "select_num": options.select_num,
+            "min_bytes": options.min_size,
+            "strategy": "budget",
+            "budget_bytes": budget,
+            "profile": options.device_profile.name if cost.objective == "time" or copies == "streams" else None,
+            "objective": cost.objective,
+            "copies": copies,
+            "optimal": options.optimal,
+            "time_limit_s": float(options.time_limit) if options.optimal else None,
+        }
+
+    def _entries(self, attempt: _Attempt, budget: int | None) -> tuple[list[Offload], list, dict[str, str]]:
+        """The plan's offloads (in first-use order), its rejections, and why each offload was chosen."""
+        n = self.analysis.num_positions
+        planner = attempt.outcome.planner
         offloads: list[Offload] = []
-        handled = {c.name for c in cands} | {r["tensor"] for r in small}
-        rejected = [dict(r) for r in selected0["rejected"] if r["tensor"] not in handled] + small
+        handled = {c.name for c in attempt.cands} | {r["tensor"] for r in attempt.small}
+        rejected = [dict(r) for r in attempt.selected["rejected"] if r["tensor"] not in handled] + attempt.small
         chosen: dict[str, str] = {}
-        for i, c in enumerate(cands):
+        for i, c in enumerate(attempt.cands):
             st = planner.state[i]
             if st.offloaded:
                 offloads.append(plan_entry(c, st, n))
@@ -446,147 +464,90 @@ class BudgetSearch:
                 else:
                     chosen[c.name] = "needed to fit the budget"
             else:
-                why = "the peak fits the budget without it" if budget_bytes is not None else "no budget given"
-                rejected.append(reject(c.name, c.kind, c.b, "budget-not-needed", why, c.entries))
+                why = "the peak fits the budget without it" if budget is not None else "no budget given"
+                rejected.append(reject(c.name, c.kind, c.size, "budget-not-needed", why, c.entries))
         offloads.sort(key=first_use_key)
         for i, e in enumerate(offloads):
             e["id"] = i
-        new["offloads"] = offloads
-        new["rejected"] = rejected
-        peak, pos = planner.peak()
-        total = planner.moved(cost)
-        result = BudgetResult(
-            requested=budget_bytes,
-            lower_bound=self.lower_bound,
-            lower_bound_position=self.lower_bound_position,
-            peak_before=self.peak_before,
-            peak=peak,
-            peak_position=pos,
-            moved=bytes_moved(new),
-            weights_added=weights_added,
-            stream=stream_info,
-            chosen=chosen,
-            objective=cost.to_json(),
-            cost=_round_cost(total, cost),
-            copies=copies,
-        )
-        bound, source = (outcome.bound, "steps") if outcome.bound is not None else (None, None)
-        if budget_bytes is None:
-            bound, source = total, "steps"  # nothing to choose: the fixed choices are the only plan
-        if outcome.exact is not None:
-            result.search = "exact"
-            result.solver = outcome.exact.to_json()
-            solver_bound = outcome.exact.bound
-            if solver_bound is not None and (bound is None or solver_bound > bound):
-                bound, source = solver_bound, "solver"
-            if (
-                searched is None
-                and outcome.exact.status == "optimal"
-                and outcome.exact.answer in ("accepted", "no cheaper than the greedy's plan, which is kept")
-            ):
-                result.optimal = True
-                bound, source = total, "solver"
-        if bound is not None and cost.linear:
-            if cost.integral:
-                bound = math.ceil(bound - 1e-6)
-            result.cost_bound = _round_cost(min(bound, total), cost)
-            result.bound_source = source
-        new["budget"] = result.to_json(self.prefetch_distance, self.release_distance)
-        return new
+        return offloads, rejected, chosen
 
 
-def budget_filter(
-    plan: Plan,
-    analysis: Analysis,
-    *,
-    budget_bytes: int | None,
-    prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE,
-    release_distance: int = DEFAULT_RELEASE_DISTANCE,
-    select_num: int = DEFAULT_SELECT_NUM,
-    min_bytes: int = DEFAULT_MIN_BYTES,
-    stream_weights: bool = False,
-    stream_depth: int = DEFAULT_STREAM_DEPTH,
-    profile: str | Profile | None = None,
-    report: Callable[[str], None] | None = None,
-    objective: str | CopyCost = "bytes",
-    copies: str = "inline",
-    optimal: bool = False,
-    time_limit: float = DEFAULT_TIME_LIMIT,
-) -> Plan:
-    """Turn a "selected" plan into a "filtered" plan whose peak fits ``budget_bytes`` at the least cost.
+def _stall(result: SimResult | None) -> float:
+    """The time a scheduled plan's copies add to the baseline with copies on streams (the simulator's)."""
+    assert result is not None and result.times is not None  # a simulation with a profile has its times
+    return result.times.overlapped - result.times.baseline
 
-    Args:
-        plan: a plan at stage "selected" for ``analysis``'s model; its select options (activations,
-            params, force, never) are kept, its select distance is not used.
-        analysis: the analysed model the plan was made for.
-        budget_bytes: the peak to fit, or None to offload only what ``stream_weights`` and
-            ``--force`` ask for.
-        prefetch_distance: the global prefetch distance the prefetch stage will use; each offload
-            gets its own distance, at most this, so the peak stays within the budget.
-        release_distance: the release distance the prefetch stage will use.
-        select_num: recorded; the budget strategy does not cap the number of offloads.
-        min_bytes: candidates smaller than this are not considered.
-        stream_weights: stream weights in by layer group (see the module docstring).
-        stream_depth: how many groups ahead a group is copied in.
-        profile: device profile (name or file) of the time objective and of copies on streams.
-        report: called with a line of text as the search goes (the peak left to fit).
-        objective: what to minimise: ``"bytes"`` (bytes moved), ``"time"`` (the estimated time the
-            copies add under ``copies``, on ``profile``; the plan the bytes objective finds is
-            checked too and the faster kept), or any `offloadctl.simulation.costs.CopyCost`.
-        copies: ``"inline"`` (copies on the compute stream, what onnxruntime runs) or ``"streams"``
-            (an estimate for copies on separate streams: prefetches are placed for the shared link).
-        optimal: also solve the exact program (HiGHS) from the greedy's plan (linear objectives only).
-        time_limit: seconds the exact program may take; the best plan found by then is kept.
+
+def _record_bound(
+    result: BudgetResult, outcome: Outcome, total: float, cost: CopyCost, budget: int | None, searched: Outcome | None
+) -> None:
+    """The proven bound on the cost (the steps', or the solver's when it proved more), and whether the
+    plan is proven optimal."""
+    bound, source = (outcome.bound, "steps") if outcome.bound is not None else (None, None)
+    if budget is None:
+        bound, source = total, "steps"  # nothing to choose: the fixed choices are the only plan
+    if outcome.exact is not None:
+        result.search = "exact"
+        result.solver = outcome.exact.to_json()
+        solver_bound = outcome.exact.bound
+        if solver_bound is not None and (bound is None or solver_bound > bound):
+            bound, source = solver_bound, "solver"
+        if (
+            searched is None
+            and outcome.exact.status == "optimal"
+            and outcome.exact.answer in ("accepted", "no cheaper than the greedy's plan, which is kept")
+        ):
+            result.optimal = True
+            bound, source = total, "solver"
+    if bound is not None and cost.linear:
+        if cost.integral:
+            bound = math.ceil(bound - 1e-6)
+        result.cost_bound = _round_cost(min(bound, total), cost)
+        result.bound_source = source
+
+
+def budget_plan(analysis: Analysis, request: Any) -> PlanOutcome:
+    """The budget planner: an analysis and a `offloadctl.planning.request.PlanRequest` to a scheduled
+    plan that fits ``request.budget`` at the least cost (``stream_weights``: weights streamed in by
+    layer group). See the package docstring for the rules.
 
     Raises:
-        OffloadError: the plan is for another model, ``optimal`` with a cost that is not linear, or
-            the budget cannot be reached (`BudgetUnreachable`: the message gives the lower bound
-            and the best peak reachable).
+        OffloadError: ``optimal`` with a cost that is not linear, or the budget cannot be reached
+            (`BudgetUnreachable`: the message gives the lower bound and the best peak reachable).
     """
-    return BudgetSearch(
-        plan,
-        analysis,
-        prefetch_distance=prefetch_distance,
-        release_distance=release_distance,
-        select_num=select_num,
-        min_bytes=min_bytes,
-        stream_weights=stream_weights,
-        stream_depth=stream_depth,
-    ).filter(
-        budget_bytes,
-        objective=objective,
-        profile=profile,
-        copies=copies,
-        optimal=optimal,
-        time_limit=time_limit,
-        report=report,
+    request.report("selecting")
+    search = BudgetSearch(analysis, request, request)
+    request.report("fitting the budget")
+    return search.plan()
+
+
+@taking2(FilterRequest)
+def budget_filter(plan: Plan, analysis: Analysis, options: FilterRequest) -> Plan:
+    """The filter stage with a budget: a "selected" plan to a "filtered" plan whose peak fits
+    ``options.budget`` at the least cost (``options``: `FilterRequest`, or its fields as keywords).
+
+    The plan's select options (activations, params, force, never) are kept, its select distance
+    is not used: the planner weighs every idle stretch. Each offload gets its own prefetch
+    distance, at most ``options.prefetch_distance``, so that the peak stays within the budget once
+    the prefetch stage has run.
+
+    Raises:
+        OffloadError: the plan is for another model or not at stage "selected", ``optimal`` with a
+            cost that is not linear, or the budget cannot be reached (`BudgetUnreachable`).
+    """
+    require_stage(plan, "selected", "the budget strategy")
+    check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
+    sel = plan["options"]["select"]
+    select = SelectPart(
+        select_distance=0,
+        activations=sel["activations"],
+        params=sel["params"],
+        force=tuple(sel.get("force", ())),
+        never=tuple(sel.get("never", ())),
     )
+    options.report("fitting the budget")
+    return BudgetSearch(analysis, options, select, base=plan).filter()
 
 
 def _round_cost(value: float, cost: CopyCost) -> float | int:
     return int(round(value)) if cost.integral else float(value)
-
-
-def check_budget(analysis: Analysis, plan: Plan) -> Plan:
-    """Check a scheduled budget plan against the timeline and record its figures in ``plan["budget"]``.
-
-    Returns the plan (updated in place).
-
-    Raises:
-        OffloadError: the predicted peak exceeds the budget (a bug in the strategy: never expected).
-    """
-    info = plan.get("budget")
-    if info is None:
-        return plan
-    peak, pos = timeline.peak_of(timeline.profile(analysis, plan, prefetch_distance=0))
-    requested = info.get("requested_bytes")
-    if requested is not None and peak > requested:
-        raise OffloadError(
-            f"internal error: the budget plan for {analysis.loaded.path} peaks at {fmt_bytes(peak)} ({peak} bytes) > "
-            f"budget {fmt_bytes(requested)} ({requested} bytes)",
-            hint="please report it with the model; meanwhile use the distance strategy (--select-distance)",
-        )
-    info["predicted_peak_bytes"] = int(peak)
-    info["predicted_peak_position"] = pos
-    info["bytes_moved"] = bytes_moved(plan)
-    return plan

@@ -8,9 +8,7 @@ from typing import Any
 
 from offloadctl.planning.budget.candidates import Cand, State
 
-__all__ = ["DEFAULT_STREAM_DEPTH", "stream_states"]
-
-DEFAULT_STREAM_DEPTH = 1
+__all__ = ["stream_states"]
 
 
 def _stream_groups(cands: list[Cand]) -> tuple[list[list[Cand]], list[int]]:
@@ -20,18 +18,18 @@ def _stream_groups(cands: list[Cand]) -> tuple[list[list[Cand]], list[int]]:
         return [], []
     per_node: dict[int, int] = {}
     for c in weights:
-        per_node[c.entries[0]] = per_node.get(c.entries[0], 0) + c.b
+        per_node[c.entries[0]] = per_node.get(c.entries[0], 0) + c.size
     cap = max(per_node.values())
     groups: list[list[Cand]] = []
     size = 0
     for c in weights:
         same_node = groups and groups[-1][-1].entries[0] == c.entries[0]
-        if groups and (same_node or size + c.b <= cap):
+        if groups and (same_node or size + c.size <= cap):
             groups[-1].append(c)
-            size += c.b
+            size += c.size
         else:
             groups.append([c])
-            size = c.b
+            size = c.size
     starts = [g[0].entries[0] for g in groups]
     return groups, starts
 
@@ -50,7 +48,7 @@ def stream_states(cands: list[Cand], depth: int) -> tuple[dict[str, State], dict
                 resident.append(c.name)
                 continue
             states[c.name] = State(True, frozenset(), c.entries[0] - load_at)
-            kept += c.b
+            kept += c.size
         group_bytes.append(kept)
     info = {
         "depth": depth,

@@ -1,0 +1,404 @@
+"""The planning options: one typed request, a part per stage, each option spelled once, checked once.
+
+A stage reads its part: `SelectPart` (select), `FilterPart` (filter), `PrefetchPart` (prefetch),
+`BudgetPart` (the budget planner and the trade-off). `PlanRequest` is all four together, what
+``offloadctl plan`` and `offloadctl.make_plan` take; being each of its parts, it is handed to
+every stage as it is. Every rule that combines options lives in the parts' ``__post_init__``,
+so a request that exists is valid; a broken rule raises `RequestError`, which the command line
+reports as a usage error (exit 2).
+
+`taking` lets a function of an options object take the options as keyword arguments too, typed
+from the options class itself (`select(analysis, select_distance=1)` is `select.run(analysis,
+SelectPart(select_distance=1))`), so no function spells the options out again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.units import parse_bytes
+from offloadctl.simulation.costs import COPY_MODES, CopyCost, default_objective
+from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
+
+__all__ = [
+    "DEFAULT_MIN_BYTES",
+    "DEFAULT_PREFETCH_DISTANCE",
+    "DEFAULT_RELEASE_DISTANCE",
+    "DEFAULT_SELECT_DISTANCE",
+    "DEFAULT_SELECT_NUM",
+    "DEFAULT_STREAM_DEPTH",
+    "DEFAULT_TIME_LIMIT",
+    "BudgetPart",
+    "FilterPart",
+    "FilterRequest",
+    "PlanRequest",
+    "Progress",
+    "PrefetchPart",
+    "RequestError",
+    "SelectPart",
+    "WithOptions",
+    "WithOptions2",
+    "recorded",
+    "taking",
+    "taking2",
+]
+
+logger = logging.getLogger(__name__)
+
+# MindSpore's defaults (select distance 100, select num 100, prefetch distance 50, release distance 0)
+DEFAULT_SELECT_DISTANCE = 100
+DEFAULT_SELECT_NUM = 100
+DEFAULT_MIN_BYTES = 0
+DEFAULT_PREFETCH_DISTANCE = 50
+DEFAULT_RELEASE_DISTANCE = 0
+DEFAULT_STREAM_DEPTH = 1  # layer groups copied in ahead with --stream-weights
+DEFAULT_TIME_LIMIT = 60.0  # seconds the exact search may take
+
+
+class RequestError(OffloadError):
+    """Options that do not go together, or a value out of range: a usage error."""
+
+
+def _set(part: Any, name: str, value: Any) -> None:
+    object.__setattr__(part, name, value)  # a frozen dataclass normalising its own fields
+
+
+@dataclass(frozen=True, kw_only=True)
+class SelectPart:
+    """The select stage's options.
+
+    Attributes:
+        select_distance: a gap between uses must be larger than this to open a reload group.
+        activations: consider node outputs.
+        params: consider weights (initializers, Constant nodes): they stay on the host.
+        force: glob patterns of tensors to offload even without a long gap.
+        never: glob patterns of tensors never to offload (wins over ``force``).
+    """
+
+    select_distance: int = DEFAULT_SELECT_DISTANCE
+    activations: bool = True
+    params: bool = False
+    force: tuple[str, ...] = ()
+    never: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _set(self, "force", tuple(self.force))
+        _set(self, "never", tuple(self.never))
+        _at_least("select_distance", self.select_distance, 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FilterPart:
+    """The filter stage's options.
+
+    Attributes:
+        select_num: keep at most this many offloads, in first-use order (the distance planner).
+        min_bytes: drop candidates smaller than this (bytes, or text such as ``"64KiB"``).
+    """
+
+    select_num: int = DEFAULT_SELECT_NUM
+    min_bytes: int | str = DEFAULT_MIN_BYTES
+
+    def __post_init__(self) -> None:
+        _at_least("select_num", self.select_num, 0)
+        _set(self, "min_bytes", _bytes("min_bytes", self.min_bytes))
+
+    @property
+    def min_size(self) -> int:
+        """``min_bytes`` in bytes."""
+        return int(self.min_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefetchPart:
+    """The prefetch stage's options.
+
+    Attributes:
+        prefetch_distance: each host-to-device copy runs this many positions before its first use.
+        release_distance: positions after the last device use before an offloaded buffer is reused.
+    """
+
+    prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE
+    release_distance: int = DEFAULT_RELEASE_DISTANCE
+
+    def __post_init__(self) -> None:
+        _at_least("prefetch_distance", self.prefetch_distance, 0)
+        _at_least("release_distance", self.release_distance, 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetPart:
+    """The budget planner's options (and the trade-off's, ``max_slowdown``).
+
+    Attributes:
+        strategy: ``"distance"`` (HyperOffload's) or ``"budget"``; None picks budget when a budget,
+            weight streaming or a slowdown limit is asked for. ``"frontier"`` asks for budget plans
+            at every budget from the peak down to the lower bound (`offloadctl.planning.tradeoff`,
+            ``offloadctl frontier``), not for one plan.
+        budget: peak device memory to fit, in bytes or as text (``"1.5GiB"``).
+        stream_weights: keep weights on the host and stream them in by layer group.
+        stream_depth: with ``stream_weights``, how many layer groups ahead weights come in.
+        objective: what the budget search minimises: ``"bytes"`` moved, ``"time"`` the copies add
+            on ``profile``, or a `offloadctl.simulation.costs.CopyCost`; None: time with a measured
+            profile, bytes otherwise.
+        profile: the device profile (name, file or `Profile`) of time objectives and estimates.
+        copies: ``"inline"`` (copies on the compute stream, what onnxruntime runs) or ``"streams"``
+            (an estimate for copy streams): what the time objective and ``max_slowdown`` estimate.
+        optimal: also solve the exact covering program (HiGHS) from the greedy's plan.
+        time_limit: seconds the exact program may take.
+        max_slowdown: instead of a budget, the largest cut in peak memory whose estimated time
+            stays within this multiple of the baseline.
+    """
+
+    strategy: str | None = None
+    budget: int | str | None = None
+    stream_weights: bool = False
+    stream_depth: int = DEFAULT_STREAM_DEPTH
+    objective: str | CopyCost | None = None
+    profile: Profile | str | None = None
+    copies: str = "inline"
+    optimal: bool = False
+    time_limit: float = DEFAULT_TIME_LIMIT
+    max_slowdown: float | None = None
+    # resolved when the options are checked (the fields above keep what was asked for)
+    _profile: Profile | None = field(default=None, init=False, repr=False, compare=False)
+    _objective: str | CopyCost | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.budget is not None:
+            _set(self, "budget", _bytes("budget", self.budget))
+        if self.strategy not in (None, "distance", "budget", "frontier"):
+            raise RequestError(f"unknown strategy {self.strategy!r}", hint="use 'distance' or 'budget'")
+        if self.copies not in COPY_MODES:
+            raise RequestError(f"unknown copy mode {self.copies!r}", hint=f"use one of {', '.join(COPY_MODES)}")
+        _at_least("stream_depth", self.stream_depth, 0)
+        if not (math.isfinite(self.time_limit) and self.time_limit > 0):
+            raise RequestError(
+                f"the exact search's time limit {self.time_limit} is not a finite number of seconds above 0",
+                hint="for example --time-limit 60",
+            )
+        self._check_alternatives()
+        profile = self.profile if isinstance(self.profile, Profile) else load_profile(self.profile or DEFAULT_PROFILE)
+        _set(self, "_profile", profile)
+        defaulted = self.objective is None
+        if self.objective is not None and self.objective not in ("bytes", "time"):
+            if not isinstance(self.objective, CopyCost):
+                raise RequestError(f"unknown objective {self.objective!r}", hint="use 'bytes' or 'time'")
+        _set(self, "_objective", default_objective(profile) if defaulted else self.objective)
+        if self.optimal and self._objective == "time" and self.copies == "streams":
+            because = " (the default with a measured profile)" if defaulted else ""
+            raise RequestError(
+                "--optimal supports only the linear objectives: bytes, or time with copies in line. With --copies "
+                f"streams the time objective{because} prices each copy by the compute around it, which the exact "
+                "program cannot state",
+                hint="drop --optimal, or give --objective bytes or --copies inline",
+            )
+
+    def _check_alternatives(self) -> None:
+        if self.strategy == "frontier":
+            for given, why in (
+                (self.budget is not None, "a frontier sweeps every budget: drop --budget"),
+                (self.stream_weights, "a frontier sweeps budget plans: drop --stream-weights"),
+                (self.optimal, "a frontier sweeps budgets with the greedy: drop --optimal"),
+                (self.max_slowdown is not None, "a frontier shows every slowdown: drop --max-slowdown"),
+            ):
+                if given:
+                    raise RequestError(why, hint="offloadctl frontier MODEL [--objective ...] [--params]")
+            return
+        if self.max_slowdown is not None:
+            if not (math.isfinite(self.max_slowdown) and self.max_slowdown >= 1):
+                raise RequestError(
+                    f"--max-slowdown {self.max_slowdown} is not a finite number of at least 1",
+                    hint="give 1.05 for at most 5% slower",
+                )
+            for given, why in (
+                (self.budget is not None, "--max-slowdown and --budget are alternatives: give one of them"),
+                (self.stream_weights, "--max-slowdown chooses what to offload itself: drop --stream-weights"),
+                (self.strategy == "distance", "--max-slowdown needs the budget strategy, not --strategy distance"),
+                (self.optimal, "--optimal needs --budget BYTES; --max-slowdown searches many budgets with the greedy"),
+            ):
+                if given:
+                    raise RequestError(why, hint="give either --max-slowdown X or --budget BYTES")
+            return
+        if self.strategy == "distance" and (self.budget is not None or self.stream_weights):
+            raise RequestError(
+                "--budget and --stream-weights need the budget strategy, not --strategy distance",
+                hint="drop --strategy distance (or the budget)",
+            )
+        if self.strategy == "budget" and self.budget is None and not self.stream_weights:
+            raise RequestError(
+                "--strategy budget needs --budget BYTES (or --stream-weights, or --max-slowdown X)",
+                hint="give --budget BYTES",
+            )
+        if self.optimal and self.budget is None:
+            raise RequestError(
+                "--optimal needs --budget BYTES (it finds the cheapest plan that fits the budget)",
+                hint="give --budget BYTES",
+            )
+        if self.objective is not None and not self.uses_budget:
+            raise RequestError(
+                "--objective is the budget strategy's: give --budget BYTES (or --stream-weights, --max-slowdown)",
+                hint="drop --objective, or give a budget",
+            )
+
+    @property
+    def uses_budget(self) -> bool:
+        """True when the budget planner (or the trade-off) makes the plan."""
+        return (
+            self.strategy == "budget" or self.budget is not None or self.stream_weights or self.max_slowdown is not None
+        )
+
+    @property
+    def budget_bytes(self) -> int | None:
+        """``budget`` in bytes."""
+        return None if self.budget is None else int(self.budget)
+
+    @property
+    def device_profile(self) -> Profile:
+        """``profile``, loaded (the default profile when none was given)."""
+        assert self._profile is not None  # loaded in __post_init__
+        return self._profile
+
+    @property
+    def search_objective(self) -> str | CopyCost:
+        """What the budget search minimises: ``objective``, or the profile's default without one."""
+        assert self._objective is not None  # resolved in __post_init__
+        return self._objective
+
+    @property
+    def objective_name(self) -> str:
+        """The search objective's name (``bytes`` or ``time``), a cost object's own when one was given."""
+        objective = self.search_objective
+        return objective.objective if isinstance(objective, CopyCost) else str(objective)
+
+    @property
+    def objective_defaulted(self) -> bool:
+        """True when the search objective is the profile's default rather than one asked for."""
+        return self.objective is None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """``step``, which is not an option: called with the name of each stage as it starts
+    (``step("scheduling")``), and with ``new=False`` for news from a long search."""
+
+    step: Callable[..., None] | None = field(default=None, compare=False, repr=False)
+
+    def report(self, text: str, new: bool = True) -> None:
+        """Tell ``step`` (when given) what is happening."""
+        if self.step is not None:
+            self.step(text, new=new)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FilterRequest(FilterPart, BudgetPart, PrefetchPart, Progress):
+    """What the filter stage takes with a budget (the select options are those of the selected plan):
+    the budget planner's options, and the prefetch distances it plans for."""
+
+    def __post_init__(self) -> None:
+        FilterPart.__post_init__(self)
+        PrefetchPart.__post_init__(self)
+        BudgetPart.__post_init__(self)
+        if self.uses_budget and self.select_num != DEFAULT_SELECT_NUM:
+            logger.warning(
+                "--select-num %d is not used by the budget strategy (it fits the budget instead)", self.select_num
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest(SelectPart, FilterRequest):
+    """Every planning option (see each part), what ``offloadctl plan`` and `offloadctl.make_plan`
+    take. A request is checked once, when it is made."""
+
+    def __post_init__(self) -> None:
+        SelectPart.__post_init__(self)
+        FilterRequest.__post_init__(self)
+
+
+def recorded(part_type: type, request: Any) -> dict[str, Any]:
+    """The options of one part, as a plan records them (``options.select`` ...): lists for tuples."""
+    return {
+        f.name: list(value) if isinstance(value := getattr(request, f.name), tuple) else value
+        for f in dataclasses.fields(part_type)
+    }
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise RequestError(f"{name} must be an integer >= {low}, not {value!r}", hint=f"give {name}={low} or more")
+
+
+def _bytes(name: str, value: int | str) -> int:
+    if isinstance(value, str):
+        return parse_bytes(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RequestError(f"{name} must be a number of bytes >= 0, not {value!r}", hint=f'give {name}="64KiB"')
+    return value
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+X = TypeVar("X")
+R = TypeVar("R")
+
+
+class WithOptions(Generic[X, T, P, R]):
+    """A function of ``(first, options)`` that also takes the options as keywords: ``f(first, **options)``
+    builds the options object (so it is checked), ``f.run(first, options)`` takes one ready-made."""
+
+    def __init__(self, options: Callable[P, T], function: Callable[[X, T], R]) -> None:
+        self._options = options
+        self.run = function
+        self.__name__ = function.__name__
+        self.__qualname__ = function.__qualname__
+        self.__module__ = function.__module__
+        self.__doc__ = function.__doc__
+        first = next(iter(inspect.signature(function).parameters.values()))
+        keywords = list(inspect.signature(options).parameters.values())
+        self.__signature__ = inspect.Signature([first.replace(kind=first.POSITIONAL_ONLY), *keywords])
+
+    def __call__(self, first: X, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.run(first, self._options(*args, **kwargs))
+
+
+def taking(options: Callable[P, T]) -> Callable[[Callable[[X, T], R]], WithOptions[X, T, P, R]]:
+    """Decorate ``function(first, options)`` so that it takes ``options``'s fields as keywords too."""
+
+    def decorate(function: Callable[[X, T], R]) -> WithOptions[X, T, P, R]:
+        return WithOptions(options, function)
+
+    return decorate
+
+
+# the keyword form of a function of two leading arguments (the budget filter: a plan and its analysis)
+Y = TypeVar("Y")
+
+
+class WithOptions2(Generic[X, Y, T, P, R]):
+    """`WithOptions` for a function of ``(first, second, options)``."""
+
+    def __init__(self, options: Callable[P, T], function: Callable[[X, Y, T], R]) -> None:
+        self._options = options
+        self.run = function
+        self.__name__ = function.__name__
+        self.__module__ = function.__module__
+        self.__doc__ = function.__doc__
+
+    def __call__(self, first: X, second: Y, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.run(first, second, self._options(*args, **kwargs))
+
+
+def taking2(options: Callable[P, T]) -> Callable[[Callable[[X, Y, T], R]], WithOptions2[X, Y, T, P, R]]:
+    """`taking` for a function of two leading arguments."""
+
+    def decorate(function: Callable[[X, Y, T], R]) -> WithOptions2[X, Y, T, P, R]:
+        return WithOptions2(options, function)
+
+    return decorate
