@@ -34,11 +34,13 @@ demo: install
 	$(BIN)/offloadctl simulate sample_models/unet.onnx --plan $(OUT)/unet.plan.json --plot $(OUT)/unet.memory.png
 	$(BIN)/offloadctl plan sample_models/transformer.onnx -o $(OUT)/transformer.budget.json --budget 800KiB
 
-# ruff (lint and format) and mypy, at the versions pinned in the test extra
+# ruff (lint, format, complexity), mypy and the import layers (import-linter),
+# at the versions pinned in the test extra
 lint: install
 	$(BIN)/ruff check $(LINT)
 	$(BIN)/ruff format --check $(LINT)
 	$(BIN)/mypy offloadctl
+	$(BIN)/lint-imports --no-cache
 
 # apply ruff's formatting and its safe fixes
 format: install

@@ -25,7 +25,6 @@ an interrupt during start-up into one line.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -124,25 +123,14 @@ def apply(
     `offloadctl.rewriting.rewrite.write_model`); no file the model or plan reads is ever overwritten.
     ``result`` (an `ApplyResult`) is filled with what was inserted.
     """
-    from offloadctl.core.files import check_output_path
-    from offloadctl.rewriting.rewrite import apply_plan, check_model_outputs, write_model
+    from offloadctl.job import Job
+    from offloadctl.rewriting.rewrite import apply_plan
 
     _check_plan(plan, analysis, "apply")
-    model = apply_plan(plan, analysis, result=result)
-    if output is not None:
-        loaded = analysis.loaded
-        source = loaded.path.parent
-        check_output_path(output, *loaded.files)
-        # the rewrite refers to the data files of its source, which loading has listed already
-        check_model_outputs(loaded.proto, output, source, loaded.files, locations=loaded.data_locations)
-        write_model(
-            model,
-            output,
-            source_dir=source,
-            protected=loaded.files,
-            locations=loaded.data_locations,
-            mode=stat.S_IMODE(loaded.path.stat().st_mode),
-        )
+    if output is None:
+        return apply_plan(plan, analysis, result=result)
+    job = Job(analysis).with_plan(plan)
+    model, _ = job.write_rewrite(output, result=result)
     return model
 
 

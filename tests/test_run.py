@@ -498,3 +498,36 @@ def test_compare_to_a_model_with_other_inputs_is_refused_clearly(run_cli):
     assert result.exit_code == 1
     assert "expects input 'x'" in result.stderr and "made from" in result.stderr
     assert "INVALID_ARGUMENT" not in result.stderr
+
+
+_NOISY = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4, 8] x) => (float[4, 8] y, float[4, 8] z) {
+    noise = RandomNormalLike<dtype = 1SEED>(x)
+    y = Add(x, noise)
+    z = Neg(x)
+}
+"""
+
+
+def test_an_original_that_is_not_deterministic_is_reported_and_the_rewrite_not_blamed(run_cli, tmp_path):
+    original, other = tmp_path / "noisy.onnx", tmp_path / "other.onnx"
+    onnx.save(onnx.parser.parse_model(_NOISY.replace("SEED", "")), str(original))
+    onnx.save(onnx.parser.parse_model(_NOISY.replace("SEED", ", seed = 7.0")), str(other))
+    args = ("--device", "cpu", "--repeat", "1", "--compare-to", original)
+    same = run_cli("run", original, *args, "--json")  # a session's first run repeats; its second does not
+    assert same.exit_code == 0
+    report = json.loads(same.stdout)
+    assert report["original_deterministic"] is False and list(report["original_unstable"]) == ["y"]
+    assert "is not deterministic on these inputs: y differ between two of its runs" in " ".join(same.stderr.split())
+    result = run_cli("run", other, *args)
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    words = " ".join(result.stderr.split())
+    assert "is not deterministic on these inputs: two runs of it give different y" in words
+    assert "the rewrite changed the results" not in words
+
+
+def test_a_deterministic_original_compared_with_itself_passes(run_cli, seed_path):
+    result = run_cli("run", seed_path, "--device", "cpu", "--repeat", "1", "--compare-to", seed_path, "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["original_deterministic"] is True

@@ -120,61 +120,71 @@ class Analysis:
         return g
 
 
-@paused_gc()
-def analyse(loaded: LoadedModel) -> Analysis:
-    """Compute execution order, producers, uses and sizes of a loaded model.
+@dataclass
+class _Definitions:
+    """What defines each tensor name of the main graph, read once from the file."""
 
-    Raises:
-        OffloadError: duplicate tensor names, a cycle, a read of an undefined tensor, or a graph
-            output that nothing produces.
-    """
+    graph_inputs: list[str]
+    initializers: set[str]
+    sparse: set[str]  # sparse initializers and Constant sparse_values
+    constants: dict[str, int]  # Constant-node output -> its file index
+    compute: list[int]  # file indices of the nodes that take positions
+    # "a graph input", "a weight", or the file index of a node (described only when reporting a
+    # duplicate, so big graphs do not format a label per tensor)
+    defined: dict[str, str | int]
+    file_nodes: list[onnx.NodeProto]
+    file_outputs: list[list[str]]
+
+
+def _definitions(loaded: LoadedModel) -> _Definitions:
+    """Every name's definition; a name defined twice, or a graph output nobody defines, is refused."""
     graph = loaded.proto.graph
     sparse = {i.values.name for i in graph.sparse_initializer}
     initializers = {i.name for i in graph.initializer} | sparse
     graph_inputs = [i.name for i in graph.input if i.name not in initializers]
-    constants: dict[str, int] = {}
-    compute: list[int] = []  # file indices of the nodes that take positions
-    # What defines each name: "a graph input", "a weight", or the file index of a node (described
-    # only when reporting a duplicate, so big graphs do not format a label per tensor).
-    defined: dict[str, str | int] = {name: "a graph input" for name in graph_inputs}
+    found = _Definitions(graph_inputs, initializers, sparse, {}, [], {}, list(graph.node), [])
+    defined = found.defined
+    defined.update(dict.fromkeys(graph_inputs, "a graph input"))
     defined.update(dict.fromkeys(initializers, "a weight"))
-    file_nodes = list(graph.node)
-    file_outputs = [list(node.output) for node in file_nodes]
-    for idx, node in enumerate(file_nodes):
-        outputs = file_outputs[idx]
+    found.file_outputs = [list(node.output) for node in found.file_nodes]
+    for idx, node in enumerate(found.file_nodes):
+        outputs = found.file_outputs[idx]
         for out in outputs:
             if out in defined and out:
-                first = defined[out]
-                by = f"node {describe_node(file_nodes[first], first)}" if isinstance(first, int) else first
-                raise OffloadError(
-                    f"tensor {out!r} is defined twice in {loaded.path} (by node {describe_node(node, idx)} and "
-                    f"by {by})",
-                    hint="tensor names must be unique; re-export the model or rename one of them",
-                )
+                _defined_twice(loaded, found, out, node, idx)
             defined[out] = idx
-        if is_constant_node(node):
-            if outputs and outputs[0]:
-                constants[outputs[0]] = idx
-                if any(a.name == "sparse_value" for a in node.attribute):
-                    sparse.add(outputs[0])
-        else:
-            compute.append(idx)
+        if not is_constant_node(node):
+            found.compute.append(idx)
+        elif outputs and outputs[0]:
+            found.constants[outputs[0]] = idx
+            if any(a.name == "sparse_value" for a in node.attribute):
+                sparse.add(outputs[0])
     defined.pop("", None)
-
     for out in graph.output:
         if out.name not in defined:
             raise OffloadError(
                 f"graph output {out.name!r} of {loaded.path} is not produced by any node, graph input or weight",
                 hint="the model is malformed; re-export it or fix the output name",
             )
-    available = set(graph_inputs) | initializers | set(constants)
-    compute_nodes = [file_nodes[i] for i in compute]
-    inputs = [list(node.input) for node in compute_nodes]
-    # Reads inside subgraphs (outer-scope names, sorted) and priority ranks: both come from the
-    # attributes, which most nodes of a big graph do not have.
-    outer: list[list[str]] = [[]] * len(compute_nodes)  # shared empty list, never mutated
-    ranks = [PLAIN_RANK] * len(compute_nodes)
-    for i, node in enumerate(compute_nodes):
+    return found
+
+
+def _defined_twice(loaded: LoadedModel, found: _Definitions, out: str, node: onnx.NodeProto, idx: int) -> None:
+    first = found.defined[out]
+    by = f"node {describe_node(found.file_nodes[first], first)}" if isinstance(first, int) else first
+    raise OffloadError(
+        f"tensor {out!r} is defined twice in {loaded.path} (by node {describe_node(node, idx)} and by {by})",
+        hint="tensor names must be unique; re-export the model or rename one of them",
+    )
+
+
+def _node_reads(nodes: list[onnx.NodeProto]) -> tuple[list[list[str]], list[list[str]], list[int], list[list[str]]]:
+    """(inputs, reads inside subgraphs (outer-scope names, sorted), priority ranks, every read) of each
+    node. The subgraph reads and ranks come from the attributes, which most nodes of a big graph lack."""
+    inputs = [list(node.input) for node in nodes]
+    outer: list[list[str]] = [[]] * len(nodes)  # shared empty list, never mutated
+    ranks = [PLAIN_RANK] * len(nodes)
+    for i, node in enumerate(nodes):
         if node.attribute:
             ranks[i] = priority_rank(node)
             names = subgraph_outer_names(node)
@@ -186,11 +196,24 @@ def analyse(loaded: LoadedModel) -> Analysis:
     for ins, out in zip(inputs, outer):
         present = ins if "" not in ins else [name for name in ins if name]  # optional inputs left out
         reads.append(present + out if out else present)
+    return inputs, outer, ranks, reads
+
+
+def _ordered(
+    loaded: LoadedModel,
+    nodes: list[onnx.NodeProto],
+    available: set[str],
+    reads: list[list[str]],
+    ranks: list[int],
+    outputs: list[list[str]],
+) -> tuple[list[int], bool, bool]:
+    """(the order onnxruntime runs the nodes in, whether the file has them in it, whether the file's
+    order is topological at all), saying so when the file's order is not the one that runs."""
     try:
-        order, was_sorted = execution_order(compute_nodes, available, reads, ranks, [file_outputs[i] for i in compute])
+        order, was_sorted = execution_order(nodes, available, reads, ranks, outputs)
     except OffloadError as exc:
         raise OffloadError(f"{loaded.path}: {exc.message}", hint=exc.hint) from None
-    topological = was_sorted or _is_topological(reads, [file_outputs[i] for i in compute])
+    topological = was_sorted or _is_topological(reads, outputs)
     if not topological:
         logger.warning(
             "%s: nodes are not topologically sorted; they were sorted into the order onnxruntime will run "
@@ -205,17 +228,26 @@ def analyse(loaded: LoadedModel) -> Analysis:
             loaded.path,
             moved,
         )
-    nodes = [compute_nodes[i] for i in order]
-    file_index = [compute[i] for i in order]
+    return order, was_sorted, topological
 
-    node_names = _unique_labels(nodes, file_index)
+
+def _producers_and_uses(
+    order: list[int],
+    outputs: list[list[str]],
+    inputs: list[list[str]],
+    outer: list[list[str]],
+    node_names: list[str],
+) -> tuple[dict[str, int], dict[str, list[Use]]]:
+    """Each activation's producer position and each tensor's uses, in execution order: positions
+    ascend, and within a node the input indices ascend before the subgraph reads (input_index None),
+    which is `Use.sort_key`'s order. ``outputs``, ``inputs`` and ``outer`` are per compute node."""
     producer: dict[str, int] = {}
     uses: dict[str, list[Use]] = {}
     get = uses.get
     new_use = tuple.__new__  # Use(...) without the NamedTuple's Python-level __new__ (big graphs)
     for pos, i in enumerate(order):
         label = node_names[pos]
-        for out in file_outputs[file_index[pos]]:
+        for out in outputs[i]:
             producer[out] = pos
         k = 0
         for name in inputs[i]:
@@ -230,26 +262,46 @@ def analyse(loaded: LoadedModel) -> Analysis:
         for name in outer[i]:
             uses.setdefault(name, []).append(Use(pos, None, label))
     producer.pop("", None)
-    # Each list is already in execution order: positions ascend, and within a node the input
-    # indices ascend before the subgraph reads (input_index None), which is Use.sort_key's order.
+    return producer, uses
 
+
+@paused_gc()
+def analyse(loaded: LoadedModel) -> Analysis:
+    """Compute execution order, producers, uses and sizes of a loaded model.
+
+    Raises:
+        OffloadError: duplicate tensor names, a cycle, a read of an undefined tensor, or a graph
+            output that nothing produces.
+    """
+    found = _definitions(loaded)
+    compute = found.compute
+    available = set(found.graph_inputs) | found.initializers | set(found.constants)
+    compute_nodes = [found.file_nodes[i] for i in compute]
+    compute_outputs = [found.file_outputs[i] for i in compute]
+    inputs, outer, ranks, reads = _node_reads(compute_nodes)
+    order, was_sorted, topological = _ordered(loaded, compute_nodes, available, reads, ranks, compute_outputs)
+    nodes = [compute_nodes[i] for i in order]
+    file_index = [compute[i] for i in order]
+    node_names = _unique_labels(nodes, file_index)
+    producer, uses = _producers_and_uses(order, compute_outputs, inputs, outer, node_names)
+    constants = found.constants
     return Analysis(
         loaded=loaded,
         nodes=nodes,
         file_index=file_index,
         was_sorted=was_sorted,
         plain_priority=all(r == PLAIN_RANK for r in ranks),
-        graph_inputs=graph_inputs,
-        graph_outputs=[o.name for o in graph.output],
-        initializers=initializers,
+        graph_inputs=found.graph_inputs,
+        graph_outputs=[o.name for o in loaded.proto.graph.output],
+        initializers=found.initializers,
         constants=constants,
         producer=producer,
         uses=uses,
         infos=tensor_infos(
-            loaded, None if was_sorted else sorted(constants.values()) + file_index, constants, producers=defined
+            loaded, None if was_sorted else sorted(constants.values()) + file_index, constants, producers=found.defined
         ),
         node_names=node_names,
-        sparse_weights=frozenset(sparse),
+        sparse_weights=frozenset(found.sparse),
         topological=topological,
     )
 

@@ -31,6 +31,7 @@ __all__ = [
     "execution_order",
     "expected_run_order",
     "node_reads",
+    "predecessors",
     "priority_rank",
     "priority_ranks",
 ]
@@ -78,6 +79,27 @@ def execution_order(
     """
     if reads is None:
         reads = [node_reads(node) for node in nodes]
+    all_preds, topological = predecessors(nodes, available, reads, outputs)
+    rank = priority_ranks(nodes) if ranks is None else ranks
+    if topological and all(r == PLAIN_RANK for r in rank):
+        # Kahn's algorithm by file index alone returns a topological file order unchanged.
+        return list(range(len(nodes))), True
+    order = _kahn(nodes, all_preds, rank)
+    was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
+    return order, was_sorted
+
+
+def predecessors(
+    nodes: list[onnx.NodeProto],
+    available: set[str],
+    reads: list[list[str]],
+    outputs: list[list[str]] | None = None,
+) -> tuple[list[set[int]], bool]:
+    """(the nodes each node reads from, whether the file order is topological).
+
+    Raises:
+        OffloadError: a node reads a tensor nobody provides.
+    """
     producer: dict[str, int] = {}
     for i, outs in enumerate(outputs if outputs is not None else (node.output for node in nodes)):
         for out in outs:
@@ -90,21 +112,21 @@ def execution_order(
         preds = {producer_of(name, -1) for name in names}
         if -1 in preds:
             preds.discard(-1)
-            for name in names:
-                if name not in producer and name not in available:
-                    raise OffloadError(
-                        f"node {describe_node(nodes[i], i)} reads tensor {name!r}, which no node, graph input or "
-                        "weight provides",
-                        hint="the model is malformed; re-export it or fix the tensor name",
-                    )
+            missing = next((n for n in names if n not in producer and n not in available), None)
+            if missing is not None:
+                raise OffloadError(
+                    f"node {describe_node(nodes[i], i)} reads tensor {missing!r}, which no node, graph input or "
+                    "weight provides",
+                    hint="the model is malformed; re-export it or fix the tensor name",
+                )
         if preds and max(preds) >= i:
             topological = False
         all_preds.append(preds)
-    rank = priority_ranks(nodes) if ranks is None else ranks
-    if topological and all(r == PLAIN_RANK for r in rank):
-        # Kahn's algorithm by file index alone returns a topological file order unchanged.
-        return list(range(len(nodes))), True
+    return all_preds, topological
 
+
+def _kahn(nodes: list[onnx.NodeProto], all_preds: list[set[int]], rank: list[int]) -> list[int]:
+    """Kahn's algorithm, the ready node of the lowest (rank, index) first."""
     consumers: list[list[int]] = [[] for _ in nodes]
     indegree = [0] * len(nodes)
     for i, preds in enumerate(all_preds):
@@ -123,18 +145,21 @@ def execution_order(
             if indegree[c] == 0:
                 push(heap, (rank[c], c))
     if len(order) != len(nodes):
-        import networkx as nx
+        raise _cycle_error(nodes, consumers, indegree)
+    return order
 
-        stuck = [i for i in range(len(nodes)) if indegree[i] > 0]
-        graph = nx.DiGraph((p, c) for p in stuck for c in consumers[p] if indegree[c] > 0)
-        try:
-            cycle = [u for u, _ in nx.find_cycle(graph)]
-        except nx.NetworkXNoCycle:  # pragma: no cover - Kahn stalls only on cycles
-            cycle = stuck[:5]
-        chain = " -> ".join(describe_node(nodes[i], i) for i in cycle[:6])
-        raise OffloadError(f"the graph has a cycle: {chain}", hint="the model is malformed; re-export it")
-    was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
-    return order, was_sorted
+
+def _cycle_error(nodes: list[onnx.NodeProto], consumers: list[list[int]], indegree: list[int]) -> OffloadError:
+    import networkx as nx
+
+    stuck = [i for i in range(len(nodes)) if indegree[i] > 0]
+    graph = nx.DiGraph((p, c) for p in stuck for c in consumers[p] if indegree[c] > 0)
+    try:
+        cycle = [u for u, _ in nx.find_cycle(graph)]
+    except nx.NetworkXNoCycle:  # pragma: no cover - Kahn stalls only on cycles
+        cycle = stuck[:5]
+    chain = " -> ".join(describe_node(nodes[i], i) for i in cycle[:6])
+    return OffloadError(f"the graph has a cycle: {chain}", hint="the model is malformed; re-export it")
 
 
 def node_reads(node: onnx.NodeProto) -> list[str]:

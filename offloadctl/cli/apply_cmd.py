@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import stat
-from pathlib import Path
-
 import click
 
 from offloadctl.cli.common import (
@@ -12,48 +9,18 @@ from offloadctl.cli.common import (
     low_figures_text,
     peak_text,
     plan_effect,
-    plan_pins,
     print_estimate,
     slowdown_text,
 )
 from offloadctl.cli.options import json_option, output_option
 from offloadctl.cli.ui import out_console, steps
-from offloadctl.contract.document import check_plan_model, read_plan
-from offloadctl.contract.types import Plan
-from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import check_output_path, sha256_file
-from offloadctl.loading.model import load_model
-from offloadctl.rewriting.rewrite import ApplyResult, apply_plan, check_model_outputs, write_model
-from offloadctl.running.sizes import analysed
+from offloadctl.contract.document import read_plan
+from offloadctl.core.files import check_output_path
+from offloadctl.job import Job, plan_model
+from offloadctl.rewriting.rewrite import ApplyResult
 from offloadctl.simulation.estimate import recorded_estimate
 
-__all__ = ["COMMANDS", "find_model"]
-
-
-def find_model(plan: Plan, plan_path: str, model: str | None) -> Path:
-    """The model a plan applies to: ``model`` if given, else the plan's model.path as given
-    (relative to the current folder), else relative to the plan file's folder."""
-    if model is not None:
-        path = Path(model)
-        if path.is_dir():
-            raise OffloadError(
-                f"--model {path} is a directory", hint="give the path of the .onnx model the plan was made for"
-            )
-        if not path.is_file():
-            raise OffloadError(f"model file {path} does not exist", hint="check the --model path")
-        return path
-    recorded = Path(plan["model"]["path"])
-    candidates = [recorded]
-    if not recorded.is_absolute():
-        candidates.append(Path(plan_path).parent / recorded)
-    for path in candidates:
-        if path.is_file():
-            return path
-    looked = " and ".join(str(p) for p in dict.fromkeys(candidates))
-    raise OffloadError(
-        f"the model of plan {plan_path} was not found (looked for {looked})",
-        hint="pass the model with --model MODEL",
-    )
+__all__ = ["COMMANDS"]
 
 
 @click.command("apply")
@@ -76,30 +43,12 @@ def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None
     computes them for the rewritten model).
     """
     plan = read_plan(plan_path, stages=("scheduled",))
-    model_path = find_model(plan, plan_path, model)
-    check_output_path(output, plan_path, model_path)
-    check_plan_model(plan, sha256_file(model_path), model_path)
+    check_output_path(output, plan_path, plan_model(plan, plan_path, model))  # before the model loads
     result = ApplyResult()
     with steps(not as_json, total=4) as step:
-        step(f"loading {model_path}")
-        loaded = load_model(model_path, **plan_pins(plan), input_shapes_from=f"model.input_shapes of plan {plan_path}")
-        reads = (Path(plan_path), *loaded.files)
-        check_output_path(output, *reads)
-        check_model_outputs(loaded.proto, output, model_path.parent, reads, locations=loaded.data_locations)
-        step(f"analysing {model_path}")
-        analysis = analysed(loaded)
-        step(f"rewriting {model_path}")
-        proto = apply_plan(plan, analysis, result=result)
-        step(f"writing {output}")
-        # the rewrite refers to the data files of its source, which loading has listed already
-        extra = write_model(
-            proto,
-            output,
-            source_dir=model_path.parent,
-            protected=reads,
-            locations=loaded.data_locations,
-            mode=stat.S_IMODE(model_path.stat().st_mode),  # a rewrite is as private as its source
-        )
+        job = Job.of_plan(plan_path, stages=("scheduled",), model=model, step=step, plan=plan)
+        _, extra = job.write_rewrite(output, result=result, step=step)
+    model_path = job.model_path
     figures = recorded_estimate(plan)
     if not as_json:
         console = out_console()

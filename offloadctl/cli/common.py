@@ -19,20 +19,20 @@ import click
 from rich.table import Table
 
 from offloadctl.analysis.graph import Analysis
+from offloadctl.cli.options import ShapeOptions, SizesOptions
 from offloadctl.cli.report import SLOWDOWN_WARNING, report_plot_path
 from offloadctl.cli.ui import err_console, out_console, print_json, steps
-from offloadctl.contract.types import Plan, SizesFromRun
+from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path
 from offloadctl.core.units import fmt_bytes
-from offloadctl.loading.model import load_model, parse_dims, parse_input_shapes
-from offloadctl.running.sizes import analysed
+from offloadctl.job import Job
+from offloadctl.loading.model import parse_dims, parse_input_shapes
 from offloadctl.simulation.costs import STREAMS_NOTE, copy_mode_label
 
 __all__ = [
-    "load_and_analyse",
+    "open_model",
     "check_unknown_sizes",
-    "plan_pins",
     "print_plan_summary",
     "plan_figures",
     "peak_text",
@@ -49,46 +49,35 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def plan_pins(plan: Plan) -> dict[str, Any]:
-    """The input pins a plan was made with (and whether its sizes came from a run), as keyword
-    arguments of `load_model`."""
-    return {
-        "input_shapes": plan["model"]["input_shapes"],
-        "dims": plan["model"].get("dims") or None,
-        "sizes_from_run": plan["model"].get("sizes_from_run"),
-    }
-
-
-def load_and_analyse(
+def open_model(
     model: str,
-    input_shape: Sequence[str] = (),
-    dim: Sequence[str] = (),
+    shapes: ShapeOptions,
+    sizes: SizesOptions | None = None,
     *,
-    pins: Mapping[str, Any] | None = None,
-    pins_from: str = "--input-shape",
+    plan: Plan | None = None,
+    plan_path: str | None = None,
     show_progress: bool = True,
-    sizes: SizesFromRun | None = None,
-) -> Analysis:
+) -> Job:
     """Load MODEL (weights stay on disk), pin input shapes and analyse it, with progress on a terminal.
 
-    ``input_shape`` and ``dim`` are the raw ``--input-shape`` and ``--dim`` values; ``pins`` (from
-    `plan_pins`) is used when neither is given, and named ``pins_from`` in messages (e.g. a plan's
-    model.input_shapes). ``sizes`` (`offloadctl.contract.types.SizesFromRun`, or the plan's through
-    ``pins``) reads every size from one run.
+    The pins are ``--input-shape`` and ``--dim``, else those of ``plan`` (a plan for this model, read
+    from ``plan_path``, which the job then holds); sizes come from one run with ``--sizes-from-run``
+    or when the plan's did.
     """
-    shapes = parse_input_shapes(input_shape)
-    dims = parse_dims(dim)
+    input_shapes = parse_input_shapes(shapes.input_shape)
+    dims = parse_dims(shapes.dim)
     source = "--input-shape"
-    if not shapes and not dims and pins:
-        shapes, dims = dict(pins.get("input_shapes") or {}), dict(pins.get("dims") or {})
-        source = pins_from
-    if sizes is None and pins:
-        sizes = pins.get("sizes_from_run")
+    requested = sizes.request() if sizes is not None else None
+    if plan is not None:
+        if not input_shapes and not dims:
+            input_shapes, dims = dict(plan["model"]["input_shapes"]), dict(plan["model"].get("dims") or {})
+            source = f"model.input_shapes of plan {plan_path}"
+        requested = requested or plan["model"].get("sizes_from_run")
     with steps(show_progress, total=2) as step:
-        step(f"loading {model}")
-        loaded = load_model(model, input_shapes=shapes, dims=dims, input_shapes_from=source, sizes_from_run=sizes)
-        step(f"analysing {model}" + (" (sizes from one run on the CPU provider)" if sizes else ""))
-        analysis = analysed(loaded)
+        job = Job.of_model(model, input_shapes=input_shapes, dims=dims, sizes=requested, pins_from=source, step=step)
+    if plan is not None:
+        job.plan, job.plan_path = plan, Path(plan_path) if plan_path else None
+    analysis = job.analysis
     dynamic = [
         name
         for name in analysis.graph_inputs
@@ -100,7 +89,7 @@ def load_and_analyse(
             "(pin them with --input-shape NAME=D0,D1,... or --dim NAME=VALUE)",
             ", ".join(dynamic),
         )
-    return analysis
+    return job
 
 
 def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:

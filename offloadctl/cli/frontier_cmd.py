@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from offloadctl.cli.common import check_unknown_sizes, finish, load_and_analyse
+from offloadctl.cli.common import check_unknown_sizes, finish, open_model
 from offloadctl.cli.options import (
     ShapeOptions,
     SizesOptions,
@@ -60,6 +60,35 @@ def _table(mode: str, points: list[Point], peak: int, profile: str) -> Table:
     return table
 
 
+def _print_frontier(
+    model: str,
+    trade: Tradeoff,
+    frontier: dict[str, list[Point]],
+    default: dict[str, Point],
+    modes: tuple[str, ...],
+    params: bool,
+) -> None:
+    console = out_console()
+    prof = trade.profile
+    console.print(
+        f"[bold]{model}[/]: peak {fmt_bytes(trade.peak_bytes)} without offload, lower bound "
+        f"{fmt_bytes(trade.lower_bound_bytes)}; baseline {trade.baseline_s * 1e3:.3f} ms (profile {prof.name}); "
+        f"budget plans with objective {trade.objective}" + (" and --params" if params else ""),
+        soft_wrap=True,
+    )
+    for mode in modes:
+        console.print(_table(mode, frontier[mode], trade.peak_bytes, prof.name))
+    if any(any(dominated(frontier[mode])) for mode in modes):
+        console.print("dominated: a plan with a lower peak is as fast (a lower budget's plan fits a higher budget too)")
+    d = next(iter(default.values()))
+    times = ", ".join(f"{default[m].slowdown:.3f}x {copy_mode_label(m).split(',')[0]}" for m in modes)
+    console.print(
+        f"HyperOffload default plan (offloadctl plan MODEL): {d.offloads} offload(s), peak "
+        f"{fmt_bytes(d.peak_bytes)} ({_pct(trade.peak_bytes, d.peak_bytes)}), estimated {times}",
+        soft_wrap=True,
+    )
+
+
 @click.command("frontier")
 @model_argument
 @profile_option
@@ -109,14 +138,15 @@ def frontier_cmd(
     prof = load_profile(profile)
     if plot:
         check_output_path(plot, model)
-    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json, sizes=sizes.request())
+    job = open_model(model, shapes, sizes, show_progress=not as_json)
+    analysis = job.analysis
     if is_rewritten(analysis):
         raise OffloadError(
             f"{model} already contains copies: the frontier needs the original model",
             hint="run offloadctl frontier on the model before offloadctl apply",
         )
     if plot:
-        check_output_path(plot, *analysis.loaded.files)
+        job.guard("the plot", plot)
     check_unknown_sizes(analysis, strict=False)
     modes = COPY_MODES if copies == "both" else (copies,)
     with steps(not as_json) as step:
@@ -142,26 +172,7 @@ def frontier_cmd(
         )
         written.append(plot)
     if not as_json:
-        console = out_console()
-        console.print(
-            f"[bold]{model}[/]: peak {fmt_bytes(trade.peak_bytes)} without offload, lower bound "
-            f"{fmt_bytes(trade.lower_bound_bytes)}; baseline {trade.baseline_s * 1e3:.3f} ms (profile {prof.name}); "
-            f"budget plans with objective {trade.objective}" + (" and --params" if params else ""),
-            soft_wrap=True,
-        )
-        for mode in modes:
-            console.print(_table(mode, frontier[mode], trade.peak_bytes, prof.name))
-        if any(any(dominated(frontier[mode])) for mode in modes):
-            console.print(
-                "dominated: a plan with a lower peak is as fast (a lower budget's plan fits a higher budget too)"
-            )
-        d = next(iter(default.values()))
-        times = ", ".join(f"{default[m].slowdown:.3f}x {copy_mode_label(m).split(',')[0]}" for m in modes)
-        console.print(
-            f"HyperOffload default plan (offloadctl plan MODEL): {d.offloads} offload(s), peak "
-            f"{fmt_bytes(d.peak_bytes)} ({_pct(trade.peak_bytes, d.peak_bytes)}), estimated {times}",
-            soft_wrap=True,
-        )
+        _print_frontier(model, trade, frontier, default, modes, params)
     parts = []
     for mode in modes:
         pts = frontier[mode]

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory, unknown_tensors
-from offloadctl.cli.common import finish, load_and_analyse, low_figures_text
+from offloadctl.cli.common import finish, low_figures_text, open_model
 from offloadctl.cli.options import ShapeOptions, SizesOptions, input_shape_option, model_argument, sizes_option
 from offloadctl.cli.ui import out_console
 from offloadctl.core.units import fmt_bytes
@@ -99,7 +99,7 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
 def inspect(model: str, shapes: ShapeOptions, sizes: SizesOptions, top: int, as_json: bool) -> None:
     """Nodes, tensors, bytes of activations and weights, and the longest-idle tensors."""
-    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json, sizes=sizes.request())
+    analysis = open_model(model, shapes, sizes, show_progress=not as_json).analysis
     report = inspect_report(analysis, top=top)
     acts, weights = report["activations"], report["weights"]
     verdict = [

@@ -14,11 +14,10 @@ from offloadctl.cli.common import (
     check_unknown_sizes,
     finish,
     gate_failure,
-    load_and_analyse,
     low_figures_text,
+    open_model,
     peak_text,
     plan_effect,
-    plan_pins,
     slowdown_text,
 )
 from offloadctl.cli.options import (
@@ -155,19 +154,12 @@ def simulate_cmd(
     if plot:
         check_output_path(plot, model, plan_path)
     check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
-    analysis = load_and_analyse(
-        model,
-        shapes.input_shape,
-        shapes.dim,
-        pins=plan_pins(plan) if plan is not None else None,
-        pins_from=f"model.input_shapes of plan {plan_path}",
-        show_progress=not as_json,
-        sizes=sizes.request(),
-    )
+    job = open_model(model, shapes, sizes, plan=plan, plan_path=plan_path, show_progress=not as_json)
+    analysis = job.analysis
     check_unknown_sizes(analysis, strict=strict)
     if plot:
-        check_output_path(plot, plan_path, *analysis.loaded.files)
-    check_report_paths(report, plan_path, *analysis.loaded.files, plot=plot)
+        job.guard("the plot", plot)
+    check_report_paths(report, *job.reads, plot=plot)
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)

@@ -16,12 +16,11 @@ from offloadctl.cli.common import (
     check_unknown_sizes,
     finish,
     gate_failure,
-    load_and_analyse,
     low_figures_text,
+    open_model,
     peak_text,
     plan_effect,
     plan_figures,
-    plan_pins,
     print_estimate,
     print_plan_summary,
     slowdown_text,
@@ -51,13 +50,13 @@ from offloadctl.cli.options import (
 )
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
-from offloadctl.contract.document import check_plan_model, read_plan, write_plan
+from offloadctl.contract.document import read_plan, write_plan
 from offloadctl.contract.types import BudgetRecord, Plan
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
-from offloadctl.loading.model import load_model
+from offloadctl.job import Job
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.explain import explain_table
@@ -66,7 +65,6 @@ from offloadctl.planning.make import plan_for
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.request import FilterPart, FilterRequest, PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
-from offloadctl.running.sizes import analysed
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import copy_mode_label
 from offloadctl.simulation.estimate import estimate_figures, record_estimate
@@ -179,25 +177,15 @@ def _print_search(plan: Plan, defaulted: bool | None = None) -> None:
             )
 
 
-def _plan_analysis(plan: Plan, plan_path: str) -> Analysis:
-    """Re-load the model a plan was made for (same input pins) and check it is the same file.
-
-    The model is looked for at the path the plan records, then beside the plan file.
-    """
-    source = f"plan file {plan_path}"
-    path = plan["model"]["path"]
-    beside = Path(plan_path).parent / Path(path).name
-    if not Path(path).exists() and beside.is_file():
-        path = str(beside)
+def _plan_job(plan: Plan, plan_path: str) -> Job:
+    """The job of a selected plan the budget strategy filters: its model, by the plan's rule."""
     try:
-        loaded = load_model(path, **plan_pins(plan), input_shapes_from=f"model.input_shapes of {source}")
+        return Job.of_plan(plan_path, stages=("selected",), plan=plan)
     except OffloadError as exc:
         raise OffloadError(
-            f"the budget strategy needs the model of {source}, {path}: {exc.message}",
-            hint="run the command from the directory the plan was made in, or re-create the plan with offloadctl plan",
+            f"the budget strategy needs the model of plan file {plan_path}: {exc.message}",
+            hint=exc.hint or "re-create the plan with offloadctl plan",
         ) from None
-    check_plan_model(plan, loaded.sha256, path)
-    return analysed(loaded)
 
 
 def _stage_end(
@@ -239,8 +227,9 @@ def select_cmd(
 ) -> None:
     """Find tensors idle for more than --select-distance positions (stage 'selected')."""
     check_output_path(output, model)
-    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json, sizes=sizes.request())
-    check_output_path(output, *analysis.loaded.files)
+    job = open_model(model, shapes, sizes, show_progress=not as_json)
+    job.guard("the plan", output)
+    analysis = job.analysis
     with steps(not as_json) as step:
         step("selecting")
         plan = select.run(analysis, selecting)
@@ -278,10 +267,10 @@ def filter_cmd(
     request = _request(FilterRequest, filtering, budgeting, objective=objective, copies=copies, profile=profile)
     selected_plan = read_plan(selected, stages=("selected",))
     if request.uses_budget:
-        analysis = _plan_analysis(selected_plan, selected)
-        check_output_path(output, selected, *analysis.loaded.files)
+        job = _plan_job(selected_plan, selected)
+        job.guard("the plan", output)
         with steps(not as_json) as step:
-            plan = budget_filter.run(selected_plan, analysis, dataclasses.replace(request, step=step))
+            plan = budget_filter.run(selected_plan, job.analysis, dataclasses.replace(request, step=step))
     else:
         if copies != "inline":
             logger.warning(
@@ -361,10 +350,11 @@ def plan_cmd(
         profile=profile,
         max_slowdown=max_slowdown,
     )
-    analysis = load_and_analyse(model, shapes.input_shape, shapes.dim, show_progress=not as_json, sizes=sizes.request())
-    check_output_path(output, *analysis.loaded.files)
+    job = open_model(model, shapes, sizes, show_progress=not as_json)
+    job.guard("the plan", output)
+    analysis = job.analysis
     if report is not None:
-        check_report_paths(report, *analysis.loaded.files, others=[("the plan", output)])
+        check_report_paths(report, *job.reads, others=[("the plan", output)])
     check_unknown_sizes(analysis, strict=strict)
     if (max_peak is not None or report is not None) and is_rewritten(analysis):
         raise OffloadError(

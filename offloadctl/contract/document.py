@@ -124,6 +124,42 @@ def _rejected_check(schema: dict[str, Any]) -> Callable[[list[Any]], bool] | Non
     return _flat_objects_check(rejected["items"])
 
 
+# (strings, integers, null allowed; the enum; the minimum) of one key of a flat object
+_Rule = tuple[bool, bool, bool, "frozenset[str] | None", "int | float | None"]
+
+
+def _value_rule(rule: Any) -> _Rule | None:
+    """The `_Rule` of a value schema `_flat_objects_check` understands, or None."""
+    if not isinstance(rule, dict) or set(rule) - _VALUE_KEYWORDS:
+        return None
+    enum = rule.get("enum")
+    if "type" not in rule and enum is None:  # any value at all
+        return None
+    kinds = rule.get("type", ["string"])  # an enum of strings admits strings only
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    minimum = rule.get("minimum")
+    if (
+        not isinstance(kinds, list)
+        or set(kinds) - _VALUE_TYPES
+        or (enum is not None and not (isinstance(enum, list) and all(isinstance(v, str) for v in enum)))
+        or (minimum is not None and (isinstance(minimum, bool) or not isinstance(minimum, (int, float))))
+    ):
+        return None
+    return ("string" in kinds, "integer" in kinds, "null" in kinds, None if enum is None else frozenset(enum), minimum)
+
+
+def _value_ok(value: Any, rule: _Rule) -> bool:
+    strings, integers, null, enum, minimum = rule
+    kind = type(value)
+    if kind is str:
+        return strings and (enum is None or value in enum)
+    if value is None:
+        return null and enum is None
+    if kind is int or (kind is float and value.is_integer()):  # an integer may be written 6.0
+        return integers and enum is None and (minimum is None or value >= minimum)
+    return False  # booleans, other numbers, lists, objects
+
+
 def _flat_objects_check(items: dict[str, Any]) -> Callable[[list[Any]], bool] | None:
     """A yes/no check of a list of objects against ``items`` with JSON Schema's meaning, for an
     object schema with required keys, no other keys, and values described by ``type`` (string,
@@ -139,31 +175,12 @@ def _flat_objects_check(items: dict[str, Any]) -> Callable[[list[Any]], bool] | 
         or not isinstance(items.get("properties"), dict)
     ):
         return None
-    rules: dict[str, tuple[bool, bool, bool, frozenset[str] | None, int | float | None]] = {}
-    for key, rule in items["properties"].items():
-        if not isinstance(rule, dict) or set(rule) - _VALUE_KEYWORDS:
+    rules: dict[str, _Rule] = {}
+    for key, schema in items["properties"].items():
+        rule = _value_rule(schema)
+        if rule is None:
             return None
-        enum = rule.get("enum")
-        if "type" not in rule and enum is None:  # any value at all
-            return None
-        kinds = rule.get("type", ["string"])  # an enum of strings admits strings only
-        kinds = [kinds] if isinstance(kinds, str) else kinds
-        minimum = rule.get("minimum")
-        if (
-            not isinstance(kinds, list)
-            or set(kinds) - _VALUE_TYPES
-            or (enum is not None and not (isinstance(enum, list) and all(isinstance(v, str) for v in enum)))
-            or (minimum is not None and (isinstance(minimum, bool) or not isinstance(minimum, (int, float))))
-        ):
-            return None
-        # (strings, integers, null allowed; the enum; the minimum)
-        rules[key] = (
-            "string" in kinds,
-            "integer" in kinds,
-            "null" in kinds,
-            None if enum is None else frozenset(enum),
-            minimum,
-        )
+        rules[key] = rule
     required = frozenset(items.get("required", ()))
     allowed = frozenset(rules)
     if not required <= allowed:
@@ -176,20 +193,8 @@ def _flat_objects_check(items: dict[str, Any]) -> Callable[[list[Any]], bool] | 
             keys = entry.keys()
             if not (keys >= required and keys <= allowed):
                 return False
-            for key, value in entry.items():
-                strings, integers, null, enum, minimum = rules[key]
-                kind = type(value)
-                if kind is str:
-                    if not strings or (enum is not None and value not in enum):
-                        return False
-                elif value is None:
-                    if not null or enum is not None:
-                        return False
-                elif kind is int or (kind is float and value.is_integer()):  # an integer may be written 6.0
-                    if not integers or enum is not None or (minimum is not None and value < minimum):
-                        return False
-                else:  # booleans, other numbers, lists, objects
-                    return False
+            if not all(_value_ok(value, rules[key]) for key, value in entry.items()):
+                return False
         return True
 
     return check

@@ -320,22 +320,7 @@ def load_model(
     if named:
         _pin_dims(proto, named)
     if normalize:
-        changes = normalize_graph(proto)
-        if changes.inlined:
-            logger.warning(
-                "%s: onnxruntime runs %s as function bodies; they were expanded in place and plan positions "
-                "count the expanded nodes",
-                p,
-                ", ".join(changes.inlined),
-            )
-        if changes.dequantize_copies or changes.casts_removed:
-            logger.info(
-                "%s: like onnxruntime (at every optimization level), %d shared DequantizeLinear output(s) get a copy "
-                "per reader and %d redundant Cast node(s) are removed; plan positions count what runs",
-                p,
-                changes.dequantize_copies,
-                changes.casts_removed,
-            )
+        _normalize(proto, p)
     return LoadedModel(
         proto=proto,
         path=p,
@@ -346,6 +331,26 @@ def load_model(
         data_locations=data_locations,
         sizes_from_run=None if sizes_from_run is None else {**sizes_from_run},
     )
+
+
+def _normalize(proto: onnx.ModelProto, path: Path) -> None:
+    """Change the graph as onnxruntime does at every optimization level, saying what changed."""
+    changes = normalize_graph(proto)
+    if changes.inlined:
+        logger.warning(
+            "%s: onnxruntime runs %s as function bodies; they were expanded in place and plan positions "
+            "count the expanded nodes",
+            path,
+            ", ".join(changes.inlined),
+        )
+    if changes.dequantize_copies or changes.casts_removed:
+        logger.info(
+            "%s: like onnxruntime (at every optimization level), %d shared DequantizeLinear output(s) get a copy "
+            "per reader and %d redundant Cast node(s) are removed; plan positions count what runs",
+            path,
+            changes.dequantize_copies,
+            changes.casts_removed,
+        )
 
 
 def _looks_like_plan(path: Path) -> bool:

@@ -294,73 +294,89 @@ def remove_duplicate_casts(proto: onnx.ModelProto, types: dict[str, int] | None 
 
 
 def _remove_casts_in(graph: onnx.GraphProto, types: dict[str, int]) -> int:
-    outputs = {o.name for o in graph.output}
-    nodes = list(graph.node)
-    removed: set[int] = set()
-    readers: dict[str, list[tuple[int, int]]] = {}  # tensor -> (node index, input slot; -1 = implicit)
-    holders = set(_holder_indices(graph))
-    for i, node in enumerate(nodes):
-        for k, name in enumerate(node.input):
-            if name:
-                readers.setdefault(name, []).append((i, k))
-        if i in holders:
-            for name in subgraph_outer_names(node):
-                readers.setdefault(name, []).append((i, -1))
+    return _CastRemover(graph, types).run()
 
-    def rewire(old: str, new: str) -> None:
+
+class _CastRemover:
+    """onnxruntime's cast removal over one graph (and, recursively, its bodies)."""
+
+    def __init__(self, graph: onnx.GraphProto, types: dict[str, int]) -> None:
+        self.graph = graph
+        self.types = types
+        self.outputs = {o.name for o in graph.output}
+        self.nodes = list(graph.node)
+        self.removed: set[int] = set()
+        self.holders = set(_holder_indices(graph))
+        # tensor -> (node index, input slot; -1 = a read inside a subgraph)
+        self.readers: dict[str, list[tuple[int, int]]] = {}
+        for i, node in enumerate(self.nodes):
+            for k, name in enumerate(node.input):
+                if name:
+                    self.readers.setdefault(name, []).append((i, k))
+            if i in self.holders:
+                for name in subgraph_outer_names(node):
+                    self.readers.setdefault(name, []).append((i, -1))
+
+    def rewire(self, old: str, new: str) -> None:
         """Every reader of ``old`` reads ``new`` (explicit inputs, and outer-scope reads of subgraphs)."""
-        for i, k in readers.pop(old, []):
-            if i in removed:
+        for i, k in self.readers.pop(old, []):
+            if i in self.removed:
                 continue
             if k >= 0:
-                nodes[i].input[k] = new
+                self.nodes[i].input[k] = new
             else:
-                for sub in subgraphs(nodes[i]):
+                for sub in subgraphs(self.nodes[i]):
                     rename_outer(sub, old, new)
-            readers.setdefault(new, []).append((i, k))
+            self.readers.setdefault(new, []).append((i, k))
 
-    count = 0
-    for i, node in enumerate(nodes):
-        if i in removed:
-            continue
-        if not _is_cast(node):
-            if i in holders:
-                for sub in subgraphs(node):
-                    count += _remove_casts_in(sub, types)
-            continue
-        src_name, out = node.input[0], node.output[0]
-        src, dst = types.get(src_name), types.get(out)
+    def _children(self, node: onnx.NodeProto) -> tuple[list[tuple[int, int]], list[int], list[int]] | None:
+        """(readers of the Cast's output, reading Casts that undo it, other reading Casts), or None when a
+        reading Cast cannot be judged (a lossy pair onnxruntime leaves alone)."""
+        types = self.types
+        src, dst = types.get(node.input[0]), types.get(node.output[0])
         loss = _unsafe(src, dst, node.name)
-        children = [(j, k) for j, k in readers.get(out, []) if j not in removed]
+        children = [(j, k) for j, k in self.readers.get(node.output[0], []) if j not in self.removed]
         drop: list[int] = []
         keep: list[int] = []
-        inconsistent = False
         for j, k in children:
-            child = nodes[j]
+            child = self.nodes[j]
             if k < 0 or not _is_cast(child):
                 continue
             s1, d1 = types.get(child.input[0]), types.get(child.output[0])
             if loss and _unsafe(d1, s1, child.name):
-                inconsistent = True
-                break
-            if child.output[0] not in outputs and src == d1 and s1 == dst and src is not None:
+                return None
+            if child.output[0] not in self.outputs and src == d1 and s1 == dst and src is not None:
                 drop.append(j)
             else:
                 keep.append(j)
-        if inconsistent:
-            continue
-        for j in drop:
-            removed.add(j)
-            rewire(nodes[j].output[0], src_name)
-            count += 1
-        if children and len(drop) + len(keep) == len(children) and out not in outputs:
-            removed.add(i)
-            rewire(out, src_name)
-            count += 1
-    if removed:
-        kept = [onnx.NodeProto() for i in range(len(nodes)) if i not in removed]
-        for dst_node, src_node in zip(kept, (n for i, n in enumerate(nodes) if i not in removed)):
-            dst_node.CopyFrom(src_node)
-        del graph.node[:]
-        graph.node.extend(kept)
-    return count
+        return children, drop, keep
+
+    def run(self) -> int:
+        count = 0
+        for i, node in enumerate(self.nodes):
+            if i in self.removed:
+                continue
+            if not _is_cast(node):
+                if i in self.holders:
+                    count += sum(_remove_casts_in(sub, self.types) for sub in subgraphs(node))
+                continue
+            judged = self._children(node)
+            if judged is None:
+                continue
+            children, drop, keep = judged
+            src_name, out = node.input[0], node.output[0]
+            for j in drop:
+                self.removed.add(j)
+                self.rewire(self.nodes[j].output[0], src_name)
+                count += 1
+            if children and len(drop) + len(keep) == len(children) and out not in self.outputs:
+                self.removed.add(i)
+                self.rewire(out, src_name)
+                count += 1
+        if self.removed:
+            kept = [onnx.NodeProto() for i in range(len(self.nodes)) if i not in self.removed]
+            for dst_node, src_node in zip(kept, (n for i, n in enumerate(self.nodes) if i not in self.removed)):
+                dst_node.CopyFrom(src_node)
+            del self.graph.node[:]
+            self.graph.node.extend(kept)
+        return count

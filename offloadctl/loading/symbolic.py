@@ -126,104 +126,114 @@ def _run(engine: Any, proto: onnx.ModelProto) -> onnx.ModelProto:
     return engine.out_mp_
 
 
+class _Robust:
+    """The tool's node handlers made robust (see the module docstring); mixed into the tool's class by
+    `_robust_engine`, so that ``super()`` is the tool. ``hint_`` is what onnx's inference knew."""
+
+    hint_: TypeHint
+    known_vi_: dict[str, onnx.ValueInfoProto]
+    out_mp_: onnx.ModelProto
+    sympy_data_: dict[str, Any]
+
+    def __init__(self, hint: TypeHint) -> None:
+        super().__init__(2**31 - 1, True, False, 0)  # type: ignore[call-arg] # int_max, auto_merge, guess_rank, verbose
+        self.hint_ = hint
+        self.failures_: list[NodeFailure] = []
+        self._unknown_dims = 0
+        handlers: dict[str, Callable[[onnx.NodeProto], Any]] = getattr(self, "dispatcher_")  # noqa: B009
+        self.dispatcher_ = {op: self._guarded(handler) for op, handler in handlers.items()}
+
+    def _infer_Shape(self, node: onnx.NodeProto) -> None:  # noqa: N802 - the tool's naming
+        """Shape with its ``start`` and ``end`` attributes (opset 15), which the tool ignores: a
+        torch dynamo export reads single dimensions so (``Shape(x, start=1, end=2)``), and the
+        whole shape in their place corrupts every size computed from it."""
+        shape = self._get_sympy_shape(node, 0)  # type: ignore[attr-defined]
+        attrs = {a.name: a.i for a in node.attribute if a.name in ("start", "end")}
+        # onnx's rule: negative values count from the end, then both are clamped to [0, rank]
+        self.sympy_data_[node.output[0]] = shape[slice(attrs.get("start", 0), attrs.get("end"))]
+
+    def _guarded(self, handler: Callable[[onnx.NodeProto], Any]) -> Callable[[onnx.NodeProto], Any]:
+        def call(node: onnx.NodeProto) -> Any:
+            try:
+                handler(node)
+            except Exception as exc:  # noqa: BLE001 - any failure of the tool's handler
+                self._give_up(node, exc)
+                return None
+            self._check_outputs(node)
+            return None
+
+        return call
+
+    def _onnx_infer_single_node(self, node: onnx.NodeProto) -> None:
+        try:
+            super()._onnx_infer_single_node(node)  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - onnx's inference of one node, inside the tool
+            self._give_up(node, exc)
+            return
+        self._check_outputs(node)
+
+    def _check_outputs(self, node: onnx.NodeProto) -> None:
+        """Outputs without a type or a rank (onnx's inference of a node that reads a tensor the tool
+        gave up on), on which the tool's own checks fail, get what onnx knew; and a shape that
+        contradicts onnx's inference (another rank, another known dimension) is not believed."""
+        for name in node.output:
+            vi = self.known_vi_.get(name)
+            if not name or vi is None:
+                continue
+            kind = vi.type.WhichOneof("value")
+            if kind not in (None, "tensor_type"):
+                continue
+            known = self.hint_(name)
+            if kind is None or not vi.type.tensor_type.HasField("shape"):
+                if kind is None or (known is not None and known[1] is not None):
+                    self._set_value(name, self._unknown_value(name, node))
+            elif known is not None and known[1] is not None and not _agrees(vi, known[1]):
+                self._give_up(node, ValueError(f"its shape contradicts onnx's inference of {name!r}"))
+                return
+
+    def _give_up(self, node: onnx.NodeProto, exc: Exception) -> None:
+        label = node.name or (node.output[0] if node.output else node.op_type)
+        if not any(f.node == label for f in self.failures_):
+            detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            self.failures_.append(
+                NodeFailure(label, node.op_type, f"{type(exc).__name__}{': ' + detail if detail else ''}")
+            )
+        for name in node.output:
+            if name:
+                self._set_value(name, self._unknown_value(name, node))
+
+    def _set_value(self, name: str, vi: onnx.ValueInfoProto) -> None:
+        """Replace what the tool knows of ``name``: its entries are elements of the value_info of the
+        model it returns, which handlers update in place, so the entry is overwritten, not replaced."""
+        entry = self.known_vi_.get(name)
+        if entry is None:
+            entry = self.known_vi_[name] = self.out_mp_.graph.value_info.add()
+        entry.CopyFrom(vi)
+
+    def _unknown_value(self, name: str, node: onnx.NodeProto) -> onnx.ValueInfoProto:
+        """What onnx's inference knew of the output, its unknown dimensions made fresh symbols."""
+        known = self.hint_(name)
+        elem_type, shape = known if known is not None else (0, None)
+        if not elem_type:  # the tool stops at an undefined type: guess the first input's, as it does
+            first = self.known_vi_.get(node.input[0]) if node.input else None
+            elem_type = first.type.tensor_type.elem_type if first is not None else 0
+        elem_type = elem_type or TensorProto.FLOAT
+        dims: list[int | str] | None = None
+        if shape is not None:
+            dims = []
+            for d in shape:
+                if d is None:
+                    self._unknown_dims += 1
+                    dims.append(str(self._new_symbolic_dim("offloadctl_unknown", self._unknown_dims)))  # type: ignore[attr-defined]
+                else:
+                    dims.append(d)
+        return onnx.helper.make_tensor_value_info(name, elem_type, dims)
+
+
 def _robust_engine(inference_class: Any, hint: TypeHint) -> Any:
     """An instance of the tool whose node handlers never end the inference (see the module docstring)."""
-
-    class Robust(inference_class):
-        def __init__(self) -> None:
-            super().__init__(2**31 - 1, True, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
-            self.failures_: list[NodeFailure] = []
-            self._unknown_dims = 0
-            handlers: dict[str, Callable[[onnx.NodeProto], Any]] = getattr(self, "dispatcher_")  # noqa: B009
-            self.dispatcher_ = {op: self._guarded(handler) for op, handler in handlers.items()}
-
-        def _infer_Shape(self, node: onnx.NodeProto) -> None:  # noqa: N802 - the tool's naming
-            """Shape with its ``start`` and ``end`` attributes (opset 15), which the tool ignores: a
-            torch dynamo export reads single dimensions so (``Shape(x, start=1, end=2)``), and the
-            whole shape in their place corrupts every size computed from it."""
-            shape = self._get_sympy_shape(node, 0)
-            attrs = {a.name: a.i for a in node.attribute if a.name in ("start", "end")}
-            # onnx's rule: negative values count from the end, then both are clamped to [0, rank]
-            self.sympy_data_[node.output[0]] = shape[slice(attrs.get("start", 0), attrs.get("end"))]
-
-        def _guarded(self, handler: Callable[[onnx.NodeProto], Any]) -> Callable[[onnx.NodeProto], Any]:
-            def call(node: onnx.NodeProto) -> Any:
-                try:
-                    handler(node)
-                except Exception as exc:  # noqa: BLE001 - any failure of the tool's handler
-                    self._give_up(node, exc)
-                    return None
-                self._check_outputs(node)
-                return None
-
-            return call
-
-        def _onnx_infer_single_node(self, node: onnx.NodeProto) -> None:
-            try:
-                super()._onnx_infer_single_node(node)
-            except Exception as exc:  # noqa: BLE001 - onnx's inference of one node, inside the tool
-                self._give_up(node, exc)
-                return
-            self._check_outputs(node)
-
-        def _check_outputs(self, node: onnx.NodeProto) -> None:
-            """Outputs without a type or a rank (onnx's inference of a node that reads a tensor the tool
-            gave up on), on which the tool's own checks fail, get what onnx knew; and a shape that
-            contradicts onnx's inference (another rank, another known dimension) is not believed."""
-            for name in node.output:
-                vi = self.known_vi_.get(name)
-                if not name or vi is None:
-                    continue
-                kind = vi.type.WhichOneof("value")
-                if kind not in (None, "tensor_type"):
-                    continue
-                known = hint(name)
-                if kind is None or not vi.type.tensor_type.HasField("shape"):
-                    if kind is None or (known is not None and known[1] is not None):
-                        self._set_value(name, self._unknown_value(name, node))
-                elif known is not None and known[1] is not None and not _agrees(vi, known[1]):
-                    self._give_up(node, ValueError(f"its shape contradicts onnx's inference of {name!r}"))
-                    return
-
-        def _give_up(self, node: onnx.NodeProto, exc: Exception) -> None:
-            label = node.name or (node.output[0] if node.output else node.op_type)
-            if not any(f.node == label for f in self.failures_):
-                detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-                self.failures_.append(
-                    NodeFailure(label, node.op_type, f"{type(exc).__name__}{': ' + detail if detail else ''}")
-                )
-            for name in node.output:
-                if name:
-                    self._set_value(name, self._unknown_value(name, node))
-
-        def _set_value(self, name: str, vi: onnx.ValueInfoProto) -> None:
-            """Replace what the tool knows of ``name``: its entries are elements of the value_info of the
-            model it returns, which handlers update in place, so the entry is overwritten, not replaced."""
-            entry = self.known_vi_.get(name)
-            if entry is None:
-                entry = self.known_vi_[name] = self.out_mp_.graph.value_info.add()
-            entry.CopyFrom(vi)
-
-        def _unknown_value(self, name: str, node: onnx.NodeProto) -> onnx.ValueInfoProto:
-            """What onnx's inference knew of the output, its unknown dimensions made fresh symbols."""
-            known = hint(name)
-            elem_type, shape = known if known is not None else (0, None)
-            if not elem_type:  # the tool stops at an undefined type: guess the first input's, as it does
-                first = self.known_vi_.get(node.input[0]) if node.input else None
-                elem_type = first.type.tensor_type.elem_type if first is not None else 0
-            elem_type = elem_type or TensorProto.FLOAT
-            dims: list[int | str] | None = None
-            if shape is not None:
-                dims = []
-                for d in shape:
-                    if d is None:
-                        self._unknown_dims += 1
-                        dims.append(str(self._new_symbolic_dim("offloadctl_unknown", self._unknown_dims)))
-                    else:
-                        dims.append(d)
-            return onnx.helper.make_tensor_value_info(name, elem_type, dims)
-
-    return Robust()
+    robust = type("RobustSymbolicShapeInference", (_Robust, inference_class), {})
+    return robust(hint)
 
 
 def _agrees(vi: onnx.ValueInfoProto, shape: tuple[int | None, ...]) -> bool:

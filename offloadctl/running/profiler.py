@@ -57,7 +57,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl._version import __version__
-from offloadctl.analysis.graph import analyse
+from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write_text
@@ -631,6 +631,142 @@ def _fit_doc(fit: LinkFit, points: list[tuple[int, float]], fitted: tuple[int, i
     }
 
 
+@dataclass
+class _ModelTimes:
+    """The model's own figures: latency without profiling, kernel events, the providers in use."""
+
+    latency: list[float]
+    runs: list[list[KernelEvent]]
+    providers: list[str]
+    nodes: dict[str, dict[str, Any]]
+    kernel_sum: float
+    nodes_ran: int
+
+
+@dataclass
+class _Executor:
+    """Chains of trivial nodes: the fixed cost of a run and of a kernel."""
+
+    short: float
+    long: float
+    per_trivial: float
+    run_overhead: float
+
+
+@dataclass
+class _Sweep:
+    """Copy times over a sweep of sizes, and their fits."""
+
+    sizes: list[int]
+    fitted: tuple[int, int]
+    fits: dict[str, LinkFit]
+    points: dict[str, list[tuple[int, float]]]
+    doc: dict[str, list[dict[str, Any]]]
+    footprint: int = 0  # the memory a run of the model cycles through (H2D copies read that cold)
+
+
+def _check_profile_options(
+    device: str, repeat: int, threads: int, sweep: Sequence[int], inputs: Any, shapes: bool
+) -> None:
+    if device not in DEVICES:
+        raise OffloadError(f"unknown device {device!r}", hint=f"use one of: {', '.join(DEVICES)}")
+    if repeat < 1:
+        raise OffloadError(f"repeat must be at least 1, not {repeat}", hint="for example --repeat 20")
+    if threads < 0:
+        raise OffloadError(
+            f"threads must be 0 (onnxruntime's default) or more, not {threads}", hint="for example --threads 1"
+        )
+    if len(set(sweep)) < 2 or any(s < 4 for s in sweep):
+        raise OffloadError(
+            f"the copy sweep {list(sweep)} needs at least two distinct sizes of 4 bytes or more",
+            hint="give sizes in bytes, for example (4096, 65536, 1048576)",
+        )
+    if inputs is not None and shapes:
+        raise OffloadError(
+            "give either an inputs file or input shapes, not both", hint="the inputs file fixes the shapes"
+        )
+
+
+def _time_model(
+    dev: _Device, model: str, feeds: dict[str, Any], settings: Mapping[str, Any], repeat: int
+) -> _ModelTimes:
+    plain = dev.runner(model, feeds, settings, profiled=False)
+    profiled = dev.runner(model, feeds, settings, profiled=True)
+    latency, _ = _alternate([plain, profiled], repeat)
+    runs = profiled.kernels()
+    providers = list(plain.session.get_providers())
+    del plain, profiled
+    kernel_sum = statistics.median(sum(e.seconds for e in run) for run in runs) if runs else 0.0
+    nodes_ran = round(statistics.median(len(run) for run in runs)) if runs else 0
+    return _ModelTimes(latency, runs, providers, _node_medians(runs), kernel_sum, nodes_ran)
+
+
+def _time_executor(dev: _Device, folder: Path) -> _Executor:
+    one = {"t0": np.ones(1, np.float32)}
+    chains = [
+        dev.runner(_save(_chain_model(k), folder, f"chain{k}.onnx"), one, profiled=False) for k in (1, _CHAIN_NODES + 1)
+    ]
+    short, long = (statistics.median(t) for t in _alternate(chains, _CHAIN_REPEAT))
+    del chains
+    per_trivial = max((long - short) / _CHAIN_NODES, 0.0)
+    return _Executor(short, long, per_trivial, max(short - per_trivial, 0.0))
+
+
+def _time_copies(dev: _Device, folder: Path, analysis: Analysis, sweep: Sequence[int], repeat: int) -> _Sweep:
+    tensor_bytes = _tensor_bytes(analysis)
+    footprint = peak_memory(analysis)[0]  # the memory a run cycles through (freed buffers are reused)
+    sizes = sorted(set(sweep))
+    fitted = fit_range([_elements(size) * 4 for size in sizes], tensor_bytes)
+    sizes = [size for size in sizes if fitted[0] <= _elements(size) * 4 <= fitted[1]]
+    result = _Sweep(sizes, fitted, {}, {}, {}, footprint)
+    rng = np.random.default_rng(0)
+    for direction in ("d2h", "h2d"):
+        result.points[direction], result.doc[direction] = [], []
+        for size in sizes:
+            copies = max(2, min(_COPIES_MAX, _SWEEP_BUDGET // size))
+            sources = max(1, min(copies, min(footprint, _COLD_BYTES_MAX) // size))
+            feeds_copy = {"x": rng.standard_normal(_elements(size)).astype(np.float32), "t": np.ones(1, np.float32)}
+            runners = [
+                dev.runner(
+                    _save(_copies_model(direction, size, k, sources), folder, f"{direction}{size}x{k}.onnx"),
+                    feeds_copy,
+                    profiled=False,
+                )
+                for k in (1, copies)
+            ]
+            few, many = (statistics.median(t) for t in _alternate(runners, repeat, min_seconds=_SWEEP_SECONDS))
+            del runners, feeds_copy
+            seconds = max(many - few, 0.0) / (copies - 1)
+            result.points[direction].append((_elements(size) * 4, seconds))
+            result.doc[direction].append(
+                {
+                    "bytes": _elements(size) * 4,
+                    "copies": copies,
+                    "sources": 1 if direction == "d2h" else sources,
+                    "seconds": seconds,
+                }
+            )
+        chosen = [(b, t) for b, t in result.points[direction] if fitted[0] <= b <= fitted[1]]
+        lost = [b for b, t in chosen if t <= 0]
+        if lost:
+            raise OffloadError(
+                f"timing {direction.upper()} copies of {lost[0]} bytes on {dev.device}: the machine's noise exceeded "
+                "what the copies cost (a run with more copies was not slower)",
+                hint="measure on a quiet machine, or raise --repeat",
+            )
+        result.fits[direction] = fit_link(chosen)
+    return result
+
+
+def _time_roofline(dev: _Device, folder: Path) -> dict[str, dict[str, Any]]:
+    roof = _roofline_model()
+    roof_runner = dev.runner(_save(roof, folder, "roofline.onnx"), _random_feeds(roof), profiled=True)
+    _alternate([roof_runner], _CALIBRATION_REPEAT, min_seconds=0.0)
+    times = _node_medians(roof_runner.kernels())
+    del roof_runner
+    return times
+
+
 def measure_profile(
     model: str,
     device: str,
@@ -666,166 +802,101 @@ def measure_profile(
         OffloadError: bad model or inputs, onnxruntime missing, the device not really in use, or
             copy times that cannot be fitted.
     """
-    if device not in DEVICES:
-        raise OffloadError(f"unknown device {device!r}", hint=f"use one of: {', '.join(DEVICES)}")
-    if repeat < 1:
-        raise OffloadError(f"repeat must be at least 1, not {repeat}", hint="for example --repeat 20")
-    if threads < 0:
-        raise OffloadError(
-            f"threads must be 0 (onnxruntime's default) or more, not {threads}", hint="for example --threads 1"
-        )
     sweep = SWEEP_BYTES if sweep is None else tuple(sweep)
-    if len(set(sweep)) < 2 or any(s < 4 for s in sweep):
-        raise OffloadError(
-            f"the copy sweep {list(sweep)} needs at least two distinct sizes of 4 bytes or more",
-            hint="give sizes in bytes, for example (4096, 65536, 1048576)",
-        )
+    _check_profile_options(device, repeat, threads, sweep, inputs, bool(input_shapes or dims))
     step = report or (lambda text: None)
     ep_options = dict(ep_options or {})
-    if inputs is not None and (input_shapes or dims):
-        raise OffloadError(
-            "give either an inputs file or input shapes, not both", hint="the inputs file fixes the shapes"
-        )
     loaded = load_model(model, input_shapes=input_shapes, dims=dims)
     analysis = analyse(loaded)
     settings = required_settings(loaded.proto, model)
     specs = input_specs(loaded.proto)
     if inputs is not None:
-        feeds = load_inputs(inputs, specs, model)
-        source = "file"
+        feeds, source = load_inputs(inputs, specs, model), "file"
     else:
         feeds, warnings = generate_inputs(specs)
         for warning in warnings:
             logger.warning("%s", warning)
         source = "generated"
-
-    sizes = sorted(set(sweep))
     with tempfile.TemporaryDirectory(prefix="offloadctl-profile-") as tmp:
         folder = Path(tmp)
         dev = _Device(device, ep_options, folder, threads)
         step(f"timing and profiling {model}")
-        plain = dev.runner(model, feeds, settings, profiled=False)
-        profiled = dev.runner(model, feeds, settings, profiled=True)
-        latency, _ = _alternate([plain, profiled], repeat)
-        runs = profiled.kernels()
-        providers = list(plain.session.get_providers())
-        del plain, profiled
-        nodes = _node_medians(runs)
-        kernel_sum = statistics.median(sum(e.seconds for e in run) for run in runs) if runs else 0.0
-        nodes_ran = round(statistics.median(len(run) for run in runs)) if runs else 0
-
+        times = _time_model(dev, model, feeds, settings, repeat)
         step("timing the executor (chains of trivial nodes)")
-        one = {"t0": np.ones(1, np.float32)}
-        chains = [
-            dev.runner(_save(_chain_model(k), folder, f"chain{k}.onnx"), one, profiled=False)
-            for k in (1, _CHAIN_NODES + 1)
-        ]
-        short, long = (statistics.median(t) for t in _alternate(chains, _CHAIN_REPEAT))
-        del chains
-        per_trivial = max((long - short) / _CHAIN_NODES, 0.0)
-        run_overhead = max(short - per_trivial, 0.0)
-
+        executor = _time_executor(dev, folder)
         step("timing copies over a sweep of sizes")
-        tensor_bytes = _tensor_bytes(analysis)
-        footprint = peak_memory(analysis)[0]  # the memory a run cycles through (freed buffers are reused)
-        fitted = fit_range([_elements(size) * 4 for size in sizes], tensor_bytes)
-        sizes = [size for size in sizes if fitted[0] <= _elements(size) * 4 <= fitted[1]]
-        fits: dict[str, LinkFit] = {}
-        points: dict[str, list[tuple[int, float]]] = {}
-        sweep_doc: dict[str, list[dict[str, Any]]] = {}
-        rng = np.random.default_rng(0)
-        for direction in ("d2h", "h2d"):
-            points[direction], sweep_doc[direction] = [], []
-            for size in sizes:
-                copies = max(2, min(_COPIES_MAX, _SWEEP_BUDGET // size))
-                sources = max(1, min(copies, min(footprint, _COLD_BYTES_MAX) // size))
-                feeds_copy = {"x": rng.standard_normal(_elements(size)).astype(np.float32), "t": np.ones(1, np.float32)}
-                runners = [
-                    dev.runner(
-                        _save(_copies_model(direction, size, k, sources), folder, f"{direction}{size}x{k}.onnx"),
-                        feeds_copy,
-                        profiled=False,
-                    )
-                    for k in (1, copies)
-                ]
-                few, many = (statistics.median(t) for t in _alternate(runners, repeat, min_seconds=_SWEEP_SECONDS))
-                del runners, feeds_copy
-                seconds = max(many - few, 0.0) / (copies - 1)
-                points[direction].append((_elements(size) * 4, seconds))
-                sweep_doc[direction].append(
-                    {
-                        "bytes": _elements(size) * 4,
-                        "copies": copies,
-                        "sources": 1 if direction == "d2h" else sources,
-                        "seconds": seconds,
-                    }
-                )
-            chosen = [(b, t) for b, t in points[direction] if fitted[0] <= b <= fitted[1]]
-            lost = [b for b, t in chosen if t <= 0]
-            if lost:
-                raise OffloadError(
-                    f"timing {direction.upper()} copies of {lost[0]} bytes on {device}: the machine's noise exceeded "
-                    "what the copies cost (a run with more copies was not slower)",
-                    hint="measure on a quiet machine, or raise --repeat",
-                )
-            fits[direction] = fit_link(chosen)
-
+        copies = _time_copies(dev, folder, analysis, sweep, repeat)
         step("timing copies in the model (every weight, then every activation offloaded)")
-        scale, in_model = _copies_in_model(dev, analysis, model, feeds, settings, fits, repeat, folder)
-
+        scale, in_model = _copies_in_model(dev, analysis, model, feeds, settings, copies.fits, repeat, folder)
         step("timing a MatMul and an Add (roofline figures)")
-        roof = _roofline_model()
-        roof_runner = dev.runner(_save(roof, folder, "roofline.onnx"), _random_feeds(roof), profiled=True)
-        _alternate([roof_runner], _CALIBRATION_REPEAT, min_seconds=0.0)
-        roof_times = _node_medians(roof_runner.kernels())
-        del roof_runner
+        roof_times = _time_roofline(dev, folder)
+    context = _ProfileContext(model, device, ep_options, threads, repeat, settings, loaded.sha256, analysis, dev)
+    doc = _profile_doc(context, times, executor, copies, scale, in_model, roof_times, feeds, source)
+    validate_profile(doc, origin=f"measured for {model}")
+    profile_from_dict(doc, origin=f"measured for {model}")  # the loader accepts what was written
+    return doc
 
-    latency_median = statistics.median(latency)
-    node_overhead = node_overhead_for([e["seconds"] for e in nodes.values()], latency_median - run_overhead)
+
+@dataclass
+class _ProfileContext:
+    """What a profile describes: the model, the device and the session settings."""
+
+    model: str
+    device: str
+    ep_options: dict[str, str]
+    threads: int
+    repeat: int
+    settings: Mapping[str, Any]
+    sha256: str
+    analysis: Analysis
+    dev: _Device
+
+
+def _profile_doc(
+    ctx: _ProfileContext,
+    times: _ModelTimes,
+    executor: _Executor,
+    copies: _Sweep,
+    scale: dict[str, float],
+    in_model: dict[str, Any],
+    roof_times: dict[str, dict[str, Any]],
+    feeds: Mapping[str, Any],
+    source: str,
+) -> dict[str, Any]:
+    """The profile document (``schemas/profile.schema.json``) of what was measured."""
+    latency_median = statistics.median(times.latency)
+    # a run of the model costs at least the run's fixed cost: on a noisy machine the one-node chain can
+    # time slower than a tiny model; the fixed cost is then capped so that the parts add up to the latency
+    run_overhead = min(executor.run_overhead, latency_median)
+    node_overhead = node_overhead_for([e["seconds"] for e in times.nodes.values()], latency_median - run_overhead)
     matmul_flops = 2 * _MATMUL_N**3
     add_bytes = 3 * 4 * _ADD_ELEMENTS
     peak = matmul_flops / max(roof_times["matmul"]["seconds"], 1e-9)
-    bandwidth = add_bytes / max(roof_times["add"]["seconds"], 1e-9)
-    provider = DEVICES[device]
-    device_name = _device_name(device, ep_options)
-    ort_version = dev.ort.__version__
+    provider = DEVICES[ctx.device]
+    device_name = _device_name(ctx.device, ctx.ep_options)
+    ort_version = ctx.dev.ort.__version__
+    fits = copies.fits
     link = {d: {"bandwidth": fits[d].bandwidth / scale[d], "latency_s": fits[d].latency_s * scale[d]} for d in fits}
-    doc: dict[str, Any] = {
+    name = Path(ctx.model).name
+    return {
         "schema_version": PROFILE_SCHEMA_VERSION,
-        "name": f"measured {device}: {Path(model).name}",
+        "name": f"measured {ctx.device}: {name}",
         "description": (
             f"Measured by offloadctl profile on {device_name} ({provider}, onnxruntime {ort_version}) "
-            f"with {Path(model).name}; node times are used for models with the same nodes."
+            f"with {name}; node times are used for models with the same nodes."
         ),
         "peak_flops": {"float32": peak, "default": peak},
-        "mem_bandwidth": bandwidth,
-        "kernel_launch_s": per_trivial,
+        "mem_bandwidth": add_bytes / max(roof_times["add"]["seconds"], 1e-9),
+        "kernel_launch_s": executor.per_trivial,
         "run_overhead_s": run_overhead,
         "link": link,
-        "source": {
-            "peak_flops": f"measured: a {_MATMUL_N}x{_MATMUL_N}x{_MATMUL_N} float32 MatMul, median of "
-            f"{_CALIBRATION_REPEAT} profiled runs (2*N^3 FLOP / duration); other types use the same figure",
-            "mem_bandwidth": f"measured: an Add of two {4 * _ADD_ELEMENTS >> 20} MiB float32 tensors, median of "
-            f"{_CALIBRATION_REPEAT} profiled runs (3 tensors' bytes / duration)",
-            "kernel_launch_s": f"measured: latency of a chain of {_CHAIN_NODES + 1} Relu nodes on one float minus that "
-            f"of 1, per node (medians of {_CHAIN_REPEAT} runs without profiling)",
-            "run_overhead_s": "measured: latency of a one-node run minus kernel_launch_s",
-            "link": f"measured: the latency one more copy node adds to a run, without profiling, over {len(sizes)} "
-            f"sizes ({sizes[0]} to {sizes[-1]} bytes; models with 1 and many copies, medians of runs taking turns), "
-            "fitted as latency + bytes / bandwidth over the sizes of the model's tensors (measured.link). D2H "
-            "copies read a warm tensor (as right after its producer); H2D copies read tensors as cold as the model "
-            f"leaves them (between two reads of one, the others are read: {min(footprint, _COLD_BYTES_MAX)} bytes, "
-            "the model's simulated peak memory); then scaled to what the copies of two rewrites of the model "
-            "(every weight, every activation offloaded) added to its latency (measured.copies_in_model)",
-            "nodes": f"measured: onnxruntime profiling of {Path(model).name}, median of {len(runs)} runs per node "
-            "(measured.nodes), plus measured.executor.node_overhead_s per node",
-        },
+        "source": _profile_sources(name, len(times.runs), copies),
         "measured": {
             "tool": {"name": "offloadctl", "version": __version__},
             "device": {
-                "device": device,
-                "provider": providers[0] if providers else provider,
-                "providers": providers,
+                "device": ctx.device,
+                "provider": times.providers[0] if times.providers else provider,
+                "providers": times.providers,
                 "onnxruntime": ort_version,
                 "name": device_name,
                 "host": {"platform": platform.platform(), "cpu_count": os.cpu_count() or 0},
@@ -833,44 +904,69 @@ def measure_profile(
             "session": {
                 "execution_order": "PRIORITY_BASED",
                 "opt_level": "disable",
-                "intra_op_num_threads": threads,
-                "provider_options": ep_options,
-                "disabled_optimizers": [str(x) for x in settings.get("disabled_optimizers") or []],
+                "intra_op_num_threads": ctx.threads,
+                "provider_options": ctx.ep_options,
+                "disabled_optimizers": [str(x) for x in ctx.settings.get("disabled_optimizers") or []],
             },
-            "repeat": repeat,
+            "repeat": ctx.repeat,
             "model": {
-                "path": str(model),
-                "sha256": loaded.sha256,
-                "nodes": analysis.num_positions,
+                "path": str(ctx.model),
+                "sha256": ctx.sha256,
+                "nodes": ctx.analysis.num_positions,
                 "inputs": {
-                    name: {"dtype": str(a.dtype), "shape": [int(d) for d in a.shape], "source": source}
-                    for name, a in feeds.items()
+                    n: {"dtype": str(a.dtype), "shape": [int(d) for d in a.shape], "source": source}
+                    for n, a in feeds.items()
                 },
             },
-            "latency_s": {"median": latency_median, "runs": latency},
-            "kernel_sum_s": kernel_sum,
+            "latency_s": {"median": latency_median, "runs": times.latency},
+            "kernel_sum_s": times.kernel_sum,
             "executor": {
                 "run_overhead_s": run_overhead,
                 "node_overhead_s": node_overhead,
-                "nodes_ran": nodes_ran,
+                "nodes_ran": times.nodes_ran,
                 "source": "chosen so that run_overhead_s plus every node's time (its median duration plus "
                 "node_overhead_s, never below 0) is latency_s.median: the executor's time between kernels minus the "
                 "profiler's own time inside each kernel event",
             },
-            "nodes": nodes,
-            "link": {d: _fit_doc(fits[d], points[d], fitted) for d in ("d2h", "h2d")},
-            "copy_sweep": sweep_doc,
+            "nodes": times.nodes,
+            "link": {d: _fit_doc(fits[d], copies.points[d], copies.fitted) for d in ("d2h", "h2d")},
+            "copy_sweep": copies.doc,
             "copies_in_model": in_model,
             "calibration": {
-                "trivial_chain": {"nodes": [1, _CHAIN_NODES + 1], "latency_s": [short, long], "runs": _CHAIN_REPEAT},
+                "trivial_chain": {
+                    "nodes": [1, _CHAIN_NODES + 1],
+                    "latency_s": [executor.short, executor.long],
+                    "runs": _CHAIN_REPEAT,
+                },
                 "matmul": {"n": _MATMUL_N, "seconds": roof_times["matmul"]["seconds"], "flops": matmul_flops},
                 "add": {"bytes": add_bytes, "seconds": roof_times["add"]["seconds"]},
             },
         },
     }
-    validate_profile(doc, origin=f"measured for {model}")
-    profile_from_dict(doc, origin=f"measured for {model}")  # the loader accepts what was written
-    return doc
+
+
+def _profile_sources(name: str, runs: int, copies: _Sweep) -> dict[str, str]:
+    """Where each figure of a measured profile comes from."""
+    sizes = copies.sizes
+    footprint = copies.footprint
+    return {
+        "peak_flops": f"measured: a {_MATMUL_N}x{_MATMUL_N}x{_MATMUL_N} float32 MatMul, median of "
+        f"{_CALIBRATION_REPEAT} profiled runs (2*N^3 FLOP / duration); other types use the same figure",
+        "mem_bandwidth": f"measured: an Add of two {4 * _ADD_ELEMENTS >> 20} MiB float32 tensors, median of "
+        f"{_CALIBRATION_REPEAT} profiled runs (3 tensors' bytes / duration)",
+        "kernel_launch_s": f"measured: latency of a chain of {_CHAIN_NODES + 1} Relu nodes on one float minus that "
+        f"of 1, per node (medians of {_CHAIN_REPEAT} runs without profiling)",
+        "run_overhead_s": "measured: latency of a one-node run minus kernel_launch_s",
+        "link": f"measured: the latency one more copy node adds to a run, without profiling, over {len(sizes)} "
+        f"sizes ({sizes[0]} to {sizes[-1]} bytes; models with 1 and many copies, medians of runs taking turns), "
+        "fitted as latency + bytes / bandwidth over the sizes of the model's tensors (measured.link). D2H "
+        "copies read a warm tensor (as right after its producer); H2D copies read tensors as cold as the model "
+        f"leaves them (between two reads of one, the others are read: {min(footprint, _COLD_BYTES_MAX)} bytes, "
+        "the model's simulated peak memory); then scaled to what the copies of two rewrites of the model "
+        "(every weight, every activation offloaded) added to its latency (measured.copies_in_model)",
+        "nodes": f"measured: onnxruntime profiling of {name}, median of {runs} runs per node "
+        "(measured.nodes), plus measured.executor.node_overhead_s per node",
+    }
 
 
 def write_profile(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:

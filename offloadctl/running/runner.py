@@ -22,6 +22,7 @@ onnxruntime is an optional dependency and is imported only when a model is run.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -717,6 +718,9 @@ class RunReport:
     atol: float | None = None
     warnings: list[str] = field(default_factory=list)
     output_values: dict[str, Any] = field(default_factory=dict, repr=False)  # what the model returned
+    # the original run twice on the same inputs: the outputs that differ between its own runs (and by
+    # how much); an original that is not deterministic cannot tell whether the rewrite changed anything
+    original_unstable: dict[str, OutputComparison] = field(default_factory=dict)
 
     @property
     def latency_median(self) -> float:
@@ -741,6 +745,8 @@ class RunReport:
             "compare_to": self.compare_to,
             "tolerance": None if self.comparison is None else {"rtol": self.rtol, "atol": self.atol},
             "comparison": None if self.comparison is None else {n: c.to_json() for n, c in self.comparison.items()},
+            "original_deterministic": None if self.comparison is None else not self.original_unstable,
+            "original_unstable": {n: c.to_json() for n, c in self.original_unstable.items()},
             "warnings": self.warnings,
         }
 
@@ -795,13 +801,7 @@ def run_model(
         OffloadError: bad files or inputs, onnxruntime missing, the device not really in use, or a
             model onnxruntime refuses.
     """
-    if repeat < 1:
-        raise OffloadError(f"repeat must be at least 1, not {repeat}")
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise OffloadError(
-                f"--{name} {value} is not a tolerance", hint=f"give a finite number >= 0, e.g. --{name} 1e-5"
-            )
+    _check_run_options(repeat, rtol, atol)
     warnings: list[str] = []
     # as onnxruntime reads it (the order check predicts its rewrites), with the pins for generated inputs
     loaded = load_model(model, input_shapes=input_shapes, dims=dims, normalize=False)
@@ -813,16 +813,82 @@ def run_model(
     warnings += settings_warnings(
         settings, config.sess_options, config.kwargs.get("disabled_optimizers"), config.providers
     )
-
     specs = input_specs(loaded.proto)
     if inputs is not None:
-        feeds_all = load_inputs(inputs, specs, model)
-        source = "file"
+        feeds_all, source = load_inputs(inputs, specs, model), "file"
     else:
         feeds_all, input_warnings = generate_inputs(specs, seed=seed, value_ranges=value_ranges)
         warnings += input_warnings
         source = "generated"
+    timed = _timed_runs(model, config, device, ort, feeds_all, repeat)
+    order = compare_order(planned_order(loaded.proto), timed.ran, exact=opt_level == "disable")
+    if not order.matches:
+        warnings.append(_order_warning(order))
+    comparison = unstable = None
+    if compare_to is not None:
+        rtol = (0.0 if opt_level == "disable" else _DEFAULT_RTOL) if rtol is None else rtol
+        atol = (0.0 if opt_level == "disable" else _DEFAULT_ATOL) if atol is None else atol
+        comparison, unstable = _compare_with(
+            compare_to, model, timed.outputs, feeds_all, device, opt_level, ep_options, ort, rtol, atol
+        )
+        if unstable:
+            warnings.append(
+                f"{compare_to} is not deterministic on these inputs: {', '.join(unstable)} differ between two of "
+                "its runs"
+            )
+    return RunReport(
+        model=model,
+        device=device,
+        providers=timed.providers,
+        opt_level=opt_level,
+        session=_session_doc(config, settings),
+        inputs={n: {**_describe_value(a), "source": source} for n, a in feeds_all.items()},
+        latency_runs=timed.runs,
+        order=order,
+        outputs={n: _describe_value(v) for n, v in timed.outputs.items()},
+        compare_to=compare_to,
+        comparison=comparison,
+        rtol=rtol,
+        atol=atol,
+        warnings=warnings,
+        output_values=timed.outputs,
+        original_unstable=unstable or {},
+    )
 
+
+def _session_doc(config: SessionConfig, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The session a run used, for its report."""
+    return {
+        "execution_order": "PRIORITY_BASED",
+        "disabled_optimizers": list(config.kwargs.get("disabled_optimizers", [])),
+        "provider_options": {p[0]: p[1] for p in config.providers if isinstance(p, tuple)},
+        "model_settings": settings,
+    }
+
+
+def _check_run_options(repeat: int, rtol: float | None, atol: float | None) -> None:
+    if repeat < 1:
+        raise OffloadError(f"repeat must be at least 1, not {repeat}")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise OffloadError(
+                f"--{name} {value} is not a tolerance", hint=f"give a finite number >= 0, e.g. --{name} 1e-5"
+            )
+
+
+@dataclass
+class _Timed:
+    providers: list[str]
+    outputs: dict[str, Any]
+    ran: list[str]  # node names in the order they ran (profiled warm-up)
+    runs: list[float]
+
+
+def _timed_runs(
+    model: str, config: SessionConfig, device: str, ort: Any, feeds_all: Mapping[str, np.ndarray], repeat: int
+) -> _Timed:
+    """One profiled warm-up run and ``repeat`` timed runs; the session is gone when this returns, so
+    that a model to compare with can run next without both being held at once."""
     with tempfile.TemporaryDirectory(prefix="offloadctl-profile-") as tmp:
         config.sess_options.enable_profiling = True
         config.sess_options.profile_file_prefix = os.path.join(tmp, "profile")
@@ -832,57 +898,45 @@ def run_model(
         outputs = run_once(session, feeds, model, ort)  # warm-up, profiled
         profile = session.end_profiling()
         ran = order_from_profile(profile) if profile else []
-    order = compare_order(planned_order(loaded.proto), ran, exact=opt_level == "disable")
-    if not order.matches:
-        warnings.append(_order_warning(order))
-
     runs = []
     for _ in range(repeat):
         start = time.perf_counter()
         run_once(session, feeds, model, ort)
         runs.append(time.perf_counter() - start)
+    del session, feeds
+    gc.collect()
+    return _Timed(providers, outputs, ran, runs)
 
-    comparison = None
-    if compare_to is not None:
-        if rtol is None:
-            rtol = 0.0 if opt_level == "disable" else _DEFAULT_RTOL
-        if atol is None:
-            atol = 0.0 if opt_level == "disable" else _DEFAULT_ATOL
-        original = load_model(compare_to, normalize=False)
-        _check_same_inputs(input_specs(original.proto), feeds_all, compare_to, model)
-        original_settings = required_settings(original.proto, compare_to)
-        original_config = session_config(original_settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
-        original_session = create_session(compare_to, original_config, device, ort=ort)
-        original_feeds = feeds_for(original_session, feeds_all, compare_to, model)
-        expected = run_once(original_session, original_feeds, compare_to, ort)
-        comparison = compare_outputs(outputs, expected, rtol=rtol, atol=atol)
-        for name in expected:
-            if name not in outputs:
-                comparison[name] = OutputComparison(False, None, None, False, f"{model} has no output of this name")
 
-    session_doc = {
-        "execution_order": "PRIORITY_BASED",
-        "disabled_optimizers": list(config.kwargs.get("disabled_optimizers", [])),
-        "provider_options": {p[0]: p[1] for p in config.providers if isinstance(p, tuple)},
-        "model_settings": settings,
-    }
-    return RunReport(
-        model=model,
-        device=device,
-        providers=providers,
-        opt_level=opt_level,
-        session=session_doc,
-        inputs={n: {**_describe_value(a), "source": source} for n, a in feeds_all.items()},
-        latency_runs=runs,
-        order=order,
-        outputs={n: _describe_value(v) for n, v in outputs.items()},
-        compare_to=compare_to,
-        comparison=comparison,
-        rtol=rtol,
-        atol=atol,
-        warnings=warnings,
-        output_values=outputs,
-    )
+def _compare_with(
+    compare_to: str,
+    model: str,
+    outputs: Mapping[str, Any],
+    feeds_all: Mapping[str, np.ndarray],
+    device: str,
+    opt_level: str,
+    ep_options: Mapping[str, str] | None,
+    ort: Any,
+    rtol: float,
+    atol: float,
+) -> tuple[dict[str, OutputComparison], dict[str, OutputComparison]]:
+    """Run the original twice with the same inputs and settings: (each output of the model against
+    the original's first run, the outputs in which the original's two runs differ)."""
+    original = load_model(compare_to, normalize=False)
+    _check_same_inputs(input_specs(original.proto), feeds_all, compare_to, model)
+    original_settings = required_settings(original.proto, compare_to)
+    config = session_config(original_settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
+    session = create_session(compare_to, config, device, ort=ort)
+    feeds = feeds_for(session, feeds_all, compare_to, model)
+    expected = run_once(session, feeds, compare_to, ort)
+    again = run_once(session, feeds, compare_to, ort)
+    del session, feeds
+    unstable = {n: c for n, c in compare_outputs(again, expected, rtol=0.0, atol=0.0).items() if not c.identical}
+    comparison = compare_outputs(dict(outputs), expected, rtol=rtol, atol=atol)
+    for name in expected:
+        if name not in outputs:
+            comparison[name] = OutputComparison(False, None, None, False, f"{model} has no output of this name")
+    return comparison, unstable
 
 
 def _order_warning(order: OrderCheck) -> str:

@@ -10,7 +10,7 @@ copies. Programs (`offloadctl.simulation.program`) and the time model are built 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,8 +90,8 @@ def _copy_sources(analysis: Analysis) -> tuple[set[int], dict[str, str]]:
     return copy_nodes, source
 
 
-def _new_base(analysis: Analysis) -> Base:
-    copy_nodes, source = _copy_sources(analysis)
+def _canonical(source: dict[str, str]) -> Callable[[str], str]:
+    """``canon(name)``: the tensor a name stands for, following copies back to what they copy."""
 
     def canon(name: str) -> str:
         seen = 0
@@ -100,52 +100,83 @@ def _new_base(analysis: Analysis) -> Base:
             seen += 1
         return name
 
-    # Ids in first-seen order: graph inputs, weights (sorted), what the nodes read, what they write,
-    # graph outputs. Without copies every name stands for itself, and the analysis's uses and
-    # producers are read as they are.
-    index: dict[str, int] = {}
+    return canon
+
+
+def _plain_ids(analysis: Analysis, index: dict[str, int], reads: list[list[int]], writes: list[list[int]]) -> None:
+    """Ids of a model without copies: every name stands for itself; the analysis's uses and producers
+    are read as they are."""
     new_id = index.setdefault
+    for name in analysis.graph_inputs:
+        new_id(name, len(index))
+    for name in sorted(analysis.weights):
+        new_id(name, len(index))
+    for name, uses in analysis.uses.items():
+        t = new_id(name, len(index))
+        for use in uses:
+            reads[use[0]].append(t)
+    for name, p in analysis.producer.items():
+        writes[p].append(new_id(name, len(index)))
+    for name in analysis.graph_outputs:
+        new_id(name, len(index))
+
+
+def _copied_ids(
+    analysis: Analysis,
+    canon: Callable[[str], str],
+    positions: list[int],
+    index: dict[str, int],
+    reads: list[list[int]],
+    writes: list[list[int]],
+) -> None:
+    """Ids of a rewritten model's original nodes: a copy's output is the tensor it copies."""
+
+    def tid(name: str) -> int:
+        return index.setdefault(canon(name), len(index))
+
+    for name in analysis.graph_inputs:
+        tid(name)
+    for name in sorted(analysis.weights):
+        tid(name)
+    where = {p: k for k, p in enumerate(positions)}
+    for name, uses in analysis.uses.items():
+        t = None
+        for use in uses:
+            k = where.get(use.position)
+            if k is not None:
+                if t is None:
+                    t = tid(name)
+                reads[k].append(t)
+    for name, p in analysis.producer.items():
+        k = where.get(p)
+        if k is not None:
+            writes[k].append(tid(name))
+    for name in analysis.graph_outputs:
+        tid(name)
+
+
+def _flags(count: int, ids: dict[str, int], names: Iterable[str]) -> list[bool]:
+    flags = [False] * count
+    for name in names:
+        flags[ids[name]] = True
+    return flags
+
+
+def _new_base(analysis: Analysis) -> Base:
+    copy_nodes, source = _copy_sources(analysis)
+    canon = _canonical(source)
+    # Ids in first-seen order: graph inputs, weights (sorted), what the nodes read, what they write,
+    # graph outputs.
+    index: dict[str, int] = {}
     positions = [p for p in range(analysis.num_positions) if p not in copy_nodes]
     reads: list[list[int]] = [[] for _ in positions]
     writes: list[list[int]] = [[] for _ in positions]
+    canonical: dict[str, int]
     if not source:
-        for name in analysis.graph_inputs:
-            new_id(name, len(index))
-        for name in sorted(analysis.weights):
-            new_id(name, len(index))
-        for name, uses in analysis.uses.items():
-            t = new_id(name, len(index))
-            for use in uses:
-                reads[use[0]].append(t)
-        for name, p in analysis.producer.items():
-            writes[p].append(new_id(name, len(index)))
-        for name in analysis.graph_outputs:
-            new_id(name, len(index))
+        _plain_ids(analysis, index, reads, writes)
         canonical = index
     else:
-
-        def tid(name: str) -> int:
-            return new_id(canon(name), len(index))
-
-        for name in analysis.graph_inputs:
-            tid(name)
-        for name in sorted(analysis.weights):
-            tid(name)
-        where = {p: k for k, p in enumerate(positions)}
-        for name, uses in analysis.uses.items():
-            t = None
-            for use in uses:
-                k = where.get(use.position)
-                if k is not None:
-                    if t is None:
-                        t = tid(name)
-                    reads[k].append(t)
-        for name, p in analysis.producer.items():
-            k = where.get(p)
-            if k is not None:
-                writes[k].append(tid(name))
-        for name in analysis.graph_outputs:
-            tid(name)
+        _copied_ids(analysis, canon, positions, index, reads, writes)
         canonical = {
             name: index[canon(name)] for name in (*analysis.weights, *analysis.graph_inputs, *analysis.graph_outputs)
         }
@@ -160,19 +191,10 @@ def _new_base(analysis: Analysis) -> Base:
             unknown.append(name)
         else:
             sizes[t] = size
-    weight = [False] * count
-    for name in analysis.weights:
-        weight[canonical[name]] = True
-    graph_input = [False] * count
-    for name in analysis.graph_inputs:
-        graph_input[canonical[name]] = True
-    graph_output = [False] * count
-    for name in analysis.graph_outputs:
-        graph_output[canonical[name]] = True
+    weight = _flags(count, canonical, analysis.weights)
+    graph_output = _flags(count, canonical, analysis.graph_outputs)
     read = {t for lst in reads for t in lst}
-    resident = [weight[t] and weight_is_resident(t in read, graph_output[t]) for t in range(count)]
     sub = subgraph_memory(analysis)
-    unknown += sub.unknown
     return Base(
         n=len(positions),
         labels=[analysis.node_names[p] for p in positions],
@@ -180,15 +202,15 @@ def _new_base(analysis: Analysis) -> Base:
         names=names,
         index=index,
         sizes=sizes,
-        unknown=unknown,
+        unknown=unknown + list(sub.unknown),
         weight=weight,
-        graph_input=graph_input,
+        graph_input=_flags(count, canonical, analysis.graph_inputs),
         graph_output=graph_output,
         reads=reads,
         writes=writes,
         canon=canon,
         infos=analysis.infos,
-        resident=resident,
+        resident=[weight[t] and weight_is_resident(t in read, graph_output[t]) for t in range(count)],
         inner=[sub.at(p) for p in positions],
         subgraph_weights=sub.weight_bytes,
         rewritten=bool(copy_nodes),

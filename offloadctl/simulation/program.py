@@ -174,8 +174,9 @@ def _plan_program(base: Base, plan: Plan) -> Program:
     return program
 
 
-def _rewritten_program(analysis: Analysis, base: Base) -> Program:
-    """The program of a rewritten model: its own nodes, copies included, in its own order."""
+def _copy_steps(analysis: Analysis) -> tuple[list[str], list[int]]:
+    """Each step's kind (node, d2h, h2d) and the original position it is anchored to (a D2H: the node
+    it follows; an H2D: the node it precedes)."""
     kinds: list[str] = []
     positions: list[int] = []
     originals = 0
@@ -187,8 +188,59 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
             originals += 1
         else:
             positions.append(originals - 1 if kind == "d2h" else originals)
-    names, index, tid = interner()
+    return kinds, positions
 
+
+def _rewritten_sizes(analysis: Analysis, base: Base, names: list[str]) -> list[int]:
+    """Each tensor's size; a copy has the size of what it copies (apply writes value_info, but do not
+    rely on it)."""
+    sizes = [0] * len(names)
+    for t, name in enumerate(names):
+        size = base.sizes[base.index[base.canon(name)]] if base.canon(name) in base.index else None
+        info = analysis.infos.get(name)
+        own = info.bytes if info is not None else None
+        sizes[t] = own if own is not None else (size or 0)
+    return sizes
+
+
+def _rewritten_places(
+    analysis: Analysis, kinds: list[str], writes: list[list[int]], index: dict[str, int], readers: dict[int, set[str]]
+) -> list[int]:
+    """Where each tensor lives: a D2H's output and a weight or input only copies read on the host."""
+    place = [DEVICE] * len(index)
+    for s, kind in enumerate(kinds):
+        if kind == "d2h":
+            for t in writes[s]:
+                place[t] = HOST
+    for name in [*analysis.weights, *analysis.graph_inputs]:
+        t = index[name]
+        if readers.get(t) == {"h2d"}:
+            place[t] = HOST  # an offloaded weight (or input) only copies read
+    return place
+
+
+def _d2h_waits(kinds: list[str], reads: list[list[int]], writes: list[list[int]]) -> list[tuple[int, int]]:
+    """(step, d2h step) pairs: a D2H's buffer is freed only after its last node read and the copy."""
+    last_node_read: dict[int, int] = {}
+    producer_step: dict[int, int] = {}
+    for s, kind in enumerate(kinds):
+        for t in writes[s]:
+            producer_step[t] = s
+        if kind == "node":
+            for t in reads[s]:
+                last_node_read[t] = s
+    waits = []
+    for s, kind in enumerate(kinds):
+        if kind == "d2h" and reads[s]:
+            t = reads[s][0]
+            waits.append((max(s, last_node_read.get(t, producer_step.get(t, s))), s))
+    return waits
+
+
+def _rewritten_program(analysis: Analysis, base: Base) -> Program:
+    """The program of a rewritten model: its own nodes, copies included, in its own order."""
+    kinds, positions = _copy_steps(analysis)
+    names, index, tid = interner()
     for name in analysis.graph_inputs:
         tid(name)
     for name in sorted(analysis.weights):
@@ -204,24 +256,7 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
     for name in analysis.graph_outputs:
         tid(name)
     count = len(names)
-    sizes = [0] * count
-    for t, name in enumerate(names):
-        # a copy has the size of what it copies (apply writes value_info, but do not rely on it)
-        size = base.sizes[base.index[base.canon(name)]] if base.canon(name) in base.index else None
-        info = analysis.infos.get(name)
-        own = info.bytes if info is not None else None
-        sizes[t] = own if own is not None else (size or 0)
-    weights = set(analysis.weights)
-    place = [DEVICE] * count
-    for s, kind in enumerate(kinds):
-        if kind == "d2h":
-            for t in writes[s]:
-                place[t] = HOST
-    for name in list(weights) + list(analysis.graph_inputs):
-        t = index[name]
-        if readers.get(t) == {"h2d"}:
-            place[t] = HOST  # an offloaded weight (or input) only copies read
-    outputs = set(analysis.graph_outputs)
+    weights, outputs = set(analysis.weights), set(analysis.graph_outputs)
     resident = [name in weights and weight_is_resident(index[name] in readers, name in outputs) for name in names]
     from_start = [False] * count
     for name in analysis.graph_inputs:
@@ -236,8 +271,8 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
         reads,
         writes,
         names,
-        sizes,
-        place,
+        _rewritten_sizes(analysis, base, names),
+        _rewritten_places(analysis, kinds, writes, index, readers),
         resident,
         from_start,
         to_end,
@@ -245,18 +280,7 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
         always=sub.weight_bytes,
         step_labels=list(analysis.node_names),
     )
-    last_node_read: dict[int, int] = {}
-    producer_step: dict[int, int] = {}
-    for s, kind in enumerate(kinds):
-        for t in writes[s]:
-            producer_step[t] = s
-        if kind == "node":
-            for t in reads[s]:
-                last_node_read[t] = s
-    for s, kind in enumerate(kinds):
-        if kind == "d2h" and reads[s]:
-            t = reads[s][0]
-            program.waits.append((max(s, last_node_read.get(t, producer_step.get(t, s))), s))
+    program.waits.extend(_d2h_waits(kinds, reads, writes))
     return program
 
 

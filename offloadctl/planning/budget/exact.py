@@ -6,7 +6,7 @@ answer checked in exact integer bytes before it is trusted.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,6 +48,18 @@ class ExactReport:
         }
 
 
+@dataclass
+class _Program:
+    """The covering program being written: its columns' starting values and which column stands for
+    each candidate (y: offloaded at all) and interval (x)."""
+
+    prob: Any
+    scale: float
+    start: list[float] = field(default_factory=list)
+    y_of: dict[int, int] = field(default_factory=dict)
+    x_of: dict[int, int] = field(default_factory=dict)
+
+
 def solve_exact(
     p: Planner, base: np.ndarray, pinned: set[int], budget: int, time_limit: float
 ) -> tuple[ExactReport, list[State] | None]:
@@ -58,73 +70,25 @@ def solve_exact(
     """
     from offloadctl.planning.budget.optimal import CoverProblem, solve_cover
 
-    iv = p.iv
-    n = p.n
-    scale = 1.0 if p.cost.integral else _TIME_SCALE
-    prob = CoverProblem(steps=n + 1, excess=base - budget)
-    start: list[float] = []
-    y_of: dict[int, int] = {}
-    x_of: dict[int, int] = {}
-    greedy = p.state
+    program = _Program(CoverProblem(steps=p.n + 1, excess=base - budget), 1.0 if p.cost.integral else _TIME_SCALE)
     for i, c in enumerate(p.cands):
-        if p.fixed[i] or i in pinned or not p.rows[i]:
-            continue
-        st = greedy[i]
-        y = prob.column(float(iv.opening_cost[i]) * scale, lower=1.0 if c.forced else 0.0)
-        start.append(float(st.offloaded))
-        y_of[i] = y
-        gaps: list[tuple[int, int, int]] = []  # (entry, column, row)
-        for j in p.rows[i]:
-            g = int(iv.gap[j])
-            if g < 0:
-                for first, last in p._row_ranges(j):
-                    prob.frees(y, first, last, c.size)
-                if c.is_act:
-                    gaps.append((int(iv.entry[j]), y, j))
-                continue
-            x = prob.column(float(iv.own_cost[j]) * scale)
-            start.append(float(g in st.cuts))
-            x_of[j] = x
-            for first, last in p._row_ranges(j):
-                prob.frees(x, first, last, c.size)
-            prob.row([x, y], [1.0, -1.0], -math.inf, 0.0)  # an interval needs its tensor offloaded
-            gaps.append((int(iv.entry[j]), x, j))
-        if c.is_act and iv.opening[i] < 0:  # an activation is offloaded for the sake of its gaps
-            cols = [col for _, col, _ in gaps]
-            prob.row([y] + cols, [1.0] + [-1.0] * len(cols), -math.inf, 0.0)
-        if c.is_act and p.release:
-            # the buffer is held release_distance steps past the first freed stretch:
-            # first_k = before_k - before_(k-1), before_k = "some stretch up to k is freed"
-            previous = None
-            taken_before = 0.0
-            for entry, col, _ in sorted(gaps):
-                before = prob.column(0.0, integer=False)
-                taken_before = max(taken_before, start[col])
-                start.append(taken_before)
-                prob.row([before, col], [1.0, -1.0], 0.0, math.inf)
-                if previous is None:
-                    prob.row([before, col], [1.0, -1.0], -math.inf, 0.0)
-                else:
-                    prob.row([before, previous], [1.0, -1.0], 0.0, math.inf)
-                    prob.row([before, previous, col], [1.0, -1.0, -1.0], -math.inf, 0.0)
-                hold = (entry + 1, min(entry + p.release, max(n - 1, 0)))
-                prob.frees(before, hold[0], hold[1], -c.size)
-                if previous is not None:
-                    prob.frees(previous, hold[0], hold[1], c.size)
-                previous = before
+        if not (p.fixed[i] or i in pinned or not p.rows[i]):
+            _add_candidate(program, p, i, c)
+    prob, start = program.prob, program.start
     solution = solve_cover(prob, start=np.asarray(start), time_limit=time_limit, integral_objective=p.cost.integral)
-    bound = solution.bound / scale if solution.bound is not None else None
+    bound = solution.bound / program.scale if solution.bound is not None else None
     report = ExactReport(
         solution.status, solution.seconds, time_limit, solution.columns, solution.rows, solution.nonzeros, bound, ""
     )
     if solution.values is None:
         report.answer = "no solution found in the time limit: the greedy's plan is kept"
         return report, None
-    chosen = list(greedy)
-    for i, y in y_of.items():
-        cuts = frozenset(int(iv.gap[j]) for j in p.rows[i] if j in x_of and solution.values[x_of[j]] > 0.5)
-        offloaded = bool(solution.values[y] > 0.5)
-        chosen[i] = State(True, cuts) if offloaded else State()
+    chosen = list(p.state)
+    for i, y in program.y_of.items():
+        cuts = frozenset(
+            int(p.iv.gap[j]) for j in p.rows[i] if j in program.x_of and solution.values[program.x_of[j]] > 0.5
+        )
+        chosen[i] = State(True, cuts) if solution.values[y] > 0.5 else State()
     peak = _exact_peak(p, base, chosen, pinned)
     if peak > budget:
         report.answer = (
@@ -136,6 +100,59 @@ def solve_exact(
         return report, None
     report.answer = "accepted"
     return report, chosen
+
+
+def _add_candidate(program: _Program, p: Planner, i: int, c: Any) -> None:
+    """Candidate ``i``'s columns (offloaded at all; each interval) and rows, started from the greedy."""
+    iv, prob, start = p.iv, program.prob, program.start
+    st = p.state[i]
+    y = prob.column(float(iv.opening_cost[i]) * program.scale, lower=1.0 if c.forced else 0.0)
+    start.append(float(st.offloaded))
+    program.y_of[i] = y
+    gaps: list[tuple[int, int, int]] = []  # (entry, column, row)
+    for j in p.rows[i]:
+        g = int(iv.gap[j])
+        if g < 0:
+            for first, last in p._row_ranges(j):
+                prob.frees(y, first, last, c.size)
+            if c.is_act:
+                gaps.append((int(iv.entry[j]), y, j))
+            continue
+        x = prob.column(float(iv.own_cost[j]) * program.scale)
+        start.append(float(g in st.cuts))
+        program.x_of[j] = x
+        for first, last in p._row_ranges(j):
+            prob.frees(x, first, last, c.size)
+        prob.row([x, y], [1.0, -1.0], -math.inf, 0.0)  # an interval needs its tensor offloaded
+        gaps.append((int(iv.entry[j]), x, j))
+    if c.is_act and iv.opening[i] < 0:  # an activation is offloaded for the sake of its gaps
+        cols = [col for _, col, _ in gaps]
+        prob.row([y] + cols, [1.0] + [-1.0] * len(cols), -math.inf, 0.0)
+    if c.is_act and p.release:
+        _release_rows(program, p, c, gaps)
+
+
+def _release_rows(program: _Program, p: Planner, c: Any, gaps: list[tuple[int, int, int]]) -> None:
+    """The buffer is held release_distance steps past the first freed stretch:
+    first_k = before_k - before_(k-1), before_k = "some stretch up to k is freed"."""
+    prob, start = program.prob, program.start
+    previous = None
+    taken_before = 0.0
+    for entry, col, _ in sorted(gaps):
+        before = prob.column(0.0, integer=False)
+        taken_before = max(taken_before, start[col])
+        start.append(taken_before)
+        prob.row([before, col], [1.0, -1.0], 0.0, math.inf)
+        if previous is None:
+            prob.row([before, col], [1.0, -1.0], -math.inf, 0.0)
+        else:
+            prob.row([before, previous], [1.0, -1.0], 0.0, math.inf)
+            prob.row([before, previous, col], [1.0, -1.0, -1.0], -math.inf, 0.0)
+        hold = (entry + 1, min(entry + p.release, max(p.n - 1, 0)))
+        prob.frees(before, hold[0], hold[1], -c.size)
+        if previous is not None:
+            prob.frees(previous, hold[0], hold[1], c.size)
+        previous = before
 
 
 def _exact_peak(p: Planner, base: np.ndarray, states: list[State], pinned: set[int]) -> int:

@@ -643,27 +643,7 @@ def solve(
         else:
             p.place_prefetch_streams(limit, prefetch_distance, timing, caps)
 
-    caps: dict[str, int] = {}
-    forced: list[int] = []
-    for i, c in enumerate(cands):
-        if stream and c.name in stream:
-            # streamed weights are fixed choices; with a budget their lead (depth) may be shortened
-            p.fixed[i] = True
-            if budget is None:
-                p.set(i, stream[c.name])
-            else:
-                caps[c.name] = stream[c.name].distance
-                p.set(i, State(True, stream[c.name].cuts, 0))
-        elif c.forced:
-            forced.append(i)
-    pinned = {i for i in forced if not p.rows[i]}  # forced tensors the search has no interval of
-    for i in forced:
-        c = cands[i]
-        if c.is_act and c.num_gaps:
-            best = max(range(c.num_gaps), key=lambda k: (c.gap_len(k), -k))
-            p.set(i, State(True, frozenset({best})))
-        else:  # a weight, or a graph output nobody reads: its outer or trailing stretch
-            p.set(i, State(True))
+    caps, pinned = _fixed_choices(p, cands, budget, stream)
     if budget is None:
         place(math.inf)
         return Outcome(p, True)
@@ -687,6 +667,35 @@ def solve(
     p.report("fitting the budget: placing prefetches")
     place(budget)
     return Outcome(p, True, bound=bound, exact=exact)
+
+
+def _fixed_choices(
+    p: Planner, cands: list[Cand], budget: int | None, stream: dict[str, State] | None
+) -> tuple[dict[str, int], set[int]]:
+    """Set what the search does not choose: streamed weights (their lead, with a budget, capped at
+    their depth and placed later) and forced tensors (their largest gap). Returns (the streamed
+    weights' lead caps, the forced tensors the search has no interval of)."""
+    caps: dict[str, int] = {}
+    forced: list[int] = []
+    for i, c in enumerate(cands):
+        if stream and c.name in stream:
+            p.fixed[i] = True
+            if budget is None:
+                p.set(i, stream[c.name])
+            else:
+                caps[c.name] = stream[c.name].distance
+                p.set(i, State(True, stream[c.name].cuts, 0))
+        elif c.forced:
+            forced.append(i)
+    pinned = {i for i in forced if not p.rows[i]}
+    for i in forced:
+        c = cands[i]
+        if c.is_act and c.num_gaps:
+            best = max(range(c.num_gaps), key=lambda k: (c.gap_len(k), -k))
+            p.set(i, State(True, frozenset({best})))
+        else:  # a weight, or a graph output nobody reads: its outer or trailing stretch
+            p.set(i, State(True))
+    return caps, pinned
 
 
 def _program_base(p: Planner, pinned: set[int]) -> np.ndarray:

@@ -1,0 +1,177 @@
+"""One command's work on one model: the files it reads, the outputs it may write, and the analysis.
+
+A `Job` is opened from a model (`Job.of_model`) or from a plan (`Job.of_plan`, which finds the
+plan's model by one rule, `plan_model`, and loads it with the plan's pins and sizes). It lists
+every file the job reads (`reads`: the plan, the model and every external data file it names) and
+refuses, before anything is written, an output that is or resolves to one of them or lands on
+another output of the same job (`guard`). The commands and the Python API (`offloadctl.apply`) open
+the same jobs, so they find models, check outputs and rewrite models by the same rules
+(`write_rewrite`, the apply protocol).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from offloadctl.analysis.graph import Analysis
+from offloadctl.contract.document import check_plan_model, read_plan
+from offloadctl.contract.types import Plan, SizesFromRun
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
+from offloadctl.loading.model import load_model
+from offloadctl.rewriting.rewrite import ApplyResult, apply_plan, check_model_outputs, write_model
+from offloadctl.running.sizes import analysed
+
+__all__ = ["Job", "plan_model"]
+
+Step = Callable[..., None]
+
+
+def _no_step(text: str, new: bool = True) -> None:
+    """The progress callback when nobody watches."""
+
+
+def plan_model(plan: Plan, plan_path: str | os.PathLike[str], model: str | os.PathLike[str] | None = None) -> Path:
+    """The model a plan was made for: ``model`` if given; else the plan's ``model.path`` as recorded
+    (from the current folder), then relative to the plan file's folder, then the file of that name
+    beside the plan.
+
+    Raises:
+        OffloadError: ``model`` is not a file, or no candidate exists.
+    """
+    if model is not None:
+        path = Path(model)
+        if path.is_dir():
+            raise OffloadError(
+                f"--model {path} is a directory", hint="give the path of the .onnx model the plan was made for"
+            )
+        if not path.is_file():
+            raise OffloadError(f"model file {path} does not exist", hint="check the --model path")
+        return path
+    recorded = Path(plan["model"]["path"])
+    folder = Path(plan_path).parent
+    candidates = [recorded]
+    if not recorded.is_absolute():
+        candidates.append(folder / recorded)
+    candidates.append(folder / recorded.name)
+    for path in candidates:
+        if path.is_file():
+            return path
+    looked = " and ".join(str(p) for p in dict.fromkeys(candidates))
+    raise OffloadError(
+        f"the model of plan {plan_path} was not found (looked for {looked})",
+        hint="pass the model with --model MODEL, or run the command from the folder the plan was made in",
+    )
+
+
+@dataclass
+class Job:
+    """The analysis a command works on, the plan it read (if any), and every file it reads."""
+
+    analysis: Analysis
+    plan: Plan | None = None
+    plan_path: Path | None = None
+    outputs: list[tuple[str, Path]] = field(default_factory=list)  # guarded so far: (what, path)
+
+    @property
+    def model_path(self) -> Path:
+        return self.analysis.loaded.path
+
+    @property
+    def reads(self) -> tuple[Path, ...]:
+        """Every file the job reads: the plan file, the model and each external data file it names."""
+        plan = (self.plan_path,) if self.plan_path is not None else ()
+        return (*plan, *self.analysis.loaded.files)
+
+    @classmethod
+    def of_model(
+        cls,
+        model: str | os.PathLike[str],
+        *,
+        input_shapes: Mapping[str, Sequence[int]] | None = None,
+        dims: Mapping[str, int] | None = None,
+        sizes: SizesFromRun | None = None,
+        pins_from: str = "--input-shape",
+        step: Step = _no_step,
+    ) -> Job:
+        """Load ``model`` (weights stay on disk) with its pins and analyse it; ``sizes`` reads every
+        size from one run (`offloadctl.running.sizes`)."""
+        step(f"loading {model}")
+        loaded = load_model(
+            model, input_shapes=input_shapes, dims=dims, input_shapes_from=pins_from, sizes_from_run=sizes
+        )
+        step(f"analysing {model}" + (" (sizes from one run on the CPU provider)" if sizes else ""))
+        return cls(analysed(loaded))
+
+    @classmethod
+    def of_plan(
+        cls,
+        plan_path: str | os.PathLike[str],
+        *,
+        stages: tuple[str, ...],
+        model: str | os.PathLike[str] | None = None,
+        step: Step = _no_step,
+        plan: Plan | None = None,
+    ) -> Job:
+        """Read a plan at one of ``stages`` (unless the caller has read it: ``plan``), find its model
+        (`plan_model`), check that the plan was made for it, and load it with the plan's pins and
+        sizes."""
+        if plan is None:
+            plan = read_plan(plan_path, stages=stages)
+        path = plan_model(plan, plan_path, model)
+        check_plan_model(plan, sha256_file(path), path)
+        info = plan["model"]
+        job = cls.of_model(
+            path,
+            input_shapes=info["input_shapes"],
+            dims=info.get("dims") or None,
+            sizes=info.get("sizes_from_run"),
+            pins_from=f"model.input_shapes of plan {plan_path}",
+            step=step,
+        )
+        job.plan, job.plan_path = plan, Path(plan_path)
+        return job
+
+    def with_plan(self, plan: Plan, plan_path: str | os.PathLike[str] | None = None) -> Job:
+        """This job with a plan for its model (checked to be one: same file)."""
+        check_plan_model(plan, self.analysis.loaded.sha256, self.model_path)
+        self.plan, self.plan_path = plan, None if plan_path is None else Path(plan_path)
+        return self
+
+    def guard(self, what: str, path: str | os.PathLike[str]) -> Path:
+        """Refuse an output that would overwrite a file the job reads or another of its outputs, or
+        that cannot be written; remember it. Returns it as a Path."""
+        out = check_output_path(path, *self.reads)
+        check_distinct_outputs([*self.outputs, (what, out)])
+        self.outputs.append((what, out))
+        return out
+
+    def write_rewrite(
+        self, output: str | os.PathLike[str], *, result: ApplyResult | None = None, step: Step = _no_step
+    ) -> tuple[Any, list[Path]]:
+        """The apply protocol: insert the job's scheduled plan into its model and write it to ``output``
+        atomically, with the source model's permission bits, the data files it names copied beside
+        it when it goes to another folder (never over a file the job reads). Returns the rewritten
+        model and the data files written."""
+        assert self.plan is not None  # a job that rewrites has a plan
+        loaded = self.analysis.loaded
+        source = loaded.path.parent
+        self.guard("the rewritten model", output)
+        check_model_outputs(loaded.proto, output, source, self.reads, locations=loaded.data_locations)
+        step(f"rewriting {loaded.path}")
+        proto = apply_plan(self.plan, self.analysis, result=result)
+        step(f"writing {output}")
+        written = write_model(
+            proto,
+            output,
+            source_dir=source,
+            protected=self.reads,
+            locations=loaded.data_locations,
+            mode=stat.S_IMODE(loaded.path.stat().st_mode),  # a rewrite is as private as its source
+        )
+        return proto, written
