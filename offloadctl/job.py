@@ -98,15 +98,16 @@ class Job:
         sizes: SizesFromRun | None = None,
         pins_from: str = "--input-shape",
         step: Step = _no_step,
+        order: str = "priority",
     ) -> Job:
-        """Load ``model`` (weights stay on disk) with its pins and analyse it; ``sizes`` reads every
-        size from one run (`offloadctl.running.sizes`)."""
+        """Load ``model`` (weights stay on disk) with its pins and analyse it in execution ``order``;
+        ``sizes`` reads every size from one run (`offloadctl.running.sizes`)."""
         step(f"loading {model}")
         loaded = load_model(
             model, input_shapes=input_shapes, dims=dims, input_shapes_from=pins_from, sizes_from_run=sizes
         )
         step(f"analysing {model}" + (" (sizes from one run on the CPU provider)" if sizes else ""))
-        return cls(analysed(loaded))
+        return cls(analysed(loaded, order=order))
 
     @classmethod
     def of_plan(
@@ -133,6 +134,7 @@ class Job:
             sizes=info.get("sizes_from_run"),
             pins_from=f"model.input_shapes of plan {plan_path}",
             step=step,
+            order=info.get("execution_order", "priority"),
         )
         job.plan, job.plan_path = plan, Path(plan_path)
         return job

@@ -304,7 +304,9 @@ def test_order_check_detects_a_different_order(run_cli, tmp_path, monkeypatch):
 
     path = _non_topological_model(tmp_path)
     file_order = [n.name for n in onnx.load(str(path)).graph.node]
-    monkeypatch.setattr(offloadctl.running.runner, "expected_run_order", lambda proto: file_order)  # a wrong prediction
+    monkeypatch.setattr(
+        offloadctl.running.runner, "expected_run_order", lambda proto, order="priority": file_order
+    )  # a wrong prediction
     result = run_cli("run", path, "--device", "cpu", "--opt-level", "disable", "--repeat", "1", "--json")
     assert result.exit_code == 0  # a warning, not a failure
     order = result.json()["order"]
@@ -347,7 +349,9 @@ def test_metadata_settings_are_used(run_cli, tmp_path):
 
 def test_session_config_for_ascend_defaults_metadata_and_overrides():
     settings = {"disabled_optimizers": ["ConstantFolding"], "cann": {"device_id": "1"}}
-    so, providers, kwargs = session_config(settings, "ascend", opt_level="basic", ep_options={"enable_cann_graph": "1"})
+    so, providers, kwargs, *_ = session_config(
+        settings, "ascend", opt_level="basic", ep_options={"enable_cann_graph": "1"}
+    )
     assert so.execution_order == ort.ExecutionOrder.PRIORITY_BASED
     assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     assert providers == [
@@ -358,7 +362,7 @@ def test_session_config_for_ascend_defaults_metadata_and_overrides():
         "CPUExecutionProvider",
     ]
     assert kwargs == {"enable_fallback": 0, "disabled_optimizers": ["ConstantFolding"]}
-    _, cuda_providers, _ = session_config({}, "cuda", ep_options={"device_id": "2"})
+    _, cuda_providers, *_ = session_config({}, "cuda", ep_options={"device_id": "2"})
     assert cuda_providers == [("CUDAExecutionProvider", {"device_id": "2"}), "CPUExecutionProvider"]
 
 
@@ -379,7 +383,7 @@ def test_check_session_settings_for_a_users_session(tmp_path):
     assert "PRIORITY_BASED" in warnings[0] and "DEFAULT" in warnings[0]
     assert "ConstantFolding" in warnings[1]
     assert "enable_cann_graph=0" in warnings[2] and "enable_cann_graph=1 (the provider's default)" in warnings[2]
-    so, providers, kwargs = session_config({"cann": {"enable_cann_graph": "0"}}, "ascend")
+    so, providers, kwargs, *_ = session_config({"cann": {"enable_cann_graph": "0"}}, "ascend")
     assert check_session_settings(path, so, ["ConstantFolding"], providers) == []
     assert check_session_settings(path, so, ["ConstantFolding"], {"cann": {"enable_cann_graph": "false"}}) == []
     assert check_session_settings(SAMPLES / "seed.onnx", ort.SessionOptions(), None, None) == []
@@ -389,7 +393,7 @@ def test_ep_option_against_metadata_warns(run_cli, tmp_path):
     path = _with_settings(SAMPLES / "seed.onnx", tmp_path / "m.onnx", {"cann": {"enable_cann_graph": "0"}})
     settings = read_session_settings(path)
     assert settings == {"cann": {"enable_cann_graph": "0"}}
-    so, providers, kwargs = session_config(settings, "ascend", ep_options={"enable_cann_graph": "1"})
+    so, providers, kwargs, *_ = session_config(settings, "ascend", ep_options={"enable_cann_graph": "1"})
     warnings = settings_warnings(settings, so, kwargs.get("disabled_optimizers"), providers)
     assert len(warnings) == 1 and "enable_cann_graph=0" in warnings[0]
 

@@ -2,7 +2,8 @@
 
 The execution order is the one onnxruntime runs with ``ExecutionOrder.PRIORITY_BASED``
 (`offloadctl.analysis.order`): Kahn's algorithm where, among ready nodes, Shape/Size come first,
-then forward before backward (``__backwardpass`` attribute), then the lowest file index. Constant
+then forward before backward (``__backwardpass`` attribute), then the lowest file index; or, asked
+for, its DEFAULT order (the reverse depth-first walk every non-Python host runs). Constant
 nodes take no position: onnxruntime folds them into initializers, so their outputs are weights
 like initializers.
 Positions count only the remaining ("original") nodes.
@@ -15,13 +16,21 @@ graph queries; the lists here are the source of truth.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
 import onnx
 
-from offloadctl.analysis.order import HIGH_PRIORITY_OPS, PLAIN_RANK, describe_node, execution_order, priority_rank
+from offloadctl.analysis.order import (
+    EXECUTION_ORDERS,
+    HIGH_PRIORITY_OPS,
+    PLAIN_RANK,
+    default_order,
+    describe_node,
+    execution_order,
+    priority_rank,
+)
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import is_constant_node, subgraph_outer_names
@@ -76,6 +85,10 @@ class Analysis:
     node_names: list[str]  # a unique label for each position (node name, or generated)
     sparse_weights: frozenset[str] = frozenset()  # sparse initializers and Constant sparse_values
     topological: bool = True  # the file's node order is a valid order (was_sorted: it is the order that runs)
+    order: str = "priority"  # the execution order positions count in: "priority" or "default"
+    # position -> bytes its kernel allocates while it runs and frees before it returns, as a measured
+    # profile records them (`offloadctl.simulation.timing.count_scratch`); every memory figure counts them
+    scratch: dict[int, int] = field(default_factory=dict)
 
     @property
     def num_positions(self) -> int:
@@ -206,14 +219,21 @@ def _ordered(
     reads: list[list[str]],
     ranks: list[int],
     outputs: list[list[str]],
+    kind: str = "priority",
 ) -> tuple[list[int], bool, bool]:
     """(the order onnxruntime runs the nodes in, whether the file has them in it, whether the file's
     order is topological at all), saying so when the file's order is not the one that runs."""
     try:
-        order, was_sorted = execution_order(nodes, available, reads, ranks, outputs)
+        if kind == "default":
+            order = default_order(nodes, available, reads, outputs)
+            was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
+        else:
+            order, was_sorted = execution_order(nodes, available, reads, ranks, outputs)
     except OffloadError as exc:
         raise OffloadError(f"{loaded.path}: {exc.message}", hint=exc.hint) from None
     topological = was_sorted or _is_topological(reads, outputs)
+    if kind == "default":
+        return order, was_sorted, topological
     if not topological:
         logger.warning(
             "%s: nodes are not topologically sorted; they were sorted into the order onnxruntime will run "
@@ -266,8 +286,11 @@ def _producers_and_uses(
 
 
 @paused_gc()
-def analyse(loaded: LoadedModel) -> Analysis:
+def analyse(loaded: LoadedModel, *, order: str = "priority") -> Analysis:
     """Compute execution order, producers, uses and sizes of a loaded model.
+
+    ``order`` is the execution order positions count in: ``priority`` (PRIORITY_BASED, what
+    `offloadctl run` and Python hosts set) or ``default`` (onnxruntime's DEFAULT, every other host).
 
     Raises:
         OffloadError: duplicate tensor names, a cycle, a read of an undefined tensor, or a graph
@@ -278,12 +301,15 @@ def analyse(loaded: LoadedModel) -> Analysis:
     available = set(found.graph_inputs) | found.initializers | set(found.constants)
     compute_nodes = [found.file_nodes[i] for i in compute]
     compute_outputs = [found.file_outputs[i] for i in compute]
+    if order not in EXECUTION_ORDERS:
+        raise OffloadError(f"unknown execution order {order!r}", hint=f"use one of: {', '.join(EXECUTION_ORDERS)}")
+    kind = order
     inputs, outer, ranks, reads = _node_reads(compute_nodes)
-    order, was_sorted, topological = _ordered(loaded, compute_nodes, available, reads, ranks, compute_outputs)
-    nodes = [compute_nodes[i] for i in order]
-    file_index = [compute[i] for i in order]
+    ordered, was_sorted, topological = _ordered(loaded, compute_nodes, available, reads, ranks, compute_outputs, kind)
+    nodes = [compute_nodes[i] for i in ordered]
+    file_index = [compute[i] for i in ordered]
     node_names = _unique_labels(nodes, file_index)
-    producer, uses = _producers_and_uses(order, compute_outputs, inputs, outer, node_names)
+    producer, uses = _producers_and_uses(ordered, compute_outputs, inputs, outer, node_names)
     constants = found.constants
     return Analysis(
         loaded=loaded,
@@ -303,6 +329,7 @@ def analyse(loaded: LoadedModel) -> Analysis:
         node_names=node_names,
         sparse_weights=frozenset(found.sparse),
         topological=topological,
+        order=kind,
     )
 
 

@@ -4,6 +4,12 @@
 Shape/Size come first, then forward before backward (``__backwardpass``), then the lowest file
 index. Only the Python binding sets it; the plan's positions count in this order.
 
+``ExecutionOrder.DEFAULT`` (`default_order`): onnxruntime's reverse depth-first walk
+(``Graph::ReverseDFSFrom`` in ``graph_viewer.cc``) from the leaves (nodes nobody reads), each pushed in
+node-index order, a node's producers pushed in ascending index so that the highest-index unvisited
+producer is explored first, a node emitted once its producers are. It ignores priorities. C, C++,
+C#, Java, onnxruntime-genai and Triton hosts can run no other order.
+
 `expected_run_order` predicts, for a model as it stands, the names of the nodes onnxruntime runs
 in that order, after the rewrites it applies at every optimization level
 (`offloadctl.loading.ortgraph`); `offloadctl run` checks the profiled order against it.
@@ -25,8 +31,10 @@ from offloadctl.loading.ortgraph import (
 )
 
 __all__ = [
+    "EXECUTION_ORDERS",
     "HIGH_PRIORITY_OPS",
     "PLAIN_RANK",
+    "default_order",
     "describe_node",
     "execution_order",
     "expected_run_order",
@@ -37,6 +45,9 @@ __all__ = [
 ]
 
 HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
+
+#: --execution-order name -> onnxruntime's ExecutionOrder member.
+EXECUTION_ORDERS: dict[str, str] = {"priority": "PRIORITY_BASED", "default": "DEFAULT"}
 
 PLAIN_RANK = 2  # a forward node that is not Shape/Size: ordered by file index alone
 
@@ -87,6 +98,46 @@ def execution_order(
     order = _kahn(nodes, all_preds, rank)
     was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
     return order, was_sorted
+
+
+def default_order(
+    nodes: list[onnx.NodeProto],
+    available: set[str],
+    reads: list[list[str]] | None = None,
+    outputs: list[list[str]] | None = None,
+) -> list[int]:
+    """Order node indices as onnxruntime's DEFAULT mode does (``Graph::ReverseDFSFrom`` from the
+    leaves); the node index is the position in ``nodes``.
+
+    Raises:
+        OffloadError: the graph has a cycle or reads a tensor nobody provides.
+    """
+    if reads is None:
+        reads = [node_reads(node) for node in nodes]
+    all_preds, topological = predecessors(nodes, available, reads, outputs)
+    if not topological:
+        execution_order(nodes, available, reads, [PLAIN_RANK] * len(nodes), outputs)  # a cycle is an error
+    read = [False] * len(nodes)
+    for preds in all_preds:
+        for p in preds:
+            read[p] = True
+    stack: list[tuple[int, bool]] = [(i, False) for i in range(len(nodes)) if not read[i]]
+    visited = [False] * len(nodes)
+    order: list[int] = []
+    pop, push = stack.pop, stack.append
+    while stack:
+        i, leave = pop()
+        if leave:
+            order.append(i)
+            continue
+        if visited[i]:
+            continue
+        visited[i] = True
+        push((i, True))
+        for p in sorted(all_preds[i]):
+            if not visited[p]:
+                push((p, False))
+    return order
 
 
 def predecessors(
@@ -174,8 +225,9 @@ def describe_node(node: onnx.NodeProto, index: int) -> str:
     return f"{node.name!r} ({node.op_type})" if node.name else f"#{index} ({node.op_type})"
 
 
-def expected_run_order(proto: onnx.ModelProto) -> list[str]:
-    """Names of the nodes onnxruntime runs with PRIORITY_BASED, in the order it runs them.
+def expected_run_order(proto: onnx.ModelProto, order: str = "priority") -> list[str]:
+    """Names of the nodes onnxruntime runs with PRIORITY_BASED (``order="default"``: its DEFAULT
+    order), in the order it runs them.
 
     The model is not changed. Constant nodes (folded into initializers) and nodes onnxruntime
     replaces (function calls, removed Casts) are left out; the bodies onnxruntime inlines are
@@ -205,8 +257,11 @@ def expected_run_order(proto: onnx.ModelProto) -> list[str]:
     available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     available |= {s.values.name for s in graph.sparse_initializer}
     available |= {o for n in graph.node if is_constant_node(n) for o in n.output}
-    order, _ = execution_order(nodes, available)
-    names = [nodes[i].name for i in order if nodes[i].name and nodes[i].name not in body_names]
+    if order == "default":
+        ran = default_order(nodes, available)
+    else:
+        ran, _ = execution_order(nodes, available)
+    names = [nodes[i].name for i in ran if nodes[i].name and nodes[i].name not in body_names]
     counts: dict[str, int] = {}
     for name in names:
         counts[name] = counts.get(name, 0) + 1

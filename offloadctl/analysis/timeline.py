@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Span",
+    "forget",
     "h2d_low",
     "h2d_position",
     "release_point",
@@ -221,7 +222,9 @@ class SubgraphMemory:
 
     weight_count: int = 0
     weight_bytes: int = 0  # resident for the whole run
-    inner: dict[int, int] = field(default_factory=dict)  # position -> body working set while it runs
+    # position -> what the node holds while it runs besides its inputs and outputs: its bodies' working
+    # set and its kernel scratch (`Analysis.scratch`)
+    inner: dict[int, int] = field(default_factory=dict)
     unknown: tuple[str, ...] = ()  # body tensors whose size is unknown (counted as 0)
 
     def at(self, position: int) -> int:
@@ -368,16 +371,22 @@ def _inferred_nodes(analysis: Analysis) -> list[onnx.NodeProto]:
 
 def _compute_subgraph_memory(analysis: Analysis) -> SubgraphMemory:
     positions = [p for p, node in enumerate(analysis.nodes) if has_subgraphs(node)]
+    scratch = {p: b for p, b in analysis.scratch.items() if b > 0}
     if not positions:
-        return SubgraphMemory()
+        return SubgraphMemory(inner=scratch) if scratch else SubgraphMemory()
     walker = _BodyWalker(analysis.infos.measured)
-    inner: dict[int, int] = {}
+    inner: dict[int, int] = dict(scratch)
     nodes = _inferred_nodes(analysis)
     for p in positions:
         size = walker.node_inner(nodes[p], analysis.node_names[p])
         if size:
-            inner[p] = size
+            inner[p] = inner.get(p, 0) + size
     return SubgraphMemory(walker.weight_count, walker.weight_bytes, inner, tuple(walker.unknown))
+
+
+def forget(analysis: Analysis) -> None:
+    """Drop what was computed from ``analysis`` (after its scratch changed)."""
+    _CACHE.pop(id(analysis), None)
 
 
 def subgraph_memory(analysis: Analysis) -> SubgraphMemory:

@@ -57,13 +57,16 @@ def open_model(
     plan: Plan | None = None,
     plan_path: str | None = None,
     show_progress: bool = True,
+    order: str | None = None,
 ) -> Job:
     """Load MODEL (weights stay on disk), pin input shapes and analyse it, with progress on a terminal.
 
     The pins are ``--input-shape`` and ``--dim``, else those of ``plan`` (a plan for this model, read
     from ``plan_path``, which the job then holds); sizes come from one run with ``--sizes-from-run``
-    or when the plan's did.
+    or when the plan's did. Positions count in ``order`` (``--execution-order``), else the plan's, else
+    PRIORITY_BASED; an order that contradicts the plan's is an error.
     """
+    order = plan_order(plan, plan_path, order)
     input_shapes = parse_input_shapes(shapes.input_shape)
     dims = parse_dims(shapes.dim)
     source = "--input-shape"
@@ -74,7 +77,9 @@ def open_model(
             source = f"model.input_shapes of plan {plan_path}"
         requested = requested or plan["model"].get("sizes_from_run")
     with steps(show_progress, total=2) as step:
-        job = Job.of_model(model, input_shapes=input_shapes, dims=dims, sizes=requested, pins_from=source, step=step)
+        job = Job.of_model(
+            model, input_shapes=input_shapes, dims=dims, sizes=requested, pins_from=source, step=step, order=order
+        )
     if plan is not None:
         job.plan, job.plan_path = plan, Path(plan_path) if plan_path else None
     analysis = job.analysis
@@ -90,6 +95,18 @@ def open_model(
             ", ".join(dynamic),
         )
     return job
+
+
+def plan_order(plan: Plan | None, plan_path: str | None, order: str | None) -> str:
+    """The execution order a command works in: ``order`` (``--execution-order``), else the plan's,
+    else ``priority``. A plan's positions count in its own order, so another one is refused."""
+    recorded = plan["model"].get("execution_order", "priority") if plan is not None else None
+    if order is not None and recorded is not None and order != recorded:
+        raise OffloadError(
+            f"plan {plan_path} counts positions in the {recorded} execution order, not {order}",
+            hint=f"drop --execution-order, or plan again with --execution-order {order}",
+        )
+    return order or recorded or "priority"
 
 
 def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:

@@ -341,6 +341,16 @@ explain_option = click.option(
     "--explain", is_flag=True, default=False, help="Print every candidate, chosen or not, and why."
 )
 
+execution_order_option = click.option(
+    "--execution-order",
+    "execution_order",
+    type=click.Choice(["priority", "default"]),
+    default=None,
+    help="The onnxruntime execution order positions count in: priority (PRIORITY_BASED, what Python sets; "
+    "the default, or the plan's) or default (onnxruntime's DEFAULT, the only order C, C++, C#, Java, "
+    "onnxruntime-genai and Triton hosts run).",
+)
+
 strict_option = click.option(
     "--strict",
     is_flag=True,

@@ -14,6 +14,7 @@ from offloadctl.cli.options import ShapeOptions, input_shape_option, model_argum
 from offloadctl.cli.ui import out_console, print_json
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
+from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.model import parse_dims, parse_input_shapes
 from offloadctl.running.inputs import parse_value_ranges
 from offloadctl.running.inputs import save_outputs as save_outputs_file
@@ -103,6 +104,22 @@ class Tolerance(click.ParamType):
     "--atol", type=Tolerance(), help="Absolute tolerance for --compare-to [default: 1e-6; 0 with --opt-level disable]."
 )
 @click.option("--strict-order", is_flag=True, help="Exit 1 when nodes did not run in the planned (file) order.")
+@click.option(
+    "--execution-order",
+    "execution_order",
+    type=click.Choice(["priority", "default"]),
+    default="priority",
+    show_default=True,
+    help="onnxruntime's execution order: priority (PRIORITY_BASED; the file order is the plan) or default "
+    "(onnxruntime's DEFAULT order, the only one C, C++, C#, Java, onnxruntime-genai and Triton hosts run).",
+)
+@click.option(
+    "--measure-memory",
+    is_flag=True,
+    help="Also measure what onnxruntime's allocators hold for one run of a fresh session: at --execution-order "
+    "default their own statistics (MaxInUse, through onnxruntime's C API), at priority the smallest arena limit "
+    "the run fits in.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
 def run(
     model: str,
@@ -119,9 +136,11 @@ def run(
     rtol: float | None,
     atol: float | None,
     strict_order: bool,
+    execution_order: str,
+    measure_memory: bool,
     as_json: bool,
 ) -> None:
-    """Run MODEL with onnxruntime on a device, in PRIORITY_BASED order, and check it.
+    """Run MODEL with onnxruntime on a device, in PRIORITY_BASED order (or DEFAULT), and check it.
 
     \b
     Reports the providers really in use (fails if onnxruntime fell back to the CPU), the median
@@ -149,6 +168,8 @@ def run(
         dims=parse_dims(shapes.dim),
         seed=seed,
         value_ranges=parse_value_ranges(value_range),
+        order=execution_order,
+        memory=measure_memory,
     )
     written = []
     if save_outputs is not None:
@@ -162,6 +183,7 @@ def run(
         print_json({"command": "run", "passed": False, **report.to_json(), "files_written": written})
     if not as_json:
         _print_report(report)
+        _print_memory(report)
     _check_outputs(report, model, compare_to, opt_level)
     if strict_order and not report.order.matches:
         raise OffloadError(
@@ -170,8 +192,13 @@ def run(
         )
     parts = [
         f"median {report.latency_median * 1e3:.3f} ms",
-        "order as planned" if report.order.matches else "order differs from the plan",
+        ("order as planned" if report.order.matches else "order differs from the plan")
+        if execution_order == "priority"
+        else ("DEFAULT order as predicted" if report.order.matches else "DEFAULT order differs from the prediction"),
     ]
+    for figure in report.measured_memory or []:
+        if figure.device == device:
+            parts.append(f"{figure.allocator} arena peak {fmt_bytes(figure.peak_bytes)}")
     if report.comparison is not None:
         identical = all(c.identical for c in report.comparison.values())
         parts.append(f"outputs {'bit-identical to' if identical else 'within tolerance of'} {compare_to}")
@@ -209,6 +236,22 @@ def _check_outputs(report: RunReport, model: str, compare_to: str | None, opt_le
             hint="give inputs the model is deterministic on (--inputs FILE.npz: a real attention mask, real token "
             "ids), or compare with --opt-level disable",
         )
+
+
+def _print_memory(report: RunReport) -> None:
+    if not report.measured_memory:
+        return
+    table = Table(
+        title=f"measured memory ({report.execution_order} order, one run of a fresh session)", show_edge=False
+    )
+    for col in ("allocator", "device", "peak", "after session creation", "activations", "allocations", "how"):
+        table.add_column(col, justify="left" if col in ("allocator", "device", "how") else "right")
+    for f in report.measured_memory:
+        after = "?" if f.in_use_after_creation is None else fmt_bytes(f.in_use_after_creation)
+        active = "?" if f.in_use_after_creation is None else fmt_bytes(f.peak_bytes - f.in_use_after_creation)
+        how = "allocator statistics (MaxInUse)" if f.method == "allocator-stats" else "smallest arena limit that runs"
+        table.add_row(f.allocator, f.device, fmt_bytes(f.peak_bytes), after, active, str(f.allocations or "-"), how)
+    out_console().print(table)
 
 
 def _print_report(report: RunReport) -> None:

@@ -23,6 +23,7 @@ from offloadctl.cli.common import (
 from offloadctl.cli.options import (
     ShapeOptions,
     SizesOptions,
+    execution_order_option,
     input_shape_option,
     json_option,
     max_peak_option,
@@ -39,6 +40,7 @@ from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
 from offloadctl.planning.advice import weak_plan_advice
+from offloadctl.rewriting.preview import CpuFigures, cpu_figures
 from offloadctl.simulation.costs import STREAMS_NOTE
 from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.profiles import load_profile
@@ -109,12 +111,28 @@ def _print_report(result: SimResult, doc: dict) -> None:
             console.print(f"profile {result.profile.name}: {result.profile.description}", style="dim")
 
 
+def _print_cpu(cpu: CpuFigures) -> None:
+    after = cpu.after
+    before = cpu.before
+    text = (
+        f"CPU arena peak ({cpu.execution_order} order, onnxruntime's planner and arena replayed): "
+        + (f"{fmt_bytes(before.peak_bytes)} before -> " if before is not None and before is not after else "")
+        + f"{fmt_bytes(after.peak_bytes)}"
+        + (" after" if before is not None and before is not after else "")
+        + f" (weights {fmt_bytes(after.weight_bytes)}"
+        + (f", kernel scratch up to {fmt_bytes(after.scratch_bytes)}" if after.scratch_bytes else "")
+        + ")"
+    )
+    out_console().print(text)
+
+
 @click.command("simulate")
 @model_argument
 @click.option("--plan", "plan_path", type=click.Path(path_type=str), help="A scheduled plan for MODEL.")
 @profile_option
 @input_shape_option
 @sizes_option
+@execution_order_option
 @strict_option
 @max_peak_option
 @report_option
@@ -135,6 +153,7 @@ def simulate_cmd(
     profile: str,
     shapes: ShapeOptions,
     sizes: SizesOptions,
+    execution_order: str | None,
     strict: bool,
     max_peak: int | None,
     report: str | None,
@@ -145,16 +164,23 @@ def simulate_cmd(
     """Peak device memory before and after a plan, where it occurs, bytes moved, and estimated time.
 
     MODEL is an original model (with or without --plan) or a model already rewritten by apply.
-    Memory follows onnxruntime's rules in its PRIORITY_BASED order; time comes from the device
-    profile's roofline and link figures (estimates, not measurements). With --max-peak it exits 1
-    when the peak (after the plan, or of the model as it is) is above it.
+    Memory follows onnxruntime's rules in its PRIORITY_BASED order (or --execution-order default);
+    time comes from the device profile's roofline and link figures (estimates, not measurements).
+    With --max-peak it exits 1 when the peak (after the plan, or of the model as it is) is above it.
+
+    \b
+    Also the CPU arena's peak (cpu_peak_bytes in --json): everything one run of onnxruntime's CPU
+    provider allocates, host copies included, as its allocation planner and arena place it; a
+    measured profile's kernel scratch counts in every figure.
     """
     prof = load_profile(profile)
     plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
     if plot:
         check_output_path(plot, model, plan_path)
     check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
-    job = open_model(model, shapes, sizes, plan=plan, plan_path=plan_path, show_progress=not as_json)
+    job = open_model(
+        model, shapes, sizes, plan=plan, plan_path=plan_path, show_progress=not as_json, order=execution_order
+    )
     analysis = job.analysis
     check_unknown_sizes(analysis, strict=strict)
     if plot:
@@ -163,6 +189,10 @@ def simulate_cmd(
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
+    cpu = cpu_figures(analysis, plan, rewritten=result.rewritten, profile=prof)
+    doc["execution_order"] = analysis.order
+    doc["cpu_peak_bytes"] = {"before": cpu.before.peak_bytes if cpu.before else None, "after": cpu.after.peak_bytes}
+    doc["cpu_memory"] = cpu.to_json()
     if prof.measured is not None and result.times is not None and result.times.measured_nodes == 0:
         logger.warning(
             "profile %s was measured on %s: no node of %s matches its node times (name, op type and input "
@@ -183,6 +213,7 @@ def simulate_cmd(
             logger.warning("%s", warning)
     if not as_json:
         _print_report(result, doc)
+        _print_cpu(cpu)
     planned = plan is not None or result.rewritten
     unknown = len(result.unknown_tensors)
     failure = gate_failure(max_peak, result.peak_after, "peak after the plan" if planned else "peak", unknown=unknown)

@@ -32,6 +32,7 @@ from offloadctl.cli.options import (
     SizesOptions,
     budget_options,
     copies_option,
+    execution_order_option,
     explain_option,
     filter_options,
     json_option,
@@ -221,13 +222,20 @@ def _stage_end(
 @output_option("the selected plan (stage 'selected')")
 @select_options
 @sizes_option
+@execution_order_option
 @json_option
 def select_cmd(
-    model: str, output: str, selecting: SelectPart, shapes: ShapeOptions, sizes: SizesOptions, as_json: bool
+    model: str,
+    output: str,
+    selecting: SelectPart,
+    shapes: ShapeOptions,
+    sizes: SizesOptions,
+    execution_order: str | None,
+    as_json: bool,
 ) -> None:
     """Find tensors idle for more than --select-distance positions (stage 'selected')."""
     check_output_path(output, model)
-    job = open_model(model, shapes, sizes, show_progress=not as_json)
+    job = open_model(model, shapes, sizes, show_progress=not as_json, order=execution_order)
     job.guard("the plan", output)
     analysis = job.analysis
     with steps(not as_json) as step:
@@ -299,6 +307,7 @@ def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchPart, as_json:
 @output_option("the scheduled plan")
 @select_options
 @sizes_option
+@execution_order_option
 @filter_options
 @budget_options
 @explain_option
@@ -317,6 +326,7 @@ def plan_cmd(
     selecting: SelectPart,
     shapes: ShapeOptions,
     sizes: SizesOptions,
+    execution_order: str | None,
     filtering: FilterPart,
     budgeting: BudgetFlags,
     explain: bool,
@@ -350,7 +360,7 @@ def plan_cmd(
         profile=profile,
         max_slowdown=max_slowdown,
     )
-    job = open_model(model, shapes, sizes, show_progress=not as_json)
+    job = open_model(model, shapes, sizes, show_progress=not as_json, order=execution_order)
     job.guard("the plan", output)
     analysis = job.analysis
     if report is not None:

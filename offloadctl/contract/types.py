@@ -124,6 +124,7 @@ class SizesFromRun(TypedDict):
 class _ModelOptional(TypedDict, total=False):
     dims: dict[str, int]
     sizes_from_run: SizesFromRun
+    execution_order: str
 
 
 class ModelInfo(_ModelOptional):

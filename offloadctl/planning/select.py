@@ -454,4 +454,6 @@ def _model_info(analysis: Analysis) -> ModelInfo:
         model["dims"] = dict(loaded.dims)
     if loaded.sizes_from_run is not None:
         model["sizes_from_run"] = {**loaded.sizes_from_run}
+    if analysis.order != "priority":
+        model["execution_order"] = analysis.order
     return model

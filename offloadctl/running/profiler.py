@@ -38,6 +38,7 @@ latency and ``node_overhead_s`` still come from whole runs, which end when the d
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -64,6 +65,7 @@ from offloadctl.core.files import atomic_write_text
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.rewrite import apply_plan, external_locations, write_model
+from offloadctl.running.allocator import measure_memory, read_node_scratch
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs
 from offloadctl.running.runner import (
     DEVICES,
@@ -293,12 +295,20 @@ class _Device:
         self.profiles = 0
 
     def runner(
-        self, path: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any] | None = None, *, profiled: bool
+        self,
+        path: str,
+        feeds: Mapping[str, np.ndarray],
+        settings: Mapping[str, Any] | None = None,
+        *,
+        profiled: bool,
+        node_stats: Path | None = None,
     ) -> _Runner:
         config = session_config(
             settings or {}, self.device, opt_level="disable", ep_options=self.ep_options, ort=self.ort
         )
         config.sess_options.intra_op_num_threads = self.threads
+        if node_stats is not None:  # kernel scratch per node, written when the session ends
+            config.sess_options.add_session_config_entry("session.collect_node_memory_stats_to_file", str(node_stats))
         if profiled:
             self.profiles += 1
             config.sess_options.enable_profiling = True
@@ -690,15 +700,21 @@ def _check_profile_options(
 def _time_model(
     dev: _Device, model: str, feeds: dict[str, Any], settings: Mapping[str, Any], repeat: int
 ) -> _ModelTimes:
+    stats = dev.folder / "node_stats.csv"
     plain = dev.runner(model, feeds, settings, profiled=False)
-    profiled = dev.runner(model, feeds, settings, profiled=True)
+    profiled = dev.runner(model, feeds, settings, profiled=True, node_stats=stats)
     latency, _ = _alternate([plain, profiled], repeat)
     runs = profiled.kernels()
     providers = list(plain.session.get_providers())
     del plain, profiled
+    gc.collect()
     kernel_sum = statistics.median(sum(e.seconds for e in run) for run in runs) if runs else 0.0
     nodes_ran = round(statistics.median(len(run) for run in runs)) if runs else 0
-    return _ModelTimes(latency, runs, providers, _node_medians(runs), kernel_sum, nodes_ran)
+    nodes = _node_medians(runs)
+    for name, scratch in read_node_scratch(stats).items():
+        if scratch and name in nodes:
+            nodes[name]["scratch_bytes"] = scratch
+    return _ModelTimes(latency, runs, providers, nodes, kernel_sum, nodes_ran)
 
 
 def _time_executor(dev: _Device, folder: Path) -> _Executor:
@@ -830,11 +846,28 @@ def measure_profile(
         scale, in_model = _copies_in_model(dev, analysis, model, feeds, settings, copies.fits, repeat, folder)
         step("timing a MatMul and an Add (roofline figures)")
         roof_times = _time_roofline(dev, folder)
+    step("measuring memory (onnxruntime's allocator statistics, one run)")
+    memory = _measured_memory(dev, model, feeds, settings)
     context = _ProfileContext(model, device, ep_options, threads, repeat, settings, loaded.sha256, analysis, dev)
     doc = _profile_doc(context, times, executor, copies, scale, in_model, roof_times, feeds, source)
+    doc["measured"]["memory"] = memory
     validate_profile(doc, origin=f"measured for {model}")
     profile_from_dict(doc, origin=f"measured for {model}")  # the loader accepts what was written
     return doc
+
+
+def _measured_memory(
+    dev: _Device, model: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any]
+) -> list[dict[str, Any]] | None:
+    """What onnxruntime's allocators held for one run of a fresh session (DEFAULT order, statistics);
+    None, with a warning, where this onnxruntime cannot say."""
+    config = session_config(settings, dev.device, opt_level="disable", ep_options=dev.ep_options, ort=dev.ort)
+    try:
+        figures = measure_memory(config.spec(model, dev.device), feeds, order="default", ort=dev.ort)
+    except OffloadError as exc:
+        logger.warning("the profile records no measured memory: %s", exc.message)
+        return None
+    return [figure.to_json() for figure in figures]
 
 
 @dataclass

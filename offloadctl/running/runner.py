@@ -38,11 +38,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 
-from offloadctl.analysis.order import expected_run_order
+from offloadctl.analysis.order import EXECUTION_ORDERS, expected_run_order
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind
 from offloadctl.loading.model import load_model
 from offloadctl.rewriting.metadata import KEY_SESSION, session_settings
+from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
 
 __all__ = [
@@ -124,6 +125,15 @@ _DEVICE_FIX = {
     ),
     "cpu": ("", "reinstall onnxruntime"),
 }
+
+#: An environment variable that makes onnxruntime replace the caller's session options (execution
+#: order included) with the model's ``ort_config`` metadata.
+LOAD_CONFIG_FROM_MODEL = "ORT_LOAD_CONFIG_FROM_MODEL"
+LOAD_CONFIG_WARNING = (
+    f"{LOAD_CONFIG_FROM_MODEL}=1 is set: onnxruntime replaces this session's options with the model's ort_config "
+    "metadata, execution order included, so the order and the settings reported may not be the ones that ran; "
+    f"unset {LOAD_CONFIG_FROM_MODEL}"
+)
 
 _DEFAULT_RTOL = 1e-5
 _DEFAULT_ATOL = 1e-6
@@ -242,11 +252,27 @@ def parse_ep_options(specs: Sequence[str]) -> dict[str, str]:
 
 
 class SessionConfig(NamedTuple):
-    """What `onnxruntime.InferenceSession(path, sess_options, providers=providers, **kwargs)` needs."""
+    """What `onnxruntime.InferenceSession(path, sess_options, providers=providers, **kwargs)` needs,
+    and the same settings spelled out (for sessions made through the C API)."""
 
     sess_options: Any
     providers: list[Any]
     kwargs: dict[str, Any]
+    opt_level: str = "all"
+    order: str = "priority"
+    entries: dict[str, str] = {}  # session config entries set on sess_options
+
+    def spec(self, model: str, device: str) -> SessionSpec:
+        """The same session, as `offloadctl.running.allocator` makes it."""
+        options: dict[str, str] = next((p[1] for p in self.providers if isinstance(p, tuple)), {})
+        return SessionSpec(
+            model,
+            device,
+            opt_level=self.opt_level,
+            config_entries=dict(self.entries),
+            disabled_optimizers=tuple(self.kwargs.get("disabled_optimizers", ())),
+            provider_options=dict(options),
+        )
 
 
 def session_config(
@@ -256,6 +282,7 @@ def session_config(
     opt_level: str = "all",
     ep_options: Mapping[str, str] | None = None,
     ort: Any = None,
+    order: str = "priority",
 ) -> SessionConfig:
     """Build the session configuration for running a model on ``device``.
 
@@ -263,11 +290,13 @@ def session_config(
         settings: the model's settings record (`read_session_settings`); ``{}`` for none.
         device: ``ascend``, ``cpu`` or ``cuda``.
         opt_level: ``disable``, ``basic``, ``extended`` or ``all``.
+        order: ``priority`` (PRIORITY_BASED: the file order is the plan) or ``default`` (onnxruntime's
+            DEFAULT order, what every host but Python runs).
         ep_options: provider options that override the defaults and the record (CANN and CUDA).
         ort: the onnxruntime module (imported if not given).
 
     Returns:
-        sess_options with ``PRIORITY_BASED`` order and the optimization level; providers (the
+        sess_options with the order (``PRIORITY_BASED`` by default) and the optimization level; providers (the
         device's provider with its options, then the CPU provider); kwargs with
         ``disabled_optimizers`` from the record and ``enable_fallback=0`` so that a provider that
         fails to start raises instead of silently falling back to the CPU.
@@ -276,16 +305,21 @@ def session_config(
         raise OffloadError(f"unknown device {device!r}", hint=f"use one of: {', '.join(DEVICES)}")
     if opt_level not in OPT_LEVELS:
         raise OffloadError(f"unknown optimization level {opt_level!r}", hint=f"use one of: {', '.join(OPT_LEVELS)}")
+    if order not in EXECUTION_ORDERS:
+        raise OffloadError(f"unknown execution order {order!r}", hint=f"use one of: {', '.join(EXECUTION_ORDERS)}")
     ort = ort or import_onnxruntime(device)
     so = ort.SessionOptions()
-    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    so.execution_order = getattr(ort.ExecutionOrder, EXECUTION_ORDERS[order])
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPT_LEVELS[opt_level])
+    entries: dict[str, str] = {}
     if opt_level == "disable":
         # Weight pre-packing is a kernel-level rewrite that graph optimizations do not govern:
         # onnxruntime pre-packs a constant MatMul weight but not one that arrives through
         # MemcpyFromHost, and the two paths may round differently in the last bit. Verifying a plan
         # compares like with like.
-        so.add_session_config_entry("session.disable_prepacking", "1")
+        entries["session.disable_prepacking"] = "1"
+    for key, value in entries.items():
+        so.add_session_config_entry(key, value)
     # onnxruntime logs to stderr itself: once per weight listed in graph.input (how offloaded weights
     # escape constant folding), and every failure it also raises, which reaches the user as one
     # clear message. Keep its log to fatal errors unless the user asked for detail (-v).
@@ -303,7 +337,7 @@ def session_config(
     disabled = [str(x) for x in settings.get("disabled_optimizers") or []]
     if disabled:
         kwargs["disabled_optimizers"] = disabled
-    return SessionConfig(so, providers, kwargs)
+    return SessionConfig(so, providers, kwargs, opt_level, order, entries)
 
 
 def _providers_as_mapping(provider_options: Any) -> dict[str, dict[str, str]]:
@@ -412,14 +446,16 @@ def check_session_settings(
 # Execution order
 
 
-def planned_order(proto: onnx.ModelProto) -> list[str]:
-    """The order onnxruntime runs the model in with PRIORITY_BASED: node names, Constant nodes and
-    nodes onnxruntime replaces or removes excluded (`offloadctl.loading.ortgraph.expected_run_order`).
+def planned_order(proto: onnx.ModelProto, order: str = "priority") -> list[str]:
+    """The order onnxruntime runs the model in with PRIORITY_BASED (or ``order="default"``: its
+    DEFAULT order): node names, Constant nodes and nodes onnxruntime replaces or removes excluded
+    (`offloadctl.analysis.order.expected_run_order`).
 
-    For a model rewritten by `offloadctl apply` this is its file order. Nodes without a name, or
-    whose name is not unique, cannot be matched with profiling events and are left out.
+    For a model rewritten by `offloadctl apply` the PRIORITY_BASED order is its file order. Nodes
+    without a name, or whose name is not unique, cannot be matched with profiling events and are
+    left out.
     """
-    return expected_run_order(proto)
+    return expected_run_order(proto, order)
 
 
 def order_from_profile(profile_path: str | os.PathLike[str]) -> list[str]:
@@ -721,6 +757,9 @@ class RunReport:
     # the original run twice on the same inputs: the outputs that differ between its own runs (and by
     # how much); an original that is not deterministic cannot tell whether the rewrite changed anything
     original_unstable: dict[str, OutputComparison] = field(default_factory=dict)
+    execution_order: str = "priority"
+    # what onnxruntime's allocators held for one run of a fresh session (None: not measured)
+    measured_memory: list[AllocatorFigure] | None = None
 
     @property
     def latency_median(self) -> float:
@@ -747,6 +786,10 @@ class RunReport:
             "comparison": None if self.comparison is None else {n: c.to_json() for n, c in self.comparison.items()},
             "original_deterministic": None if self.comparison is None else not self.original_unstable,
             "original_unstable": {n: c.to_json() for n, c in self.original_unstable.items()},
+            "execution_order": self.execution_order,
+            "measured_memory": None
+            if self.measured_memory is None
+            else [figure.to_json() for figure in self.measured_memory],
             "warnings": self.warnings,
         }
 
@@ -772,6 +815,8 @@ def run_model(
     dims: Mapping[str, int] | None = None,
     seed: int = 0,
     value_ranges: Mapping[str, tuple[float, float]] | None = None,
+    order: str = "priority",
+    memory: bool = False,
 ) -> RunReport:
     """Run ``model`` on ``device``: one profiled warm-up run, then ``repeat`` timed runs.
 
@@ -792,6 +837,10 @@ def run_model(
             dimension of a generated input that is not pinned is an error.
         seed: seed of the generated inputs.
         value_ranges: ranges of the generated inputs (`parse_value_ranges`).
+        order: ``priority`` (PRIORITY_BASED: the plan is the file order) or ``default`` (DEFAULT,
+            what other hosts run); the profiled order is checked against the one predicted for it.
+        memory: also measure what onnxruntime's allocators hold for one run of a fresh session
+            (`offloadctl.running.allocator.measure_memory`).
 
     Returns:
         The report; it does not raise when outputs differ or the order does not match (see
@@ -807,12 +856,8 @@ def run_model(
     loaded = load_model(model, input_shapes=input_shapes, dims=dims, normalize=False)
     ort = import_onnxruntime(device)
     settings = required_settings(loaded.proto, model)
-    config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
-    if ep_options and device == "cpu":
-        warnings.append("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
-    warnings += settings_warnings(
-        settings, config.sess_options, config.kwargs.get("disabled_optimizers"), config.providers
-    )
+    config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort, order=order)
+    warnings += _setup_warnings(settings, config, device, ep_options)
     specs = input_specs(loaded.proto)
     if inputs is not None:
         feeds_all, source = load_inputs(inputs, specs, model), "file"
@@ -821,9 +866,11 @@ def run_model(
         warnings += input_warnings
         source = "generated"
     timed = _timed_runs(model, config, device, ort, feeds_all, repeat)
-    order = compare_order(planned_order(loaded.proto), timed.ran, exact=opt_level == "disable")
-    if not order.matches:
-        warnings.append(_order_warning(order))
+    checked = compare_order(planned_order(loaded.proto, order), timed.ran, exact=opt_level == "disable")
+    if not checked.matches:
+        warnings.append(_order_warning(checked, order))
+    feeds = _session_feeds(loaded.proto, feeds_all)
+    measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
     comparison = unstable = None
     if compare_to is not None:
         rtol = (0.0 if opt_level == "disable" else _DEFAULT_RTOL) if rtol is None else rtol
@@ -831,11 +878,7 @@ def run_model(
         comparison, unstable = _compare_with(
             compare_to, model, timed.outputs, feeds_all, device, opt_level, ep_options, ort, rtol, atol
         )
-        if unstable:
-            warnings.append(
-                f"{compare_to} is not deterministic on these inputs: {', '.join(unstable)} differ between two of "
-                "its runs"
-            )
+        warnings += _unstable_warning(compare_to, unstable)
     return RunReport(
         model=model,
         device=device,
@@ -844,7 +887,7 @@ def run_model(
         session=_session_doc(config, settings),
         inputs={n: {**_describe_value(a), "source": source} for n, a in feeds_all.items()},
         latency_runs=timed.runs,
-        order=order,
+        order=checked,
         outputs={n: _describe_value(v) for n, v in timed.outputs.items()},
         compare_to=compare_to,
         comparison=comparison,
@@ -853,13 +896,42 @@ def run_model(
         warnings=warnings,
         output_values=timed.outputs,
         original_unstable=unstable or {},
+        execution_order=order,
+        measured_memory=measured,
     )
+
+
+def _unstable_warning(compare_to: str, unstable: Mapping[str, OutputComparison]) -> list[str]:
+    if not unstable:
+        return []
+    return [f"{compare_to} is not deterministic on these inputs: {', '.join(unstable)} differ between two of its runs"]
+
+
+def _setup_warnings(
+    settings: Mapping[str, Any], config: SessionConfig, device: str, ep_options: Mapping[str, str] | None
+) -> list[str]:
+    """What in the session set-up may keep the run from being the one planned."""
+    warnings = []
+    if ep_options and device == "cpu":
+        warnings.append("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
+    warnings += settings_warnings(
+        settings, config.sess_options, config.kwargs.get("disabled_optimizers"), config.providers
+    )
+    if os.environ.get(LOAD_CONFIG_FROM_MODEL) == "1":
+        warnings.append(LOAD_CONFIG_WARNING)
+    return warnings
+
+
+def _session_feeds(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The feeds a session of ``proto`` takes: its graph inputs that are not weights with defaults."""
+    weights = {t.name for t in proto.graph.initializer}
+    return {i.name: feeds[i.name] for i in proto.graph.input if i.name in feeds and i.name not in weights}
 
 
 def _session_doc(config: SessionConfig, settings: Mapping[str, Any]) -> dict[str, Any]:
     """The session a run used, for its report."""
     return {
-        "execution_order": "PRIORITY_BASED",
+        "execution_order": EXECUTION_ORDERS[config.order],
         "disabled_optimizers": list(config.kwargs.get("disabled_optimizers", [])),
         "provider_options": {p[0]: p[1] for p in config.providers if isinstance(p, tuple)},
         "model_settings": settings,
@@ -939,11 +1011,12 @@ def _compare_with(
     return comparison, unstable
 
 
-def _order_warning(order: OrderCheck) -> str:
+def _order_warning(order: OrderCheck, kind: str = "priority") -> str:
     parts = []
     if order.first_differences:
         d = order.first_differences[0]
         parts.append(f"at step {d['index']} the plan has {d['planned']!r} but {d['ran']!r} ran")
     if order.exact and order.missing:
         parts.append(f"{len(order.missing)} planned node(s) did not run (first: {order.missing[0]!r})")
-    return "nodes did not run in the planned (file) order: " + "; ".join(parts)
+    where = "the planned (file) order" if kind == "priority" else "the DEFAULT order predicted for it"
+    return f"nodes did not run in {where}: " + "; ".join(parts)

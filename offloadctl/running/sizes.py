@@ -188,10 +188,11 @@ def measure_sizes(
     return sizes
 
 
-def analysed(loaded: LoadedModel) -> Analysis:
-    """The analysis of a loaded model, its sizes read from one run when the model asks for that
-    (``loaded.sizes_from_run``, from ``--sizes-from-run`` or a plan made with it)."""
-    analysis = analyse(loaded)
+def analysed(loaded: LoadedModel, *, order: str = "priority") -> Analysis:
+    """The analysis of a loaded model in ``order`` (`offloadctl.analysis.graph.analyse`), its sizes
+    read from one run when the model asks for that (``loaded.sizes_from_run``, from
+    ``--sizes-from-run`` or a plan made with it)."""
+    analysis = analyse(loaded, order=order)
     run = loaded.sizes_from_run
     if run is not None:
         analysis.infos.use_measured(measure_sizes(loaded.path, loaded.proto, inputs=run["inputs"], seed=run["seed"]))

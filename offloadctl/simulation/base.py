@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.analysis.timeline import subgraph_memory, weight_is_resident
+from offloadctl.analysis.timeline import forget, subgraph_memory, weight_is_resident
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind
 from offloadctl.loading.model import TensorInfo
@@ -25,7 +25,7 @@ from offloadctl.loading.model import TensorInfo
 if TYPE_CHECKING:
     from offloadctl.simulation.program import Program
 
-__all__ = ["Base", "base_of", "interner", "is_rewritten"]
+__all__ = ["Base", "base_of", "forget_base", "interner", "is_rewritten"]
 
 
 def is_rewritten(analysis: Analysis) -> bool:
@@ -218,6 +218,12 @@ def _new_base(analysis: Analysis) -> Base:
 
 
 _BASES: dict[int, tuple[weakref.ref, Base]] = {}
+
+
+def forget_base(analysis: Analysis) -> None:
+    """Drop the base of ``analysis`` and what was computed from it (after its scratch changed)."""
+    _BASES.pop(id(analysis), None)
+    forget(analysis)
 
 
 def base_of(analysis: Analysis) -> Base:

@@ -26,8 +26,11 @@ are allocated before its inputs are freed, so both count at step k. "Live in" of
 what step k allocates; "live out" excludes what step k frees. The peak is the largest working set;
 ties go to the earliest step. Host memory is accounted the same way.
 
-Not modelled: onnxruntime's buffer reuse inside an op (in-place kernels, Reshape/Squeeze aliases),
-the arena's rounding and fragmentation, and kernel workspaces. An outer tensor a subgraph reads
+Kernel scratch (what a kernel allocates while it runs and frees before it returns) is part of the
+node's working set when a measured profile records it (`offloadctl.simulation.timing.count_scratch`).
+Not modelled here: onnxruntime's buffer reuse inside an op (in-place kernels, Reshape/Squeeze
+aliases) and the arena's rounding and fragmentation; `offloadctl.simulation.ortcpu` models them for
+the CPU arena's own figure. An outer tensor a subgraph reads
 counts as read by the parent node. Tensors whose size is unknown count as
 0 bytes in every figure; `SimResult.unknown_tensors` lists them so the figures are never silently
 low.

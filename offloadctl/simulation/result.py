@@ -15,7 +15,7 @@ from offloadctl.contract.types import Plan
 from offloadctl.simulation.memory import MemoryTrace, base_lower_bound, trace
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
 from offloadctl.simulation.program import before_program, program_for
-from offloadctl.simulation.timing import TimeFigures, node_costs, times
+from offloadctl.simulation.timing import TimeFigures, count_scratch, node_costs, times
 
 __all__ = ["CONVENTION", "SimResult", "simulate"]
 
@@ -131,12 +131,15 @@ def simulate(
         analysis: the analysed model: an original model, or one already rewritten by apply.
         plan: a scheduled plan for this model (None: no plan). Not allowed for a rewritten model.
         profile: a `Profile`, a bundled profile name or a profile file; None skips the time model.
+            The kernel scratch a measured profile records counts in the memory figures
+            (`offloadctl.simulation.timing.count_scratch`).
         plan_source: how to name the plan in error messages (e.g. its file).
 
     Raises:
         OffloadError: the plan is not scheduled, belongs to another model, or contradicts it.
     """
     prof = load_profile(profile) if isinstance(profile, str) else profile
+    count_scratch(analysis, prof)
     base, program = program_for(analysis, plan, plan_source)
     unplanned = before_program(base)
     before = trace(unplanned, base)

@@ -21,6 +21,9 @@ in-line cost of a copy node, from the measured fit). Every figure includes the p
   node waits for the copies whose outputs it reads; at each offloaded buffer's release point the
   compute stream waits for that buffer's D2H (HyperOffload's release event). The run ends when the
   compute stream and both copy streams are done.
+
+The same node table carries each measured node's kernel scratch; `count_scratch` puts it into the
+analysis, where every memory figure counts it.
 """
 
 from __future__ import annotations
@@ -34,11 +37,11 @@ import onnx
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.loading.model import TensorInfo
-from offloadctl.simulation.base import Base, base_of
+from offloadctl.simulation.base import Base, base_of, forget_base
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, NodeTime, Profile, load_profile
 from offloadctl.simulation.program import Program
 
-__all__ = ["Costs", "TimeFigures", "node_costs", "node_flops", "node_seconds", "times"]
+__all__ = ["Costs", "TimeFigures", "count_scratch", "node_costs", "node_flops", "node_seconds", "times"]
 
 ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
 MATMUL_OPS = frozenset({"MatMul", "FusedMatMul"})
@@ -250,3 +253,27 @@ def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
         nodes=len(node_seconds),
         measured_nodes=costs.measured,
     )
+
+
+def count_scratch(analysis: Analysis, profile: Profile | str | None) -> int:
+    """Count the kernel scratch a measured profile records (`NodeTime.scratch_bytes`) in every memory
+    figure of ``analysis``: each node the profile measured (same name, op type and input shapes) holds
+    its scratch while it runs. Without a measured profile no scratch is counted. Returns the number of
+    nodes with scratch."""
+    prof = load_profile(profile) if isinstance(profile, str) else profile
+    measured = prof.measured if prof is not None else None
+    found: dict[int, int] = {}
+    if measured is not None:
+        infos = analysis.infos
+
+        def shape_of(name: str) -> tuple[int, ...] | None:
+            return _dims(infos, name)
+
+        for p, node in enumerate(analysis.nodes):
+            hit = measured.nodes.get(node.name or f"{node.op_type}_{analysis.file_index[p]}")
+            if hit is not None and hit.scratch_bytes and _measured_match(hit, node, shape_of):
+                found[p] = hit.scratch_bytes
+    if found != analysis.scratch:
+        analysis.scratch = found
+        forget_base(analysis)
+    return len(found)

@@ -99,6 +99,7 @@ class NodeTime:
     op_type: str
     seconds: float
     input_shapes: tuple[tuple[int, ...] | None, ...] | None  # None: not recorded
+    scratch_bytes: int = 0  # what the kernel allocated while it ran and freed before it returned
 
 
 @dataclass(frozen=True, eq=False)
@@ -251,7 +252,7 @@ def _measured(doc: dict[str, Any]) -> MeasuredTimes:
         sha256=doc["model"]["sha256"],
         node_overhead_s=float(doc["executor"]["node_overhead_s"]),
         nodes={
-            name: NodeTime(entry["op_type"], float(entry["seconds"]), shapes(entry))
+            name: NodeTime(entry["op_type"], float(entry["seconds"]), shapes(entry), int(entry.get("scratch_bytes", 0)))
             for name, entry in doc["nodes"].items()
         },
     )

@@ -1,0 +1,66 @@
+"""A plan's rewritten model in memory, analysed as it will run, and the CPU arena's figure for it.
+
+`simulate` reports the CPU arena's peak (`offloadctl.simulation.ortcpu`) of the model before and after
+its plan. The "after" is the rewritten model itself, built by `apply_plan` without writing a file
+and analysed in the same execution order, so the figure counts what onnxruntime will see: the copy
+nodes, their buffers and the planner's reuse around them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx
+
+from offloadctl.analysis.graph import Analysis, analyse
+from offloadctl.contract.types import Plan
+from offloadctl.rewriting.rewrite import apply_plan
+from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
+from offloadctl.simulation.profiles import Profile
+from offloadctl.simulation.timing import count_scratch
+
+__all__ = ["CpuFigures", "cpu_figures", "rewritten_analysis"]
+
+
+def rewritten_analysis(plan: Plan, analysis: Analysis) -> Analysis:
+    """The analysis of ``analysis``'s model rewritten by ``plan`` (in memory), in the same order."""
+    proto = apply_plan(plan, analysis)
+    loaded = dataclasses.replace(analysis.loaded, proto=proto, sizes_from_run=None)
+    rewritten = analyse(loaded, order=analysis.order)
+    measured = analysis.infos.measured
+    if measured is not None:
+        rewritten.infos.use_measured(measured)
+    return rewritten
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuFigures:
+    """The CPU arena's figures before and after a plan (``before`` is None for a model that is
+    already rewritten: its original is not at hand)."""
+
+    before: CpuPeak | None
+    after: CpuPeak
+    execution_order: str
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "execution_order": self.execution_order,
+            "before": None if self.before is None else self.before.to_json(),
+            "after": self.after.to_json(),
+        }
+
+
+def cpu_figures(analysis: Analysis, plan: Plan | None, *, rewritten: bool, profile: Profile | None) -> CpuFigures:
+    """The CPU arena's peak of the model (``before``) and of it rewritten by ``plan`` (``after``; the
+    model itself without a plan), counting the kernel scratch ``profile`` measured.
+
+    Shapes the allocation planner compares are those of the model file as written (symbolic
+    dimensions kept), sizes those of the analysis (its pins)."""
+    file_shapes = declared_shapes(onnx.load(str(analysis.loaded.path), load_external_data=False))
+    count_scratch(analysis, profile)
+    here = cpu_peak(analysis, shapes=file_shapes)
+    if plan is None:
+        return CpuFigures(None if rewritten else here, here, analysis.order)
+    after = rewritten_analysis(plan, analysis)
+    count_scratch(after, profile)
+    return CpuFigures(here, cpu_peak(after), analysis.order)
