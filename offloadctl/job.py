@@ -24,7 +24,7 @@ from offloadctl.contract.types import Plan, SizesFromRun
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.loading.model import load_model
-from offloadctl.rewriting.rewrite import ApplyResult, apply_plan, check_model_outputs, write_model
+from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, check_model_outputs, write_model
 from offloadctl.running.sizes import analysed
 
 __all__ = ["Job", "plan_model"]
@@ -154,7 +154,12 @@ class Job:
         return out
 
     def write_rewrite(
-        self, output: str | os.PathLike[str], *, result: ApplyResult | None = None, step: Step = _no_step
+        self,
+        output: str | os.PathLike[str],
+        *,
+        result: ApplyResult | None = None,
+        step: Step = _no_step,
+        options: RewriteOptions | None = None,
     ) -> tuple[Any, list[Path]]:
         """The apply protocol: insert the job's scheduled plan into its model and write it to ``output``
         atomically, with the source model's permission bits, the data files it names copied beside
@@ -166,7 +171,7 @@ class Job:
         self.guard("the rewritten model", output)
         check_model_outputs(loaded.proto, output, source, self.reads, locations=loaded.data_locations)
         step(f"rewriting {loaded.path}")
-        proto = apply_plan(self.plan, self.analysis, result=result)
+        proto = apply_plan(self.plan, self.analysis, result=result, options=options)
         step(f"writing {output}")
         written = write_model(
             proto,

@@ -20,7 +20,7 @@ from offloadctl.core.files import sha256_file
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.metadata import session_settings
-from offloadctl.rewriting.rewrite import ApplyResult, apply_plan, write_model
+from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, write_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
@@ -87,11 +87,14 @@ def _feeds(name: str) -> dict:
         return {k: data[k] for k in data.files}
 
 
-def _rewrite(model_path: Path, out: Path, **plan_kw) -> tuple[dict, onnx.ModelProto, ApplyResult]:
+def _rewrite(
+    model_path: Path, out: Path, *, pins: bool = False, **plan_kw
+) -> tuple[dict, onnx.ModelProto, ApplyResult]:
+    """Plan and apply; the bare encoding (no order pins) unless ``pins``."""
     analysis = analyse(load_model(model_path))
     plan = make_plan(analysis, **plan_kw)
     result = ApplyResult()
-    proto = apply_plan(plan, analysis, result=result)
+    proto = apply_plan(plan, analysis, result=result, options=RewriteOptions(order_pins=pins))
     write_model(proto, out, source_dir=model_path.parent)
     return plan, proto, result
 
@@ -159,7 +162,13 @@ def test_sample_rewrites_are_equivalent(name, select_distance, prefetch_distance
     before = sha256_file(model_path)
     out = tmp_path / f"{name}.offload.onnx"
     plan, proto, result = _rewrite(
-        model_path, out, params=True, select_distance=select_distance, prefetch_distance=prefetch_distance, min_bytes=0
+        model_path,
+        out,
+        pins=True,  # what apply writes
+        params=True,
+        select_distance=select_distance,
+        prefetch_distance=prefetch_distance,
+        min_bytes=0,
     )
     weights = any(o["kind"] == "parameter" for o in plan["offloads"])
     assert result.h2d == len(_copies(proto)) - result.d2h
@@ -167,7 +176,8 @@ def test_sample_rewrites_are_equivalent(name, select_distance, prefetch_distance
     assert sha256_file(model_path) == before
     settings = session_settings(onnx.load(str(out)))
     assert settings["execution_order"] == "PRIORITY_BASED"
-    assert ("disabled_optimizers" in settings) == weights
+    # ConstantFolding would fold offloaded weights back onto the device, and the pins' Shape nodes away
+    assert ("disabled_optimizers" in settings) == (weights or result.pins > 0)
 
 
 def test_samples_exercise_activations_and_weights():
@@ -593,3 +603,112 @@ def test_constant_numbers_become_initializers_of_their_type_and_shape(attr, valu
     assert tensor.name == "c"
     array = numpy_helper.to_array(tensor)
     assert array.dtype == dtype and array.tolist() == value
+
+
+# ---------------------------------------------------------------------------------------------
+# Order pins: the plan holds in onnxruntime's DEFAULT order (every host but Python)
+
+
+def _ran(path: Path, feeds: dict, prefix: Path, order) -> list[str]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.execution_order = order
+    so.enable_profiling = True
+    so.profile_file_prefix = str(prefix)
+    so.log_severity_level = 3
+    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    session.run(None, feeds)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    kernels = sorted(
+        (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
+    )
+    return [e["name"][: -len("_kernel_time")] for e in kernels]
+
+
+def _held(proto: onnx.ModelProto, ran: list[str]) -> tuple[int, list[dict]]:
+    """(pin constraints checked, those that did not hold) against an order that ran."""
+    pins = json.loads(next(p.value for p in proto.metadata_props if p.key == "offloadctl.order_pins"))
+    at = {name: k for k, name in enumerate(ran)}
+
+    def broken(c: dict) -> bool:
+        return at[c["copy"]] > at[c["before"]] if "before" in c else at[c["copy"]] < at[c["after"]]
+
+    return len(pins), [c for c in pins if broken(c)]
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_pins_hold_every_copy_in_the_default_order(name, tmp_path):
+    """Without pins onnxruntime's DEFAULT order moves each D2H next to its H2D; with them every
+    D2H runs before the node after its planned point and every H2D after the node before it, the
+    outputs stay bit-identical, and PRIORITY_BASED still runs the file order."""
+    model_path = SAMPLES / f"{name}.onnx"
+    feeds = _feeds(name)
+    out, bare = tmp_path / "pinned.onnx", tmp_path / "bare.onnx"
+    plan, proto, result = _rewrite(model_path, out, pins=True, params=True, select_distance=2, prefetch_distance=1)
+    _, bare_proto, _ = _rewrite(model_path, bare, pins=False, params=True, select_distance=2, prefetch_distance=1)
+    if not plan["offloads"]:
+        pytest.skip("nothing offloaded")
+    assert result.pins > 0 and not result.unpinned
+    ran = _ran(out, feeds, tmp_path / "d", ort.ExecutionOrder.DEFAULT)
+    checked, broken = _held(proto, ran)
+    assert checked > 0 and broken == []
+    assert [n for n in ran if n in set(_file_order(proto))] == [n for n in ran]  # every node is the file's
+    for w, g in zip(_run(model_path, feeds), _run_in(out, feeds, ort.ExecutionOrder.DEFAULT)):
+        assert np.array_equal(w, g)
+    assert _profiled_order(out, feeds, tmp_path / "p") == _file_order(proto)
+    assert not any(n.op_type == "Shape" for n in bare_proto.graph.node if n.name.startswith("offload"))
+    if name in ("unet", "transformer", "training"):  # not a plain chain: the DEFAULT order moves the bare copies
+        _, moved = _held(proto, _ran(bare, feeds, tmp_path / "b", ort.ExecutionOrder.DEFAULT))
+        assert moved
+
+
+def _run_in(path: Path, feeds: dict, order) -> list[np.ndarray]:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.execution_order = order
+    so.log_severity_level = 3
+    return ort.InferenceSession(
+        str(path), so, providers=["CPUExecutionProvider"], disabled_optimizers=["ConstantFolding"]
+    ).run(None, feeds)
+
+
+def test_pins_survive_all_optimizations(tmp_path):
+    """At ORT_ENABLE_ALL (ConstantFolding off, as the model asks) the pins still hold the copies,
+    and the outputs stay close."""
+    model_path = SAMPLES / "transformer.onnx"
+    feeds = _feeds("transformer")
+    out = tmp_path / "pinned.onnx"
+    _, proto, _ = _rewrite(model_path, out, pins=True, params=True, select_distance=2, prefetch_distance=1)
+    so = ort.SessionOptions()
+    so.execution_order = ort.ExecutionOrder.DEFAULT
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "all")
+    so.log_severity_level = 3
+    session = ort.InferenceSession(
+        str(out), so, providers=["CPUExecutionProvider"], disabled_optimizers=["ConstantFolding"]
+    )
+    got = session.run(None, feeds)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    kernels = sorted(
+        (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
+    )
+    ran = [e["name"][: -len("_kernel_time")] for e in kernels]
+    pins = json.loads(next(p.value for p in proto.metadata_props if p.key == "offloadctl.order_pins"))
+    at = {n: k for k, n in enumerate(ran)}
+    both = [c for c in pins if c["copy"] in at and (c.get("before") or c.get("after")) in at]
+    assert len(both) > len(pins) // 2  # fusions rename some original nodes; the rest are checked
+    assert all(at[c["copy"]] < at[c["before"]] if "before" in c else at[c["copy"]] > at[c["after"]] for c in both)
+    for w, g in zip(_run(model_path, feeds, ENABLE_ALL), got):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_pins_make_no_cycle_and_skip_weights(write_model, tmp_path):
+    """A pin views activations only (never a weight), and the rewritten graph stays a DAG."""
+    path = write_model(TWO_GROUPS)
+    out = tmp_path / "out.onnx"
+    plan, proto, result = _rewrite(path, out, pins=True, select_distance=2, prefetch_distance=1)
+    onnx.checker.check_model(proto, full_check=True)
+    weights = {t.name for t in proto.graph.initializer}
+    views = [n for n in proto.graph.node if n.op_type == "Reshape" and n.name.startswith("offload/pin/")]
+    assert views and not any(v.input[0] in weights for v in views)
+    assert result.pins == len(views)

@@ -106,9 +106,19 @@ def test_plan_records_dims_and_apply_and_simulate_reuse_them(run_cli, write_mode
     assert sim.exit_code == 0, sim.stderr
     assert sim.json()["unknown_size"]["count"] == 0
     rewritten = onnx.load(str(out))
-    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in rewritten.graph.input}
-    assert shapes == {"x": [2, 5, 8], "z": [2, 8]}
-    # the rewritten model carries its pins: `run` generates inputs of those sizes, no pin needed
+    # the rewritten model keeps the source's dynamic dimensions ...
+    shapes = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in rewritten.graph.input}
+    declared = {
+        v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]
+        for v in onnx.load(str(path)).graph.input
+    }
+    assert shapes == declared and shapes != {"x": [2, 5, 8], "z": [2, 8]}
+    # ... or the planning pins with --pin-shapes
+    pinned = tmp_path / "pinned.onnx"
+    assert run_cli("apply", plan_path, "-o", pinned, "--pin-shapes").exit_code == 0
+    kept = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in onnx.load(str(pinned)).graph.input}
+    assert kept == {"x": [2, 5, 8], "z": [2, 8]}
+    # the rewritten model records the shapes it was planned at: `run` generates inputs of those sizes
     ran = run_cli("run", out, "--device", "cpu", "--repeat", "1", "--compare-to", path, "--json")
     assert ran.exit_code == 0, ran.stderr
     assert ran.json()["inputs"]["x"]["shape"] == [2, 5, 8]

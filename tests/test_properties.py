@@ -29,7 +29,7 @@ from offloadctl.contract.document import validate_plan
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import make_plan
 from offloadctl.planning.select import select
-from offloadctl.rewriting.rewrite import apply_plan, write_model
+from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan, write_model
 
 from models import make_model, tensor
 
@@ -304,8 +304,8 @@ def test_random_plans_obey_the_rules(random_model: RandomModel, opts: dict) -> N
     check_plan(analysis, make_plan(analysis, **opts), opts)
 
 
-def _session(path: Path, *, profile_prefix: Path | None = None, prepacking: bool = True):
-    """A CPU session at ORT_DISABLE_ALL in PRIORITY_BASED order.
+def _session(path: Path, *, profile_prefix: Path | None = None, prepacking: bool = True, order: str = "PRIORITY_BASED"):
+    """A CPU session at ORT_DISABLE_ALL in PRIORITY_BASED order (or ``order``).
 
     ``prepacking=False`` stops MatMul/Gemm/Conv from pre-packing constant weights: an offloaded
     weight reaches its consumer through MemcpyFromHost, is no longer constant and is never
@@ -316,7 +316,7 @@ def _session(path: Path, *, profile_prefix: Path | None = None, prepacking: bool
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    so.execution_order = getattr(ort.ExecutionOrder, order)
     so.log_severity_level = 3
     if not prepacking:
         so.add_session_config_entry("session.disable_prepacking", "1")
@@ -333,7 +333,7 @@ def test_random_rewrites_check_run_identically_and_in_order(random_model: Random
         folder = Path(tmp)
         analysis = _analyse(random_model, folder)
         plan = make_plan(analysis, **opts)
-        rewritten = apply_plan(plan, analysis)
+        rewritten = apply_plan(plan, analysis, options=RewriteOptions(order_pins=False))  # the bare encoding
         event(f"offloads: {min(len(plan['offloads']), 3)}{'+' if len(plan['offloads']) >= 3 else ''}")
         event(f"weights offloaded: {any(o['kind'] == 'parameter' for o in plan['offloads'])}")
         event(f"nodes: {'<8' if analysis.num_positions < 8 else '8+'}")
@@ -365,6 +365,46 @@ def test_random_rewrites_check_run_identically_and_in_order(random_model: Random
         )
         ran = [e["name"][: -len("_kernel_time")] for e in kernels]
         assert ran == [n.name for n in rewritten.graph.node]
+
+
+@settings(PROPERTIES, max_examples=40)
+@given(random_model=dag_models(), opts=plan_options)
+def test_random_pinned_rewrites_keep_the_plan_in_the_default_order(random_model: RandomModel, opts: dict) -> None:
+    """With order pins (what apply writes): bit-identical outputs in both orders, the file order is the
+    PRIORITY_BASED order, and every pinned copy runs on its side of its node in the DEFAULT order."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        analysis = _analyse(random_model, folder)
+        plan = make_plan(analysis, **opts)
+        rewritten = apply_plan(plan, analysis)
+        onnx.checker.check_model(rewritten, full_check=True)
+        out = folder / "model.offload.onnx"
+        write_model(rewritten, out, source_dir=folder)
+        prepacking = not any(o["kind"] == "parameter" for o in plan["offloads"])
+        want = _session(folder / "model.onnx", prepacking=prepacking).run(None, random_model.feeds)
+        for order, prefix in (("PRIORITY_BASED", "p"), ("DEFAULT", "d")):
+            session = _session(out, profile_prefix=folder / prefix, prepacking=prepacking, order=order)
+            got = session.run(None, random_model.feeds)
+            for w, g in zip(want, got, strict=True):
+                assert np.array_equal(w, g, equal_nan=True)
+            events = json.loads(Path(session.end_profiling()).read_text())
+            kernels = sorted(
+                (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")),
+                key=lambda e: e["ts"],
+            )
+            ran = [e["name"][: -len("_kernel_time")] for e in kernels]
+            if order == "PRIORITY_BASED":
+                assert ran == [n.name for n in rewritten.graph.node]
+            else:
+                pins = json.loads(
+                    dict((p.key, p.value) for p in rewritten.metadata_props).get("offloadctl.order_pins", "[]")
+                )
+                at = {name: k for k, name in enumerate(ran)}
+                for c in pins:
+                    if "before" in c:
+                        assert at[c["copy"]] < at[c["before"]]
+                    else:
+                        assert at[c["copy"]] > at[c["after"]]
 
 
 def test_the_strategy_covers_every_operator_and_reuse() -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -584,7 +585,9 @@ def test_simulated_order_is_the_order_onnxruntime_runs(samples, tmp_path, name):
         (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
     )
     ran = [e["name"][: -len("_kernel_time")] for e in kernels]
-    assert ran == result.after.labels
+    # an order pin's nodes move no data and are not steps of the simulation
+    pins = {n.name for n in onnx.load(str(out)).graph.node if n.name.startswith("offload/pin/")}
+    assert pins and [name for name in ran if name not in pins] == result.after.labels
 
 
 def test_plan_command_prints_the_simulated_peak(run_cli, tmp_path, seed_path):

@@ -17,7 +17,7 @@ from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
 from offloadctl.job import Job, plan_model
-from offloadctl.rewriting.rewrite import ApplyResult
+from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions
 from offloadctl.simulation.estimate import recorded_estimate
 
 __all__ = ["COMMANDS"]
@@ -32,22 +32,39 @@ __all__ = ["COMMANDS"]
     default=None,
     help="The model the plan was made for (default: the plan's model.path).",
 )
+@click.option(
+    "--no-order-pins",
+    "order_pins",
+    flag_value=False,
+    default=True,
+    help="Leave out the no-op views that hold each copy where it was planned in onnxruntime's DEFAULT order; "
+    "the plan then holds only under PRIORITY_BASED (Python hosts).",
+)
+@click.option(
+    "--pin-shapes",
+    is_flag=True,
+    help="Keep the input dimensions the plan was made at pinned in the rewritten model (by default it keeps the "
+    "model's symbolic dimensions, so it runs at any shape).",
+)
 @json_option
-def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None:
+def apply(plan_path: str, output: str, model: str | None, order_pins: bool, pin_shapes: bool, as_json: bool) -> None:
     """Insert the copies of a scheduled plan into its model and write OUT.onnx.
 
     The input model is not modified. Run the result with `offloadctl run`, or in your own
     onnxruntime session with the settings recorded in its metadata (offloadctl.session):
-    PRIORITY_BASED execution order, ConstantFolding disabled when weights are offloaded.
-    The peak and time figures are those `offloadctl plan` recorded in the plan (`simulate OUT`
-    computes them for the rewritten model).
+    ConstantFolding disabled, and PRIORITY_BASED execution order where the host can set it (order
+    pins hold the copies in place in the DEFAULT order, the only one C, C++, C#, Java,
+    onnxruntime-genai and Triton hosts run). The rewritten model keeps the source's dynamic
+    dimensions unless --pin-shapes. The peak and time figures are those `offloadctl plan`
+    recorded in the plan (`simulate OUT` computes them for the rewritten model).
     """
     plan = read_plan(plan_path, stages=("scheduled",))
     check_output_path(output, plan_path, plan_model(plan, plan_path, model))  # before the model loads
     result = ApplyResult()
     with steps(not as_json, total=4) as step:
         job = Job.of_plan(plan_path, stages=("scheduled",), model=model, step=step, plan=plan)
-        _, extra = job.write_rewrite(output, result=result, step=step)
+        options = RewriteOptions(order_pins=order_pins, pin_shapes=pin_shapes)
+        _, extra = job.write_rewrite(output, result=result, step=step, options=options)
     model_path = job.model_path
     figures = recorded_estimate(plan)
     if not as_json:
@@ -57,6 +74,10 @@ def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None
             f"({result.activations} activation(s), {result.parameters} weight(s) offloaded)",
             soft_wrap=True,
         )
+        if result.pins:
+            console.print(f"held the copies in place with {result.pins} order pin(s) (no-op views)", soft_wrap=True)
+        for reason in result.unpinned:
+            console.print(f"[yellow]not pinned[/]: {reason}", soft_wrap=True)
         for path in extra:
             console.print(f"placed data file {path}", soft_wrap=True)
         if figures is not None:
@@ -83,6 +104,8 @@ def apply(plan_path: str, output: str, model: str | None, as_json: bool) -> None
             "plan": plan_path,
             "output": output,
             "copies": {"d2h": result.d2h, "h2d": result.h2d},
+            "order_pins": result.pins,
+            "unpinned": result.unpinned,
             "offloaded": {"activations": result.activations, "parameters": result.parameters},
             "data_files": [str(p) for p in extra],
             "estimate": figures,  # recorded by `offloadctl plan`; None for a plan made otherwise

@@ -19,7 +19,10 @@ from offloadctl.core.memcpy import COPY_OPS, MEMCPY_TO_HOST
 __all__ = [
     "BACKWARD_ATTR",
     "ONNX_DOMAINS",
+    "PIN_ATTR",
     "copy_kind",
+    "is_pin",
+    "pin_view_source",
     "defined_names",
     "has_subgraphs",
     "is_backward",
@@ -50,6 +53,24 @@ def is_constant_node(node: onnx.NodeProto) -> bool:
 def is_backward(node: onnx.NodeProto) -> bool:
     """A node of the backward pass (``__backwardpass`` set to an odd value)."""
     return any(a.name == BACKWARD_ATTR and a.i % 2 == 1 for a in node.attribute)
+
+
+#: The attribute `offloadctl apply` puts on the nodes of an order pin (a no-op view; see
+#: `offloadctl.rewriting.rewrite`): 1 on the view (a Reshape to its input's own shape), 0 on the
+#: Shape/Slice/Concat nodes that compute that shape.
+PIN_ATTR = "__offload_pin"
+
+
+def is_pin(node: onnx.NodeProto) -> bool:
+    """A node of an order pin: it moves no data and takes no place among the model's own nodes."""
+    return bool(node.attribute) and any(a.name == PIN_ATTR for a in node.attribute)
+
+
+def pin_view_source(node: onnx.NodeProto) -> str | None:
+    """For a pin's view (its Reshape), the tensor it is a view of; None for any other node."""
+    if node.op_type == "Reshape" and node.input and any(a.name == PIN_ATTR and a.i == 1 for a in node.attribute):
+        return node.input[0]
+    return None
 
 
 def copy_kind(node: onnx.NodeProto) -> str | None:

@@ -100,6 +100,9 @@ class LoadedModel:
     data_locations: tuple[str, ...] | None = None
     # read every size from one run (`offloadctl.running.sizes`) when the model is analysed; None: infer them
     sizes_from_run: SizesFromRun | None = None
+    # the types graph inputs, outputs and value_info declared before the pins were applied (serialized
+    # TypeProtos by name; None without pins): a rewrite gives them back, so the model stays dynamic
+    declared_types: dict[str, bytes] | None = None
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -313,6 +316,10 @@ def load_model(
     data_files, data_locations = _checked_data_files(proto, p)
     pinned = {k: list(v) for k, v in (input_shapes or {}).items()}
     named = dict(dims or {})
+    declared = None
+    if pinned or named:
+        graph = proto.graph
+        declared = {vi.name: vi.type.SerializeToString() for vi in [*graph.input, *graph.output, *graph.value_info]}
     if named:
         _check_dims(proto, named, pinned, p)
     if pinned:
@@ -330,6 +337,7 @@ def load_model(
         dims=named,
         data_locations=data_locations,
         sizes_from_run=None if sizes_from_run is None else {**sizes_from_run},
+        declared_types=declared,
     )
 
 

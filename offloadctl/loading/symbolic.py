@@ -35,7 +35,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto
 
-from offloadctl.core.onnxutil import copy_kind, subgraphs
+from offloadctl.core.onnxutil import copy_kind, pin_view_source, subgraphs
 
 __all__ = ["VALUE_BYTES", "NodeFailure", "SymbolicResult", "TypeHint", "copies_as_identity", "symbolic_value_infos"]
 
@@ -285,8 +285,13 @@ def copies_as_identity(proto: onnx.ModelProto) -> onnx.ModelProto:
     """The model without its MemcpyToHost/MemcpyFromHost copies (a copy; the model itself when it
     has none), for onnxruntime's symbolic shape inference, which gives up on ops it does not know
     and needs constant inputs (axes, shapes) as constants: each copy becomes an Identity and every
-    reader of a copy, in subgraphs too, reads the copied tensor itself."""
-    copies = [i for i, n in enumerate(proto.graph.node) if copy_kind(n) is not None and len(n.input) == 1]
+    reader of a copy, in subgraphs too, reads the copied tensor itself. An order pin's view (a
+    no-op Reshape, `offloadctl.contract.pins`) is read as the tensor it views, the same way."""
+    copies = [
+        i
+        for i, n in enumerate(proto.graph.node)
+        if (copy_kind(n) is not None and len(n.input) == 1) or pin_view_source(n) is not None
+    ]
     if not copies:
         return proto
     plain = onnx.ModelProto()
@@ -296,6 +301,7 @@ def copies_as_identity(proto: onnx.ModelProto) -> onnx.ModelProto:
         node = plain.graph.node[i]
         node.op_type = "Identity"
         del node.attribute[:]
+        del node.input[1:]  # a pin's view: its shape input goes
         source[node.output[0]] = node.input[0]
 
     def original(name: str) -> str:

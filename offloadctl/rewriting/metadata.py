@@ -9,12 +9,20 @@
   run them where they were planned::
 
       {"execution_order": "PRIORITY_BASED",
-       "disabled_optimizers": ["ConstantFolding"],     # only when weights are offloaded
+       "order_pins": true,                            # the DEFAULT order keeps the plan too
+       "disabled_optimizers": ["ConstantFolding"],     # when weights are offloaded or pins added
        "cann": {"enable_cann_graph": "0"}}
 
   PRIORITY_BASED makes onnxruntime run the nodes in file order (the default order moves the
-  copies); ConstantFolding would turn ``MemcpyFromHost(weight)`` back into a device weight; the
-  CANN graph mode compiles subgraphs, owns their memory and splits at every copy.
+  copies unless order pins hold them); ConstantFolding would turn ``MemcpyFromHost(weight)`` back
+  into a device weight and fold the order pins' Shape nodes away (it is disabled when either is
+  there); the CANN graph mode compiles subgraphs, owns their memory and splits at every copy.
+- ``offloadctl.planned_at``: JSON of the shapes the plan's sizes hold for and the order its
+  positions count in: ``{"input_shapes": {...}, "dims": {...}, "execution_order": "priority"}``
+  (`offloadctl run` generates inputs at these shapes when none are given).
+- ``offloadctl.order_pins``: JSON list of the order each pin guarantees, ``{"copy": NODE,
+  "before": NODE}`` or ``{"copy": NODE, "after": NODE}`` (original nodes); `offloadctl run` checks
+  them against the order that ran.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ __all__ = [
     "KEY_PLAN_SHA256",
     "KEY_OFFLOADS",
     "KEY_SESSION",
+    "KEY_PLANNED_AT",
+    "KEY_PINS",
+    "metadata_json",
     "plan_sha256",
     "make_session_settings",
     "set_metadata",
@@ -43,6 +54,8 @@ KEY_VERSION = "offloadctl.version"
 KEY_PLAN_SHA256 = "offloadctl.plan_sha256"
 KEY_OFFLOADS = "offloadctl.offloads"
 KEY_SESSION = "offloadctl.session"
+KEY_PLANNED_AT = "offloadctl.planned_at"
+KEY_PINS = "offloadctl.order_pins"
 
 
 def plan_sha256(plan: Plan) -> str:
@@ -55,10 +68,12 @@ def plan_sha256(plan: Plan) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def make_session_settings(*, weights_offloaded: bool) -> dict[str, Any]:
+def make_session_settings(*, weights_offloaded: bool, pinned: bool = False) -> dict[str, Any]:
     """The session settings an offloaded model needs (see the module docstring)."""
     settings: dict[str, Any] = {"execution_order": "PRIORITY_BASED"}
-    if weights_offloaded:
+    if pinned:
+        settings["order_pins"] = True  # the copies are held in place in the DEFAULT order too
+    if weights_offloaded or pinned:
         settings["disabled_optimizers"] = ["ConstantFolding"]
     settings["cann"] = {"enable_cann_graph": "0"}
     return settings
@@ -72,6 +87,17 @@ def set_metadata(model: onnx.ModelProto, values: dict[str, str]) -> None:
         entry = model.metadata_props.add()
         entry.key = key
         entry.value = value
+
+
+def metadata_json(model: onnx.ModelProto, key: str) -> Any:
+    """The JSON value of metadata entry ``key`` (None when absent or not valid JSON)."""
+    for prop in model.metadata_props:
+        if prop.key == key:
+            try:
+                return json.loads(prop.value)
+            except (json.JSONDecodeError, RecursionError):
+                return None
+    return None
 
 
 def session_settings(model: onnx.ModelProto) -> dict[str, Any] | None:

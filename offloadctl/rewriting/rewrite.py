@@ -57,6 +57,7 @@ from collections import Counter, defaultdict
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -66,16 +67,27 @@ from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.order import execution_order
 from offloadctl.contract.check import check_plan_for_model
+from offloadctl.contract.pins import pin_layout, viewable
 from offloadctl.contract.types import Offload, Plan, Use
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write, check_distinct_outputs, same_file
 from offloadctl.core.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, register_schemas
-from offloadctl.core.onnxutil import BACKWARD_ATTR, is_backward, is_constant_node, iter_graphs, rename_outer, subgraphs
+from offloadctl.core.onnxutil import (
+    BACKWARD_ATTR,
+    PIN_ATTR,
+    is_backward,
+    is_constant_node,
+    iter_graphs,
+    rename_outer,
+    subgraphs,
+)
 from offloadctl.loading.model import TensorInfo, external_data_entries
 from offloadctl.rewriting.metadata import (
     KEY_OFFLOADS,
+    KEY_PINS,
     KEY_PLAN_SHA256,
+    KEY_PLANNED_AT,
     KEY_SESSION,
     KEY_VERSION,
     make_session_settings,
@@ -85,6 +97,7 @@ from offloadctl.rewriting.metadata import (
 
 __all__ = [
     "ApplyResult",
+    "RewriteOptions",
     "MAX_EMBEDDED_BYTES",
     "apply_plan",
     "check_model_outputs",
@@ -111,16 +124,41 @@ class ApplyResult:
     parameters: int = 0
     reordered: int = 0  # nodes onnxruntime runs at another place than planned (Shape/Size first)
     copy_nodes: list[str] = field(default_factory=list)
+    pins: int = 0  # no-op views added to hold copies in place (`RewriteOptions.order_pins`)
+    unpinned: list[str] = field(default_factory=list)  # copies no pin could hold (and why)
+
+
+@dataclass(frozen=True)
+class RewriteOptions:
+    """How a plan is written into the model.
+
+    Attributes:
+        order_pins: add the no-op views that hold every copy where it was planned in any execution
+            order (onnxruntime's DEFAULT order included: the only one hosts other than Python run).
+            Without them only PRIORITY_BASED keeps the plan (``apply --no-order-pins``).
+        pin_shapes: keep the input dimensions pinned at planning time in the rewritten model
+            (``apply --pin-shapes``); by default the model keeps the source's symbolic dimensions.
+    """
+
+    order_pins: bool = True
+    pin_shapes: bool = False
 
 
 @paused_gc()
-def apply_plan(plan: Plan, analysis: Analysis, *, result: ApplyResult | None = None) -> onnx.ModelProto:
+def apply_plan(
+    plan: Plan,
+    analysis: Analysis,
+    *,
+    result: ApplyResult | None = None,
+    options: RewriteOptions | None = None,
+) -> onnx.ModelProto:
     """Return a copy of the analysed model with the plan's copies inserted.
 
     Args:
         plan: a validated plan at stage "scheduled", made for this model.
         analysis: the analysis of the model (with the plan's input shapes).
         result: filled with counts of what was inserted, when given.
+        options: order pins and shapes (`RewriteOptions`; its defaults when None).
 
     Raises:
         OffloadError: the plan does not fit the model (unknown tensor, other kind, other uses,
@@ -133,7 +171,8 @@ def apply_plan(plan: Plan, analysis: Analysis, *, result: ApplyResult | None = N
             hint="run offloadctl prefetch on it first (or offloadctl plan to do every stage)",
         )
     check_plan_for_model(plan, analysis)
-    return _Rewriter(plan, analysis, result if result is not None else ApplyResult()).run()
+    rewriter = _Rewriter(plan, analysis, result if result is not None else ApplyResult(), options or RewriteOptions())
+    return rewriter.run()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,10 +266,13 @@ def _constant_to_initializer(node: onnx.NodeProto) -> TensorProto:
 
 
 class _Rewriter:
-    def __init__(self, plan: Plan, analysis: Analysis, result: ApplyResult) -> None:
+    def __init__(self, plan: Plan, analysis: Analysis, result: ApplyResult, options: RewriteOptions) -> None:
         self.plan = plan
         self.analysis = analysis
         self.result = result
+        self.options = options
+        self.sources: dict[str, str] = {}  # value_info written here -> the tensor whose type it has
+        self.constraints: list[dict[str, str]] = []  # {"copy": name, "before"|"after": original node}
         source = analysis.loaded.proto
         self.model = onnx.ModelProto()
         self.model.CopyFrom(source)
@@ -270,6 +312,11 @@ class _Rewriter:
         self.result.copy_nodes.append(node.name)
         return node
 
+    def _typed(self, name: str, tensor: str, info: TensorInfo) -> None:
+        """Write ``name``'s value_info: the type of ``tensor`` (onnx infers no type for a copy)."""
+        self.value_infos.append(_value_info(name, info))
+        self.sources[name] = tensor
+
     def _reroute(self, use: Use, old: str, new: str) -> None:
         node = self.pos_nodes[use["position"]]
         index = use["input_index"]
@@ -298,11 +345,11 @@ class _Rewriter:
             for vi in self.graph.value_info:
                 if vi.name == tensor:
                     vi.name = source
-            self.value_infos.append(_value_info(source, info))
+            self._typed(source, tensor, info)
         host = self.tensors.new(f"{tensor}__offload{oid}_host")
         d2h = self._copy_node(MEMCPY_TO_HOST, source, host, f"offload{oid}/d2h", d2h_after)
         self.after[d2h_after].append(d2h)
-        self.value_infos.append(_value_info(host, info))
+        self._typed(host, tensor, info)
         self.result.d2h += 1
         self._reload_groups(off, info, host)
         if off["graph_output"] and off["output_h2d_before"] is not None:
@@ -328,7 +375,7 @@ class _Rewriter:
             at = group["h2d_before"]
             assert at is not None  # a scheduled plan has every H2D position
             self.before[at].append(self._copy_node(MEMCPY_FROM_HOST, feed, out, f"offload{oid}/h2d{g}", at))
-            self.value_infos.append(_value_info(out, info))
+            self._typed(out, tensor, info)
             self.result.h2d += 1
             for use in group["uses"]:
                 self._reroute(use, tensor, out)
@@ -345,6 +392,8 @@ class _Rewriter:
                 self.result.parameters += 1
 
         n = analysis.num_positions
+        if self.options.order_pins:
+            _Pins(self).add()
         planned: list[onnx.NodeProto] = []
         for p in range(n):
             planned += self.before.get(p, [])
@@ -354,7 +403,7 @@ class _Rewriter:
         constants = [self.file_nodes[i] for i in self.constant_files if i not in self.converted]
 
         graph = self.graph
-        if analysis.plain_priority:
+        if analysis.plain_priority and not self.result.pins:
             # No Shape/Size and no backward node (so no backward copy): onnxruntime's priority order
             # is the file order, and the planned order is topological by construction.
             order = list(range(len(planned)))
@@ -373,19 +422,139 @@ class _Rewriter:
         del graph.node[:]
         graph.node.extend(constants + [planned[i] for i in order])
         graph.value_info.extend(self.value_infos)
+        loaded = analysis.loaded
+        if loaded.declared_types and not self.options.pin_shapes:
+            _restore_symbolic_types(self.model, loaded.declared_types, self.sources)
 
         weights = any(off["kind"] == "parameter" for off in self.plan["offloads"])
-        settings = make_session_settings(weights_offloaded=weights)
-        set_metadata(
-            self.model,
-            {
-                KEY_VERSION: __version__,
-                KEY_PLAN_SHA256: plan_sha256(self.plan),
-                KEY_OFFLOADS: str(len(self.plan["offloads"])),
-                KEY_SESSION: json.dumps(settings, sort_keys=False),
-            },
-        )
+        settings = make_session_settings(weights_offloaded=weights, pinned=bool(self.result.pins))
+        values = {
+            KEY_VERSION: __version__,
+            KEY_PLAN_SHA256: plan_sha256(self.plan),
+            KEY_OFFLOADS: str(len(self.plan["offloads"])),
+            KEY_SESSION: json.dumps(settings, sort_keys=False),
+            KEY_PLANNED_AT: json.dumps(
+                {"input_shapes": loaded.input_shapes, "dims": loaded.dims, "execution_order": analysis.order}
+            ),
+        }
+        if self.constraints:
+            values[KEY_PINS] = json.dumps(self.constraints, separators=(",", ":"))
+        set_metadata(self.model, values)
         return self.model
+
+
+class _Pins:
+    """Builds the order pins of `offloadctl.contract.pins.pin_layout` (where they go, and why a pin
+    never makes a cycle, is said there): for the D2Hs after p, node ``layout.d2h[p]`` reads one of
+    its tensor inputs through ``Reshape(t, Concat(Shape(t), Shape(host, start=0, end=0), ...))``;
+    each H2D before q reads ``Reshape(host, Concat(Shape(host), Shape(o, start=0, end=0)))``, o an
+    output of node ``layout.h2d[q]``. Every pin node carries ``__offload_pin`` (1 on the view)."""
+
+    def __init__(self, rewriter: _Rewriter) -> None:
+        self.rw = rewriter
+        self.layout = pin_layout(rewriter.plan, rewriter.analysis)
+        self.pending: list[onnx.NodeProto] = []
+
+    def add(self) -> None:
+        rw, layout = self.rw, self.layout
+        rw.result.unpinned += layout.unpinned
+        for p, target in layout.d2h.items():
+            self._hold_d2h(rw.after[p], target)
+        for q, source in layout.h2d.items():
+            self._hold_h2d(q, source)
+
+    def _node(self, op: str, inputs: list[str], label: str, **attrs: Any) -> str:
+        rw = self.rw
+        out = rw.tensors.new(f"{inputs[0]}__{label.replace('/', '_')}")
+        node = helper.make_node(op, inputs, [out], name=rw.nodes.new(f"offload/pin/{label}"), **attrs)
+        node.attribute.append(helper.make_attribute(PIN_ATTR, 1 if op == "Reshape" else 0))
+        self.pending.append(node)
+        return out
+
+    def _empty_shape(self, tensor: str, label: str) -> str:
+        """An empty int64 tensor that depends on ``tensor``."""
+        if not self.layout.slice_form:
+            return self._node("Shape", [tensor], f"{label}/dep", start=0, end=0)
+        shape = self._node("Shape", [tensor], f"{label}/dep_shape")
+        zero = self.rw.tensors.new(f"{label.replace('/', '_')}__zero")
+        self.rw.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.int64), zero))
+        return self._node("Slice", [shape, zero, zero], f"{label}/dep")
+
+    def _view(self, tensor: str, empties: list[str], label: str) -> str:
+        """``tensor`` through a no-op view that depends on ``empties``."""
+        rw = self.rw
+        shape = self._node("Shape", [tensor], f"{label}/shape")
+        joined = self._node("Concat", [shape, *empties], f"{label}/concat", axis=0)
+        view = self._node("Reshape", [tensor, joined], f"{label}/view")
+        source = rw.sources.get(tensor, tensor)
+        info = rw.analysis.infos.get(source)
+        if info is not None:
+            rw._typed(view, source, info)
+        rw.result.pins += 1
+        return view
+
+    def _hold_d2h(self, copies: list[onnx.NodeProto], target: int) -> None:
+        rw = self.rw
+        node = rw.pos_nodes[target]
+        k = next(k for k, name in enumerate(node.input) if name and self._tensor(name))
+        label = f"d2h@{target}"
+        self.pending = []
+        empties = [self._empty_shape(c.output[0], f"{label}/{i}") for i, c in enumerate(copies)]
+        node.input[k] = self._view(node.input[k], empties, label)
+        rw.before[target].extend(self.pending)
+        rw.constraints += [{"copy": c.name, "before": node.name} for c in copies]
+
+    def _hold_h2d(self, q: int, source: int) -> None:
+        rw = self.rw
+        node = rw.pos_nodes[source]
+        out = next(o for o in node.output if o and self._tensor(o))
+        self.pending = []
+        empty = self._empty_shape(out, f"h2d@{q}")
+        for copy in [c for c in rw.before[q] if c.op_type == MEMCPY_FROM_HOST]:
+            copy.input[0] = self._view(copy.input[0], [empty], f"h2d@{q}/{copy.name}")
+            rw.constraints.append({"copy": copy.name, "after": node.name})
+        rw.before[q][:0] = self.pending
+
+    def _tensor(self, name: str) -> bool:
+        # the layout's rule (`offloadctl.contract.pins`), on the analysis's names: a reload is the
+        # activation it reloads, an offloaded graph output's renamed producer output the output
+        return viewable(self.rw.analysis, self.rw.sources.get(name, name))
+
+
+def _restore_symbolic_types(model: onnx.ModelProto, declared: dict[str, bytes], sources: dict[str, str]) -> None:
+    """Give graph inputs, outputs and value_info back the types the source declared before its
+    pins, and type the value_info written here (copies, views) like their tensors in the model as
+    declared (onnx's inference of it; a dimension onnx cannot name stays unnamed)."""
+    graph = model.graph
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.name in declared:
+            vi.type.ParseFromString(declared[vi.name])
+    ours = set(sources)
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    kept = [vi for vi in work.graph.value_info if vi.name not in ours and vi.name in declared]
+    del work.graph.value_info[:]
+    work.graph.value_info.extend(kept)
+    for init in work.graph.initializer:
+        if init.data_type not in (TensorProto.INT64, TensorProto.INT32) and len(init.raw_data) > 4096:
+            init.ClearField("raw_data")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(work)
+    except Exception as exc:  # noqa: BLE001 - onnx raises several types; copies then keep only their element type
+        logger.debug("onnx shape inference of the rewritten model failed: %s", exc)
+        inferred = work
+    types = {vi.name: vi.type for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]}
+    for vi in graph.value_info:
+        if vi.name not in ours:
+            continue
+        found = types.get(sources[vi.name])
+        if found is None:
+            vi.type.tensor_type.ClearField("shape")
+            continue
+        vi.type.CopyFrom(found)
+        for dim in vi.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param.startswith("unk__"):
+                dim.ClearField("dim_param")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from offloadctl.analysis.order import EXECUTION_ORDERS, expected_run_order
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind
 from offloadctl.loading.model import load_model
-from offloadctl.rewriting.metadata import KEY_SESSION, session_settings
+from offloadctl.rewriting.metadata import KEY_PINS, KEY_PLANNED_AT, KEY_SESSION, metadata_json, session_settings
 from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
 
@@ -381,7 +381,8 @@ def settings_warnings(
         order_name = getattr(sess_options.execution_order, "name", str(sess_options.execution_order))
         level_name = getattr(sess_options.graph_optimization_level, "name", str(sess_options.graph_optimization_level))
     wanted_order = settings.get("execution_order")
-    if wanted_order and str(wanted_order).split(".")[-1] != order_name.split(".")[-1]:
+    held = settings.get("order_pins") and order_name.split(".")[-1] == "DEFAULT"  # the pins hold the copies
+    if wanted_order and not held and str(wanted_order).split(".")[-1] != order_name.split(".")[-1]:
         warnings.append(
             f"the model asks for execution_order={wanted_order} but the session uses {order_name}: "
             "the copy nodes will not run where the plan put them (set "
@@ -499,6 +500,44 @@ class OrderCheck:
             "missing_count": len(self.missing),
             "missing": self.missing[:20],
         }
+
+
+@dataclass
+class PinCheck:
+    """Whether every copy ran on the side of its original node that the model's order pins ask."""
+
+    checked: int
+    violated: list[dict[str, str]]
+    unchecked: int  # constraints whose nodes did not both run (fused, removed, unnamed)
+
+    @property
+    def holds(self) -> bool:
+        return not self.violated
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "holds": self.holds,
+            "violated": self.violated[:20],
+            "unchecked": self.unchecked,
+        }
+
+
+def check_pins(constraints: Sequence[Mapping[str, str]], ran: Sequence[str]) -> PinCheck:
+    """Check ``{"copy": C, "before": N}`` / ``{"copy": C, "after": N}`` against the order nodes ran in."""
+    at = {name: k for k, name in enumerate(ran)}
+    violated = []
+    checked = unchecked = 0
+    for c in constraints:
+        copy, other = c.get("copy", ""), c.get("before", c.get("after", ""))
+        if copy not in at or other not in at:
+            unchecked += 1
+            continue
+        checked += 1
+        ok = at[copy] < at[other] if "before" in c else at[copy] > at[other]
+        if not ok:
+            violated.append(dict(c))
+    return PinCheck(checked, violated, unchecked)
 
 
 def compare_order(planned: Sequence[str], ran: Sequence[str], *, exact: bool, limit: int = 5) -> OrderCheck:
@@ -760,6 +799,7 @@ class RunReport:
     execution_order: str = "priority"
     # what onnxruntime's allocators held for one run of a fresh session (None: not measured)
     measured_memory: list[AllocatorFigure] | None = None
+    pins: PinCheck | None = None  # the model's order pins against the order that ran (None: no pins)
 
     @property
     def latency_median(self) -> float:
@@ -787,6 +827,7 @@ class RunReport:
             "original_deterministic": None if self.comparison is None else not self.original_unstable,
             "original_unstable": {n: c.to_json() for n, c in self.original_unstable.items()},
             "execution_order": self.execution_order,
+            "order_pins": None if self.pins is None else self.pins.to_json(),
             "measured_memory": None
             if self.measured_memory is None
             else [figure.to_json() for figure in self.measured_memory],
@@ -852,23 +893,21 @@ def run_model(
     """
     _check_run_options(repeat, rtol, atol)
     warnings: list[str] = []
-    # as onnxruntime reads it (the order check predicts its rewrites), with the pins for generated inputs
+    # as onnxruntime reads it (the order check predicts its rewrites), with the pins for generated inputs:
+    # those given, else those a rewritten model's plan was made at
+    if not input_shapes and not dims and inputs is None:
+        input_shapes, dims = planned_shapes(model)
     loaded = load_model(model, input_shapes=input_shapes, dims=dims, normalize=False)
     ort = import_onnxruntime(device)
     settings = required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort, order=order)
     warnings += _setup_warnings(settings, config, device, ep_options)
-    specs = input_specs(loaded.proto)
-    if inputs is not None:
-        feeds_all, source = load_inputs(inputs, specs, model), "file"
-    else:
-        feeds_all, input_warnings = generate_inputs(specs, seed=seed, value_ranges=value_ranges)
-        warnings += input_warnings
-        source = "generated"
+    feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
     timed = _timed_runs(model, config, device, ort, feeds_all, repeat)
     checked = compare_order(planned_order(loaded.proto, order), timed.ran, exact=opt_level == "disable")
     if not checked.matches:
         warnings.append(_order_warning(checked, order))
+    pins = _pin_check(loaded.proto, timed.ran, order, warnings)
     feeds = _session_feeds(loaded.proto, feeds_all)
     measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
     comparison = unstable = None
@@ -898,7 +937,70 @@ def run_model(
         original_unstable=unstable or {},
         execution_order=order,
         measured_memory=measured,
+        pins=pins,
     )
+
+
+def planned_shapes(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """The input shapes and dims a rewritten model's plan was made at (its ``offloadctl.planned_at``
+    metadata), for generated inputs; empty for any other model."""
+    try:
+        header = onnx.load(str(model), load_external_data=False)
+    except Exception:  # noqa: BLE001 - load_model reports a bad file clearly
+        return {}, {}
+    recorded = metadata_json(header, KEY_PLANNED_AT)
+    if not isinstance(recorded, dict):
+        return {}, {}
+    shapes: dict[str, Any] = recorded.get("input_shapes") or {}
+    dims: dict[str, Any] = recorded.get("dims") or {}
+    if not isinstance(shapes, dict) or not isinstance(dims, dict):
+        return {}, {}
+    known = {i.name for i in header.graph.input}
+    names = {d.dim_param for i in header.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+    return (
+        {k: [int(x) for x in v] for k, v in shapes.items() if k in known and isinstance(v, list)},
+        {k: int(v) for k, v in dims.items() if k in names and isinstance(v, int)},
+    )
+
+
+def _pin_check(proto: onnx.ModelProto, ran: Sequence[str], order: str, warnings: list[str]) -> PinCheck | None:
+    """The model's order pins against the order that ran; a warning when they do not hold, or when a
+    rewritten model without pins runs in the DEFAULT order (its copies then run where onnxruntime
+    puts them, not where they were planned)."""
+    constraints = metadata_json(proto, KEY_PINS)
+    if not isinstance(constraints, list):
+        if order == "default" and _has_memcpy_nodes(proto):
+            warnings.append(
+                "this rewritten model has no order pins: in the DEFAULT order its copies run where onnxruntime puts "
+                "them, not where they were planned (rewrite it without --no-order-pins)"
+            )
+        return None
+    pins = check_pins([c for c in constraints if isinstance(c, dict)], ran)
+    if not pins.holds:
+        first = pins.violated[0]
+        side = "before" if "before" in first else "after"
+        warnings.append(
+            f"{len(pins.violated)} copy(ies) ran on the wrong side of their pinned node (first: {first['copy']!r} "
+            f"should run {side} {first[side]!r}); check that ConstantFolding is disabled"
+        )
+    return pins
+
+
+def _all_feeds(
+    proto: onnx.ModelProto,
+    model: str,
+    inputs: str | os.PathLike[str] | None,
+    seed: int,
+    value_ranges: Mapping[str, tuple[float, float]] | None,
+    warnings: list[str],
+) -> tuple[dict[str, np.ndarray], str]:
+    """Every input, from the file given or generated, and where they came from."""
+    specs = input_specs(proto)
+    if inputs is not None:
+        return load_inputs(inputs, specs, model), "file"
+    feeds, input_warnings = generate_inputs(specs, seed=seed, value_ranges=value_ranges)
+    warnings += input_warnings
+    return feeds, "generated"
 
 
 def _unstable_warning(compare_to: str, unstable: Mapping[str, OutputComparison]) -> list[str]:

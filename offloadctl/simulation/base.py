@@ -19,7 +19,7 @@ import onnx
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import forget, subgraph_memory, weight_is_resident
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.onnxutil import copy_kind
+from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
 from offloadctl.loading.model import TensorInfo
 
 if TYPE_CHECKING:
@@ -75,11 +75,17 @@ def interner() -> tuple[list[str], dict[str, int], Callable[[str], int]]:
 
 
 def _copy_sources(analysis: Analysis) -> tuple[set[int], dict[str, str]]:
-    """The positions of the model's copy nodes, and what each copy's output copies."""
-    copy_nodes = {p for p, node in enumerate(analysis.nodes) if copy_kind(node) is not None}
+    """The positions of the model's copy and order-pin nodes (neither is one of the model's own), and
+    what each copy's output copies (a pin's view: what it views)."""
+    copy_nodes = {p for p, node in enumerate(analysis.nodes) if copy_kind(node) is not None or is_pin(node)}
     source: dict[str, str] = {}
     for p in sorted(copy_nodes):
         node = analysis.nodes[p]
+        if is_pin(node):
+            viewed = pin_view_source(node)
+            if viewed is not None and node.output:
+                source[node.output[0]] = viewed
+            continue
         if len(node.input) != 1 or len(node.output) != 1 or not node.input[0] or not node.output[0]:
             raise OffloadError(
                 f"copy node {analysis.node_names[p]!r} ({node.op_type}) in {analysis.loaded.path} must have one "

@@ -23,9 +23,10 @@ from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory, weight_is_resident
 from offloadctl.contract.check import check_plan_for_model
 from offloadctl.contract.document import check_plan_model
+from offloadctl.contract.pins import pin_layout
 from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.onnxutil import copy_kind
+from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
 from offloadctl.simulation.base import Base, base_of, interner
 
 __all__ = ["DEVICE", "HOST", "Program", "before_program", "program_for"]
@@ -52,6 +53,9 @@ class Program:
     hold: dict[int, int] = field(default_factory=dict)  # tensor -> step its buffer is kept through
     waits: list[tuple[int, int]] = field(default_factory=list)  # (after step, wait for copy step)
     step_labels: list[str] | None = None  # rewritten models: the node labels
+    # nodes of order pins the model has (rewritten) or apply adds (a plan): no data moves, and the time
+    # model leaves them out (on the CPU a pin node costs about a microsecond)
+    pin_nodes: int = 0
 
     def label(self, base: Base, s: int) -> str:
         """A readable name for step ``s``."""
@@ -174,13 +178,18 @@ def _plan_program(base: Base, plan: Plan) -> Program:
     return program
 
 
-def _copy_steps(analysis: Analysis) -> tuple[list[str], list[int]]:
-    """Each step's kind (node, d2h, h2d) and the original position it is anchored to (a D2H: the node
-    it follows; an H2D: the node it precedes)."""
+def _copy_steps(analysis: Analysis) -> tuple[list[str], list[int], list[int]]:
+    """Each step's kind (node, d2h, h2d), the original position it is anchored to (a D2H: the node it
+    follows; an H2D: the node it precedes) and the analysis position it is. An order pin's node is
+    not a step: it moves no data (its time is counted apart, `Program.pin_nodes`)."""
     kinds: list[str] = []
     positions: list[int] = []
+    steps: list[int] = []
     originals = 0
-    for node in analysis.nodes:
+    for p, node in enumerate(analysis.nodes):
+        if is_pin(node):
+            continue
+        steps.append(p)
         kind = copy_kind(node) or "node"
         kinds.append(kind)
         if kind == "node":
@@ -188,7 +197,7 @@ def _copy_steps(analysis: Analysis) -> tuple[list[str], list[int]]:
             originals += 1
         else:
             positions.append(originals - 1 if kind == "d2h" else originals)
-    return kinds, positions
+    return kinds, positions, steps
 
 
 def _rewritten_sizes(analysis: Analysis, base: Base, names: list[str]) -> list[int]:
@@ -239,20 +248,25 @@ def _d2h_waits(kinds: list[str], reads: list[list[int]], writes: list[list[int]]
 
 def _rewritten_program(analysis: Analysis, base: Base) -> Program:
     """The program of a rewritten model: its own nodes, copies included, in its own order."""
-    kinds, positions = _copy_steps(analysis)
+    kinds, positions, steps = _copy_steps(analysis)
+    step_of = {p: s for s, p in enumerate(steps)}
     names, index, tid = interner()
     for name in analysis.graph_inputs:
         tid(name)
     for name in sorted(analysis.weights):
         tid(name)
+    # an order pin's view is the tensor it views: no buffer of its own, its readers read that tensor
+    views = {node.output[0]: src for node in analysis.nodes if (src := pin_view_source(node)) and node.output}
     reads: list[list[int]] = [[] for _ in kinds]
     readers: dict[int, set[str]] = {}
     for name, uses in analysis.uses.items():
-        t = tid(name)
+        t = tid(views.get(name, name))
         for use in uses:
-            reads[use.position].append(t)
-            readers.setdefault(t, set()).add(kinds[use.position])
-    writes = [[tid(o) for o in node.output if o] for node in analysis.nodes]
+            s = step_of.get(use.position)
+            if s is not None:
+                reads[s].append(t)
+                readers.setdefault(t, set()).add(kinds[s])
+    writes = [[tid(o) for o in analysis.nodes[p].output if o and o not in views] for p in steps]
     for name in analysis.graph_outputs:
         tid(name)
     count = len(names)
@@ -276,9 +290,10 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
         resident,
         from_start,
         to_end,
-        inner=[sub.at(s) for s in range(len(kinds))],
+        inner=[sub.at(p) for p in steps],
         always=sub.weight_bytes,
-        step_labels=list(analysis.node_names),
+        step_labels=[analysis.node_names[p] for p in steps],
+        pin_nodes=len(analysis.nodes) - len(steps),
     )
     program.waits.extend(_d2h_waits(kinds, reads, writes))
     return program
@@ -309,4 +324,6 @@ def program_for(analysis: Analysis, plan: Plan | None, source: str) -> tuple[Bas
         check_plan_for_model(plan, analysis)  # what apply accepts, and nothing else
     if plan is None or not plan["offloads"]:
         return base, before_program(base)
-    return base, _plan_program(base, plan)
+    program = _plan_program(base, plan)
+    program.pin_nodes = pin_layout(plan, analysis).nodes
+    return base, program
