@@ -10,7 +10,7 @@ OUT    ?= build/demo
 # the Python sources ruff checks and formats (mypy checks offloadctl/)
 LINT   := offloadctl tests bench sample_models
 
-.PHONY: install demo lint format test test-install bench samples clean
+.PHONY: install demo lint format test test-install test-genai bench samples clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,18 @@ test: install lint
 # pip install '.[cpu]' into a fresh virtual environment and compare its figures with this install's.
 test-install: install
 	$(BIN)/python -m pytest -q -m install
+
+# onnxruntime-genai generates tokens from a rewritten model folder and from its original; it needs the
+# plain onnxruntime package, so it gets a virtual environment of its own (versions pinned here).
+GENAI_VENV ?= .venv-genai
+GENAI_PKGS := onnxruntime-genai==0.18.0 onnxruntime==1.32.0
+$(GENAI_VENV)/.installed: Makefile
+	$(PYTHON) -m venv $(GENAI_VENV)
+	$(GENAI_VENV)/bin/python -m pip install --quiet $(GENAI_PKGS)
+	touch $@
+
+test-genai: install $(GENAI_VENV)/.installed
+	OFFLOADCTL_GENAI_PYTHON=$(GENAI_VENV)/bin/python $(BIN)/python -m pytest -q -m genai
 
 bench: install
 	@for script in bench/bench_*.py; do [ -e "$$script" ] || continue; echo "== $$script"; $(BIN)/python $$script || exit 1; done

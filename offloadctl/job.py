@@ -11,6 +11,7 @@ the same jobs, so they find models, check outputs and rewrite models by the same
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,8 @@ from offloadctl.contract.types import Plan, SizesFromRun
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.loading.model import load_model
+from offloadctl.rewriting.genai import check_genai_output, genai_folder, write_genai_folder
+from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, check_model_outputs, write_model
 from offloadctl.running.sizes import analysed
 
@@ -67,6 +70,12 @@ def plan_model(plan: Plan, plan_path: str | os.PathLike[str], model: str | os.Pa
         f"the model of plan {plan_path} was not found (looked for {looked})",
         hint="pass the model with --model MODEL, or run the command from the folder the plan was made in",
     )
+
+
+def _remove_written(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 @dataclass
@@ -172,6 +181,9 @@ class Job:
         check_model_outputs(loaded.proto, output, source, self.reads, locations=loaded.data_locations)
         step(f"rewriting {loaded.path}")
         proto = apply_plan(self.plan, self.analysis, result=result, options=options)
+        genai = genai_folder(loaded.path)
+        if genai is not None:
+            check_genai_output(genai, Path(output))
         step(f"writing {output}")
         written = write_model(
             proto,
@@ -181,4 +193,14 @@ class Job:
             locations=loaded.data_locations,
             mode=stat.S_IMODE(loaded.path.stat().st_mode),  # a rewrite is as private as its source
         )
+        if genai is not None:
+            step(f"completing the onnxruntime-genai folder {Path(output).parent}")
+            try:
+                settings = session_settings(proto) or {}
+                written += write_genai_folder(
+                    genai, Path(output), settings, written=[Path(output), *written], protected=self.reads
+                )
+            except BaseException:
+                _remove_written([Path(output), *written])
+                raise
         return proto, written

@@ -282,7 +282,8 @@ def test_weight_read_at_a_host_input_inside_a_subgraph_is_a_host_input(write_mod
     rejected = {r["tensor"]: r for r in plan["rejected"]}
     assert rejected["ax"]["reason"] == "host-input"
     assert "inside a subgraph of If" in rejected["ax"]["detail"]
-    assert rejected["e"]["reason"] == "short-gaps"  # the data the If reads is no host input
+    # the data the If reads is no host input: it is read only inside the If, which is not planned in
+    assert rejected["e"]["reason"] == "subgraph-only"
 
 
 def test_shape_inference_reads_through_copies_inside_subgraphs():

@@ -226,6 +226,7 @@ class SubgraphMemory:
     # set and its kernel scratch (`Analysis.scratch`)
     inner: dict[int, int] = field(default_factory=dict)
     unknown: tuple[str, ...] = ()  # body tensors whose size is unknown (counted as 0)
+    bodies: dict[int, int] = field(default_factory=dict)  # position -> its bodies' working set alone
 
     def at(self, position: int) -> int:
         return self.inner.get(position, 0)
@@ -376,12 +377,14 @@ def _compute_subgraph_memory(analysis: Analysis) -> SubgraphMemory:
         return SubgraphMemory(inner=scratch) if scratch else SubgraphMemory()
     walker = _BodyWalker(analysis.infos.measured)
     inner: dict[int, int] = dict(scratch)
+    bodies: dict[int, int] = {}
     nodes = _inferred_nodes(analysis)
     for p in positions:
         size = walker.node_inner(nodes[p], analysis.node_names[p])
         if size:
             inner[p] = inner.get(p, 0) + size
-    return SubgraphMemory(walker.weight_count, walker.weight_bytes, inner, tuple(walker.unknown))
+            bodies[p] = size
+    return SubgraphMemory(walker.weight_count, walker.weight_bytes, inner, tuple(walker.unknown), bodies)
 
 
 def forget(analysis: Analysis) -> None:

@@ -84,7 +84,7 @@ def apply(plan_path: str, output: str, model: str | None, order_pins: bool, pin_
             print_estimate(figures, what="planned")
     parts: list[str | None] = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
     if figures is not None:
-        words, raised = plan_effect(figures)
+        words, raised = plan_effect(figures, plan)
         parts += [
             peak_text(figures),
             words or (raised and "the plan raises the peak"),

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from offloadctl.analysis.graph import Analysis
@@ -95,6 +96,40 @@ def open_model(
             ", ".join(dynamic),
         )
     return job
+
+
+def print_points(dims: Mapping[str, int], result: Any, points: Sequence[Any]) -> None:
+    """The peak and slowdown at each shape point, the plan's own first."""
+    if not points:
+        return
+    table = Table(title="shape points", show_edge=False)
+    for col in ("dimensions", "peak before", "peak after", "slowdown"):
+        table.add_column(col, justify="left" if col == "dimensions" else "right")
+
+    def row(d: Mapping[str, int], r: Any, mark: str = "") -> None:
+        slow = "-" if r.times is None else f"{r.times.slowdown['serialized']:.2f}x"
+        text = ", ".join(f"{k}={v}" for k, v in d.items()) or "(static)"
+        table.add_row(escape(text) + mark, fmt_bytes(r.peak_before), fmt_bytes(r.peak_after), slow)
+
+    row(dims, result, " (planned at)")
+    for p in points:
+        row(p.dims, p.result)
+    out_console().print(table)
+
+
+def points_failure(points: Sequence[Any], limit: int | None, what: str) -> str | None:
+    """The failure when the peak after the plan passes ``limit`` at a shape point (None: it holds)."""
+    if limit is None:
+        return None
+    over = [p for p in points if p.result.peak_after > limit]
+    if not over:
+        return None
+    worst = max(over, key=lambda p: p.result.peak_after)
+    dims = ", ".join(f"{k}={v}" for k, v in worst.dims.items())
+    return (
+        f"{len(over)} shape point(s) are above {what} {fmt_bytes(limit)}: at {dims} the peak after the plan is "
+        f"{fmt_bytes(worst.result.peak_after)}"
+    )
 
 
 def plan_order(plan: Plan | None, plan_path: str | None, order: str | None) -> str:
@@ -219,14 +254,24 @@ def gate_failure(max_peak: int | None, peak: int, what: str, *, unknown: int = 0
     return None
 
 
-def plan_effect(figures: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(words for the verdict, failure): a plan that leaves the peak where it was says so; one that
-    raises it fails."""
+def plan_effect(figures: Mapping[str, Any], plan: Plan | None = None) -> tuple[str | None, str | None]:
+    """(words for the verdict, failure): a plan that leaves the peak where it was says so, and why when
+    the reason is work inside If/Loop/Scan bodies (which are not planned in); one that raises it fails."""
     before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
+    bodies = figures.get("bodies_at_peak_bytes") or 0
+    rejected: list[Any] = list(plan["rejected"]) if plan is not None else []
+    only_inside = sum(1 for r in rejected if r.get("reason") == "subgraph-only")
+    inside = ""
+    if after and bodies >= after / 2:
+        inside = f": {fmt_bytes(bodies)} of it ({100.0 * bodies / after:.0f}%) is inside If/Loop/Scan bodies"
+    elif only_inside:
+        inside = f": {only_inside} tensor(s) are read only inside If/Loop/Scan bodies"
+    if inside:
+        inside += ", which are not planned in"
     if after > before:
-        return None, f"the plan raises the peak: {peak_text(figures).removeprefix('peak ')}"
+        return None, f"the plan raises the peak: {peak_text(figures).removeprefix('peak ')}{inside}"
     if after == before:
-        return "the plan does not lower the peak", None
+        return "the plan does not lower the peak" + inside, None
     return None, None
 
 

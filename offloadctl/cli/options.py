@@ -351,6 +351,16 @@ execution_order_option = click.option(
     "onnxruntime-genai and Triton hosts run).",
 )
 
+shape_point_option = click.option(
+    "--shape-point",
+    "shape_points",
+    multiple=True,
+    metavar="NAME=VALUE[,NAME=VALUE...]",
+    help="Also check at this shape point (repeatable): dimensions over --dim's, e.g. prefill and decode, or "
+    "sequence lengths 1, 512 and 4096. The peak and slowdown are shown per point; --budget and --max-peak must "
+    "hold at every one.",
+)
+
 strict_option = click.option(
     "--strict",
     is_flag=True,

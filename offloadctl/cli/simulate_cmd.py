@@ -18,6 +18,8 @@ from offloadctl.cli.common import (
     open_model,
     peak_text,
     plan_effect,
+    points_failure,
+    print_points,
     slowdown_text,
 )
 from offloadctl.cli.options import (
@@ -30,6 +32,7 @@ from offloadctl.cli.options import (
     model_argument,
     profile_option,
     report_option,
+    shape_point_option,
     sizes_option,
     strict_option,
 )
@@ -43,6 +46,7 @@ from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.rewriting.preview import CpuFigures, cpu_figures
 from offloadctl.simulation.costs import STREAMS_NOTE
 from offloadctl.simulation.estimate import estimate_figures
+from offloadctl.simulation.points import at_points, parse_point
 from offloadctl.simulation.profiles import load_profile
 from offloadctl.simulation.result import SimResult, simulate
 
@@ -133,6 +137,7 @@ def _print_cpu(cpu: CpuFigures) -> None:
 @input_shape_option
 @sizes_option
 @execution_order_option
+@shape_point_option
 @strict_option
 @max_peak_option
 @report_option
@@ -154,6 +159,7 @@ def simulate_cmd(
     shapes: ShapeOptions,
     sizes: SizesOptions,
     execution_order: str | None,
+    shape_points: tuple[str, ...],
     strict: bool,
     max_peak: int | None,
     report: str | None,
@@ -189,6 +195,8 @@ def simulate_cmd(
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
+    points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
+    doc["shape_points"] = [p.to_json() for p in points]
     cpu = cpu_figures(analysis, plan, rewritten=result.rewritten, profile=prof)
     doc["execution_order"] = analysis.order
     doc["cpu_peak_bytes"] = {"before": cpu.before.peak_bytes if cpu.before else None, "after": cpu.after.peak_bytes}
@@ -214,13 +222,19 @@ def simulate_cmd(
     if not as_json:
         _print_report(result, doc)
         _print_cpu(cpu)
+        print_points(analysis.loaded.dims, result, points)
     planned = plan is not None or result.rewritten
     unknown = len(result.unknown_tensors)
     failure = gate_failure(max_peak, result.peak_after, "peak after the plan" if planned else "peak", unknown=unknown)
+    failure = failure or points_failure(points, max_peak, "--max-peak")
     figures = estimate_figures(result)
     parts: list[str | None] = [f"peak {fmt_bytes(result.peak_before)}"]
     if planned:
-        parts = [peak_text(figures), plan_effect(figures)[0] if plan is not None else None, slowdown_text(figures)]
+        parts = [
+            peak_text(figures),
+            plan_effect(figures, plan)[0] if plan is not None else None,
+            slowdown_text(figures),
+        ]
         if plan is not None and result.peak_after > result.peak_before:
             parts[1] = "the plan raises the peak"
     parts.append(low_figures_text(unknown))

@@ -21,8 +21,10 @@ from offloadctl.cli.common import (
     peak_text,
     plan_effect,
     plan_figures,
+    points_failure,
     print_estimate,
     print_plan_summary,
+    print_points,
     slowdown_text,
     warn_slowdown,
 )
@@ -45,6 +47,7 @@ from offloadctl.cli.options import (
     profile_option,
     report_option,
     select_options,
+    shape_point_option,
     sizes_option,
     strict_option,
     usage,
@@ -69,6 +72,7 @@ from offloadctl.planning.select import select
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import copy_mode_label
 from offloadctl.simulation.estimate import estimate_figures, record_estimate
+from offloadctl.simulation.points import at_points, parse_point, point_analysis
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = ["COMMANDS"]
@@ -308,6 +312,7 @@ def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchPart, as_json:
 @select_options
 @sizes_option
 @execution_order_option
+@shape_point_option
 @filter_options
 @budget_options
 @explain_option
@@ -327,6 +332,7 @@ def plan_cmd(
     shapes: ShapeOptions,
     sizes: SizesOptions,
     execution_order: str | None,
+    shape_points: tuple[str, ...],
     filtering: FilterPart,
     budgeting: BudgetFlags,
     explain: bool,
@@ -371,8 +377,12 @@ def plan_cmd(
             f"{model} already contains copies: --max-peak and --report need the original model",
             hint="check the rewritten model with offloadctl simulate MODEL --max-peak BYTES --report FILE.md",
         )
+    points = [parse_point(p) for p in shape_points]
+    if points and request.uses_budget:
+        analysis, points = _largest_point(analysis, points, as_json)
     with steps(not as_json, total=5) as step:
         plan, result = _plan_and_simulate(analysis, dataclasses.replace(request, step=step), output, step)
+    checked = at_points(analysis, plan, points, profile=request.device_profile) if result is not None else []
     written: list[str | Path] = [output]
     if report is not None and result is not None:
         written += write_report(report, result, plan)
@@ -388,8 +398,31 @@ def plan_cmd(
         "objective": request.objective_name if request.uses_budget else None,
         "objective_default": defaulted,
         "copy_mode": copies,
+        "shape_points": [p.to_json() for p in checked],
     }
-    _plan_verdict(analysis, plan, result, request, written, as_json, max_peak, search)
+    if checked and not as_json and result is not None:
+        print_points(analysis.loaded.dims, result, checked)
+    budget = request.budget_bytes if request.uses_budget else None
+    failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
+    _plan_verdict(analysis, plan, result, request, written, as_json, max_peak, search, failure)
+
+
+def _largest_point(
+    analysis: Analysis, points: list[dict[str, int]], as_json: bool
+) -> tuple[Analysis, list[dict[str, int]]]:
+    """The analysis at the shape point with the largest peak (the one given or one of ``points``),
+    and the points left to check: a budget plan made at the largest fits the smaller ones too,
+    which the plan command then checks."""
+    base = simulate(analysis, None, profile=None).peak_before
+    found = at_points(analysis, None, points, profile=None)
+    k = max(range(len(found)), key=lambda i: found[i].result.peak_before)
+    worst = found[k]
+    if worst.result.peak_before <= base:
+        return analysis, points
+    if not as_json:
+        dims = ", ".join(f"{d}={v}" for d, v in worst.dims.items())
+        out_console().print(f"planning at the largest shape point, {dims} (peak {fmt_bytes(worst.result.peak_before)})")
+    return point_analysis(analysis, points[k]), [dict(analysis.loaded.dims), *points[:k], *points[k + 1 :]]
 
 
 def _plan_and_simulate(
@@ -420,8 +453,10 @@ def _plan_verdict(
     as_json: bool,
     max_peak: int | None,
     search: dict[str, Any],
+    point_failure: str | None = None,
 ) -> None:
-    """The plan command's last lines: the estimate, the advice on a weak plan, and the verdict."""
+    """The plan command's last lines: the estimate, the advice on a weak plan, and the verdict
+    (``point_failure``: a shape point over the budget or --max-peak)."""
     model = str(analysis.loaded.path)
     if result is None:
         doc = {"model": model, "plan": written[0], **plan_figures(plan), **search}
@@ -438,14 +473,16 @@ def _plan_verdict(
         logger.warning("%s", warning)
     warn_slowdown(figures)
     unknown = figures["unknown_size_tensors"]
-    words, raised = plan_effect(figures)
+    words, raised = plan_effect(figures, plan)
     finish(
         "plan",
         model,
         [peak_text(figures), words, slowdown_text(figures), low_figures_text(unknown)],
         written,
         as_json=as_json,
-        failure=raised or gate_failure(max_peak, result.peak_after, "peak after the plan", unknown=unknown),
+        failure=raised
+        or gate_failure(max_peak, result.peak_after, "peak after the plan", unknown=unknown)
+        or point_failure,
         doc={
             "model": model,
             "plan": str(written[0]),

@@ -47,6 +47,7 @@ RejectionReason = Literal[
     "not-copyable",
     "unknown-size",
     "host-input",
+    "prepacked",
     "graph-output-weight",
     "select-num",
     "min-bytes",

@@ -10,6 +10,7 @@ that needs a few tensors pays for a few. A tensor whose byte size stays unknown 
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
@@ -496,20 +497,73 @@ def _feed_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in proto.graph.input if i.name not in initializer_names]
 
 
+def _expression(text: str) -> ast.expr | None:
+    """A dimension name that is arithmetic over other names (``past_sequence_length + sequence_length``,
+    ``2 * batch``), parsed; None for a plain name or anything else."""
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    if isinstance(tree, ast.Name):
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.BinOp, ast.Name, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Load)):
+            return None
+        if isinstance(node, ast.Constant) and not isinstance(node.value, int):
+            return None
+    return tree
+
+
+def _evaluate(tree: ast.expr, dims: dict[str, int]) -> int | None:
+    if isinstance(tree, ast.Constant):
+        return tree.value if isinstance(tree.value, int) else None
+    if isinstance(tree, ast.Name):
+        return dims.get(tree.id)
+    if isinstance(tree, ast.BinOp):
+        a, b = _evaluate(tree.left, dims), _evaluate(tree.right, dims)
+        if a is None or b is None:
+            return None
+        return a + b if isinstance(tree.op, ast.Add) else a - b if isinstance(tree.op, ast.Sub) else a * b
+    return None
+
+
+def _derived_dims(where: dict[str, list[tuple[str, int]]], dims: dict[str, int], path: Path) -> None:
+    """Dimensions named by arithmetic over others (Optimum's ``past_sequence_length +
+    sequence_length``) follow from their parts: pinned when the parts are, and refused when given a
+    size their parts contradict."""
+    for name in where:
+        tree = _expression(name)
+        if tree is None:
+            continue
+        value = _evaluate(tree, dims)
+        if value is None:
+            continue
+        if name in dims and dims[name] != value:
+            raise OffloadError(
+                f"--dim {name}={dims[name]} contradicts its parts, which make it {value}",
+                hint=f"drop --dim {name!r} (it follows from its parts) or give parts that make it {dims[name]}",
+            )
+        dims[name] = value
+
+
 def _check_dims(proto: onnx.ModelProto, dims: dict[str, int], pinned: dict[str, list[int]], path: Path) -> None:
-    """Every --dim name is a dimension of an input, and agrees with any --input-shape of it."""
+    """Every --dim name is a dimension of an input, and agrees with any --input-shape of it; a dimension
+    that is a sum or product of named ones follows from them (`_derived_dims`, which fills ``dims``)."""
     where: dict[str, list[tuple[str, int]]] = {}
     for value in _feed_inputs(proto):
         if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
             for i, d in enumerate(value.type.tensor_type.shape.dim):
                 if d.WhichOneof("value") == "dim_param" and d.dim_param:
                     where.setdefault(d.dim_param, []).append((value.name, i))
-    for name, size in dims.items():
+    given = dict(dims)
+    _derived_dims(where, dims, path)
+    for name in given:
         if name not in where:
             raise OffloadError(
                 f"--dim names {name!r}, which is not a dimension of any input of {path}",
                 hint=f"named dimensions of its inputs: {', '.join(sorted(where)) or '(none)'}",
             )
+    for name, size in dims.items():
         for input_name, i in where[name]:
             shape = pinned.get(input_name)
             if shape is not None and i < len(shape) and shape[i] != size:

@@ -105,6 +105,40 @@ def split_reload_groups(
     return device, groups
 
 
+#: Kernels whose weights onnxruntime packs into their own layout when the session is made, and the
+#: inputs it packs. A weight that arrives through MemcpyFromHost is not constant and is not packed:
+#: the kernel takes another path. For MatMulNBits that path changed the logits of an int4 builder
+#: model at ORT_ENABLE_ALL (by 0.0039 on the tiny sample, 0.246 on a 1B model) and ran a 128-token
+#: prefill 3.3x slower on the 1B; the quantized kernels below pack their weights the same way.
+#: (fp32 MatMul/Gemm/Conv weights are packed too, but their unpacked path gives the same results
+#: within allclose at a similar speed: they are offloaded.)
+PREPACKED_WEIGHTS: dict[tuple[str, str], frozenset[int]] = {
+    ("com.microsoft", "MatMulNBits"): frozenset({1, 2, 3}),
+    ("com.microsoft", "QAttention"): frozenset({1}),
+    ("com.microsoft", "DynamicQuantizeMatMul"): frozenset({1}),
+    ("com.microsoft", "MatMulIntegerToFloat"): frozenset({1}),
+    ("com.microsoft", "DynamicQuantizeLSTM"): frozenset({1, 2}),
+    ("", "QLinearMatMul"): frozenset({3}),
+    ("", "QLinearConv"): frozenset({3}),
+    ("", "MatMulInteger"): frozenset({1}),
+}
+
+
+def _prepacked_use(analysis: Analysis, name: str, uses: list[Use]) -> str | None:
+    """Why a weight should stay resident: a kernel packs it (`PREPACKED_WEIGHTS`); None otherwise."""
+    for use in uses:
+        node = analysis.nodes[use.position]
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        packed = PREPACKED_WEIGHTS.get((domain, node.op_type))
+        if packed is not None and use.input_index in packed:
+            return (
+                f"input {use.input_index} of {node.op_type} {use.node!r}, which onnxruntime packs when the session is "
+                "made; copied in, it is not packed and the kernel takes another path (other results, slower); "
+                "--force it to offload it anyway"
+            )
+    return None
+
+
 def _reads_on_host(
     analysis: Analysis, use: Use, name: str | None = None, cache: dict[int, frozenset[str]] | None = None
 ) -> bool:
@@ -267,6 +301,15 @@ class _Selector:
         if _matches(name, self.options.never):
             return "never", "matches a --never pattern"
         distance = self.options.select_distance
+        uses = self.analysis.uses.get(name, [])
+        if max_gap <= distance and not forced and uses and all(u.input_index is None for u in uses):
+            holders = sorted({f"{self.analysis.nodes[u.position].op_type} {u.node!r}" for u in uses})
+            return (
+                "subgraph-only",
+                f"read only inside the bodies of {', '.join(holders[:3])}: in the main graph, where copies are "
+                "planned, a body is one position, so the tensor never idles there; offloadctl does not plan inside "
+                "If/Loop/Scan bodies",
+            )
         if max_gap <= distance and not forced:
             # checked before size and placement: no idle stretch qualifies, whatever else holds
             return "short-gaps", f"largest idle stretch {max_gap} <= select distance {distance}"
@@ -297,6 +340,10 @@ class _Selector:
             host = self._host_reason(name, uses, info.elem_type)
             if host is not None:
                 return "host-input", host
+            if kind != "activation":
+                packed = _prepacked_use(analysis, name, uses)
+                if packed is not None:
+                    return "prepacked", packed
         if kind != "activation" and name in self.outputs:
             return "graph-output-weight", "a weight that is also a graph output stays on the device"
         return None

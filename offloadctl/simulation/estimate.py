@@ -38,6 +38,7 @@ def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any
         "time_s": doc["time_s"],
         "time_nodes": doc["time_nodes"],
         "slowdown": doc["slowdown"],
+        "bodies_at_peak_bytes": doc["bodies_at_peak_bytes"],
     }
 
 

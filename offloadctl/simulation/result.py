@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.timeline import subgraph_memory
 from offloadctl.contract.types import Plan
 from offloadctl.simulation.memory import MemoryTrace, base_lower_bound, trace
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
@@ -42,6 +43,8 @@ class SimResult:
     unknown_tensors: list[str]
     profile: Profile | None
     times: TimeFigures | None
+    # bytes at the peak (after the plan) that live inside If/Loop/Scan bodies, which are not planned in
+    bodies_at_peak: int = 0
 
     @property
     def peak_before(self) -> int:
@@ -89,6 +92,7 @@ class SimResult:
             "transfer_bytes": dict(self.transfer_bytes),
             "copies": dict(self.copies),
             "host_peak_bytes": self.after.host_peak_bytes,
+            "bodies_at_peak_bytes": self.bodies_at_peak,
             "unknown_size": {
                 "count": len(self.unknown_tensors),
                 "counted_as_bytes": 0,
@@ -151,6 +155,11 @@ def simulate(
             copies[kind] += 1
             moved[kind] += program.sizes[program.reads[s][0]]
     bound, at = base_lower_bound(base)
+    step = after.peak_step
+    bodies = subgraph_memory(analysis).bodies
+    bodies_at_peak = 0
+    if step is not None and program.kinds[step] == "node" and not base.rewritten:
+        bodies_at_peak = bodies.get(program.positions[step], 0)
     estimate = None
     if prof is not None:
         estimate = times(program, node_costs(base, prof), prof)
@@ -168,4 +177,5 @@ def simulate(
         unknown_tensors=list(base.unknown),
         profile=prof,
         times=estimate,
+        bodies_at_peak=bodies_at_peak,
     )

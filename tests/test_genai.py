@@ -1,0 +1,69 @@
+"""onnxruntime-genai end to end: greedy generation from a rewritten model folder gives the original's
+tokens, and the copies run (their nodes appear in onnxruntime's profile of the genai session).
+
+onnxruntime-genai needs the plain onnxruntime package, so it runs in an environment of its own,
+named by OFFLOADCTL_GENAI_PYTHON (`make test-genai` builds it); the rewrite runs here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLES
+
+pytestmark = pytest.mark.genai
+
+PYTHON = os.environ.get("OFFLOADCTL_GENAI_PYTHON")
+GENERATE = """
+import json, sys
+import onnxruntime_genai as og
+model = og.Model(sys.argv[1])
+params = og.GeneratorParams(model)
+params.set_search_options(max_length=64, do_sample=False)
+generator = og.Generator(model, params)
+generator.append_tokens([5, 17, 42, 99, 3, 8])
+tokens = []
+for _ in range(int(sys.argv[2])):
+    generator.generate_next_token()
+    tokens.append(int(generator.get_next_tokens()[0]))
+print(json.dumps(tokens))
+"""
+DIMS = ["--dim", "batch_size=1", "--dim", "sequence_length=16", "--dim", "past_sequence_length=256"]
+DIMS += ["--dim", "total_sequence_length=256", "--dim", "kv_cache_dim=16"]
+
+
+def _generate(folder: Path, count: int = 12) -> list[int]:
+    assert PYTHON, "set OFFLOADCTL_GENAI_PYTHON to a Python with onnxruntime-genai (make test-genai)"
+    done = subprocess.run([PYTHON, "-c", GENERATE, str(folder), str(count)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_generation_from_the_rewritten_folder_gives_the_same_tokens(run_cli, tmp_path, precision):
+    source = SAMPLES / "genai" / f"llama-{precision}"
+    plan = tmp_path / "plan.json"
+    res = run_cli(
+        "plan", source / "model.onnx", *DIMS, "--select-distance", "1", "--params", "--execution-order", "default",
+        "-o", plan,
+    )  # fmt: skip
+    offloads = json.loads(plan.read_text())["offloads"]
+    assert offloads, res.stderr
+    out = tmp_path / "out"
+    out.mkdir()
+    res = run_cli("apply", plan, "-o", out / "model.onnx")
+    assert res.exit_code == 0, res.stderr
+    # profile the genai session, to see the copies run in its DEFAULT order
+    config = json.loads((out / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["enable_profiling"] = str(tmp_path / "genai_profile")
+    (out / "genai_config.json").write_text(json.dumps(config))
+    assert _generate(out) == _generate(source)
+    (profile,) = tmp_path.glob("genai_profile*.json")
+    ran = {e["name"][: -len("_kernel_time")] for e in json.loads(profile.read_text()) if e.get("cat") == "Node"}
+    copies = {n for n in ran if n.startswith("offload") and not n.startswith("offload/pin/")}
+    assert copies, "no copy ran in the onnxruntime-genai session"
