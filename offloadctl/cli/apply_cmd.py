@@ -79,7 +79,7 @@ def apply(plan_path: str, output: str, model: str | None, order_pins: bool, pin_
         for reason in result.unpinned:
             console.print(f"[yellow]not pinned[/]: {reason}", soft_wrap=True)
         for path in extra:
-            console.print(f"placed data file {path}", soft_wrap=True)
+            console.print(f"placed {path} beside the rewritten model", soft_wrap=True)
         if figures is not None:
             print_estimate(figures, what="planned")
     parts: list[str | None] = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
