@@ -66,11 +66,12 @@ GENERATED = {
 }
 PLAN = {"select_distance": 10, "params": True}
 GOAL = 0.15
+OPT_LEVEL = ["disable"]  # the level the side-by-side timings run at (--opt-level)
 
 
 def _session(path: str, ort, threads: int):
     settings = required_settings(load_model(path).proto, path)
-    config = session_config(settings, "cpu", opt_level="disable", ort=ort)
+    config = session_config(settings, "cpu", opt_level=OPT_LEVEL[0], ort=ort)
     config.sess_options.intra_op_num_threads = threads
     return create_session(path, config, "cpu", ort=ort)
 
@@ -198,7 +199,15 @@ def main(argv: list[str] | None = None) -> int:
         help="intra-op threads of every session (0: onnxruntime's default; 1 keeps a busy machine's noise down)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    parser.add_argument(
+        "--opt-level",
+        choices=["disable", "basic", "extended", "all"],
+        default="disable",
+        help="onnxruntime's optimizations for the side-by-side timings (the profile is measured at disable): "
+        "'all' checks that a rewrite is not slower there than estimated",
+    )
     args = parser.parse_args(argv)
+    OPT_LEVEL[0] = args.opt_level
     ort = import_onnxruntime("cpu")
     rows: list[dict] = []
     failed: list[dict] = []

@@ -712,3 +712,37 @@ def test_pins_make_no_cycle_and_skip_weights(write_model, tmp_path):
     views = [n for n in proto.graph.node if n.op_type == "Reshape" and n.name.startswith("offload/pin/")]
     assert views and not any(v.input[0] in weights for v in views)
     assert result.pins == len(views)
+
+
+RESHAPE_NEXT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y) {
+  a = Relu(x)
+  ax = Constant <value = int64[1] {0}> ()
+  u = Unsqueeze(x, ax)
+  b = Neg(u)
+  c = Neg(b)
+  d = Neg(c)
+  e = Squeeze(d, ax)
+  y = Add(e, a)
+}
+"""
+
+
+def test_pins_never_feed_a_reshape(write_model, tmp_path):
+    """onnxruntime fuses a Reshape with a Reshape/Squeeze/Unsqueeze/Flatten after it, and at
+    ORT_ENABLE_ALL such a fusion of a pin's view once broke a model's loading: the D2H after Relu is
+    held by the Neg after the Unsqueeze, and the model loads and matches at every level."""
+    from offloadctl.contract.pins import pin_layout
+
+    path = write_model(RESHAPE_NEXT)
+    analysis = analyse(load_model(path))
+    plan = make_plan(analysis, select_distance=2, prefetch_distance=0)
+    (off,) = plan["offloads"]
+    assert off["tensor"] == "a" and off["d2h_after"] == 0
+    assert analysis.nodes[1].op_type == "Unsqueeze"
+    assert pin_layout(plan, analysis).d2h == {0: 2}
+    out = tmp_path / "out.onnx"
+    onnx.save(apply_plan(plan, analysis), str(out))
+    feeds = {"x": np.array([-1, 2, -3, 4], np.float32)}
+    _check_equivalent(path, out, feeds, tmp_path, weights=False)

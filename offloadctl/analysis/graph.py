@@ -9,8 +9,8 @@ like initializers.
 Positions count only the remaining ("original") nodes.
 
 A tensor read inside a subgraph (If/Loop/Scan body, as an outer-scope name) is a use at the parent
-node's position. The networkx graph (positions as nodes, producer -> user edges) is a view for
-graph queries; the lists here are the source of truth.
+node's position. Producer-to-user distances are read off these lists, which follow the execution
+order (`offloadctl.analysis.order` names a cycle, with networkx, when there is one).
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ from offloadctl.core.onnxutil import is_constant_node, subgraph_outer_names
 from offloadctl.loading.model import LoadedModel, TensorInfos, tensor_infos
 
 if TYPE_CHECKING:
-    import networkx as nx
-
     from offloadctl.contract import (
         types as plantypes,  # imported where used: it takes a seventh of the command line's start-up
     )
@@ -113,24 +111,6 @@ class Analysis:
         names = dict.fromkeys([*self.graph_inputs, *self.producer, *sorted(self.weights)])
         self.infos.convert(names)
         return [n for n in names if (info := self.infos.get(n)) is None or info.bytes is None]
-
-    @cached_property
-    def graph(self) -> nx.DiGraph:
-        """Producer -> user DiGraph over positions; edge attribute ``tensors`` lists what flows."""
-        import networkx as nx
-
-        g = nx.DiGraph()
-        g.add_nodes_from((p, {"op_type": n.op_type, "name": self.node_names[p]}) for p, n in enumerate(self.nodes))
-        for tensor, uses in self.uses.items():
-            src = self.producer.get(tensor)
-            if src is None:
-                continue
-            for use in uses:
-                if g.has_edge(src, use.position):
-                    g.edges[src, use.position]["tensors"].append(tensor)
-                else:
-                    g.add_edge(src, use.position, tensors=[tensor])
-        return g
 
 
 @dataclass

@@ -6,15 +6,18 @@ the consumer, and the tensor stays on the device the whole time. A data dependen
 place, through a view that changes nothing (`offloadctl.rewriting.rewrite` builds it):
 ``view = Reshape(t, Concat(Shape(t), Shape(dep, start=0, end=0)))`` (the second Shape is empty).
 
-- The D2Hs after position p: the next original node that reads an activation (p + 1 when it does)
+- The D2Hs after position p: the next original node that reads an activation (p + 1 when it does;
+  never a Reshape, Squeeze, Unsqueeze or Flatten, which onnxruntime fuses with a Reshape before them)
   reads it through a view whose ``dep`` are those D2Hs' host copies, so each D2H runs no later than
   planned.
 - The H2Ds before position q: each reads its host tensor through a view whose ``dep`` is an
   activation the last node before q that makes one (q - 1 when it does) makes, so it runs no
   earlier than planned.
 
-Views sit on activations only (a view of a weight would hide it from prepacking and constant
-folding), never on a (De)QuantizeLinear output (onnxruntime fuses those with their one reader).
+Views sit on floating-point activations only (a view of a weight would hide it from prepacking and
+constant folding; integer tensors are mostly shapes being computed, which onnxruntime's Reshape
+fusions rewrite), never on a (De)QuantizeLinear output (onnxruntime fuses those with their one
+reader) nor on an If/Loop/Scan output (onnxruntime inlines a constant If's branch and renames it).
 
 Every pin edge goes forward in the planned sequence, and the planned sequence is a topological
 order of the model, so a pin never makes a cycle. ``Shape(x, start, end)`` needs opset 15; opsets
@@ -30,6 +33,7 @@ import onnx
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.contract.types import Plan
+from offloadctl.core.onnxutil import has_subgraphs
 
 __all__ = ["PinLayout", "pin_layout", "viewable"]
 
@@ -50,17 +54,40 @@ def _opset(analysis: Analysis) -> int:
 
 
 _QDQ = frozenset({"DequantizeLinear", "QuantizeLinear"})
+# floating-point data: an integer tensor is often a shape being computed (Gather of a Shape, then
+# Unsqueeze and Concat), which onnxruntime's Reshape fusions rewrite at ORT_ENABLE_ALL; a view there
+# once broke a model's loading ("Attempting to get index by a name which does not exist")
+_DATA_TYPES = frozenset(
+    {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+)
 
 
 def viewable(analysis: Analysis, name: str) -> bool:
-    """A tensor a pin can view or wait for: an activation (a view of a weight would hide it from
-    prepacking and constant folding), dense, of a type Shape and Reshape take everywhere (not int4),
-    and not a (De)QuantizeLinear output (onnxruntime fuses those with their one reader)."""
+    """A tensor a pin can view or wait for: a floating-point activation (a view of a weight would hide
+    it from prepacking and constant folding; an integer tensor is often a shape being computed), not
+    a (De)QuantizeLinear output (onnxruntime fuses those with their one reader) and not an
+    If/Loop/Scan output."""
     info = analysis.infos.get(name) if name else None
-    if info is None or not info.copyable:
+    if info is None or not info.copyable or info.elem_type not in _DATA_TYPES:
         return False
     producer = analysis.producer.get(name)
-    return producer is not None and analysis.nodes[producer].op_type not in _QDQ
+    if producer is None:
+        return False
+    node = analysis.nodes[producer]
+    # an If/Loop/Scan output: onnxruntime may inline the body (a constant If's branch) and rename its
+    # outputs, and at ORT_ENABLE_ALL a Reshape fusion after it then looked for the view's old input name
+    return node.op_type not in _QDQ and not has_subgraphs(node)
+
+
+#: Ops onnxruntime fuses with a Reshape before them (FuseContiguousReshapes): a view feeding one
+#: was merged into a new Reshape that named an input that no longer existed, at ORT_ENABLE_ALL.
+_RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+def _holdable(analysis: Analysis, position: int) -> bool:
+    """Whether the node at ``position`` can read one of its inputs through a pin's view."""
+    node = analysis.nodes[position]
+    return node.op_type not in _RESHAPES and any(viewable(analysis, name) for name in node.input)
 
 
 def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
@@ -87,9 +114,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     held: dict[int, int] = {}
     n = analysis.num_positions
     for p, count in sorted(d2hs.items()):
-        target = next(
-            (t for t in range(p + 1, n) if any(viewable(analysis, name) for name in analysis.nodes[t].input)), None
-        )
+        target = next((t for t in range(p + 1, n) if _holdable(analysis, t)), None)
         if target is None:
             if p + 1 < n:
                 unpinned.append(f"{count} D2H copy(ies) after position {p}: no later node reads a tensor")
