@@ -27,9 +27,7 @@ Run: ``python bench/bench_memory.py [--json] [--no-download]`` (``make bench`` r
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -47,10 +45,11 @@ from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
 from offloadctl.planning.make import make_plan  # noqa: E402
 from offloadctl.rewriting.rewrite import apply_plan  # noqa: E402
-from offloadctl.running.allocator import SessionSpec, measure_by_limit, measure_by_stats  # noqa: E402
+from offloadctl.running.allocator import SessionSpec, measure_by_limit, measure_by_stats, node_scratch  # noqa: E402
 from offloadctl.running.inputs import generate_inputs, input_specs  # noqa: E402
 from offloadctl.simulation.arena import ArenaConfig  # noqa: E402
 from offloadctl.simulation.ortcpu import cpu_peak, declared_shapes  # noqa: E402
+from offloadctl.simulation.timing import count_scratch_by_name  # noqa: E402
 
 from gen_large import LargeModelConfig, generate  # noqa: E402
 
@@ -99,32 +98,10 @@ def _feeds(path: Path, shapes: dict[str, list[int]] | None = None) -> dict[str, 
     return feeds
 
 
-def _node_scratch(path: Path, feeds: dict[str, np.ndarray], order: str, folder: Path, ort) -> dict[str, int]:
-    """Kernel scratch per node from onnxruntime's node statistics (what offloadctl profile records)."""
-    stats = folder / "stats.csv"
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.execution_order = ort.ExecutionOrder.DEFAULT if order == "default" else ort.ExecutionOrder.PRIORITY_BASED
-    so.log_severity_level = 4
-    so.add_session_config_entry("session.collect_node_memory_stats_to_file", str(stats))
-    so.add_session_config_entry("session.disable_prepacking", "1")
-    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    session.run(None, feeds)
-    del session
-    found: dict[str, int] = {}
-    with open(stats, newline="") as handle:
-        for row in csv.reader(handle):
-            if row and not row[0].startswith("#"):
-                found[re.sub(r"_\d+$", "", row[0])] = int(row[4])
-    return found
-
-
-def _simulated(case: Case, order: str, folder: Path, ort, config: ArenaConfig | None = None):
+def _simulated(case: Case, order: str, ort, config: ArenaConfig | None = None):
     pins = {k: list(v.shape) for k, v in case.feeds.items()}
     analysis = analyse(load_model(case.path, input_shapes=pins), order=order)
-    scratch = _node_scratch(case.path, case.feeds, order, folder, ort)
-    labels = [n.name or f"{n.op_type}_{i}" for n, i in zip(analysis.nodes, analysis.file_index)]
-    analysis.scratch = {p: scratch[label] for p, label in enumerate(labels) if scratch.get(label)}
+    count_scratch_by_name(analysis, node_scratch(case.path, case.feeds, ort=ort, order=order))
     shapes = declared_shapes(onnx.load(str(case.path), load_external_data=False))
     return cpu_peak(analysis, shapes=shapes, config=config)
 
@@ -193,7 +170,7 @@ def _downloaded_cases() -> list[Case]:
 
 def _row(case: Case, folder: Path, ort) -> dict:
     (measured,) = measure_by_stats(SessionSpec(str(case.path), "cpu", config_entries=DISABLE), case.feeds, ort=ort)
-    simulated = _simulated(case, "default", folder, ort)
+    simulated = _simulated(case, "default", ort)
     return {
         "model": case.label,
         "order": "default",
@@ -208,7 +185,7 @@ def _row(case: Case, folder: Path, ort) -> dict:
 def _priority_row(case: Case, folder: Path, ort) -> dict:
     spec = SessionSpec(str(case.path), "cpu", config_entries=DISABLE)
     measured = measure_by_limit(spec, case.feeds, ort=ort)
-    simulated = _simulated(case, "priority", folder, ort, ArenaConfig(extend_strategy="kSameAsRequested"))
+    simulated = _simulated(case, "priority", ort, ArenaConfig(extend_strategy="kSameAsRequested"))
     return {
         "model": case.label,
         "order": "priority",

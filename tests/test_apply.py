@@ -35,10 +35,16 @@ ENABLE_ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 
 
 def _session(
-    path: Path, level, *, weights: bool = False, profile_prefix: Path | None = None, optimized: Path | None = None
+    path: Path,
+    level,
+    *,
+    weights: bool = False,
+    profile_prefix: Path | None = None,
+    optimized: Path | None = None,
+    order=ort.ExecutionOrder.PRIORITY_BASED,
 ):
     so = ort.SessionOptions()
-    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    so.execution_order = order
     so.graph_optimization_level = level
     so.log_severity_level = 3
     if profile_prefix is not None:
@@ -54,8 +60,8 @@ def _run(path: Path, feeds: dict, level=DISABLE_ALL, **kw) -> list[np.ndarray]:
     return _session(path, level, **kw).run(None, feeds)
 
 
-def _profiled_order(path: Path, feeds: dict, prefix: Path, **kw) -> list[str]:
-    sess = _session(path, DISABLE_ALL, profile_prefix=prefix, **kw)
+def _profiled_order(path: Path, feeds: dict, prefix: Path, level=DISABLE_ALL, **kw) -> list[str]:
+    sess = _session(path, level, profile_prefix=prefix, **kw)
     sess.run(None, feeds)
     events = json.loads(Path(sess.end_profiling()).read_text())
     kernels = sorted(
@@ -609,22 +615,6 @@ def test_constant_numbers_become_initializers_of_their_type_and_shape(attr, valu
 # Order pins: the plan holds in onnxruntime's DEFAULT order (every host but Python)
 
 
-def _ran(path: Path, feeds: dict, prefix: Path, order) -> list[str]:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.execution_order = order
-    so.enable_profiling = True
-    so.profile_file_prefix = str(prefix)
-    so.log_severity_level = 3
-    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    session.run(None, feeds)
-    events = json.loads(Path(session.end_profiling()).read_text())
-    kernels = sorted(
-        (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
-    )
-    return [e["name"][: -len("_kernel_time")] for e in kernels]
-
-
 def _held(proto: onnx.ModelProto, ran: list[str]) -> tuple[int, list[dict]]:
     """(pin constraints checked, those that did not hold) against an order that ran."""
     pins = json.loads(next(p.value for p in proto.metadata_props if p.key == "offloadctl.order_pins"))
@@ -649,27 +639,17 @@ def test_pins_hold_every_copy_in_the_default_order(name, tmp_path):
     if not plan["offloads"]:
         pytest.skip("nothing offloaded")
     assert result.pins > 0 and not result.unpinned
-    ran = _ran(out, feeds, tmp_path / "d", ort.ExecutionOrder.DEFAULT)
+    ran = _profiled_order(out, feeds, tmp_path / "d", order=ort.ExecutionOrder.DEFAULT)
     checked, broken = _held(proto, ran)
     assert checked > 0 and broken == []
     assert [n for n in ran if n in set(_file_order(proto))] == [n for n in ran]  # every node is the file's
-    for w, g in zip(_run(model_path, feeds), _run_in(out, feeds, ort.ExecutionOrder.DEFAULT)):
+    for w, g in zip(_run(model_path, feeds), _run(out, feeds, weights=True, order=ort.ExecutionOrder.DEFAULT)):
         assert np.array_equal(w, g)
     assert _profiled_order(out, feeds, tmp_path / "p") == _file_order(proto)
     assert not any(n.op_type == "Shape" for n in bare_proto.graph.node if n.name.startswith("offload"))
     if name in ("unet", "transformer", "training"):  # not a plain chain: the DEFAULT order moves the bare copies
-        _, moved = _held(proto, _ran(bare, feeds, tmp_path / "b", ort.ExecutionOrder.DEFAULT))
+        _, moved = _held(proto, _profiled_order(bare, feeds, tmp_path / "b", order=ort.ExecutionOrder.DEFAULT))
         assert moved
-
-
-def _run_in(path: Path, feeds: dict, order) -> list[np.ndarray]:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.execution_order = order
-    so.log_severity_level = 3
-    return ort.InferenceSession(
-        str(path), so, providers=["CPUExecutionProvider"], disabled_optimizers=["ConstantFolding"]
-    ).run(None, feeds)
 
 
 def test_pins_survive_all_optimizations(tmp_path):
@@ -679,20 +659,9 @@ def test_pins_survive_all_optimizations(tmp_path):
     feeds = _feeds("transformer")
     out = tmp_path / "pinned.onnx"
     _, proto, _ = _rewrite(model_path, out, pins=True, params=True, select_distance=2, prefetch_distance=1)
-    so = ort.SessionOptions()
-    so.execution_order = ort.ExecutionOrder.DEFAULT
-    so.enable_profiling = True
-    so.profile_file_prefix = str(tmp_path / "all")
-    so.log_severity_level = 3
-    session = ort.InferenceSession(
-        str(out), so, providers=["CPUExecutionProvider"], disabled_optimizers=["ConstantFolding"]
-    )
-    got = session.run(None, feeds)
-    events = json.loads(Path(session.end_profiling()).read_text())
-    kernels = sorted(
-        (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
-    )
-    ran = [e["name"][: -len("_kernel_time")] for e in kernels]
+    default = ort.ExecutionOrder.DEFAULT
+    ran = _profiled_order(out, feeds, tmp_path / "all", ENABLE_ALL, weights=True, order=default)
+    got = _run(out, feeds, ENABLE_ALL, weights=True, order=default)
     pins = json.loads(next(p.value for p in proto.metadata_props if p.key == "offloadctl.order_pins"))
     at = {n: k for k, n in enumerate(ran)}
     both = [c for c in pins if c["copy"] in at and (c.get("before") or c.get("after")) in at]

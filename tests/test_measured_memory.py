@@ -19,11 +19,12 @@ from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.preview import cpu_figures, rewritten_analysis
 from offloadctl.rewriting.rewrite import apply_plan
 from offloadctl.running import allocator
-from offloadctl.running.allocator import SessionSpec, measure_by_limit, measure_by_stats, read_node_scratch
+from offloadctl.running.allocator import SessionSpec, measure_by_limit, measure_by_stats, node_scratch
 from offloadctl.running.inputs import generate_inputs, input_specs
 from offloadctl.running.runner import order_from_profile
 from offloadctl.simulation.arena import Arena, ArenaConfig
 from offloadctl.simulation.ortcpu import cpu_peak, declared_shapes
+from offloadctl.simulation.timing import count_scratch_by_name
 
 from conftest import SAMPLE_NAMES, SAMPLES
 
@@ -49,21 +50,11 @@ def _feeds(path: Path) -> dict[str, np.ndarray]:
     return feeds
 
 
-def _simulated(path: Path, feeds: dict[str, np.ndarray], order: str, tmp_path: Path, config: ArenaConfig | None = None):
+def _simulated(path: Path, feeds: dict[str, np.ndarray], order: str, config: ArenaConfig | None = None):
     """The CPU figure of ``path`` on ``feeds``, the kernel scratch counted from onnxruntime's node
     statistics (what a measured profile records)."""
     analysis = analyse(load_model(path, input_shapes={k: list(v.shape) for k, v in feeds.items()}), order=order)
-    stats = tmp_path / "stats.csv"
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.add_session_config_entry("session.collect_node_memory_stats_to_file", str(stats))
-    so.add_session_config_entry("session.disable_prepacking", "1")
-    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    session.run(None, feeds)
-    del session
-    scratch = read_node_scratch(stats)
-    labels = [n.name or f"{n.op_type}_{i}" for n, i in zip(analysis.nodes, analysis.file_index)]
-    analysis.scratch = {p: scratch[label] for p, label in enumerate(labels) if scratch.get(label)}
+    count_scratch_by_name(analysis, node_scratch(path, feeds, ort=ort, order=order))
     shapes = declared_shapes(onnx.load(str(path), load_external_data=False))
     return cpu_peak(analysis, shapes=shapes, config=config)
 
@@ -156,7 +147,7 @@ def test_cpu_peak_is_the_arena_peak_for_samples_and_their_rewrites(name, tmp_pat
     for path in [SAMPLES / f"{name}.onnx", *_rewrites(name, tmp_path)]:
         feeds = _feeds(path)
         measured = _measured(path, feeds)
-        simulated = _simulated(path, feeds, "default", tmp_path)
+        simulated = _simulated(path, feeds, "default")
         assert simulated.weight_bytes == measured.in_use_after_creation, path.name
         assert simulated.peak_bytes == measured.peak_bytes, path.name
 
@@ -165,7 +156,7 @@ def test_cpu_peak_is_the_arena_peak_for_samples_and_their_rewrites(name, tmp_pat
 def test_cpu_peak_is_the_arena_peak_for_models_in_the_onnx_wheel(path, tmp_path):
     feeds = _feeds(path)
     measured = _measured(path, feeds)
-    simulated = _simulated(path, feeds, "default", tmp_path)
+    simulated = _simulated(path, feeds, "default")
     assert simulated.weight_bytes == measured.in_use_after_creation
     assert abs(simulated.peak_bytes - measured.peak_bytes) <= 0.02 * measured.peak_bytes
 
@@ -181,7 +172,7 @@ def test_priority_order_figure_is_the_smallest_arena_that_runs(name, tmp_path):
     path = SAMPLES / f"{name}.onnx"
     feeds = _feeds(path)
     measured = measure_by_limit(SessionSpec(str(path), "cpu", config_entries=DISABLE), feeds, ort=ort)
-    simulated = _simulated(path, feeds, "priority", tmp_path, ArenaConfig(extend_strategy="kSameAsRequested"))
+    simulated = _simulated(path, feeds, "priority", ArenaConfig(extend_strategy="kSameAsRequested"))
     assert measured.method == "arena-limit" and measured.execution_order == "priority"
     assert abs(simulated.arena_bytes - measured.peak_bytes) <= 0.02 * measured.peak_bytes
 

@@ -135,8 +135,3 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
         waits[q] = source
         nodes += per_dep + 3 * count  # one empty shape of the output, then Shape, Concat, Reshape per copy
     return PinLayout(held, waits, nodes, unpinned, slice_form=opset < 15)
-
-
-def opset_of(model: onnx.ModelProto) -> int:
-    """The model's default-domain opset (0 when it imports none)."""
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -1,5 +1,5 @@
 """Small ONNX helpers every module shares: which nodes are Constant, backward or copy nodes, and
-walks over the subgraphs (If/Loop/Scan bodies) a node holds.
+walks over the subgraphs (If/Loop/Scan bodies) a node holds, and onnx's inference on a copy.
 
 It depends on onnx alone (and `offloadctl.core.memcpy` for the copy operators' names), so the model
 loader, onnxruntime's graph rewrites, the analysis, the timeline, the stages and the rewrite can all
@@ -9,12 +9,15 @@ use it without an import cycle. Functions take protos and never change them, exc
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 
 import onnx
 from onnx import TensorProto
 
 from offloadctl.core.memcpy import COPY_OPS, MEMCPY_TO_HOST
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "BACKWARD_ATTR",
@@ -25,6 +28,7 @@ __all__ = [
     "pin_view_source",
     "defined_names",
     "has_subgraphs",
+    "inferred_copy",
     "is_backward",
     "is_constant_node",
     "iter_graphs",
@@ -204,3 +208,21 @@ def rename_outer(graph: onnx.GraphProto, old: str, new: str) -> int:
             value.name = new
             count += 1
     return count
+
+
+def inferred_copy(model: onnx.ModelProto, edit: Callable[[onnx.ModelProto], None] | None = None) -> onnx.ModelProto:
+    """A copy of ``model`` (``edit`` applied to it) with onnx's type and shape inference run over it,
+    no data propagation; the copy as it is when onnx's inference fails. Weight data inference does
+    not read (anything but small integer tensors: shapes, axes) is left out of the copy."""
+    work = onnx.ModelProto()
+    work.CopyFrom(model)
+    for init in work.graph.initializer:
+        if init.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and len(init.raw_data) > 4096:
+            init.ClearField("raw_data")
+    if edit is not None:
+        edit(work)
+    try:
+        return onnx.shape_inference.infer_shapes(work)
+    except Exception as exc:  # noqa: BLE001 - onnx raises several types; the declared types are then all there is
+        logger.debug("onnx shape inference failed (%s); using the declared types", exc)
+        return work

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LoadedModel",
+    "is_derived_dim",
     "TensorInfo",
     "TensorInfos",
     "tensor_info",
@@ -512,6 +513,11 @@ def _expression(text: str) -> ast.expr | None:
         if isinstance(node, ast.Constant) and not isinstance(node.value, int):
             return None
     return tree
+
+
+def is_derived_dim(name: str) -> bool:
+    """A dimension named by arithmetic over others (it follows from them when they are pinned)."""
+    return _expression(name) is not None
 
 
 def _evaluate(tree: ast.expr, dims: dict[str, int]) -> int | None:

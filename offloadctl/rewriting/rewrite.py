@@ -76,6 +76,7 @@ from offloadctl.core.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, register_sc
 from offloadctl.core.onnxutil import (
     BACKWARD_ATTR,
     PIN_ATTR,
+    inferred_copy,
     is_backward,
     is_constant_node,
     iter_graphs,
@@ -530,19 +531,13 @@ def _restore_symbolic_types(model: onnx.ModelProto, declared: dict[str, bytes], 
         if vi.name in declared:
             vi.type.ParseFromString(declared[vi.name])
     ours = set(sources)
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    kept = [vi for vi in work.graph.value_info if vi.name not in ours and vi.name in declared]
-    del work.graph.value_info[:]
-    work.graph.value_info.extend(kept)
-    for init in work.graph.initializer:
-        if init.data_type not in (TensorProto.INT64, TensorProto.INT32) and len(init.raw_data) > 4096:
-            init.ClearField("raw_data")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(work)
-    except Exception as exc:  # noqa: BLE001 - onnx raises several types; copies then keep only their element type
-        logger.debug("onnx shape inference of the rewritten model failed: %s", exc)
-        inferred = work
+
+    def declared_only(work: onnx.ModelProto) -> None:  # infer the rest from the declared inputs
+        kept = [vi for vi in work.graph.value_info if vi.name not in ours and vi.name in declared]
+        del work.graph.value_info[:]
+        work.graph.value_info.extend(kept)
+
+    inferred = inferred_copy(model, declared_only)
     types = {vi.name: vi.type for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]}
     for vi in graph.value_info:
         if vi.name not in ours:

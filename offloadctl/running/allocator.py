@@ -25,6 +25,7 @@ import glob
 import logging
 import os
 import re
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "measure_by_limit",
     "measure_by_stats",
     "measure_memory",
+    "node_scratch",
     "read_node_scratch",
 ]
 
@@ -168,6 +170,26 @@ def read_node_scratch(path: str | os.PathLike[str]) -> dict[str, int]:
     except OSError:
         return {}
     return found
+
+
+def node_scratch(
+    model: str | os.PathLike[str], feeds: Mapping[str, np.ndarray], *, ort: Any, order: str = "default"
+) -> dict[str, int]:
+    """Kernel scratch by node name from one run on the CPU provider at ``--opt-level disable``
+    (prepacking off), with onnxruntime's node statistics (`read_node_scratch`): what ``offloadctl
+    profile`` records, for a model at hand without a profile."""
+    with tempfile.TemporaryDirectory(prefix="offloadctl-stats-") as tmp:
+        stats = os.path.join(tmp, "stats.csv")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.execution_order = ort.ExecutionOrder.DEFAULT if order == "default" else ort.ExecutionOrder.PRIORITY_BASED
+        so.log_severity_level = _LOG_FATAL
+        so.add_session_config_entry("session.collect_node_memory_stats_to_file", stats)
+        so.add_session_config_entry("session.disable_prepacking", "1")
+        session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
+        session.run(None, dict(feeds))
+        del session  # the statistics are written when the session ends
+        return read_node_scratch(stats)
 
 
 # --------------------------------------------------------------------------------------------------

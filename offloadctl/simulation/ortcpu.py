@@ -51,7 +51,7 @@ import onnx
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory
-from offloadctl.core.onnxutil import ONNX_DOMAINS, subgraph_outer_names
+from offloadctl.core.onnxutil import ONNX_DOMAINS, inferred_copy, subgraph_outer_names
 from offloadctl.simulation.arena import Arena, ArenaConfig
 
 __all__ = ["CpuPeak", "cpu_peak", "declared_shapes", "ALIAS_OPS", "INPLACE_OPS"]
@@ -108,7 +108,6 @@ _INPLACE_TYPES: dict[str, frozenset[int]] = {
     "LogSoftmax": frozenset({onnx.TensorProto.FLOAT}),
 }
 
-_SHAPE_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32})
 _SMALL_WEIGHT = 127  # bytes; onnxruntime's kSmallTensorExternalDataThreshold
 _WEIGHT_ALIGN = 256
 
@@ -153,17 +152,7 @@ def declared_shapes(proto: onnx.ModelProto) -> dict[str, tuple[int, Shape | None
     with onnx's propagation the planner would be credited with reuse it does not find. (A shape
     computed from numbers alone, as ConstantOfShape of the Shape of a static tensor, is known to
     onnxruntime and not here: a few small tensors, at most 256 bytes each.)"""
-    work = onnx.ModelProto()
-    work.CopyFrom(proto)
-    for init in work.graph.initializer:  # inference reads only small integer tensors (shapes, axes)
-        if init.data_type not in _SHAPE_TYPES and len(init.raw_data) > 4096:
-            init.ClearField("raw_data")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(work)
-    except Exception as exc:  # noqa: BLE001 - onnx raises several types; the declared shapes are then all we have
-        logger.debug("onnx shape inference failed (%s); using the declared shapes", exc)
-        inferred = work
-    graph = inferred.graph
+    graph = inferred_copy(proto).graph
     found: dict[str, tuple[int, Shape | None]] = {}
     for vi in [*graph.input, *graph.value_info, *graph.output]:
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None

@@ -18,7 +18,7 @@ from typing import Any
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
-from offloadctl.loading.model import load_model
+from offloadctl.loading.model import is_derived_dim, load_model
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 
@@ -61,13 +61,9 @@ def point_analysis(analysis: Analysis, dims: Mapping[str, int]) -> Analysis:
     base = analysis.loaded
     merged = {**base.dims, **dims}
     # a dimension that is a sum of others follows from its parts again (`load_model`)
-    merged = {k: v for k, v in merged.items() if k in dims or not _derived(k)}
+    merged = {k: v for k, v in merged.items() if k in dims or not is_derived_dim(k)}
     loaded = load_model(base.path, input_shapes=base.input_shapes or None, dims=merged, input_shapes_from="the plan")
     return analyse(loaded, order=analysis.order)
-
-
-def _derived(name: str) -> bool:
-    return any(op in name for op in ("+", "-", "*"))
 
 
 def resized(plan: Plan, analysis: Analysis) -> Plan:

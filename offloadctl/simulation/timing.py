@@ -41,7 +41,16 @@ from offloadctl.simulation.base import Base, base_of, forget_base
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, NodeTime, Profile, load_profile
 from offloadctl.simulation.program import Program
 
-__all__ = ["Costs", "TimeFigures", "count_scratch", "node_costs", "node_flops", "node_seconds", "times"]
+__all__ = [
+    "Costs",
+    "TimeFigures",
+    "count_scratch",
+    "count_scratch_by_name",
+    "node_costs",
+    "node_flops",
+    "node_seconds",
+    "times",
+]
 
 ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
 MATMUL_OPS = frozenset({"MatMul", "FusedMatMul"})
@@ -270,10 +279,30 @@ def count_scratch(analysis: Analysis, profile: Profile | str | None) -> int:
             return _dims(infos, name)
 
         for p, node in enumerate(analysis.nodes):
-            hit = measured.nodes.get(node.name or f"{node.op_type}_{analysis.file_index[p]}")
+            hit = measured.nodes.get(_profiled_name(analysis, p))
             if hit is not None and hit.scratch_bytes and _measured_match(hit, node, shape_of):
                 found[p] = hit.scratch_bytes
+    _set_scratch(analysis, found)
+    return len(found)
+
+
+def count_scratch_by_name(analysis: Analysis, scratch: Mapping[str, int]) -> int:
+    """`count_scratch` from kernel scratch by node name (as onnxruntime names nodes:
+    `offloadctl.running.allocator.node_scratch`), for a model measured without a profile."""
+    found = {
+        p: scratch[name] for p in range(analysis.num_positions) if scratch.get(name := _profiled_name(analysis, p))
+    }
+    _set_scratch(analysis, found)
+    return len(found)
+
+
+def _profiled_name(analysis: Analysis, position: int) -> str:
+    """A node's name as onnxruntime's profiling and statistics name it (OpType_INDEX when unnamed)."""
+    node = analysis.nodes[position]
+    return node.name or f"{node.op_type}_{analysis.file_index[position]}"
+
+
+def _set_scratch(analysis: Analysis, found: dict[int, int]) -> None:
     if found != analysis.scratch:
         analysis.scratch = found
         forget_base(analysis)
-    return len(found)
