@@ -198,3 +198,12 @@ def test_shape_points_plan_at_the_largest_and_every_point_fits(run_cli, tmp_path
             "--dim", "total_sequence_length=256", "--dim", "kv_cache_dim=16", "--execution-order", "default",
         )  # fmt: skip
         assert ran.exit_code == 0, ran.stderr
+
+
+def test_a_bad_shape_point_is_one_error_and_writes_no_plan(run_cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    res = run_cli("plan", FP32 / "model.onnx", *DIMS, "--params", "-o", plan, "--shape-point", "no_such_dim=3")
+    assert res.exit_code == 1 and "--shape-point no_such_dim=3" in res.stderr and "Traceback" not in res.stderr
+    assert not plan.exists()
+    res = run_cli("simulate", FP32 / "model.onnx", *DIMS, "--shape-point", "sequence_length")
+    assert res.exit_code == 1 and "is not NAME=VALUE" in res.stderr

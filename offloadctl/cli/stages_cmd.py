@@ -72,7 +72,7 @@ from offloadctl.planning.select import select
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import copy_mode_label
 from offloadctl.simulation.estimate import estimate_figures, record_estimate
-from offloadctl.simulation.points import at_points, parse_point, point_analysis
+from offloadctl.simulation.points import PointResult, at_points, parse_point, point_analysis
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = ["COMMANDS"]
@@ -381,8 +381,9 @@ def plan_cmd(
     if points and request.uses_budget:
         analysis, points = _largest_point(analysis, points, as_json)
     with steps(not as_json, total=5) as step:
-        plan, result = _plan_and_simulate(analysis, dataclasses.replace(request, step=step), output, step)
-    checked = at_points(analysis, plan, points, profile=request.device_profile) if result is not None else []
+        plan, result, checked = _plan_and_simulate(
+            analysis, dataclasses.replace(request, step=step), output, step, points
+        )
     written: list[str | Path] = [output]
     if report is not None and result is not None:
         written += write_report(report, result, plan)
@@ -426,10 +427,15 @@ def _largest_point(
 
 
 def _plan_and_simulate(
-    analysis: Analysis, request: PlanRequest, output: str, step: Callable[..., None]
-) -> tuple[Plan, SimResult | None]:
-    """Make the plan, simulate it (unless the planner did, or the model is already rewritten), record
-    the estimate in it for apply to quote, and write it."""
+    analysis: Analysis,
+    request: PlanRequest,
+    output: str,
+    step: Callable[..., None],
+    points: list[dict[str, int]] | None = None,
+) -> tuple[Plan, SimResult | None, list[PointResult]]:
+    """Make the plan, simulate it (unless the planner did, or the model is already rewritten) and at
+    each shape point, record the estimate in it for apply to quote, and write it (a shape point that
+    cannot be simulated is an error before anything is written)."""
     outcome = plan_for(analysis, request)
     plan = outcome.plan
     step("simulating peak memory and time")
@@ -437,11 +443,15 @@ def _plan_and_simulate(
         result = None
         if not is_rewritten(analysis):
             result = outcome.simulation or simulate(analysis, plan, profile=request.device_profile)
+    checked = []
     if result is not None:
         record_estimate(plan, estimate_figures(result, request.copies))  # apply quotes it instead of simulating
+        if points:
+            step("simulating the shape points")
+            checked = at_points(analysis, plan, points, profile=request.device_profile)
     step(f"writing {output}")
     write_plan(output, plan)
-    return plan, result
+    return plan, result, checked
 
 
 def _plan_verdict(

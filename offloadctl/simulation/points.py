@@ -62,7 +62,13 @@ def point_analysis(analysis: Analysis, dims: Mapping[str, int]) -> Analysis:
     merged = {**base.dims, **dims}
     # a dimension that is a sum of others follows from its parts again (`load_model`)
     merged = {k: v for k, v in merged.items() if k in dims or not is_derived_dim(k)}
-    loaded = load_model(base.path, input_shapes=base.input_shapes or None, dims=merged, input_shapes_from="the plan")
+    try:
+        loaded = load_model(
+            base.path, input_shapes=base.input_shapes or None, dims=merged, input_shapes_from="the plan"
+        )
+    except OffloadError as exc:
+        point = ",".join(f"{k}={v}" for k, v in dims.items())
+        raise OffloadError(f"--shape-point {point}: {exc.message}", hint=exc.hint) from None
     return analyse(loaded, order=analysis.order)
 
 
