@@ -23,6 +23,7 @@ from offloadctl.loading.model import load_model
 from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.rewrite import apply_plan
 from offloadctl.running import profiler
+from offloadctl.running.fusions import attribute
 from offloadctl.running.profiler import (
     fit_link,
     fit_range,
@@ -447,3 +448,127 @@ def test_device_names_are_read_for_cuda_and_ascend(monkeypatch):
     monkeypatch.setattr(subprocess, "run", fake({}))
     assert profiler._device_name("cuda", {}) == "unknown"
     assert profiler._device_name("ascend", {}) == "unknown"
+
+
+# ---------------------------------------------------------------------------------------------------
+# profiles measured above --opt-level disable: fused nodes' times go to the original's nodes
+# ---------------------------------------------------------------------------------------------------
+
+MLP = SAMPLES / "mlp.onnx"
+MLP_INPUTS = SAMPLES / "mlp.inputs.npz"
+
+_CHAIN = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 4] x) => (float[2, 4] z)
+<float[4, 4] w = {1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0},
+ float[4] b = {1.0, 2.0, 3.0, 4.0}>
+{
+  [mm] h = MatMul(x, w)
+  [add] y = Add(h, b)
+  [relu] z = Relu(y)
+  [tail] t = Relu(z)
+}
+"""
+
+
+def test_a_fused_nodes_time_goes_to_the_original_node_that_writes_its_output(tmp_path):
+    original = onnx.parser.parse_model(_CHAIN.replace("=> (float[2, 4] z)", "=> (float[2, 4] t)"))
+    analysis = _analysis(save(original, tmp_path / "chain.onnx"))
+    optimized = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+        g (float[2, 4] x) => (float[2, 4] t)
+        <float[4, 4] w = {1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0},
+         float[4] b = {1.0, 2.0, 3.0, 4.0}>
+        {
+          [gemm_fused] z = com.microsoft.FusedGemm <activation = "Relu"> (x, w, b)
+          [tail] t = Relu(z)
+        }
+        """
+    )
+    measured = {
+        "gemm_fused": {"op_type": "FusedGemm", "seconds": 3e-6, "input_shapes": [[2, 4], [4, 4], [4]]},
+        "tail": {"op_type": "Relu", "seconds": 1e-6, "input_shapes": [[2, 4]], "scratch_bytes": 64},
+    }
+    found = attribute(analysis, optimized, measured)
+    assert found.nodes == {
+        "mm": {"op_type": "MatMul", "seconds": 0.0, "ran": False},
+        "add": {"op_type": "Add", "seconds": 0.0, "ran": False},
+        "relu": {"op_type": "Relu", "seconds": 3e-6, "input_shapes": [[2, 4]]},
+        "tail": {"op_type": "Relu", "seconds": 1e-6, "input_shapes": [[2, 4]], "scratch_bytes": 64},
+    }
+    # the tensors the fusion took in, and the weights a rewritten node reads (constants it needs)
+    assert found.fused == ["h", "y", "b", "w"]
+    assert found.unattributed_s == 0.0
+    # an optimized node that writes no original tensor takes the next original writer downstream
+    chained = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, 4] x) => (float[2, 4] t)
+        <float[4, 4] w = {1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0},
+         float[4] b = {1.0, 2.0, 3.0, 4.0}>
+        {
+          [reorder] r = Identity(x)
+          [gemm] z = Gemm(r, w, b)
+          [tail] t = Relu(z)
+        }
+        """
+    )
+    found = attribute(analysis, chained, {"reorder": {"op_type": "Identity", "seconds": 2e-6}, **measured})
+    assert found.nodes["relu"]["seconds"] == pytest.approx(2e-6)  # reorder -> gemm writes z -> relu
+    assert "gemm_fused" not in found.nodes and found.unattributed_s == pytest.approx(3e-6)
+
+
+def test_a_profile_at_opt_level_all_prices_the_fused_model_and_plans_keep_what_fusions_took_in(fast, tmp_path):
+    doc = measure_profile(str(MLP), "cpu", inputs=MLP_INPUTS, repeat=2, opt_level="all")
+    measured = doc["measured"]
+    assert measured["session"]["opt_level"] == "all"
+    analysis = _analysis(MLP)
+    # onnxruntime fuses each Gemm + Relu of the MLP into one FusedGemm: the Gemm outputs are gone
+    gemms = [n.output[0] for n in analysis.nodes if n.op_type == "Gemm"]
+    assert gemms and set(gemms) <= set(measured["fused"])
+    not_run = [name for name, e in measured["nodes"].items() if e.get("ran") is False]
+    assert not_run and all(measured["nodes"][name]["seconds"] == 0.0 for name in not_run)
+    ran = [e for e in measured["nodes"].values() if e.get("ran", True)]
+    assert sum(e["seconds"] for e in ran) == pytest.approx(
+        sum(e["seconds"] for e in measured["nodes"].values()), rel=1e-12
+    )
+    path = tmp_path / "mlp.all.json"
+    write_profile(path, doc)
+    profile = load_profile(str(path))
+    assert profile.measured is not None and profile.measured.opt_level == "all"
+    assert profile.measured.fused == frozenset(measured["fused"])
+    # the fused-away nodes cost nothing: the baseline is the optimized run's latency
+    t = simulate(analysis, profile=profile).times
+    assert t.baseline == pytest.approx(measured["latency_s"]["median"], rel=1e-6)
+    plan = make_plan(analysis, select_distance=1, params=True, profile=profile)
+    kept = {r["tensor"] for r in plan["rejected"] if r["reason"] == "fused"}
+    assert kept and kept <= profile.measured.fused
+    assert not {o["tensor"] for o in plan["offloads"]} & profile.measured.fused
+    assert plan["options"]["select"]["fused"] == sorted(profile.measured.fused)
+    # at --opt-level disable nothing is fused, and plans record no such list
+    assert "fused" not in make_plan(analysis, select_distance=1, params=True)["options"]["select"]
+
+
+def test_profile_cli_at_opt_level_all_and_an_unsaveable_graph(run_cli, fast, tmp_path, monkeypatch):
+    out = tmp_path / "mlp.profile.json"
+    result = run_cli("profile", MLP, "--device", "cpu", "--repeat", "1", "--opt-level", "all", "-o", out, "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["opt_level"] == "all" and doc["fused"] > 0
+    human = run_cli("profile", MLP, "--device", "cpu", "--repeat", "1", "--opt-level", "all", "-o", out)
+    assert "graph optimizations at all" in human.stdout and "taken in by onnxruntime's rewrites" in human.stdout
+    # a provider whose optimized graph onnxruntime cannot save (CANN graph mode): one error, nothing written
+    real = profiler._Device.runner
+
+    def refuse(self, *args, **kwargs):
+        if kwargs.get("optimized") is not None:
+            raise OffloadError("Unable to serialize model as it contains compiled nodes", hint="-")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(profiler._Device, "runner", refuse)
+    out.write_text("previous")
+    failed = run_cli("profile", MLP, "--device", "cpu", "--repeat", "1", "--opt-level", "all", "-o", out)
+    assert failed.exit_code == 1 and "Traceback" not in failed.stderr
+    assert "--opt-level all" in failed.stderr and "compiled nodes" in failed.stderr and "fix:" in failed.stderr
+    assert out.read_text() == "previous"

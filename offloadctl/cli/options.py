@@ -76,9 +76,10 @@ def _group(argument: str, options: type, *decorators: Decorator) -> Decorator:
     """Click options whose values reach the command as one ``options`` object, in ``argument``.
 
     The options keep their flags, help and order; the command's keyword arguments named after the
-    dataclass's fields are replaced by the object.
+    dataclass's fields are replaced by the object (a field marked ``cli: False`` has no flag: it
+    keeps its default, or what the request derives for it).
     """
-    names = [f.name for f in dataclasses.fields(options) if f.init]
+    names = [f.name for f in dataclasses.fields(options) if f.init and f.metadata.get("cli", True)]
 
     def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)

@@ -16,7 +16,7 @@ from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.model import parse_dims, parse_input_shapes
 from offloadctl.running.profiler import DEFAULT_REPEAT, measure_profile, write_profile
-from offloadctl.running.runner import DEVICES, parse_ep_options
+from offloadctl.running.runner import DEVICES, OPT_LEVELS, parse_ep_options
 
 __all__ = ["COMMANDS", "profile_cmd", "summary"]
 
@@ -33,6 +33,8 @@ def summary(doc: dict[str, Any], output: str) -> dict[str, Any]:
         "device": measured["device"],
         "repeat": measured["repeat"],
         "intra_op_num_threads": measured["session"]["intra_op_num_threads"],
+        "opt_level": measured["session"]["opt_level"],
+        "fused": len(measured.get("fused", [])),
         "latency_s": measured["latency_s"]["median"],
         "kernel_sum_s": measured["kernel_sum_s"],
         "nodes": {"model": measured["model"]["nodes"], "measured": len(measured["nodes"])},
@@ -63,10 +65,18 @@ def _print(info: dict[str, Any], model: str) -> None:
     table.add_column()
     table.add_row("model", f"{escape(model)} (sha256 {info['sha256'][:12]}…)")
     threads = info["intra_op_num_threads"]
+    level = info["opt_level"]
+    optimizations = "no graph optimizations" if level == "disable" else f"graph optimizations at {level}"
     table.add_row(
         "session",
-        f"PRIORITY_BASED, no graph optimizations, {threads or 'default'} intra-op thread{'s' if threads != 1 else ''}",
+        f"PRIORITY_BASED, {optimizations}, {threads or 'default'} intra-op thread{'s' if threads != 1 else ''}",
     )
+    if level != "disable":
+        table.add_row(
+            "fusions",
+            f"{info['fused']} tensors taken in by onnxruntime's rewrites at {level} "
+            "(plans with this profile keep them)",
+        )
     table.add_row("latency", f"{info['latency_s'] * 1e3:.3f} ms (median of {info['repeat']} or more runs)")
     table.add_row(
         "node times", f"{info['nodes']['measured']} nodes, summing to {info['kernel_sum_s'] * 1e3:.3f} ms in profiling"
@@ -124,6 +134,15 @@ def _print(info: dict[str, Any], model: str) -> None:
     help="onnxruntime intra-op threads of the measured sessions (0: its default, one per physical core); the "
     "profile describes sessions run this way.",
 )
+@click.option(
+    "--opt-level",
+    type=click.Choice(list(OPT_LEVELS)),
+    default="disable",
+    show_default=True,
+    help="onnxruntime's graph optimization level of the model's timed runs: the level the model will be served "
+    "at. Above disable, each fused node's time goes to the original node that writes its output, and plans made "
+    "with the profile keep the tensors the fusions took in (reason fused).",
+)
 @output_option("the measured profile (JSON, schemas/profile.schema.json)")
 @json_option
 def profile_cmd(
@@ -134,14 +153,16 @@ def profile_cmd(
     repeat: int,
     ep_option: tuple[str, ...],
     threads: int,
+    opt_level: str,
     output: str,
     as_json: bool,
 ) -> None:
     """Measure MODEL on a device and write a profile for simulate and plan (--profile FILE).
 
     \b
-    Runs the model as `offloadctl run` does (PRIORITY_BASED order, no graph optimizations) and
-    records: every node's duration from onnxruntime's profiling (median of --repeat runs), with the
+    Runs the model as `offloadctl run` does (PRIORITY_BASED order, --opt-level: no graph
+    optimizations by default) and records: every node's duration from onnxruntime's profiling
+    (median of --repeat runs; above disable, each fused node's time goes to an original node), with the
     model's sha256; the executor's cost beyond the kernels; MemcpyToHost and MemcpyFromHost timed
     over a sweep of sizes and fitted as latency + bytes / bandwidth; roofline figures for nodes
     without a measurement; and what it ran on. Measure on a quiet machine.
@@ -165,6 +186,7 @@ def profile_cmd(
             ep_options=options,
             threads=threads,
             report=step,
+            opt_level=opt_level,
         )
         step(f"writing {output}")
         write_profile(output, doc)

@@ -48,6 +48,7 @@ RejectionReason = Literal[
     "unknown-size",
     "host-input",
     "prepacked",
+    "fused",
     "graph-output-weight",
     "select-num",
     "min-bytes",

@@ -80,6 +80,9 @@ class SelectPart:
         params: consider weights (initializers, Constant nodes): they stay on the host.
         force: glob patterns of tensors to offload even without a long gap.
         never: glob patterns of tensors never to offload (wins over ``force``).
+        fused: tensors onnxruntime's graph optimizations take in at the level the model is served at
+            (a measured profile's ``fused``); they are not offloaded unless forced. A `PlanRequest`
+            whose profile was measured above ``--opt-level disable`` takes them from the profile.
     """
 
     select_distance: int = DEFAULT_SELECT_DISTANCE
@@ -87,10 +90,12 @@ class SelectPart:
     params: bool = False
     force: tuple[str, ...] = ()
     never: tuple[str, ...] = ()
+    fused: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
 
     def __post_init__(self) -> None:
         _set(self, "force", tuple(self.force))
         _set(self, "never", tuple(self.never))
+        _set(self, "fused", tuple(self.fused))
         _at_least("select_distance", self.select_distance, 0)
 
 
@@ -320,14 +325,21 @@ class PlanRequest(SelectPart, FilterRequest):
     def __post_init__(self) -> None:
         SelectPart.__post_init__(self)
         FilterRequest.__post_init__(self)
+        measured = self.device_profile.measured
+        if not self.fused and measured is not None and measured.fused:
+            # a profile measured at a level that fuses: keep what those fusions take in
+            _set(self, "fused", tuple(sorted(measured.fused)))
 
 
 def recorded(part_type: type, request: Any) -> dict[str, Any]:
-    """The options of one part, as a plan records them (``options.select`` ...): lists for tuples."""
-    return {
-        f.name: list(value) if isinstance(value := getattr(request, f.name), tuple) else value
-        for f in dataclasses.fields(part_type)
-    }
+    """The options of one part, as a plan records them (``options.select`` ...): lists for tuples; a
+    field marked ``omit_empty`` only when it holds something."""
+    options: dict[str, Any] = {}
+    for f in dataclasses.fields(part_type):
+        value = getattr(request, f.name)
+        if value or not f.metadata.get("omit_empty"):
+            options[f.name] = list(value) if isinstance(value, tuple) else value
+    return options
 
 
 def _at_least(name: str, value: int, low: int) -> None:

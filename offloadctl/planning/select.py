@@ -258,6 +258,7 @@ class _Selector:
         self.index: dict[str, int] = {}  # candidate -> its number
         self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
         self.host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
+        self.fused = frozenset(options.fused)
 
     def reject(
         self, name: str, kind: Kind, uses: list[Use], reason: RejectionReason, detail: str, max_gap: int | None = None
@@ -344,6 +345,12 @@ class _Selector:
                 packed = _prepacked_use(analysis, name, uses)
                 if packed is not None:
                     return "prepacked", packed
+            if name in self.fused:
+                return (
+                    "fused",
+                    "onnxruntime's graph optimizations at the level of the measured profile take it into a fused node "
+                    "or a folded constant; a copy would read it and undo that rewrite",
+                )
         if kind != "activation" and name in self.outputs:
             return "graph-output-weight", "a weight that is also a graph output stays on the device"
         return None

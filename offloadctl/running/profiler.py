@@ -49,7 +49,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +66,11 @@ from offloadctl.loading.model import load_model
 from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.rewrite import apply_plan, external_locations, write_model
 from offloadctl.running.allocator import measure_memory, read_node_scratch
+from offloadctl.running.fusions import attribute
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs
 from offloadctl.running.runner import (
     DEVICES,
+    OPT_LEVELS,
     create_session,
     feeds_for,
     import_onnxruntime,
@@ -302,11 +304,18 @@ class _Device:
         *,
         profiled: bool,
         node_stats: Path | None = None,
+        opt_level: str = "disable",
+        optimized: Path | None = None,
     ) -> _Runner:
         config = session_config(
-            settings or {}, self.device, opt_level="disable", ep_options=self.ep_options, ort=self.ort
+            settings or {}, self.device, opt_level=opt_level, ep_options=self.ep_options, ort=self.ort
         )
         config.sess_options.intra_op_num_threads = self.threads
+        if optimized is not None:  # the graph onnxruntime runs, saved as it creates the session
+            config.sess_options.optimized_model_filepath = str(optimized)
+            config.sess_options.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", optimized.name + ".data"
+            )
         if node_stats is not None:  # kernel scratch per node, written when the session ends
             config.sess_options.add_session_config_entry("session.collect_node_memory_stats_to_file", str(node_stats))
         if profiled:
@@ -651,6 +660,8 @@ class _ModelTimes:
     nodes: dict[str, dict[str, Any]]
     kernel_sum: float
     nodes_ran: int
+    opt_level: str = "disable"  # the graph optimization level of the runs
+    fused: list[str] = field(default_factory=list)  # the original's tensors that level's graph lacks
 
 
 @dataclass
@@ -698,11 +709,27 @@ def _check_profile_options(
 
 
 def _time_model(
-    dev: _Device, model: str, feeds: dict[str, Any], settings: Mapping[str, Any], repeat: int
+    dev: _Device,
+    model: str,
+    feeds: dict[str, Any],
+    settings: Mapping[str, Any],
+    repeat: int,
+    analysis: Analysis,
+    opt_level: str = "disable",
 ) -> _ModelTimes:
     stats = dev.folder / "node_stats.csv"
-    plain = dev.runner(model, feeds, settings, profiled=False)
-    profiled = dev.runner(model, feeds, settings, profiled=True, node_stats=stats)
+    optimized = dev.folder / "optimized.onnx" if opt_level != "disable" else None
+    try:
+        plain = dev.runner(model, feeds, settings, profiled=False, opt_level=opt_level, optimized=optimized)
+    except OffloadError as exc:
+        if optimized is None:
+            raise
+        raise OffloadError(
+            f"profiling at --opt-level {opt_level} needs the graph onnxruntime runs, and onnxruntime could not "
+            f"save it for {model}: {exc.message}",
+            hint="profile at --opt-level disable (with CANN graph mode, onnxruntime cannot save a compiled graph)",
+        ) from exc
+    profiled = dev.runner(model, feeds, settings, profiled=True, node_stats=stats, opt_level=opt_level)
     latency, _ = _alternate([plain, profiled], repeat)
     runs = profiled.kernels()
     providers = list(plain.session.get_providers())
@@ -714,7 +741,16 @@ def _time_model(
     for name, scratch in read_node_scratch(stats).items():
         if scratch and name in nodes:
             nodes[name]["scratch_bytes"] = scratch
-    return _ModelTimes(latency, runs, providers, nodes, kernel_sum, nodes_ran)
+    if optimized is None:
+        return _ModelTimes(latency, runs, providers, nodes, kernel_sum, nodes_ran)
+    fusions = attribute(analysis, onnx.load(str(optimized), load_external_data=False), nodes)
+    if fusions.unattributed_s:
+        logger.warning(
+            "%.1f us of the optimized model's node times belong to no node of %s; the estimates leave them out",
+            fusions.unattributed_s * 1e6,
+            model,
+        )
+    return _ModelTimes(latency, runs, providers, fusions.nodes, kernel_sum, nodes_ran, opt_level, fusions.fused)
 
 
 def _time_executor(dev: _Device, folder: Path) -> _Executor:
@@ -795,6 +831,7 @@ def measure_profile(
     sweep: Sequence[int] | None = None,
     threads: int = 0,
     report: Callable[[str], None] | None = None,
+    opt_level: str = "disable",
 ) -> dict[str, Any]:
     """Measure ``model`` and the copy costs on ``device``; return the profile document.
 
@@ -810,6 +847,10 @@ def measure_profile(
         threads: onnxruntime's intra-op threads for every session (0: its default, one per
             physical core). The profile describes sessions with this setting.
         report: called with the name of each step as it starts.
+        opt_level: onnxruntime's graph optimization level of the model's timed runs (``disable``,
+            ``basic``, ``extended``, ``all``): the level the model will be served at. Above
+            ``disable`` the optimized nodes' times are attributed to the original's nodes and the
+            tensors the optimizer took in are recorded (`offloadctl.running.fusions`).
 
     Returns:
         The profile, valid against ``schemas/profile.schema.json`` (checked).
@@ -820,6 +861,8 @@ def measure_profile(
     """
     sweep = SWEEP_BYTES if sweep is None else tuple(sweep)
     _check_profile_options(device, repeat, threads, sweep, inputs, bool(input_shapes or dims))
+    if opt_level not in OPT_LEVELS:
+        raise OffloadError(f"unknown optimization level {opt_level!r}", hint=f"use one of: {', '.join(OPT_LEVELS)}")
     step = report or (lambda text: None)
     ep_options = dict(ep_options or {})
     loaded = load_model(model, input_shapes=input_shapes, dims=dims)
@@ -837,7 +880,7 @@ def measure_profile(
         folder = Path(tmp)
         dev = _Device(device, ep_options, folder, threads)
         step(f"timing and profiling {model}")
-        times = _time_model(dev, model, feeds, settings, repeat)
+        times = _time_model(dev, model, feeds, settings, repeat, analysis, opt_level)
         step("timing the executor (chains of trivial nodes)")
         executor = _time_executor(dev, folder)
         step("timing copies over a sweep of sizes")
@@ -901,7 +944,9 @@ def _profile_doc(
     # a run of the model costs at least the run's fixed cost: on a noisy machine the one-node chain can
     # time slower than a tiny model; the fixed cost is then capped so that the parts add up to the latency
     run_overhead = min(executor.run_overhead, latency_median)
-    node_overhead = node_overhead_for([e["seconds"] for e in times.nodes.values()], latency_median - run_overhead)
+    node_overhead = node_overhead_for(
+        [e["seconds"] for e in times.nodes.values() if e.get("ran", True)], latency_median - run_overhead
+    )
     matmul_flops = 2 * _MATMUL_N**3
     add_bytes = 3 * 4 * _ADD_ELEMENTS
     peak = matmul_flops / max(roof_times["matmul"]["seconds"], 1e-9)
@@ -936,7 +981,7 @@ def _profile_doc(
             },
             "session": {
                 "execution_order": "PRIORITY_BASED",
-                "opt_level": "disable",
+                "opt_level": times.opt_level,
                 "intra_op_num_threads": ctx.threads,
                 "provider_options": ctx.ep_options,
                 "disabled_optimizers": [str(x) for x in ctx.settings.get("disabled_optimizers") or []],
@@ -961,6 +1006,7 @@ def _profile_doc(
                 "node_overhead_s, never below 0) is latency_s.median: the executor's time between kernels minus the "
                 "profiler's own time inside each kernel event",
             },
+            "fused": times.fused,
             "nodes": times.nodes,
             "link": {d: _fit_doc(fits[d], copies.points[d], copies.fitted) for d in ("d2h", "h2d")},
             "copy_sweep": copies.doc,

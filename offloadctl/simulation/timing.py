@@ -10,8 +10,10 @@ MatMul/FusedMatMul/Gemm (2*M*N*K), Conv (2 * output elements * Cin/group * kerne
 ConvTranspose (2 * input elements * Cout/group * kernel size) and attention ops (Attention,
 MultiHeadAttention, GroupQueryAttention: 4*B*Sq*Skv*hidden, plus the QKV projection for
 com.microsoft Attention); every other node is counted by the bytes it reads and
-writes. A copy takes ``latency_s + bytes / bandwidth`` of its direction (in a measured profile the
-in-line cost of a copy node, from the measured fit). Every figure includes the profile's
+writes. A node onnxruntime fused away at the measured profile's optimization level costs nothing
+(the fused node's time is attributed to the node that writes its output). A copy takes
+``latency_s + bytes / bandwidth`` of its direction (in a measured profile the in-line cost of a
+copy node, from the measured fit). Every figure includes the profile's
 ``run_overhead_s`` once (the fixed cost of a session run; 0 in datasheet profiles). Three figures:
 
 - baseline: the nodes alone, no copies.
@@ -171,7 +173,7 @@ def node_costs(base: Base, profile: Profile) -> Costs:
     for p, node in enumerate(base.nodes):
         hit = table.get(node.name) if table and node.name else None
         if hit is not None and _measured_match(hit, node, shape_of):
-            costs.append(max(hit.seconds + offset, 0.0))
+            costs.append(max(hit.seconds + offset, 0.0) if hit.ran else 0.0)
             count += 1
             continue
         moved = sum([sizes[t] for t in base.reads[p]]) + sum([sizes[t] for t in base.writes[p]])

@@ -544,6 +544,7 @@ def budget_filter(plan: Plan, analysis: Analysis, options: FilterRequest) -> Pla
         params=sel["params"],
         force=tuple(sel.get("force", ())),
         never=tuple(sel.get("never", ())),
+        fused=tuple(sel.get("fused", ())),
     )
     options.report("fitting the budget")
     return BudgetSearch(analysis, options, select, base=plan).filter()

@@ -100,6 +100,7 @@ class NodeTime:
     seconds: float
     input_shapes: tuple[tuple[int, ...] | None, ...] | None  # None: not recorded
     scratch_bytes: int = 0  # what the kernel allocated while it ran and freed before it returned
+    ran: bool = True  # False: fused into another node or removed at the profile's optimization level
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,6 +115,8 @@ class MeasuredTimes:
     sha256: str
     node_overhead_s: float
     nodes: Mapping[str, NodeTime]
+    opt_level: str = "disable"  # onnxruntime's graph optimization level of the timed runs
+    fused: frozenset[str] = frozenset()  # tensors that level's rewrites took in (plans keep them)
 
     def __repr__(self) -> str:
         return f"MeasuredTimes(model={self.model_path!r}, sha256={self.sha256[:12]}, nodes={len(self.nodes)})"
@@ -158,6 +161,8 @@ class Profile:
                 "sha256": self.measured.sha256,
                 "nodes": len(self.measured.nodes),
                 "node_overhead_s": self.measured.node_overhead_s,
+                "opt_level": self.measured.opt_level,
+                "fused": len(self.measured.fused),
             },
         }
 
@@ -252,9 +257,17 @@ def _measured(doc: dict[str, Any]) -> MeasuredTimes:
         sha256=doc["model"]["sha256"],
         node_overhead_s=float(doc["executor"]["node_overhead_s"]),
         nodes={
-            name: NodeTime(entry["op_type"], float(entry["seconds"]), shapes(entry), int(entry.get("scratch_bytes", 0)))
+            name: NodeTime(
+                entry["op_type"],
+                float(entry["seconds"]),
+                shapes(entry),
+                int(entry.get("scratch_bytes", 0)),
+                bool(entry.get("ran", True)),
+            )
             for name, entry in doc["nodes"].items()
         },
+        opt_level=doc["session"]["opt_level"],
+        fused=frozenset(doc.get("fused", ())),
     )
 
 
