@@ -715,3 +715,22 @@ def test_pins_never_feed_a_reshape(write_model, tmp_path):
     onnx.save(apply_plan(plan, analysis), str(out))
     feeds = {"x": np.array([-1, 2, -3, 4], np.float32)}
     _check_equivalent(path, out, feeds, tmp_path, weights=False)
+
+
+def test_pins_never_read_what_the_plan_keeps_for_fusions(write_model, tmp_path):
+    """A tensor onnxruntime's fusions take in (a plan made with a profile measured above
+    --opt-level disable records them) is not read by a pin either: the D2H after Relu is held by the
+    next node whose input is free, and the rewrite still runs bit-identical."""
+    from offloadctl.contract.pins import pin_layout
+
+    path = write_model(RESHAPE_NEXT)
+    analysis = analyse(load_model(path))
+    plan = make_plan(analysis, select_distance=2, prefetch_distance=0, fused=("u",))
+    assert plan["options"]["select"]["fused"] == ["u"]
+    assert pin_layout(plan, analysis).d2h == {0: 3}  # not Neg(u) at 2: b = Neg(u) is read by 3
+    proto = apply_plan(plan, analysis)
+    views = [n for n in proto.graph.node if n.op_type == "Reshape" and n.name.startswith("offload/pin/")]
+    assert views and all(v.input[0] != "u" for v in views)
+    out = tmp_path / "out.onnx"
+    onnx.save(proto, str(out))
+    _check_equivalent(path, out, {"x": np.array([-1, 2, -3, 4], np.float32)}, tmp_path, weights=False)

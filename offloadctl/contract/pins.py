@@ -17,7 +17,9 @@ place, through a view that changes nothing (`offloadctl.rewriting.rewrite` build
 Views sit on floating-point activations only (a view of a weight would hide it from prepacking and
 constant folding; integer tensors are mostly shapes being computed, which onnxruntime's Reshape
 fusions rewrite), never on a (De)QuantizeLinear output (onnxruntime fuses those with their one
-reader) nor on an If/Loop/Scan output (onnxruntime inlines a constant If's branch and renames it).
+reader) nor on an If/Loop/Scan output (onnxruntime inlines a constant If's branch and renames it),
+nor on a tensor the plan keeps for onnxruntime's fusions (``options.select.fused``, from a profile
+measured above ``--opt-level disable``): a pin reading it would undo the fusion as a copy would.
 
 Every pin edge goes forward in the planned sequence, and the planned sequence is a topological
 order of the model, so a pin never makes a cycle. ``Shape(x, start, end)`` needs opset 15; opsets
@@ -47,6 +49,7 @@ class PinLayout:
     nodes: int = 0  # nodes the pins add
     unpinned: list[str] = field(default_factory=list)  # copies no pin holds, and why
     slice_form: bool = False  # opsets 10 to 14: Slice(Shape(x), [0], [0])
+    avoid: frozenset[str] = frozenset()  # tensors no pin reads: what the plan keeps for fusions
 
 
 def _opset(analysis: Analysis) -> int:
@@ -62,11 +65,14 @@ _DATA_TYPES = frozenset(
 )
 
 
-def viewable(analysis: Analysis, name: str) -> bool:
+def viewable(analysis: Analysis, name: str, avoid: frozenset[str] = frozenset()) -> bool:
     """A tensor a pin can view or wait for: a floating-point activation (a view of a weight would hide
     it from prepacking and constant folding; an integer tensor is often a shape being computed), not
     a (De)QuantizeLinear output (onnxruntime fuses those with their one reader) and not an
-    If/Loop/Scan output."""
+    If/Loop/Scan output; nor one in ``avoid`` (a tensor that onnxruntime's fusions take in at the
+    level the plan was made for: a pin reading it would undo the fusion, as a copy would)."""
+    if name in avoid:
+        return False
     info = analysis.infos.get(name) if name else None
     if info is None or not info.copyable or info.elem_type not in _DATA_TYPES:
         return False
@@ -84,10 +90,10 @@ def viewable(analysis: Analysis, name: str) -> bool:
 _RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
-def _holdable(analysis: Analysis, position: int) -> bool:
+def _holdable(analysis: Analysis, position: int, avoid: frozenset[str]) -> bool:
     """Whether the node at ``position`` can read one of its inputs through a pin's view."""
     node = analysis.nodes[position]
-    return node.op_type not in _RESHAPES and any(viewable(analysis, name) for name in node.input)
+    return node.op_type not in _RESHAPES and any(viewable(analysis, name, avoid) for name in node.input)
 
 
 def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
@@ -106,6 +112,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     opset = _opset(analysis)
     if not d2hs and not h2ds:
         return PinLayout()
+    avoid = frozenset(plan["options"].get("select", {}).get("fused", ()))
     if opset < 10:
         return PinLayout(unpinned=[f"every copy: the model's opset {opset} is below 10"])
     per_dep = 2 if opset < 15 else 1  # Shape(x, 0, 0), or Slice(Shape(x), [0], [0])
@@ -114,7 +121,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     held: dict[int, int] = {}
     n = analysis.num_positions
     for p, count in sorted(d2hs.items()):
-        target = next((t for t in range(p + 1, n) if _holdable(analysis, t)), None)
+        target = next((t for t in range(p + 1, n) if _holdable(analysis, t, avoid)), None)
         if target is None:
             if p + 1 < n:
                 unpinned.append(f"{count} D2H copy(ies) after position {p}: no later node reads a tensor")
@@ -126,7 +133,11 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
         if q == 0:
             continue
         source = next(
-            (s for s in range(q - 1, -1, -1) if any(viewable(analysis, name) for name in analysis.nodes[s].output)),
+            (
+                s
+                for s in range(q - 1, -1, -1)
+                if any(viewable(analysis, name, avoid) for name in analysis.nodes[s].output)
+            ),
             None,
         )
         if source is None:
@@ -134,4 +145,4 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
             continue
         waits[q] = source
         nodes += per_dep + 3 * count  # one empty shape of the output, then Shape, Concat, Reshape per copy
-    return PinLayout(held, waits, nodes, unpinned, slice_form=opset < 15)
+    return PinLayout(held, waits, nodes, unpinned, slice_form=opset < 15, avoid=avoid)

@@ -519,7 +519,7 @@ class _Pins:
     def _tensor(self, name: str) -> bool:
         # the layout's rule (`offloadctl.contract.pins`), on the analysis's names: a reload is the
         # activation it reloads, an offloaded graph output's renamed producer output the output
-        return viewable(self.rw.analysis, self.rw.sources.get(name, name))
+        return viewable(self.rw.analysis, self.rw.sources.get(name, name), self.layout.avoid)
 
 
 def _restore_symbolic_types(model: onnx.ModelProto, declared: dict[str, bytes], sources: dict[str, str]) -> None:

@@ -528,11 +528,20 @@ def _device_name(device: str, ep_options: Mapping[str, str]) -> str:
 # ------------------------------------------------------------------------------- copies in the model
 
 
-def _offload_everything(analysis: Any, *, activations: bool) -> Plan:
+def _offload_everything(analysis: Any, *, activations: bool, fused: Sequence[str] = ()) -> Plan:
     """A plan that offloads every activation (or every weight) it can, reloaded for each use at the
-    default prefetch distance (where a plan's reloads usually run: early, the copy then waits)."""
+    default prefetch distance (where a plan's reloads usually run: early, the copy then waits);
+    ``fused``: what the optimizer takes in at the profile's level, kept as plans made with the
+    profile keep it."""
     every = len(analysis.producer) + len(analysis.weights) + 1
-    return make_plan(analysis, select_distance=0, activations=activations, params=not activations, select_num=every)
+    return make_plan(
+        analysis,
+        select_distance=0,
+        activations=activations,
+        params=not activations,
+        select_num=every,
+        fused=tuple(fused),
+    )
 
 
 def _plan_copies(plan: Plan) -> dict[str, list[int]]:
@@ -559,6 +568,7 @@ def _copies_in_model(
     fits: dict[str, LinkFit],
     repeat: int,
     folder: Path,
+    times: _ModelTimes,
 ) -> tuple[dict[str, float], dict[str, Any]]:
     """Scale the sweep's fits to what copies cost inside the model; returns (scale per direction, record).
 
@@ -568,6 +578,11 @@ def _copies_in_model(
     the first, then the D2H fit from the second (its H2Ds counted with the scaled H2D fit). A copy
     in a model is not a copy in a loop of copies: the cache holds other things, and the copy's
     neighbours compete for memory bandwidth.
+
+    The rewrites run at the optimization level of the model's timed runs (``times``), keeping what
+    that level's fusions take in: above ``disable`` what a rewrite adds there besides its copies (its
+    order pins' nodes, the constants no longer folded, kernels whose weights arrive by copy and are
+    not prepacked) is priced into the copies too.
     """
     scale = {"d2h": 1.0, "h2d": 1.0}
     record: dict[str, Any] = {"d2h": None, "h2d": None}
@@ -581,8 +596,8 @@ def _copies_in_model(
         )
         return scale, record
     plans = {
-        "h2d": _offload_everything(analysis, activations=False),
-        "d2h": _offload_everything(analysis, activations=True),
+        "h2d": _offload_everything(analysis, activations=False, fused=times.fused),
+        "d2h": _offload_everything(analysis, activations=True, fused=times.fused),
     }
     paths = {}
     for direction, plan in plans.items():
@@ -594,11 +609,11 @@ def _copies_in_model(
     if not paths:
         record["note"] = "nothing in the model can be offloaded: the sweep's fits are used as measured"
         return scale, record
-    runners = [dev.runner(model, feeds, settings, profiled=False)]
+    level = times.opt_level
+    runners = [dev.runner(model, feeds, settings, profiled=False, opt_level=level)]
     for written in paths.values():
-        runners.append(
-            dev.runner(written, feeds, required_settings(load_model(written).proto, written), profiled=False)
-        )
+        settings_written = required_settings(load_model(written).proto, written)
+        runners.append(dev.runner(written, feeds, settings_written, profiled=False, opt_level=level))
     # the difference of two latencies is what counts: time them three times as long as the model alone
     medians = [statistics.median(t) for t in _alternate(runners, repeat, min_seconds=3 * _MIN_SECONDS)]
     del runners
@@ -886,7 +901,7 @@ def measure_profile(
         step("timing copies over a sweep of sizes")
         copies = _time_copies(dev, folder, analysis, sweep, repeat)
         step("timing copies in the model (every weight, then every activation offloaded)")
-        scale, in_model = _copies_in_model(dev, analysis, model, feeds, settings, copies.fits, repeat, folder)
+        scale, in_model = _copies_in_model(dev, analysis, model, feeds, settings, copies.fits, repeat, folder, times)
         step("timing a MatMul and an Add (roofline figures)")
         roof_times = _time_roofline(dev, folder)
     step("measuring memory (onnxruntime's allocator statistics, one run)")
