@@ -3,11 +3,13 @@
 For every sample model (with its ``.inputs.npz``) and a few generated transformer-like models
 (`gen_large.py`, small sizes, generated inputs), on onnxruntime's CPU execution provider:
 
-1. ``offloadctl profile`` measures the model (node times, executor overheads, copy fit);
-2. a plan with weights and activations (``--params --select-distance 10``) is made and applied;
+1. ``offloadctl profile`` measures the model (node times, executor overheads, copy fit) at the
+   benchmark's ``--opt-level`` (``disable`` unless given);
+2. a plan with weights and activations (``--params --select-distance 10``) is made with that
+   profile (above ``disable`` it keeps what onnxruntime's fusions take in) and applied;
 3. the original and the rewritten model are timed without profiling, side by side (taking turns
    in short blocks, so both see the same machine load), with the settings ``offloadctl run`` uses
-   (PRIORITY_BASED, ``--opt-level disable``);
+   (PRIORITY_BASED, ``--opt-level``);
 4. the simulator estimates the original's baseline and the rewritten model's time with copies in
    line (onnxruntime today), under the measured profile and under the datasheet ``cpu`` profile.
 
