@@ -710,7 +710,7 @@ def test_pins_never_feed_a_reshape(write_model, tmp_path):
     (off,) = plan["offloads"]
     assert off["tensor"] == "a" and off["d2h_after"] == 0
     assert analysis.nodes[1].op_type == "Unsqueeze"
-    assert pin_layout(plan, analysis).d2h == {0: 2}
+    assert pin_layout(plan, analysis).d2h == {0: (2, 0)}
     out = tmp_path / "out.onnx"
     onnx.save(apply_plan(plan, analysis), str(out))
     feeds = {"x": np.array([-1, 2, -3, 4], np.float32)}
@@ -727,10 +727,47 @@ def test_pins_never_read_what_the_plan_keeps_for_fusions(write_model, tmp_path):
     analysis = analyse(load_model(path))
     plan = make_plan(analysis, select_distance=2, prefetch_distance=0, fused=("u",))
     assert plan["options"]["select"]["fused"] == ["u"]
-    assert pin_layout(plan, analysis).d2h == {0: 3}  # not Neg(u) at 2: b = Neg(u) is read by 3
+    assert pin_layout(plan, analysis).d2h == {0: (3, 0)}  # not Neg(u) at 2: b = Neg(u) is read by 3
     proto = apply_plan(plan, analysis)
     views = [n for n in proto.graph.node if n.op_type == "Reshape" and n.name.startswith("offload/pin/")]
     assert views and all(v.input[0] != "u" for v in views)
     out = tmp_path / "out.onnx"
     onnx.save(proto, str(out))
     _check_equivalent(path, out, {"x": np.array([-1, 2, -3, 4], np.float32)}, tmp_path, weights=False)
+
+
+def test_a_weights_only_apply_of_a_plan_from_plan_runs_no_shape_inference(run_cli, tmp_path, monkeypatch):
+    """`offloadctl plan` records its pin layout (summary.pins, keyed by the offloads): apply builds the
+    same pins from it without shape inference over the whole graph; an edited plan gets its pins
+    found again."""
+    from offloadctl.loading.model import TensorInfos
+
+    model = SAMPLES / "transformer.onnx"
+    plan_path = tmp_path / "plan.json"
+    result = run_cli("plan", model, "-o", plan_path, "--params", "--no-activations", "--select-distance", "2")
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(plan_path.read_text())
+    assert plan["offloads"] and plan["summary"]["pins"]["h2d"]
+    analysis = analyse(load_model(model))
+    expected = apply_plan(plan, analysis)  # this analysis's inference has run: the reference
+    calls = []
+    real = TensorInfos._run_inference
+    monkeypatch.setattr(TensorInfos, "_run_inference", lambda self: calls.append(1) or real(self))
+    out = tmp_path / "out.onnx"
+    done = run_cli("apply", plan_path, "-o", out, "--model", model)
+    assert done.exit_code == 0, done.stderr
+    assert calls == []
+    assert _nodes(onnx.load(str(out))) == _nodes(expected)
+    # an edited plan: the recorded layout no longer holds, and the pins are found again
+    plan["offloads"] = plan["offloads"][:1]
+    plan["offloads"][0]["id"] = 0
+    plan_path.write_text(json.dumps(plan))
+    edited = run_cli("apply", plan_path, "-o", tmp_path / "edited.onnx", "--model", model)
+    assert edited.exit_code == 0, edited.stderr
+    assert calls
+    fresh = dict(plan, summary={})
+    assert _nodes(onnx.load(str(tmp_path / "edited.onnx"))) == _nodes(apply_plan(fresh, analyse(load_model(model))))
+
+
+def _nodes(proto: onnx.ModelProto) -> list[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
+    return [(n.op_type, n.name, tuple(n.input), tuple(n.output)) for n in proto.graph.node]

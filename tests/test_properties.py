@@ -430,3 +430,30 @@ def test_the_strategy_covers_every_operator_and_reuse() -> None:
     collect()
     assert seen_ops == {"Add", "Mul", "Sub", "Relu", "Neg", "MatMul", "Concat", "Split"}
     assert long_reuse and split_outputs and weights and middle_outputs
+
+
+@st.composite
+def _sorted_graphs(draw) -> list[onnx.NodeProto]:
+    """Nodes in a topological order: each reads graph inputs or earlier nodes' outputs; some are
+    Shape/Size (onnxruntime runs a ready one first), some read a Shape's output."""
+    count = draw(st.integers(min_value=1, max_value=40))
+    nodes: list[onnx.NodeProto] = []
+    made = ["x"]
+    for i in range(count):
+        op = draw(st.sampled_from(["Relu", "Add", "Shape", "Size", "Neg", "Concat"]))
+        arity = {"Add": 2, "Concat": 3}.get(op, 1)
+        inputs = [draw(st.sampled_from(made)) for _ in range(arity)]
+        nodes.append(helper.make_node(op, inputs, [f"t{i}"], name=f"n{i}"))
+        made.append(f"t{i}")
+    return nodes
+
+
+@given(_sorted_graphs())
+def test_the_one_pass_priority_order_is_kahns(nodes):
+    """`sorted_priority_order` (what apply orders a rewritten model by) gives what Kahn's algorithm
+    over the graph's edges gives, for any topological order with Shape/Size nodes in it."""
+    from offloadctl.analysis.order import execution_order, sorted_priority_order
+
+    expected, _ = execution_order(nodes, {"x"})
+    assert sorted_priority_order(nodes) == expected
+    event(f"moved {sum(1 for k, i in enumerate(expected) if k != i) > 0}")

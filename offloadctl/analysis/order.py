@@ -42,6 +42,7 @@ __all__ = [
     "predecessors",
     "priority_rank",
     "priority_ranks",
+    "sorted_priority_order",
 ]
 
 HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
@@ -98,6 +99,47 @@ def execution_order(
     order = _kahn(nodes, all_preds, rank)
     was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
     return order, was_sorted
+
+
+def sorted_priority_order(nodes: list[onnx.NodeProto]) -> list[int] | None:
+    """`execution_order` of nodes already in a topological order (each reads only what earlier nodes
+    make, or no node) when every node is a plain forward node or Shape/Size, in one pass without the
+    graph's edges: the file order, each Shape/Size moved to right after the last node it reads from
+    (in Kahn's algorithm a ready Shape/Size goes first, and the next plain node in file order is
+    always ready). None when some node is a backward node. The order is not checked to be
+    topological: callers build it so (`offloadctl.rewriting.rewrite`).
+    """
+    ranks = priority_ranks(nodes)
+    high = [i for i, r in enumerate(ranks) if r == 0]
+    if any(r not in (0, PLAIN_RANK) for r in ranks):
+        return None
+    if not high:
+        return list(range(len(nodes)))
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+    waiting: dict[int, list[int]] = {}  # node -> the Shape/Size nodes that read from it
+    indegree: dict[int, int] = {}
+    for h in high:
+        preds = {producer[name] for name in node_reads(nodes[h]) if name in producer}
+        indegree[h] = len(preds)
+        for p in preds:
+            waiting.setdefault(p, []).append(h)
+    ready = [h for h in high if indegree[h] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+
+    def emit(i: int) -> None:
+        order.append(i)
+        for h in waiting.get(i, ()):
+            indegree[h] -= 1
+            if indegree[h] == 0:
+                heapq.heappush(ready, h)
+
+    for i in [None, *(i for i, rank in enumerate(ranks) if rank != 0)]:
+        if i is not None:
+            emit(i)
+        while ready:  # the Shape/Size nodes this made ready, and those they make ready, lowest index first
+            emit(heapq.heappop(ready))
+    return order
 
 
 def default_order(

@@ -55,6 +55,7 @@ from offloadctl.cli.options import (
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan, write_plan
+from offloadctl.contract.pins import pin_layout, record_pins
 from offloadctl.contract.types import BudgetRecord, Plan
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
@@ -446,6 +447,7 @@ def _plan_and_simulate(
     checked = []
     if result is not None:
         record_estimate(plan, estimate_figures(result, request.copies))  # apply quotes it instead of simulating
+        record_pins(plan, pin_layout(plan, analysis))  # and builds these pins without shape inference
         if points:
             step("simulating the shape points")
             checked = at_points(analysis, plan, points, profile=request.device_profile)

@@ -29,7 +29,10 @@ pinned.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 
@@ -37,15 +40,17 @@ from offloadctl.analysis.graph import Analysis
 from offloadctl.contract.types import Plan
 from offloadctl.core.onnxutil import has_subgraphs
 
-__all__ = ["PinLayout", "pin_layout", "viewable"]
+__all__ = ["PinLayout", "pin_layout", "record_pins", "viewable"]
 
 
 @dataclass(frozen=True)
 class PinLayout:
     """The pins of one plan."""
 
-    d2h: dict[int, int] = field(default_factory=dict)  # D2H position p -> the position whose node is held
-    h2d: dict[int, int] = field(default_factory=dict)  # H2D position q -> the position whose output it waits for
+    # D2H position p -> (the position whose node is held, the index of the input its view stands in for)
+    d2h: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # H2D position q -> (the position whose output it waits for, the index of that output)
+    h2d: dict[int, tuple[int, int]] = field(default_factory=dict)
     nodes: int = 0  # nodes the pins add
     unpinned: list[str] = field(default_factory=list)  # copies no pin holds, and why
     slice_form: bool = False  # opsets 10 to 14: Slice(Shape(x), [0], [0])
@@ -90,16 +95,18 @@ def viewable(analysis: Analysis, name: str, avoid: frozenset[str] = frozenset())
 _RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
-def _holdable(analysis: Analysis, position: int, avoid: frozenset[str]) -> bool:
-    """Whether the node at ``position`` can read one of its inputs through a pin's view."""
+def _held_input(analysis: Analysis, position: int, avoid: frozenset[str]) -> int | None:
+    """The input of the node at ``position`` a pin's view can stand in for (its index), or None."""
     node = analysis.nodes[position]
-    return node.op_type not in _RESHAPES and any(viewable(analysis, name, avoid) for name in node.input)
+    if node.op_type in _RESHAPES:
+        return None
+    return next((k for k, name in enumerate(node.input) if viewable(analysis, name, avoid)), None)
 
 
-def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
-    """The order pins `offloadctl apply` adds for ``plan`` (a scheduled plan for ``analysis``)."""
-    d2hs: dict[int, int] = {}  # position -> D2H copies after it
-    h2ds: dict[int, int] = {}  # position -> H2D copies before it
+def _copy_positions(plan: Plan) -> tuple[dict[int, int], dict[int, int]]:
+    """(position -> D2H copies after it, position -> H2D copies before it)."""
+    d2hs: dict[int, int] = {}
+    h2ds: dict[int, int] = {}
     for off in plan["offloads"]:
         if off["kind"] == "activation" and off["d2h_after"] is not None:
             d2hs[off["d2h_after"]] = d2hs.get(off["d2h_after"], 0) + 1
@@ -109,34 +116,46 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
         at = off.get("output_h2d_before")
         if off.get("graph_output") and at is not None:
             h2ds[at] = h2ds.get(at, 0) + 1
+    return d2hs, h2ds
+
+
+def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
+    """The order pins `offloadctl apply` adds for ``plan`` (a scheduled plan for ``analysis``): the
+    layout `record_pins` stored in the plan while its offloads are unchanged, else found here (which
+    needs the types of the activations around the copies: shape inference on the whole graph)."""
+    d2hs, h2ds = _copy_positions(plan)
     opset = _opset(analysis)
     if not d2hs and not h2ds:
         return PinLayout()
     avoid = frozenset(plan["options"].get("select", {}).get("fused", ()))
     if opset < 10:
         return PinLayout(unpinned=[f"every copy: the model's opset {opset} is below 10"])
+    recorded = _recorded(plan, analysis, d2hs, h2ds, avoid, opset < 15)
+    if recorded is not None:
+        return recorded
     per_dep = 2 if opset < 15 else 1  # Shape(x, 0, 0), or Slice(Shape(x), [0], [0])
     nodes = 0
     unpinned: list[str] = []
-    held: dict[int, int] = {}
+    held: dict[int, tuple[int, int]] = {}
     n = analysis.num_positions
     for p, count in sorted(d2hs.items()):
-        target = next((t for t in range(p + 1, n) if _holdable(analysis, t, avoid)), None)
-        if target is None:
+        found = next(((t, k) for t in range(p + 1, n) if (k := _held_input(analysis, t, avoid)) is not None), None)
+        if found is None:
             if p + 1 < n:
                 unpinned.append(f"{count} D2H copy(ies) after position {p}: no later node reads a tensor")
             continue
-        held[p] = target
+        held[p] = found
         nodes += 3 + per_dep * count  # Shape(t), Concat, Reshape, and one empty shape per host copy
-    waits: dict[int, int] = {}
+    waits: dict[int, tuple[int, int]] = {}
     for q, count in sorted(h2ds.items()):
         if q == 0:
             continue
         source = next(
             (
-                s
+                (s, j)
                 for s in range(q - 1, -1, -1)
-                if any(viewable(analysis, name, avoid) for name in analysis.nodes[s].output)
+                for j, name in enumerate(analysis.nodes[s].output)
+                if viewable(analysis, name, avoid)
             ),
             None,
         )
@@ -146,3 +165,64 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
         waits[q] = source
         nodes += per_dep + 3 * count  # one empty shape of the output, then Shape, Concat, Reshape per copy
     return PinLayout(held, waits, nodes, unpinned, slice_form=opset < 15, avoid=avoid)
+
+
+# ------------------------------------------------------------------------------ the layout in the plan
+
+
+def _layout_key(plan: Plan) -> str:
+    """What a recorded layout holds for: the offloads and the tensors kept for fusions."""
+    keyed = {"offloads": plan["offloads"], "fused": plan["options"].get("select", {}).get("fused", [])}
+    text = json.dumps(keyed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def record_pins(plan: Plan, layout: PinLayout) -> None:
+    """Store ``layout`` (`pin_layout` of ``plan``) in ``plan["summary"]["pins"]``, keyed by a hash of
+    the offloads and of the tensors kept for fusions: ``apply`` of a weights-only plan then needs no
+    shape inference (``offloadctl plan`` has run it), and an edited plan gets its layout found again."""
+    plan.setdefault("summary", {})["pins"] = {
+        "d2h": {str(p): list(at) for p, at in layout.d2h.items()},
+        "h2d": {str(q): list(at) for q, at in layout.h2d.items()},
+        "nodes": layout.nodes,
+        "unpinned": list(layout.unpinned),
+        "key": _layout_key(plan),
+    }
+
+
+def _pairs(entries: Any, low: int, high: int) -> dict[int, tuple[int, int]] | None:
+    """``{"position": [node position, index]}`` with every position in [low, high); None if malformed."""
+    if not isinstance(entries, dict):
+        return None
+    found: dict[int, tuple[int, int]] = {}
+    for key, value in entries.items():
+        if not (isinstance(key, str) and key.isdigit() and isinstance(value, list) and len(value) == 2):
+            return None
+        if not all(type(v) is int and v >= 0 for v in value) or not low <= value[0] < high:
+            return None
+        found[int(key)] = (value[0], value[1])
+    return found
+
+
+def _recorded(
+    plan: Plan, analysis: Analysis, d2hs: dict[int, int], h2ds: dict[int, int], avoid: frozenset[str], slice_form: bool
+) -> PinLayout | None:
+    """The layout `record_pins` stored, if it holds for the plan as it is and fits the model: every
+    held node comes after its D2Hs and reads that input, every awaited node comes before its H2Ds and
+    makes that output (so a recorded layout cannot make a cycle); None otherwise."""
+    recorded = (plan.get("summary") or {}).get("pins")
+    if not isinstance(recorded, dict) or recorded.get("key") != _layout_key(plan):
+        return None
+    n = analysis.num_positions
+    held, waits = _pairs(recorded.get("d2h"), 0, n), _pairs(recorded.get("h2d"), 0, n)
+    nodes, unpinned = recorded.get("nodes"), recorded.get("unpinned")
+    if held is None or waits is None or type(nodes) is not int or not isinstance(unpinned, list):
+        return None
+    for p, (t, k) in held.items():
+        if p not in d2hs or t <= p or k >= len(analysis.nodes[t].input) or not analysis.nodes[t].input[k]:
+            return None
+    for q, (s, j) in waits.items():
+        if q not in h2ds or s >= q or j >= len(analysis.nodes[s].output) or not analysis.nodes[s].output[j]:
+            return None
+    texts = [str(u) for u in unpinned]
+    return PinLayout(held, waits, nodes, texts, slice_form=slice_form, avoid=avoid)

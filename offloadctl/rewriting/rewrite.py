@@ -65,9 +65,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis
-from offloadctl.analysis.order import execution_order
+from offloadctl.analysis.order import execution_order, sorted_priority_order
 from offloadctl.contract.check import check_plan_for_model
-from offloadctl.contract.pins import pin_layout, viewable
+from offloadctl.contract.pins import pin_layout
 from offloadctl.contract.types import Offload, Plan, Use
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
@@ -404,11 +404,12 @@ class _Rewriter:
         constants = [self.file_nodes[i] for i in self.constant_files if i not in self.converted]
 
         graph = self.graph
-        if analysis.plain_priority and not self.result.pins:
-            # No Shape/Size and no backward node (so no backward copy): onnxruntime's priority order
-            # is the file order, and the planned order is topological by construction.
-            order = list(range(len(planned)))
-        else:
+        # The planned order is topological by construction; without a backward node (so without a
+        # backward copy) onnxruntime's priority order is the file order with each Shape/Size (an order
+        # pin's, the model's own) run as soon as it is ready.
+        quick = list(range(len(planned))) if analysis.plain_priority and not self.result.pins else None
+        order = quick or sorted_priority_order(planned)
+        if order is None:
             available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
             available |= {s.values.name for s in graph.sparse_initializer}
             available |= {o for node in constants for o in node.output if o}
@@ -446,10 +447,10 @@ class _Rewriter:
 
 class _Pins:
     """Builds the order pins of `offloadctl.contract.pins.pin_layout` (where they go, and why a pin
-    never makes a cycle, is said there): for the D2Hs after p, node ``layout.d2h[p]`` reads one of
-    its tensor inputs through ``Reshape(t, Concat(Shape(t), Shape(host, start=0, end=0), ...))``;
-    each H2D before q reads ``Reshape(host, Concat(Shape(host), Shape(o, start=0, end=0)))``, o an
-    output of node ``layout.h2d[q]``. Every pin node carries ``__offload_pin`` (1 on the view)."""
+    never makes a cycle, is said there): for the D2Hs after p, the node and input ``layout.d2h[p]``
+    names reads that input through ``Reshape(t, Concat(Shape(t), Shape(host, start=0, end=0), ...))``;
+    each H2D before q reads ``Reshape(host, Concat(Shape(host), Shape(o, start=0, end=0)))``, o the
+    output ``layout.h2d[q]`` names. Every pin node carries ``__offload_pin`` (1 on the view)."""
 
     def __init__(self, rewriter: _Rewriter) -> None:
         self.rw = rewriter
@@ -459,10 +460,10 @@ class _Pins:
     def add(self) -> None:
         rw, layout = self.rw, self.layout
         rw.result.unpinned += layout.unpinned
-        for p, target in layout.d2h.items():
-            self._hold_d2h(rw.after[p], target)
-        for q, source in layout.h2d.items():
-            self._hold_h2d(q, source)
+        for p, (target, k) in layout.d2h.items():
+            self._hold_d2h(rw.after[p], target, k)
+        for q, (source, j) in layout.h2d.items():
+            self._hold_h2d(q, source, j)
 
     def _node(self, op: str, inputs: list[str], label: str, **attrs: Any) -> str:
         rw = self.rw
@@ -494,10 +495,9 @@ class _Pins:
         rw.result.pins += 1
         return view
 
-    def _hold_d2h(self, copies: list[onnx.NodeProto], target: int) -> None:
+    def _hold_d2h(self, copies: list[onnx.NodeProto], target: int, k: int) -> None:
         rw = self.rw
         node = rw.pos_nodes[target]
-        k = next(k for k, name in enumerate(node.input) if name and self._tensor(name))
         label = f"d2h@{target}"
         self.pending = []
         empties = [self._empty_shape(c.output[0], f"{label}/{i}") for i, c in enumerate(copies)]
@@ -505,21 +505,16 @@ class _Pins:
         rw.before[target].extend(self.pending)
         rw.constraints += [{"copy": c.name, "before": node.name} for c in copies]
 
-    def _hold_h2d(self, q: int, source: int) -> None:
+    def _hold_h2d(self, q: int, source: int, j: int) -> None:
         rw = self.rw
         node = rw.pos_nodes[source]
-        out = next(o for o in node.output if o and self._tensor(o))
+        out = node.output[j]
         self.pending = []
         empty = self._empty_shape(out, f"h2d@{q}")
         for copy in [c for c in rw.before[q] if c.op_type == MEMCPY_FROM_HOST]:
             copy.input[0] = self._view(copy.input[0], [empty], f"h2d@{q}/{copy.name}")
             rw.constraints.append({"copy": copy.name, "after": node.name})
         rw.before[q][:0] = self.pending
-
-    def _tensor(self, name: str) -> bool:
-        # the layout's rule (`offloadctl.contract.pins`), on the analysis's names: a reload is the
-        # activation it reloads, an offloaded graph output's renamed producer output the output
-        return viewable(self.rw.analysis, self.rw.sources.get(name, name), self.layout.avoid)
 
 
 def _restore_symbolic_types(model: onnx.ModelProto, declared: dict[str, bytes], sources: dict[str, str]) -> None:
