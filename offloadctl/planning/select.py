@@ -285,25 +285,29 @@ class _Selector:
         is_act = kind == "activation"
         start = analysis.producer[name] if is_act else 0
         max_gap = _max_gap(start, uses, None if is_act else max(self.n - 1, uses[-1].position))
-        forced = _matches(name, options.force)
-        verdict = self._by_options(name, kind, forced, max_gap) or self._by_tensor(name, kind, uses, forced)
+        forced = bool(options.force) and _matches(name, options.force)
+        verdict = self._by_options(name, kind, forced, max_gap, uses) or self._by_tensor(name, kind, uses, forced)
         if verdict is not None:
             self.reject(name, kind, uses, *verdict, max_gap)
             return
         key = (uses[0].sort_key, self.index.setdefault(name, len(self.index)))
         self.chosen.append((key, self._entry(name, kind, uses, start, forced)))
 
-    def _by_options(self, name: str, kind: Kind, forced: bool, max_gap: int) -> tuple[RejectionReason, str] | None:
+    def _by_options(
+        self, name: str, kind: Kind, forced: bool, max_gap: int, uses: list[Use]
+    ) -> tuple[RejectionReason, str] | None:
         """Reasons the options give: disabled, never, short gaps."""
+        options = self.options
         is_act = kind == "activation"
-        enabled = self.options.activations if is_act else self.options.params
+        enabled = options.activations if is_act else options.params
         if not enabled and not forced:
             return "disabled", f"{kind} offload is switched off (--{'activations' if is_act else 'params'})"
-        if _matches(name, self.options.never):
+        if options.never and _matches(name, options.never):
             return "never", "matches a --never pattern"
-        distance = self.options.select_distance
-        uses = self.analysis.uses.get(name, [])
-        if max_gap <= distance and not forced and uses and all(u.input_index is None for u in uses):
+        distance = options.select_distance
+        if max_gap > distance or forced:
+            return None
+        if all(u.input_index is None for u in uses):
             holders = sorted({f"{self.analysis.nodes[u.position].op_type} {u.node!r}" for u in uses})
             return (
                 "subgraph-only",
@@ -311,10 +315,8 @@ class _Selector:
                 "planned, a body is one position, so the tensor never idles there; offloadctl does not plan inside "
                 "If/Loop/Scan bodies",
             )
-        if max_gap <= distance and not forced:
-            # checked before size and placement: no idle stretch qualifies, whatever else holds
-            return "short-gaps", f"largest idle stretch {max_gap} <= select distance {distance}"
-        return None
+        # checked before size and placement: no idle stretch qualifies, whatever else holds
+        return "short-gaps", f"largest idle stretch {max_gap} <= select distance {distance}"
 
     def _by_tensor(self, name: str, kind: Kind, uses: list[Use], forced: bool) -> tuple[RejectionReason, str] | None:
         """Reasons the tensor gives: not copyable, unknown size, read on the host, a weight output."""

@@ -59,11 +59,21 @@ MATMUL_OPS = frozenset({"MatMul", "FusedMatMul"})
 FLOP_OPS = MATMUL_OPS | ATTENTION_OPS | {"Gemm", "Conv", "ConvTranspose"}  # the ops counted by FLOPs
 
 
+# shape -> whether every dimension is a number (a big model has few distinct shapes)
+_NUMERIC: dict[tuple[Any, ...], bool] = {}
+
+
 def _dims(infos: Mapping[str, TensorInfo], name: str) -> tuple[int, ...] | None:
     info = infos.get(name) if name else None
-    if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+    shape = info.shape if info is not None else None
+    if shape is None:
         return None
-    return cast(tuple[int, ...], info.shape)
+    numeric = _NUMERIC.get(shape)
+    if numeric is None:
+        if len(_NUMERIC) > 100_000:
+            _NUMERIC.clear()
+        numeric = _NUMERIC[shape] = all(isinstance(d, int) for d in shape)
+    return cast(tuple[int, ...], shape) if numeric else None
 
 
 def node_flops(node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...] | None]) -> int | None:
@@ -168,6 +178,8 @@ def node_costs(base: Base, profile: Profile) -> Costs:
     table = measured.nodes if measured is not None else {}
     offset = measured.node_overhead_s if measured is not None else 0.0
     sizes = base.sizes
+    bandwidth, launch = profile.mem_bandwidth, profile.kernel_launch_s
+    peak: dict[int | None, float] = {}  # element type -> FLOP/s
     costs = []
     count = 0
     for p, node in enumerate(base.nodes):
@@ -177,14 +189,17 @@ def node_costs(base: Base, profile: Profile) -> Costs:
             count += 1
             continue
         moved = sum([sizes[t] for t in base.reads[p]]) + sum([sizes[t] for t in base.writes[p]])
-        flops = node_flops(node, shape_of)
-        seconds = moved / profile.mem_bandwidth
+        seconds = moved / bandwidth
+        flops = node_flops(node, shape_of) if node.op_type in FLOP_OPS else None
         if flops:
             first = next((i for i in node.input if i), "")
             info = infos.get(first) or infos.get(base.canon(first))
-            dtype = info.dtype if info is not None else "default"
-            seconds = max(seconds, flops / profile.flops_for(dtype))
-        costs.append(seconds + profile.kernel_launch_s)
+            elem = info.elem_type if info is not None else None
+            rate = peak.get(elem)
+            if rate is None:
+                rate = peak[elem] = profile.flops_for(info.dtype if info is not None else "default")
+            seconds = max(seconds, flops / rate)
+        costs.append(seconds + launch)
     result = Costs(costs, count, measured)
     base.costs[key] = result
     return result
