@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 
 from offloadctl.analysis.graph import analyse
+from offloadctl.analysis.timeline import lower_bound
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import sha256_file
 from offloadctl.loading.model import load_model
@@ -546,6 +547,10 @@ def test_a_profile_at_opt_level_all_prices_the_fused_model_and_plans_keep_what_f
     assert kept and kept <= profile.measured.fused
     assert not {o["tensor"] for o in plan["offloads"]} & profile.measured.fused
     assert plan["options"]["select"]["fused"] == sorted(profile.measured.fused)
+    # a budget the kept tensors put out of reach says why
+    with pytest.raises(OffloadError, match="stay on the device for onnxruntime's fusions") as caught:
+        make_plan(analysis, budget=lower_bound(analysis)[0], params=True, profile=profile)
+    assert "reason fused" in (caught.value.hint or "")
     # at --opt-level disable nothing is fused, and plans record no such list
     assert "fused" not in make_plan(analysis, select_distance=1, params=True)["options"]["select"]
 

@@ -310,12 +310,19 @@ class BudgetSearch:
                     )
                 return retry, True
         best = min(a.outcome.reachable for a in (first, retry) if a is not None and a.outcome.reachable is not None)
+        fused = self.selection.options.fused
+        kept = (
+            f"; {len(fused)} tensors stay on the device for onnxruntime's fusions at the measured profile's "
+            "optimization level (reason fused): a profile at a lower --opt-level keeps none"
+            if fused
+            else ""
+        )
         raise BudgetUnreachable(
             f"the budget strategy cannot fit {self.analysis.loaded.path} into {fmt_bytes(budget)}: the best peak "
             f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(self.lower_bound)}, peak without "
             f"offload {fmt_bytes(self.peak_before)})",
             hint=f"raise --budget to at least {byte_arg(best)}, "
-            "or allow more candidates (--params, fewer --never patterns)",
+            f"or allow more candidates (--params, fewer --never patterns){kept}",
             reachable=best,
         )
 
