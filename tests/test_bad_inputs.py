@@ -548,6 +548,49 @@ def test_bad_input_shape(run_cli, tmp_path, outputs, spec, needle, command):
     outputs.assert_untouched()
 
 
+PASTS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[N, 4] x, float[B, P, 4] past_0, float[C, Q, 4] past_1)
+  => (float[N, 4] y, float[B, P, 4] p0, float[C, Q, 4] p1) {
+  y = Relu(x)
+  p0 = Neg(past_0)
+  p1 = Neg(past_1)
+}
+"""
+
+
+def test_an_input_shape_pattern_pins_every_input_it_matches(run_cli, write_model, tmp_path, outputs):
+    """A dynamo export names each past input's dimensions apart: one pattern pins them all; a name
+    given exactly wins; a pattern that matches nothing, or two that disagree on one input, are one
+    clear error each, with nothing written."""
+    path = write_model(PASTS)
+    out = tmp_path / "plan.json"
+    res = run_cli("plan", path, "-o", out, "--input-shape", "past_*=1,3,4", "--input-shape", "x=2,4")
+    assert res.exit_code == 0, res.stderr
+    assert "unknown dimensions" not in res.stderr
+    shapes = json.loads(out.read_text())["model"]["input_shapes"]
+    assert shapes == {"x": [2, 4], "past_0": [1, 3, 4], "past_1": [1, 3, 4]}
+    exact = run_cli(
+        "plan",
+        path,
+        "-o",
+        out,
+        "--input-shape",
+        "past_*=1,3,4",
+        "--input-shape",
+        "past_1=2,5,4",
+        "--input-shape",
+        "x=2,4",
+    )
+    assert exact.exit_code == 0, exact.stderr
+    assert json.loads(out.read_text())["model"]["input_shapes"]["past_1"] == [2, 5, 4]
+    none = run_cli("plan", path, "-o", outputs.new, "--input-shape", "cache.*=1,3,4")
+    assert_clean_failure(none, "pattern 'cache.*' matches no input")
+    clash = run_cli("plan", path, "-o", outputs.new, "--input-shape", "past_*=1,3,4", "--input-shape", "p*=2,3,4")
+    assert_clean_failure(clash, "which give it different shapes")
+    outputs.assert_untouched()
+
+
 def test_input_shape_given_twice(run_cli, tmp_path, outputs):
     path = save(long_reuse_model(dynamic=True), tmp_path / "dyn.onnx")
     res = run_cli("plan", path, "-o", outputs.new, "--input-shape", "x=3,8", "--input-shape", "x=4,8")

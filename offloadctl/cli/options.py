@@ -152,7 +152,9 @@ input_shape_option = _group(
         "input_shape",
         multiple=True,
         metavar="NAME=D0,D1,...",
-        help="Pin every dimension of a graph input (repeatable); NAME:D0,D1,... and NAME:[D0,D1,...] work too.",
+        help="Pin every dimension of a graph input (repeatable); NAME:D0,D1,... and NAME:[D0,D1,...] work too. A "
+        "NAME with * ? or [ ] that is no input's name pins every input it matches: 'past_key_values.*=1,4,127,16' "
+        "pins each past input of a dynamo export, whose dimensions all have their own names.",
     ),
     click.option(
         "--dim",

@@ -11,6 +11,7 @@ that needs a few tensors pays for a few. A tensor whose byte size stays unknown 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
 import logging
 import os
@@ -316,7 +317,7 @@ def load_model(
             hint="check that the file is a complete .onnx export (not truncated, not another format)",
         )
     data_files, data_locations = _checked_data_files(proto, p)
-    pinned = {k: list(v) for k, v in (input_shapes or {}).items()}
+    pinned = _expand_patterns(proto, {k: list(v) for k, v in (input_shapes or {}).items()}, p, input_shapes_from)
     named = dict(dims or {})
     declared = None
     if pinned or named:
@@ -451,6 +452,45 @@ def _checked_data_files(proto: onnx.ModelProto, path: Path) -> tuple[tuple[Path,
             )
         files[data_file] = None
     return tuple(files), tuple(sorted(seen))
+
+
+_GLOB = frozenset("*?[")
+
+
+def _expand_patterns(
+    proto: onnx.ModelProto, shapes: dict[str, list[int]], path: Path, source: str
+) -> dict[str, list[int]]:
+    """Input shapes whose name is a glob pattern (``past_key_values.*``) and no input's name stand for
+    every input the pattern matches (a name given exactly wins); a pattern that matches nothing, or
+    two patterns that give one input different shapes, are refused."""
+    if not any(_GLOB & set(name) for name in shapes):
+        return shapes
+    initializers = {i.name for i in proto.graph.initializer}
+    inputs = [i.name for i in proto.graph.input if i.name not in initializers]
+    exact = {name: dims for name, dims in shapes.items() if name in inputs or not _GLOB & set(name)}
+    expanded = dict(exact)
+    given_by: dict[str, str] = {}
+    for pattern, dims in shapes.items():
+        if pattern in exact:
+            continue
+        matched = [name for name in inputs if fnmatch.fnmatchcase(name, pattern)]
+        if not matched:
+            raise OffloadError(
+                f"{source} pattern {pattern!r} matches no input of {path}",
+                hint=f"inputs are: {', '.join(inputs) or '(none)'}",
+            )
+        for name in matched:
+            if name in exact:
+                continue
+            if name in expanded and expanded[name] != dims:
+                raise OffloadError(
+                    f"{source}: input {name!r} matches {given_by[name]!r} and {pattern!r}, which give it different "
+                    "shapes",
+                    hint=f"give it by name ({name}=D0,D1,...), which wins over the patterns, or make them disjoint",
+                )
+            expanded[name] = list(dims)
+            given_by[name] = pattern
+    return expanded
 
 
 def _pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path: Path, source: str) -> None:
