@@ -563,6 +563,15 @@ def test_profile_cli_at_opt_level_all_and_an_unsaveable_graph(run_cli, fast, tmp
     assert doc["opt_level"] == "all" and doc["fused"] > 0
     human = run_cli("profile", MLP, "--device", "cpu", "--repeat", "1", "--opt-level", "all", "-o", out)
     assert "graph optimizations at all" in human.stdout and "taken in by onnxruntime's rewrites" in human.stdout
+    # a plan made without it offloads what the fusions take in: simulate with the profile says so
+    plan = tmp_path / "plan.json"
+    assert run_cli("plan", MLP, "-o", plan, "--params", "--select-distance", "1").exit_code == 0
+    simulated = run_cli("simulate", MLP, "--plan", plan, "--profile", out)
+    assert simulated.exit_code == 0, simulated.stderr
+    assert "take in at the profile's --opt-level all" in simulated.stderr and f"--profile {out}" in simulated.stderr
+    kept = tmp_path / "kept.json"
+    assert run_cli("plan", MLP, "-o", kept, "--params", "--select-distance", "1", "--profile", out).exit_code == 0
+    assert "fusions take in" not in run_cli("simulate", MLP, "--plan", kept, "--profile", out).stderr
     # a provider whose optimized graph onnxruntime cannot save (CANN graph mode): one error, nothing written
     real = profiler._Device.runner
 

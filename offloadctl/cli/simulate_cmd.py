@@ -40,6 +40,7 @@ from offloadctl.cli.plot import plot_timeline
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console
 from offloadctl.contract.document import read_plan
+from offloadctl.contract.types import Plan
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
 from offloadctl.planning.advice import weak_plan_advice
@@ -47,7 +48,7 @@ from offloadctl.rewriting.preview import CpuFigures, cpu_figures
 from offloadctl.simulation.costs import STREAMS_NOTE
 from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.points import at_points, parse_point
-from offloadctl.simulation.profiles import load_profile
+from offloadctl.simulation.profiles import Profile, load_profile
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = ["COMMANDS", "simulate_cmd"]
@@ -130,6 +131,25 @@ def _print_cpu(cpu: CpuFigures) -> None:
     out_console().print(text)
 
 
+def _warn_undone_fusions(plan: Plan | None, prof: Profile, profile: str) -> None:
+    """Warn when ``plan`` offloads tensors the measured profile's fusions take in: their copies undo the
+    fusions, which the estimate (priced on the fused model) does not see."""
+    measured = prof.measured
+    if plan is None or measured is None:
+        return
+    undone = sorted({o["tensor"] for o in plan["offloads"]} & measured.fused)
+    if undone:
+        logger.warning(
+            "the plan offloads %d tensor(s) that onnxruntime's fusions take in at the profile's --opt-level %s "
+            "(first: %s): their copies undo those fusions, which the estimate does not price; plan again with "
+            "--profile %s to keep them",
+            len(undone),
+            measured.opt_level,
+            undone[0],
+            profile,
+        )
+
+
 @click.command("simulate")
 @model_argument
 @click.option("--plan", "plan_path", type=click.Path(path_type=str), help="A scheduled plan for MODEL.")
@@ -209,6 +229,7 @@ def simulate_cmd(
             prof.measured.model_path,
             model,
         )
+    _warn_undone_fusions(plan, prof, profile)
     written: list[str | Path] = []
     if plot:
         plot_timeline(result, plot)
