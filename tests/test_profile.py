@@ -547,6 +547,21 @@ def test_a_profile_at_opt_level_all_prices_the_fused_model_and_plans_keep_what_f
     assert kept and kept <= profile.measured.fused
     assert not {o["tensor"] for o in plan["offloads"]} & profile.measured.fused
     assert plan["options"]["select"]["fused"] == sorted(profile.measured.fused)
+    # a model with copies runs without ConstantFolding: the estimate pays, once, what the profile
+    # measured that to cost the model at this level
+    assert measured["copies_in_model"].get("unfolded_s", 0.0) >= 0.0
+    assert profile.measured.unfolded_s == measured["copies_in_model"].get("unfolded_s", 0.0)
+    with_copies = make_plan(analysis, select_distance=1, params=True)
+    assert with_copies["offloads"]
+    priced = []
+    for unfolded in (0.0, 1e-3):
+        doc_u = copy.deepcopy(doc)
+        doc_u["measured"]["copies_in_model"]["unfolded_s"] = unfolded
+        prof_u = profile_from_dict(doc_u)
+        priced.append(simulate(analysis, with_copies, profile=prof_u).times)
+        assert simulate(analysis, profile=prof_u).times.serialized == pytest.approx(t.serialized, rel=1e-9)
+    assert priced[1].serialized - priced[0].serialized == pytest.approx(1e-3, rel=1e-9)
+    assert priced[1].baseline == pytest.approx(priced[0].baseline, rel=1e-12)
     # a budget the kept tensors put out of reach says why
     with pytest.raises(OffloadError, match="stay on the device for onnxruntime's fusions") as caught:
         make_plan(analysis, budget=lower_bound(analysis)[0], params=True, profile=profile)

@@ -614,19 +614,25 @@ def _copies_in_model(
     for written in paths.values():
         settings_written = required_settings(load_model(written).proto, written)
         runners.append(dev.runner(written, feeds, settings_written, profiled=False, opt_level=level))
+    if level != "disable":  # the rewrites run without ConstantFolding: what that costs the model itself
+        unfolding = {**settings, "disabled_optimizers": [*settings.get("disabled_optimizers", []), "ConstantFolding"]}
+        runners.append(dev.runner(model, feeds, unfolding, profiled=False, opt_level=level))
     # the difference of two latencies is what counts: time them three times as long as the model alone
     medians = [statistics.median(t) for t in _alternate(runners, repeat, min_seconds=3 * _MIN_SECONDS)]
     del runners
     base = medians[0]
-    added = dict(zip(paths, medians[1:]))
+    added = dict(zip(paths, medians[1 : 1 + len(paths)]))
+    unfolded = max(medians[-1] - base, 0.0) if level != "disable" else 0.0
     record["latency_s"] = base
+    if level != "disable":
+        record["unfolded_s"] = unfolded
     for direction in ("h2d", "d2h"):
         if direction not in added:
             continue
         copies = _plan_copies(plans[direction])
         others = sum(fits["h2d"].time(b) * scale["h2d"] for b in copies["h2d"]) if direction == "d2h" else 0.0
         predicted = sum(fits[direction].time(b) for b in copies[direction])
-        cost = added[direction] - base - others
+        cost = added[direction] - base - others - unfolded
         factor = cost / predicted if predicted > 0 else 0.0
         entry = {
             "copies": len(copies[direction]),

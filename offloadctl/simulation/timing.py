@@ -11,7 +11,9 @@ ConvTranspose (2 * input elements * Cout/group * kernel size) and attention ops 
 MultiHeadAttention, GroupQueryAttention: 4*B*Sq*Skv*hidden, plus the QKV projection for
 com.microsoft Attention); every other node is counted by the bytes it reads and
 writes. A node onnxruntime fused away at the measured profile's optimization level costs nothing
-(the fused node's time is attributed to the node that writes its output). A copy takes
+(the fused node's time is attributed to the node that writes its output), and a model with copies
+pays once what the profile measured ConstantFolding off to cost there (order pins and offloaded
+weights need it off). A copy takes
 ``latency_s + bytes / bandwidth`` of its direction (in a measured profile the in-line cost of a
 copy node, from the measured fit). Every figure includes the profile's
 ``run_overhead_s`` once (the fixed cost of a session run; 0 in datasheet profiles). Three figures:
@@ -270,11 +272,14 @@ def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
                 copy_of[t] = s
         for copy in waits.get(s, ()):
             compute = max(compute, end[copy])
-    overlapped = max([compute, *stream_free.values()])
+    # a model with copies runs without ConstantFolding (order pins and offloaded weights need it off):
+    # what that costs the model, when a profile measured above --opt-level disable says
+    unfolded = profile.measured.unfolded_s if profile.measured is not None and len(copy_of) else 0.0
+    overlapped = max([compute + unfolded, *stream_free.values()])
     fixed = profile.run_overhead_s
     return TimeFigures(
         baseline=baseline + fixed,
-        serialized=serialized + fixed,
+        serialized=serialized + unfolded + fixed,
         overlapped=overlapped + fixed,
         nodes=len(node_seconds),
         measured_nodes=costs.measured,

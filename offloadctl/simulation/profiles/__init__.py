@@ -117,6 +117,7 @@ class MeasuredTimes:
     nodes: Mapping[str, NodeTime]
     opt_level: str = "disable"  # onnxruntime's graph optimization level of the timed runs
     fused: frozenset[str] = frozenset()  # tensors that level's rewrites took in (plans keep them)
+    unfolded_s: float = 0.0  # what the run takes longer with ConstantFolding off, as every rewrite runs
 
     def __repr__(self) -> str:
         return f"MeasuredTimes(model={self.model_path!r}, sha256={self.sha256[:12]}, nodes={len(self.nodes)})"
@@ -268,6 +269,7 @@ def _measured(doc: dict[str, Any]) -> MeasuredTimes:
         },
         opt_level=doc["session"]["opt_level"],
         fused=frozenset(doc.get("fused", ())),
+        unfolded_s=float(doc["copies_in_model"].get("unfolded_s", 0.0)),
     )
 
 
