@@ -601,3 +601,16 @@ def test_profile_cli_at_opt_level_all_and_an_unsaveable_graph(run_cli, fast, tmp
     assert failed.exit_code == 1 and "Traceback" not in failed.stderr
     assert "--opt-level all" in failed.stderr and "compiled nodes" in failed.stderr and "fix:" in failed.stderr
     assert out.read_text() == "previous"
+
+
+def test_a_model_too_big_to_rewrite_still_times_constant_folding_off(fast, monkeypatch):
+    """Over the external-data limit the in-model rewrites are skipped, but above --opt-level disable the
+    model alone is still timed with ConstantFolding off, which every rewrite of it runs with."""
+    monkeypatch.setattr(profiler, "_IN_MODEL_DATA_MAX", -1)
+    doc = measure_profile(str(MLP), "cpu", inputs=MLP_INPUTS, repeat=2, opt_level="all")
+    in_model = doc["measured"]["copies_in_model"]
+    assert "not copied to time rewrites" in in_model["note"] and in_model["unfolded_s"] >= 0.0
+    assert in_model["d2h"] is None and in_model["h2d"] is None
+    assert (
+        "unfolded_s" not in measure_profile(str(MLP), "cpu", inputs=MLP_INPUTS, repeat=2)["measured"]["copies_in_model"]
+    )

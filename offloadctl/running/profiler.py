@@ -528,6 +528,23 @@ def _device_name(device: str, ep_options: Mapping[str, str]) -> str:
 # ------------------------------------------------------------------------------- copies in the model
 
 
+def _unfolding(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with onnxruntime's ConstantFolding off, as every rewrite with pins or offloaded weights runs."""
+    return {**settings, "disabled_optimizers": [*settings.get("disabled_optimizers", []), "ConstantFolding"]}
+
+
+def _unfolded(
+    dev: _Device, model: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any], repeat: int, level: str
+) -> float:
+    """What a run of ``model`` at ``level`` takes longer with ConstantFolding off (timed side by side)."""
+    runners = [
+        dev.runner(model, feeds, settings, profiled=False, opt_level=level),
+        dev.runner(model, feeds, _unfolding(settings), profiled=False, opt_level=level),
+    ]
+    on, off = (statistics.median(t) for t in _alternate(runners, repeat, min_seconds=3 * _MIN_SECONDS))
+    return max(off - on, 0.0)
+
+
 def _offload_everything(analysis: Any, *, activations: bool, fused: Sequence[str] = ()) -> Plan:
     """A plan that offloads every activation (or every weight) it can, reloaded for each use at the
     default prefetch distance (where a plan's reloads usually run: early, the copy then waits);
@@ -594,6 +611,8 @@ def _copies_in_model(
             f"the model's external data exceed {_IN_MODEL_DATA_MAX >> 20} MiB: not copied to time rewrites of it; "
             "the sweep's fits are used as measured"
         )
+        if times.opt_level != "disable":  # the model alone, with ConstantFolding off and on
+            record["unfolded_s"] = _unfolded(dev, model, feeds, settings, repeat, times.opt_level)
         return scale, record
     plans = {
         "h2d": _offload_everything(analysis, activations=False, fused=times.fused),
@@ -615,8 +634,7 @@ def _copies_in_model(
         settings_written = required_settings(load_model(written).proto, written)
         runners.append(dev.runner(written, feeds, settings_written, profiled=False, opt_level=level))
     if level != "disable":  # the rewrites run without ConstantFolding: what that costs the model itself
-        unfolding = {**settings, "disabled_optimizers": [*settings.get("disabled_optimizers", []), "ConstantFolding"]}
-        runners.append(dev.runner(model, feeds, unfolding, profiled=False, opt_level=level))
+        runners.append(dev.runner(model, feeds, _unfolding(settings), profiled=False, opt_level=level))
     # the difference of two latencies is what counts: time them three times as long as the model alone
     medians = [statistics.median(t) for t in _alternate(runners, repeat, min_seconds=3 * _MIN_SECONDS)]
     del runners
