@@ -29,8 +29,6 @@ pinned.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +36,7 @@ import onnx
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.contract.types import Plan
+from offloadctl.core.files import json_sha256
 from offloadctl.core.onnxutil import has_subgraphs
 
 __all__ = ["PinLayout", "pin_layout", "record_pins", "viewable"]
@@ -172,9 +171,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
 
 def _layout_key(plan: Plan) -> str:
     """What a recorded layout holds for: the offloads and the tensors kept for fusions."""
-    keyed = {"offloads": plan["offloads"], "fused": plan["options"].get("select", {}).get("fused", [])}
-    text = json.dumps(keyed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return json_sha256({"offloads": plan["offloads"], "fused": plan["options"].get("select", {}).get("fused", [])})
 
 
 def record_pins(plan: Plan, layout: PinLayout) -> None:

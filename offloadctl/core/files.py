@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from offloadctl.core.errors import OffloadError
 
 __all__ = [
     "sha256_file",
+    "json_sha256",
     "same_file",
     "check_output_path",
     "check_distinct_outputs",
@@ -38,6 +40,16 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def json_sha256(value: Any) -> str:
+    """sha256 of a JSON value's canonical text: sorted keys, no whitespace, UTF-8."""
+    # json's ASCII encoder is the faster one; it writes the same text unless a string holds a
+    # character beyond ASCII, which it writes as \uXXXX (so does a control character either way)
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if "\\u" in text:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

@@ -27,7 +27,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -35,6 +34,7 @@ import onnx
 
 from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import json_sha256
 
 __all__ = [
     "KEY_VERSION",
@@ -60,12 +60,7 @@ KEY_PINS = "offloadctl.order_pins"
 
 def plan_sha256(plan: Plan) -> str:
     """sha256 of the plan's canonical JSON (sorted keys, no whitespace, UTF-8)."""
-    # json's ASCII encoder is the faster one; it writes the same text unless a string holds a
-    # character beyond ASCII, which it writes as \uXXXX (so does a control character either way)
-    text = json.dumps(plan, sort_keys=True, separators=(",", ":"))
-    if "\\u" in text:
-        text = json.dumps(plan, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return json_sha256(plan)
 
 
 def make_session_settings(*, weights_offloaded: bool, pinned: bool = False) -> dict[str, Any]:

@@ -10,11 +10,10 @@ needs shape inference over the whole graph, which a weights-only apply otherwise
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from offloadctl.contract.types import Plan
+from offloadctl.core.files import json_sha256
 from offloadctl.simulation.result import SimResult
 
 __all__ = ["estimate_figures", "record_estimate", "recorded_estimate"]
@@ -43,8 +42,7 @@ def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any
 
 
 def _offloads_sha256(plan: Plan) -> str:
-    text = json.dumps(plan["offloads"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return json_sha256(plan["offloads"])
 
 
 def record_estimate(plan: Plan, figures: dict[str, Any]) -> None:
