@@ -33,6 +33,7 @@ from offloadctl.planning.request import (
     RequestError,
     SelectPart,
 )
+from offloadctl.running.runner import OPT_LEVELS
 from offloadctl.simulation.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, list_profiles
 
@@ -56,6 +57,7 @@ __all__ = [
     "objective_option",
     "max_slowdown_option",
     "prefetch_options",
+    "opt_level_option",
     "output_option",
     "strict_option",
 ]
@@ -215,6 +217,13 @@ profile_option = click.option(
     metavar="NAME|FILE.json",
     help=f"Device profile for the time estimate: {', '.join(list_profiles())}, or a JSON file of your own.",
 )
+
+
+def opt_level_option(help: str) -> Decorator:
+    """``--opt-level``: onnxruntime's graph optimization level, ``disable`` unless given."""
+    return click.option(
+        "--opt-level", type=click.Choice(list(OPT_LEVELS)), default="disable", show_default=True, help=help
+    )
 
 
 def output_option(what: str) -> Decorator:

@@ -10,13 +10,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from offloadctl.cli.common import finish
-from offloadctl.cli.options import ShapeOptions, input_shape_option, json_option, model_argument, output_option
+from offloadctl.cli.options import (
+    ShapeOptions,
+    input_shape_option,
+    json_option,
+    model_argument,
+    opt_level_option,
+    output_option,
+)
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.model import parse_dims, parse_input_shapes
 from offloadctl.running.profiler import DEFAULT_REPEAT, measure_profile, write_profile
-from offloadctl.running.runner import DEVICES, OPT_LEVELS, parse_ep_options
+from offloadctl.running.runner import DEVICES, parse_ep_options
 
 __all__ = ["COMMANDS", "profile_cmd", "summary"]
 
@@ -134,12 +141,8 @@ def _print(info: dict[str, Any], model: str) -> None:
     help="onnxruntime intra-op threads of the measured sessions (0: its default, one per physical core); the "
     "profile describes sessions run this way.",
 )
-@click.option(
-    "--opt-level",
-    type=click.Choice(list(OPT_LEVELS)),
-    default="disable",
-    show_default=True,
-    help="onnxruntime's graph optimization level of the model's timed runs: the level the model will be served "
+@opt_level_option(
+    "onnxruntime's graph optimization level of the model's timed runs: the level the model will be served "
     "at. Above disable, each fused node's time goes to the original node that writes its output, and plans made "
     "with the profile keep the tensors the fusions took in (reason fused).",
 )

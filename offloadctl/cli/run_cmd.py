@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from offloadctl.cli.common import finish
-from offloadctl.cli.options import ShapeOptions, input_shape_option, model_argument
+from offloadctl.cli.options import ShapeOptions, input_shape_option, model_argument, opt_level_option
 from offloadctl.cli.ui import out_console, print_json
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
@@ -18,7 +18,7 @@ from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.model import parse_dims, parse_input_shapes
 from offloadctl.running.inputs import parse_value_ranges
 from offloadctl.running.inputs import save_outputs as save_outputs_file
-from offloadctl.running.runner import DEVICES, OPT_LEVELS, RunReport, parse_ep_options, quiet_onnxruntime, run_model
+from offloadctl.running.runner import DEVICES, RunReport, parse_ep_options, quiet_onnxruntime, run_model
 
 __all__ = ["COMMANDS", "run"]
 
@@ -88,12 +88,8 @@ class Tolerance(click.ParamType):
 @click.option(
     "--repeat", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs after one warm-up run."
 )
-@click.option(
-    "--opt-level",
-    type=click.Choice(list(OPT_LEVELS)),
-    default="disable",
-    show_default=True,
-    help="onnxruntime graph optimizations. With 'disable' (the default, which verifies the plan) the order must "
+@opt_level_option(
+    "onnxruntime graph optimizations. With 'disable' (the default, which verifies the plan) the order must "
     "match exactly and outputs be bit-identical; with fusions onnxruntime renumbers fused nodes and may run copies "
     "earlier than planned.",
 )
