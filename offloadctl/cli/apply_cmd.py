@@ -17,7 +17,7 @@ from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
 from offloadctl.job import Job, plan_model
-from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions
+from offloadctl.rewriting.rewrite import TARGETS, ApplyResult, RewriteOptions
 from offloadctl.simulation.estimate import recorded_estimate
 
 __all__ = ["COMMANDS"]
@@ -46,8 +46,19 @@ __all__ = ["COMMANDS"]
     help="Keep the input dimensions the plan was made at pinned in the rewritten model (by default it keeps the "
     "model's symbolic dimensions, so it runs at any shape).",
 )
+@click.option(
+    "--target",
+    type=click.Choice(list(TARGETS)),
+    default="gpu",
+    show_default=True,
+    help="The provider the model will run on, for the order pins' form: gpu (CPU, CUDA, WebGPU: a pin reads a "
+    "device tensor only through Shape) or ascend (CANN has no Shape kernel, so such a pin would copy the tensor "
+    "to the host: those copies go unpinned and hold only under PRIORITY_BASED).",
+)
 @json_option
-def apply(plan_path: str, output: str, model: str | None, order_pins: bool, pin_shapes: bool, as_json: bool) -> None:
+def apply(
+    plan_path: str, output: str, model: str | None, order_pins: bool, pin_shapes: bool, target: str, as_json: bool
+) -> None:
     """Insert the copies of a scheduled plan into its model and write OUT.onnx.
 
     The input model is not modified. Run the result with `offloadctl run`, or in your own
@@ -63,7 +74,7 @@ def apply(plan_path: str, output: str, model: str | None, order_pins: bool, pin_
     result = ApplyResult()
     with steps(not as_json, total=4) as step:
         job = Job.of_plan(plan_path, stages=("scheduled",), model=model, step=step, plan=plan)
-        options = RewriteOptions(order_pins=order_pins, pin_shapes=pin_shapes)
+        options = RewriteOptions(order_pins=order_pins, pin_shapes=pin_shapes, target=target)
         _, extra = job.write_rewrite(output, result=result, step=step, options=options)
     model_path = job.model_path
     figures = recorded_estimate(plan)
@@ -77,7 +88,7 @@ def apply(plan_path: str, output: str, model: str | None, order_pins: bool, pin_
         if result.pins:
             console.print(f"held the copies in place with {result.pins} order pin(s) (no-op views)", soft_wrap=True)
         for reason in result.unpinned:
-            console.print(f"[yellow]not pinned[/]: {reason}", soft_wrap=True)
+            console.print(f"[yellow]not pinned (holds under PRIORITY_BASED only)[/]: {reason}", soft_wrap=True)
         for path in extra:
             console.print(f"placed {path} beside the rewritten model", soft_wrap=True)
         if figures is not None:
@@ -106,6 +117,7 @@ def apply(plan_path: str, output: str, model: str | None, order_pins: bool, pin_
             "copies": {"d2h": result.d2h, "h2d": result.h2d},
             "order_pins": result.pins,
             "unpinned": result.unpinned,
+            "target": target,
             "offloaded": {"activations": result.activations, "parameters": result.parameters},
             "data_files": [str(p) for p in extra],
             "estimate": figures,  # recorded by `offloadctl plan`; None for a plan made otherwise

@@ -4,22 +4,35 @@ onnxruntime's DEFAULT order (every host but Python) emits a node once its inputs
 ignores the file order: unheld, a ``MemcpyToHost`` runs right before its ``MemcpyFromHost``, next to
 the consumer, and the tensor stays on the device the whole time. A data dependency holds a copy in
 place, through a view that changes nothing (`offloadctl.rewriting.rewrite` builds it):
-``view = Reshape(t, Concat(Shape(t), Shape(dep, start=0, end=0)))`` (the second Shape is empty).
+``view = Reshape(t, Concat(zeros, e, ...))`` where ``zeros`` is an int64 initializer of t's rank
+(Reshape's 0 keeps that dimension) and each ``e`` an empty int64 tensor that depends on what the
+view must wait for.
+
+No pin node on a device reads a host tensor, on any provider and for any element type (onnxruntime
+would copy it back to the device right away and undo the plan):
 
 - The D2Hs after position p: the next original node that reads an activation (p + 1 when it does;
   never a Reshape, Squeeze, Unsqueeze or Flatten, which onnxruntime fuses with a Reshape before them)
-  reads it through a view whose ``dep`` are those D2Hs' host copies, so each D2H runs no later than
-  planned.
-- The H2Ds before position q: each reads its host tensor through a view whose ``dep`` is an
-  activation the last node before q that makes one (q - 1 when it does) makes, so it runs no
-  earlier than planned.
+  reads it through a view whose ``e`` are ``Shape(OptionalHasElement(Optional(host)))`` (the shape
+  of a scalar), one per host copy. Optional and OptionalHasElement have CPU kernels only (the CUDA,
+  CANN and WebGPU providers register none), so they run where the host copy is, for every element
+  type (fp16 too, which CUDA's and CANN's CPU fallback never moves); the Shape and the Concat read
+  only their CPU outputs. Each D2H then runs no later than planned. They need opset 15; below it,
+  D2Hs are not pinned.
+- The H2Ds before position q: the view sits on the H2D's *device* output, and the group's uses read
+  the view: ``e = Shape(dep, start=0, end=0)``, ``dep`` an activation the last node before q that
+  makes one makes (one still read at or after q when there is one, so the pin keeps no tensor
+  alive longer than the plan does). The DEFAULT walk explores a node's highest-index input first,
+  and the Concat (after the H2D in the file) reads only ``e`` and a constant, so ``dep`` is emitted
+  before the H2D is reached: each H2D runs no earlier than planned.
 
-Views sit on floating-point activations only (a view of a weight would hide it from prepacking and
-constant folding; integer tensors are mostly shapes being computed, which onnxruntime's Reshape
-fusions rewrite), never on a (De)QuantizeLinear output (onnxruntime fuses those with their one
-reader) nor on an If/Loop/Scan output (onnxruntime inlines a constant If's branch and renames it),
-nor on a tensor the plan keeps for onnxruntime's fusions (``options.select.fused``, from a profile
-measured above ``--opt-level disable``): a pin reading it would undo the fusion as a copy would.
+Views sit on floating-point activations of known rank only (a view of a weight would hide it from
+prepacking and constant folding; integer tensors are mostly shapes being computed, which
+onnxruntime's Reshape fusions rewrite), never on a (De)QuantizeLinear output (onnxruntime fuses those
+with their one reader) nor on an If/Loop/Scan output (onnxruntime inlines a constant If's branch and
+renames it), nor on a tensor the plan keeps for onnxruntime's fusions (``options.select.fused``, from
+a profile measured above ``--opt-level disable``): a pin reading it would undo the fusion as a copy
+would.
 
 Every pin edge goes forward in the planned sequence, and the planned sequence is a topological
 order of the model, so a pin never makes a cycle. ``Shape(x, start, end)`` needs opset 15; opsets
@@ -39,7 +52,7 @@ from offloadctl.contract.types import Plan
 from offloadctl.core.files import json_sha256
 from offloadctl.core.onnxutil import has_subgraphs
 
-__all__ = ["PinLayout", "pin_layout", "record_pins", "viewable"]
+__all__ = ["PinLayout", "pin_layout", "pin_rank", "record_pins", "viewable"]
 
 
 @dataclass(frozen=True)
@@ -94,28 +107,77 @@ def viewable(analysis: Analysis, name: str, avoid: frozenset[str] = frozenset())
 _RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
-def _held_input(analysis: Analysis, position: int, avoid: frozenset[str]) -> int | None:
-    """The input of the node at ``position`` a pin's view can stand in for (its index), or None."""
+def _held_input(
+    analysis: Analysis, position: int, avoid: frozenset[str], reloaded: frozenset[tuple[int, int]]
+) -> int | None:
+    """The input of the node at ``position`` a pin's view can stand in for (its index), or None. An
+    input an H2D feeds is passed over: it reads the H2D's own view, and a view of a view is a pair
+    of Reshapes that onnxruntime fuses into one."""
     node = analysis.nodes[position]
     if node.op_type in _RESHAPES:
         return None
-    return next((k for k, name in enumerate(node.input) if viewable(analysis, name, avoid)), None)
+    return next(
+        (k for k, name in enumerate(node.input) if (position, k) not in reloaded and viewable(analysis, name, avoid)),
+        None,
+    )
 
 
-def _copy_positions(plan: Plan) -> tuple[dict[int, int], dict[int, int]]:
-    """(position -> D2H copies after it, position -> H2D copies before it)."""
+def _reloaded(plan: Plan) -> frozenset[tuple[int, int]]:
+    """(position, input index) of every input a reload group's H2D feeds."""
+    return frozenset(
+        (use["position"], use["input_index"])
+        for off in plan["offloads"]
+        for group in off["reload_groups"]
+        for use in group["uses"]
+        if use["input_index"] is not None
+    )
+
+
+def _copy_positions(plan: Plan) -> tuple[dict[int, int], dict[int, list[str]]]:
+    """(position -> D2H copies after it, position -> the tensors of the H2D copies before it)."""
     d2hs: dict[int, int] = {}
-    h2ds: dict[int, int] = {}
+    h2ds: dict[int, list[str]] = {}
     for off in plan["offloads"]:
         if off["kind"] == "activation" and off["d2h_after"] is not None:
             d2hs[off["d2h_after"]] = d2hs.get(off["d2h_after"], 0) + 1
         for group in off["reload_groups"]:
             if group["h2d_before"] is not None:
-                h2ds[group["h2d_before"]] = h2ds.get(group["h2d_before"], 0) + 1
+                h2ds.setdefault(group["h2d_before"], []).append(off["tensor"])
         at = off.get("output_h2d_before")
         if off.get("graph_output") and at is not None:
-            h2ds[at] = h2ds.get(at, 0) + 1
+            h2ds.setdefault(at, []).append(off["tensor"])
     return d2hs, h2ds
+
+
+def pin_rank(analysis: Analysis, tensor: str) -> int | None:
+    """The rank of ``tensor`` when its view can be built from constant zeros (None: unknown)."""
+    info = analysis.infos.get(tensor)
+    return None if info is None or info.shape is None else len(info.shape)
+
+
+def _last_use(analysis: Analysis, name: str) -> int:
+    """The position of the last node that reads ``name`` (the end for a graph output)."""
+    if name in analysis.graph_outputs:
+        return analysis.num_positions
+    uses = analysis.uses.get(name) or []
+    return max((u.position for u in uses), default=-1)
+
+
+def _dep_before(analysis: Analysis, q: int, low: int, avoid: frozenset[str]) -> tuple[int, int] | None:
+    """The output an H2D before ``q`` waits for: of the last node before q that makes a viewable
+    one, preferring (down to position ``low``) one still read at or after q."""
+    fallback = None
+    for s in range(q - 1, -1, -1):
+        for j, name in enumerate(analysis.nodes[s].output):
+            if not viewable(analysis, name, avoid):
+                continue
+            if fallback is None:
+                fallback = (s, j)
+            if _last_use(analysis, name) >= q:
+                return (s, j)
+        if fallback is not None and s <= low:
+            break
+    return fallback
 
 
 def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
@@ -137,41 +199,51 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     unpinned: list[str] = []
     held: dict[int, tuple[int, int]] = {}
     n = analysis.num_positions
+    reloaded = _reloaded(plan)
     for p, count in sorted(d2hs.items()):
-        found = next(((t, k) for t in range(p + 1, n) if (k := _held_input(analysis, t, avoid)) is not None), None)
+        if opset < 15:
+            unpinned.append(f"{count} D2H copy(ies) after position {p}: the model's opset {opset} has no Optional")
+            continue
+        found = next(
+            ((t, k) for t in range(p + 1, n) if (k := _held_input(analysis, t, avoid, reloaded)) is not None), None
+        )
         if found is None:
             if p + 1 < n:
                 unpinned.append(f"{count} D2H copy(ies) after position {p}: no later node reads a tensor")
             continue
         held[p] = found
-        nodes += 3 + per_dep * count  # Shape(t), Concat, Reshape, and one empty shape per host copy
+        # Concat and Reshape (and Shape(t) when t's rank is unknown), then Optional, OptionalHasElement
+        # and Shape per host copy
+        t, k = found
+        nodes += 2 + (pin_rank(analysis, analysis.nodes[t].input[k]) is None) + 3 * count
     waits: dict[int, tuple[int, int]] = {}
-    for q, count in sorted(h2ds.items()):
+    for q, tensors in sorted(h2ds.items()):
         if q == 0:
             continue
-        source = next(
-            (
-                (s, j)
-                for s in range(q - 1, -1, -1)
-                for j, name in enumerate(analysis.nodes[s].output)
-                if viewable(analysis, name, avoid)
-            ),
-            None,
-        )
+        ranked = [t for t in tensors if pin_rank(analysis, t) is not None]
+        if len(ranked) < len(tensors):
+            unpinned.append(f"{len(tensors) - len(ranked)} H2D copy(ies) before position {q}: rank unknown")
+        if not ranked:
+            continue
+        source = _dep_before(analysis, q, max(0, q - 8), avoid)
         if source is None:
-            unpinned.append(f"{count} H2D copy(ies) before position {q}: no earlier node makes a tensor")
+            unpinned.append(f"{len(ranked)} H2D copy(ies) before position {q}: no earlier node makes a tensor")
             continue
         waits[q] = source
-        nodes += per_dep + 3 * count  # one empty shape of the output, then Shape, Concat, Reshape per copy
+        nodes += per_dep + 2 * len(ranked)  # one empty shape of the output, then Concat and Reshape per copy
     return PinLayout(held, waits, nodes, unpinned, slice_form=opset < 15, avoid=avoid)
 
 
 # ------------------------------------------------------------------------------ the layout in the plan
 
+# the pins' form: a layout recorded for another form is found again
+_FORM = 2
+
 
 def _layout_key(plan: Plan) -> str:
     """What a recorded layout holds for: the offloads and the tensors kept for fusions."""
-    return json_sha256({"offloads": plan["offloads"], "fused": plan["options"].get("select", {}).get("fused", [])})
+    fused = plan["options"].get("select", {}).get("fused", [])
+    return json_sha256({"offloads": plan["offloads"], "fused": fused, "form": _FORM})
 
 
 def record_pins(plan: Plan, layout: PinLayout) -> None:
@@ -202,7 +274,12 @@ def _pairs(entries: Any, low: int, high: int) -> dict[int, tuple[int, int]] | No
 
 
 def _recorded(
-    plan: Plan, analysis: Analysis, d2hs: dict[int, int], h2ds: dict[int, int], avoid: frozenset[str], slice_form: bool
+    plan: Plan,
+    analysis: Analysis,
+    d2hs: dict[int, int],
+    h2ds: dict[int, list[str]],
+    avoid: frozenset[str],
+    slice_form: bool,
 ) -> PinLayout | None:
     """The layout `record_pins` stored, if it holds for the plan as it is and fits the model: every
     held node comes after its D2Hs and reads that input, every awaited node comes before its H2Ds and

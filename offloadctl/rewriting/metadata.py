@@ -11,18 +11,23 @@
       {"execution_order": "PRIORITY_BASED",
        "order_pins": true,                            # the DEFAULT order keeps the plan too
        "disabled_optimizers": ["ConstantFolding"],     # when weights are offloaded or pins added
-       "cann": {"enable_cann_graph": "0"}}
+       "cann": {"enable_cann_graph": "0"},
+       "webgpu": {"preferredLayout": "NCHW"}}
 
   PRIORITY_BASED makes onnxruntime run the nodes in file order (the default order moves the
   copies unless order pins hold them); ConstantFolding would turn ``MemcpyFromHost(weight)`` back
   into a device weight and fold the order pins' Shape nodes away (it is disabled when either is
-  there); the CANN graph mode compiles subgraphs, owns their memory and splits at every copy.
+  there); the CANN graph mode compiles subgraphs, owns their memory and splits at every copy;
+  the WebGPU provider's NHWC layout replaces every Conv and pool with a new node of a higher index,
+  and both orders follow node indices.
 - ``offloadctl.planned_at``: JSON of the shapes the plan's sizes hold for and the order its
   positions count in: ``{"input_shapes": {...}, "dims": {...}, "execution_order": "priority"}``
   (`offloadctl run` generates inputs at these shapes when none are given).
 - ``offloadctl.order_pins``: JSON list of the order each pin guarantees, ``{"copy": NODE,
   "before": NODE}`` or ``{"copy": NODE, "after": NODE}`` (original nodes); `offloadctl run` checks
   them against the order that ran.
+- ``offloadctl.priority_based_only``: JSON list of the copies no order pin holds, and why: they
+  keep their planned place only under PRIORITY_BASED.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ __all__ = [
     "KEY_SESSION",
     "KEY_PLANNED_AT",
     "KEY_PINS",
+    "KEY_UNPINNED",
     "metadata_json",
     "plan_sha256",
     "make_session_settings",
@@ -56,6 +62,8 @@ KEY_OFFLOADS = "offloadctl.offloads"
 KEY_SESSION = "offloadctl.session"
 KEY_PLANNED_AT = "offloadctl.planned_at"
 KEY_PINS = "offloadctl.order_pins"
+#: the copies no order pin holds, and why: they keep their planned place only in PRIORITY_BASED order
+KEY_UNPINNED = "offloadctl.priority_based_only"
 
 
 def plan_sha256(plan: Plan) -> str:
@@ -71,6 +79,7 @@ def make_session_settings(*, weights_offloaded: bool, pinned: bool = False) -> d
     if weights_offloaded or pinned:
         settings["disabled_optimizers"] = ["ConstantFolding"]
     settings["cann"] = {"enable_cann_graph": "0"}
+    settings["webgpu"] = {"preferredLayout": "NCHW"}  # NHWC replaces nodes, and both orders follow node indices
     return settings
 
 

@@ -67,7 +67,7 @@ from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.order import execution_order, sorted_priority_order
 from offloadctl.contract.check import check_plan_for_model
-from offloadctl.contract.pins import pin_layout
+from offloadctl.contract.pins import pin_layout, pin_rank
 from offloadctl.contract.types import Offload, Plan, Use
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
@@ -90,6 +90,7 @@ from offloadctl.rewriting.metadata import (
     KEY_PLAN_SHA256,
     KEY_PLANNED_AT,
     KEY_SESSION,
+    KEY_UNPINNED,
     KEY_VERSION,
     make_session_settings,
     plan_sha256,
@@ -129,6 +130,13 @@ class ApplyResult:
     unpinned: list[str] = field(default_factory=list)  # copies no pin could hold (and why)
 
 
+#: the providers a rewrite's order pins are built for (`RewriteOptions.target`)
+TARGETS: dict[str, str] = {
+    "gpu": "the CPU, CUDA and WebGPU providers: Shape of a device tensor writes its output to host memory",
+    "ascend": "CANN: no Shape kernel, so a pin may read a device tensor only where its own node does",
+}
+
+
 @dataclass(frozen=True)
 class RewriteOptions:
     """How a plan is written into the model.
@@ -139,10 +147,18 @@ class RewriteOptions:
             Without them only PRIORITY_BASED keeps the plan (``apply --no-order-pins``).
         pin_shapes: keep the input dimensions pinned at planning time in the rewritten model
             (``apply --pin-shapes``); by default the model keeps the source's symbolic dimensions.
+        target: the providers the pins are built for (`TARGETS`, ``apply --target``): with
+            ``ascend`` no pin node reads a device tensor (CANN runs Shape on the CPU, which would copy
+            the whole tensor), so H2D copies, and D2H copies whose view needs Shape(t), go unpinned.
     """
 
     order_pins: bool = True
     pin_shapes: bool = False
+    target: str = "gpu"
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise OffloadError(f"unknown target {self.target!r}", hint=f"use one of: {', '.join(TARGETS)}")
 
 
 @paused_gc()
@@ -289,6 +305,9 @@ class _Rewriter:
         self.value_infos: list[onnx.ValueInfoProto] = []
         self.converted: set[int] = set()  # file indices of Constant nodes turned into initializers
         self.graph_input_names = {v.name for v in self.graph.input}
+        self.graph_output_names = {v.name for v in self.graph.output}
+        self.reroutes: dict[str, list[Use]] = {}  # an H2D's device output -> the uses that read it
+        self.h2d_pins: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []  # (an H2D, the Concat of its view)
         self._name_nodes()
 
     def _name_nodes(self) -> None:
@@ -380,6 +399,7 @@ class _Rewriter:
             self.result.h2d += 1
             for use in group["uses"]:
                 self._reroute(use, tensor, out)
+            self.reroutes[out] = list(group["uses"])
 
     def run(self) -> onnx.ModelProto:
         analysis = self.analysis
@@ -422,7 +442,7 @@ class _Rewriter:
                 self.result.reordered,
             )
         del graph.node[:]
-        graph.node.extend(constants + [planned[i] for i in order])
+        graph.node.extend(constants + _after_their_copies([planned[i] for i in order], self.h2d_pins))
         graph.value_info.extend(self.value_infos)
         loaded = analysis.loaded
         if loaded.declared_types and not self.options.pin_shapes:
@@ -430,6 +450,8 @@ class _Rewriter:
 
         weights = any(off["kind"] == "parameter" for off in self.plan["offloads"])
         settings = make_session_settings(weights_offloaded=weights, pinned=bool(self.result.pins))
+        if self.result.pins:
+            settings["pins_for"] = self.options.target
         values = {
             KEY_VERSION: __version__,
             KEY_PLAN_SHA256: plan_sha256(self.plan),
@@ -441,40 +463,64 @@ class _Rewriter:
         }
         if self.constraints:
             values[KEY_PINS] = json.dumps(self.constraints, separators=(",", ":"))
+        if self.result.unpinned:
+            values[KEY_UNPINNED] = json.dumps(self.result.unpinned, separators=(",", ":"))
         set_metadata(self.model, values)
         return self.model
 
 
 class _Pins:
-    """Builds the order pins of `offloadctl.contract.pins.pin_layout` (where they go, and why a pin
-    never makes a cycle, is said there): for the D2Hs after p, the node and input ``layout.d2h[p]``
-    names reads that input through ``Reshape(t, Concat(Shape(t), Shape(host, start=0, end=0), ...))``;
-    each H2D before q reads ``Reshape(host, Concat(Shape(host), Shape(o, start=0, end=0)))``, o the
-    output ``layout.h2d[q]`` names. Every pin node carries ``__offload_pin`` (1 on the view)."""
+    """Builds the order pins of `offloadctl.contract.pins.pin_layout` (where they go, why a pin never
+    makes a cycle and never has a device node read a host tensor, is said there): for the D2Hs after
+    p, the node and input ``layout.d2h[p]`` names reads that input through
+    ``Reshape(t, Concat(zeros, Shape(OptionalHasElement(Optional(host))), ...))``; each H2D before q
+    gets ``Reshape(dev, Concat(zeros, Shape(o, start=0, end=0)))`` on its device output, which its
+    uses then read, o the output ``layout.h2d[q]`` names. Every pin node carries ``__offload_pin``
+    (1 on the view)."""
 
     def __init__(self, rewriter: _Rewriter) -> None:
         self.rw = rewriter
         self.layout = pin_layout(rewriter.plan, rewriter.analysis)
         self.pending: list[onnx.NodeProto] = []
+        self.zeros: dict[int, str] = {}  # rank -> an int64 initializer of that many zeros
+        self.backward = False  # the pin being built holds a backward node or copy
 
     def add(self) -> None:
         rw, layout = self.rw, self.layout
         rw.result.unpinned += layout.unpinned
-        for p, (target, k) in layout.d2h.items():
-            self._hold_d2h(rw.after[p], target, k)
+        ascend = rw.options.target == "ascend"
+        # H2Ds first: a node held for a D2H may read a reloaded tensor, and then views the H2D's view
         for q, (source, j) in layout.h2d.items():
+            if ascend:
+                count = sum(c.op_type == MEMCPY_FROM_HOST for c in rw.before[q])
+                rw.result.unpinned.append(
+                    f"{count} H2D copy(ies) before position {q}: on ascend a pin would run Shape of a device "
+                    "tensor on the CPU (CANN has no Shape kernel) and copy it"
+                )
+                continue
             self._hold_h2d(q, source, j)
+        for p, (target, k) in layout.d2h.items():
+            tensor = rw.pos_nodes[target].input[k]
+            if ascend and pin_rank(rw.analysis, rw.sources.get(tensor, tensor)) is None:
+                rw.result.unpinned.append(
+                    f"{len(rw.after[p])} D2H copy(ies) after position {p}: the held tensor's rank is unknown, and on "
+                    "ascend its Shape would be a copy"
+                )
+                continue
+            self._hold_d2h(rw.after[p], target, k)
 
     def _node(self, op: str, inputs: list[str], label: str, **attrs: Any) -> str:
         rw = self.rw
         out = rw.tensors.new(f"{inputs[0]}__{label.replace('/', '_')}")
         node = helper.make_node(op, inputs, [out], name=rw.nodes.new(f"offload/pin/{label}"), **attrs)
         node.attribute.append(helper.make_attribute(PIN_ATTR, 1 if op == "Reshape" else 0))
+        if self.backward:  # onnxruntime's priority order runs a training graph's backward nodes apart
+            node.attribute.append(helper.make_attribute(BACKWARD_ATTR, 1))
         self.pending.append(node)
         return out
 
     def _empty_shape(self, tensor: str, label: str) -> str:
-        """An empty int64 tensor that depends on ``tensor``."""
+        """An empty int64 tensor that depends on ``tensor`` (a device activation)."""
         if not self.layout.slice_form:
             return self._node("Shape", [tensor], f"{label}/dep", start=0, end=0)
         shape = self._node("Shape", [tensor], f"{label}/dep_shape")
@@ -482,15 +528,34 @@ class _Pins:
         self.rw.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.int64), zero))
         return self._node("Slice", [shape, zero, zero], f"{label}/dep")
 
-    def _view(self, tensor: str, empties: list[str], label: str) -> str:
-        """``tensor`` through a no-op view that depends on ``empties``."""
+    def _host_empty(self, host: str, label: str) -> str:
+        """An empty int64 tensor that depends on the host tensor ``host``, computed on the CPU alone:
+        Optional and OptionalHasElement have no device kernels, and the Shape of their bool scalar
+        reads a CPU tensor that is neither fp16 nor bf16."""
+        wrapped = self._node("Optional", [host], f"{label}/optional")
+        present = self._node("OptionalHasElement", [wrapped], f"{label}/present")
+        return self._node("Shape", [present], f"{label}/dep")
+
+    def _zeros(self, rank: int) -> str:
+        if rank not in self.zeros:
+            name = self.rw.tensors.new(f"offload_pin_zeros{rank}")
+            self.rw.graph.initializer.append(numpy_helper.from_array(np.zeros(rank, np.int64), name))
+            self.zeros[rank] = name
+        return self.zeros[rank]
+
+    def _view(self, tensor: str, empties: list[str], label: str, out: str | None = None) -> str:
+        """``tensor`` through a no-op view that depends on ``empties`` (named ``out`` if given)."""
         rw = self.rw
-        shape = self._node("Shape", [tensor], f"{label}/shape")
-        joined = self._node("Concat", [shape, *empties], f"{label}/concat", axis=0)
-        view = self._node("Reshape", [tensor, joined], f"{label}/view")
         source = rw.sources.get(tensor, tensor)
+        rank = pin_rank(rw.analysis, source)
+        shape = self._zeros(rank) if rank is not None else self._node("Shape", [tensor], f"{label}/shape")
+        joined = self._node("Concat", [shape, *empties], f"{label}/concat", axis=0)
+        self.concat = self.pending[-1]
+        view = self._node("Reshape", [tensor, joined], f"{label}/view")
+        if out is not None:
+            self.pending[-1].output[0] = view = out
         info = rw.analysis.infos.get(source)
-        if info is not None:
+        if info is not None and out is None:
             rw._typed(view, source, info)
         rw.result.pins += 1
         return view
@@ -500,21 +565,60 @@ class _Pins:
         node = rw.pos_nodes[target]
         label = f"d2h@{target}"
         self.pending = []
-        empties = [self._empty_shape(c.output[0], f"{label}/{i}") for i, c in enumerate(copies)]
+        self.backward = is_backward(node)
+        empties = [self._host_empty(c.output[0], f"{label}/{i}") for i, c in enumerate(copies)]
         node.input[k] = self._view(node.input[k], empties, label)
         rw.before[target].extend(self.pending)
         rw.constraints += [{"copy": c.name, "before": node.name} for c in copies]
 
     def _hold_h2d(self, q: int, source: int, j: int) -> None:
+        """Each H2D before q: its uses (or the graph output it feeds) read a view of its device output
+        that waits for output j of the node at ``source``; the pin's nodes follow the copies in the file."""
         rw = self.rw
         node = rw.pos_nodes[source]
-        out = node.output[j]
         self.pending = []
-        empty = self._empty_shape(out, f"h2d@{q}")
+        self.backward = is_backward(node)
+        empty = self._empty_shape(node.output[j], f"h2d@{q}")
         for copy in [c for c in rw.before[q] if c.op_type == MEMCPY_FROM_HOST]:
-            copy.input[0] = self._view(copy.input[0], [empty], f"h2d@{q}/{copy.name}")
+            self.backward = is_backward(copy)
+            tensor = rw.sources.get(copy.output[0], copy.output[0])
+            if pin_rank(rw.analysis, tensor) is None:
+                continue  # counted as unpinned by the layout
+            dev = copy.output[0]
+            if dev in rw.graph_output_names:  # an H2D that feeds a graph output: the view takes its name
+                copy.output[0] = rw.tensors.new(f"{dev}__pinned")
+                rw._typed(copy.output[0], tensor, rw.analysis.infos[tensor])
+                self._view(copy.output[0], [empty], f"h2d@{q}/{copy.name}", out=dev)
+            else:
+                view = self._view(dev, [empty], f"h2d@{q}/{copy.name}")
+                for use in rw.reroutes.get(dev, []):
+                    rw._reroute(use, dev, view)
             rw.constraints.append({"copy": copy.name, "after": node.name})
-        rw.before[q][:0] = self.pending
+            rw.h2d_pins.append((copy, self.concat))
+        rw.before[q].extend(self.pending)
+
+
+def _after_their_copies(nodes: list[onnx.NodeProto], pairs: list[tuple[onnx.NodeProto, onnx.NodeProto]]) -> list:
+    """``nodes`` with each H2D pin's Concat moved right after its H2D where it came before it: the
+    DEFAULT walk explores a view's inputs highest index first, so the Concat (and the node it waits
+    for) must have the higher index. The Concat reads only a constant and an earlier node's empty
+    shape, and only the view (after the H2D) reads it, so the order stays topological."""
+    if not pairs:
+        return nodes
+    at = {id(n): k for k, n in enumerate(nodes)}
+    late = {id(concat): copy for copy, concat in pairs if at[id(concat)] < at[id(copy)]}
+    if not late:
+        return nodes
+    follows: dict[int, list[onnx.NodeProto]] = defaultdict(list)
+    for copy, concat in pairs:
+        if id(concat) in late:
+            follows[id(copy)].append(concat)
+    moved: list[onnx.NodeProto] = []
+    for node in nodes:
+        if id(node) not in late:
+            moved.append(node)
+            moved += follows.get(id(node), [])
+    return moved
 
 
 def _restore_symbolic_types(model: onnx.ModelProto, declared: dict[str, bytes], sources: dict[str, str]) -> None:
