@@ -10,7 +10,7 @@ OUT    ?= build/demo
 # the Python sources ruff checks and formats (mypy checks offloadctl/)
 LINT   := offloadctl tests bench sample_models
 
-.PHONY: install demo lint format test test-install test-genai bench samples clean
+.PHONY: install demo lint format test test-install test-genai test-device bench samples clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,20 @@ $(GENAI_VENV)/.installed: Makefile
 
 test-genai: install $(GENAI_VENV)/.installed
 	OFFLOADCTL_GENAI_PYTHON=$(GENAI_VENV)/bin/python $(BIN)/python -m pytest -q -m genai
+
+# Every rewrite check on a real device provider: onnxruntime's WebGPU plugin, over Mesa's software Vulkan
+# driver (lavapipe) when the machine has no GPU. Its own virtual environment (versions pinned here), and
+# the driver unpacked into it by tests/webgpu/setup.sh (nothing is installed system-wide).
+DEVICE_VENV ?= .venv-device
+DEVICE_PKGS := onnxruntime==1.32.0 onnxruntime-ep-webgpu==0.4.0
+$(DEVICE_VENV)/.installed: Makefile pyproject.toml tests/webgpu/setup.sh
+	$(PYTHON) -m venv $(DEVICE_VENV)
+	$(DEVICE_VENV)/bin/python -m pip install --quiet $(DEVICE_PKGS) -e .
+	bash tests/webgpu/setup.sh $(DEVICE_VENV)/vulkan
+	touch $@
+
+test-device: install $(DEVICE_VENV)/.installed
+	OFFLOADCTL_DEVICE_VENV=$(DEVICE_VENV) $(BIN)/python -m pytest -q -m device
 
 bench: install
 	@for script in bench/bench_*.py; do [ -e "$$script" ] || continue; echo "== $$script"; $(BIN)/python $$script || exit 1; done

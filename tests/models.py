@@ -22,6 +22,8 @@ __all__ = [
     "tensor",
     "chain_nodes",
     "long_reuse_model",
+    "to_fp16",
+    "old_pin_model",
 ]
 
 IR_VERSION = 10
@@ -88,3 +90,56 @@ def long_reuse_model(*, dynamic: bool = False) -> onnx.ModelProto:
     """The `chain_nodes` model; ``dynamic`` makes the first dimension of x a symbol N."""
     shape: tuple[int | str, int] = ("N", 8) if dynamic else (4, 8)
     return make_model(chain_nodes(), [tensor("x", shape)], [tensor("y", shape)])
+
+
+def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A float16 copy of a float32 model: its float inputs, outputs, weights, Constant values and
+    typed value_info become float16, and Casts to float cast to float16 (what a half-precision export
+    looks like to the planner and to a device provider)."""
+    from onnx import numpy_helper
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    # Resize's roi and scales stay float32 whatever the data's type
+    keep = {n.input[i] for n in graph.node if n.op_type == "Resize" for i in (1, 2) if i < len(n.input)}
+
+    def half(t: onnx.TensorProto) -> None:
+        if t.data_type == TensorProto.FLOAT and t.name not in keep:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype("float16"), t.name))
+
+    for t in graph.initializer:
+        half(t)
+    for v in [*graph.input, *graph.output, *graph.value_info]:
+        if v.type.tensor_type.elem_type == TensorProto.FLOAT:
+            v.type.tensor_type.elem_type = TensorProto.FLOAT16
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and not (set(node.output) & keep):
+                half(a.t)
+            if node.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.FLOAT16
+    return out
+
+
+def old_pin_model(elem_type: int) -> onnx.ModelProto:
+    """Copies held by the pin form that reads the host tensor: the D2H by Shape(host, 0, 0) into a
+    view of a device tensor, the H2D by reading a view of the host tensor, Reshape(host, ...)."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("MemcpyToHost", ["r"], ["h"], name="d2h"),
+        helper.make_node("Shape", ["h"], ["e"], name="pin_dep", start=0, end=0),
+        helper.make_node("Shape", ["r"], ["s"], name="pin_shape"),
+        helper.make_node("Concat", ["s", "e"], ["c"], name="pin_concat", axis=0),
+        helper.make_node("Reshape", ["r", "c"], ["v"], name="pin_view"),
+        helper.make_node("Neg", ["v"], ["n"], name="neg"),
+        helper.make_node("Shape", ["h"], ["hs"], name="pin2_shape"),
+        helper.make_node("Shape", ["n"], ["ne"], name="pin2_dep", start=0, end=0),
+        helper.make_node("Concat", ["hs", "ne"], ["hc"], name="pin2_concat", axis=0),
+        helper.make_node("Reshape", ["h", "hc"], ["hv"], name="pin2_view"),
+        helper.make_node("MemcpyFromHost", ["hv"], ["d"], name="h2d"),
+        helper.make_node("Add", ["n", "d"], ["y"], name="add"),
+    ]
+    model = make_model(nodes, [tensor("x", elem_type=elem_type)], [tensor("y", elem_type=elem_type)], check=False)
+    model.graph.value_info.extend([tensor(n, elem_type=elem_type) for n in ("h", "hv", "d")])
+    return model

@@ -110,7 +110,10 @@ def _print(info: dict[str, Any], model: str) -> None:
 @click.command("profile")
 @model_argument
 @click.option(
-    "--device", required=True, type=click.Choice(list(DEVICES)), help="Where to measure: ascend (CANN), cpu or cuda."
+    "--device",
+    required=True,
+    type=click.Choice(list(DEVICES)),
+    help="Where to measure: ascend (CANN), cpu, cuda or webgpu.",
 )
 @click.option(
     "--inputs",

@@ -46,7 +46,10 @@ class Tolerance(click.ParamType):
 @click.command("run")
 @model_argument
 @click.option(
-    "--device", required=True, type=click.Choice(list(DEVICES)), help="Where to run: ascend (CANN), cpu or cuda."
+    "--device",
+    required=True,
+    type=click.Choice(list(DEVICES)),
+    help="Where to run: ascend (CANN), cpu, cuda or webgpu (the WebGPU plugin provider).",
 )
 @click.option(
     "--inputs",
@@ -175,12 +178,22 @@ def run(
         written.append(save_outputs)
     for warning in report.warnings:
         logger.warning("%s", warning)
-    if as_json and (report.outputs_differ or (strict_order and not report.order.matches)):
+    undone = report.undone_copies
+    if as_json and (report.outputs_differ or undone or (strict_order and not report.order.matches)):
         print_json({"command": "run", "passed": False, **report.to_json(), "files_written": written})
     if not as_json:
         _print_report(report)
         _print_memory(report)
     _check_outputs(report, model, compare_to, opt_level)
+    if undone:
+        raise OffloadError(
+            f"{model}: on {device} onnxruntime inserted {len(undone)} copy(ies) of its own next to the rewrite's, so "
+            "the plan is undone there: "
+            + "; ".join(f"{c.node} ({c.op}) moves {c.tensor!r}" for c in undone[:8])
+            + (f"; and {len(undone) - 8} more" if len(undone) > 8 else ""),
+            hint="rewrite the model with this version of offloadctl (its order pins read no host tensor on a device), "
+            "or with --no-order-pins",
+        )
     if strict_order and not report.order.matches:
         raise OffloadError(
             f"{model}: nodes did not run in the planned (file) order",
@@ -275,6 +288,12 @@ def _print_report(report: RunReport) -> None:
     else:
         verdict = "[bold yellow]differs from the plan[/]"
     setup.add_row("order", verdict)
+    if report.inserted is not None:
+        undone = len(report.undone_copies)
+        text = f"{len(report.inserted)} (of them {undone} next to the rewrite's copies and pins)"
+        if report.original_inserted is not None:
+            text += f"; the original: {len(report.original_inserted)}"
+        setup.add_row("copies onnxruntime inserted", f"[bold red]{text}[/]" if undone else text)
     console.print(setup)
     if not order.matches:
         diffs = Table(title="first order differences", show_edge=False)

@@ -45,12 +45,14 @@ from offloadctl.loading.model import load_model
 from offloadctl.rewriting.metadata import KEY_PINS, KEY_PLANNED_AT, KEY_SESSION, metadata_json, session_settings
 from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
+from offloadctl.running.placement import PLUGINS, InsertedCopy, add_plugin_provider, inserted_copies, save_placed_graph
 
 __all__ = [
     "DEVICES",
     "OPT_LEVELS",
     "SESSION_METADATA_KEY",
     "CANN_DEFAULT_OPTIONS",
+    "WEBGPU_DEFAULT_OPTIONS",
     "SessionConfig",
     "OrderCheck",
     "OutputComparison",
@@ -80,6 +82,7 @@ DEVICES: dict[str, str] = {
     "ascend": "CANNExecutionProvider",
     "cpu": "CPUExecutionProvider",
     "cuda": "CUDAExecutionProvider",
+    "webgpu": "WebGpuExecutionProvider",
 }
 
 #: --opt-level name -> name of the onnxruntime GraphOptimizationLevel member.
@@ -96,11 +99,17 @@ SESSION_METADATA_KEY = KEY_SESSION
 #: With ``enable_cann_graph`` on (CANN's default) CANN compiles subgraphs and owns their memory,
 #: and the copy nodes split the graph.
 CANN_DEFAULT_OPTIONS: dict[str, str] = {"enable_cann_graph": "0", "arena_extend_strategy": "kSameAsRequested"}
+#: WebGPU provider options `run` uses unless the model's metadata or --ep-option says otherwise. With
+#: its default NHWC layout the provider replaces every Conv and pool with a new node (a new, higher
+#: index): both execution orders follow node indices, so the planned order would not run.
+WEBGPU_DEFAULT_OPTIONS: dict[str, str] = {"preferredLayout": "NCHW"}
+_DEFAULT_OPTIONS = {"CANNExecutionProvider": CANN_DEFAULT_OPTIONS, "WebGpuExecutionProvider": WEBGPU_DEFAULT_OPTIONS}
 
 # What each provider does when an option is not given (only the options the settings record uses).
 _PROVIDER_DEFAULTS: dict[str, dict[str, str]] = {
     "CANNExecutionProvider": {"enable_cann_graph": "1", "arena_extend_strategy": "kNextPowerOfTwo"},
     "CUDAExecutionProvider": {"arena_extend_strategy": "kNextPowerOfTwo"},
+    "WebGpuExecutionProvider": {"preferredLayout": "NHWC"},
 }
 
 # Keys of the settings record's per-provider sections.
@@ -108,9 +117,10 @@ _SECTION_PROVIDERS: dict[str, str] = {
     "cann": "CANNExecutionProvider",
     "cuda": "CUDAExecutionProvider",
     "cpu": "CPUExecutionProvider",
+    "webgpu": "WebGpuExecutionProvider",
 }
 
-_EXTRAS = {"ascend": "cann", "cpu": "cpu", "cuda": "cuda"}
+_EXTRAS = {"ascend": "cann", "cpu": "cpu", "cuda": "cuda", "webgpu": "webgpu"}
 
 _DEVICE_FIX = {
     "ascend": (
@@ -122,6 +132,11 @@ _DEVICE_FIX = {
         "the CUDA/cuDNN libraries could not be loaded",
         "install the CUDA and cuDNN versions your onnxruntime-gpu was built for and put them on "
         "LD_LIBRARY_PATH, or use --device cpu",
+    ),
+    "webgpu": (
+        "the WebGPU provider found no usable adapter",
+        "install a GPU driver with Vulkan support (on a machine without a GPU: a software Vulkan driver such as "
+        "Mesa's lavapipe >= 23 and ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1), or use --device cpu",
     ),
     "cpu": ("", "reinstall onnxruntime"),
 }
@@ -261,6 +276,7 @@ class SessionConfig(NamedTuple):
     opt_level: str = "all"
     order: str = "priority"
     entries: dict[str, str] = {}  # session config entries set on sess_options
+    plugin: bool = False  # a plugin provider (WebGPU): added to sess_options, not named in providers=
 
     def spec(self, model: str, device: str) -> SessionSpec:
         """The same session, as `offloadctl.running.allocator` makes it."""
@@ -329,15 +345,18 @@ def session_config(
     if provider == "CPUExecutionProvider":
         providers = ["CPUExecutionProvider"]
     else:
-        options = dict(CANN_DEFAULT_OPTIONS) if provider == "CANNExecutionProvider" else {}
+        options = dict(_DEFAULT_OPTIONS.get(provider, {}))
         options.update(_provider_sections(settings).get(provider, {}))
         options.update({k: _option_str(v) for k, v in (ep_options or {}).items()})
         providers = [(provider, options), "CPUExecutionProvider"]
+    plugin = provider in PLUGINS
+    if plugin:
+        add_plugin_provider(ort, so, provider, providers[0][1])
     kwargs: dict[str, Any] = {"enable_fallback": 0}
     disabled = [str(x) for x in settings.get("disabled_optimizers") or []]
     if disabled:
         kwargs["disabled_optimizers"] = disabled
-    return SessionConfig(so, providers, kwargs, opt_level, order, entries)
+    return SessionConfig(so, providers, kwargs, opt_level, order, entries, plugin)
 
 
 def _providers_as_mapping(provider_options: Any) -> dict[str, dict[str, str]]:
@@ -689,7 +708,7 @@ def create_session(model_path: str | os.PathLike[str], config: SessionConfig, de
     ort = ort or import_onnxruntime(device)
     provider = DEVICES[device]
     available = list(ort.get_available_providers())
-    if provider not in available:
+    if provider not in available and not config.plugin:
         extra = _EXTRAS[device]
         raise OffloadError(
             f"--device {device}: {provider} is not available in this onnxruntime build "
@@ -699,7 +718,8 @@ def create_session(model_path: str | os.PathLike[str], config: SessionConfig, de
         )
     path = str(model_path)
     try:
-        session = ort.InferenceSession(path, config.sess_options, providers=config.providers, **config.kwargs)
+        providers = None if config.plugin else config.providers
+        session = ort.InferenceSession(path, config.sess_options, providers=providers, **config.kwargs)
     except _ort_errors(ort) as exc:
         text = str(exc)
         ir = _IR_RE.search(text)
@@ -800,6 +820,16 @@ class RunReport:
     # what onnxruntime's allocators held for one run of a fresh session (None: not measured)
     measured_memory: list[AllocatorFigure] | None = None
     pins: PinCheck | None = None  # the model's order pins against the order that ran (None: no pins)
+    # copies onnxruntime inserted itself (a non-CPU device only; None on the CPU provider), and the
+    # original's, with --compare-to
+    inserted: list[InsertedCopy] | None = None
+    original_inserted: list[InsertedCopy] | None = None
+
+    @property
+    def undone_copies(self) -> list[InsertedCopy]:
+        """The inserted copies that read or feed the rewrite's own copies and pins: there the tensor
+        goes straight back, and the plan is undone."""
+        return [c for c in self.inserted or [] if c.of_rewrite]
 
     @property
     def latency_median(self) -> float:
@@ -828,6 +858,11 @@ class RunReport:
             "original_unstable": {n: c.to_json() for n, c in self.original_unstable.items()},
             "execution_order": self.execution_order,
             "order_pins": None if self.pins is None else self.pins.to_json(),
+            "inserted_copies": None if self.inserted is None else [c.to_json() for c in self.inserted],
+            "original_inserted_copies": None
+            if self.original_inserted is None
+            else [c.to_json() for c in self.original_inserted],
+            "plan_undone_by": [c.to_json() for c in self.undone_copies],
             "measured_memory": None
             if self.measured_memory is None
             else [figure.to_json() for figure in self.measured_memory],
@@ -863,7 +898,7 @@ def run_model(
 
     Args:
         model: the model to run.
-        device: ``ascend``, ``cpu`` or ``cuda``.
+        device: ``ascend``, ``cpu``, ``cuda`` or ``webgpu``.
         inputs: every input, as an .npz file, a folder of .npy files or an onnx test-data folder
             (`load_inputs`); generated (`generate_inputs`) when None.
         compare_to: an original model to run with the same inputs and settings and compare.
@@ -891,7 +926,7 @@ def run_model(
         OffloadError: bad files or inputs, onnxruntime missing, the device not really in use, or a
             model onnxruntime refuses.
     """
-    _check_run_options(repeat, rtol, atol)
+    _check_run_options(repeat, rtol, atol, memory=memory, device=device)
     warnings: list[str] = []
     # as onnxruntime reads it (the order check predicts its rewrites), with the pins for generated inputs:
     # those given, else those a rewritten model's plan was made at
@@ -910,11 +945,11 @@ def run_model(
     pins = _pin_check(loaded.proto, timed.ran, order, warnings)
     feeds = _session_feeds(loaded.proto, feeds_all)
     measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
-    comparison = unstable = None
+    comparison = unstable = original_inserted = None
     if compare_to is not None:
         rtol = (0.0 if opt_level == "disable" else _DEFAULT_RTOL) if rtol is None else rtol
         atol = (0.0 if opt_level == "disable" else _DEFAULT_ATOL) if atol is None else atol
-        comparison, unstable = _compare_with(
+        comparison, unstable, original_inserted = _compare_with(
             compare_to, model, timed.outputs, feeds_all, device, opt_level, ep_options, ort, rtol, atol
         )
         warnings += _unstable_warning(compare_to, unstable)
@@ -938,6 +973,8 @@ def run_model(
         execution_order=order,
         measured_memory=measured,
         pins=pins,
+        inserted=timed.inserted,
+        original_inserted=original_inserted,
     )
 
 
@@ -1040,7 +1077,15 @@ def _session_doc(config: SessionConfig, settings: Mapping[str, Any]) -> dict[str
     }
 
 
-def _check_run_options(repeat: int, rtol: float | None, atol: float | None) -> None:
+def _check_run_options(
+    repeat: int, rtol: float | None, atol: float | None, *, memory: bool = False, device: str = "cpu"
+) -> None:
+    if memory and device == "webgpu":
+        raise OffloadError(
+            "--measure-memory: the WebGPU provider's allocator reports no byte counts",
+            hint="measure on --device cpu (the CPU replica) or on cuda/ascend; placement and inserted copies are "
+            "still checked on webgpu",
+        )
     if repeat < 1:
         raise OffloadError(f"repeat must be at least 1, not {repeat}")
     for name, value in (("rtol", rtol), ("atol", atol)):
@@ -1056,6 +1101,7 @@ class _Timed:
     outputs: dict[str, Any]
     ran: list[str]  # node names in the order they ran (profiled warm-up)
     runs: list[float]
+    inserted: list[InsertedCopy] | None = None  # copies onnxruntime inserted (a non-CPU device)
 
 
 def _timed_runs(
@@ -1066,7 +1112,9 @@ def _timed_runs(
     with tempfile.TemporaryDirectory(prefix="offloadctl-profile-") as tmp:
         config.sess_options.enable_profiling = True
         config.sess_options.profile_file_prefix = os.path.join(tmp, "profile")
+        placed = save_placed_graph(config.sess_options, tmp) if device != "cpu" else None
         session = create_session(model, config, device, ort=ort)
+        inserted = _inserted(placed, model)
         providers = list(session.get_providers())
         feeds = feeds_for(session, feeds_all, model, "the inputs")
         outputs = run_once(session, feeds, model, ort)  # warm-up, profiled
@@ -1079,7 +1127,16 @@ def _timed_runs(
         runs.append(time.perf_counter() - start)
     del session, feeds
     gc.collect()
-    return _Timed(providers, outputs, ran, runs)
+    return _Timed(providers, outputs, ran, runs, inserted)
+
+
+def _inserted(placed: os.PathLike[str] | None, model: str) -> list[InsertedCopy] | None:
+    """The copies onnxruntime inserted into ``model``, read from the graph it saved at ``placed``."""
+    if placed is None or not os.path.exists(placed):
+        return None
+    return inserted_copies(
+        onnx.load(str(placed), load_external_data=False), onnx.load(str(model), load_external_data=False)
+    )
 
 
 def _compare_with(
@@ -1093,14 +1150,18 @@ def _compare_with(
     ort: Any,
     rtol: float,
     atol: float,
-) -> tuple[dict[str, OutputComparison], dict[str, OutputComparison]]:
+) -> tuple[dict[str, OutputComparison], dict[str, OutputComparison], list[InsertedCopy] | None]:
     """Run the original twice with the same inputs and settings: (each output of the model against
-    the original's first run, the outputs in which the original's two runs differ)."""
+    the original's first run, the outputs in which the original's two runs differ, the copies
+    onnxruntime inserted into the original on a non-CPU device)."""
     original = load_model(compare_to, normalize=False)
     _check_same_inputs(input_specs(original.proto), feeds_all, compare_to, model)
     original_settings = required_settings(original.proto, compare_to)
     config = session_config(original_settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
-    session = create_session(compare_to, config, device, ort=ort)
+    with tempfile.TemporaryDirectory(prefix="offloadctl-placed-") as tmp:
+        placed = save_placed_graph(config.sess_options, tmp) if device != "cpu" else None
+        session = create_session(compare_to, config, device, ort=ort)
+        inserted = _inserted(placed, compare_to)
     feeds = feeds_for(session, feeds_all, compare_to, model)
     expected = run_once(session, feeds, compare_to, ort)
     again = run_once(session, feeds, compare_to, ort)
@@ -1110,7 +1171,7 @@ def _compare_with(
     for name in expected:
         if name not in outputs:
             comparison[name] = OutputComparison(False, None, None, False, f"{model} has no output of this name")
-    return comparison, unstable
+    return comparison, unstable, inserted
 
 
 def _order_warning(order: OrderCheck, kind: str = "priority") -> str:

@@ -1,0 +1,93 @@
+"""onnxruntime's placement on CUDA and CANN, replicated (`offloadctl.running.placement`), and the
+order pins checked against it: CPU-only machines cannot run those providers, so the rule they
+follow (README, Devices) is replicated, tested on the cases it was written from, and every rewrite's
+pins are checked against it, fp32 and fp16. The WebGPU provider runs for real (`make test-device`)."""
+
+from __future__ import annotations
+
+import re
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from offloadctl import analyse, make_plan
+from offloadctl.loading.model import load_model
+from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
+from offloadctl.running.placement import CANN_KERNELS, CUDA_KERNELS, inserted_copies, predicted_copies
+
+from conftest import SAMPLE_NAMES, SAMPLES
+from models import make_model, old_pin_model, tensor, to_fp16
+
+
+def test_the_replica_reproduces_the_rule_for_fp32_and_fp16():
+    """fp32: the pin's Shape reads only CPU tensors and moves to the CPU, no copy; fp16: never moved,
+    so the host tensor goes back to the device (the case seen on GPT-2 and every LLM)."""
+    assert predicted_copies(old_pin_model(TensorProto.FLOAT), CUDA_KERNELS) == []
+    assert set(predicted_copies(old_pin_model(TensorProto.FLOAT16), CUDA_KERNELS)) == {"h"}
+    # CANN 1.24.4 has no Shape or Concat kernel at all: they run on the CPU for every type, and a
+    # Shape of a device tensor copies the whole tensor to the host
+    assert set(predicted_copies(old_pin_model(TensorProto.FLOAT16), CANN_KERNELS)) == {"r", "n", "h"}
+
+
+def test_a_device_node_reading_a_host_tensor_gets_a_copy():
+    nodes = [
+        helper.make_node("MemcpyToHost", ["x"], ["h"], name="d2h"),
+        helper.make_node("Relu", ["h"], ["y"], name="relu_on_host"),
+    ]
+    model = make_model(nodes, [tensor("x")], [tensor("y")], check=False)
+    model.graph.value_info.append(tensor("h"))
+    assert predicted_copies(model, CUDA_KERNELS) == []  # fp32: Relu moves to the CPU
+    assert predicted_copies(to_fp16(model), CUDA_KERNELS) == ["h"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_pins_make_no_copy_on_cuda_or_cann(name, precision, tmp_path):
+    """Every rewrite of the samples, activations and weights: its pins (for ``--target gpu`` on CUDA,
+    ``--target ascend`` on CANN) add no copy to those of the same rewrite without pins, in either
+    precision."""
+    source = onnx.load(SAMPLES / f"{name}.onnx")
+    if precision == "fp16":
+        source = to_fp16(source)
+    path = tmp_path / "m.onnx"
+    onnx.save(source, path)
+    analysis = analyse(load_model(path))
+    plan = make_plan(analysis, select_distance=2, prefetch_distance=1, params=True)
+    assert plan["offloads"]
+    bare = apply_plan(plan, analysis, options=RewriteOptions(order_pins=False))
+    for target, kernels in (("gpu", CUDA_KERNELS), ("ascend", CANN_KERNELS)):
+        result = ApplyResult()
+        rewritten = apply_plan(plan, analysis, result=result, options=RewriteOptions(target=target))
+        assert result.pins > 0 or (target == "ascend" and result.unpinned)
+        assert any(n.op_type == "Optional" for n in rewritten.graph.node) or not any(
+            o["kind"] == "activation" for o in plan["offloads"]
+        )
+        assert _sources(predicted_copies(rewritten, kernels)) == _sources(predicted_copies(bare, kernels)), target
+
+
+def _sources(names: list[str]) -> set[str]:
+    """The tensors behind copies' names: a pin's view is the tensor it views (a node the provider
+    lacks, that reads the view, reads that tensor without the pin)."""
+    return {re.sub(r"__(d2h|h2d)@\d+\S*_view$", "", n) for n in names}
+
+
+def test_inserted_copies_are_read_from_the_placed_graph():
+    """A Memcpy the model does not have is an inserted copy; it belongs to the rewrite when it reads
+    or feeds one of the rewrite's copies or pins."""
+    model = onnx.parser.parse_model(
+        """<ir_version: 10, opset_import: ["" : 17]>
+        g (float[2] x) => (float[2] y) {
+            h = MemcpyToHost(x)
+            y = Neg(h)
+        }"""
+    )
+    for i, node in enumerate(model.graph.node):
+        node.name = f"n{i}"
+    placed = onnx.ModelProto()
+    placed.CopyFrom(model)
+    placed.graph.node.insert(1, helper.make_node("MemcpyFromHost", ["h"], ["h_dev"], name="Memcpy"))
+    placed.graph.node[2].input[0] = "h_dev"
+    (found,) = inserted_copies(placed, model)
+    assert (found.node, found.op, found.tensor, found.of_rewrite) == ("Memcpy", "MemcpyFromHost", "h", True)
+    assert inserted_copies(model, model) == []
