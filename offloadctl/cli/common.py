@@ -202,7 +202,9 @@ def peak_text(figures: Mapping[str, Any]) -> str:
     """``peak 1.20 MiB -> 0.90 MiB (-25.0%)`` from `offloadctl.simulation.estimate.estimate_figures`."""
     before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
     change = f" ({100.0 * (after - before) / before:+.1f}%)" if before else ""
-    return f"peak {fmt_bytes(before)} -> {fmt_bytes(after)}{change}"
+    planned = figures["peak_bytes"].get("planned_after")
+    run = f" as the DEFAULT walk runs it; planned {fmt_bytes(planned)}" if planned not in (None, after) else ""
+    return f"peak {fmt_bytes(before)} -> {fmt_bytes(after)}{change}{run}"
 
 
 def slowdown_text(figures: Mapping[str, Any]) -> str | None:

@@ -70,9 +70,10 @@ from offloadctl.planning.make import plan_for
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.request import FilterPart, FilterRequest, PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
+from offloadctl.rewriting.preview import run_order_result
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import copy_mode_label
-from offloadctl.simulation.estimate import estimate_figures, record_estimate
+from offloadctl.simulation.estimate import estimate_figures, record_estimate, recorded_estimate, with_run_order_peak
 from offloadctl.simulation.points import PointResult, at_points, parse_point, point_analysis
 from offloadctl.simulation.result import SimResult, simulate
 
@@ -446,7 +447,8 @@ def _plan_and_simulate(
             result = outcome.simulation or simulate(analysis, plan, profile=request.device_profile)
     checked = []
     if result is not None:
-        record_estimate(plan, estimate_figures(result, request.copies))  # apply quotes it instead of simulating
+        figures = run_order_figures(plan, analysis, result, request, step)
+        record_estimate(plan, figures)  # apply quotes it instead of simulating
         record_pins(plan, pin_layout(plan, analysis))  # and builds these pins without shape inference
         if points:
             step("simulating the shape points")
@@ -454,6 +456,21 @@ def _plan_and_simulate(
     step(f"writing {output}")
     write_plan(output, plan)
     return plan, result, checked
+
+
+def run_order_figures(
+    plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest, step: Callable[..., None]
+) -> dict[str, Any]:
+    """The plan's figures; under the DEFAULT order with the peak after of the rewrite as that order
+    runs it (`offloadctl.rewriting.replay`: pins and copies reorder the walk), not of the planned
+    sequence (`offloadctl.rewriting.preview`). PRIORITY_BASED runs the planned sequence itself."""
+    figures = estimate_figures(result, request.copies)
+    if analysis.order != "default" or not plan["offloads"]:
+        return figures
+    step("replaying the rewrite in onnxruntime's DEFAULT order")
+    with paused_gc():
+        replayed = run_order_result(plan, analysis)
+    return with_run_order_peak(figures, replayed, analysis.order)
 
 
 def _plan_verdict(
@@ -474,7 +491,7 @@ def _plan_verdict(
         doc = {"model": model, "plan": written[0], **plan_figures(plan), **search}
         finish("plan", model, [], written, as_json=as_json, doc=doc)
         return
-    figures = estimate_figures(result, request.copies)
+    figures = recorded_estimate(plan) or estimate_figures(result, request.copies)
     if not as_json:
         at = result.after.at(result.after.peak_step)
         where = f", at #{at['position']} {at['node']}" if at["step"] is not None and at["kind"] == "node" else ""
@@ -493,7 +510,7 @@ def _plan_verdict(
         written,
         as_json=as_json,
         failure=raised
-        or gate_failure(max_peak, result.peak_after, "peak after the plan", unknown=unknown)
+        or gate_failure(max_peak, figures["peak_bytes"]["after"], "peak after the plan", unknown=unknown)
         or point_failure,
         doc={
             "model": model,

@@ -1,9 +1,15 @@
-"""A plan's rewritten model in memory, analysed as it will run, and the CPU arena's figure for it.
+"""A plan's rewritten model in memory, analysed as it will run, and its figures: the CPU arena's
+and, in onnxruntime's DEFAULT order, the device's.
 
 `simulate` reports the CPU arena's peak (`offloadctl.simulation.ortcpu`) of the model before and after
 its plan. The "after" is the rewritten model itself, built by `apply_plan` without writing a file
-and analysed in the same execution order, so the figure counts what onnxruntime will see: the copy
-nodes, their buffers and the planner's reuse around them.
+(its input shapes pinned as planned) and analysed in the same execution order, so the figure counts
+what onnxruntime will see: the copy nodes, their buffers and the planner's reuse around them.
+
+A plan's own simulation places each copy at its planned position among the original nodes. Under
+the DEFAULT order (every host but Python) that is not what runs: the walk is taken over the
+rewritten graph, copies and order pins included (`offloadctl.analysis.order`). `run_order_result`
+simulates the rewrite itself, so its peak is the peak of the model that runs.
 """
 
 from __future__ import annotations
@@ -14,17 +20,20 @@ import onnx
 
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.types import Plan
-from offloadctl.rewriting.rewrite import apply_plan
+from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
 from offloadctl.simulation.profiles import Profile
+from offloadctl.simulation.result import SimResult, simulate
 from offloadctl.simulation.timing import count_scratch
 
-__all__ = ["CpuFigures", "cpu_figures", "rewritten_analysis"]
+__all__ = ["CpuFigures", "cpu_figures", "rewritten_analysis", "run_order_result"]
 
 
 def rewritten_analysis(plan: Plan, analysis: Analysis) -> Analysis:
-    """The analysis of ``analysis``'s model rewritten by ``plan`` (in memory), in the same order."""
-    proto = apply_plan(plan, analysis)
+    """The analysis of ``analysis``'s model rewritten by ``plan`` (in memory), in the same order, at
+    the shapes it was planned at (a rewrite written with its symbolic dimensions would leave the
+    sizes that depend on them unknown)."""
+    proto = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True))
     loaded = dataclasses.replace(analysis.loaded, proto=proto, sizes_from_run=None)
     rewritten = analyse(loaded, order=analysis.order)
     measured = analysis.infos.measured
@@ -64,3 +73,9 @@ def cpu_figures(analysis: Analysis, plan: Plan | None, *, rewritten: bool, profi
     after = rewritten_analysis(plan, analysis)
     count_scratch(after, profile)
     return CpuFigures(here, cpu_peak(after), analysis.order)
+
+
+def run_order_result(plan: Plan, analysis: Analysis, *, profile: Profile | str | None = None) -> SimResult:
+    """The simulation of ``plan``'s rewrite as onnxruntime runs it in ``analysis``'s order (its
+    ``before`` is the model without copies, its ``after`` the rewrite)."""
+    return simulate(rewritten_analysis(plan, analysis), None, profile=profile)

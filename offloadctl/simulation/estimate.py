@@ -16,7 +16,7 @@ from offloadctl.contract.types import Plan
 from offloadctl.core.files import json_sha256
 from offloadctl.simulation.result import SimResult
 
-__all__ = ["estimate_figures", "record_estimate", "recorded_estimate"]
+__all__ = ["estimate_figures", "record_estimate", "recorded_estimate", "with_run_order_peak"]
 
 
 def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any]:
@@ -39,6 +39,18 @@ def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any
         "slowdown": doc["slowdown"],
         "bodies_at_peak_bytes": doc["bodies_at_peak_bytes"],
     }
+
+
+def with_run_order_peak(figures: dict[str, Any], replayed: SimResult, order: str) -> dict[str, Any]:
+    """``figures`` with the peak after taken from ``replayed`` (`offloadctl.rewriting.replay`: the
+    rewrite simulated in the order onnxruntime runs it, ``order``); the planned sequence's own peak
+    stays beside it as ``planned_after``."""
+    peak = dict(figures["peak_bytes"])
+    peak["planned_after"] = peak["after"]
+    peak["after"] = replayed.peak_after
+    peak["saved"] = peak["before"] - replayed.peak_after
+    peak["of"] = f"the rewrite in onnxruntime's {order.upper()} order"
+    return {**figures, "peak_bytes": peak}
 
 
 def _offloads_sha256(plan: Plan) -> str:
