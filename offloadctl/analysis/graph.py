@@ -16,6 +16,7 @@ order (`offloadctl.analysis.order` names a cycle, with networkx, when there is o
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
@@ -266,11 +267,13 @@ def _producers_and_uses(
 
 
 @paused_gc()
-def analyse(loaded: LoadedModel, *, order: str = "priority") -> Analysis:
+def analyse(loaded: LoadedModel, *, order: str = "priority", sequence: Sequence[str] | None = None) -> Analysis:
     """Compute execution order, producers, uses and sizes of a loaded model.
 
     ``order`` is the execution order positions count in: ``priority`` (PRIORITY_BASED, what
     `offloadctl run` and Python hosts set) or ``default`` (onnxruntime's DEFAULT, every other host).
+    ``sequence``, node names in the order a run took them (onnxruntime's profile), replaces it: a
+    node it lacks stays right after the one it follows in ``order``.
 
     Raises:
         OffloadError: duplicate tensor names, a cycle, a read of an undefined tensor, or a graph
@@ -286,6 +289,9 @@ def analyse(loaded: LoadedModel, *, order: str = "priority") -> Analysis:
     kind = order
     inputs, outer, ranks, reads = _node_reads(compute_nodes)
     ordered, was_sorted, topological = _ordered(loaded, compute_nodes, available, reads, ranks, compute_outputs, kind)
+    if sequence is not None:
+        ordered = _as_ran(ordered, compute_nodes, sequence)
+        was_sorted = ordered == sorted(ordered)
     nodes = [compute_nodes[i] for i in ordered]
     file_index = [compute[i] for i in ordered]
     node_names = _unique_labels(nodes, file_index)
@@ -311,6 +317,18 @@ def analyse(loaded: LoadedModel, *, order: str = "priority") -> Analysis:
         topological=topological,
         order=kind,
     )
+
+
+def _as_ran(ordered: list[int], nodes: list[onnx.NodeProto], sequence: Sequence[str]) -> list[int]:
+    """``ordered`` re-sorted by each node's place in ``sequence``; one it lacks follows its predecessor."""
+    at = {name: k for k, name in enumerate(sequence)}
+    keys: dict[int, tuple[int, int]] = {}
+    last = (-1, 0)
+    for i in ordered:
+        name = nodes[i].name
+        last = (at[name], 0) if name in at else (last[0], last[1] + 1)
+        keys[i] = last
+    return sorted(ordered, key=keys.__getitem__)
 
 
 def _is_topological(reads: list[list[str]], outputs: list[list[str]]) -> bool:

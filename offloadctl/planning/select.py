@@ -71,6 +71,10 @@ HOST_INPUTS: dict[str, frozenset[int]] = {
         "ReduceSumSquare": (1,),
         "NonMaxSuppression": (2, 3, 4),
         "Trilu": (1,),
+        # com.microsoft: seqlens_k and total_sequence_length (the genai builder's Casts of the mask's
+        # sums and width). On WebGPU a copy of the first failed to run (a host-to-host MemcpyToHost),
+        # of the second made onnxruntime define the H2D's output twice
+        "GroupQueryAttention": (5, 6),
     }.items()
 }
 
@@ -172,6 +176,22 @@ def _subgraph_host_reads(node: onnx.NodeProto) -> frozenset[str]:
 
 # Element types of shape arithmetic (Shape's output, Gather/Concat/Unsqueeze of dimensions).
 _SHAPE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
+#: Integer and bool tensors at most this large are not offloaded: index, mask and shape arithmetic
+#: (token type ids, sequence lengths), kept on the host by providers without kernels for them.
+SMALL_INDEX_BYTES = 4096
+_INDEX_TYPES = frozenset(
+    {
+        TensorProto.INT64,
+        TensorProto.INT32,
+        TensorProto.INT16,
+        TensorProto.INT8,
+        TensorProto.UINT64,
+        TensorProto.UINT32,
+        TensorProto.UINT16,
+        TensorProto.UINT8,
+        TensorProto.BOOL,
+    }
+)
 
 
 def _shape_feeders(analysis: Analysis, cache: dict[int, frozenset[str]]) -> dict[str, Use]:
@@ -343,6 +363,13 @@ class _Selector:
             host = self._host_reason(name, uses, info.elem_type)
             if host is not None:
                 return "host-input", host
+            if info.elem_type in _INDEX_TYPES and info.bytes <= SMALL_INDEX_BYTES:
+                return (
+                    "host-input",
+                    f"a small {info.dtype} tensor ({info.bytes} B): index and shape arithmetic, which device providers "
+                    "run on the CPU where they have no kernel for it, so its copy from the host is copied again (on "
+                    "WebGPU such a rewrite did not load); --force it to offload it anyway",
+                )
             if kind != "activation":
                 packed = _prepacked_use(analysis, name, uses)
                 if packed is not None:

@@ -824,6 +824,7 @@ class RunReport:
     # original's, with --compare-to
     inserted: list[InsertedCopy] | None = None
     original_inserted: list[InsertedCopy] | None = None
+    ran: list[str] = field(default_factory=list)  # node names in the order the profiled run ran them
 
     @property
     def undone_copies(self) -> list[InsertedCopy]:
@@ -863,6 +864,7 @@ class RunReport:
             if self.original_inserted is None
             else [c.to_json() for c in self.original_inserted],
             "plan_undone_by": [c.to_json() for c in self.undone_copies],
+            "ran": self.ran,
             "measured_memory": None
             if self.measured_memory is None
             else [figure.to_json() for figure in self.measured_memory],
@@ -947,8 +949,7 @@ def run_model(
     measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
     comparison = unstable = original_inserted = None
     if compare_to is not None:
-        rtol = (0.0 if opt_level == "disable" else _DEFAULT_RTOL) if rtol is None else rtol
-        atol = (0.0 if opt_level == "disable" else _DEFAULT_ATOL) if atol is None else atol
+        rtol, atol = _tolerances(opt_level, rtol, atol)
         comparison, unstable, original_inserted = _compare_with(
             compare_to, model, timed.outputs, feeds_all, device, opt_level, ep_options, ort, rtol, atol
         )
@@ -975,6 +976,16 @@ def run_model(
         pins=pins,
         inserted=timed.inserted,
         original_inserted=original_inserted,
+        ran=timed.ran,
+    )
+
+
+def _tolerances(opt_level: str, rtol: float | None, atol: float | None) -> tuple[float, float]:
+    """The comparison's tolerances: those given, else bit equality at ``disable`` and 1e-5 / 1e-6 above it."""
+    exact = opt_level == "disable"
+    return (
+        (0.0 if exact else _DEFAULT_RTOL) if rtol is None else rtol,
+        (0.0 if exact else _DEFAULT_ATOL) if atol is None else atol,
     )
 
 
