@@ -2,7 +2,8 @@
 planned peak against the peak of the order that really ran.
 
 For each model (the samples, their fp16 copies, and third-party models that ship inside wheels) and
-each execution order: ``offloadctl plan --params --select-distance 10 --execution-order ORDER``,
+each execution order: ``offloadctl plan --params --select-distance 10 --execution-order ORDER
+--device webgpu`` (the tensors of the nodes WebGPU runs on the CPU kept),
 then ``apply`` with order pins and with ``--no-order-pins``, each run on onnxruntime's WebGPU
 provider in that order (``run --device webgpu --compare-to``, from the device environment that
 ``make test-device`` builds). Printed per row:
@@ -128,7 +129,10 @@ def _row(label: str, source: Path, pins: list[str], order: str, folder: Path) ->
         reason = next((x for x in alone.stderr.splitlines() if x.startswith("error:")), "run failed")
         return {**row, "skipped": f"the original does not run on webgpu ({reason[:160]})"}
     plan = folder / f"{label}.{order}.plan.json".replace(" ", "_")
-    made = _cli("plan", source, *pins, "--params", "--select-distance", "10", "--execution-order", order, "-o", plan)
+    made = _device_cli(
+        "plan", source, *pins, "--params", "--select-distance", "10", "--execution-order", order, "--device", "webgpu",
+        "-o", plan,
+    )  # fmt: skip
     if not plan.exists():
         return {**row, "error": made.stderr.strip().splitlines()[-1] if made.stderr.strip() else "plan failed"}
     doc = json.loads(plan.read_text())

@@ -108,3 +108,80 @@ def test_memory_figures_are_refused_on_webgpu(tmp_path):
     done = _device("run", SAMPLES / "seed.onnx", "--device", "webgpu", "--measure-memory")
     assert done.returncode == 1
     assert "reports no byte counts" in done.stderr and "Traceback" not in done.stderr
+
+
+SUM_MODEL = """<ir_version: 9, opset_import: ["" : 17]>
+g (float[4,8] x) => (float[4,8] y) {
+    a = Relu(x)
+    s = Sum(a, x)
+    b = Neg(s)
+    c = Abs(b)
+    d = Relu(c)
+    e = Neg(d)
+    f = Abs(e)
+    g2 = Add(f, a)
+    y = Add(g2, s)
+}"""
+
+
+def test_a_plan_for_the_device_keeps_what_it_runs_on_the_host(run_cli, tmp_path):
+    """WebGPU has no Sum kernel: Sum runs on the CPU, so what it reads and makes is on the host. A
+    plan that offloads them does not run there (a MemcpyToHost of a host tensor), and the message
+    names the fix; `plan --device webgpu` finds the node with one run and keeps both tensors."""
+    model = onnx.parser.parse_model(SUM_MODEL)
+    for i, node in enumerate(model.graph.node):
+        node.name = f"n{i}_{node.op_type}"
+    source = save(model, tmp_path / "sum.onnx")
+    plan, out = tmp_path / "plan.json", tmp_path / "out.onnx"
+    options = ["--select-distance", "2", "--prefetch-distance", "0"]
+    assert run_cli("plan", source, *options, "-o", plan).exit_code == 0
+    assert {o["tensor"] for o in json.loads(plan.read_text())["offloads"]} == {"a", "s"}
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+    done = _device("run", out, "--device", "webgpu", "--opt-level", "disable", "--repeat", "1")
+    assert done.returncode == 1 and "--device" in done.stderr and "Traceback" not in done.stderr
+
+    plan.unlink()
+    out.unlink()
+    done = _device("plan", source, *options, "--device", "webgpu", "-o", plan)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(plan.read_text())
+    assert doc["options"]["select"]["host_device"] == "webgpu (measured)"
+    assert "n1_Sum" in doc["options"]["select"]["host_nodes"]
+    kept = {r["tensor"] for r in doc["rejected"] if r["reason"] == "host-resident"}
+    assert kept == {"a", "s"}
+
+
+def _llm_case(name: str) -> tuple[Path, list[str]]:
+    if name == "llama":
+        dims = {"batch_size": 1, "sequence_length": 16, "past_sequence_length": 256}
+        dims |= {"total_sequence_length": 256, "kv_cache_dim": 16}
+        return SAMPLES / "genai" / "llama-fp32" / "model.onnx", [
+            a for k, v in dims.items() for a in ("--dim", f"{k}={v}")
+        ]
+    return SAMPLES / "bert" / "model.onnx", []
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_language_model_rewrites_load_and_run_on_the_device(tmp_path, name):
+    """The genai builder's Llama (GroupQueryAttention, its sequence lengths read on the host) and a
+    BERT export (Constant-node weights, an int64 mask chain the provider runs on the CPU), weights
+    and activations offloaded: both loaded and ran bit-identical before, and failed on WebGPU
+    ("Duplicate definition of name ...__offloadN_dev0")."""
+    source, dims = _llm_case(name)
+    ranges = ["--value-range", "input_ids:0,100", "--value-range", "attention_mask:1,1"]
+    for order in ("priority", "default"):
+        plan, out = tmp_path / f"{order}.plan.json", tmp_path / f"{order}.onnx"
+        done = _device(
+            "plan", source, *dims, "--params", "--select-distance", "10", "--device", "webgpu",
+            "--execution-order", order, "-o", plan,
+        )  # fmt: skip
+        assert plan.exists(), done.stderr
+        assert json.loads(plan.read_text())["offloads"]
+        done = _device("apply", plan, "-o", out)
+        assert done.returncode == 0, done.stderr
+        code, report = _run_json(
+            out, "--compare-to", source, "--execution-order", order, "--opt-level", "disable", *ranges
+        )
+        assert code == 0, report["warnings"]
+        assert report["plan_undone_by"] == []
+        assert all(c["identical"] for c in report["comparison"].values())

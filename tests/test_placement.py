@@ -5,6 +5,7 @@ pins are checked against it, fp32 and fp16. The WebGPU provider runs for real (`
 
 from __future__ import annotations
 
+import json
 import re
 
 import onnx
@@ -91,3 +92,32 @@ def test_inserted_copies_are_read_from_the_placed_graph():
     (found,) = inserted_copies(placed, model)
     assert (found.node, found.op, found.tensor, found.of_rewrite) == ("Memcpy", "MemcpyFromHost", "h", True)
     assert inserted_copies(model, model) == []
+
+
+def test_tensors_of_host_nodes_are_kept_with_their_reason(tmp_path):
+    """A plan for a device keeps what a node the device runs on the CPU makes or reads
+    (host-resident), records where that came from, and still validates."""
+    from offloadctl.contract.document import validate_plan
+
+    analysis = analyse(load_model(SAMPLES / "seed.onnx"))
+    labels = analysis.node_names
+    plan = make_plan(analysis, select_distance=1, host_nodes=(labels[0],), host_device="webgpu (measured)")
+    validate_plan(plan)
+    assert plan["options"]["select"]["host_nodes"] == [labels[0]]
+    kept = [r for r in plan["rejected"] if r["reason"] == "host-resident"]
+    assert [r["tensor"] for r in kept] == ["m1"] and "made on the host by Div" in kept[0]["detail"]
+    assert plan["offloads"] == []
+
+
+def test_plan_for_ascend_predicts_what_cann_runs_on_the_host(run_cli, tmp_path):
+    """CANN does not run here: the nodes onnxruntime-cann 1.24.4 has no kernel for (the UNet's Concat
+    and Resize) are predicted, and their tensors kept."""
+    plan = tmp_path / "plan.json"
+    res = run_cli("plan", SAMPLES / "unet.onnx", "--select-distance", "10", "--device", "ascend", "-o", plan)
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(plan.read_text())
+    assert doc["options"]["select"]["host_device"].startswith("ascend (predicted")
+    kept = [r for r in doc["rejected"] if r["reason"] == "host-resident"]
+    assert kept and all("onnxruntime runs it on the CPU on ascend" in r["detail"] for r in kept)
+    made = {r["tensor"] for r in kept}
+    assert not made & {o["tensor"] for o in doc["offloads"]}

@@ -59,6 +59,7 @@ __all__ = [
     "prefetch_options",
     "opt_level_option",
     "output_option",
+    "plan_device_option",
     "strict_option",
 ]
 
@@ -224,6 +225,21 @@ def opt_level_option(help: str) -> Decorator:
     return click.option(
         "--opt-level", type=click.Choice(list(OPT_LEVELS)), default="disable", show_default=True, help=help
     )
+
+
+#: plan --device (offloadctl.running.residency.HOST_DEVICES; spelled here so the command line starts
+#: without importing onnxruntime)
+PLAN_DEVICES = ("webgpu", "cuda", "ascend")
+
+plan_device_option = click.option(
+    "--device",
+    "device",
+    type=click.Choice(PLAN_DEVICES),
+    default=None,
+    help="Plan for this device: the tensors that nodes it runs on the CPU make or read are kept (reason "
+    "host-resident). Found with one run on the device where its provider runs here, predicted for cuda and ascend "
+    "otherwise.",
+)
 
 
 def output_option(what: str) -> Decorator:

@@ -43,6 +43,7 @@ from offloadctl.cli.options import (
     model_argument,
     objective_option,
     output_option,
+    plan_device_option,
     prefetch_options,
     profile_option,
     report_option,
@@ -83,6 +84,7 @@ logger = logging.getLogger(__name__)
 
 
 T = TypeVar("T")
+S = TypeVar("S", SelectPart, PlanRequest)
 
 
 def _request(make: Callable[..., T], *groups: Any, **options: Any) -> T:
@@ -184,6 +186,18 @@ def _print_search(plan: Plan, defaulted: bool | None = None) -> None:
             )
 
 
+def _for_device(part: S, analysis: Analysis, device: str | None, as_json: bool) -> S:
+    """``part`` with the nodes ``device`` runs on the host (`offloadctl.running.residency`)."""
+    if device is None:
+        return part
+    from offloadctl.running.residency import host_nodes
+
+    names, how = host_nodes(analysis, device)
+    if not as_json:
+        out_console().print(f"{len(names)} node(s) run on the host on {how}: their tensors are kept", soft_wrap=True)
+    return dataclasses.replace(part, host_nodes=names, host_device=how)
+
+
 def _plan_job(plan: Plan, plan_path: str) -> Job:
     """The job of a selected plan the budget strategy filters: its model, by the plan's rule."""
     try:
@@ -229,6 +243,7 @@ def _stage_end(
 @select_options
 @sizes_option
 @execution_order_option
+@plan_device_option
 @json_option
 def select_cmd(
     model: str,
@@ -237,6 +252,7 @@ def select_cmd(
     shapes: ShapeOptions,
     sizes: SizesOptions,
     execution_order: str | None,
+    device: str | None,
     as_json: bool,
 ) -> None:
     """Find tensors idle for more than --select-distance positions (stage 'selected')."""
@@ -244,6 +260,7 @@ def select_cmd(
     job = open_model(model, shapes, sizes, show_progress=not as_json, order=execution_order)
     job.guard("the plan", output)
     analysis = job.analysis
+    selecting = _for_device(selecting, analysis, device, as_json)
     with steps(not as_json) as step:
         step("selecting")
         plan = select.run(analysis, selecting)
@@ -314,6 +331,7 @@ def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchPart, as_json:
 @select_options
 @sizes_option
 @execution_order_option
+@plan_device_option
 @shape_point_option
 @filter_options
 @budget_options
@@ -334,6 +352,7 @@ def plan_cmd(
     shapes: ShapeOptions,
     sizes: SizesOptions,
     execution_order: str | None,
+    device: str | None,
     shape_points: tuple[str, ...],
     filtering: FilterPart,
     budgeting: BudgetFlags,
@@ -374,6 +393,7 @@ def plan_cmd(
     if report is not None:
         check_report_paths(report, *job.reads, others=[("the plan", output)])
     check_unknown_sizes(analysis, strict=strict)
+    request = _for_device(request, analysis, device, as_json)
     if (max_peak is not None or report is not None) and is_rewritten(analysis):
         raise OffloadError(
             f"{model} already contains copies: --max-peak and --report need the original model",

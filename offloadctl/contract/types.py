@@ -47,6 +47,7 @@ RejectionReason = Literal[
     "not-copyable",
     "unknown-size",
     "host-input",
+    "host-resident",
     "prepacked",
     "fused",
     "graph-output-weight",

@@ -83,6 +83,10 @@ class SelectPart:
         fused: tensors onnxruntime's graph optimizations take in at the level the model is served at
             (a measured profile's ``fused``); they are not offloaded unless forced. A `PlanRequest`
             whose profile was measured above ``--opt-level disable`` takes them from the profile.
+        host_nodes: nodes onnxruntime runs on the CPU on the device the plan is for (``plan
+            --device``, `offloadctl.running.placement.host_nodes`); the tensors they make or read are
+            not offloaded unless forced: they are not on the device there.
+        host_device: the device ``host_nodes`` were found for, and how (``webgpu (measured)``).
     """
 
     select_distance: int = DEFAULT_SELECT_DISTANCE
@@ -91,11 +95,14 @@ class SelectPart:
     force: tuple[str, ...] = ()
     never: tuple[str, ...] = ()
     fused: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
+    host_nodes: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
+    host_device: str = field(default="", metadata={"omit_empty": True, "cli": False})
 
     def __post_init__(self) -> None:
         _set(self, "force", tuple(self.force))
         _set(self, "never", tuple(self.never))
         _set(self, "fused", tuple(self.fused))
+        _set(self, "host_nodes", tuple(self.host_nodes))
         _at_least("select_distance", self.select_distance, 0)
 
 

@@ -279,6 +279,8 @@ class _Selector:
         self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
         self.host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
         self.fused = frozenset(options.fused)
+        self.host_nodes = frozenset(options.host_nodes)
+        self.host_device = options.host_device
 
     def reject(
         self, name: str, kind: Kind, uses: list[Use], reason: RejectionReason, detail: str, max_gap: int | None = None
@@ -374,6 +376,9 @@ class _Selector:
                 packed = _prepacked_use(analysis, name, uses)
                 if packed is not None:
                     return "prepacked", packed
+            resident = self._resident_reason(name, kind, uses)
+            if resident is not None:
+                return "host-resident", resident
             if name in self.fused:
                 return (
                     "fused",
@@ -383,6 +388,23 @@ class _Selector:
         if kind != "activation" and name in self.outputs:
             return "graph-output-weight", "a weight that is also a graph output stays on the device"
         return None
+
+    def _resident_reason(self, name: str, kind: Kind, uses: list[Use]) -> str | None:
+        """Why a tensor stays where it is on the plan's device: a node the device runs on the CPU
+        makes or reads it (then it is not on the device, or a copy from the host would be copied again;
+        on WebGPU such rewrites failed to load or to run)."""
+        if not self.host_nodes:
+            return None
+        analysis = self.analysis
+        labels = analysis.node_names
+        at = [analysis.producer[name]] if kind == "activation" else []
+        at += [u.position for u in uses]
+        where = next((p for p in at if labels[p] in self.host_nodes), None)
+        if where is None:
+            return None
+        verb = "made" if kind == "activation" and where == at[0] else "read"
+        op = analysis.nodes[where].op_type
+        return f"{verb} on the host by {op} {labels[where]!r}: onnxruntime runs it on the CPU on {self.host_device}"
 
     def _host_reason(self, name: str, uses: list[Use], elem_type: int | None) -> str | None:
         analysis = self.analysis

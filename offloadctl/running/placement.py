@@ -40,6 +40,7 @@ __all__ = [
     "CUDA_KERNELS",
     "CANN_KERNELS",
     "predicted_copies",
+    "predicted_placement",
 ]
 
 #: plugin provider name -> (Python module that ships the library, library registration name, pip package)
@@ -135,16 +136,20 @@ def save_placed_graph(sess_options: Any, folder: str | os.PathLike[str]) -> Path
     return path
 
 
-def _rewrite_nodes(model: onnx.ModelProto) -> set[str]:
-    """The names of the nodes a rewrite wrote: its copies and its order pins."""
-    return {n.name for n in model.graph.node if n.op_type in MEMCPY_OPS or any(a.name == PIN_ATTR for a in n.attribute)}
+def _rewrite_nodes(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
+    """The names of the nodes a rewrite wrote: (its copies and order pins, its copies)."""
+    copies = {n.name for n in model.graph.node if n.op_type in MEMCPY_OPS}
+    pins = {n.name for n in model.graph.node if any(a.name == PIN_ATTR for a in n.attribute)}
+    return copies | pins, copies
 
 
 def inserted_copies(placed: onnx.ModelProto, model: onnx.ModelProto) -> list[InsertedCopy]:
     """The Memcpy nodes of ``placed`` (the graph onnxruntime ran) that ``model`` does not have, in
-    graph order."""
+    graph order. One belongs to the rewrite when it moves a tensor a rewrite node made, or feeds one of
+    the rewrite's copies (a pin's view that reads a tensor copied anyway gets the copy the original
+    node got)."""
     names = {n.name for n in model.graph.node}
-    ours = _rewrite_nodes(model)
+    ours, copies = _rewrite_nodes(model)
     graph = placed.graph
     producer = {o: n for n in graph.node for o in n.output if o}
     readers: dict[str, list[onnx.NodeProto]] = {}
@@ -155,9 +160,10 @@ def inserted_copies(placed: onnx.ModelProto, model: onnx.ModelProto) -> list[Ins
     for node in graph.node:
         if node.op_type not in MEMCPY_OPS or node.name in names or not node.input:
             continue
-        near = [producer[node.input[0]]] if node.input[0] in producer else []
-        near += [r for o in node.output for r in readers.get(o, [])]
-        found.append(InsertedCopy(node.name, node.op_type, node.input[0], any(n.name in ours for n in near)))
+        made = producer.get(node.input[0])
+        fed = [r for o in node.output for r in readers.get(o, [])]
+        mine = (made is not None and made.name in ours) or any(r.name in copies for r in fed)
+        found.append(InsertedCopy(node.name, node.op_type, node.input[0], mine))
     return found
 
 
@@ -205,12 +211,18 @@ _HALF = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, 17, 18, 
 
 def predicted_copies(model: onnx.ModelProto, kernels: Kernels) -> list[str]:
     """The tensors onnxruntime would copy itself when it runs ``model`` (topologically sorted) on a
-    provider that calls ``GetCpuPreferredNodes`` (CUDA, CANN): a node the provider has no kernel for
-    runs on the CPU; a node whose every input is a CPU tensor (a CPU node's output, a kernel output
-    in CPU memory, an initializer of at most 100 elements, a graph input; one at least made on the
-    CPU), none of them fp16, bf16 or fp8, moves to the CPU too; then a device node that reads a CPU
-    tensor where its kernel does not take it in CPU memory, or a CPU node that reads a device tensor,
-    gets a copy."""
+    provider that calls ``GetCpuPreferredNodes`` (CUDA, CANN), by `predicted_placement`."""
+    return predicted_placement(model, kernels)[1]
+
+
+def predicted_placement(model: onnx.ModelProto, kernels: Kernels) -> tuple[list[str], list[str]]:
+    """(the nodes that run on the CPU, the tensors onnxruntime copies itself) when ``model``
+    (topologically sorted) runs on a provider that calls ``GetCpuPreferredNodes`` (CUDA, CANN): a
+    node the provider has no kernel for runs on the CPU; a node whose every input is a CPU tensor (a
+    CPU node's output, a kernel output in CPU memory, an initializer of at most 100 elements, a graph
+    input; one at least made on the CPU), none of them fp16, bf16 or fp8, moves to the CPU too; then
+    a device node that reads a CPU tensor where its kernel does not take it in CPU memory, or a CPU
+    node that reads a device tensor, gets a copy."""
     graph = model.graph
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
     types.update({t.name: t.data_type for t in graph.initializer})
@@ -218,11 +230,12 @@ def predicted_copies(model: onnx.ModelProto, kernels: Kernels) -> list[str]:
     anywhere = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     on_cpu: set[str] = set(small)  # tensors in CPU memory
     made_on_cpu: set[str] = set()  # of those, the outputs of CPU nodes and of CPU-output kernels
+    cpu_nodes: list[str] = []
     copies: list[str] = []
     for node in graph.node:
         taken = kernels.cpu_inputs.get(node.op_type, frozenset())
         cpu = not kernels.has(node.op_type)
-        if not cpu and node.op_type not in ("MemcpyToHost", "MemcpyFromHost"):
+        if not cpu and node.op_type not in MEMCPY_OPS:
             counted = [i for k, i in enumerate(node.input) if i and k not in taken]
             # the walk starts at CPU tensors: a node none of whose inputs a CPU node made is never tried
             cpu = any(i in made_on_cpu for i in counted) and all(
@@ -235,10 +248,12 @@ def predicted_copies(model: onnx.ModelProto, kernels: Kernels) -> list[str]:
                 copies.append(name)
             elif not cpu and name in on_cpu and k not in taken and name not in small:
                 copies.append(name)
+        if cpu:
+            cpu_nodes.append(node.name)
         if cpu or node.op_type in kernels.cpu_outputs:
             on_cpu.update(o for o in node.output if o)
             made_on_cpu.update(o for o in node.output if o)
-    return copies
+    return cpu_nodes, copies
 
 
 def _elements(t: onnx.TensorProto) -> int:

@@ -734,10 +734,10 @@ def create_session(model_path: str | os.PathLike[str], config: SessionConfig, de
         if device != "cpu" and re.search(r"create \w+ ExecutionProvider fail|Failed to load library", text):
             raise _device_error(device, "creating the provider failed") from None
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        raise OffloadError(
-            f"onnxruntime cannot load {path}: {first}",
-            hint="check the model with onnx.checker.check_model(onnx.load(path), full_check=True)",
-        ) from None
+        hint = "check the model with onnx.checker.check_model(onnx.load(path), full_check=True)"
+        if device != "cpu" and re.search(r"Duplicate definition of name \(\S*__offload\d+_", first):
+            hint = _HOST_RESIDENT_HINT
+        raise OffloadError(f"onnxruntime cannot load {path}: {first}", hint=hint) from None
     in_use = list(session.get_providers())
     if not in_use or in_use[0] != provider:
         raise _device_error(device, f"in use: {', '.join(in_use) or 'none'}")
@@ -751,11 +751,18 @@ def run_once(session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any
         values = session.run(names, dict(feeds))
     except _ort_errors(ort) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise OffloadError(
-            f"onnxruntime failed running {model}: {first}",
-            hint="check the inputs (give real ones with --inputs FILE.npz)",
-        ) from None
+        hint = "check the inputs (give real ones with --inputs FILE.npz)"
+        if "no data transfer registered" in first and "Memcpy" in first:
+            hint = _HOST_RESIDENT_HINT
+        raise OffloadError(f"onnxruntime failed running {model}: {first}", hint=hint) from None
     return dict(zip(names, values))
+
+
+#: What to do when a rewrite copies a tensor its device keeps on the host
+_HOST_RESIDENT_HINT = (
+    "the rewrite copies a tensor that this device keeps on the host (a node it runs on the CPU makes or reads it): "
+    "plan again with --device DEVICE, which keeps those tensors"
+)
 
 
 def _check_same_inputs(specs: Sequence[InputSpec], feeds: Mapping[str, np.ndarray], original: str, model: str) -> None:

@@ -1,0 +1,98 @@
+"""Which nodes a device provider runs on the host: what `plan --device` keeps off the plan.
+
+A provider runs on the CPU every node it has no kernel for (WebGPU: ``Sum``, ``ConstantOfShape``,
+most int64 arithmetic; onnxruntime-cann 1.24.4: all but 33 ops), and CUDA and CANN also move there
+the nodes whose inputs are all host tensors. A tensor such a node makes is not on the device, and
+one it reads is copied back to the host: offloading either adds copies, and on the WebGPU provider
+such rewrites failed to load ("Duplicate definition") or to run (a MemcpyToHost of a host tensor).
+
+`host_nodes` finds them from onnxruntime itself where the provider runs here (one profiled run on
+the device, providers read from the profile), and predicts them for CUDA and CANN where it does not
+(`offloadctl.running.placement.predicted_placement`).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from offloadctl.analysis.graph import Analysis
+from offloadctl.core.errors import OffloadError
+from offloadctl.running.inputs import generate_inputs, input_specs
+from offloadctl.running.placement import CANN_KERNELS, CUDA_KERNELS, predicted_placement
+from offloadctl.running.runner import (
+    DEVICES,
+    create_session,
+    feeds_for,
+    import_onnxruntime,
+    run_once,
+    session_config,
+)
+
+__all__ = ["HOST_DEVICES", "host_nodes"]
+
+#: --device for planning: the providers whose host nodes can be found
+HOST_DEVICES = ("webgpu", "cuda", "ascend")
+_PREDICTED = {"cuda": CUDA_KERNELS, "ascend": CANN_KERNELS}
+_KERNEL = "_kernel_time"
+
+
+def host_nodes(analysis: Analysis, device: str) -> tuple[tuple[str, ...], str]:
+    """(labels of the nodes ``device`` runs on the CPU (`Analysis.node_names`), how they were found:
+    ``"webgpu (measured)"``).
+
+    Measured with one profiled run on the device where its provider runs here (inputs generated at
+    the analysis' shapes); predicted for CUDA and CANN otherwise.
+
+    Raises:
+        OffloadError: an unknown device, or WebGPU that does not run here.
+    """
+    if device not in HOST_DEVICES:
+        raise OffloadError(f"unknown device {device!r} for planning", hint=f"use one of: {', '.join(HOST_DEVICES)}")
+    try:
+        return _measured(analysis, device), f"{device} (measured)"
+    except OffloadError:
+        if device not in _PREDICTED:
+            raise
+    cpu, _ = predicted_placement(analysis.loaded.proto, _PREDICTED[device])
+    graph = analysis.loaded.proto.graph
+    at = {id(graph.node[i]): pos for pos, i in enumerate(analysis.file_index)}
+    by_name = {node.name: node for node in graph.node}
+    labels = {analysis.node_names[at[id(by_name[n])]] for n in cpu if n in by_name and id(by_name[n]) in at}
+    return tuple(sorted(labels)), f"{device} (predicted: its provider does not run here)"
+
+
+def _measured(analysis: Analysis, device: str) -> tuple[str, ...]:
+    ort = import_onnxruntime(device)
+    loaded = analysis.loaded
+    config = session_config({}, device, opt_level="disable", ort=ort)
+    feeds_all, _ = generate_inputs(input_specs(loaded.proto))
+    with tempfile.TemporaryDirectory(prefix="offloadctl-placement-") as tmp:
+        config.sess_options.enable_profiling = True
+        config.sess_options.profile_file_prefix = str(Path(tmp) / "profile")
+        session = create_session(loaded.path, config, device, ort=ort)
+        run_once(session, feeds_for(session, feeds_all, str(loaded.path), "the inputs"), str(loaded.path), ort)
+        with open(session.end_profiling(), encoding="utf-8") as f:
+            events = json.load(f)
+        del session
+    provider = DEVICES[device]
+    indices = set()
+    for e in events:
+        name = str(e.get("name", "")) if isinstance(e, dict) else ""
+        args = (e.get("args") or {}) if isinstance(e, dict) else {}
+        if e.get("cat") == "Node" and name.endswith(_KERNEL) and args.get("provider") not in (None, provider):
+            indices.add(int(args["node_index"]))
+    return _labels(analysis, indices)
+
+
+def _labels(analysis: Analysis, indices: set[int]) -> tuple[str, ...]:
+    """The analysis labels of the nodes onnxruntime numbered ``indices`` (its node index: the place
+    among the file's nodes, Constant nodes left out, which it turns into initializers)."""
+    graph = analysis.loaded.proto.graph
+    numbered = [i for i, node in enumerate(graph.node) if node.op_type != "Constant"]
+    position = {file_index: pos for pos, file_index in enumerate(analysis.file_index)}
+    labels = {
+        analysis.node_names[position[numbered[k]]] for k in indices if k < len(numbered) and numbered[k] in position
+    }
+    return tuple(sorted(labels))
