@@ -185,3 +185,12 @@ def test_language_model_rewrites_load_and_run_on_the_device(tmp_path, name):
         assert code == 0, report["warnings"]
         assert report["plan_undone_by"] == []
         assert all(c["identical"] for c in report["comparison"].values())
+
+
+def test_simulate_refuses_a_cpu_figure_for_another_onnxruntime():
+    """The device environment has onnxruntime 1.32, which keeps weights outside its arena: the CPU
+    replica (which models 1.24) gives no figure there, and says why."""
+    done = _device("simulate", SAMPLES / "unet.onnx", "--json")
+    assert done.returncode == 0, done.stderr
+    cpu = json.loads(done.stdout)["cpu_peak_bytes"]
+    assert cpu["after"] is None and cpu["onnxruntime"] == "1.24" and "1.32" in cpu["refused"]

@@ -121,3 +121,14 @@ def test_plan_for_ascend_predicts_what_cann_runs_on_the_host(run_cli, tmp_path):
     assert kept and all("onnxruntime runs it on the CPU on ascend" in r["detail"] for r in kept)
     made = {r["tensor"] for r in kept}
     assert not made & {o["tensor"] for o in doc["offloads"]}
+
+
+def test_the_cpu_replica_names_the_release_it_models():
+    """The CPU arena replica models onnxruntime 1.24 (checked against its allocator statistics); for
+    another installed release it gives no figure and says why."""
+    from offloadctl.simulation.ortcpu import MODELLED_RELEASE, replica_refusal
+
+    assert MODELLED_RELEASE == "1.24"
+    assert replica_refusal("1.24.4") is None
+    refusal = replica_refusal("1.32.0")
+    assert refusal is not None and "1.32.0" in refusal and "onnxruntime-cann 1.24.4" in refusal

@@ -47,6 +47,7 @@ from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.rewriting.preview import CpuFigures, cpu_figures, run_order_result
 from offloadctl.simulation.costs import STREAMS_NOTE
 from offloadctl.simulation.estimate import estimate_figures, with_run_order_peak
+from offloadctl.simulation.ortcpu import MODELLED_RELEASE, replica_refusal
 from offloadctl.simulation.points import at_points, parse_point
 from offloadctl.simulation.profiles import Profile, load_profile
 from offloadctl.simulation.result import SimResult, simulate
@@ -120,7 +121,8 @@ def _print_cpu(cpu: CpuFigures) -> None:
     after = cpu.after
     before = cpu.before
     text = (
-        f"CPU arena peak ({cpu.execution_order} order, onnxruntime's planner and arena replayed): "
+        f"CPU arena peak ({cpu.execution_order} order, onnxruntime {MODELLED_RELEASE}'s planner and arena replayed; "
+        "device and host in one memory): "
         + (f"{fmt_bytes(before.peak_bytes)} before -> " if before is not None and before is not after else "")
         + f"{fmt_bytes(after.peak_bytes)}"
         + (" after" if before is not None and before is not after else "")
@@ -217,10 +219,16 @@ def simulate_cmd(
     doc = result.to_json(timeline_limit=timeline_limit)
     points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
     doc["shape_points"] = [p.to_json() for p in points]
-    cpu = cpu_figures(analysis, plan, rewritten=result.rewritten, profile=prof)
+    refusal = replica_refusal()
+    cpu = None if refusal else cpu_figures(analysis, plan, rewritten=result.rewritten, profile=prof)
     doc["execution_order"] = analysis.order
-    doc["cpu_peak_bytes"] = {"before": cpu.before.peak_bytes if cpu.before else None, "after": cpu.after.peak_bytes}
-    doc["cpu_memory"] = cpu.to_json()
+    doc["cpu_peak_bytes"] = {
+        "before": cpu.before.peak_bytes if cpu is not None and cpu.before else None,
+        "after": cpu.after.peak_bytes if cpu is not None else None,
+        "onnxruntime": MODELLED_RELEASE,
+        "refused": refusal,
+    }
+    doc["cpu_memory"] = cpu.to_json() if cpu is not None else None
     if prof.measured is not None and result.times is not None and result.times.measured_nodes == 0:
         logger.warning(
             "profile %s was measured on %s: no node of %s matches its node times (name, op type and input "
@@ -242,7 +250,10 @@ def simulate_cmd(
             logger.warning("%s", warning)
     if not as_json:
         _print_report(result, doc)
-        _print_cpu(cpu)
+        if cpu is not None:
+            _print_cpu(cpu)
+        else:
+            logger.warning("no CPU arena peak: %s", refusal)
         print_points(analysis.loaded.dims, result, points)
     planned = plan is not None or result.rewritten
     unknown = len(result.unknown_tensors)

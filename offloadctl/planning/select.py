@@ -70,6 +70,9 @@ HOST_INPUTS: dict[str, frozenset[int]] = {
         "ReduceLogSumExp": (1,),
         "ReduceSumSquare": (1,),
         "NonMaxSuppression": (2, 3, 4),
+        # min and max: CUDA and WebGPU read them in host memory (a copied-in bound made PP-OCR's
+        # rewrite define the H2D's output twice on WebGPU)
+        "Clip": (1, 2),
         "Trilu": (1,),
         # com.microsoft: seqlens_k and total_sequence_length (the genai builder's Casts of the mask's
         # sums and width). On WebGPU a copy of the first failed to run (a host-to-host MemcpyToHost),

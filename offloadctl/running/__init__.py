@@ -1,6 +1,10 @@
 """Run: onnxruntime sessions on a device.
 
 `runner` runs a model (settings, the device check, the order check, the comparison with its
-original); `inputs` reads or generates what a model is fed; `sizes` reads every tensor's size from
-one run; `profiler` measures a device profile (`offloadctl profile`).
+original); `placement` loads plugin providers (WebGPU), reads the copies onnxruntime inserted into
+the graph it runs, and replicates CUDA's and CANN's CPU fallback; `residency` finds the nodes a
+device runs on the host (`plan --device`); `inputs` reads or generates what a model is fed; `sizes`
+reads every tensor's size from one run; `allocator` reads onnxruntime's own memory figures;
+`fusions` maps an optimized graph back to the original; `profiler` measures a device profile
+(`offloadctl profile`).
 """

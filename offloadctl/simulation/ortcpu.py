@@ -54,7 +54,49 @@ from offloadctl.analysis.timeline import subgraph_memory
 from offloadctl.core.onnxutil import ONNX_DOMAINS, inferred_copy, subgraph_outer_names
 from offloadctl.simulation.arena import Arena, ArenaConfig
 
-__all__ = ["CpuPeak", "cpu_peak", "declared_shapes", "ALIAS_OPS", "INPLACE_OPS"]
+__all__ = [
+    "MODELLED_RELEASE",
+    "installed_onnxruntime",
+    "replica_refusal",
+    "CpuPeak",
+    "cpu_peak",
+    "declared_shapes",
+    "ALIAS_OPS",
+    "INPLACE_OPS",
+]
+
+#: The onnxruntime whose CPU arena this replays (onnxruntime-cann 1.24.4, what `make install` puts in):
+#: checked against its allocator statistics (bench/bench_memory.py). onnxruntime 1.32 keeps weights
+#: outside the arena (a GPT-2 measured 5.28 MB where this gives 32.65 MiB), so a figure for another
+#: release would be wrong: `replica_refusal` says so instead.
+MODELLED_RELEASE = "1.24"
+
+
+def installed_onnxruntime() -> str | None:
+    """The version of the onnxruntime package installed here (any build), or None."""
+    from importlib import metadata
+
+    for name in ("onnxruntime-cann", "onnxruntime", "onnxruntime-gpu", "onnxruntime-openvino"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def replica_refusal(version: str | None = None) -> str | None:
+    """Why no CPU arena figure is given for the onnxruntime installed here (``version``; looked up
+    when None), or None when the replica models it (or none is installed: the figure then names the
+    release it models)."""
+    version = installed_onnxruntime() if version is None else version
+    if version is None or ".".join(version.split(".")[:2]) == MODELLED_RELEASE:
+        return None
+    return (
+        f"the CPU arena replica models onnxruntime {MODELLED_RELEASE}, and onnxruntime {version} is installed "
+        "(it places weights otherwise): install onnxruntime-cann 1.24.4 (pip install 'offloadctl[cann]') "
+        "for this figure"
+    )
+
 
 logger = logging.getLogger(__name__)
 
