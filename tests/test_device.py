@@ -194,3 +194,15 @@ def test_simulate_refuses_a_cpu_figure_for_another_onnxruntime():
     assert done.returncode == 0, done.stderr
     cpu = json.loads(done.stdout)["cpu_peak_bytes"]
     assert cpu["after"] is None and cpu["onnxruntime"] == "1.24" and "1.32" in cpu["refused"]
+
+
+def test_a_profile_is_measured_on_the_device_and_plans_take_it(run_cli, tmp_path):
+    profile, plan = tmp_path / "webgpu.json", tmp_path / "plan.json"
+    done = _device("profile", SAMPLES / "seed.onnx", "--device", "webgpu", "--repeat", "3", "-o", profile)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(profile.read_text())
+    assert doc["measured"]["device"]["provider"] == "WebGpuExecutionProvider"
+    assert doc["measured"]["memory"] is None  # the provider reports no byte counts
+    res = run_cli("plan", SAMPLES / "seed.onnx", "--select-distance", "1", "--profile", profile, "-o", plan)
+    assert res.exit_code == 0, res.stderr
+    assert "profile measured webgpu" in res.stdout + res.stderr

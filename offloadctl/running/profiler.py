@@ -943,6 +943,9 @@ def _measured_memory(
 ) -> list[dict[str, Any]] | None:
     """What onnxruntime's allocators held for one run of a fresh session (DEFAULT order, statistics);
     None, with a warning, where this onnxruntime cannot say."""
+    if dev.device == "webgpu":
+        logger.warning("the profile records no measured memory: the WebGPU provider's allocator reports no byte counts")
+        return None
     config = session_config(settings, dev.device, opt_level="disable", ep_options=dev.ep_options, ort=dev.ort)
     try:
         figures = measure_memory(config.spec(model, dev.device), feeds, order="default", ort=dev.ort)
