@@ -7,10 +7,14 @@ For each sample, original and rewritten by a distance plan (weights too, order p
   simulated device peak less resident weights, same model, same order (the device figure counts
   tensor bytes: no arena rounding, no planner reuse);
 * time: the rewritten model against the original, timed side by side (taking turns, PRIORITY_BASED,
-  ``--opt-level disable``), against the slowdown estimated under a profile measured on this GPU.
+  ``--opt-level disable``), against the slowdown estimated under a profile measured on this GPU;
+  on CUDA also with ``do_copy_in_default_stream=0`` (copies on streams of their own, the mode the
+  estimate "copies on streams" assumes);
+* placement: the copies onnxruntime inserted next to the rewrite's (``run``'s ``plan_undone_by``),
+  in the DEFAULT order, for the model and its fp16 copy, and whether every order pin held.
 
-It prints one row per model; nothing is asserted. ``--device cpu`` runs the same code on the CPU
-provider (a dry run of the script where no GPU is).
+It prints one row per model; nothing is asserted. ``--device cpu`` (or ``webgpu``) runs the same
+code on that provider (a dry run of the script where no GPU is).
 """
 
 from __future__ import annotations
@@ -29,24 +33,31 @@ from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.rewrite import apply_plan, write_model
 from offloadctl.running.allocator import measure_memory
 from offloadctl.running.profiler import measure_profile
-from offloadctl.running.runner import create_session, import_onnxruntime, required_settings, session_config
+from offloadctl.running.runner import create_session, import_onnxruntime, required_settings, run_model, session_config
 from offloadctl.simulation.profiles import profile_from_dict
 from offloadctl.simulation.result import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from models import to_fp16  # noqa: E402
+
 SAMPLES = ["unet", "transformer", "training", "mlp"]
+STREAMS = {"cuda": {"do_copy_in_default_stream": "0"}, "ascend": {"do_copy_in_default_stream": "0"}}
 
 
-def _arena_activations(model: Path, feeds: dict, device: str, ort) -> int:
+def _arena_activations(model: Path, feeds: dict, device: str, ort) -> int | None:
+    if device == "webgpu":
+        return None  # its allocator reports no byte counts
     config = session_config(required_settings(load_model(model).proto), device, opt_level="disable", ort=ort)
     figures = measure_memory(config.spec(str(model), device), feeds, order="default", ort=ort)
     return next(f.peak_bytes - (f.in_use_after_creation or 0) for f in figures if f.device == device)
 
 
-def _timed(models: list[Path], feeds: dict, device: str, ort, rounds: int = 30) -> list[float]:
+def _timed(models: list[Path], feeds: dict, device: str, ort, rounds: int = 30, ep_options=None) -> list[float]:
     sessions = []
     for model in models:
-        config = session_config(required_settings(load_model(model).proto), device, opt_level="disable", ort=ort)
+        settings = required_settings(load_model(model).proto)
+        config = session_config(settings, device, opt_level="disable", ort=ort, ep_options=ep_options)
         sessions.append(create_session(model, config, device, ort=ort))
     times: list[list[float]] = [[] for _ in models]
     for s in sessions:
@@ -57,6 +68,24 @@ def _timed(models: list[Path], feeds: dict, device: str, ort, rounds: int = 30) 
             s.run(None, feeds)
             times[k].append(time.perf_counter() - start)
     return [statistics.median(t) for t in times]
+
+
+def _half(model: Path, folder: Path) -> Path:
+    import onnx
+
+    out = folder / f"{model.stem}.fp16.onnx"
+    onnx.save(to_fp16(onnx.load(model)), out)
+    return out
+
+
+def _placement(model: Path, folder: Path, device: str) -> tuple[int, bool | None]:
+    """(copies onnxruntime inserted next to the rewrite's, whether the pins held), DEFAULT order."""
+    analysis = analyse(load_model(model), order="default")
+    plan = make_plan(analysis, select_distance=2, params=True)
+    out = folder / f"{model.stem}.placed.onnx"
+    write_model(apply_plan(plan, analysis), out, source_dir=model.parent)
+    report = run_model(str(out), device, compare_to=str(model), repeat=1, opt_level="disable", order="default")
+    return len(report.undone_copies), None if report.pins is None else report.pins.holds
 
 
 def main(argv: list[str]) -> int:
@@ -78,6 +107,12 @@ def main(argv: list[str]) -> int:
             write_model(apply_plan(plan, analysis), out, source_dir=model.parent)
             rewritten = analyse(load_model(out), order="default")
             base, after = _timed([model, out], feeds, device, ort)
+            if device in STREAMS:
+                base_s, after_s = _timed([model, out], feeds, device, ort, ep_options=STREAMS[device])
+                print(f"{name}: copies on their own streams {after_s / base_s:.2f}x (in line {after / base:.2f}x)")
+            for precision, source in (("fp32", model), ("fp16", _half(model, folder))):
+                undone, pins = _placement(source, folder, device)
+                print(f"{name} {precision}: {undone} copy(ies) inserted next to the rewrite's, pins held: {pins}")
             estimate = simulate(analysis, plan, profile=profile)
             original = simulate(analysis, None, profile=None)
             offloaded = simulate(rewritten, None, profile=None)
@@ -91,6 +126,7 @@ def main(argv: list[str]) -> int:
     print(head + "   slowdown measured / estimated")
     for label, measured, simulated, slow in rows:
         ratio = simulated / measured if measured else float("nan")
+        measured = measured or 0
         extra = f"   {slow[0]:.2f}x / {slow[1]:.2f}x = {slow[1] / slow[0]:.2f}" if slow else ""
         print(f"{label:24s} {measured:>20,d} {simulated:>12,d} {ratio:6.3f}{extra}")
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import (
     check_report_paths,
     check_unknown_sizes,
@@ -133,6 +134,23 @@ def _print_cpu(cpu: CpuFigures) -> None:
     out_console().print(text)
 
 
+def _cpu(
+    analysis: Analysis, plan: Plan | None, result: SimResult, prof: Profile, doc: dict
+) -> tuple[CpuFigures | None, str | None]:
+    """The CPU arena's figures (None, with the reason, for an onnxruntime the replica does not
+    model), written into ``doc``."""
+    refusal = replica_refusal()
+    cpu = None if refusal else cpu_figures(analysis, plan, rewritten=result.rewritten, profile=prof)
+    doc["execution_order"] = analysis.order
+    doc["cpu_peak_bytes"] = {
+        "before": cpu.before.peak_bytes if cpu is not None and cpu.before else None,
+        "after": cpu.after.peak_bytes if cpu is not None else None,
+    }
+    doc["cpu_replica"] = {"onnxruntime": MODELLED_RELEASE, "refused": refusal}
+    doc["cpu_memory"] = cpu.to_json() if cpu is not None else None
+    return cpu, refusal
+
+
 def _warn_undone_fusions(plan: Plan | None, prof: Profile, profile: str) -> None:
     """Warn when ``plan`` offloads tensors the measured profile's fusions take in: their copies undo the
     fusions, which the estimate (priced on the fused model) does not see."""
@@ -219,16 +237,7 @@ def simulate_cmd(
     doc = result.to_json(timeline_limit=timeline_limit)
     points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
     doc["shape_points"] = [p.to_json() for p in points]
-    refusal = replica_refusal()
-    cpu = None if refusal else cpu_figures(analysis, plan, rewritten=result.rewritten, profile=prof)
-    doc["execution_order"] = analysis.order
-    doc["cpu_peak_bytes"] = {
-        "before": cpu.before.peak_bytes if cpu is not None and cpu.before else None,
-        "after": cpu.after.peak_bytes if cpu is not None else None,
-        "onnxruntime": MODELLED_RELEASE,
-        "refused": refusal,
-    }
-    doc["cpu_memory"] = cpu.to_json() if cpu is not None else None
+    cpu, refusal = _cpu(analysis, plan, result, prof, doc)
     if prof.measured is not None and result.times is not None and result.times.measured_nodes == 0:
         logger.warning(
             "profile %s was measured on %s: no node of %s matches its node times (name, op type and input "

@@ -143,6 +143,11 @@ def measure_memory(
 ) -> list[AllocatorFigure]:
     """Measure ``spec`` for one run on ``feeds``: by allocator statistics at the DEFAULT order, by arena
     limit at PRIORITY_BASED (the C API cannot set the order)."""
+    if spec.device not in _ARENAS:
+        raise OffloadError(
+            f"onnxruntime's allocator statistics give no byte counts on {spec.device}",
+            hint="measure memory on cpu, cuda or ascend",
+        )
     if order == "default":
         return measure_by_stats(spec, feeds, ort=ort)
     if order == "priority":
