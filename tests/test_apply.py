@@ -771,3 +771,41 @@ def test_a_weights_only_apply_of_a_plan_from_plan_runs_no_shape_inference(run_cl
 
 def _nodes(proto: onnx.ModelProto) -> list[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
     return [(n.op_type, n.name, tuple(n.input), tuple(n.output)) for n in proto.graph.node]
+
+
+SHARED_HOLD = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4, 8] x) => (float[4, 8] y) {
+    a = Relu(x)
+    b = Neg(x)
+    c = Add(a, b)
+    d = Abs(c)
+    e = Relu(d)
+    f = Neg(e)
+    shape = Constant<value = int64[2] {4, 8}>()
+    r = Reshape(a, shape)
+    g1 = Add(f, r)
+    y = Add(g1, b)
+}
+"""
+
+
+def test_pins_at_one_node_share_one_view_and_never_feed_a_reshape(write_model, tmp_path):
+    """Two D2Hs held by the same input share one view (a view of a view is a Reshape after a Reshape,
+    which onnxruntime's fusion merged into a node naming an input that no longer existed, at
+    ORT_ENABLE_ALL), and an H2D whose use is a Reshape gets no view: both load and run there."""
+    source = write_model(SHARED_HOLD)
+    out = tmp_path / "pinned.onnx"
+    plan, proto, result = _rewrite(source, out, pins=True, select_distance=2, prefetch_distance=0)
+    assert {o["tensor"] for o in plan["offloads"]} == {"a", "b"}
+    views = [n for n in proto.graph.node if n.op_type == "Reshape" and n.name.startswith("offload/pin/")]
+    held = [v for v in views if "d2h@" in v.name]
+    assert len(held) == 1  # both D2Hs wait through the same view of c's input
+    concat = next(n for n in proto.graph.node if n.output[0] == held[0].input[1])
+    assert len(concat.input) == 3  # the zeros and one empty shape per D2H
+    assert any("Reshape" in u for u in result.unpinned)  # a's reload feeds a Reshape: left unpinned
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
+    want = _run(source, feeds)
+    for level in (DISABLE_ALL, ENABLE_ALL):
+        got = _run(out, feeds, level, weights=True)
+        assert all(np.allclose(w, g) for w, g in zip(want, got))

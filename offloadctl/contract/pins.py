@@ -52,7 +52,7 @@ from offloadctl.contract.types import Plan
 from offloadctl.core.files import json_sha256
 from offloadctl.core.onnxutil import has_subgraphs
 
-__all__ = ["PinLayout", "pin_layout", "pin_rank", "record_pins", "viewable"]
+__all__ = ["RESHAPE_OPS", "PinLayout", "pin_layout", "pin_rank", "record_pins", "viewable"]
 
 
 @dataclass(frozen=True)
@@ -104,15 +104,15 @@ def viewable(analysis: Analysis, name: str, avoid: frozenset[str] = frozenset())
 
 #: Ops onnxruntime fuses with a Reshape before them (FuseContiguousReshapes): a view feeding one
 #: was merged into a new Reshape that named an input that no longer existed, at ORT_ENABLE_ALL.
-_RESHAPES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+_RESHAPES = RESHAPE_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 
 
 def _held_input(
     analysis: Analysis, position: int, avoid: frozenset[str], reloaded: frozenset[tuple[int, int]]
 ) -> int | None:
     """The input of the node at ``position`` a pin's view can stand in for (its index), or None. An
-    input an H2D feeds is passed over: it reads the H2D's own view, and a view of a view is a pair
-    of Reshapes that onnxruntime fuses into one."""
+    input an H2D feeds is passed over (it reads the H2D's own view, and a view of a view is a pair
+    of Reshapes that onnxruntime fuses into one)."""
     node = analysis.nodes[position]
     if node.op_type in _RESHAPES:
         return None
@@ -120,6 +120,19 @@ def _held_input(
         (k for k, name in enumerate(node.input) if (position, k) not in reloaded and viewable(analysis, name, avoid)),
         None,
     )
+
+
+def _into_reshapes(plan: Plan, analysis: Analysis) -> frozenset[tuple[int, str]]:
+    """(H2D position, tensor) of every reload group a Reshape-like node reads: a view feeding one
+    is merged into a new Reshape that names an input that no longer exists (onnxruntime's
+    FuseContiguousReshapes at ORT_ENABLE_ALL)."""
+    found = set()
+    for off in plan["offloads"]:
+        groups = [(g["h2d_before"], g["uses"]) for g in off["reload_groups"]]
+        for at, uses in groups:
+            if at is not None and any(analysis.nodes[u["position"]].op_type in _RESHAPES for u in uses):
+                found.add((at, off["tensor"]))
+    return frozenset(found)
 
 
 def _reloaded(plan: Plan) -> frozenset[tuple[int, int]]:
@@ -200,6 +213,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     held: dict[int, tuple[int, int]] = {}
     n = analysis.num_positions
     reloaded = _reloaded(plan)
+    into_reshapes = _into_reshapes(plan, analysis)
     for p, count in sorted(d2hs.items()):
         if opset < 15:
             unpinned.append(f"{count} D2H copy(ies) after position {p}: the model's opset {opset} has no Optional")
@@ -223,6 +237,13 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
         ranked = [t for t in tensors if pin_rank(analysis, t) is not None]
         if len(ranked) < len(tensors):
             unpinned.append(f"{len(tensors) - len(ranked)} H2D copy(ies) before position {q}: rank unknown")
+        reshaped = [t for t in ranked if (q, t) in into_reshapes]
+        if reshaped:
+            unpinned.append(
+                f"{len(reshaped)} H2D copy(ies) before position {q}: read by a Reshape, Squeeze, Unsqueeze or "
+                "Flatten, which onnxruntime would fuse with the pin's view"
+            )
+            ranked = [t for t in ranked if t not in reshaped]
         if not ranked:
             continue
         source = _dep_before(analysis, q, max(0, q - 8), avoid)

@@ -67,7 +67,7 @@ from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.order import execution_order, sorted_priority_order
 from offloadctl.contract.check import check_plan_for_model
-from offloadctl.contract.pins import pin_layout, pin_rank
+from offloadctl.contract.pins import RESHAPE_OPS, pin_layout, pin_rank
 from offloadctl.contract.types import Offload, Plan, Use
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
@@ -484,6 +484,7 @@ class _Pins:
         self.pending: list[onnx.NodeProto] = []
         self.zeros: dict[int, str] = {}  # rank -> an int64 initializer of that many zeros
         self.backward = False  # the pin being built holds a backward node or copy
+        self.d2h_concats: dict[str, onnx.NodeProto] = {}  # a D2H view -> the Concat its empties join
 
     def add(self) -> None:
         rw, layout = self.rw, self.layout
@@ -566,9 +567,19 @@ class _Pins:
         label = f"d2h@{target}"
         self.pending = []
         self.backward = is_backward(node)
-        empties = [self._host_empty(c.output[0], f"{label}/{i}") for i, c in enumerate(copies)]
-        node.input[k] = self._view(node.input[k], empties, label)
-        rw.before[target].extend(self.pending)
+        empties = [self._host_empty(c.output[0], f"{label}/{c.name}") for c in copies]
+        concat = self.d2h_concats.get(node.input[k])
+        if concat is not None:
+            # the node already reads a view for earlier D2Hs: that view waits for these too (a view of
+            # a view is a Reshape after a Reshape, which onnxruntime's fusions merge wrongly)
+            concat.input.extend(empties)
+            at = next(i for i, n in enumerate(rw.before[target]) if n is concat)
+            rw.before[target][at:at] = self.pending
+        else:
+            view = self._view(node.input[k], empties, label)
+            node.input[k] = view
+            self.d2h_concats[view] = self.concat
+            rw.before[target].extend(self.pending)
         rw.constraints += [{"copy": c.name, "before": node.name} for c in copies]
 
     def _hold_h2d(self, q: int, source: int, j: int) -> None:
@@ -582,16 +593,19 @@ class _Pins:
         for copy in [c for c in rw.before[q] if c.op_type == MEMCPY_FROM_HOST]:
             self.backward = is_backward(copy)
             tensor = rw.sources.get(copy.output[0], copy.output[0])
-            if pin_rank(rw.analysis, tensor) is None:
-                continue  # counted as unpinned by the layout
             dev = copy.output[0]
+            uses = rw.reroutes.get(dev, [])
+            if pin_rank(rw.analysis, tensor) is None or any(
+                rw.analysis.nodes[u["position"]].op_type in RESHAPE_OPS for u in uses
+            ):
+                continue  # counted as unpinned by the layout
             if dev in rw.graph_output_names:  # an H2D that feeds a graph output: the view takes its name
                 copy.output[0] = rw.tensors.new(f"{dev}__pinned")
                 rw._typed(copy.output[0], tensor, rw.analysis.infos[tensor])
                 self._view(copy.output[0], [empty], f"h2d@{q}/{copy.name}", out=dev)
             else:
                 view = self._view(dev, [empty], f"h2d@{q}/{copy.name}")
-                for use in rw.reroutes.get(dev, []):
+                for use in uses:
                     rw._reroute(use, dev, view)
             rw.constraints.append({"copy": copy.name, "after": node.name})
             rw.h2d_pins.append((copy, self.concat))
