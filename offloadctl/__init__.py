@@ -34,8 +34,8 @@ from offloadctl.core.errors import OffloadError
 
 if TYPE_CHECKING:
     from offloadctl.analysis.graph import Analysis
+    from offloadctl.job import make_plan
     from offloadctl.loading.model import LoadedModel
-    from offloadctl.planning.make import make_plan
     from offloadctl.planning.request import PlanRequest
     from offloadctl.rewriting.rewrite import ApplyResult
     from offloadctl.running.runner import RunReport
@@ -60,7 +60,7 @@ __all__ = [
 
 # names whose modules load on first use (so that importing the package stays light)
 _LAZY = {
-    "make_plan": "offloadctl.planning.make",
+    "make_plan": "offloadctl.job",
     "PlanRequest": "offloadctl.planning.request",
     "LoadedModel": "offloadctl.loading.model",
     "Analysis": "offloadctl.analysis.graph",

@@ -7,6 +7,10 @@ refuses, before anything is written, an output that is or resolves to one of the
 another output of the same job (`guard`). The commands and the Python API (`offloadctl.apply`) open
 the same jobs, so they find models, check outputs and rewrite models by the same rules
 (`write_rewrite`, the apply protocol).
+
+`make_plan` is the plan document `offloadctl plan` writes and `offloadctl.make_plan` returns: the
+planner's plan with the figures apply quotes (``summary.estimate``; under the DEFAULT order the peak
+of the rewrite as that walk runs it) and the order pins' layout (``summary.pins``).
 """
 
 from __future__ import annotations
@@ -21,14 +25,22 @@ from typing import Any
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.contract.document import check_plan_model, read_plan
+from offloadctl.contract.pins import pin_layout, record_pins
 from offloadctl.contract.types import Plan, SizesFromRun
+from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.loading.model import load_model
+from offloadctl.planning.make import plan_for
+from offloadctl.planning.request import PlanRequest, taking
 from offloadctl.rewriting.genai import check_genai_output, genai_folder, write_genai_folder
 from offloadctl.rewriting.metadata import session_settings
+from offloadctl.rewriting.preview import run_order_result
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, check_model_outputs, write_model
 from offloadctl.running.sizes import analysed
+from offloadctl.simulation.base import is_rewritten
+from offloadctl.simulation.estimate import estimate_figures, record_estimate, with_run_order_peak
+from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = ["Job", "plan_model"]
 
@@ -204,3 +216,54 @@ class Job:
                 _remove_written([Path(output), *written])
                 raise
         return proto, written
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan document
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A finished plan document and the simulation its figures come from (None for a model that
+    already holds copies: simulate the rewritten model instead)."""
+
+    plan: Plan
+    result: SimResult | None
+
+
+def planned(analysis: Analysis, request: PlanRequest) -> Planned:
+    """Plan ``request`` for ``analysis`` (`offloadctl.planning.make.plan_for`), simulate it (unless the
+    planner did) and record in it the figures ``apply`` quotes and the pins' layout it builds from."""
+    outcome = plan_for(analysis, request)
+    plan = outcome.plan
+    if is_rewritten(analysis):
+        return Planned(plan, None)
+    request.report("simulating peak memory and time")
+    with paused_gc():
+        result = outcome.simulation or simulate(analysis, plan, profile=request.device_profile)
+    record_estimate(plan, run_order_figures(plan, analysis, result, request))  # apply quotes it
+    record_pins(plan, pin_layout(plan, analysis))  # and builds these pins without shape inference
+    return Planned(plan, result)
+
+
+@taking(PlanRequest)
+def make_plan(analysis: Analysis, request: PlanRequest) -> Plan:
+    """The plan document ``offloadctl plan`` writes for the same request: `planned`'s plan.
+
+    Takes a `PlanRequest`'s fields as keywords, as `offloadctl.planning.make.make_plan` does (which
+    returns the planner's plan alone, without the recorded figures).
+    """
+    return planned(analysis, request).plan
+
+
+def run_order_figures(plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest) -> dict[str, Any]:
+    """The plan's figures; under the DEFAULT order with the peak after of the rewrite as that order
+    runs it (`offloadctl.rewriting.preview`: pins and copies reorder the walk), not of the planned
+    sequence. PRIORITY_BASED runs the planned sequence itself."""
+    figures = estimate_figures(result, request.copies)
+    if analysis.order != "default" or not plan["offloads"]:
+        return figures
+    request.report("replaying the rewrite in onnxruntime's DEFAULT order")
+    with paused_gc():
+        replayed = run_order_result(plan, analysis)
+    return with_run_order_peak(figures, replayed, analysis.order)

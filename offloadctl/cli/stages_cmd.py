@@ -56,25 +56,22 @@ from offloadctl.cli.options import (
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan, write_plan
-from offloadctl.contract.pins import pin_layout, record_pins
 from offloadctl.contract.types import BudgetRecord, Plan
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
-from offloadctl.job import Job
+from offloadctl.job import Job, planned
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.explain import explain_table
 from offloadctl.planning.filter import filter_plan
-from offloadctl.planning.make import plan_for
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.request import FilterPart, FilterRequest, PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
-from offloadctl.rewriting.preview import run_order_result
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import copy_mode_label
-from offloadctl.simulation.estimate import estimate_figures, record_estimate, recorded_estimate, with_run_order_peak
+from offloadctl.simulation.estimate import estimate_figures, recorded_estimate
 from offloadctl.simulation.points import PointResult, at_points, parse_point, point_analysis
 from offloadctl.simulation.result import SimResult, simulate
 
@@ -458,39 +455,15 @@ def _plan_and_simulate(
     """Make the plan, simulate it (unless the planner did, or the model is already rewritten) and at
     each shape point, record the estimate in it for apply to quote, and write it (a shape point that
     cannot be simulated is an error before anything is written)."""
-    outcome = plan_for(analysis, request)
-    plan = outcome.plan
-    step("simulating peak memory and time")
-    with paused_gc():
-        result = None
-        if not is_rewritten(analysis):
-            result = outcome.simulation or simulate(analysis, plan, profile=request.device_profile)
+    done = planned(analysis, request)
+    plan, result = done.plan, done.result
     checked = []
-    if result is not None:
-        figures = run_order_figures(plan, analysis, result, request, step)
-        record_estimate(plan, figures)  # apply quotes it instead of simulating
-        record_pins(plan, pin_layout(plan, analysis))  # and builds these pins without shape inference
-        if points:
-            step("simulating the shape points")
-            checked = at_points(analysis, plan, points, profile=request.device_profile)
+    if result is not None and points:
+        step("simulating the shape points")
+        checked = at_points(analysis, plan, points, profile=request.device_profile)
     step(f"writing {output}")
     write_plan(output, plan)
     return plan, result, checked
-
-
-def run_order_figures(
-    plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest, step: Callable[..., None]
-) -> dict[str, Any]:
-    """The plan's figures; under the DEFAULT order with the peak after of the rewrite as that order
-    runs it (`offloadctl.rewriting.replay`: pins and copies reorder the walk), not of the planned
-    sequence (`offloadctl.rewriting.preview`). PRIORITY_BASED runs the planned sequence itself."""
-    figures = estimate_figures(result, request.copies)
-    if analysis.order != "default" or not plan["offloads"]:
-        return figures
-    step("replaying the rewrite in onnxruntime's DEFAULT order")
-    with paused_gc():
-        replayed = run_order_result(plan, analysis)
-    return with_run_order_peak(figures, replayed, analysis.order)
 
 
 def _plan_verdict(
