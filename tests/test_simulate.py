@@ -611,3 +611,19 @@ def test_lower_bound_counts_the_graph_outputs_at_the_end():
     assert bound >= outputs and at == analysis.num_positions  # the gradients dominate: all outputs at the end
     result = simulate(analysis)
     assert result.lower_bound_bytes == bound and result.lower_bound_node == "end of run (graph outputs)"
+
+
+def test_a_rewritten_model_is_simulated_and_inspected_at_the_shapes_it_was_planned_at(run_cli, tmp_path):
+    """simulate and inspect of a rewritten model read the shapes its plan was made at
+    (offloadctl.planned_at), as run does: the same peak as the plan, no tensor of unknown size (an
+    order pin's tensors hold no bytes of their own)."""
+    from models import long_reuse_model, save
+
+    source = save(long_reuse_model(dynamic=True), tmp_path / "dyn.onnx")
+    plan, out = tmp_path / "plan.json", tmp_path / "out.onnx"
+    assert run_cli("plan", source, "--input-shape", "x=64,8", "--select-distance", "1", "-o", plan).exit_code == 0
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+    planned = json.loads(plan.read_text())["summary"]["estimate"]["peak_bytes"]["after"]
+    simulated = run_cli("simulate", out, "--json").json()
+    assert simulated["peak_bytes"]["after"] == planned and not simulated["figures_low"]
+    assert run_cli("inspect", out, "--json").json()["unknown_size"]["count"] == 0

@@ -34,7 +34,7 @@ from offloadctl.analysis.order import (
 )
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.onnxutil import is_constant_node, subgraph_outer_names
+from offloadctl.core.onnxutil import is_constant_node, is_pin, subgraph_outer_names
 from offloadctl.loading.model import LoadedModel, TensorInfos, tensor_infos
 
 if TYPE_CHECKING:
@@ -108,8 +108,10 @@ class Analysis:
     @paused_gc()
     def unknown_sizes(self) -> list[str]:
         """Graph inputs, activations and weights whose byte size is unknown (memory figures count
-        them as 0 bytes), in that order."""
-        names = dict.fromkeys([*self.graph_inputs, *self.producer, *sorted(self.weights)])
+        them as 0 bytes), in that order; an order pin's tensors are left out."""
+        # an order pin's tensors (a view, an Optional, a shape) hold no bytes of their own
+        made = [n for n, p in self.producer.items() if not is_pin(self.nodes[p])]
+        names = dict.fromkeys([*self.graph_inputs, *made, *sorted(self.weights)])
         self.infos.convert(names)
         return [n for n in names if (info := self.infos.get(n)) is None or info.bytes is None]
 

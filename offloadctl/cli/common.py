@@ -63,7 +63,8 @@ def open_model(
     """Load MODEL (weights stay on disk), pin input shapes and analyse it, with progress on a terminal.
 
     The pins are ``--input-shape`` and ``--dim``, else those of ``plan`` (a plan for this model, read
-    from ``plan_path``, which the job then holds); sizes come from one run with ``--sizes-from-run``
+    from ``plan_path``, which the job then holds), else those a rewritten model records it was planned
+    at (``offloadctl.planned_at``, which `run` uses too); sizes come from one run with ``--sizes-from-run``
     or when the plan's did. Positions count in ``order`` (``--execution-order``), else the plan's, else
     PRIORITY_BASED; an order that contradicts the plan's is an error.
     """
@@ -77,6 +78,13 @@ def open_model(
             input_shapes, dims = dict(plan["model"]["input_shapes"]), dict(plan["model"].get("dims") or {})
             source = f"model.input_shapes of plan {plan_path}"
         requested = requested or plan["model"].get("sizes_from_run")
+    elif not input_shapes and not dims:
+        # a rewritten model records the shapes its plan was made at (offloadctl.planned_at), as `run` reads them
+        from offloadctl.running.runner import planned_shapes
+
+        input_shapes, dims = planned_shapes(model)
+        if input_shapes or dims:
+            source = f"offloadctl.planned_at of {model}"
     with steps(show_progress, total=2) as step:
         job = Job.of_model(
             model, input_shapes=input_shapes, dims=dims, sizes=requested, pins_from=source, step=step, order=order
