@@ -126,3 +126,26 @@ def test_write_report_draws_either_format(tmp_path, fmt):
     assert written == [tmp_path / "r.md", tmp_path / f"r.{fmt}"]
     data = written[1].read_bytes()
     assert data[:8] == PNG_MAGIC if fmt == "png" else ET.fromstring(data).tag.endswith("svg")
+
+
+def test_peak_labels_never_overlap_when_the_peaks_sit_close():
+    """A plan that leaves the peak where it was puts both peak labels on one point: the after label
+    moves below it."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    import offloadctl
+    from offloadctl.cli.plot import timeline_figure
+
+    analysis = offloadctl.analyse(SAMPLES / "seed.onnx")
+    plan = offloadctl.make_plan(analysis, select_distance=1, prefetch_distance=2)
+    result = offloadctl.simulate(analysis, plan)
+    assert result.peak_before == result.peak_after  # the seed's peak stays where it is
+    fig = timeline_figure(result, Figure)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    labels = [t for t in fig.axes[0].texts if "peak" in t.get_text()]
+    assert len(labels) == 2
+    first, second = (t.get_window_extent(renderer) for t in labels)
+    assert not first.overlaps(second)

@@ -48,6 +48,12 @@ def plot_timeline(result: SimResult, path: str, *, title: str | None = None) -> 
     """
     out = Path(path)
     fmt, Figure = _figure_class(out, "memory.png")
+    fig = timeline_figure(result, Figure, title=title)
+    atomic_write(out, lambda tmp: fig.savefig(tmp, format=fmt))
+
+
+def timeline_figure(result: SimResult, Figure: Any, *, title: str | None = None) -> Any:
+    """The figure `plot_timeline` writes (``Figure``: matplotlib's class)."""
     before, after = result.before, result.after
     scale, unit = _plot_unit(max(before.peak_bytes, after.peak_bytes, 1))
     fig = Figure(figsize=(11, 5.2), dpi=110, layout="constrained")
@@ -66,6 +72,7 @@ def plot_timeline(result: SimResult, path: str, *, title: str | None = None) -> 
     ax.axhline(
         result.lower_bound_bytes / scale, color="#d62728", ls="--", lw=1, label="lower bound (largest single step)"
     )
+    labels = []
     for trace, xs, color, name in (
         (before, list(range(n)), "#555555", "before"),
         (after, xs_after, "#1f77b4", "after"),
@@ -75,14 +82,17 @@ def plot_timeline(result: SimResult, path: str, *, title: str | None = None) -> 
             continue
         ax.plot([xs[s]], [trace.device[s] / scale], "o", color=color, ms=6, zorder=5)
         right = xs[s] > 0.6 * n
-        ax.annotate(
-            f"{name} peak {trace.device[s] / scale:.2f} {unit}\nat #{trace.positions[s]} {trace.labels[s]}",
-            (xs[s], trace.device[s] / scale),
-            textcoords="offset points",
-            xytext=(-8 if right else 8, 8),
-            ha="right" if right else "left",
-            fontsize=8,
-            color=color,
+        labels.append(
+            ax.annotate(
+                f"{name} peak {trace.device[s] / scale:.2f} {unit}\nat #{trace.positions[s]} {trace.labels[s]}",
+                (xs[s], trace.device[s] / scale),
+                textcoords="offset points",
+                xytext=(-8 if right else 8, 8),
+                ha="right" if right else "left",
+                va="bottom",
+                fontsize=8,
+                color=color,
+            )
         )
     h2d = [x for x, k in zip(xs_after, after.kinds) if k == "h2d"]
     d2h = [x for x, k in zip(xs_after, after.kinds) if k == "d2h"]
@@ -105,7 +115,24 @@ def plot_timeline(result: SimResult, path: str, *, title: str | None = None) -> 
         fontsize=11,
     )
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=5, fontsize=8, frameon=False)
-    atomic_write(out, lambda tmp: fig.savefig(tmp, format=fmt))
+    _apart(fig, labels)
+    return fig
+
+
+def _apart(fig: Any, labels: list[Any]) -> None:
+    """Move the second peak label (after) below its point when it would cover the first (before)."""
+    if len(labels) < 2:
+        return
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # the layout is settled when the figure is drawn
+    renderer = canvas.get_renderer()
+    first, second = (label.get_window_extent(renderer) for label in labels[:2])
+    if first.overlaps(second):
+        x, _ = labels[1].get_position()
+        labels[1].set_position((x, -12))
+        labels[1].set_verticalalignment("top")
 
 
 def _plot_unit(peak: int) -> tuple[float, str]:
