@@ -267,3 +267,42 @@ def run_order_figures(plan: Plan, analysis: Analysis, result: SimResult, request
     with paused_gc():
         replayed = run_order_result(plan, analysis)
     return with_run_order_peak(figures, replayed, analysis.order)
+
+
+#: a plan that lowers the peak by less than this fraction gets a computed next step
+HELPFUL_CUT = 0.05
+
+
+def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRequest) -> dict[str, Any] | None:
+    """For a plan that lowers the peak by under 5% (not itself a budget plan): the budget plan halfway
+    between the lower bound and the peak, made and simulated here, as a copy-pasteable command with
+    the figures it gives (the model's own pins and dims in it); None otherwise or when it does no better."""
+    before, after = result.peak_before, result.peak_after
+    if before <= 0 or before - after >= HELPFUL_CUT * before or request.uses_budget:
+        return None
+    bound = result.lower_bound_bytes
+    budget = max(bound, (bound + before) // 2)
+    budget = -(-budget // 1024) * 1024  # whole KiB, so the command says what was planned
+    if budget >= before:
+        return None
+    try:
+        request.report("finding a plan that helps")
+        better = make_plan.run(analysis, PlanRequest(budget=budget, params=True, profile=request.profile))
+    except OffloadError:
+        return None
+    sim = simulate(analysis, better, profile=request.device_profile)
+    if sim.peak_after >= after:
+        return None
+    loaded = analysis.loaded
+    flags = [f"--input-shape {n}={','.join(map(str, s))}" for n, s in loaded.input_shapes.items()]
+    flags += [f"--dim {n}={v}" for n, v in loaded.dims.items()]
+    if analysis.order != "priority":
+        flags.append(f"--execution-order {analysis.order}")
+    command = " ".join(["offloadctl plan", str(loaded.path), "--params", f"--budget {budget // 1024}KiB", *flags])
+    slowdown = sim.times.slowdown["serialized"] if sim.times is not None else None
+    return {
+        "command": command + " -o PLAN.json",
+        "budget_bytes": budget,
+        "peak_bytes": {"before": before, "after": sim.peak_after},
+        "slowdown": slowdown,
+    }

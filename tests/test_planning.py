@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -441,3 +442,25 @@ def test_unsorted_files_get_shapes_in_execution_order(tmp_path):
     onnx.save(model, str(path))
     analysis = _analysis(path)
     assert [analysis.infos[t].bytes for t in ("a", "b", "y")] == [24, 24, 24]
+
+
+def test_a_weak_plan_gives_the_next_command_with_the_figures_it_gives(run_cli, tmp_path):
+    """A plan that lowers the peak by under 5% (DenseNet-121 from the onnx wheel, --params
+    --select-distance 10: +0.0%) ends with a computed next step: a budget plan's command, its peak
+    and slowdown, which that command then gives."""
+    import shlex
+
+    import onnx
+
+    model = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_densenet121.onnx"
+    res = run_cli("plan", model, "--params", "--select-distance", "10", "-o", tmp_path / "p.json", "--json")
+    step = json.loads(res.stdout)["next_step"]
+    assert step is not None and step["peak_bytes"]["after"] < 0.95 * step["peak_bytes"]["before"]
+    assert "next: offloadctl plan" in res.stderr
+    args = shlex.split(step["command"].replace("PLAN.json", str(tmp_path / "next.json")))[2:]
+    done = run_cli("plan", *args, "--json")
+    assert done.exit_code == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["peak_bytes"]["after"] == step["peak_bytes"]["after"]
+    assert doc["slowdown"]["serialized"] == pytest.approx(step["slowdown"])
+    assert doc["next_step"] is None

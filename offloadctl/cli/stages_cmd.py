@@ -61,7 +61,7 @@ from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
-from offloadctl.job import Job, planned
+from offloadctl.job import Job, next_step, planned
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.explain import explain_table
@@ -466,6 +466,17 @@ def _plan_and_simulate(
     return plan, result, checked
 
 
+def next_step_text(step: dict[str, Any]) -> str:
+    """The line that gives a weak plan's computed next step."""
+    peak = step["peak_bytes"]
+    cut = 100.0 * (peak["before"] - peak["after"]) / peak["before"]
+    slow = f", est. slowdown {step['slowdown']:.2f}x" if step.get("slowdown") else ""
+    return (
+        f"this plan lowers the peak by under 5%; next: {step['command']} "
+        f"(peak {fmt_bytes(peak['before'])} -> {fmt_bytes(peak['after'])}, -{cut:.1f}%{slow})"
+    )
+
+
 def _plan_verdict(
     analysis: Analysis,
     plan: Plan,
@@ -491,8 +502,11 @@ def _plan_verdict(
         print_estimate(figures, where=where)
     with paused_gc():
         warning = weak_plan_advice(analysis, plan, result=result)
+        step = next_step(analysis, plan, result, request)
     if warning:
         logger.warning("%s", warning)
+    if step is not None:
+        logger.warning("%s", next_step_text(step))
     warn_slowdown(figures)
     unknown = figures["unknown_size_tensors"]
     words, raised = plan_effect(figures, plan)
@@ -506,6 +520,7 @@ def _plan_verdict(
         or gate_failure(max_peak, figures["peak_bytes"]["after"], "peak after the plan", unknown=unknown)
         or point_failure,
         doc={
+            "next_step": step,
             "model": model,
             "plan": str(written[0]),
             **plan_figures(plan),
