@@ -39,7 +39,7 @@ from offloadctl.rewriting.preview import run_order_result
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, check_model_outputs, write_model
 from offloadctl.running.sizes import analysed
 from offloadctl.simulation.base import is_rewritten
-from offloadctl.simulation.estimate import estimate_figures, record_estimate, with_run_order_peak
+from offloadctl.simulation.estimate import estimate_figures, record_estimate, recorded_estimate, with_run_order_peak
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = ["Job", "plan_model"]
@@ -277,7 +277,8 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
     """For a plan that lowers the peak by under 5% (not itself a budget plan): the budget plan halfway
     between the lower bound and the peak, made and simulated here, as a copy-pasteable command with
     the figures it gives (the model's own pins and dims in it); None otherwise or when it does no better."""
-    before, after = result.peak_before, result.peak_after
+    recorded = (recorded_estimate(plan) or {}).get("peak_bytes") or {}
+    before, after = result.peak_before, recorded.get("after", result.peak_after)  # as the verdict says it
     if before <= 0 or before - after >= HELPFUL_CUT * before or request.uses_budget:
         return None
     bound = result.lower_bound_bytes
@@ -287,22 +288,34 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
         return None
     try:
         request.report("finding a plan that helps")
-        better = make_plan.run(analysis, PlanRequest(budget=budget, params=True, profile=request.profile))
+        better = make_plan.run(
+            analysis,
+            PlanRequest(
+                budget=budget,
+                params=True,
+                profile=request.profile,
+                host_nodes=request.host_nodes,
+                host_device=request.host_device,
+            ),
+        )
     except OffloadError:
         return None
     sim = simulate(analysis, better, profile=request.device_profile)
-    if sim.peak_after >= after:
+    peak = run_order_figures(better, analysis, sim, request)["peak_bytes"]["after"]  # as the plan would say
+    if peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help: below the plan's peak, and by 5%
         return None
     loaded = analysis.loaded
     flags = [f"--input-shape {n}={','.join(map(str, s))}" for n, s in loaded.input_shapes.items()]
     flags += [f"--dim {n}={v}" for n, v in loaded.dims.items()]
     if analysis.order != "priority":
         flags.append(f"--execution-order {analysis.order}")
+    if request.host_device:
+        flags.append(f"--device {request.host_device.split()[0]}")
     command = " ".join(["offloadctl plan", str(loaded.path), "--params", f"--budget {budget // 1024}KiB", *flags])
     slowdown = sim.times.slowdown["serialized"] if sim.times is not None else None
     return {
         "command": command + " -o PLAN.json",
         "budget_bytes": budget,
-        "peak_bytes": {"before": before, "after": sim.peak_after},
+        "peak_bytes": {"before": before, "after": peak},
         "slowdown": slowdown,
     }
