@@ -323,3 +323,30 @@ def test_run_command_compares_subgraph_models(write_model, run_cli, tmp_path, ki
     report = res.json()
     assert report["comparison"] and all(c["identical"] for c in report["comparison"].values())
     assert report["order"]["matches"] is True, report["order"]
+
+
+BODY_WEIGHTS_MODEL = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4,8] x, bool c) => (float[4,8] y) {
+    y = If(c) <
+        then_branch = then_g () => (float[4,8] t_out) <float[8] wt = {1, 2, 3, 4, 5, 6, 7, 8}> {
+            t1 = Relu(x)
+            t_out = Add(t1, wt)
+        },
+        else_branch = else_g () => (float[4,8] e_out) <float[8] we = {8, 7, 6, 5, 4, 3, 2, 1}> {
+            e_out = Mul(x, we)
+        }
+    >
+}
+"""
+
+
+def test_what_bodies_hold_is_named_in_the_verdict(write_model, run_cli, tmp_path):
+    """Weights inside If branches are counted as weights, and the plan names the control-flow node
+    that holds them, since no plan reaches into its bodies (the If-wrapped silero VAD keeps 340 there)."""
+    path = write_model(BODY_WEIGHTS_MODEL)
+    res = run_cli("plan", path, "--params", "--select-distance", "0", "-o", tmp_path / "p.json", "--json")
+    assert res.exit_code == 0, res.stderr
+    (body,) = json.loads(res.stdout)["unreached_bodies"]
+    assert body["op"] == "If" and body["weights"] == 2 and body["weight_bytes"] == 64
+    assert "no plan reaches what If/Loop/Scan bodies hold" in res.stderr and "2 weight(s)" in res.stderr

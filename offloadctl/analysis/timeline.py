@@ -227,6 +227,8 @@ class SubgraphMemory:
     inner: dict[int, int] = field(default_factory=dict)
     unknown: tuple[str, ...] = ()  # body tensors whose size is unknown (counted as 0)
     bodies: dict[int, int] = field(default_factory=dict)  # position -> its bodies' working set alone
+    # position -> (bytes, count) of the weights its bodies hold (resident for the whole run)
+    body_weights: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def at(self, position: int) -> int:
         return self.inner.get(position, 0)
@@ -379,12 +381,16 @@ def _compute_subgraph_memory(analysis: Analysis) -> SubgraphMemory:
     inner: dict[int, int] = dict(scratch)
     bodies: dict[int, int] = {}
     nodes = _inferred_nodes(analysis)
+    held: dict[int, tuple[int, int]] = {}
     for p in positions:
+        weights, count = walker.weight_bytes, walker.weight_count
         size = walker.node_inner(nodes[p], analysis.node_names[p])
         if size:
             inner[p] = inner.get(p, 0) + size
             bodies[p] = size
-    return SubgraphMemory(walker.weight_count, walker.weight_bytes, inner, tuple(walker.unknown), bodies)
+        if walker.weight_count > count:
+            held[p] = (walker.weight_bytes - weights, walker.weight_count - count)
+    return SubgraphMemory(walker.weight_count, walker.weight_bytes, inner, tuple(walker.unknown), bodies, held)
 
 
 def forget(analysis: Analysis) -> None:

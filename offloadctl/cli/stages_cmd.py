@@ -62,7 +62,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job, next_step, planned
-from offloadctl.planning.advice import weak_plan_advice
+from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.explain import explain_table
 from offloadctl.planning.filter import filter_plan
@@ -507,6 +507,9 @@ def _plan_verdict(
         logger.warning("%s", warning)
     if step is not None:
         logger.warning("%s", next_step_text(step))
+    bodies = unreached_bodies(analysis)
+    if (text := unreached_text(bodies)) is not None:
+        logger.warning("%s", text)
     warn_slowdown(figures)
     unknown = figures["unknown_size_tensors"]
     words, raised = plan_effect(figures, plan)
@@ -521,6 +524,7 @@ def _plan_verdict(
         or point_failure,
         doc={
             "next_step": step,
+            "unreached_bodies": bodies,
             "model": model,
             "plan": str(written[0]),
             **plan_figures(plan),

@@ -4,20 +4,24 @@ A plan can move many bytes and still leave the peak where it was: every reload l
 copy out (the prefetch distance reaches back past the whole idle stretch), or the peak is a node's
 own working set, which no offload can touch. `weak_plan_advice` recognises such a plan (it moves
 bytes but cuts the peak by less than `WEAK_CUT`) and returns the message to show: what it costs,
-what it saves, the reasons found, and what would help. It reads an analysis and a scheduled plan
-and changes neither.
+what it saves, the reasons found, and what would help. `unreached_bodies` names the If/Loop/Scan
+nodes whose bodies hold weights or a working set that no plan reaches (copies are planned in the
+main graph only). Both read an analysis (and a scheduled plan) and change neither.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.timeline import subgraph_memory
 from offloadctl.contract.types import Offload, Plan, ReloadGroup
 from offloadctl.core.units import fmt_bytes
 from offloadctl.planning.budget.strategy import bytes_moved
 from offloadctl.simulation.memory import lower_bound, peak_memory
 from offloadctl.simulation.result import SimResult
 
-__all__ = ["WEAK_CUT", "weak_plan_advice"]
+__all__ = ["WEAK_CUT", "unreached_bodies", "unreached_text", "weak_plan_advice"]
 
 WEAK_CUT = 0.03  # a plan that moves bytes but cuts the peak by less than this fraction is reported
 
@@ -94,3 +98,40 @@ def weak_plan_advice(analysis: Analysis, plan: Plan, *, result: SimResult | None
         hints.append("--params, to let weights move too")
     lines.append("- try " + "; or ".join(hints))
     return "\n".join(lines)
+
+
+def unreached_bodies(analysis: Analysis) -> list[dict[str, Any]]:
+    """Each If/Loop/Scan node whose bodies hold weights (resident the whole run) or a working set
+    (while it runs), largest first: what no plan reaches, since copies are planned in the main graph."""
+    memory = subgraph_memory(analysis)
+    found = []
+    for p in sorted(set(memory.body_weights) | set(memory.bodies)):
+        weights, count = memory.body_weights.get(p, (0, 0))
+        found.append(
+            {
+                "node": analysis.node_names[p],
+                "op": analysis.nodes[p].op_type,
+                "position": p,
+                "weight_bytes": weights,
+                "weights": count,
+                "working_bytes": memory.bodies.get(p, 0),
+            }
+        )
+    return sorted(found, key=lambda b: -(b["weight_bytes"] + b["working_bytes"]))
+
+
+def unreached_text(bodies: list[dict[str, Any]]) -> str | None:
+    """The line that names what the bodies hold (None when they hold nothing)."""
+    if not bodies:
+        return None
+    parts = [
+        f"{b['op']} {b['node']!r} {fmt_bytes(b['weight_bytes'])} in {b['weights']} weight(s)"
+        + (f" and up to {fmt_bytes(b['working_bytes'])} while it runs" if b["working_bytes"] else "")
+        for b in bodies[:3]
+    ]
+    more = f" and {len(bodies) - 3} more" if len(bodies) > 3 else ""
+    return (
+        "no plan reaches what If/Loop/Scan bodies hold (offloadctl plans copies in the main graph): "
+        + "; ".join(parts)
+        + more
+    )
