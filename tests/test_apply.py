@@ -809,3 +809,29 @@ def test_pins_at_one_node_share_one_view_and_never_feed_a_reshape(write_model, t
     for level in (DISABLE_ALL, ENABLE_ALL):
         got = _run(out, feeds, level, weights=True)
         assert all(np.allclose(w, g) for w, g in zip(want, got))
+
+
+def test_a_plan_for_the_default_order_keeps_the_original_nodes_file_order(run_cli, tmp_path):
+    """onnxruntime's DEFAULT walk picks a node's inputs by node index, so a rewrite for it keeps the
+    original nodes in their file order (each copy beside the node it is planned at). Written in the
+    planned order instead, the onnx wheel's DenseNet-121 walked into a peak 4.5x its original's
+    (8.36 MiB -> 37.73 MiB); kept, the plan lowers it."""
+    model = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_densenet121.onnx"
+    plan, out = tmp_path / "plan.json", tmp_path / "out.onnx"
+    options = ["--params", "--select-distance", "10", "--execution-order", "default"]
+    res = run_cli("plan", model, *options, "-o", plan, "--json")
+    assert res.exit_code == 0, res.stderr
+    peak = json.loads(res.stdout)["peak_bytes"]
+    assert peak["after"] < peak["before"]
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+
+    def own(path: Path) -> list[tuple[str, tuple[str, ...]]]:  # the model's own nodes: op and outputs
+        nodes = onnx.load(str(path), load_external_data=False).graph.node
+        added = ("MemcpyToHost", "MemcpyFromHost", "Constant")
+        return [
+            (n.op_type, tuple(n.output))
+            for n in nodes
+            if n.op_type not in added and not any(a.name == "__offload_pin" for a in n.attribute)
+        ]
+
+    assert own(out) == own(model)

@@ -415,8 +415,11 @@ class _Rewriter:
         n = analysis.num_positions
         if self.options.order_pins:
             _Pins(self).add()
+        # the DEFAULT walk picks inputs by node index: a plan made for it keeps the original nodes'
+        # relative file order (their indices), each copy beside the node it is planned at
+        sequence = range(n) if analysis.order != "default" else sorted(range(n), key=analysis.file_index.__getitem__)
         planned: list[onnx.NodeProto] = []
-        for p in range(n):
+        for p in sequence:
             planned += self.before.get(p, [])
             planned.append(self.pos_nodes[p])
             planned += self.after.get(p, [])
@@ -424,6 +427,10 @@ class _Rewriter:
         constants = [self.file_nodes[i] for i in self.constant_files if i not in self.converted]
 
         graph = self.graph
+        if analysis.order == "default":
+            del graph.node[:]
+            graph.node.extend(constants + planned)
+            return self._finish()
         # The planned order is topological by construction; without a backward node (so without a
         # backward copy) onnxruntime's priority order is the file order with each Shape/Size (an order
         # pin's, the model's own) run as soon as it is ready.
@@ -443,6 +450,11 @@ class _Rewriter:
             )
         del graph.node[:]
         graph.node.extend(constants + _after_their_copies([planned[i] for i in order], self.h2d_pins))
+        return self._finish()
+
+    def _finish(self) -> onnx.ModelProto:
+        """Type the new tensors, give back the symbolic types and write the metadata."""
+        analysis, graph = self.analysis, self.graph
         graph.value_info.extend(self.value_infos)
         loaded = analysis.loaded
         if loaded.declared_types and not self.options.pin_shapes:
