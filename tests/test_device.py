@@ -90,6 +90,8 @@ def test_rewrites_hold_on_the_device_provider(run_cli, tmp_path, name, options, 
             assert all(c["within_tolerance"] for c in report["comparison"].values()), where
             if report["order_pins"] is not None and run_order == order:
                 assert report["order_pins"]["holds"], f"{where}: {report['order_pins']}"
+            if run_order == order:  # the plan's peak is the device peak of the order that ran
+                assert report["ran_peak_bytes"] == doc["summary"]["estimate"]["peak_bytes"]["after"], where
             assert code == 0, where
 
 

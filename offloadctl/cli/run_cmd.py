@@ -294,6 +294,8 @@ def _print_report(report: RunReport) -> None:
         if report.original_inserted is not None:
             text += f"; the original: {len(report.original_inserted)}"
         setup.add_row("copies onnxruntime inserted", f"[bold red]{text}[/]" if undone else text)
+    if report.ran_peak_bytes is not None:
+        setup.add_row("device peak, simulated in the order that ran", fmt_bytes(report.ran_peak_bytes))
     console.print(setup)
     if not order.matches:
         diffs = Table(title="first order differences", show_edge=False)

@@ -832,6 +832,9 @@ class RunReport:
     inserted: list[InsertedCopy] | None = None
     original_inserted: list[InsertedCopy] | None = None
     ran: list[str] = field(default_factory=list)  # node names in the order the profiled run ran them
+    # the device peak of the model simulated in the order that ran (a non-CPU device: its order is not
+    # quite either order replayed, since the provider's nodes and its CPU nodes run on streams of their own)
+    ran_peak_bytes: int | None = None
 
     @property
     def undone_copies(self) -> list[InsertedCopy]:
@@ -872,6 +875,7 @@ class RunReport:
             else [c.to_json() for c in self.original_inserted],
             "plan_undone_by": [c.to_json() for c in self.undone_copies],
             "ran": self.ran,
+            "ran_peak_bytes": self.ran_peak_bytes,
             "measured_memory": None
             if self.measured_memory is None
             else [figure.to_json() for figure in self.measured_memory],
@@ -948,10 +952,7 @@ def run_model(
     warnings += _setup_warnings(settings, config, device, ep_options)
     feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
     timed = _timed_runs(model, config, device, ort, feeds_all, repeat)
-    checked = compare_order(planned_order(loaded.proto, order), timed.ran, exact=opt_level == "disable")
-    if not checked.matches:
-        warnings.append(_order_warning(checked, order))
-    pins = _pin_check(loaded.proto, timed.ran, order, warnings)
+    checked, pins = _order_checks(loaded, timed, order, opt_level == "disable", device, warnings)
     feeds = _session_feeds(loaded.proto, feeds_all)
     measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
     comparison = unstable = original_inserted = None
@@ -984,7 +985,33 @@ def run_model(
         inserted=timed.inserted,
         original_inserted=original_inserted,
         ran=timed.ran,
+        ran_peak_bytes=timed.ran_peak,
     )
+
+
+def _order_checks(
+    loaded: Any, timed: _Timed, order: str, exact: bool, device: str, warnings: list[str]
+) -> tuple[OrderCheck, PinCheck | None]:
+    """The order that ran against the one predicted, the pins against it, and on a device the peak
+    of the order that ran (into ``timed``)."""
+    checked = compare_order(planned_order(loaded.proto, order), timed.ran, exact=exact)
+    if not checked.matches:
+        warnings.append(_order_warning(checked, order))
+    timed.ran_peak = _ran_peak(loaded, order, timed.ran) if device != "cpu" else None
+    return checked, _pin_check(loaded.proto, timed.ran, order, warnings)
+
+
+def _ran_peak(loaded: Any, order: str, ran: Sequence[str]) -> int | None:
+    """The device peak of ``loaded`` simulated in the order that ran (None if it cannot be simulated)."""
+    from offloadctl.analysis.graph import analyse
+    from offloadctl.simulation.result import simulate
+
+    if not ran:
+        return None
+    try:
+        return simulate(analyse(loaded, order=order, sequence=ran), None, profile=None).peak_after
+    except OffloadError:
+        return None
 
 
 def _tolerances(opt_level: str, rtol: float | None, atol: float | None) -> tuple[float, float]:
@@ -1120,6 +1147,7 @@ class _Timed:
     ran: list[str]  # node names in the order they ran (profiled warm-up)
     runs: list[float]
     inserted: list[InsertedCopy] | None = None  # copies onnxruntime inserted (a non-CPU device)
+    ran_peak: int | None = None  # the device peak simulated in the order that ran (a non-CPU device)
 
 
 def _timed_runs(
