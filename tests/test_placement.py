@@ -151,3 +151,18 @@ def test_simulate_with_a_plan_gives_the_rewrites_own_cpu_figure(run_cli, tmp_pat
     rewritten = run_cli("simulate", out, *pins, "--json").json()
     assert with_plan["cpu_peak_bytes"]["after"] == rewritten["cpu_peak_bytes"]["after"] > 64 * 8 * 4
     assert with_plan["peak_bytes"]["after"] == rewritten["peak_bytes"]["after"]
+
+
+def test_apply_for_ascend_says_which_copies_hold_under_priority_based_only(run_cli, tmp_path):
+    """apply --target ascend leaves out the H2D pins (their Shape of a device tensor would run on
+    CANN's CPU and copy the tensor); the verdict and the model's metadata say which copies then hold
+    under PRIORITY_BASED only."""
+    plan, out = tmp_path / "plan.json", tmp_path / "out.onnx"
+    assert run_cli("plan", SAMPLES / "transformer.onnx", "--select-distance", "3", "-o", plan).exit_code == 0
+    res = run_cli("apply", plan, "-o", out, "--target", "ascend")
+    assert res.exit_code == 0, res.stderr
+    assert "hold under PRIORITY_BASED only" in res.stdout + res.stderr
+    meta = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    listed = json.loads(meta["offloadctl.priority_based_only"])
+    assert listed and all("on ascend" in reason for reason in listed if "H2D" in reason)
+    assert json.loads(meta["offloadctl.session"])["pins_for"] == "ascend"

@@ -94,6 +94,8 @@ def apply(
         if figures is not None:
             print_estimate(figures, what="planned")
     parts: list[str | None] = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
+    if result.unpinned and order_pins:
+        parts.append(f"{len(result.unpinned)} unpinned group(s) hold under PRIORITY_BASED only")
     if figures is not None:
         words, raised = plan_effect(figures, plan)
         parts += [
