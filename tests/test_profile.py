@@ -614,3 +614,19 @@ def test_a_model_too_big_to_rewrite_still_times_constant_folding_off(fast, monke
     assert (
         "unfolded_s" not in measure_profile(str(MLP), "cpu", inputs=MLP_INPUTS, repeat=2)["measured"]["copies_in_model"]
     )
+
+
+def test_a_budget_plan_counts_the_kernel_scratch_a_measured_profile_records(fast, tmp_path):
+    """The budget planner fits the peak simulate reports: the measured kernel scratch included."""
+    unet = SAMPLES / "unet.onnx"
+    path = tmp_path / "unet.profile.json"
+    write_profile(path, measure_profile(str(unet), "cpu", inputs=SAMPLES / "unet.inputs.npz", repeat=2))
+    assert any(e.get("scratch_bytes") for e in json.loads(path.read_text())["measured"]["nodes"].values())
+    analysis = _analysis(unet)
+    before = simulate(analysis, None, profile=str(path))
+    assert before.peak_before > simulate(_analysis(unet), None).peak_before  # the scratch counts
+    budget = (lower_bound(analysis)[0] + before.peak_before) // 2
+    plan = make_plan(_analysis(unet), budget=budget, params=True, profile=str(path))
+    after = simulate(_analysis(unet), plan, profile=str(path))
+    assert after.peak_after <= budget
+    assert plan["budget"]["predicted_peak_bytes"] == after.peak_after

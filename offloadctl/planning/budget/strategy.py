@@ -53,6 +53,7 @@ from offloadctl.simulation.costs import (
 )
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
+from offloadctl.simulation.timing import count_scratch
 
 __all__ = [
     "BudgetResult",
@@ -243,6 +244,8 @@ class BudgetSearch:
             )
         self.analysis = analysis
         self.options = options
+        # the kernel scratch a measured profile records is part of every step's memory, as simulate counts it
+        count_scratch(analysis, options.device_profile)
         self.params = select.params or options.stream_weights
         self.selection = Selection(analysis, dataclasses.replace(select, select_distance=0))
         self.base = base if base is not None else self.selection.plan(weights=select.params)
