@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +30,10 @@ from offloadctl.contract.types import Plan, SizesFromRun
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
-from offloadctl.loading.model import load_model
+from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.planning.make import plan_for
 from offloadctl.planning.request import PlanRequest, taking
-from offloadctl.rewriting.genai import check_genai_output, genai_folder, write_genai_folder
+from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
 from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.preview import run_order_result
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, check_model_outputs, write_model
@@ -188,12 +188,26 @@ class Job:
         model and the data files written."""
         assert self.plan is not None  # a job that rewrites has a plan
         loaded = self.analysis.loaded
+        genai = genai_folder(loaded.path)
+        with genai_output_folder(loaded.path if genai is not None else None, output):
+            return self._write_rewrite(output, loaded, genai, result=result, step=step, options=options)
+
+    def _write_rewrite(
+        self,
+        output: str | os.PathLike[str],
+        loaded: LoadedModel,
+        genai: GenaiFolder | None,
+        *,
+        result: ApplyResult | None,
+        step: Step,
+        options: RewriteOptions | None,
+    ) -> tuple[Any, list[Path]]:
+        assert self.plan is not None
         source = loaded.path.parent
         self.guard("the rewritten model", output)
         check_model_outputs(loaded.proto, output, source, self.reads, locations=loaded.data_locations)
         step(f"rewriting {loaded.path}")
         proto = apply_plan(self.plan, self.analysis, result=result, options=options)
-        genai = genai_folder(loaded.path)
         if genai is not None:
             check_genai_output(genai, Path(output))
         step(f"writing {output}")
@@ -216,6 +230,26 @@ class Job:
                 _remove_written([Path(output), *written])
                 raise
         return proto, written
+
+
+@contextlib.contextmanager
+def genai_output_folder(model: str | os.PathLike[str] | None, output: str | os.PathLike[str]) -> Iterator[None]:
+    """A rewrite of a model in an onnxruntime-genai folder goes to a new genai folder: make it when it
+    does not exist yet and its parent does (one level, as ``mkdir OUT``), and remove it again if the
+    work inside fails and leaves it empty. No-op for other models and folders that exist."""
+    folder = Path(output).parent
+    made = False
+    if model is not None and genai_folder(Path(model)) is not None and str(folder) not in ("", "."):
+        if not folder.exists() and folder.parent.is_dir():
+            with contextlib.suppress(OSError):  # (unwritable parent, a race): the output checks report it
+                folder.mkdir()
+                made = True
+    try:
+        yield
+    except BaseException:
+        if made and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
 
 
 # --------------------------------------------------------------------------------------------------

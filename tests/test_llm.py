@@ -86,6 +86,27 @@ def test_genai_output_in_its_own_folder_is_refused(run_cli, tmp_path):
     assert (folder / "genai_config.json").read_bytes() == before
 
 
+def test_genai_apply_makes_its_output_folder_and_removes_it_when_it_fails(run_cli, tmp_path):
+    plan = tmp_path / "plan.json"
+    assert run_cli("plan", FP32 / "model.onnx", *DIMS, "--budget", "650KiB", "--params", "-o", plan).exit_code == 0
+    res = run_cli("apply", plan, "-o", tmp_path / "out" / "model.onnx")  # OUT does not exist yet: a genai folder
+    assert res.exit_code == 0, res.stderr
+    assert (tmp_path / "out" / "genai_config.json").is_file()
+    # one level only, and a failing apply leaves no folder behind
+    res = run_cli("apply", plan, "-o", tmp_path / "a" / "b" / "model.onnx")
+    assert res.exit_code == 1 and "mkdir -p" in res.stderr
+    assert not (tmp_path / "a").exists()
+    folder = tmp_path / "src"
+    shutil.copytree(FP32, folder)
+    plan = tmp_path / "src.plan.json"
+    assert run_cli("plan", folder / "model.onnx", *DIMS, "--budget", "650KiB", "--params", "-o", plan).exit_code == 0
+    with open(folder / "model.onnx", "ab") as f:  # the model changes after planning: apply refuses the plan
+        f.write(b"\x00")
+    res = run_cli("apply", plan, "-o", tmp_path / "new" / "model.onnx")
+    assert res.exit_code == 1 and "Traceback" not in res.stderr
+    assert not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize("name", ["../model.onnx", "/etc/passwd", "sub/../../x.onnx"])
 def test_genai_names_outside_the_folder_are_refused(tmp_path, name):
     folder = tmp_path / "src"

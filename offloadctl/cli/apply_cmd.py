@@ -16,7 +16,7 @@ from offloadctl.cli.options import json_option, output_option
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
-from offloadctl.job import Job, plan_model
+from offloadctl.job import Job, genai_output_folder, plan_model
 from offloadctl.rewriting.rewrite import TARGETS, ApplyResult, RewriteOptions
 from offloadctl.simulation.estimate import recorded_estimate
 
@@ -70,12 +70,14 @@ def apply(
     recorded in the plan (`simulate OUT` computes them for the rewritten model).
     """
     plan = read_plan(plan_path, stages=("scheduled",))
-    check_output_path(output, plan_path, plan_model(plan, plan_path, model))  # before the model loads
+    source = plan_model(plan, plan_path, model)
     result = ApplyResult()
-    with steps(not as_json, total=4) as step:
-        job = Job.of_plan(plan_path, stages=("scheduled",), model=model, step=step, plan=plan)
-        options = RewriteOptions(order_pins=order_pins, pin_shapes=pin_shapes, target=target)
-        _, extra = job.write_rewrite(output, result=result, step=step, options=options)
+    with genai_output_folder(source, output):  # a genai model's rewrite is a new genai folder: made here
+        check_output_path(output, plan_path, source)  # before the model loads
+        with steps(not as_json, total=4) as step:
+            job = Job.of_plan(plan_path, stages=("scheduled",), model=model, step=step, plan=plan)
+            options = RewriteOptions(order_pins=order_pins, pin_shapes=pin_shapes, target=target)
+            _, extra = job.write_rewrite(output, result=result, step=step, options=options)
     model_path = job.model_path
     figures = recorded_estimate(plan)
     if not as_json:
