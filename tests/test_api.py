@@ -1,4 +1,4 @@
-"""The Python API: the exported entry points, the README's example, and the type-hint marker."""
+"""The Python API: the exported entry points, the example of docs/python-api.md, and the type-hint marker."""
 
 from __future__ import annotations
 
@@ -46,12 +46,12 @@ def test_the_functions_survive_importing_the_modules_and_the_package_stays_light
 
 
 def test_the_readme_example_runs(tmp_path, monkeypatch):
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "python-api.md").read_text(encoding="utf-8")
     code = re.search(r"<!-- example: python-api -->\s*```python\n(.*?)```", text, re.S).group(1)
     (tmp_path / "sample_models").mkdir()
     shutil.copy(SAMPLES / "transformer.onnx", tmp_path / "sample_models")
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})  # the example asserts its own results
+    exec(compile(code, "docs/python-api.md", "exec"), {})  # the example asserts its own results
     assert (tmp_path / "transformer.offload.onnx").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sample_models", "transformer.offload.onnx"]
 

@@ -139,7 +139,8 @@ def _write_plan_file(tmp_path: Path, model_path: Path, name: str = "plan.json", 
 
 
 def test_memcpy_ops_run_as_kernels_on_the_cpu_ep(tmp_path):
-    """SPEC fact: onnxruntime-cann runs MemcpyToHost/MemcpyFromHost on the CPU EP, in file order."""
+    """onnxruntime-cann runs MemcpyToHost/MemcpyFromHost on the CPU EP, in file order (docs/commands.md,
+    apply: the copies are onnxruntime's own ops)."""
     graph = helper.make_graph(
         [
             helper.make_node("MemcpyToHost", ["x"], ["h"], name="d2h"),

@@ -1,5 +1,5 @@
 """Rewrites on a real device provider: onnxruntime's WebGPU plugin, over Mesa's software Vulkan
-driver on a machine without a GPU (README, Devices). There host and device are two memories, and
+driver on a machine without a GPU (docs/devices.md). There host and device are two memories, and
 onnxruntime partitions the graph and inserts copies as it does for CUDA or CANN; the CPU provider
 cannot show a copy that goes wrong.
 

@@ -1,4 +1,4 @@
-"""CI use: one-line verdicts, --json documents, the --max-peak gate and the README's CI example."""
+"""CI use: one-line verdicts, --json documents, the --max-peak gate and the CI example of docs/ci.md."""
 
 from __future__ import annotations
 
@@ -152,19 +152,20 @@ def test_plan_takes_a_profile(run_cli, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The README's CI example, run as written
+# The CI example of docs/ci.md, run as written
 
 
-def _readme_block(marker: str) -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def _ci_block(marker: str) -> str:
+    text = (ROOT / "docs" / "ci.md").read_text(encoding="utf-8")
     match = re.search(rf"<!-- example: {marker} -->\s*```\w*\n(.*?)```", text, re.S)
-    assert match, f"README has no example marked {marker}"
+    assert match, f"docs/ci.md has no example marked {marker}"
     return match.group(1)
 
 
 def _ci_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["MODEL"] = "model.onnx"
     env.update(extra)
     return env
 
@@ -172,9 +173,9 @@ def _ci_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 @pytest.fixture
 def ci_script(tmp_path):
     if shutil.which("bash") is None:  # pragma: no cover - every CI image has bash
-        pytest.fail("bash is needed to run the README's CI example")
+        pytest.fail("bash is needed to run the CI example of docs/ci.md")
     script = tmp_path / "ci.sh"
-    script.write_text(_readme_block("ci"), encoding="utf-8")
+    script.write_text(_ci_block("ci"), encoding="utf-8")
     shutil.copy(SAMPLES / "transformer.onnx", tmp_path / "model.onnx")
     return script
 

@@ -26,6 +26,7 @@ PROJECT_TOP = {
     "bench",
     ".ci",
     "README.md",
+    "docs",
     "LICENSE",
     "Makefile",
     "pyproject.toml",
@@ -104,7 +105,7 @@ def test_every_onnxruntime_extra_gets_sympy():
 
 
 def test_readme_install_lines_work_from_a_clone():
-    text = (ROOT / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
     lines = [line.strip() for line in text.splitlines() if line.strip().startswith("pip install")]
     assert "pip install '.[cpu]'" in " ".join(lines)
     for line in lines:  # no index install: offloadctl is not on one

@@ -1,6 +1,6 @@
 """onnxruntime's placement on CUDA and CANN, replicated (`offloadctl.running.placement`), and the
 order pins checked against it: CPU-only machines cannot run those providers, so the rule they
-follow (README, Devices) is replicated, tested on the cases it was written from, and every rewrite's
+follow (docs/devices.md) is replicated, tested on the cases it was written from, and every rewrite's
 pins are checked against it, fp32 and fp16. The WebGPU provider runs for real (`make test-device`)."""
 
 from __future__ import annotations

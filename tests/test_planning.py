@@ -1,4 +1,4 @@
-"""Selection, filter and prefetch rules (SPEC.md "HyperOffload semantics"), and the plan contract."""
+"""Selection, filter and prefetch rules (docs/plan-file.md, "How a plan is made"), and the plan contract."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The strategy builds models from elementwise Add/Mul/Sub/Relu/Neg, MatMul with co
 Concat and Split (several outputs), with random fan-out and long-distance reuse (any earlier tensor
 may be read again), graph outputs taken from the middle, and optional weights. For each model and
 option set, ``make_plan`` must give a schema-valid plan that obeys the HyperOffload rules, checked
-against an independent re-statement of SPEC.md (not against the stages' own helpers); and the model
+against an independent re-statement of docs/plan-file.md (not against the stages' own helpers); and the model
 rewritten by ``apply`` must pass ``onnx.checker`` (full check), give bit-identical outputs on
 onnxruntime's CPU provider (ORT_DISABLE_ALL, PRIORITY_BASED) and run in the planned (file) order.
 
@@ -166,7 +166,7 @@ plan_options = st.fixed_dictionaries(
 
 
 # ---------------------------------------------------------------------------------------------------
-# An independent statement of the rules (SPEC.md, "HyperOffload semantics")
+# An independent statement of the rules (docs/plan-file.md, "How a plan is made")
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -180,7 +180,7 @@ def _first_use_key(off: dict) -> tuple[int, int]:
 
 
 def _expected_split(start: int, uses: list[tuple[int, int | None]], distance: int):
-    """SPEC rule 2: gaps > distance open reload groups; earlier uses keep reading the device tensor."""
+    """Rule 2 (select): gaps > distance open reload groups; earlier uses keep reading the device tensor."""
     device, groups, prev = [], [], start
     for use in uses:
         if use[0] - prev > distance:

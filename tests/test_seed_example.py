@@ -1,4 +1,4 @@
-"""The HyperOffload worked example from the seed document, planned exactly as SPEC.md says."""
+"""The HyperOffload worked example from the seed document, planned exactly as docs/plan-file.md says."""
 
 from __future__ import annotations
 

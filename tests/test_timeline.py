@@ -3,7 +3,7 @@
 On random DAG models (the strategy of test_properties.py) and random plans — distance plans with
 random select, prefetch and release distances, and budget plans at random budgets between the
 lower bound and the peak (release distance 0 and not) — the device bytes at every step are
-recomputed here from the rules as SPEC.md states them, tensor by tensor and step by step, and
+recomputed here from the rules as docs/plan-file.md states them, tensor by tensor and step by step, and
 compared with:
 
 - the timeline's profile (what the budget strategy and its final check use),
@@ -83,7 +83,8 @@ def naive_profile(analysis: Analysis, plan: dict | None) -> list[int]:
 
 
 def naive_positions(plan: dict, prefetch_distance: int, release_distance: int) -> None:
-    """The prefetch stage's H2D positions and release points, by SPEC rules 5 and 6."""
+    """The prefetch stage's H2D positions and release points, by rule 4 of docs/plan-file.md (prefetch,
+    release distance)."""
     n = plan["model"]["num_positions"]
     for off in plan["offloads"]:
         d = off["prefetch_distance"] if off["prefetch_distance"] is not None else prefetch_distance
