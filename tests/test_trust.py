@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -928,9 +929,32 @@ def test_the_unknown_size_hint_never_asks_to_pin_inputs_that_are_pinned(run_cli,
     assert "nothing to pin" in text and "pin the dynamic inputs" not in text
     from models import long_reuse_model
 
+    assert "--sizes-from-run" in text  # what does help there
     dyn = save(long_reuse_model(dynamic=True), tmp_path / "dyn.onnx")
     text = " ".join(run_cli("simulate", dyn).stderr.split())
     assert "pin the dynamic inputs (x)" in text
+
+
+def test_the_dynamic_dimensions_hint_is_a_command_to_paste_with_the_models_own_names(run_cli, tmp_path):
+    model = SAMPLES / "genai" / "llama-fp32" / "model.onnx"
+    text = " ".join(run_cli("inspect", model).stderr.split())
+    found = re.search(r"by the model's own dimension names: (.*?)\)", text)
+    assert found, text
+    pins = found[1].split()
+    assert pins == [
+        *("--dim", "batch_size=1", "--dim", "sequence_length=1", "--dim", "total_sequence_length=1"),
+        *("--dim", "past_sequence_length=1", "--dim", "kv_cache_dim=1"),
+    ]
+    res = run_cli("simulate", model, *pins)  # pasted as printed: every input is known
+    assert res.exit_code == 0 and "inputs with unknown dimensions" not in res.stderr
+    # an input with an unnamed dimension is pinned by its shape, its fixed dimensions kept
+    unnamed = onnx.parser.parse_model(
+        """<ir_version: 8, opset_import: ["" : 17]>
+        g (float[?, 4] x) => (float[?, 4] y) { y = Relu(x) }"""
+    )
+    path = save(unnamed, tmp_path / "unnamed.onnx")
+    text = " ".join(run_cli("inspect", path).stderr.split())
+    assert "--input-shape 'x=1,4'" in text
 
 
 def test_numbers_that_are_not_finite_are_refused_everywhere(run_cli, tmp_path):

@@ -99,11 +99,31 @@ def open_model(
     ]
     if dynamic:
         logger.warning(
-            "inputs with unknown dimensions: %s; tensors whose size depends on them are not offloaded "
-            "(pin them with --input-shape NAME=D0,D1,... or --dim NAME=VALUE)",
+            "inputs with unknown dimensions: %s; tensors whose size depends on them are not offloaded (pin them "
+            "at the sizes you run at, by the model's own dimension names: %s)",
             ", ".join(dynamic),
+            pin_arguments(analysis, dynamic),
         )
     return job
+
+
+def pin_arguments(analysis: Analysis, names: Sequence[str]) -> str:
+    """The options that pin the dynamic dimensions of the graph inputs ``names``, to paste after the
+    command: ``--dim NAME=1`` for each named dimension (in the order the inputs declare them), and
+    ``--input-shape 'INPUT=D0,...'`` for an input with an unnamed one (its fixed dimensions kept)."""
+    declared = {v.name: v for v in analysis.loaded.proto.graph.input}
+    named: dict[str, None] = {}
+    shapes: list[str] = []
+    for name in names:
+        value = declared.get(name)
+        if value is None or not value.type.HasField("tensor_type"):
+            continue
+        dims = list(value.type.tensor_type.shape.dim)
+        if any(not d.dim_param and not d.HasField("dim_value") for d in dims):
+            shapes.append(f"--input-shape '{name}=" + ",".join(str(d.dim_value or 1) for d in dims) + "'")
+            continue
+        named.update((d.dim_param, None) for d in dims if d.dim_param)
+    return " ".join([*(f"--dim {d}=1" for d in named), *shapes]) or "--input-shape NAME=D0,D1,... or --dim NAME=VALUE"
 
 
 def print_points(dims: Mapping[str, int], result: Any, points: Sequence[Any]) -> None:
@@ -164,13 +184,15 @@ def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
     path = analysis.loaded.path
     dynamic = [n for n in analysis.graph_inputs if n in set(unknown)]
     if dynamic:
-        fix = f"pin the dynamic inputs ({', '.join(dynamic)}) with --input-shape NAME=D0,D1,... or --dim NAME=VALUE"
+        pins = pin_arguments(analysis, dynamic)
+        fix = f"pin the dynamic inputs ({', '.join(dynamic)}) at the sizes you run at: {pins}"
     else:  # every input is known: pinning would not help
         failed = analysis.infos.symbolic_failures
         stuck = f" (it could not follow {', '.join(f'{f.node!r} ({f.op_type})' for f in failed[:3])})" if failed else ""
         fix = (
             "shape inference cannot follow their shapes (data-dependent shapes, control flow, or ops it does not "
-            f"know){stuck}; nothing to pin"
+            f"know){stuck}; nothing to pin: --sizes-from-run reads every size from one run on onnxruntime's CPU "
+            "provider instead"
         )
     if strict:
         raise OffloadError(

@@ -135,6 +135,12 @@ def inspect(model: str, shapes: ShapeOptions, sizes: SizesOptions, top: int, as_
             else ""
         )
     )
+    unknown = report["unknown_size"]["count"]
+    if unknown != report["activations"]["unknown_size"]:  # graph inputs and tensors inside bodies too
+        console.print(
+            f"unknown size: {unknown} tensors in all (activations, graph inputs and inside If/Loop/Scan bodies, "
+            "as simulate and plan count them) count as 0 bytes"
+        )
     io = Table(title="inputs and outputs", show_edge=False)
     for col in ("", "name", "dtype", "shape", "bytes"):
         io.add_column(col)
