@@ -350,3 +350,10 @@ def test_what_bodies_hold_is_named_in_the_verdict(write_model, run_cli, tmp_path
     (body,) = json.loads(res.stdout)["unreached_bodies"]
     assert body["op"] == "If" and body["weights"] == 2 and body["weight_bytes"] == 64
     assert "no plan reaches what If/Loop/Scan bodies hold" in res.stderr and "2 weight(s)" in res.stderr
+    # the verdict line names the node, and --explain gives it a row of its own
+    res = run_cli("plan", path, "--params", "--select-distance", "0", "-o", tmp_path / "q.json", "--explain")
+    assert res.exit_code == 0, res.stderr
+    verdict = " ".join((res.stdout + res.stderr).split())
+    assert "the plan does not lower the peak: If" in verdict and "in its bodies, which are not planned in" in verdict
+    explained = " ".join(res.stdout.split())
+    assert "(its bodies)" in explained and "not reached" in explained and "2 weight(s) resident" in explained

@@ -286,9 +286,12 @@ def gate_failure(max_peak: int | None, peak: int, what: str, *, unknown: int = 0
     return None
 
 
-def plan_effect(figures: Mapping[str, Any], plan: Plan | None = None) -> tuple[str | None, str | None]:
+def plan_effect(
+    figures: Mapping[str, Any], plan: Plan | None = None, unreached: Sequence[Mapping[str, Any]] = ()
+) -> tuple[str | None, str | None]:
     """(words for the verdict, failure): a plan that leaves the peak where it was says so, and why when
-    the reason is work inside If/Loop/Scan bodies (which are not planned in); one that raises it fails."""
+    the reason is work inside If/Loop/Scan bodies (which are not planned in: ``unreached``, the nodes whose
+    bodies hold what no plan reaches: the largest is named); one that raises it fails."""
     before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
     bodies = figures.get("bodies_at_peak_bytes") or 0
     rejected: list[Any] = list(plan["rejected"]) if plan is not None else []
@@ -298,6 +301,9 @@ def plan_effect(figures: Mapping[str, Any], plan: Plan | None = None) -> tuple[s
         inside = f": {fmt_bytes(bodies)} of it ({100.0 * bodies / after:.0f}%) is inside If/Loop/Scan bodies"
     elif only_inside:
         inside = f": {only_inside} tensor(s) are read only inside If/Loop/Scan bodies"
+    elif unreached:
+        b = unreached[0]
+        inside = f": {b['op']} {b['node']!r} holds {fmt_bytes(b['weight_bytes'] + b['working_bytes'])} in its bodies"
     if inside:
         inside += ", which are not planned in"
     if after > before:

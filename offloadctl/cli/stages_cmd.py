@@ -407,11 +407,12 @@ def plan_cmd(
     if report is not None and result is not None:
         written += write_report(report, result, plan)
     defaulted = request.objective_defaulted if request.uses_budget else None
+    bodies = unreached_bodies(analysis)
     if not as_json:
         print_plan_summary(plan)
         _print_search(plan, defaulted)
         if explain:
-            out_console().print(explain_table(plan))
+            out_console().print(explain_table(plan, bodies))
         if result is None:
             out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
     search = {
@@ -512,7 +513,7 @@ def _plan_verdict(
         logger.warning("%s", text)
     warn_slowdown(figures)
     unknown = figures["unknown_size_tensors"]
-    words, raised = plan_effect(figures, plan)
+    words, raised = plan_effect(figures, plan, bodies)
     finish(
         "plan",
         model,

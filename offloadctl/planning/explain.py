@@ -9,6 +9,7 @@ detail the stage recorded in ``plan["rejected"]``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.table import Table
@@ -82,8 +83,10 @@ def explain_rows(plan: Plan) -> list[dict[str, Any]]:
     return rows
 
 
-def explain_table(plan: Plan) -> Table:
-    """A rich table of :func:`explain_rows`, titled with the strategy and, for a budget, its figures."""
+def explain_table(plan: Plan, bodies: Sequence[Mapping[str, Any]] = ()) -> Table:
+    """A rich table of :func:`explain_rows`, titled with the strategy and, for a budget, its figures;
+    then one row per If/Loop/Scan node whose bodies hold what no plan reaches
+    (`offloadctl.planning.advice.unreached_bodies`)."""
     title = f"candidates ({plan['strategy']} strategy, stage {plan['stage']})"
     budget = plan.get("budget")
     if budget:
@@ -112,5 +115,19 @@ def explain_table(plan: Plan) -> Table:
             row["status"],
             f"{row['reason']}: {row['detail']}",
             style=style,
+        )
+    for body in bodies:
+        held = [f"{body['weights']} weight(s) resident the whole run"] if body["weights"] else []
+        if body["working_bytes"]:
+            held.append(f"up to {fmt_bytes(body['working_bytes'])} while it runs")
+        table.add_row(
+            f"{body['op']} {body['node']!r} (its bodies)",
+            "control flow",
+            fmt_bytes(body["weight_bytes"] + body["working_bytes"]),
+            "",
+            "",
+            "not reached",
+            "inside-bodies: " + ", ".join(held) + "; copies are planned in the main graph only",
+            style="yellow",
         )
     return table
