@@ -499,7 +499,7 @@ def test_dynamic_dimensions_without_input_shape_plan_and_warn(run_cli, tmp_path)
     out = tmp_path / "plan.json"
     res = run_cli("plan", path, "-o", out, "--select-distance", "0")
     assert res.exit_code == 0, res.stderr
-    assert _warned(res.stderr, "unknown dimensions: x", "--input-shape")
+    assert _warned(res.stderr, "unknown dimensions: x", "--dim N=1")  # the option to paste, by the dim's name
     plan = json.loads(out.read_text())
     validate_plan(plan)
     assert plan["offloads"] == []

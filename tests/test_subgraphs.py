@@ -357,3 +357,46 @@ def test_what_bodies_hold_is_named_in_the_verdict(write_model, run_cli, tmp_path
     assert "the plan does not lower the peak: If" in verdict and "in its bodies, which are not planned in" in verdict
     explained = " ".join(res.stdout.split())
     assert "(its bodies)" in explained and "not reached" in explained and "2 weight(s) resident" in explained
+
+
+# Each branch counts a Range over a length read from x's shape: onnx's inference cannot size it, and
+# both branches name their tensors alike (as Optimum's merged decoder does), with other shapes.
+RANGE_BODIES_MODEL = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4,8] x, bool c) => (float[4,8] y)
+<int64 zero = {0}, int64 one = {1}, int64[1] axes = {1}>
+{
+    y = If(c) <
+        then_branch = then_g () => (float[4,8] t_out) {
+            s = Shape(x)
+            d = Gather<axis = 0>(s, one)
+            r = Range(zero, d, one)
+            rf = Cast<to = 1>(r)
+            t_out = Add(x, rf)
+        },
+        else_branch = else_g () => (float[4,8] e_out) {
+            s = Shape(x)
+            d = Gather<axis = 0>(s, zero)
+            r = Range(zero, d, one)
+            rf = Cast<to = 1>(r)
+            e = Unsqueeze(rf, axes)
+            e_out = Add(x, e)
+        }
+    >
+}
+"""
+
+
+def test_body_sizes_onnx_cannot_infer_come_from_onnxruntimes_inference(write_model, run_cli, tmp_path):
+    from offloadctl.loading.symbolic import symbolic_value_infos
+
+    path = write_model(RANGE_BODIES_MODEL)
+    bodies = symbolic_value_infos(onnx.load(path), path).bodies
+    shape = lambda key, name: [d.dim_value for d in bodies[key][name].tensor_type.shape.dim]  # noqa: E731
+    assert shape(("y", "then_branch"), "r") == [8] and shape(("y", "else_branch"), "r") == [4]
+    res = run_cli("plan", path, "-o", tmp_path / "p.json", "--json")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["unknown_size_tensors"] == 0
+    # the larger branch: r (int64[8], 64 B) and rf (float[8], 32 B) alive together at its Cast
+    assert doc["unreached_bodies"][0]["working_bytes"] == 96

@@ -954,7 +954,7 @@ def test_the_dynamic_dimensions_hint_is_a_command_to_paste_with_the_models_own_n
     )
     path = save(unnamed, tmp_path / "unnamed.onnx")
     text = " ".join(run_cli("inspect", path).stderr.split())
-    assert "--input-shape 'x=1,4'" in text
+    assert "--input-shape x=1,4" in text
 
 
 def test_numbers_that_are_not_finite_are_refused_everywhere(run_cli, tmp_path):

@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import math
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +57,7 @@ import onnx
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.order import node_reads
 from offloadctl.core.onnxutil import has_subgraphs, is_constant_node, named_subgraphs
+from offloadctl.loading.symbolic import body_key
 
 if TYPE_CHECKING:
     from offloadctl.contract.types import Offload, Plan
@@ -304,21 +305,30 @@ class _BodyWalker:
     """Weights and peak working set of bodies, recursively. ``measured`` sizes (one run) win over the
     inferred types of body tensors."""
 
-    def __init__(self, measured: Any = None) -> None:
+    def __init__(
+        self, measured: Any = None, fallback: Mapping[tuple[str, ...], Mapping[str, onnx.TypeProto]] | None = None
+    ) -> None:
         self.measured = measured
+        self.fallback = fallback or {}  # types by body (`offloadctl.loading.symbolic.body_key`)
         self.weight_count = 0
         self.weight_bytes = 0
         self.unknown: list[str] = []
 
-    def node_inner(self, node: onnx.NodeProto, label: str) -> int:
+    def node_inner(self, node: onnx.NodeProto, label: str, path: tuple[str, ...] = ()) -> int:
         """Working set of a node's bodies while it runs: the largest one (an If runs one branch)."""
-        return max((self.body_peak(g, f"{label}/{name}") for name, g in named_subgraphs(node)), default=0)
+        peaks = []
+        for name, g in named_subgraphs(node):
+            peaks.append(self.body_peak(g, f"{label}/{name}", body_key(path, node, name)))
+        return max(peaks, default=0)
 
-    def body_peak(self, graph: onnx.GraphProto, label: str) -> int:
+    def body_peak(self, graph: onnx.GraphProto, label: str, key: tuple[str, ...] = ()) -> int:
         count, total, weights = _weight_bytes(graph)
         self.weight_count += count
         self.weight_bytes += total
         types = {vi.name: vi.type for vi in (*graph.value_info, *graph.input, *graph.output)}
+        for name, typed in self.fallback.get(key, {}).items():
+            if _type_bytes(typed) is not None and (name not in types or _type_bytes(types[name]) is None):
+                types[name] = typed
         outputs = {o.name for o in graph.output}
         nodes = [node for node in graph.node if not is_constant_node(node)]
         inside = {o for node in nodes for o in node.output if o} | {i.name for i in graph.input}
@@ -352,7 +362,7 @@ class _BodyWalker:
         live = sweep(steps, [s for s, _, _ in spans], [e for _, e, _ in spans], [b for _, _, b in spans])
         for k, node in enumerate(nodes):
             if has_subgraphs(node):
-                live[k] += self.node_inner(node, f"{label}/{node.name or node.op_type}")
+                live[k] += self.node_inner(node, f"{label}/{node.name or node.op_type}", key)
         return int(live.max())
 
 
@@ -377,10 +387,14 @@ def _compute_subgraph_memory(analysis: Analysis) -> SubgraphMemory:
     scratch = {p: b for p, b in analysis.scratch.items() if b > 0}
     if not positions:
         return SubgraphMemory(inner=scratch) if scratch else SubgraphMemory()
-    walker = _BodyWalker(analysis.infos.measured)
+    nodes = _inferred_nodes(analysis)
+    first = _BodyWalker(analysis.infos.measured)
+    for p in positions:
+        first.node_inner(nodes[p], analysis.node_names[p])
+    # what onnx's inference left unknown inside bodies, onnxruntime's may know
+    walker = _BodyWalker(analysis.infos.measured, analysis.infos.body_types() if first.unknown else None)
     inner: dict[int, int] = dict(scratch)
     bodies: dict[int, int] = {}
-    nodes = _inferred_nodes(analysis)
     held: dict[int, tuple[int, int]] = {}
     for p in positions:
         weights, count = walker.weight_bytes, walker.weight_count

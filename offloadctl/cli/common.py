@@ -10,6 +10,8 @@ exits 1 (the outputs are written first, so a CI job can keep them).
 from __future__ import annotations
 
 import logging
+import re
+import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -120,10 +122,15 @@ def pin_arguments(analysis: Analysis, names: Sequence[str]) -> str:
             continue
         dims = list(value.type.tensor_type.shape.dim)
         if any(not d.dim_param and not d.HasField("dim_value") for d in dims):
-            shapes.append(f"--input-shape '{name}=" + ",".join(str(d.dim_value or 1) for d in dims) + "'")
+            shapes.append("--input-shape " + shlex.quote(f"{name}=" + ",".join(str(d.dim_value or 1) for d in dims)))
             continue
-        named.update((d.dim_param, None) for d in dims if d.dim_param)
-    return " ".join([*(f"--dim {d}=1" for d in named), *shapes]) or "--input-shape NAME=D0,D1,... or --dim NAME=VALUE"
+        # a sum such as Optimum's "past_sequence_length + sequence_length" follows from its parts
+        named.update((d.dim_param, None) for d in dims if d.dim_param and not _SUM.search(d.dim_param))
+    pins = [*(f"--dim {shlex.quote(f'{d}=1')}" for d in named), *shapes]
+    return " ".join(pins) or "--input-shape NAME=D0,D1,... or --dim NAME=VALUE"
+
+
+_SUM = re.compile(r"[+*/]|\s-\s")  # a dimension that is an expression of others
 
 
 def print_points(dims: Mapping[str, int], result: Any, points: Sequence[Any]) -> None:

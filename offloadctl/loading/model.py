@@ -704,6 +704,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
         self._types: dict[str, list[bytes]] | None = None
         self._declared: dict[str, list[bytes]] | None = None
         self._symbolic: dict[str, list[bytes]] | None = None
+        self._symbolic_bodies: dict[tuple[str, ...], dict[str, onnx.TypeProto]] = {}
         #: nodes onnxruntime's symbolic shape inference could not follow (set once it has run)
         self.symbolic_failures: tuple[NodeFailure, ...] = ()
         self._inference_model: onnx.ModelProto | None = None
@@ -778,7 +779,15 @@ class TensorInfos(Mapping[str, TensorInfo]):
             result = symbolic_value_infos(self._inference_proto(), self._loaded.path, self._onnx_hint)
             self.symbolic_failures = tuple(result.failures)
             self._symbolic = _types_by_name((result.value_infos,))
+            self._symbolic_bodies = result.bodies
         return self._symbolic
+
+    def body_types(self) -> dict[tuple[str, ...], dict[str, onnx.TypeProto]]:
+        """The types onnxruntime's symbolic shape inference finds inside If/Loop/Scan bodies, by
+        `offloadctl.loading.symbolic.body_key` (it runs once, if it has not yet): it follows shapes
+        computed inside a body (a Reshape of a Concat of Shapes), which onnx's inference does not."""
+        self._symbolic_types()
+        return self._symbolic_bodies
 
     def _onnx_hint(self, name: str) -> tuple[int, tuple[int | None, ...] | None] | None:
         """Element type and shape onnx's inference found for a tensor (unknown dimensions None)."""

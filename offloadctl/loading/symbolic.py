@@ -35,9 +35,18 @@ from typing import Any
 import onnx
 from onnx import TensorProto
 
-from offloadctl.core.onnxutil import copy_kind, pin_view_source, subgraphs
+from offloadctl.core.onnxutil import copy_kind, named_subgraphs, pin_view_source, subgraphs
 
-__all__ = ["VALUE_BYTES", "NodeFailure", "SymbolicResult", "TypeHint", "copies_as_identity", "symbolic_value_infos"]
+__all__ = [
+    "VALUE_BYTES",
+    "NodeFailure",
+    "SymbolicResult",
+    "TypeHint",
+    "body_key",
+    "body_types",
+    "copies_as_identity",
+    "symbolic_value_infos",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +74,8 @@ class SymbolicResult:
     value_infos: list[onnx.ValueInfoProto] = field(default_factory=list)
     failures: list[NodeFailure] = field(default_factory=list)
     error: str | None = None  # the tool could not run at all (None when it ran)
+    #: the types the tool found inside If/Loop/Scan bodies, by `body_key` of each body
+    bodies: dict[tuple[str, ...], dict[str, onnx.TypeProto]] = field(default_factory=dict)
 
 
 _MISSING_WARNED: set[str] = set()
@@ -98,7 +109,11 @@ def symbolic_value_infos(proto: onnx.ModelProto, path: Path, hint: TypeHint | No
         return SymbolicResult(error=f"{type(exc).__name__}: {exc}")
     work = _with_small_weights(copies_as_identity(proto), path.parent)
     engine = _robust_engine(SymbolicShapeInference, hint or (lambda name: None))
-    with tempfile.TemporaryDirectory(prefix="offloadctl-shapes-") as folder, _working_directory(folder):
+    with (
+        tempfile.TemporaryDirectory(prefix="offloadctl-shapes-") as folder,
+        _working_directory(folder),
+        _robust_bodies(engine),
+    ):
         try:
             inferred = _run(engine, work)
         except Exception as exc:  # best effort, like onnx's inference: keep nothing, say why
@@ -113,7 +128,51 @@ def symbolic_value_infos(proto: onnx.ModelProto, path: Path, hint: TypeHint | No
             path,
             failure.error,
         )
-    return SymbolicResult(list(inferred.graph.value_info) + list(inferred.graph.output), list(engine.failures_))
+    return SymbolicResult(
+        list(inferred.graph.value_info) + list(inferred.graph.output),
+        list(engine.failures_),
+        bodies=body_types(inferred.graph),
+    )
+
+
+def body_key(path: tuple[str, ...], node: onnx.NodeProto, attribute: str) -> tuple[str, ...]:
+    """A body's key: the keys of the graphs around it, then the node that holds it (by its first
+    output, unique in its graph) and the attribute (``then_branch``, ``body``, ...). Names repeat
+    across bodies (Optimum's merged decoder has the same tensors in both branches), keys do not."""
+    return (*path, node.output[0] if node.output else node.name, attribute)
+
+
+def body_types(graph: onnx.GraphProto, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], dict[str, onnx.TypeProto]]:
+    """Every body's tensor types in ``graph`` (an inferred one), by `body_key`."""
+    found: dict[tuple[str, ...], dict[str, onnx.TypeProto]] = {}
+    for node in graph.node:
+        for name, body in named_subgraphs(node):
+            key = body_key(path, node, name)
+            found[key] = {vi.name: vi.type for vi in (*body.value_info, *body.output)}
+            found.update(body_types(body, key))
+    return found
+
+
+@contextlib.contextmanager
+def _robust_bodies(engine: Any) -> Iterator[None]:
+    """The tool infers each If/Loop/Scan body with a fresh instance of its class, named in its module:
+    make that instance a robust one too (same hint), so that one failing node in a body loses only
+    what depends on it, not the whole body."""
+    import onnxruntime.tools.symbolic_shape_infer as tool
+
+    plain = tool.SymbolicShapeInference
+    robust = type(engine)
+
+    def make(int_max: int, auto_merge: bool, guess_output_rank: bool, verbose: int, prefix: str = "") -> Any:
+        sub = robust(engine.hint_, prefix=prefix)
+        sub.failures_ = engine.failures_  # one list: a body's failures are the model's
+        return sub
+
+    tool.SymbolicShapeInference = make
+    try:
+        yield
+    finally:
+        tool.SymbolicShapeInference = plain
 
 
 def _run(engine: Any, proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -133,10 +192,12 @@ class _Robust:
     hint_: TypeHint
     known_vi_: dict[str, onnx.ValueInfoProto]
     out_mp_: onnx.ModelProto
+    prefix_: str
     sympy_data_: dict[str, Any]
 
-    def __init__(self, hint: TypeHint) -> None:
-        super().__init__(2**31 - 1, True, False, 0)  # type: ignore[call-arg] # int_max, auto_merge, guess_rank, verbose
+    def __init__(self, hint: TypeHint, prefix: str = "") -> None:
+        # int_max, auto_merge, guess_rank, verbose, and the prefix of a body's new symbols
+        super().__init__(2**31 - 1, True, False, 0, prefix=prefix)  # type: ignore[call-arg]
         self.hint_ = hint
         self.failures_: list[NodeFailure] = []
         self._unknown_dims = 0
@@ -224,7 +285,7 @@ class _Robust:
             for d in shape:
                 if d is None:
                     self._unknown_dims += 1
-                    dims.append(str(self._new_symbolic_dim("offloadctl_unknown", self._unknown_dims)))  # type: ignore[attr-defined]
+                    dims.append(str(self._new_symbolic_dim(f"offloadctl_unknown{self.prefix_}", self._unknown_dims)))  # type: ignore[attr-defined]
                 else:
                     dims.append(d)
         return onnx.helper.make_tensor_value_info(name, elem_type, dims)
