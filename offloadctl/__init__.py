@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from offloadctl._version import __version__
-from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
+from offloadctl.core.plantypes import Plan
 
 if TYPE_CHECKING:
     from offloadctl.analysis.graph import Analysis
@@ -101,8 +101,8 @@ def analyse(model: LoadedModel | str | os.PathLike[str]) -> Analysis:
 
     Accepts a `LoadedModel` or a path (loaded without pins).
     """
+    from offloadctl.job import analysed
     from offloadctl.loading.model import LoadedModel, load_model
-    from offloadctl.running.sizes import analysed
 
     if not isinstance(model, LoadedModel):
         model = load_model(model)

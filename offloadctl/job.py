@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.document import check_plan_model, read_plan
 from offloadctl.contract.pins import pin_layout, record_pins
-from offloadctl.contract.types import Plan, SizesFromRun
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
+from offloadctl.core.plantypes import Plan, SizesFromRun
 from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.planning.make import plan_for
 from offloadctl.planning.request import PlanRequest, taking
@@ -37,7 +37,7 @@ from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_fo
 from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.preview import run_order_result
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, check_model_outputs, write_model
-from offloadctl.running.sizes import analysed
+from offloadctl.running.sizes import measure_sizes
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.estimate import estimate_figures, record_estimate, recorded_estimate, with_run_order_peak
 from offloadctl.simulation.result import SimResult, simulate
@@ -122,7 +122,7 @@ class Job:
         order: str = "priority",
     ) -> Job:
         """Load ``model`` (weights stay on disk) with its pins and analyse it in execution ``order``;
-        ``sizes`` reads every size from one run (`offloadctl.running.sizes`)."""
+        ``sizes`` reads every size from one run (`analysed`)."""
         step(f"loading {model}")
         loaded = load_model(
             model, input_shapes=input_shapes, dims=dims, input_shapes_from=pins_from, sizes_from_run=sizes
@@ -230,6 +230,18 @@ class Job:
                 _remove_written([Path(output), *written])
                 raise
         return proto, written
+
+
+def analysed(loaded: LoadedModel, *, order: str = "priority") -> Analysis:
+    """The analysis of a loaded model in ``order`` (`offloadctl.analysis.graph.analyse`), its sizes
+    read from one run on onnxruntime's CPU provider when the model asks for that
+    (``loaded.sizes_from_run``, from ``--sizes-from-run`` or a plan made with it:
+    `offloadctl.running.sizes.measure_sizes`)."""
+    analysis = analyse(loaded, order=order)
+    run = loaded.sizes_from_run
+    if run is not None:
+        analysis.infos.use_measured(measure_sizes(loaded.path, loaded.proto, inputs=run["inputs"], seed=run["seed"]))
+    return analysis
 
 
 @contextlib.contextmanager

@@ -6,9 +6,9 @@ import typing
 
 import pytest
 
-from offloadctl.contract import types as plantypes
 from offloadctl.contract.document import plan_schema, validate_plan
-from offloadctl.contract.types import offload, rejection, reload_group
+from offloadctl.core import plantypes
+from offloadctl.core.plantypes import offload, rejection, reload_group
 
 SCHEMA = plan_schema()
 DEFS = SCHEMA["$defs"]

@@ -38,9 +38,7 @@ from offloadctl.core.onnxutil import is_constant_node, is_pin, subgraph_outer_na
 from offloadctl.loading.model import LoadedModel, TensorInfos, tensor_infos
 
 if TYPE_CHECKING:
-    from offloadctl.contract import (
-        types as plantypes,  # imported where used: it takes a seventh of the command line's start-up
-    )
+    from offloadctl.core import plantypes  # imported where used: it takes a seventh of the command line's start-up
 
 __all__ = ["Use", "Analysis", "analyse"]
 

@@ -60,7 +60,7 @@ from offloadctl.core.onnxutil import has_subgraphs, is_constant_node, named_subg
 from offloadctl.loading.symbolic import body_key
 
 if TYPE_CHECKING:
-    from offloadctl.contract.types import Offload, Plan
+    from offloadctl.core.plantypes import Offload, Plan
 
 __all__ = [
     "Span",

@@ -25,9 +25,9 @@ from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.options import ShapeOptions, SizesOptions
 from offloadctl.cli.report import SLOWDOWN_WARNING, report_plot_path
 from offloadctl.cli.ui import err_console, out_console, print_json, steps
-from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path
+from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job
 from offloadctl.loading.model import parse_dims, parse_input_shapes

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from offloadctl.cli.ui import BytesParam, FiniteFloatRange
-from offloadctl.contract.types import SizesFromRun
+from offloadctl.core.plantypes import SizesFromRun
 from offloadctl.planning.request import (
     DEFAULT_MIN_BYTES,
     DEFAULT_PREFETCH_DISTANCE,
@@ -111,7 +111,7 @@ class SizesOptions:
     inputs: str | None
 
     def request(self) -> SizesFromRun | None:
-        """The `offloadctl.contract.types.SizesFromRun` record, or None to infer sizes (``--inputs`` implies
+        """The `offloadctl.core.plantypes.SizesFromRun` record, or None to infer sizes (``--inputs`` implies
         ``--sizes-from-run``)."""
         if not self.sizes_from_run and self.inputs is None:
             return None

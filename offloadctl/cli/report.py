@@ -16,9 +16,9 @@ from typing import Any
 
 from offloadctl._version import __version__
 from offloadctl.cli.plot import plot_timeline
-from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write_text
+from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.planning.explain import explain_rows
 from offloadctl.simulation.costs import STREAMS_NOTE

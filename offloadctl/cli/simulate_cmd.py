@@ -41,8 +41,8 @@ from offloadctl.cli.plot import plot_timeline
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console
 from offloadctl.contract.document import read_plan
-from offloadctl.contract.types import Plan
 from offloadctl.core.files import check_output_path
+from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.rewriting.preview import CpuFigures, cpu_figures, run_order_result

@@ -56,10 +56,10 @@ from offloadctl.cli.options import (
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan, write_plan
-from offloadctl.contract.types import BudgetRecord, Plan
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
+from offloadctl.core.plantypes import BudgetRecord, Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job, next_step, planned
 from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.contract.types import Offload, Plan, Use
 from offloadctl.core.errors import OffloadError
+from offloadctl.core.plantypes import Offload, Plan, Use
 from offloadctl.loading.model import TensorInfo
 
 __all__ = ["check_plan_for_model"]

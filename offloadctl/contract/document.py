@@ -1,7 +1,7 @@
 """The plan document: the JSON contract between stages, validated on every read and write.
 
 A plan is a plain dict that follows ``schemas/plan.schema.json`` (JSON Schema 2020-12), typed as
-`offloadctl.contract.types.Plan`. Stages are pure functions from one plan dict to a new one; this module
+`offloadctl.core.plantypes.Plan`. Stages are pure functions from one plan dict to a new one; this module
 owns reading, writing and validating them, and checking that a plan belongs to a given model.
 """
 
@@ -19,10 +19,10 @@ import fastjsonschema
 import jsonschema
 
 from offloadctl._version import __version__
-from offloadctl.contract.types import Plan
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import NotJsonNumber, atomic_write, finite_json_float, refuse_json_constant
+from offloadctl.core.plantypes import Plan
 from offloadctl.core.schemas import load_schema
 
 __all__ = [

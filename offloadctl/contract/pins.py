@@ -48,9 +48,9 @@ from typing import Any
 import onnx
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.contract.types import Plan
 from offloadctl.core.files import json_sha256
 from offloadctl.core.onnxutil import has_subgraphs
+from offloadctl.core.plantypes import Plan
 
 __all__ = ["RESHAPE_OPS", "PinLayout", "pin_layout", "pin_rank", "record_pins", "viewable"]
 

@@ -33,12 +33,12 @@ from offloadctl.core.files import sha256_file
 from offloadctl.core.memcpy import COPY_OPS, COPY_TYPES
 from offloadctl.core.onnxutil import is_constant_node, iter_tensor_protos
 from offloadctl.core.units import fmt_bytes
+from offloadctl.loading.measured import MeasuredSizes
 from offloadctl.loading.ortgraph import normalize as normalize_graph
 from offloadctl.loading.symbolic import NodeFailure, symbolic_value_infos
 
 if TYPE_CHECKING:
-    from offloadctl.contract.types import SizesFromRun
-    from offloadctl.running.sizes import MeasuredSizes
+    from offloadctl.core.plantypes import SizesFromRun
 
 __all__ = [
     "LoadedModel",
@@ -101,7 +101,8 @@ class LoadedModel:
     # the data files' ``location`` entries as the model writes them, sorted (apply's `external_locations`);
     # None when not known
     data_locations: tuple[str, ...] | None = None
-    # read every size from one run (`offloadctl.running.sizes`) when the model is analysed; None: infer them
+    # read every size from one run (`offloadctl.running.sizes.measure_sizes`) when the model is analysed;
+    # None: infer them
     sizes_from_run: SizesFromRun | None = None
     # the types graph inputs, outputs and value_info declared before the pins were applied (serialized
     # TypeProtos by name; None without pins): a rewrite gives them back, so the model stays dynamic
@@ -272,7 +273,7 @@ def load_model(
             (`offloadctl.loading.ortgraph`), so that positions count what runs (the default).
         input_shapes_from: where ``input_shapes`` come from, for error messages.
         sizes_from_run: read every size from one run on onnxruntime's CPU provider when the model
-            is analysed (`offloadctl.running.sizes`): ``{"inputs": FILE or None, "seed": N}``.
+            is analysed (`offloadctl.job.analysed`): ``{"inputs": FILE or None, "seed": N}``.
 
     Raises:
         OffloadError: the file is missing, empty, not ONNX, truncated, lacks an external data
@@ -709,7 +710,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
         self.symbolic_failures: tuple[NodeFailure, ...] = ()
         self._inference_model: onnx.ModelProto | None = None
         self._present_past: dict[str, str] | None = None
-        #: sizes read from one run (`offloadctl.running.sizes`), which win over inference; None: not measured
+        #: sizes read from one run (`offloadctl.loading.measured`), which win over inference; None: not measured
         self.measured: MeasuredSizes | None = None
 
     def _inference_proto(self) -> onnx.ModelProto:

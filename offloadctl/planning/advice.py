@@ -15,7 +15,7 @@ from typing import Any
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory
-from offloadctl.contract.types import Offload, Plan, ReloadGroup
+from offloadctl.core.plantypes import Offload, Plan, ReloadGroup
 from offloadctl.core.units import fmt_bytes
 from offloadctl.planning.budget.strategy import bytes_moved
 from offloadctl.simulation.memory import lower_bound, peak_memory

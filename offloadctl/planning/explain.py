@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.table import Table
 
-from offloadctl.contract.types import Offload, Plan
+from offloadctl.core.plantypes import Offload, Plan
 from offloadctl.core.units import fmt_bytes
 
 __all__ = ["explain_rows", "explain_table"]

@@ -10,8 +10,8 @@ candidates (``--force``) are always kept and do not count. Every dropped candida
 from __future__ import annotations
 
 from offloadctl.contract.document import record_stage, require_stage
-from offloadctl.contract.types import Offload, Plan, Rejection, RejectionReason, rejection
 from offloadctl.core.bulk import paused_gc
+from offloadctl.core.plantypes import Offload, Plan, Rejection, RejectionReason, rejection
 from offloadctl.core.units import fmt_bytes
 from offloadctl.planning.request import FilterPart, recorded, taking
 

@@ -9,7 +9,7 @@ keywords, as the Python API offers it (``offloadctl.make_plan(analysis, budget="
 from __future__ import annotations
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.contract.types import Plan
+from offloadctl.core.plantypes import Plan
 from offloadctl.planning.outcome import PlanOutcome
 from offloadctl.planning.planners import plan_with
 from offloadctl.planning.request import PlanRequest, RequestError, taking

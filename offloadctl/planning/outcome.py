@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from offloadctl.contract.types import Plan
+from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.result import SimResult
 
 __all__ = ["PlanOutcome"]

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from offloadctl.analysis.timeline import h2d_low, h2d_position, release_point
 from offloadctl.contract.document import record_stage, require_stage
-from offloadctl.contract.types import Plan
 from offloadctl.core.bulk import paused_gc
+from offloadctl.core.plantypes import Plan
 from offloadctl.planning.request import PrefetchPart, recorded, taking
 
 __all__ = ["prefetch"]

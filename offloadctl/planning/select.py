@@ -21,7 +21,9 @@ from onnx import TensorProto
 from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis, Use
 from offloadctl.contract.document import SCHEMA_VERSION
-from offloadctl.contract.types import (
+from offloadctl.core.bulk import paused_gc
+from offloadctl.core.onnxutil import iter_graphs, subgraphs
+from offloadctl.core.plantypes import (
     Kind,
     ModelInfo,
     Offload,
@@ -32,8 +34,6 @@ from offloadctl.contract.types import (
     rejection,
     reload_group,
 )
-from offloadctl.core.bulk import paused_gc
-from offloadctl.core.onnxutil import iter_graphs, subgraphs
 from offloadctl.planning.request import SelectPart, recorded, taking
 
 __all__ = ["Selection", "select", "split_reload_groups"]

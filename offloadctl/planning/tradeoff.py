@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
+from offloadctl.core.plantypes import Plan
 from offloadctl.planning.budget.strategy import BudgetSearch, BudgetUnreachable
 from offloadctl.planning.outcome import PlanOutcome
 from offloadctl.planning.planners import distance_plan

@@ -37,9 +37,9 @@ from typing import Any
 
 import onnx
 
-from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import json_sha256
+from offloadctl.core.plantypes import Plan
 
 __all__ = [
     "KEY_VERSION",

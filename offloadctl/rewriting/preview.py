@@ -19,7 +19,7 @@ import dataclasses
 import onnx
 
 from offloadctl.analysis.graph import Analysis, analyse
-from offloadctl.contract.types import Plan
+from offloadctl.core.plantypes import Plan
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
 from offloadctl.simulation.profiles import Profile

@@ -68,7 +68,6 @@ from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.order import execution_order, sorted_priority_order
 from offloadctl.contract.check import check_plan_for_model
 from offloadctl.contract.pins import RESHAPE_OPS, pin_layout, pin_rank
-from offloadctl.contract.types import Offload, Plan, Use
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write, check_distinct_outputs, same_file
@@ -83,6 +82,7 @@ from offloadctl.core.onnxutil import (
     rename_outer,
     subgraphs,
 )
+from offloadctl.core.plantypes import Offload, Plan, Use
 from offloadctl.loading.model import TensorInfo, external_data_entries
 from offloadctl.rewriting.metadata import (
     KEY_OFFLOADS,

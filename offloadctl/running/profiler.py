@@ -59,9 +59,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis, analyse
-from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write_text
+from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.rewrite import apply_plan, external_locations, write_model

@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnx
 
@@ -21,9 +21,6 @@ from offloadctl.analysis.timeline import forget, subgraph_memory, weight_is_resi
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
 from offloadctl.loading.model import TensorInfo
-
-if TYPE_CHECKING:
-    from offloadctl.simulation.program import Program
 
 __all__ = ["Base", "base_of", "forget_base", "interner", "is_rewritten"]
 
@@ -55,7 +52,8 @@ class Base:
     inner: list[int] = field(default_factory=list)  # per position: memory inside its subgraphs while it runs
     subgraph_weights: int = 0  # bytes of subgraph weights, resident for the whole run
     rewritten: bool = False  # the model contains copy nodes
-    before: Program | None = None
+    # what later stages build from the base once (`offloadctl.simulation.program.before_program`: "before")
+    derived: dict[str, Any] = field(default_factory=dict)
     costs: dict[str, Any] = field(default_factory=dict)  # time model: profile key -> its node costs
 
 

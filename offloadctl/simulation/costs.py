@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from offloadctl.contract.types import Offload, Plan
+from offloadctl.core.plantypes import Offload, Plan
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
 
 if TYPE_CHECKING:

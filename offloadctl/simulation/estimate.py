@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from offloadctl.contract.types import Plan
 from offloadctl.core.files import json_sha256
+from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.result import SimResult
 
 __all__ = ["estimate_figures", "record_estimate", "recorded_estimate", "with_run_order_peak"]

@@ -50,7 +50,7 @@ from typing import Any
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import buffer_span, step_bound, sweep
-from offloadctl.contract.types import Plan
+from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.base import Base, base_of
 from offloadctl.simulation.program import DEVICE, HOST, Program, program_for
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis, analyse
-from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
+from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import is_derived_dim, load_model
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate

@@ -24,9 +24,9 @@ from offloadctl.analysis.timeline import subgraph_memory, weight_is_resident
 from offloadctl.contract.check import check_plan_for_model
 from offloadctl.contract.document import check_plan_model
 from offloadctl.contract.pins import pin_layout
-from offloadctl.contract.types import Plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
+from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.base import Base, base_of, interner
 
 __all__ = ["DEVICE", "HOST", "Program", "before_program", "program_for"]
@@ -72,8 +72,10 @@ class Program:
 
 
 def before_program(base: Base) -> Program:
-    if base.before is None:
-        base.before = Program(
+    """The program of the model as it is (every tensor on the device), built once per base."""
+    before = base.derived.get("before")
+    if not isinstance(before, Program):
+        before = base.derived["before"] = Program(
             kinds=["node"] * base.n,
             positions=list(range(base.n)),
             reads=base.reads,
@@ -87,7 +89,7 @@ def before_program(base: Base) -> Program:
             inner=base.inner,
             always=base.subgraph_weights,
         )
-    return base.before
+    return before
 
 
 def _plan_program(base: Base, plan: Plan) -> Program:

@@ -12,7 +12,7 @@ from typing import Any
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory
-from offloadctl.contract.types import Plan
+from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.memory import MemoryTrace, base_lower_bound, trace
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
 from offloadctl.simulation.program import before_program, program_for

@@ -10,15 +10,19 @@ what its copies cost, and its plan entry.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 from dataclasses import dataclass
+
+import numpy as np
 
 from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis, Use
-from offloadctl.contract.types import Kind, Offload, Plan, Rejection, RejectionReason, offload, rejection, reload_group
+from offloadctl.core.plantypes import Kind, Offload, Plan, Rejection, RejectionReason, offload, rejection, reload_group
 from offloadctl.simulation.costs import CopyCost
 
 __all__ = [
     "Cand",
+    "Intervals",
     "Layout",
     "State",
     "candidates",
@@ -286,3 +290,76 @@ def plan_entry(c: Cand, st: State, n: int) -> Offload:
         prefetch_distance=st.distance,
         forced=bool(t.get("forced")),
     )
+
+
+class Intervals:
+    """Every interval the search may offload, as arrays (one row per interval).
+
+    Row kinds: a candidate's *opening* (gap -1: offloading it at all; frees a weight's outer
+    stretches or a graph output's trailing stretch, nothing for other activations) and its *gaps*
+    (gap k >= 0: frees the idle steps between entries k and k+1). A gap taken while its candidate
+    is not offloaded brings the opening with it. Ranges are inclusive; an empty range has first >
+    last. ``held_first`` is where a range starts when it is the candidate's first freed stretch
+    and the release distance holds the buffer (activations).
+    """
+
+    def __init__(self, cands: list[Cand], n: int, release_distance: int, cost: CopyCost, lead: int = 0) -> None:
+        count = len(cands)
+        size = np.fromiter((c.size for c in cands), dtype=np.int64, count=count)
+        is_act = np.fromiter((c.is_act for c in cands), dtype=bool, count=count)
+        output = np.fromiter((c.output for c in cands), dtype=bool, count=count)
+        lengths = np.fromiter((len(c.entries) for c in cands), dtype=np.int64, count=count)
+        flat = np.fromiter(
+            itertools.chain.from_iterable(c.entries for c in cands), dtype=np.int64, count=int(lengths.sum())
+        )
+        owner = np.repeat(np.arange(count), lengths)
+        first_entry = np.cumsum(lengths) - lengths
+        last = flat[np.maximum(first_entry + lengths - 1, 0)] if len(flat) else np.zeros(count, dtype=np.int64)
+        first = flat[np.minimum(first_entry, max(len(flat) - 1, 0))] if len(flat) else np.zeros(count, dtype=np.int64)
+        # openings: weights (outer stretches) and graph outputs (trailing stretch)
+        opens = np.flatnonzero((size > 0) & (~is_act | output))
+        w = ~is_act[opens]
+        o_first0 = np.where(w, 0, last[opens] + 1)
+        o_last0 = np.where(w, first[opens] - 1, n - 1)
+        o_first1 = np.where(w, last[opens] + 1, 1)
+        o_last1 = np.where(w, n, 0)
+        o_held = np.where(w, o_first0, last[opens] + release_distance + 1)
+        # gaps with at least one idle step
+        k = np.flatnonzero((owner[:-1] == owner[1:]) & (flat[1:] - flat[:-1] >= 2) & (size[owner[:-1]] > 0))
+        g_cand = owner[k]
+        g_first = flat[k] + 1
+        g_held = np.where(is_act[g_cand], flat[k] + release_distance + 1, g_first)
+        self.cand = np.concatenate((opens, g_cand))
+        self.gap = np.concatenate((np.full(len(opens), -1, dtype=np.int64), k - first_entry[g_cand]))
+        self.entry = np.concatenate((last[opens], flat[k]))
+        self.first0 = np.concatenate((o_first0, g_first))
+        self.last0 = np.concatenate((o_last0, flat[k + 1] - 1))
+        self.first1 = np.concatenate((o_first1, np.ones(len(k), dtype=np.int64)))
+        self.last1 = np.concatenate((o_last1, np.zeros(len(k), dtype=np.int64)))
+        self.held_first = np.concatenate((o_held, g_held))
+        self.bytes = size[self.cand]
+        self.is_act = is_act[self.cand]
+        self.opening = np.full(count, -1, dtype=np.int64)
+        self.opening[opens] = np.arange(len(opens))
+        # prices: each H2D issued `lead` positions before its group's first use (not before `low`); an
+        # activation's D2H released after the last device use, which its first freed stretch decides
+        producer = np.fromiter((c.start for c in cands), dtype=np.int64, count=count)
+        low = np.where(is_act, producer + 1, 0)
+        first_h2d = cost.h2d_many(size, np.maximum(0, first - lead), first)  # a weight's first group
+        release_last = np.minimum(last + release_distance, max(n - 1, 0))
+        out_h2d = np.where(output, cost.h2d_many(size, np.full(count, n), np.full(count, n)), 0.0)
+        d2h_last = cost.d2h_many(size, producer, release_last)
+        self.opening_cost = np.where(is_act, d2h_last + out_h2d, first_h2d)
+        g_use = flat[k + 1]
+        g_h2d = cost.h2d_many(size[g_cand], np.maximum(low[g_cand], g_use - lead), g_use)
+        self.own_cost = np.concatenate((self.opening_cost[opens], g_h2d))
+        rows_cand = self.cand
+        release_first = np.minimum(self.entry + release_distance, max(n - 1, 0))
+        # the D2H price when the row is its activation's first freed stretch, and what taking a gap of
+        # a candidate not offloaded yet brings along (its D2H, or a weight's first H2D)
+        self.d2h_first = np.where(self.is_act, cost.d2h_many(self.bytes, producer[rows_cand], release_first), 0.0)
+        self.bundle_cost = np.where(self.is_act, self.d2h_first + out_h2d[rows_cand], self.opening_cost[rows_cand])
+        self.taken = np.zeros(len(self.cand), dtype=bool)
+
+    def __len__(self) -> int:
+        return len(self.cand)

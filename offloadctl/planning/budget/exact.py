@@ -7,17 +7,33 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from offloadctl.analysis import timeline
-from offloadctl.planning.budget.candidates import State, span_changes, spans_in_state
-
-if TYPE_CHECKING:
-    from offloadctl.planning.budget.search import Planner
+from offloadctl.planning.budget.candidates import Cand, Intervals, State, span_changes, spans_in_state
+from offloadctl.simulation.costs import CopyCost
 
 __all__ = ["ExactReport", "solve_exact"]
+
+
+class Planner(Protocol):
+    """What the exact search reads of the greedy's planner (`offloadctl.planning.budget.search.Planner`)."""
+
+    n: int
+    cands: list[Cand]
+    release: int
+    cost: CopyCost
+    state: list[State]
+    fixed: np.ndarray
+    iv: Intervals
+    rows: list[list[int]]
+
+    def state_cost(self, i: int, st: State | None = None, cost: CopyCost | None = None) -> float: ...
+    def moved(self, cost: CopyCost | None = None) -> float: ...
+    def _row_ranges(self, j: int) -> list[timeline.Span]: ...
+
 
 _TIME_SCALE = 1e6  # the time objective goes to HiGHS in microseconds (costs near 1 solve better)
 

@@ -23,8 +23,8 @@ import numpy as np
 from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
 from offloadctl.contract.document import check_plan_model, record_stage, require_stage
-from offloadctl.contract.types import BudgetRecord, Compared, Offload, Plan
 from offloadctl.core.errors import OffloadError
+from offloadctl.core.plantypes import BudgetRecord, Compared, Offload, Plan
 from offloadctl.core.units import byte_arg, fmt_bytes
 from offloadctl.planning.budget.candidates import Cand, candidates, plan_entry, reject
 from offloadctl.planning.budget.search import Outcome, solve
