@@ -741,7 +741,7 @@ def test_a_weights_only_apply_of_a_plan_from_plan_runs_no_shape_inference(run_cl
     """`offloadctl plan` records its pin layout (summary.pins, keyed by the offloads): apply builds the
     same pins from it without shape inference over the whole graph; an edited plan gets its pins
     found again."""
-    from offloadctl.loading.model import TensorInfos
+    from offloadctl.loading.tensors import TensorInfos
 
     model = SAMPLES / "transformer.onnx"
     plan_path = tmp_path / "plan.json"

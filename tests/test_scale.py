@@ -457,7 +457,7 @@ def test_converting_at_once_refuses_nothing_that_is_not_looked_up(tmp_path):
 def test_the_producer_map_finds_the_same_stale_declarations_as_a_walk_over_every_node(tmp_path):
     """Declared shapes that shape inference must not see are found through analyse's map of
     producers; a walk over every node (tensor_infos without it) finds the same ones."""
-    from offloadctl.loading.model import tensor_infos
+    from offloadctl.loading.tensors import tensor_infos
 
     from models import IR_VERSION, OPSET, chain_nodes
 

@@ -503,7 +503,7 @@ def test_int4_weights_are_not_copyable(run_cli, tmp_path):
 
 def test_only_the_copy_kernels_types_are_copyable():
     from offloadctl.core.memcpy import COPY_TYPES
-    from offloadctl.loading.model import tensor_info
+    from offloadctl.loading.tensors import tensor_info
 
     assert tensor_info("t", TensorProto.FLOAT, (2,)).copyable
     for elem in (
@@ -554,7 +554,8 @@ def test_conflicting_value_info_entries_do_not_change_sizes(run_cli, tmp_path, o
 
 def test_a_declared_type_still_serves_an_op_onnx_cannot_infer(tmp_path):
     """Custom-domain ops have no inference: their declared output types are used."""
-    from offloadctl.loading.model import load_model, tensor_infos
+    from offloadctl.loading.model import load_model
+    from offloadctl.loading.tensors import tensor_infos
 
     nodes = [
         helper.make_node("Relu", ["x"], ["a"], name="relu"),
@@ -792,7 +793,8 @@ def test_shape_inference_leaves_nothing_in_the_current_folder(run_cli, tmp_path,
 def test_symbolic_inference_missing_is_a_warning_naming_the_fix(tmp_path, monkeypatch, caplog):
     import builtins
 
-    from offloadctl.loading.model import load_model, tensor_infos
+    from offloadctl.loading.model import load_model
+    from offloadctl.loading.tensors import tensor_infos
 
     real_import = builtins.__import__
 

@@ -35,7 +35,8 @@ from offloadctl.analysis.order import (
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import is_constant_node, is_pin, subgraph_outer_names
-from offloadctl.loading.model import LoadedModel, TensorInfos, tensor_infos
+from offloadctl.loading.model import LoadedModel
+from offloadctl.loading.tensors import TensorInfos, tensor_infos
 
 if TYPE_CHECKING:
     from offloadctl.core import plantypes  # imported where used: it takes a seventh of the command line's start-up

@@ -15,7 +15,7 @@ from offloadctl.cli.ui import out_console, print_json
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
-from offloadctl.loading.model import parse_dims, parse_input_shapes
+from offloadctl.loading.pins import parse_dims, parse_input_shapes
 from offloadctl.running.inputs import parse_value_ranges
 from offloadctl.running.inputs import save_outputs as save_outputs_file
 from offloadctl.running.runner import DEVICES, RunReport, parse_ep_options, quiet_onnxruntime, run_model

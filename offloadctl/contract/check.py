@@ -12,7 +12,7 @@ from typing import Any
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.plantypes import Offload, Plan, Use
-from offloadctl.loading.model import TensorInfo
+from offloadctl.loading.tensors import TensorInfo
 
 __all__ = ["check_plan_for_model"]
 

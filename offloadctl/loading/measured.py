@@ -1,7 +1,7 @@
 """Sizes one run measured: what onnxruntime's profiler says each node wrote, read back by name.
 
 `offloadctl.running.sizes.measure_sizes` makes the run (``--sizes-from-run``); this module holds what it
-reads and how: the sizes themselves (`MeasuredSizes`, which `offloadctl.loading.model.TensorInfos`
+reads and how: the sizes themselves (`MeasuredSizes`, which `offloadctl.loading.tensors.TensorInfos`
 takes over inferred ones), the node names onnxruntime's profiler uses, and the parsing of its events.
 Nothing here runs onnxruntime.
 """

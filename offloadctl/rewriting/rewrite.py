@@ -83,7 +83,8 @@ from offloadctl.core.onnxutil import (
     subgraphs,
 )
 from offloadctl.core.plantypes import Offload, Plan, Use
-from offloadctl.loading.model import TensorInfo, external_data_entries
+from offloadctl.loading.model import external_data_entries
+from offloadctl.loading.tensors import TensorInfo
 from offloadctl.rewriting.metadata import (
     KEY_OFFLOADS,
     KEY_PINS,

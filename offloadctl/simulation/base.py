@@ -20,7 +20,7 @@ from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import forget, subgraph_memory, weight_is_resident
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
-from offloadctl.loading.model import TensorInfo
+from offloadctl.loading.tensors import TensorInfo
 
 __all__ = ["Base", "base_of", "forget_base", "interner", "is_rewritten"]
 

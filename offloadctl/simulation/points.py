@@ -18,7 +18,8 @@ from typing import Any
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.plantypes import Plan
-from offloadctl.loading.model import is_derived_dim, load_model
+from offloadctl.loading.model import load_model
+from offloadctl.loading.pins import is_derived_dim
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 

@@ -40,7 +40,7 @@ from typing import Any, cast
 import onnx
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.loading.model import TensorInfo
+from offloadctl.loading.tensors import TensorInfo
 from offloadctl.simulation.base import Base, base_of, forget_base
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, NodeTime, Profile, load_profile
 from offloadctl.simulation.program import Program
