@@ -1,8 +1,11 @@
 """The `offloadctl` command line: a thin layer of click commands over the library.
 
-One module per group of subcommands. User errors (`OffloadError`) are printed as one message
-with a fix and exit status 1, without a traceback; usage errors exit 2 (click); anything else is
-a bug and keeps its traceback.
+One module per group of subcommands: `stages_cmd` (select, filter, prefetch, plan), `apply_cmd`,
+`run_cmd`, `simulate_cmd`, `profile_cmd`, `frontier_cmd`, `inspect_cmd`; `options` holds the
+option groups they share, `common` what they do alike (open a model, warnings, verdicts), `ui` the
+consoles and progress, `report` the Markdown report and `plot` the timeline and frontier plots.
+User errors (`OffloadError`) are printed as one message with a fix and exit status 1, without a
+traceback; usage errors exit 2 (click); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations

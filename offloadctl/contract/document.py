@@ -21,7 +21,7 @@ import jsonschema
 from offloadctl._version import __version__
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import NotJsonNumber, atomic_write, finite_json_float, refuse_json_constant
+from offloadctl.core.files import atomic_write, finite_json_float, read_json
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.schemas import load_schema
 
@@ -355,40 +355,13 @@ def _number(text: str) -> int | float:
 def read_plan(path: str | os.PathLike[str], *, stages: tuple[str, ...] = STAGES) -> Plan:
     """Read and validate a plan file whose stage is one of ``stages``."""
     p = Path(path)
-    if p.is_dir():
-        raise OffloadError(f"plan path {p} is a directory", hint="give the path of a plan .json file")
-    if not p.is_file():
-        raise OffloadError(
-            f"plan file {p} does not exist", hint="check the path or create it with offloadctl select/plan"
-        )
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise OffloadError(
-            f"plan file {p} is not a JSON text file (it is not UTF-8 text)",
-            hint="pass a plan written by offloadctl select, filter, prefetch or plan (an .onnx model is not a plan)",
-        ) from None
-    except OSError as exc:
-        raise OffloadError(
-            f"cannot read plan file {p}: {exc.strerror or exc}", hint="check the file's permissions"
-        ) from None
-    try:
-        plan = json.loads(text, parse_float=_number, parse_constant=refuse_json_constant)
-    except NotJsonNumber as exc:
-        raise OffloadError(
-            f"plan file {p} is not JSON: {exc}",
-            hint="write finite numbers (JSON has no NaN or Infinity), or re-create the plan",
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise OffloadError(
-            f"plan file {p} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
-            hint="fix the syntax or re-create the plan",
-        ) from None
-    except RecursionError:
-        raise OffloadError(
-            f"plan file {p} is not a plan: its JSON is nested too deeply",
-            hint="pass a plan written by offloadctl select, filter, prefetch or plan",
-        ) from None
+    plan = read_json(
+        p,
+        "plan file",
+        fix="pass a plan written by offloadctl select, filter, prefetch or plan (an .onnx model is not a plan)",
+        missing="check the path or create it with offloadctl select/plan",
+        parse_float=_number,
+    )
     validate_plan(plan, source=f"plan file {p}")
     if plan["stage"] not in stages:
         wanted = " or ".join(repr(s) for s in stages)

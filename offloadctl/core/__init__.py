@@ -1,5 +1,6 @@
-"""What every stage uses: the user-facing error, byte units, file handling (hashes, output guards,
-atomic writes), the garbage-collector pause for big structures, the ONNX helpers, the copy
-operators (MemcpyToHost/MemcpyFromHost) and the bundled JSON schemas. Nothing here knows a model's
-analysis or a plan's meaning.
+"""What every stage uses. `errors` (the user-facing `OffloadError`), `units` (byte units),
+`files` (hashes, output guards, atomic writes), `bulk` (the garbage-collector pause for big
+structures), `onnxutil` (ONNX helpers), `memcpy` (the copy operators MemcpyToHost/MemcpyFromHost),
+`schemas` (the bundled JSON schemas) and `plantypes` (the plan document as typed dicts). Nothing
+here knows a model's analysis or a plan's meaning.
 """

@@ -194,3 +194,43 @@ def finite_json_float(text: str) -> float:
     if not math.isfinite(value):
         raise NotJsonNumber(f"{text} is too large for a number")
     return value
+
+
+def read_json(
+    path: str | os.PathLike[str],
+    what: str,
+    *,
+    fix: str,
+    missing: str | None = None,
+    parse_float: Callable[[str], Any] = finite_json_float,
+) -> Any:
+    """The JSON document in ``path``, or one `OffloadError` naming the file as ``what`` ("plan file",
+    "profile file", ...) and the fix: a folder, a missing or unreadable file, text that is not UTF-8
+    or not JSON (with its line and column), NaN or an infinity (JSON has no such numbers; see
+    `NotJsonNumber`), or nesting too deep to read. ``fix`` ends every hint (what the file should be,
+    or how to make it again); ``missing`` is the hint for a file that does not exist."""
+    p = Path(path)
+    if p.is_dir():
+        raise OffloadError(f"{what} {p} is a directory", hint=f"give the path of a .json file: {fix}")
+    if not p.is_file():
+        raise OffloadError(f"{what} {p} does not exist", hint=missing or f"check the path: {fix}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise OffloadError(f"{what} {p} is not a JSON text file (it is not UTF-8 text)", hint=fix) from None
+    except OSError as exc:
+        raise OffloadError(
+            f"cannot read {what} {p}: {exc.strerror or exc}", hint="check the file's permissions"
+        ) from None
+    try:
+        return json.loads(text, parse_float=parse_float, parse_constant=refuse_json_constant)
+    except NotJsonNumber as exc:
+        raise OffloadError(
+            f"{what} {p} is not JSON: {exc}", hint=f"write finite numbers (JSON has no NaN or Infinity); {fix}"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise OffloadError(
+            f"{what} {p} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", hint=f"fix the syntax; {fix}"
+        ) from None
+    except RecursionError:
+        raise OffloadError(f"{what} {p} is not JSON this tool reads: it is nested too deeply", hint=fix) from None

@@ -2,6 +2,7 @@
 
 `rewrite` inserts a scheduled plan's copies and order pins into its model and writes it next to
 its data; `metadata` is the settings record a rewritten model carries for the sessions that run it;
-`preview` builds the rewrite in memory to read its figures as it will run (the CPU arena's, and the
-device peak of the DEFAULT walk over the rewrite).
+`genai` writes a complete onnxruntime-genai folder around a rewrite; `preview` builds the rewrite
+in memory to read its figures as it will run (the CPU arena's, and the device peak of the DEFAULT
+walk over the rewrite).
 """

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import atomic_write, same_file
+from offloadctl.core.files import atomic_write, read_json, same_file
 
 __all__ = ["CONFIG", "GenaiFolder", "check_genai_output", "genai_folder", "write_genai_folder"]
 
@@ -73,10 +73,7 @@ def genai_folder(model: Path) -> GenaiFolder | None:
     path = folder / CONFIG
     if not path.is_file():
         return None
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise OffloadError(f"{path} is not valid JSON ({exc})", hint="fix or remove the file") from None
+    config = read_json(path, "onnxruntime-genai config", fix="fix or remove the file", parse_float=float)
     if not isinstance(config, dict):
         raise OffloadError(f"{path} is not a JSON object", hint="fix or remove the file")
     section = None

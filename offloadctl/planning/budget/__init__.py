@@ -78,9 +78,9 @@ its group's depth, that keeps the budget.
 A model with dynamic input dimensions is refused until they are pinned (``--input-shape``); other
 tensors of unknown size count 0 bytes.
 
-Rooms: `offloadctl.planning.budget.candidates` (candidate tensors, their states, the spans and
-prices of a state, and their plan entries), `~.search` (the intervals, the greedy, pruning,
-prefetch placement and the cost bound), `~.exact` and `~.optimal` (the exact search and its
-program), `~.streaming` (weight streaming by layer group) and `~.strategy` (the entry points:
-`BudgetSearch`, `budget_filter`, `check_budget`, and the plan's ``budget`` object).
+Rooms: `candidates` (candidate tensors, their states, the intervals, the spans and prices of a
+state, and their plan entries), `search` (the greedy, pruning, prefetch placement and the cost
+bound), `exact` and `optimal` (the exact search, its covering program, HiGHS in a child process),
+`streaming` (weight streaming by layer group) and `strategy` (the entry points: `BudgetSearch`,
+`budget_plan`, `budget_filter`, and the plan's ``budget`` object).
 """

@@ -36,7 +36,7 @@ from typing import Any
 import jsonschema
 
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import NotJsonNumber, finite_json_float, refuse_json_constant
+from offloadctl.core.files import read_json
 from offloadctl.core.schemas import load_schema
 
 __all__ = [
@@ -289,25 +289,7 @@ def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> Prof
             f"profile {text!r} is neither a bundled profile nor a file",
             hint=f"use one of {', '.join(list_profiles())} or the path of a profile JSON file",
         )
-    try:
-        data = json.loads(
-            path.read_text(encoding="utf-8"), parse_float=finite_json_float, parse_constant=refuse_json_constant
-        )
-    except NotJsonNumber as exc:
-        raise OffloadError(
-            f"profile file {path} is not JSON: {exc}",
-            hint="write finite numbers (JSON has no NaN or Infinity), or measure the profile again",
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise OffloadError(f"cannot read profile file {path}: {exc}") from None
-    except RecursionError:
-        raise OffloadError(
-            f"profile file {path} is not a profile: its JSON is nested too deeply",
-            hint="see a bundled profile (offloadctl/profiles/*.json) for the format",
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise OffloadError(
-            f"profile file {path} is not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
-            hint="fix the syntax; see a bundled profile (offloadctl/profiles/*.json) for the format",
-        ) from None
+    data = read_json(
+        path, "profile file", fix="see a bundled profile (offloadctl/profiles/*.json) for the format, or measure one"
+    )
     return profile_from_dict(data, origin=f"file {path}")

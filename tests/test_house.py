@@ -1,0 +1,46 @@
+"""The house's labels and walls: every package docstring names what the package holds, and no module
+imports another in a circle, type-only imports included (docs/development.md, Layout)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import grimp
+import networkx as nx
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "offloadctl"
+PACKAGES = sorted(p.parent for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE)
+
+
+def _defined(module: Path) -> set[str]:
+    tree = ast.parse(module.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: str(p.relative_to(PACKAGE.parent)))
+def test_the_package_docstring_names_every_module_it_holds_and_no_other(package):
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text(encoding="utf-8"))) or ""
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.name for p in package.iterdir() if (p / "__init__.py").is_file()}
+    named = set(re.findall(r"(?<!`)`([a-z_][a-z0-9_]*)`(?!`)", doc))  # `name`, not ``literal``
+    assert modules <= named, f"{package.name}'s docstring leaves out {sorted(modules - named)}"
+    known = modules | {n for m in package.rglob("*.py") for n in _defined(m)} | {"offloadctl"}
+    assert named <= known, f"{package.name}'s docstring names what it does not hold: {sorted(named - known)}"
+
+
+def test_no_module_imports_another_in_a_circle_type_only_imports_included():
+    graph = grimp.build_graph("offloadctl", exclude_type_checking_imports=False)
+    edges = nx.DiGraph()
+    for module in graph.modules:
+        edges.add_edges_from((module, other) for other in graph.find_modules_directly_imported_by(module))
+    cycles = [c for c in nx.simple_cycles(edges) if len(c) > 1]
+    assert cycles == []
