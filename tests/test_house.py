@@ -44,3 +44,33 @@ def test_no_module_imports_another_in_a_circle_type_only_imports_included():
         edges.add_edges_from((module, other) for other in graph.find_modules_directly_imported_by(module))
     cycles = [c for c in nx.simple_cycles(edges) if len(c) > 1]
     assert cycles == []
+
+
+# options that mean the same in every command that has them: one definition each
+SHARED = ["--execution-order", "--inputs", "--json", "--input-shape", "--dim", "--ep-option", "--profile",
+          "--sizes-from-run", "--max-peak", "--report", "--strict", "--shape-point"]  # fmt: skip
+
+
+@pytest.mark.parametrize("flag", SHARED)
+def test_an_option_shared_by_commands_is_defined_once(flag):
+    from offloadctl.cli import cli
+
+    found = {
+        name: (p.help, p.default, getattr(p, "metavar", None), str(p.type))
+        for name, command in cli.commands.items()
+        for p in command.params
+        if flag in getattr(p, "opts", ())
+    }
+    assert len(found) >= 2, f"{flag} is in {sorted(found)} only"
+    assert len(set(found.values())) == 1, f"{flag} differs between {sorted(found)}"
+
+
+def test_run_takes_the_order_a_rewrite_was_planned_for(run_cli, tmp_path):
+    plan, out = tmp_path / "plan.json", tmp_path / "seed.offload.onnx"
+    seed = PACKAGE.parent / "sample_models" / "seed.onnx"
+    args = ["--select-distance", "1", "--prefetch-distance", "0", "--execution-order", "default"]
+    assert run_cli("plan", seed, "-o", plan, *args).exit_code == 0
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+    res = run_cli("run", out, "--device", "cpu", "--repeat", "1", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert res.json()["session"]["execution_order"] == "DEFAULT"  # without --execution-order

@@ -11,7 +11,14 @@ from rich.table import Table
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory, unknown_tensors
 from offloadctl.cli.common import finish, low_figures_text, open_model
-from offloadctl.cli.options import ShapeOptions, SizesOptions, input_shape_option, model_argument, sizes_option
+from offloadctl.cli.options import (
+    ShapeOptions,
+    SizesOptions,
+    input_shape_option,
+    json_option,
+    model_argument,
+    sizes_option,
+)
 from offloadctl.cli.ui import out_console
 from offloadctl.core.units import fmt_bytes
 
@@ -96,7 +103,7 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
 @input_shape_option
 @sizes_option
 @click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle tensors to list.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
+@json_option
 def inspect(model: str, shapes: ShapeOptions, sizes: SizesOptions, top: int, as_json: bool) -> None:
     """Nodes, tensors, bytes of activations and weights, and the longest-idle tensors."""
     analysis = open_model(model, shapes, sizes, show_progress=not as_json).analysis

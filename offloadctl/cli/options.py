@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import click
 
+from offloadctl.analysis.order import EXECUTION_ORDERS
 from offloadctl.cli.ui import BytesParam, FiniteFloatRange
 from offloadctl.core.plantypes import SizesFromRun
 from offloadctl.planning.request import (
@@ -38,6 +39,8 @@ from offloadctl.simulation.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, list_profiles
 
 __all__ = [
+    "ep_option",
+    "inputs_option",
     "ShapeOptions",
     "SizesOptions",
     "sizes_option",
@@ -168,6 +171,17 @@ input_shape_option = _group(
     ),
 )
 
+inputs_option = click.option(
+    "--inputs",
+    "inputs",
+    type=click.Path(path_type=str),
+    default=None,
+    metavar="FILE.npz|FOLDER",
+    help="The model's inputs: an .npz file (numpy.savez), a folder of NAME.npy files, or an onnx test-data folder "
+    "(input_0.pb, ...). run and profile: random inputs (seed 0, --seed) if omitted; the planning commands read "
+    "every size from one run on them (implies --sizes-from-run).",
+)
+
 sizes_option = _group(
     "sizes",
     SizesOptions,
@@ -178,13 +192,7 @@ sizes_option = _group(
         help="Read every tensor's size from one run on onnxruntime's CPU provider (inputs generated at the pinned "
         "shapes, or --inputs): exact where shape inference leaves sizes unknown. Takes one run's time and host memory.",
     ),
-    click.option(
-        "--inputs",
-        type=click.Path(path_type=str),
-        default=None,
-        metavar="FILE.npz|FOLDER",
-        help="The inputs of that run (.npz, a folder of .npy files, or onnx test data); implies --sizes-from-run.",
-    ),
+    inputs_option,
 )
 
 json_option = click.option(
@@ -192,6 +200,15 @@ json_option = click.option(
     "as_json",
     is_flag=True,
     help="Print one JSON document on stdout (figures, files written) and nothing else.",
+)
+
+ep_option = click.option(
+    "--ep-option",
+    "ep_option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Execution provider option for CANN or CUDA (repeatable); overrides what the model's settings ask for "
+    "(on CANN enable_cann_graph=0 and arena_extend_strategy=kSameAsRequested).",
 )
 
 max_peak_option = click.option(
@@ -372,11 +389,11 @@ explain_option = click.option(
 execution_order_option = click.option(
     "--execution-order",
     "execution_order",
-    type=click.Choice(["priority", "default"]),
+    type=click.Choice(list(EXECUTION_ORDERS)),
     default=None,
-    help="The onnxruntime execution order positions count in: priority (PRIORITY_BASED, what Python sets; "
-    "the default, or the plan's) or default (onnxruntime's DEFAULT, the only order C, C++, C#, Java, "
-    "onnxruntime-genai and Triton hosts run).",
+    help="The onnxruntime execution order: priority (PRIORITY_BASED, what Python sets; the file order is the plan) "
+    "or default (onnxruntime's DEFAULT, the only order C, C++, C#, Java, onnxruntime-genai and Triton hosts run). "
+    "Default: the order the plan (or the rewritten model) was made for, else priority.",
 )
 
 shape_point_option = click.option(

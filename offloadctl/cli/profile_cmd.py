@@ -12,7 +12,9 @@ from rich.table import Table
 from offloadctl.cli.common import finish
 from offloadctl.cli.options import (
     ShapeOptions,
+    ep_option,
     input_shape_option,
+    inputs_option,
     json_option,
     model_argument,
     opt_level_option,
@@ -115,12 +117,7 @@ def _print(info: dict[str, Any], model: str) -> None:
     type=click.Choice(list(DEVICES)),
     help="Where to measure: ascend (CANN), cpu, cuda or webgpu.",
 )
-@click.option(
-    "--inputs",
-    type=click.Path(path_type=str),
-    help="The model's inputs: an .npz file (numpy.savez), a folder of NAME.npy files or an onnx test-data folder "
-    "(input_0.pb, ...). Random inputs from seed 0 if omitted.",
-)
+@inputs_option
 @input_shape_option
 @click.option(
     "--repeat",
@@ -129,13 +126,7 @@ def _print(info: dict[str, Any], model: str) -> None:
     show_default=True,
     help="Runs per measurement after one warm-up run (medians are taken); fast models get more.",
 )
-@click.option(
-    "--ep-option",
-    "ep_option",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Execution provider option for CANN or CUDA (repeatable), as for offloadctl run.",
-)
+@ep_option
 @click.option(
     "--threads",
     type=click.IntRange(min=0),

@@ -10,7 +10,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from offloadctl.cli.common import finish
-from offloadctl.cli.options import ShapeOptions, input_shape_option, model_argument, opt_level_option
+from offloadctl.cli.options import (
+    ShapeOptions,
+    ep_option,
+    execution_order_option,
+    input_shape_option,
+    inputs_option,
+    json_option,
+    model_argument,
+    opt_level_option,
+)
 from offloadctl.cli.ui import out_console, print_json
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
@@ -18,7 +27,14 @@ from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.pins import parse_dims, parse_input_shapes
 from offloadctl.running.inputs import parse_value_ranges
 from offloadctl.running.inputs import save_outputs as save_outputs_file
-from offloadctl.running.runner import DEVICES, RunReport, parse_ep_options, quiet_onnxruntime, run_model
+from offloadctl.running.runner import (
+    DEVICES,
+    RunReport,
+    parse_ep_options,
+    planned_execution_order,
+    quiet_onnxruntime,
+    run_model,
+)
 
 __all__ = ["COMMANDS", "run"]
 
@@ -51,14 +67,7 @@ class Tolerance(click.ParamType):
     type=click.Choice(list(DEVICES)),
     help="Where to run: ascend (CANN), cpu, cuda or webgpu (the WebGPU plugin provider).",
 )
-@click.option(
-    "--inputs",
-    "inputs",
-    type=click.Path(path_type=str),
-    metavar="FILE.npz|FOLDER",
-    help="Every model input: an .npz file (numpy.savez), a folder of NAME.npy files, or an onnx test-data "
-    "folder (input_0.pb, ...). Random inputs if omitted.",
-)
+@inputs_option
 @input_shape_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option(
@@ -80,14 +89,7 @@ class Tolerance(click.ParamType):
     type=click.Path(dir_okay=False, path_type=str),
     help="Run this original model too, with the same inputs, and compare every output.",
 )
-@click.option(
-    "--ep-option",
-    "ep_option",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Execution provider option for CANN or CUDA (repeatable); overrides enable_cann_graph=0 and "
-    "arena_extend_strategy=kSameAsRequested.",
-)
+@ep_option
 @click.option(
     "--repeat", type=click.IntRange(min=1), default=5, show_default=True, help="Timed runs after one warm-up run."
 )
@@ -103,15 +105,7 @@ class Tolerance(click.ParamType):
     "--atol", type=Tolerance(), help="Absolute tolerance for --compare-to [default: 1e-6; 0 with --opt-level disable]."
 )
 @click.option("--strict-order", is_flag=True, help="Exit 1 when nodes did not run in the planned (file) order.")
-@click.option(
-    "--execution-order",
-    "execution_order",
-    type=click.Choice(["priority", "default"]),
-    default="priority",
-    show_default=True,
-    help="onnxruntime's execution order: priority (PRIORITY_BASED; the file order is the plan) or default "
-    "(onnxruntime's DEFAULT order, the only one C, C++, C#, Java, onnxruntime-genai and Triton hosts run).",
-)
+@execution_order_option
 @click.option(
     "--measure-memory",
     is_flag=True,
@@ -119,7 +113,7 @@ class Tolerance(click.ParamType):
     "default their own statistics (MaxInUse, through onnxruntime's C API), at priority the smallest arena limit "
     "the run fits in.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout and nothing else.")
+@json_option
 def run(
     model: str,
     device: str,
@@ -135,7 +129,7 @@ def run(
     rtol: float | None,
     atol: float | None,
     strict_order: bool,
-    execution_order: str,
+    execution_order: str | None,
     measure_memory: bool,
     as_json: bool,
 ) -> None:
@@ -152,6 +146,7 @@ def run(
     """
     if save_outputs is not None:
         check_output_path(save_outputs, model, compare_to, inputs)
+    execution_order = execution_order or planned_execution_order(model) or "priority"
     quiet_onnxruntime(device)
     report = run_model(
         model,

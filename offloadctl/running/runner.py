@@ -1023,14 +1023,28 @@ def _tolerances(opt_level: str, rtol: float | None, atol: float | None) -> tuple
     )
 
 
-def planned_shapes(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """The input shapes and dims a rewritten model's plan was made at (its ``offloadctl.planned_at``
-    metadata), for generated inputs; empty for any other model."""
+def _planned_at(model: str | os.PathLike[str]) -> tuple[onnx.ModelProto | None, Any]:
     try:
         header = onnx.load(str(model), load_external_data=False)
     except Exception:  # noqa: BLE001 - load_model reports a bad file clearly
+        return None, None
+    return header, metadata_json(header, KEY_PLANNED_AT)
+
+
+def planned_execution_order(model: str | os.PathLike[str]) -> str | None:
+    """The execution order a rewritten model's plan counted positions in (``priority`` or ``default``,
+    from its ``offloadctl.planned_at`` metadata); None for any other model."""
+    _, recorded = _planned_at(model)
+    order = recorded.get("execution_order") if isinstance(recorded, dict) else None
+    return order if order in EXECUTION_ORDERS else None
+
+
+def planned_shapes(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """The input shapes and dims a rewritten model's plan was made at (its ``offloadctl.planned_at``
+    metadata), for generated inputs; empty for any other model."""
+    header, recorded = _planned_at(model)
+    if header is None:
         return {}, {}
-    recorded = metadata_json(header, KEY_PLANNED_AT)
     if not isinstance(recorded, dict):
         return {}, {}
     shapes: dict[str, Any] = recorded.get("input_shapes") or {}
