@@ -4,6 +4,7 @@ imports another in a circle, type-only imports included (docs/development.md, La
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -74,3 +75,25 @@ def test_run_takes_the_order_a_rewrite_was_planned_for(run_cli, tmp_path):
     res = run_cli("run", out, "--device", "cpu", "--repeat", "1", "--json")
     assert res.exit_code == 0, res.stderr
     assert res.json()["session"]["execution_order"] == "DEFAULT"  # without --execution-order
+
+
+def test_plan_reads_its_profile_file_once(run_cli, tmp_path, monkeypatch):
+    """The request's parts are checked once, as they are made: progress and ``--device`` findings are
+    set on the checked request without checking it (and reading its profile) again."""
+    import offloadctl.simulation.profiles as profiles
+
+    source = json.loads((PACKAGE / "simulation" / "profiles" / "cpu.json").read_text())
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(source))
+    reads: list[str] = []
+    real = profiles.read_json
+
+    def counted(p, *args, **kwargs):
+        reads.append(str(p))
+        return real(p, *args, **kwargs)
+
+    monkeypatch.setattr(profiles, "read_json", counted)
+    unet = PACKAGE.parent / "sample_models" / "unet.onnx"
+    res = run_cli("plan", unet, "-o", tmp_path / "p.json", "--params", "--budget", "300KiB", "--profile", path)
+    assert res.exit_code == 0, res.stderr
+    assert reads == [str(path)]

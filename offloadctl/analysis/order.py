@@ -47,7 +47,9 @@ __all__ = [
 
 HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
 
-#: --execution-order name -> onnxruntime's ExecutionOrder member.
+#: The one vocabulary of orders: offloadctl's names (``--execution-order``, plans, metadata) -> the name of
+#: onnxruntime's ExecutionOrder member, used only where onnxruntime or a host reads it (sessions, the
+#: settings record a rewritten model carries).
 EXECUTION_ORDERS: dict[str, str] = {"priority": "PRIORITY_BASED", "default": "DEFAULT"}
 
 PLAIN_RANK = 2  # a forward node that is not Shape/Size: ordered by file index alone

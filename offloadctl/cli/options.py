@@ -3,9 +3,9 @@
 A group of options reaches its command as one object in one keyword argument, rather than as one
 argument per option: the planning stages' groups as the request parts the stages take
 (`offloadctl.planning.request.SelectPart`, `FilterPart`, `PrefetchPart`, checked as they are made:
-a broken rule is a usage error), the loading options as `ShapeOptions` and `SizesOptions`, the
-budget flags as `BudgetFlags` (the plan and filter commands make the request with them). Single
-options stay plain arguments.
+a broken rule is a usage error), and `BudgetPart`: one group per part, which the plan and filter commands put
+together with `PlanRequest.of` and `FilterRequest.of` (each part checked once, when it is made);
+the loading options as `ShapeOptions` and `SizesOptions`. Single options stay plain arguments.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from offloadctl.planning.request import (
     DEFAULT_SELECT_NUM,
     DEFAULT_STREAM_DEPTH,
     DEFAULT_TIME_LIMIT,
+    BudgetPart,
     FilterPart,
     PrefetchPart,
     RequestError,
@@ -44,7 +45,6 @@ __all__ = [
     "ShapeOptions",
     "SizesOptions",
     "sizes_option",
-    "BudgetFlags",
     "usage",
     "explain_option",
     "model_argument",
@@ -56,6 +56,7 @@ __all__ = [
     "select_options",
     "filter_options",
     "budget_options",
+    "filter_budget_options",
     "copies_option",
     "objective_option",
     "max_slowdown_option",
@@ -86,11 +87,12 @@ def _group(argument: str, options: type, *decorators: Decorator) -> Decorator:
     keeps its default, or what the request derives for it).
     """
     names = [f.name for f in dataclasses.fields(options) if f.init and f.metadata.get("cli", True)]
+    # (a field without an option among ``decorators`` keeps its default: filter has no --max-slowdown)
 
     def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)
         def command(*args: Any, **kwargs: Any) -> Any:
-            kwargs[argument] = usage(options, **{name: kwargs.pop(name) for name in names})
+            kwargs[argument] = usage(options, **{name: kwargs.pop(name) for name in names if name in kwargs})
             return f(*args, **kwargs)
 
         return _compose(*decorators)(command)
@@ -119,22 +121,6 @@ class SizesOptions:
         if not self.sizes_from_run and self.inputs is None:
             return None
         return {"inputs": self.inputs, "seed": 0}
-
-
-@dataclass(frozen=True)
-class BudgetFlags:
-    """The budget strategy's flags as given; the plan and filter commands make the request with them
-    (`offloadctl.planning.request.BudgetPart` states their rules)."""
-
-    strategy: str | None
-    budget: int | None
-    stream_weights: bool
-    stream_depth: int
-    optimal: bool
-    time_limit: float
-
-    def keywords(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 T = TypeVar("T")
@@ -311,9 +297,7 @@ filter_options = _group(
     ),
 )
 
-budget_options = _group(
-    "budgeting",
-    BudgetFlags,
+_BUDGET_FLAGS = (
     click.option(
         "--strategy",
         type=click.Choice(["distance", "budget"]),
@@ -381,6 +365,12 @@ max_slowdown_option = click.option(
     help="Instead of --budget: the largest cut in peak memory whose estimated time (--copies, --profile) "
     "stays within X times the baseline, e.g. 1.05.",
 )
+
+#: the budget planner's options (`BudgetPart`), for plan; filter's lack --max-slowdown (a plan-level search)
+budget_options = _group(
+    "budgeting", BudgetPart, *_BUDGET_FLAGS, objective_option, copies_option, profile_option, max_slowdown_option
+)
+filter_budget_options = _group("budgeting", BudgetPart, *_BUDGET_FLAGS, objective_option, copies_option, profile_option)
 
 explain_option = click.option(
     "--explain", is_flag=True, default=False, help="Print every candidate, chosen or not, and why."

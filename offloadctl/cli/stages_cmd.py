@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -29,29 +28,24 @@ from offloadctl.cli.common import (
     warn_slowdown,
 )
 from offloadctl.cli.options import (
-    BudgetFlags,
     ShapeOptions,
     SizesOptions,
     budget_options,
-    copies_option,
     execution_order_option,
     explain_option,
+    filter_budget_options,
     filter_options,
     json_option,
     max_peak_option,
-    max_slowdown_option,
     model_argument,
-    objective_option,
     output_option,
     plan_device_option,
     prefetch_options,
-    profile_option,
     report_option,
     select_options,
     shape_point_option,
     sizes_option,
     strict_option,
-    usage,
 )
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
@@ -67,7 +61,15 @@ from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.explain import explain_table
 from offloadctl.planning.filter import filter_plan
 from offloadctl.planning.prefetch import prefetch
-from offloadctl.planning.request import FilterPart, FilterRequest, PlanRequest, PrefetchPart, SelectPart
+from offloadctl.planning.request import (
+    BudgetPart,
+    FilterPart,
+    FilterRequest,
+    PlanRequest,
+    PrefetchPart,
+    SelectPart,
+    evolve,
+)
 from offloadctl.planning.select import select
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import copy_mode_label
@@ -82,19 +84,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 S = TypeVar("S", SelectPart, PlanRequest)
-
-
-def _request(make: Callable[..., T], *groups: Any, **options: Any) -> T:
-    """A request made of the command's option groups (dataclasses) and single options; a broken rule
-    is a usage error."""
-    fields: dict[str, Any] = {}
-    for group in groups:
-        fields.update(_fields(group))
-    return usage(make, **fields, **options)
-
-
-def _fields(part: Any) -> dict[str, Any]:
-    return {f.name: getattr(part, f.name) for f in dataclasses.fields(part) if f.init}
 
 
 def _objective_words(info: BudgetRecord, defaulted: bool | None) -> str:
@@ -192,7 +181,7 @@ def _for_device(part: S, analysis: Analysis, device: str | None, as_json: bool) 
     names, how = host_nodes(analysis, device)
     if not as_json:
         out_console().print(f"{len(names)} node(s) run on the host on {how}: their tensors are kept", soft_wrap=True)
-    return dataclasses.replace(part, host_nodes=names, host_device=how)
+    return evolve(part, host_nodes=names, host_device=how)
 
 
 def _plan_job(plan: Plan, plan_path: str) -> Job:
@@ -269,21 +258,15 @@ def select_cmd(
 @click.argument("selected", type=click.Path(path_type=str))
 @output_option("the filtered plan (stage 'filtered')")
 @filter_options
-@budget_options
+@filter_budget_options
 @explain_option
-@objective_option
-@copies_option
-@profile_option
 @json_option
 def filter_cmd(
     selected: str,
     output: str,
     filtering: FilterPart,
-    budgeting: BudgetFlags,
+    budgeting: BudgetPart,
     explain: bool,
-    objective: str | None,
-    copies: str,
-    profile: str,
     as_json: bool,
 ) -> None:
     """Keep the first --select-num candidates in first-use order (stage 'filtered').
@@ -292,15 +275,15 @@ def filter_cmd(
     assuming the default prefetch distance (each offload gets its own, smaller one if needed).
     """
     check_output_path(output, selected)
-    request = _request(FilterRequest, filtering, budgeting, objective=objective, copies=copies, profile=profile)
+    request = FilterRequest.of(filtering, budgeting, PrefetchPart())
     selected_plan = read_plan(selected, stages=("selected",))
     if request.uses_budget:
         job = _plan_job(selected_plan, selected)
         job.guard("the plan", output)
         with steps(not as_json) as step:
-            plan = budget_filter.run(selected_plan, job.analysis, dataclasses.replace(request, step=step))
+            plan = budget_filter.run(selected_plan, job.analysis, evolve(request, step=step))
     else:
-        if copies != "inline":
+        if budgeting.copies != "inline":
             logger.warning(
                 "--copies is the budget strategy's: without --budget the filter keeps the first --select-num"
             )
@@ -333,12 +316,8 @@ def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchPart, as_json:
 @filter_options
 @budget_options
 @explain_option
-@max_slowdown_option
-@objective_option
-@copies_option
 @prefetch_options
 @strict_option
-@profile_option
 @max_peak_option
 @report_option
 @json_option
@@ -352,14 +331,10 @@ def plan_cmd(
     device: str | None,
     shape_points: tuple[str, ...],
     filtering: FilterPart,
-    budgeting: BudgetFlags,
+    budgeting: BudgetPart,
     explain: bool,
-    max_slowdown: float | None,
-    objective: str | None,
-    copies: str,
     prefetching: PrefetchPart,
     strict: bool,
-    profile: str,
     max_peak: int | None,
     report: str | None,
     as_json: bool,
@@ -373,17 +348,7 @@ def plan_cmd(
     """
     check_output_path(output, model)
     check_report_paths(report, model, others=[("the plan", output)])
-    request = _request(
-        PlanRequest,
-        selecting,
-        filtering,
-        budgeting,
-        prefetching,
-        objective=objective,
-        copies=copies,
-        profile=profile,
-        max_slowdown=max_slowdown,
-    )
+    request = PlanRequest.of(selecting, filtering, budgeting, prefetching)
     job = open_model(model, shapes, sizes, show_progress=not as_json, order=execution_order)
     job.guard("the plan", output)
     analysis = job.analysis
@@ -400,9 +365,7 @@ def plan_cmd(
     if points and request.uses_budget:
         analysis, points = _largest_point(analysis, points, as_json)
     with steps(not as_json, total=5) as step:
-        plan, result, checked = _plan_and_simulate(
-            analysis, dataclasses.replace(request, step=step), output, step, points
-        )
+        plan, result, checked = _plan_and_simulate(analysis, evolve(request, step=step), output, step, points)
     written: list[str | Path] = [output]
     if report is not None and result is not None:
         written += write_report(report, result, plan)
@@ -418,7 +381,7 @@ def plan_cmd(
     search = {
         "objective": request.objective_name if request.uses_budget else None,
         "objective_default": defaulted,
-        "copy_mode": copies,
+        "copy_mode": request.copies,
         "shape_points": [p.to_json() for p in checked],
     }
     if checked and not as_json and result is not None:

@@ -14,6 +14,7 @@ SelectPart(select_distance=1))`), so no function spells the options out again.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import logging
@@ -45,6 +46,7 @@ __all__ = [
     "SelectPart",
     "WithOptions",
     "WithOptions2",
+    "evolve",
     "recorded",
     "taking",
     "taking2",
@@ -97,6 +99,13 @@ class SelectPart:
     fused: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
     host_nodes: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
     host_device: str = field(default="", metadata={"omit_empty": True, "cli": False})
+
+    @classmethod
+    def of(cls, request: SelectPart, **changes: Any) -> SelectPart:
+        """The select options alone, from any request that holds them, with ``changes``: checked, but
+        none of the request's other parts (its profile is not read again)."""
+        fields = {f.name: getattr(request, f.name) for f in dataclasses.fields(SelectPart) if f.init}
+        return SelectPart(**{**fields, **changes})
 
     def __post_init__(self) -> None:
         _set(self, "force", tuple(self.force))
@@ -309,6 +318,32 @@ class Progress:
             self.step(text, new=new)
 
 
+Part = TypeVar("Part")
+
+
+def _of_parts(cls: type[Part], parts: tuple[Any, ...], step: Callable[..., None] | None) -> Part:
+    """An instance of ``cls`` holding the fields of ``parts`` (each already checked), not checked again:
+    ``__post_init__`` does not run, so no part's rule runs twice and no profile is read twice."""
+    made = object.__new__(cls)
+    for part in parts:
+        for f in dataclasses.fields(part):
+            object.__setattr__(made, f.name, getattr(part, f.name))
+    object.__setattr__(made, "step", step)
+    return made
+
+
+def evolve(request: Part, **changes: Any) -> Part:
+    """A copy of a checked part or request with fields that no rule reads set (``step``, the progress
+    callback; ``host_nodes`` and ``host_device``, what ``plan --device`` finds), not checked again."""
+    unchecked = {"step", "host_nodes", "host_device"}
+    if not set(changes) <= unchecked:
+        raise ValueError(f"evolve sets only {sorted(unchecked)}, not {sorted(set(changes) - unchecked)}")
+    made = copy.copy(request)
+    for name, value in changes.items():
+        object.__setattr__(made, name, tuple(value) if name == "host_nodes" else value)
+    return made
+
+
 @dataclass(frozen=True, kw_only=True)
 class FilterRequest(FilterPart, BudgetPart, PrefetchPart, Progress):
     """What the filter stage takes with a budget (the select options are those of the selected plan):
@@ -318,6 +353,23 @@ class FilterRequest(FilterPart, BudgetPart, PrefetchPart, Progress):
         FilterPart.__post_init__(self)
         PrefetchPart.__post_init__(self)
         BudgetPart.__post_init__(self)
+        self._across_parts()
+
+    @classmethod
+    def of(
+        cls,
+        filtering: FilterPart,
+        budgeting: BudgetPart,
+        prefetching: PrefetchPart,
+        *,
+        step: Callable[..., None] | None = None,
+    ) -> FilterRequest:
+        """The request made of its parts, each checked when it was made: only the rules across parts run."""
+        made = _of_parts(cls, (filtering, budgeting, prefetching), step)
+        made._across_parts()
+        return made
+
+    def _across_parts(self) -> None:
         if self.uses_budget and self.select_num != DEFAULT_SELECT_NUM:
             logger.warning(
                 "--select-num %d is not used by the budget strategy (it fits the budget instead)", self.select_num
@@ -327,11 +379,29 @@ class FilterRequest(FilterPart, BudgetPart, PrefetchPart, Progress):
 @dataclass(frozen=True, kw_only=True)
 class PlanRequest(SelectPart, FilterRequest):
     """Every planning option (see each part), what ``offloadctl plan`` and `offloadctl.make_plan`
-    take. A request is checked once, when it is made."""
+    take. A request is checked once, when it is made (from keywords, or with `of` from its parts)."""
 
     def __post_init__(self) -> None:
         SelectPart.__post_init__(self)
         FilterRequest.__post_init__(self)
+
+    @classmethod
+    def of(  # type: ignore[override]  # one part more than the filter request
+        cls,
+        selecting: SelectPart,
+        filtering: FilterPart,
+        budgeting: BudgetPart,
+        prefetching: PrefetchPart,
+        *,
+        step: Callable[..., None] | None = None,
+    ) -> PlanRequest:
+        """The request made of its parts, each checked when it was made: only the rules across parts run."""
+        made = _of_parts(cls, (selecting, filtering, budgeting, prefetching), step)
+        made._across_parts()
+        return made
+
+    def _across_parts(self) -> None:
+        FilterRequest._across_parts(self)
         measured = self.device_profile.measured
         if not self.fused and measured is not None and measured.fused:
             # a profile measured at a level that fuses: keep what those fusions take in

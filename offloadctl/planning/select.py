@@ -11,7 +11,6 @@ its last use, or between two uses. Every tensor not selected is listed with its 
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 from collections.abc import Iterable
 
@@ -465,7 +464,7 @@ class Selection:
     def __init__(self, analysis: Analysis, options: SelectPart) -> None:
         self.options = options
         self.analysis = analysis
-        self._selector = _Selector(analysis, dataclasses.replace(options, params=True))
+        self._selector = _Selector(analysis, SelectPart.of(options, params=True))
         self._weights: list[tuple[tuple[int, int], str, int | None]] = []  # weights the options would disable
         candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
         candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
@@ -496,7 +495,7 @@ class Selection:
         offloads = [{**entry} for _, entry in chosen]
         for i, entry in enumerate(offloads):
             entry["id"] = i
-        recorded_options = recorded(SelectPart, dataclasses.replace(self.options, params=weights))
+        recorded_options = recorded(SelectPart, SelectPart.of(self.options, params=weights))
         return {
             "schema_version": SCHEMA_VERSION,
             "stage": "selected",

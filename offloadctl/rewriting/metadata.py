@@ -37,6 +37,7 @@ from typing import Any
 
 import onnx
 
+from offloadctl.analysis.order import EXECUTION_ORDERS
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import json_sha256
 from offloadctl.core.plantypes import Plan
@@ -73,7 +74,7 @@ def plan_sha256(plan: Plan) -> str:
 
 def make_session_settings(*, weights_offloaded: bool, pinned: bool = False) -> dict[str, Any]:
     """The session settings an offloaded model needs (see the module docstring)."""
-    settings: dict[str, Any] = {"execution_order": "PRIORITY_BASED"}
+    settings: dict[str, Any] = {"execution_order": EXECUTION_ORDERS["priority"]}  # onnxruntime's name, for hosts
     if pinned:
         settings["order_pins"] = True  # the copies are held in place in the DEFAULT order too
     if weights_offloaded or pinned:

@@ -59,6 +59,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis, analyse
+from offloadctl.analysis.order import EXECUTION_ORDERS
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write_text
 from offloadctl.core.plantypes import Plan
@@ -1022,7 +1023,7 @@ def _profile_doc(
                 "host": {"platform": platform.platform(), "cpu_count": os.cpu_count() or 0},
             },
             "session": {
-                "execution_order": "PRIORITY_BASED",
+                "execution_order": EXECUTION_ORDERS["priority"],
                 "opt_level": times.opt_level,
                 "intra_op_num_threads": ctx.threads,
                 "provider_options": ctx.ep_options,

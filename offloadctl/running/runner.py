@@ -223,7 +223,7 @@ def required_settings(proto: onnx.ModelProto, where: str | os.PathLike[str] | No
             raise
         raise OffloadError(f"{where}: {exc.message}", hint=exc.hint) from None
     if not settings and _has_memcpy_nodes(proto):
-        settings = {"execution_order": "PRIORITY_BASED"}
+        settings = {"execution_order": EXECUTION_ORDERS["priority"]}
     return settings
 
 
@@ -394,13 +394,15 @@ def settings_warnings(
             given to ``InferenceSession`` (names or (name, options) pairs).
     """
     warnings: list[str] = []
-    order_name = "DEFAULT"
+    order_name = EXECUTION_ORDERS["default"]  # onnxruntime's own default
     level_name = "ORT_ENABLE_ALL"
     if sess_options is not None:
         order_name = getattr(sess_options.execution_order, "name", str(sess_options.execution_order))
         level_name = getattr(sess_options.graph_optimization_level, "name", str(sess_options.graph_optimization_level))
     wanted_order = settings.get("execution_order")
-    held = settings.get("order_pins") and order_name.split(".")[-1] == "DEFAULT"  # the pins hold the copies
+    held = (
+        settings.get("order_pins") and order_name.split(".")[-1] == EXECUTION_ORDERS["default"]
+    )  # the pins hold the copies
     if wanted_order and not held and str(wanted_order).split(".")[-1] != order_name.split(".")[-1]:
         warnings.append(
             f"the model asks for execution_order={wanted_order} but the session uses {order_name}: "

@@ -12,7 +12,6 @@ objectives' plans with copies on streams, and hands that simulation back.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -247,7 +246,7 @@ class BudgetSearch:
         # the kernel scratch a measured profile records is part of every step's memory, as simulate counts it
         count_scratch(analysis, options.device_profile)
         self.params = select.params or options.stream_weights
-        self.selection = Selection(analysis, dataclasses.replace(select, select_distance=0))
+        self.selection = Selection(analysis, SelectPart.of(select, select_distance=0))
         self.base = base if base is not None else self.selection.plan(weights=select.params)
         self.lower_bound, self.lower_bound_position = timeline.lower_bound(analysis)
         self.peak_before = plan_peak(analysis, None)[0]
