@@ -97,3 +97,21 @@ def test_plan_reads_its_profile_file_once(run_cli, tmp_path, monkeypatch):
     res = run_cli("plan", unet, "-o", tmp_path / "p.json", "--params", "--budget", "300KiB", "--profile", path)
     assert res.exit_code == 0, res.stderr
     assert reads == [str(path)]
+
+
+def test_every_option_of_a_request_part_is_written_once_in_the_part():
+    """plan's planning options are built from the parts' own fields: flag, default and help."""
+    import dataclasses
+
+    from offloadctl.cli import cli
+    from offloadctl.planning.request import BudgetPart, FilterPart, PrefetchPart, SelectPart
+
+    params = {p.name: p for p in cli.commands["plan"].params}
+    fields = [f for part in (SelectPart, FilterPart, BudgetPart, PrefetchPart) for f in dataclasses.fields(part)]
+    options = [f for f in fields if "kind" in f.metadata]
+    assert len(options) == 19  # 5 select, 2 filter, 10 budget, 2 prefetch
+    for f in options:
+        param = params[f.name]
+        assert param.help == f.metadata["help"], f.name
+        assert param.default == f.metadata.get("shown", f.default), f.name
+        assert "--" + f.name.replace("_", "-") in param.opts, f.name

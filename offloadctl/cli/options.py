@@ -22,13 +22,6 @@ from offloadctl.analysis.order import EXECUTION_ORDERS
 from offloadctl.cli.ui import BytesParam, FiniteFloatRange
 from offloadctl.core.plantypes import SizesFromRun
 from offloadctl.planning.request import (
-    DEFAULT_MIN_BYTES,
-    DEFAULT_PREFETCH_DISTANCE,
-    DEFAULT_RELEASE_DISTANCE,
-    DEFAULT_SELECT_DISTANCE,
-    DEFAULT_SELECT_NUM,
-    DEFAULT_STREAM_DEPTH,
-    DEFAULT_TIME_LIMIT,
     BudgetPart,
     FilterPart,
     PrefetchPart,
@@ -36,8 +29,6 @@ from offloadctl.planning.request import (
     SelectPart,
 )
 from offloadctl.running.runner import OPT_LEVELS
-from offloadctl.simulation.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE
-from offloadctl.simulation.profiles import DEFAULT_PROFILE, list_profiles
 
 __all__ = [
     "ep_option",
@@ -57,9 +48,9 @@ __all__ = [
     "filter_options",
     "budget_options",
     "filter_budget_options",
-    "copies_option",
+    "field_option",
+    "part_options",
     "objective_option",
-    "max_slowdown_option",
     "prefetch_options",
     "opt_level_option",
     "output_option",
@@ -214,14 +205,6 @@ report_option = click.option(
     "timeline plot beside it (FILE.png).",
 )
 
-profile_option = click.option(
-    "--profile",
-    default=DEFAULT_PROFILE,
-    show_default=True,
-    metavar="NAME|FILE.json",
-    help=f"Device profile for the time estimate: {', '.join(list_profiles())}, or a JSON file of your own.",
-)
-
 
 def opt_level_option(help: str) -> Decorator:
     """``--opt-level``: onnxruntime's graph optimization level, ``disable`` unless given."""
@@ -249,128 +232,55 @@ def output_option(what: str) -> Decorator:
     return click.option("-o", "--output", required=True, type=click.Path(path_type=str), help=f"Where to write {what}.")
 
 
-select_options = _compose(
-    _group(
-        "selecting",
-        SelectPart,
-        click.option(
-            "--select-distance",
-            type=click.IntRange(min=0),
-            default=DEFAULT_SELECT_DISTANCE,
-            show_default=True,
-            help="A tensor is offloaded across gaps between uses larger than this many positions.",
-        ),
-        click.option("--activations/--no-activations", default=True, show_default=True, help="Consider node outputs."),
-        click.option(
-            "--params/--no-params",
-            default=False,
-            show_default=True,
-            help="Consider weights (initializers, Constant nodes): they stay on the host and are streamed in.",
-        ),
-        click.option(
-            "--force",
-            multiple=True,
-            metavar="PATTERN",
-            help="Offload tensors matching this glob even without a long gap.",
-        ),
-        click.option("--never", multiple=True, metavar="PATTERN", help="Never offload tensors matching this glob."),
-    ),
-    input_shape_option,
-)
+def _kind(kind: str, f: dataclasses.Field[Any]) -> dict[str, Any]:
+    """click's settings for a field of this kind (`offloadctl.planning.request.option`)."""
+    if kind == "count":
+        return {"type": click.IntRange(min=0), "show_default": True}
+    if kind == "bytes":
+        return {"type": BytesParam(), "show_default": f.default is not None}
+    if kind in ("switch", "flag"):
+        return {"show_default": kind == "switch"} if kind == "switch" else {"is_flag": True}
+    if kind == "patterns":
+        return {"multiple": True, "metavar": "PATTERN"}
+    if kind == "choice":
+        return {"type": click.Choice(list(f.metadata["choices"])), "show_default": f.default is not None}
+    if kind == "seconds":
+        return {"type": FiniteFloatRange(min=0, min_open=True), "show_default": True, "metavar": "SECONDS"}
+    if kind == "factor":
+        return {"type": FiniteFloatRange(min=1.0), "metavar": "X"}
+    if kind == "profile":
+        return {"show_default": True, "metavar": "NAME|FILE.json"}
+    raise ValueError(f"unknown option kind {kind!r} of {f.name}")  # pragma: no cover - a field written wrong
 
-filter_options = _group(
-    "filtering",
-    FilterPart,
-    click.option(
-        "--select-num",
-        type=click.IntRange(min=0),
-        default=DEFAULT_SELECT_NUM,
-        show_default=True,
-        help="Keep at most this many offloads, in first-use order.",
-    ),
-    click.option(
-        "--min-bytes",
-        type=BytesParam(),
-        default=DEFAULT_MIN_BYTES,
-        show_default=True,
-        help="Drop candidates smaller than this (accepts 4096, 64KiB, 1MB).",
-    ),
-)
 
-_BUDGET_FLAGS = (
-    click.option(
-        "--strategy",
-        type=click.Choice(["distance", "budget"]),
-        default=None,
-        help="distance: HyperOffload's rule (the default); budget: fit --budget at the least bytes moved.",
-    ),
-    click.option(
-        "--budget",
-        "budget",
-        type=BytesParam(),
-        default=None,
-        help="Peak device memory to fit (accepts 1.5GiB, 800MB); implies --strategy budget.",
-    ),
-    click.option(
-        "--stream-weights",
-        is_flag=True,
-        default=False,
-        help="Keep weights on the host and stream them in by layer group (implies --strategy budget).",
-    ),
-    click.option(
-        "--stream-depth",
-        type=click.IntRange(min=0),
-        default=DEFAULT_STREAM_DEPTH,
-        show_default=True,
-        help="With --stream-weights: how many layer groups ahead weights are copied in.",
-    ),
-    click.option(
-        "--optimal",
-        is_flag=True,
-        default=False,
-        help="Also solve the exact program (HiGHS) from the greedy's plan; the plan records the proven gap.",
-    ),
-    click.option(
-        "--time-limit",
-        type=FiniteFloatRange(min=0, min_open=True),
-        default=DEFAULT_TIME_LIMIT,
-        show_default=True,
-        metavar="SECONDS",
-        help="With --optimal: stop the exact search after this long and keep the best plan found.",
-    ),
-)
+def field_option(part: type, name: str) -> Decorator:
+    """The command-line option of one field of a request part, built from the field itself: its
+    default (or the one it shows), help and kind (`offloadctl.planning.request.option`)."""
+    f = next(f for f in dataclasses.fields(part) if f.name == name)
+    kind = f.metadata["kind"]
+    flag = "--" + name.replace("_", "-")
+    decls = [f"{flag}/--no-{name.replace('_', '-')}", name] if kind == "switch" else [flag, name]
+    default = f.metadata.get("shown", f.default)
+    return click.option(*decls, default=default, help=f.metadata["help"], **_kind(kind, f))
 
-objective_option = click.option(
-    "--objective",
-    type=click.Choice(list(OBJECTIVES)),
-    default=None,
-    help="What the budget strategy minimises: bytes moved, or the estimated time the copies add on --profile "
-    "under --copies. Default: time with a measured profile (offloadctl profile), bytes otherwise.",
-)
 
-copies_option = click.option(
-    "--copies",
-    type=click.Choice(list(COPY_MODES)),
-    default="inline",
-    show_default=True,
-    help="How copies run in the time estimates: inline on the compute stream (what onnxruntime runs today), "
-    f"or on separate copy streams, hidden behind compute where the window allows ({STREAMS_NOTE}).",
-)
+def part_options(argument: str, part: type, *, leave_out: tuple[str, ...] = ()) -> Decorator:
+    """One option group per request part: an option per field (`field_option`, in the fields' order;
+    those in ``leave_out``, and fields that are no option, keep their defaults), reaching the command
+    as the checked part, in ``argument``."""
+    names = [f.name for f in dataclasses.fields(part) if "kind" in f.metadata and f.name not in leave_out]
+    return _group(argument, part, *(field_option(part, name) for name in names))
 
-max_slowdown_option = click.option(
-    "--max-slowdown",
-    type=FiniteFloatRange(min=1.0),
-    default=None,
-    metavar="X",
-    help="Instead of --budget: the largest cut in peak memory whose estimated time (--copies, --profile) "
-    "stays within X times the baseline, e.g. 1.05.",
-)
 
+select_options = _compose(part_options("selecting", SelectPart), input_shape_option)
+filter_options = part_options("filtering", FilterPart)
+prefetch_options = part_options("prefetching", PrefetchPart)
 #: the budget planner's options (`BudgetPart`), for plan; filter's lack --max-slowdown (a plan-level search)
-budget_options = _group(
-    "budgeting", BudgetPart, *_BUDGET_FLAGS, objective_option, copies_option, profile_option, max_slowdown_option
-)
-filter_budget_options = _group("budgeting", BudgetPart, *_BUDGET_FLAGS, objective_option, copies_option, profile_option)
+budget_options = part_options("budgeting", BudgetPart)
+filter_budget_options = part_options("budgeting", BudgetPart, leave_out=("max_slowdown",))
+#: single options of the budget part that other commands take too (simulate, frontier)
+profile_option = field_option(BudgetPart, "profile")
+objective_option = field_option(BudgetPart, "objective")
 
 explain_option = click.option(
     "--explain", is_flag=True, default=False, help="Print every candidate, chosen or not, and why."
@@ -401,23 +311,4 @@ strict_option = click.option(
     is_flag=True,
     default=False,
     help="Fail when a figure would count a tensor of unknown size as 0 bytes.",
-)
-
-prefetch_options = _group(
-    "prefetching",
-    PrefetchPart,
-    click.option(
-        "--prefetch-distance",
-        type=click.IntRange(min=0),
-        default=DEFAULT_PREFETCH_DISTANCE,
-        show_default=True,
-        help="Move each host-to-device copy this many positions before its first use.",
-    ),
-    click.option(
-        "--release-distance",
-        type=click.IntRange(min=0),
-        default=DEFAULT_RELEASE_DISTANCE,
-        show_default=True,
-        help="Positions after the last device use before an offloaded buffer may be reused.",
-    ),
 )

@@ -25,8 +25,8 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.units import parse_bytes
-from offloadctl.simulation.costs import COPY_MODES, CopyCost, default_objective
-from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
+from offloadctl.simulation.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE, CopyCost, default_objective
+from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, list_profiles, load_profile
 
 __all__ = [
     "DEFAULT_MIN_BYTES",
@@ -47,6 +47,7 @@ __all__ = [
     "WithOptions",
     "WithOptions2",
     "evolve",
+    "option",
     "recorded",
     "taking",
     "taking2",
@@ -66,6 +67,14 @@ DEFAULT_TIME_LIMIT = 60.0  # seconds the exact search may take
 
 class RequestError(OffloadError):
     """Options that do not go together, or a value out of range: a usage error."""
+
+
+def option(default: Any, help: str, kind: str, **cli: Any) -> Any:
+    """A part's field that is a command-line option, written once: its default, its help and its kind
+    (``count``, ``bytes``, ``switch``, ``flag``, ``patterns``, ``choice``, ``seconds``, ``factor``,
+    ``profile``), from which `offloadctl.cli.options.part_options` builds the option; ``cli`` adds
+    ``choices``, and ``shown``, the default the option shows when the field's is None."""
+    return field(default=default, metadata={"help": help, "kind": kind, **cli})
 
 
 def _set(part: Any, name: str, value: Any) -> None:
@@ -91,11 +100,17 @@ class SelectPart:
         host_device: the device ``host_nodes`` were found for, and how (``webgpu (measured)``).
     """
 
-    select_distance: int = DEFAULT_SELECT_DISTANCE
-    activations: bool = True
-    params: bool = False
-    force: tuple[str, ...] = ()
-    never: tuple[str, ...] = ()
+    select_distance: int = option(
+        DEFAULT_SELECT_DISTANCE,
+        "A tensor is offloaded across gaps between uses larger than this many positions.",
+        "count",
+    )
+    activations: bool = option(True, "Consider node outputs.", "switch")
+    params: bool = option(
+        False, "Consider weights (initializers, Constant nodes): they stay on the host and are streamed in.", "switch"
+    )
+    force: tuple[str, ...] = option((), "Offload tensors matching this glob even without a long gap.", "patterns")
+    never: tuple[str, ...] = option((), "Never offload tensors matching this glob.", "patterns")
     fused: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
     host_nodes: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
     host_device: str = field(default="", metadata={"omit_empty": True, "cli": False})
@@ -124,8 +139,10 @@ class FilterPart:
         min_bytes: drop candidates smaller than this (bytes, or text such as ``"64KiB"``).
     """
 
-    select_num: int = DEFAULT_SELECT_NUM
-    min_bytes: int | str = DEFAULT_MIN_BYTES
+    select_num: int = option(DEFAULT_SELECT_NUM, "Keep at most this many offloads, in first-use order.", "count")
+    min_bytes: int | str = option(
+        DEFAULT_MIN_BYTES, "Drop candidates smaller than this (accepts 4096, 64KiB, 1MB).", "bytes"
+    )
 
     def __post_init__(self) -> None:
         _at_least("select_num", self.select_num, 0)
@@ -146,8 +163,14 @@ class PrefetchPart:
         release_distance: positions after the last device use before an offloaded buffer is reused.
     """
 
-    prefetch_distance: int = DEFAULT_PREFETCH_DISTANCE
-    release_distance: int = DEFAULT_RELEASE_DISTANCE
+    prefetch_distance: int = option(
+        DEFAULT_PREFETCH_DISTANCE, "Move each host-to-device copy this many positions before its first use.", "count"
+    )
+    release_distance: int = option(
+        DEFAULT_RELEASE_DISTANCE,
+        "Positions after the last device use before an offloaded buffer may be reused.",
+        "count",
+    )
 
     def __post_init__(self) -> None:
         _at_least("prefetch_distance", self.prefetch_distance, 0)
@@ -178,16 +201,55 @@ class BudgetPart:
             stays within this multiple of the baseline.
     """
 
-    strategy: str | None = None
-    budget: int | str | None = None
-    stream_weights: bool = False
-    stream_depth: int = DEFAULT_STREAM_DEPTH
-    objective: str | CopyCost | None = None
-    profile: Profile | str | None = None
-    copies: str = "inline"
-    optimal: bool = False
-    time_limit: float = DEFAULT_TIME_LIMIT
-    max_slowdown: float | None = None
+    strategy: str | None = option(
+        None,
+        "distance: HyperOffload's rule (the default); budget: fit --budget at the least bytes moved.",
+        "choice",
+        choices=("distance", "budget"),
+    )
+    budget: int | str | None = option(
+        None, "Peak device memory to fit (accepts 1.5GiB, 800MB); implies --strategy budget.", "bytes"
+    )
+    stream_weights: bool = option(
+        False, "Keep weights on the host and stream them in by layer group (implies --strategy budget).", "flag"
+    )
+    stream_depth: int = option(
+        DEFAULT_STREAM_DEPTH, "With --stream-weights: how many layer groups ahead weights are copied in.", "count"
+    )
+    objective: str | CopyCost | None = option(
+        None,
+        "What the budget strategy minimises: bytes moved, or the estimated time the copies add on --profile under "
+        "--copies. Default: time with a measured profile (offloadctl profile), bytes otherwise.",
+        "choice",
+        choices=OBJECTIVES,
+    )
+    profile: Profile | str | None = option(
+        None,
+        f"Device profile for the time estimate: {', '.join(list_profiles())}, or a JSON file of your own.",
+        "profile",
+        shown=DEFAULT_PROFILE,
+    )
+    copies: str = option(
+        "inline",
+        "How copies run in the time estimates: inline on the compute stream (what onnxruntime runs today), or on "
+        f"separate copy streams, hidden behind compute where the window allows ({STREAMS_NOTE}).",
+        "choice",
+        choices=COPY_MODES,
+    )
+    optimal: bool = option(
+        False, "Also solve the exact program (HiGHS) from the greedy's plan; the plan records the proven gap.", "flag"
+    )
+    time_limit: float = option(
+        DEFAULT_TIME_LIMIT,
+        "With --optimal: stop the exact search after this long and keep the best plan found.",
+        "seconds",
+    )
+    max_slowdown: float | None = option(
+        None,
+        "Instead of --budget: the largest cut in peak memory whose estimated time (--copies, --profile) stays within X "
+        "times the baseline, e.g. 1.05.",
+        "factor",
+    )
     # resolved when the options are checked (the fields above keep what was asked for)
     _profile: Profile | None = field(default=None, init=False, repr=False, compare=False)
     _objective: str | CopyCost | None = field(default=None, init=False, repr=False, compare=False)
