@@ -288,7 +288,7 @@ explain_option = click.option(
 
 execution_order_option = click.option(
     "--execution-order",
-    "execution_order",
+    "order",  # the name it has down to the planner (`offloadctl.analysis.graph.analyse`)
     type=click.Choice(list(EXECUTION_ORDERS)),
     default=None,
     help="The onnxruntime execution order: priority (PRIORITY_BASED, what Python sets; the file order is the plan) "

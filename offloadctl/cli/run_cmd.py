@@ -129,7 +129,7 @@ def run(
     rtol: float | None,
     atol: float | None,
     strict_order: bool,
-    execution_order: str | None,
+    order: str | None,
     measure_memory: bool,
     as_json: bool,
 ) -> None:
@@ -146,7 +146,7 @@ def run(
     """
     if save_outputs is not None:
         check_output_path(save_outputs, model, compare_to, inputs)
-    execution_order = execution_order or planned_execution_order(model) or "priority"
+    order = order or planned_execution_order(model) or "priority"
     quiet_onnxruntime(device)
     report = run_model(
         model,
@@ -162,7 +162,7 @@ def run(
         dims=parse_dims(shapes.dim),
         seed=seed,
         value_ranges=parse_value_ranges(value_range),
-        order=execution_order,
+        order=order,
         memory=measure_memory,
     )
     written = []
@@ -197,7 +197,7 @@ def run(
     parts = [
         f"median {report.latency_median * 1e3:.3f} ms",
         ("order as planned" if report.order.matches else "order differs from the plan")
-        if execution_order == "priority"
+        if order == "priority"
         else ("DEFAULT order as predicted" if report.order.matches else "DEFAULT order differs from the prediction"),
     ]
     for figure in report.measured_memory or []:

@@ -198,7 +198,7 @@ def simulate_cmd(
     profile: str,
     shapes: ShapeOptions,
     sizes: SizesOptions,
-    execution_order: str | None,
+    order: str | None,
     shape_points: tuple[str, ...],
     strict: bool,
     max_peak: int | None,
@@ -225,7 +225,7 @@ def simulate_cmd(
         check_output_path(plot, model, plan_path)
     check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
     job = open_model(
-        model, shapes, sizes, plan=plan, plan_path=plan_path, show_progress=not as_json, order=execution_order
+        model, shapes, sizes, plan=plan, plan_path=plan_path, show_progress=not as_json, order=order
     )
     analysis = job.analysis
     check_unknown_sizes(analysis, strict=strict)

@@ -237,13 +237,13 @@ def select_cmd(
     selecting: SelectPart,
     shapes: ShapeOptions,
     sizes: SizesOptions,
-    execution_order: str | None,
+    order: str | None,
     device: str | None,
     as_json: bool,
 ) -> None:
     """Find tensors idle for more than --select-distance positions (stage 'selected')."""
     check_output_path(output, model)
-    job = open_model(model, shapes, sizes, show_progress=not as_json, order=execution_order)
+    job = open_model(model, shapes, sizes, show_progress=not as_json, order=order)
     job.guard("the plan", output)
     analysis = job.analysis
     selecting = _for_device(selecting, analysis, device, as_json)
@@ -327,7 +327,7 @@ def plan_cmd(
     selecting: SelectPart,
     shapes: ShapeOptions,
     sizes: SizesOptions,
-    execution_order: str | None,
+    order: str | None,
     device: str | None,
     shape_points: tuple[str, ...],
     filtering: FilterPart,
@@ -349,7 +349,7 @@ def plan_cmd(
     check_output_path(output, model)
     check_report_paths(report, model, others=[("the plan", output)])
     request = PlanRequest.of(selecting, filtering, budgeting, prefetching)
-    job = open_model(model, shapes, sizes, show_progress=not as_json, order=execution_order)
+    job = open_model(model, shapes, sizes, show_progress=not as_json, order=order)
     job.guard("the plan", output)
     analysis = job.analysis
     if report is not None:

@@ -11,6 +11,7 @@ import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -27,7 +28,6 @@ from offloadctl.planning.budget.candidates import (
     spans_in_state,
 )
 from offloadctl.planning.budget.exact import ExactReport, solve_exact
-from offloadctl.planning.request import FilterRequest
 from offloadctl.simulation.costs import CopyCost, CopyTiming
 
 __all__ = ["Intervals", "Outcome", "Planner", "solve"]
@@ -554,10 +554,25 @@ class Outcome:
     exact: ExactReport | None = None
 
 
+class SearchOptions(Protocol):
+    """What one search reads of its request (a `offloadctl.planning.request.FilterRequest`): not the
+    budget, which comes apart, once (the trade-off searches at many budgets with one request)."""
+
+    @property
+    def prefetch_distance(self) -> int: ...
+    @property
+    def release_distance(self) -> int: ...
+    @property
+    def optimal(self) -> bool: ...
+    @property
+    def time_limit(self) -> float: ...
+    def report(self, text: str, new: bool = True) -> None: ...
+
+
 def solve(
     analysis: Analysis,
     cands: list[Cand],
-    options: FilterRequest,
+    options: SearchOptions,
     *,
     budget: int | None,
     stream: dict[str, State] | None,
