@@ -125,6 +125,20 @@ def _third_party(folder: Path) -> list[tuple[str, str, str | None]]:
     return found
 
 
+def _extra(folder: Path, paths: list[str], dims: dict[str, int]) -> list[tuple[str, str, str | None]]:
+    """Models given with --model (an exporter's language model, say), their dimensions pinned by --dim."""
+    found = []
+    for k, given in enumerate(paths):
+        label = Path(given).stem if Path(given).stem != "model" else Path(given).parent.name or f"model{k}"
+        pinned = load_model(given, dims=dims, normalize=False).proto
+        path = folder / f"extra{k}-{label}.onnx"
+        onnx.save(pinned, str(path), save_as_external_data=True, location=path.name + ".data")
+        inputs = folder / f"extra{k}-{label}.inputs.npz"
+        np.savez(inputs, **generate_inputs(input_specs(pinned), seed=0)[0])
+        found.append((label, str(path), str(inputs)))
+    return found
+
+
 def _models(folder: Path, quick: bool) -> list[tuple[str, str, str | None]]:
     """(label, model path, inputs .npz or None) for every benchmark model."""
     models = [(name, str(SAMPLES / f"{name}.onnx"), str(SAMPLES / f"{name}.inputs.npz")) for name in SAMPLE_NAMES]
@@ -204,6 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     parser.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also measure this model (repeatable), e.g. an exporter's language model; pin its dimensions with --dim",
+    )
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE", help="a dimension of --model")
+    parser.add_argument("--only-extra", action="store_true", help="measure the --model models only")
+    parser.add_argument(
         "--opt-level",
         choices=["disable", "basic", "extended", "all"],
         default="disable",
@@ -217,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="offloadctl-bench-time-") as tmp:
         folder = Path(tmp)
-        for label, model, inputs in _models(folder, args.quick):
+        dims = {k: int(v) for k, v in (d.split("=", 1) for d in args.dim)}
+        models = [] if args.only_extra else _models(folder, args.quick)
+        for label, model, inputs in models + _extra(folder, args.model, dims):
             try:
                 rows.append(_row(label, model, inputs, folder, args.repeat, ort, args.threads))
             except OffloadError as exc:  # a measurement the machine's noise spoiled: say so, go on

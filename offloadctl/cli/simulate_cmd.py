@@ -224,9 +224,7 @@ def simulate_cmd(
     if plot:
         check_output_path(plot, model, plan_path)
     check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
-    job = open_model(
-        model, shapes, sizes, plan=plan, plan_path=plan_path, show_progress=not as_json, order=order
-    )
+    job = open_model(model, shapes, sizes, plan=plan, plan_path=plan_path, show_progress=not as_json, order=order)
     analysis = job.analysis
     check_unknown_sizes(analysis, strict=strict)
     if plot:

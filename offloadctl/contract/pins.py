@@ -112,14 +112,21 @@ def _held_input(
 ) -> int | None:
     """The input of the node at ``position`` a pin's view can stand in for (its index), or None. An
     input an H2D feeds is passed over (it reads the H2D's own view, and a view of a view is a pair
-    of Reshapes that onnxruntime fuses into one)."""
+    of Reshapes that onnxruntime fuses into one), and so is one a Reshape-like node made (the view
+    and that node are such a pair: GPT-2's attention reshapes, at ORT_ENABLE_ALL, did not load)."""
     node = analysis.nodes[position]
     if node.op_type in _RESHAPES:
         return None
-    return next(
-        (k for k, name in enumerate(node.input) if (position, k) not in reloaded and viewable(analysis, name, avoid)),
-        None,
-    )
+
+    def held(k: int, name: str) -> bool:
+        made_by = analysis.producer.get(name)
+        return (
+            (position, k) not in reloaded
+            and viewable(analysis, name, avoid)
+            and (made_by is None or analysis.nodes[made_by].op_type not in _RESHAPES)
+        )
+
+    return next((k for k, name in enumerate(node.input) if held(k, name)), None)
 
 
 def _into_reshapes(plan: Plan, analysis: Analysis) -> frozenset[tuple[int, str]]:

@@ -53,8 +53,8 @@ class Program:
     hold: dict[int, int] = field(default_factory=dict)  # tensor -> step its buffer is kept through
     waits: list[tuple[int, int]] = field(default_factory=list)  # (after step, wait for copy step)
     step_labels: list[str] | None = None  # rewritten models: the node labels
-    # nodes of order pins the model has (rewritten) or apply adds (a plan): no data moves, and the time
-    # model leaves them out (on the CPU a pin node costs about a microsecond)
+    # nodes of order pins the model has (rewritten) or apply adds (a plan): no data moves; the time
+    # model prices each as one more trivial node (the profile's kernel_launch_s)
     pin_nodes: int = 0
 
     def label(self, base: Base, s: int) -> str:

@@ -13,7 +13,10 @@ com.microsoft Attention); every other node is counted by the bytes it reads and
 writes. A node onnxruntime fused away at the measured profile's optimization level costs nothing
 (the fused node's time is attributed to the node that writes its output), and a model with copies
 pays once what the profile measured ConstantFolding off to cost there (order pins and offloaded
-weights need it off). A copy takes
+weights need it off). Under a measured profile each node of the order pins (`Program.pin_nodes`)
+moves no data and costs what one more trivial node added to a run there (its ``kernel_launch_s``);
+a datasheet profile's kernel launch is the device's, not what a pin's CPU-side node costs, so there
+pins cost nothing. A copy takes
 ``latency_s + bytes / bandwidth`` of its direction (in a measured profile the in-line cost of a
 copy node, from the measured fit). Every figure includes the profile's
 ``run_overhead_s`` once (the fixed cost of a session run; 0 in datasheet profiles). Three figures:
@@ -275,6 +278,10 @@ def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
     # a model with copies runs without ConstantFolding (order pins and offloaded weights need it off):
     # what that costs the model, when a profile measured above --opt-level disable says
     unfolded = profile.measured.unfolded_s if profile.measured is not None and len(copy_of) else 0.0
+    # the order pins' nodes (Shape, Concat, Reshape, Optional...) move no data and run on the compute
+    # stream: each costs what one more trivial node adds to a run where the profile measured that
+    if profile.measured is not None:
+        unfolded += program.pin_nodes * profile.kernel_launch_s
     overlapped = max([compute + unfolded, *stream_free.values()])
     fixed = profile.run_overhead_s
     return TimeFigures(
