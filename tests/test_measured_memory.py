@@ -224,6 +224,8 @@ def test_run_measure_memory_json(run_cli):
     assert doc["order"]["matches"]
     doc = run_cli("run", model, "--device", "cpu", "--inputs", inputs, "--repeat", "1", "--json").json()
     assert doc["measured_memory"] is None
+    shown = run_cli("run", model, "--device", "cpu", "--inputs", inputs, "--repeat", "1", "--measure-memory")
+    assert "device and host are one memory" in " ".join(shown.stdout.split())  # which figure is the device's
 
 
 def test_simulate_reports_the_cpu_figure(run_cli, tmp_path):

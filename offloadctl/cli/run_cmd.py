@@ -256,6 +256,12 @@ def _print_memory(report: RunReport) -> None:
         how = "allocator statistics (MaxInUse)" if f.method == "allocator-stats" else "smallest arena limit that runs"
         table.add_row(f.allocator, f.device, fmt_bytes(f.peak_bytes), after, active, str(f.allocations or "-"), how)
     out_console().print(table)
+    if any(f.device == "cpu" for f in report.measured_memory):
+        out_console().print(
+            "on the CPU provider device and host are one memory: its arena holds a rewrite's host copies too, so a "
+            "rewrite can raise it; the device peak a plan lowers is simulate's (peak_bytes)",
+            soft_wrap=True,
+        )
 
 
 def _print_report(report: RunReport) -> None:
