@@ -334,19 +334,20 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
         return None
     try:
         request.report("finding a plan that helps")
-        better = make_plan.run(
+        outcome = plan_for(
             analysis,
             PlanRequest(
                 budget=budget,
                 params=True,
-                profile=request.profile,
+                profile=request.device_profile,  # loaded once, by the request
                 host_nodes=request.host_nodes,
                 host_device=request.host_device,
             ),
         )
     except OffloadError:
         return None
-    sim = simulate(analysis, better, profile=request.device_profile)
+    better = outcome.plan  # its figures only: nothing is written, so no estimate or pins are recorded
+    sim = outcome.simulation or simulate(analysis, better, profile=request.device_profile)
     peak = run_order_figures(better, analysis, sim, request)["peak_bytes"]["after"]  # as the plan would say
     if peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help: below the plan's peak, and by 5%
         return None

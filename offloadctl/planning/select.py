@@ -466,6 +466,7 @@ class Selection:
         self.analysis = analysis
         self._selector = _Selector(analysis, SelectPart.of(options, params=True))
         self._weights: list[tuple[tuple[int, int], str, int | None]] = []  # weights the options would disable
+        self._plans: dict[bool, Plan] = {}
         candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
         candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
         analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
@@ -473,7 +474,14 @@ class Selection:
             self._selector.consider(name, kind)
 
     def plan(self, *, weights: bool) -> Plan:
-        """The selected plan, weights considered or not (forced ones are always)."""
+        """The selected plan, weights considered or not (forced ones are always); built once each, and
+        shared: the stages after select copy what they change (`offloadctl.contract.document.record_stage`)."""
+        made = self._plans.get(weights)
+        if made is None:
+            made = self._plans[weights] = self._plan(weights=weights)
+        return made
+
+    def _plan(self, *, weights: bool) -> Plan:
         selector = self._selector
         chosen, rejected = list(selector.chosen), list(selector.rejected)
         if not weights:
