@@ -22,7 +22,8 @@ is the fastest of its N runs (other work on the machine only ever adds time).
 
 Figures are ratios measured on this machine in this run, not absolute claims. Goals (reported, not
 asserted): ``offloadctl plan --params`` + ``apply`` within 2x the floor at 100k nodes; planning
-memory independent of weight bytes.
+memory independent of weight bytes. Each size runs twice, with ``--hidden`` and with the small weights
+of ``--small-hidden``, where the floor is short and the fixed costs of the command show.
 
     python bench/bench_scale.py            # 1k, 10k, 100k nodes (a few minutes on 2 cores)
     python bench/bench_scale.py --quick    # small sizes, seconds
@@ -219,6 +220,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], help="node counts, e.g. 1000,10000")
     parser.add_argument("--hidden", type=int, default=32, help="hidden size of the generated models (default 32)")
+    parser.add_argument(
+        "--small-hidden",
+        type=int,
+        default=8,
+        help="also each size with this hidden size, whose small weights let the fixed costs show against the floor "
+        "(default 8; 0: leave out)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="where to write the models (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print the measurements as one JSON document (for CI)")
     parser.add_argument("--repeat", type=int, default=1, help="run every task N times and keep the fastest (default 1)")
@@ -231,7 +239,9 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="offloadctl-bench-", dir=args.workdir))
     try:
         baseline = _measure("import")["peak"]
-        rows = [_bench_size(work, n, args.hidden, console, args.repeat) for n in sizes]
+        small = [args.small_hidden] if args.small_hidden and args.small_hidden != args.hidden else []
+        hiddens = [args.hidden, *small]
+        rows = [_bench_size(work, n, h, console, args.repeat) for n in sizes for h in hiddens]
         big = None
         if args.big:
             # ~2.3 GiB of weights: hidden 1024 is 48 MiB per layer.
