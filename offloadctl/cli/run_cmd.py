@@ -133,7 +133,8 @@ def run(
     measure_memory: bool,
     as_json: bool,
 ) -> None:
-    """Run MODEL with onnxruntime on a device, in PRIORITY_BASED order (or DEFAULT), and check it.
+    """Run MODEL with onnxruntime on a device, in the order its rewrite was planned for (PRIORITY_BASED for
+    any other model, or --execution-order), and check it.
 
     \b
     Reports the providers really in use (fails if onnxruntime fell back to the CPU), the median
