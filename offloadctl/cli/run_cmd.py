@@ -27,6 +27,7 @@ from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.pins import parse_dims, parse_input_shapes
 from offloadctl.running.inputs import parse_value_ranges
 from offloadctl.running.inputs import save_outputs as save_outputs_file
+from offloadctl.running.placement import InsertedCopy
 from offloadctl.running.runner import (
     DEVICES,
     RunReport,
@@ -182,14 +183,7 @@ def run(
         _print_memory(report)
     _check_outputs(report, model, compare_to, opt_level)
     if undone:
-        raise OffloadError(
-            f"{model}: on {device} onnxruntime inserted {len(undone)} copy(ies) of its own next to the rewrite's, so "
-            "the plan is undone there: "
-            + "; ".join(f"{c.node} ({c.op}) moves {c.tensor!r}" for c in undone[:8])
-            + (f"; and {len(undone) - 8} more" if len(undone) > 8 else ""),
-            hint="rewrite the model with this version of offloadctl (its order pins read no host tensor on a device), "
-            "or with --no-order-pins",
-        )
+        raise _undone_error(model, device, undone)
     if strict_order and not report.order.matches:
         raise OffloadError(
             f"{model}: nodes did not run in the planned (file) order",
@@ -214,6 +208,18 @@ def run(
         written,
         as_json=as_json,
         doc=report.to_json(),
+    )
+
+
+def _undone_error(model: str, device: str, undone: list[InsertedCopy]) -> OffloadError:
+    """The failure of a run where onnxruntime inserted copies of its own next to the rewrite's."""
+    return OffloadError(
+        f"{model}: on {device} onnxruntime inserted {len(undone)} copy(ies) of its own next to the rewrite's, so "
+        "the plan is undone there: "
+        + "; ".join(f"{c.node} ({c.op}) moves {c.tensor!r}" for c in undone[:8])
+        + (f"; and {len(undone) - 8} more" if len(undone) > 8 else ""),
+        hint="rewrite the model with this version of offloadctl (its order pins read no host tensor on a device), "
+        "or with --no-order-pins",
     )
 
 
