@@ -634,3 +634,20 @@ def test_a_budget_plan_counts_the_kernel_scratch_a_measured_profile_records(fast
     after = simulate(_analysis(unet), plan, profile=str(path))
     assert after.peak_after <= budget
     assert plan["budget"]["predicted_peak_bytes"] == after.peak_after
+
+
+def test_under_a_measured_profile_the_time_objective_compares_plans_with_their_pins(fast, tmp_path):
+    """The time in line of a plan includes its order pins' nodes under a measured profile: the budget
+    search compares the two objectives' plans as the simulator prices them, and keeps the faster."""
+    unet = SAMPLES / "unet.onnx"
+    path = tmp_path / "unet.profile.json"
+    write_profile(path, measure_profile(str(unet), "cpu", inputs=SAMPLES / "unet.inputs.npz", repeat=2))
+    analysis = _analysis(unet)
+    budget = (lower_bound(analysis)[0] + simulate(analysis, None, profile=str(path)).peak_before) // 2
+    by_time = make_plan(analysis, budget=budget, params=True, objective="time", profile=str(path))
+    by_bytes = make_plan(analysis, budget=budget, params=True, objective="bytes", profile=str(path))
+    t_time = simulate(analysis, by_time, profile=str(path)).times
+    t_bytes = simulate(analysis, by_bytes, profile=str(path)).times
+    assert t_time.serialized <= t_bytes.serialized * (1 + 1e-12)
+    compared = by_time["budget"]["compared"]
+    assert min(compared["stall_s"].values()) == pytest.approx(t_time.serialized - t_time.baseline, abs=1e-12)

@@ -348,7 +348,8 @@ class BudgetSearch:
         other = self._attempt(self.params or weights_added, budget, BytesMoved(), copies)
         if not other.outcome.fits:  # pragma: no cover - the same candidates fit under any price
             return _Found(self._build(chosen, build))
-        if copies == "inline":  # the copies' time in line: a sum the planners' states give
+        if copies == "inline" and self.options.device_profile.measured is None:
+            # the copies' time in line: a sum the planners' states give (a datasheet profile prices no pins)
             inline = InlineTime(self.options.device_profile)
             mine_s, theirs_s = chosen.outcome.planner.moved(inline), other.outcome.planner.moved(inline)
             kept = "bytes" if theirs_s < mine_s - 1e-12 * max(mine_s, 1e-30) else "time"
@@ -356,7 +357,7 @@ class BudgetSearch:
                 self._build(chosen, build) if kept == "time" else self._build(other, build, searched=chosen.outcome)
             )
         else:
-            found = self._compare_on_streams(chosen, other, build)
+            found = self._compare_simulated(chosen, other, build, "overlapped" if copies == "streams" else "serialized")
             kept, (mine_s, theirs_s) = found.kept, found.stalls
         compared: Compared = {"copies": copies, "stall_s": {"time": mine_s, "bytes": theirs_s}, "kept": kept}
         for plan in (found.filtered, found.scheduled):
@@ -364,15 +365,16 @@ class BudgetSearch:
                 plan["budget"]["compared"] = compared
         return found
 
-    def _compare_on_streams(self, chosen: _Attempt, other: _Attempt, build: _Pricing) -> _Found:
-        """With copies on streams a copy's price depends on the compute around it: both plans are
-        simulated (the stall is the simulator's), and the one kept hands its simulation back."""
+    def _compare_simulated(self, chosen: _Attempt, other: _Attempt, build: _Pricing, key: str) -> _Found:
+        """Both plans simulated, the stall (``key``: ``overlapped`` or ``serialized``) the simulator's, the
+        one kept handing its simulation back: with copies on streams a copy's price depends on the compute
+        around it, and under a measured profile the time in line includes the order pins' nodes."""
         mine = _Found(self._build(chosen, build))
         theirs = _Found(self._build(other, build, searched=chosen.outcome))
         for found in (mine, theirs):
             found.scheduled = prefetch.run(found.filtered, self._prefetch_part())
             found.simulation = simulate(self.analysis, found.scheduled, profile=self.options.device_profile)
-        stalls = (_stall(mine.simulation), _stall(theirs.simulation))
+        stalls = (_stall(mine.simulation, key), _stall(theirs.simulation, key))
         kept = "bytes" if stalls[1] < stalls[0] - 1e-12 * max(stalls[0], 1e-30) else "time"
         found = theirs if kept == "bytes" else mine
         found.kept, found.stalls = kept, stalls
@@ -481,10 +483,11 @@ class BudgetSearch:
         return offloads, rejected, chosen
 
 
-def _stall(result: SimResult | None) -> float:
-    """The time a scheduled plan's copies add to the baseline with copies on streams (the simulator's)."""
+def _stall(result: SimResult | None, key: str) -> float:
+    """The time a scheduled plan's copies (and pins) add to the baseline, as the simulator runs them
+    (``key``: ``overlapped``, copies on streams, or ``serialized``, in line)."""
     assert result is not None and result.times is not None  # a simulation with a profile has its times
-    return result.times.overlapped - result.times.baseline
+    return float(getattr(result.times, key)) - result.times.baseline
 
 
 def _record_bound(
