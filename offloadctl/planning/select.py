@@ -268,9 +268,10 @@ class _Selector:
     """The select stage over one analysis: each candidate's verdict, one check per method, in the
     order the reasons are listed (the first that applies wins)."""
 
-    def __init__(self, analysis: Analysis, options: SelectPart) -> None:
+    def __init__(self, analysis: Analysis, options: SelectPart, *, with_uses: bool = True) -> None:
         self.analysis = analysis
         self.options = options
+        self.with_uses = with_uses  # False: entries without device uses and reload groups (see `Selection`)
         self.n = analysis.num_positions
         self.outputs = set(analysis.graph_outputs)
         # (first-use key, candidate number) of each verdict: sorting by it keeps candidates of one key in
@@ -280,6 +281,10 @@ class _Selector:
         self.index: dict[str, int] = {}  # candidate -> its number
         self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
         self.host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
+        # position -> the inputs its node reads in host memory, for the nodes that have any
+        self.host_inputs = {
+            p: HOST_INPUTS[op] for p, op in enumerate(node.op_type for node in analysis.nodes) if op in HOST_INPUTS
+        }
         self.fused = frozenset(options.fused)
         self.host_nodes = frozenset(options.host_nodes)
         self.host_device = options.host_device
@@ -410,7 +415,19 @@ class _Selector:
 
     def _host_reason(self, name: str, uses: list[Use], elem_type: int | None) -> str | None:
         analysis = self.analysis
-        host_use = next((u for u in uses if _reads_on_host(analysis, u, name, self.host_reads)), None)
+        host_inputs = self.host_inputs
+        host_use = next(
+            (
+                u
+                for u in uses
+                if (
+                    u.input_index in host_inputs.get(u.position, ())
+                    if u.input_index is not None
+                    else _reads_on_host(analysis, u, name, self.host_reads)
+                )
+            ),
+            None,
+        )
         if host_use is not None:
             op = analysis.nodes[host_use.position].op_type
             where = (
@@ -434,9 +451,13 @@ class _Selector:
         analysis = self.analysis
         info = analysis.infos[name]
         is_act = kind == "activation"
-        device, groups = split_reload_groups(start, uses, self.options.select_distance, first_group_at_start=not is_act)
-        if not groups:  # only a forced tensor gets here: one group holding every use
-            device, groups = ([], [(uses[0].position - start, list(uses))])
+        if self.with_uses:
+            distance = self.options.select_distance
+            device, groups = split_reload_groups(start, uses, distance, first_group_at_start=not is_act)
+            if not groups:  # only a forced tensor gets here: one group holding every use
+                device, groups = ([], [(uses[0].position - start, list(uses))])
+        else:
+            device, groups = [], []
         assert info.bytes is not None  # checked by _by_tensor
         return offload(
             tensor=name,
@@ -458,13 +479,16 @@ class Selection:
 
     The budget planner needs both (it adds weights when activations alone cannot fit a budget):
     the tensors are looked at once, and `plan` assembles either plan; ``plan(weights=False)`` is
-    exactly what ``select`` gives with ``params=False``.
+    what ``select`` gives with ``params=False``, except that its offloads list no device uses and
+    no reload groups, and they are not numbered: the budget planner lays out and numbers each one it
+    takes itself, from the analysis's uses (`offloadctl.planning.budget.candidates.plan_entry`), and a
+    big model has hundreds of thousands.
     """
 
     def __init__(self, analysis: Analysis, options: SelectPart) -> None:
         self.options = options
         self.analysis = analysis
-        self._selector = _Selector(analysis, SelectPart.of(options, params=True))
+        self._selector = _Selector(analysis, SelectPart.of(options, params=True), with_uses=False)
         self._weights: list[tuple[tuple[int, int], str, int | None]] = []  # weights the options would disable
         self._plans: dict[bool, Plan] = {}
         candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
@@ -500,9 +524,7 @@ class Selection:
                 self._disable(name, rejected)
         chosen.sort(key=lambda item: item[0])
         rejected.sort(key=lambda item: item[0])
-        offloads = [{**entry} for _, entry in chosen]
-        for i, entry in enumerate(offloads):
-            entry["id"] = i
+        offloads = [entry for _, entry in chosen]  # shared by both plans, so not numbered (id 0)
         recorded_options = recorded(SelectPart, SelectPart.of(self.options, params=weights))
         return {
             "schema_version": SCHEMA_VERSION,
@@ -512,7 +534,7 @@ class Selection:
             "strategy": "distance",
             "options": {"select": recorded_options},
             "history": [{"stage": "selected", "tool_version": __version__, "options": recorded_options}],
-            "offloads": offloads,  # type: ignore[typeddict-item]
+            "offloads": offloads,
             "rejected": [entry for _, entry in rejected],
         }
 

@@ -173,7 +173,15 @@ def trace(program: Program, base: Base) -> MemoryTrace:
 
 
 def base_lower_bound(base: Base) -> tuple[int, int | None]:
-    """`offloadctl.analysis.timeline.step_bound` of the base's original nodes: (bytes, position)."""
+    """`offloadctl.analysis.timeline.step_bound` of the base's original nodes: (bytes, position),
+    computed once per base."""
+    found = base.derived.get("lower bound")
+    if found is None:
+        found = base.derived["lower bound"] = _base_lower_bound(base)
+    return found
+
+
+def _base_lower_bound(base: Base) -> tuple[int, int | None]:
     positions: list[int] = []
     tensors: list[int] = []
     for p in range(base.n):
