@@ -31,6 +31,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.core.plantypes import Plan, SizesFromRun
 from offloadctl.loading.model import LoadedModel, load_model
+from offloadctl.planning.budget.strategy import budget_figures
 from offloadctl.planning.make import plan_for
 from offloadctl.planning.request import PlanRequest, taking
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
@@ -334,7 +335,7 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
         return None
     try:
         request.report("finding a plan that helps")
-        outcome = plan_for(
+        outcome = budget_figures(  # the figures alone: nothing is written, so no rejections are listed
             analysis,
             PlanRequest(
                 budget=budget,
@@ -346,7 +347,7 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
         )
     except OffloadError:
         return None
-    better = outcome.plan  # its figures only: nothing is written, so no estimate or pins are recorded
+    better = outcome.plan  # nor an estimate or pins recorded
     sim = outcome.simulation or simulate(analysis, better, profile=request.device_profile)
     peak = run_order_figures(better, analysis, sim, request)["peak_bytes"]["after"]  # as the plan would say
     if peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help: below the plan's peak, and by 5%

@@ -406,3 +406,28 @@ def test_the_budget_search_reports_the_peak_left_to_fit():
         "fitting the budget: dropping offloads it does not need",
         "fitting the budget: placing prefetches",
     ]
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+@pytest.mark.parametrize("min_bytes", [0, 1024, 65536])
+def test_a_plan_for_its_figures_alone_offloads_what_the_budget_plan_offloads(name, min_bytes):
+    """`budget_figures` (what a weak plan's next step runs) skips the tensors under --min-bytes and
+    lists no rejections, and takes the same offloads, so the peak and time it quotes are the plan's."""
+    from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures, budget_plan
+    from offloadctl.planning.request import PlanRequest
+
+    analysis = _analysis(SAMPLES / f"{name}.onnx")
+    lb, _ = lower_bound(analysis)
+    budget = (lb + plan_peak(analysis, None)[0]) // 2
+    request = PlanRequest(budget=budget, params=True, min_bytes=min_bytes)
+    try:
+        full = budget_plan(analysis, request).plan
+    except BudgetUnreachable as unreachable:  # too few candidates over --min-bytes: the same for both
+        with pytest.raises(BudgetUnreachable) as also:
+            budget_figures(analysis, request)
+        assert also.value.reachable == unreachable.reachable
+        return
+    alone = budget_figures(analysis, request).plan
+    assert full["offloads"] and alone["offloads"] == full["offloads"]
+    assert alone["rejected"] == [] and len(full["rejected"]) > 0
+    assert plan_peak(analysis, alone) == plan_peak(analysis, full)

@@ -8,6 +8,7 @@ owns reading, writing and validating them, and checking that a plan belongs to a
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 from collections.abc import Callable
@@ -148,18 +149,6 @@ def _value_rule(rule: Any) -> _Rule | None:
     return ("string" in kinds, "integer" in kinds, "null" in kinds, None if enum is None else frozenset(enum), minimum)
 
 
-def _value_ok(value: Any, rule: _Rule) -> bool:
-    strings, integers, null, enum, minimum = rule
-    kind = type(value)
-    if kind is str:
-        return strings and (enum is None or value in enum)
-    if value is None:
-        return null and enum is None
-    if kind is int or (kind is float and value.is_integer()):  # an integer may be written 6.0
-        return integers and enum is None and (minimum is None or value >= minimum)
-    return False  # booleans, other numbers, lists, objects
-
-
 def _flat_objects_check(items: dict[str, Any]) -> Callable[[list[Any]], bool] | None:
     """A yes/no check of a list of objects against ``items`` with JSON Schema's meaning, for an
     object schema with required keys, no other keys, and values described by ``type`` (string,
@@ -187,17 +176,47 @@ def _flat_objects_check(items: dict[str, Any]) -> Callable[[list[Any]], bool] | 
         return None
 
     def check(entries: list[Any]) -> bool:
-        for entry in entries:
-            if type(entry) is not dict:
-                return False
-            keys = entry.keys()
-            if not (keys >= required and keys <= allowed):
-                return False
-            if not all(_value_ok(value, rules[key]) for key, value in entry.items()):
+        # column by column, so that the loops over a big plan's entries run inside the interpreter's
+        # builtins (set, map, min)
+        if not set(map(type, entries)) <= {dict}:
+            return False
+        if not all(required <= keys <= allowed for keys in set(map(frozenset, entries))):
+            return False
+        count = len(entries)
+        for key, rule in rules.items():
+            column = list(map(dict.get, entries, itertools.repeat(key, count), itertools.repeat(_ABSENT, count)))
+            if key not in required:
+                column = [v for v in column if v is not _ABSENT]
+            if not _column_ok(column, rule):
                 return False
         return True
 
     return check
+
+
+_ABSENT = object()
+
+
+def _column_ok(values: list[Any], rule: _Rule) -> bool:
+    """Whether every value meets ``rule``: a str (of the enum, if any); None where null is allowed
+    and there is no enum; an int, or a float with an integer value (JSON may write 6 as 6.0), where
+    integers are allowed, there is no enum, and at or above the minimum. Never a bool, another
+    number, a list or an object."""
+    strings, integers, null, enum, minimum = rule
+    kinds = set(map(type, values))
+    allowed: set[type] = {str} if strings else set()
+    if enum is None:
+        allowed |= {type(None)} if null else set()
+        allowed |= {int, float} if integers else set()
+    if not kinds <= allowed:
+        return False
+    if enum is not None:
+        return set(values) <= enum
+    if float in kinds and not all(v.is_integer() for v in values if type(v) is float):
+        return False
+    if minimum is not None and kinds & {int, float}:
+        return min(v for v in values if type(v) is int or type(v) is float) >= minimum
+    return True
 
 
 def _schema_error(plan: Any) -> jsonschema.ValidationError | None:

@@ -59,6 +59,7 @@ __all__ = [
     "BudgetResult",
     "BudgetSearch",
     "BudgetUnreachable",
+    "budget_figures",
     "budget_filter",
     "budget_plan",
     "bytes_moved",
@@ -226,10 +227,18 @@ class BudgetSearch:
             weighs every idle stretch).
         base: the selected plan whose model, options and history the plans extend (None: the
             planner's own selection at select distance 0).
+        listed: False for plans made for their figures alone (`budget_figures`): the same offloads,
+            an empty ``rejected`` list, and the tensors under ``--min-bytes`` never looked at.
     """
 
     def __init__(
-        self, analysis: Analysis, options: FilterRequest, select: SelectPart, *, base: Plan | None = None
+        self,
+        analysis: Analysis,
+        options: FilterRequest,
+        select: SelectPart,
+        *,
+        base: Plan | None = None,
+        listed: bool = True,
     ) -> None:
         dynamic = [
             name
@@ -247,7 +256,9 @@ class BudgetSearch:
         # the kernel scratch a measured profile records is part of every step's memory, as simulate counts it
         count_scratch(analysis, options.device_profile)
         self.params = select.params or options.stream_weights
-        self.selection = Selection(analysis, SelectPart.of(select, select_distance=0))
+        self.listed = listed
+        skip_below = 0 if listed else options.min_size
+        self.selection = Selection(analysis, SelectPart.of(select, select_distance=0), skip_below=skip_below)
         self.base = base if base is not None else self.selection.plan(weights=select.params)
         # the simulator's bound (equal to `offloadctl.analysis.timeline.lower_bound`): from the base that
         # every simulation of this analysis shares, so it costs nothing once the model was simulated
@@ -460,12 +471,15 @@ class BudgetSearch:
         }
 
     def _entries(self, attempt: _Attempt, budget: int | None) -> tuple[list[Offload], list, dict[str, str]]:
-        """The plan's offloads (in first-use order), its rejections, and why each offload was chosen."""
+        """The plan's offloads (in first-use order), its rejections (none unless `listed`), and why each
+        offload was chosen."""
         n = self.analysis.num_positions
         planner = attempt.outcome.planner
         offloads: list[Offload] = []
-        handled = {c.name for c in attempt.cands} | {r["tensor"] for r in attempt.small}
-        rejected = [dict(r) for r in attempt.selected["rejected"] if r["tensor"] not in handled] + attempt.small
+        rejected = []
+        if self.listed:
+            handled = {c.name for c in attempt.cands} | {r["tensor"] for r in attempt.small}
+            rejected = [dict(r) for r in attempt.selected["rejected"] if r["tensor"] not in handled] + attempt.small
         chosen: dict[str, str] = {}
         for i, c in enumerate(attempt.cands):
             st = planner.state[i]
@@ -477,7 +491,7 @@ class BudgetSearch:
                     chosen[c.name] = "forced (--force)"
                 else:
                     chosen[c.name] = "needed to fit the budget"
-            else:
+            elif self.listed:
                 why = "the peak fits the budget without it" if budget is not None else "no budget given"
                 rejected.append(reject(c.name, c.kind, c.size, "budget-not-needed", why, c.entries))
         offloads.sort(key=first_use_key)
@@ -519,6 +533,13 @@ def _record_bound(
             bound = math.ceil(bound - 1e-6)
         result.cost_bound = _round_cost(min(bound, total), cost)
         result.bound_source = source
+
+
+def budget_figures(analysis: Analysis, request: Any) -> PlanOutcome:
+    """`budget_plan`'s plan for its figures alone: the same offloads (so the same peak and time),
+    but no ``rejected`` list, which on a big model is most of the work and of the document. Not a
+    plan to write or to apply."""
+    return BudgetSearch(analysis, request, request, listed=False).plan(quiet=True)
 
 
 def budget_plan(analysis: Analysis, request: Any) -> PlanOutcome:
