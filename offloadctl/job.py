@@ -21,6 +21,7 @@ import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis, analyse
@@ -31,6 +32,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.core.plantypes import Plan, SizesFromRun
 from offloadctl.loading.model import LoadedModel, load_model
+from offloadctl.loading.pins import given_dims
 from offloadctl.planning.budget.strategy import budget_figures
 from offloadctl.planning.make import plan_for
 from offloadctl.planning.request import PlanRequest, taking
@@ -353,13 +355,15 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
     if peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help: below the plan's peak, and by 5%
         return None
     loaded = analysis.loaded
-    flags = [f"--input-shape {n}={','.join(map(str, s))}" for n, s in loaded.input_shapes.items()]
-    flags += [f"--dim {n}={v}" for n, v in loaded.dims.items()]
+    flags = [f"--input-shape {quote(f'{n}=' + ','.join(map(str, s)))}" for n, s in loaded.input_shapes.items()]
+    flags += [f"--dim {quote(f'{n}={v}')}" for n, v in given_dims(loaded.dims).items()]  # sums follow
     if analysis.order != "priority":
         flags.append(f"--execution-order {analysis.order}")
     if request.host_device:
         flags.append(f"--device {request.host_device.split()[0]}")
-    command = " ".join(["offloadctl plan", str(loaded.path), "--params", f"--budget {budget // 1024}KiB", *flags])
+    command = " ".join(
+        ["offloadctl plan", quote(str(loaded.path)), "--params", f"--budget {budget // 1024}KiB", *flags]
+    )
     slowdown = sim.times.slowdown["serialized"] if sim.times is not None else None
     return {
         "command": command + " -o PLAN.json",

@@ -464,3 +464,57 @@ def test_a_weak_plan_gives_the_next_command_with_the_figures_it_gives(run_cli, t
     assert doc["peak_bytes"]["after"] == step["peak_bytes"]["after"]
     assert doc["slowdown"]["serialized"] == pytest.approx(step["slowdown"])
     assert doc["next_step"] is None
+
+
+def test_the_next_step_pins_the_dims_a_user_gives_not_the_sums_that_follow(run_cli, tmp_path):
+    """A model with a dimension named by a sum of others (Optimum's ``past_sequence_length +
+    sequence_length``, here ``n + 1``): the next step's command leaves the sum out (it follows from its parts; as one
+    --dim it would not even split into arguments), quotes what it names, and gives the figures it
+    quotes."""
+    import shlex
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Neg", ["z"], ["w"]),  # made first, read by nobody: offloadable until the end
+        helper.make_node("Neg", ["xs"], ["s"]),
+        helper.make_node("Abs", ["s"], ["s1"]),
+        helper.make_node("Neg", ["xb"], ["b"]),
+        helper.make_node("Abs", ["b"], ["b1"]),
+        helper.make_node("Relu", ["b1"], ["t1"]),
+        helper.make_node("Relu", ["t1"], ["t2"]),
+        helper.make_node("Add", ["t1", "t2"], ["t3"]),
+        helper.make_node("Relu", ["t3"], ["t4"]),
+        helper.make_node("Add", ["t4", "b"], ["u"]),
+        helper.make_node("Relu", ["u"], ["v"]),
+        helper.make_node("Add", ["v", "s"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "sums",
+        [
+            helper.make_tensor_value_info("xs", TensorProto.FLOAT, [1]),
+            helper.make_tensor_value_info("xb", TensorProto.FLOAT, ["n"]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n + 1"]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, ["n + 1"]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    folder = tmp_path / "a folder"
+    folder.mkdir()
+    path = folder / "sums.onnx"
+    onnx.save(model, str(path))
+    res = run_cli("plan", path, "--dim", "n=256", "-o", tmp_path / "p.json", "--json")
+    assert res.exit_code == 0, res.stderr
+    step = json.loads(res.stdout)["next_step"]
+    assert step is not None and "--dim n=256" in step["command"] and "n + 1" not in step["command"]
+    args = shlex.split(step["command"].replace("PLAN.json", str(tmp_path / "next.json")))
+    assert args[2] == str(path)  # the folder's space is quoted
+    done = run_cli("plan", *args[2:], "--json")
+    assert done.exit_code == 0, done.stderr
+    assert json.loads(done.stdout)["peak_bytes"]["after"] == step["peak_bytes"]["after"]

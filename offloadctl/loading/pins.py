@@ -10,7 +10,7 @@ import ast
 import fnmatch
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ __all__ = [
     "MAX_DIM",
     "check_dims",
     "expand_patterns",
+    "given_dims",
     "is_derived_dim",
     "parse_dims",
     "parse_input_shapes",
@@ -210,6 +211,17 @@ def _expression(text: str) -> ast.expr | None:
 def is_derived_dim(name: str) -> bool:
     """A dimension named by arithmetic over others (it follows from them when they are pinned)."""
     return _expression(name) is not None
+
+
+def given_dims(dims: Mapping[str, int]) -> dict[str, int]:
+    """The pins of ``dims`` a command line needs: those that do not follow from the others (a
+    derived dimension, `is_derived_dim`, that its parts make is left out)."""
+    given = {}
+    for name, value in dims.items():
+        tree = _expression(name)
+        if tree is None or _evaluate(tree, dict(dims)) != value:
+            given[name] = value
+    return given
 
 
 def _evaluate(tree: ast.expr, dims: dict[str, int]) -> int | None:
