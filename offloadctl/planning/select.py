@@ -416,18 +416,13 @@ class _Selector:
     def _host_reason(self, name: str, uses: list[Use], elem_type: int | None) -> str | None:
         analysis = self.analysis
         host_inputs = self.host_inputs
-        host_use = next(
-            (
-                u
-                for u in uses
-                if (
-                    u.input_index in host_inputs.get(u.position, ())
-                    if u.input_index is not None
-                    else _reads_on_host(analysis, u, name, self.host_reads)
-                )
-            ),
-            None,
-        )
+
+        def on_host(use: Use) -> bool:  # `_reads_on_host`, with the node's host inputs from the table
+            if use.input_index is None:
+                return _reads_on_host(analysis, use, name, self.host_reads)
+            return use.input_index in host_inputs.get(use.position, ())
+
+        host_use = next(filter(on_host, uses), None)
         if host_use is not None:
             op = analysis.nodes[host_use.position].op_type
             where = (
