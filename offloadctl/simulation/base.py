@@ -22,7 +22,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
 from offloadctl.loading.tensors import TensorInfo
 
-__all__ = ["Base", "base_of", "forget_base", "interner", "is_rewritten"]
+__all__ = ["Base", "base_of", "built_base", "forget_base", "interner", "is_rewritten"]
 
 
 def is_rewritten(analysis: Analysis) -> bool:
@@ -228,6 +228,13 @@ def forget_base(analysis: Analysis) -> None:
     """Drop the base of ``analysis`` and what was computed from it (after its scratch changed)."""
     _BASES.pop(id(analysis), None)
     forget(analysis)
+
+
+def built_base(analysis: Analysis) -> Base | None:
+    """The base of an analysis if a simulation has built it already, else None (building one takes
+    seconds on a big model)."""
+    hit = _BASES.get(id(analysis))
+    return hit[1] if hit is not None and hit[0]() is analysis else None
 
 
 def base_of(analysis: Analysis) -> Base:

@@ -48,13 +48,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import buffer_span, step_bound, sweep
 from offloadctl.core.plantypes import Plan
-from offloadctl.simulation.base import Base, base_of
+from offloadctl.simulation.base import Base, base_of, built_base
 from offloadctl.simulation.program import DEVICE, HOST, Program, program_for
 
-__all__ = ["MemoryTrace", "lower_bound", "peak_memory", "trace", "base_lower_bound"]
+__all__ = ["MemoryTrace", "base_lower_bound", "cheap_lower_bound", "lower_bound", "peak_memory", "trace"]
 
 
 def _intervals(program: Program) -> tuple[list[int], list[tuple[int, int, int, int, bool, bool]]]:
@@ -202,6 +203,14 @@ def lower_bound(analysis: Analysis) -> tuple[int, int | None]:
     None as position for a model without nodes or outputs.
     """
     return base_lower_bound(base_of(analysis))
+
+
+def cheap_lower_bound(analysis: Analysis) -> tuple[int, int | None]:
+    """`lower_bound`, from the base a simulation has built when there is one (it is computed once per
+    base), else from the analysis (`offloadctl.analysis.timeline.lower_bound`, equal): never a base
+    built for the bound alone."""
+    base = built_base(analysis)
+    return base_lower_bound(base) if base is not None else timeline.lower_bound(analysis)
 
 
 def peak_memory(analysis: Analysis, plan: Plan | None = None) -> tuple[int, int | None]:

@@ -50,7 +50,7 @@ from offloadctl.simulation.costs import (
     make_cost,
     plan_cost,
 )
-from offloadctl.simulation.memory import lower_bound as simulated_lower_bound
+from offloadctl.simulation.memory import cheap_lower_bound
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 from offloadctl.simulation.timing import count_scratch
@@ -260,9 +260,8 @@ class BudgetSearch:
         skip_below = 0 if listed else options.min_size
         self.selection = Selection(analysis, SelectPart.of(select, select_distance=0), skip_below=skip_below)
         self.base = base if base is not None else self.selection.plan(weights=select.params)
-        # the simulator's bound (equal to `offloadctl.analysis.timeline.lower_bound`): from the base that
-        # every simulation of this analysis shares, so it costs nothing once the model was simulated
-        self.lower_bound, self.lower_bound_position = simulated_lower_bound(analysis)
+        # from the simulation's base when the model was simulated already (a weak plan's next step)
+        self.lower_bound, self.lower_bound_position = cheap_lower_bound(analysis)
         self.peak_before = plan_peak(analysis, None)[0]
         self._prepared: dict[bool, tuple] = {}
         self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
