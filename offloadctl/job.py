@@ -349,7 +349,7 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
         )
     except OffloadError:
         return None
-    better = outcome.plan  # nor an estimate or pins recorded
+    better = outcome.plan  # its figures only: no estimate or pins are recorded in it
     sim = outcome.simulation or simulate(analysis, better, profile=request.device_profile)
     peak = run_order_figures(better, analysis, sim, request)["peak_bytes"]["after"]  # as the plan would say
     if peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help: below the plan's peak, and by 5%

@@ -411,8 +411,8 @@ def test_the_budget_search_reports_the_peak_left_to_fit():
 @pytest.mark.parametrize("name", SAMPLE_NAMES)
 @pytest.mark.parametrize("min_bytes", [0, 1024, 65536])
 def test_a_plan_for_its_figures_alone_offloads_what_the_budget_plan_offloads(name, min_bytes):
-    """`budget_figures` (what a weak plan's next step runs) skips the tensors under --min-bytes and
-    lists no rejections, and takes the same offloads, so the peak and time it quotes are the plan's."""
+    """`budget_figures` (what a weak plan's next step runs) lists no rejections and takes the same
+    offloads, so the peak and time it quotes are the plan's."""
     from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures, budget_plan
     from offloadctl.planning.request import PlanRequest
 

@@ -480,10 +480,7 @@ class Selection:
     big model has hundreds of thousands.
     """
 
-    def __init__(self, analysis: Analysis, options: SelectPart, *, skip_below: int = 0) -> None:
-        """``skip_below``: tensors of a known size under that many bytes, not forced, are not looked at,
-        so neither offloaded nor listed as rejected: for a plan made for its figures alone, by a
-        planner that would reject them anyway (the budget planner's ``--min-bytes``)."""
+    def __init__(self, analysis: Analysis, options: SelectPart) -> None:
         self.options = options
         self.analysis = analysis
         self._selector = _Selector(analysis, SelectPart.of(options, params=True), with_uses=False)
@@ -491,13 +488,8 @@ class Selection:
         self._plans: dict[bool, Plan] = {}
         candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
         candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
-        infos = analysis.infos
-        infos.convert(name for name, _ in candidates)  # every candidate is looked up below
+        analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
         for name, kind in candidates:
-            if skip_below and not _matches(name, options.force):
-                info = infos.get(name)
-                if info is not None and info.bytes is not None and info.bytes < skip_below:
-                    continue
             self._selector.consider(name, kind)
 
     def plan(self, *, weights: bool) -> Plan:

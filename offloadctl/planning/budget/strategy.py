@@ -228,7 +228,7 @@ class BudgetSearch:
         base: the selected plan whose model, options and history the plans extend (None: the
             planner's own selection at select distance 0).
         listed: False for plans made for their figures alone (`budget_figures`): the same offloads,
-            an empty ``rejected`` list, and the tensors under ``--min-bytes`` never looked at.
+            an empty ``rejected`` list.
     """
 
     def __init__(
@@ -257,8 +257,7 @@ class BudgetSearch:
         count_scratch(analysis, options.device_profile)
         self.params = select.params or options.stream_weights
         self.listed = listed
-        skip_below = 0 if listed else options.min_size
-        self.selection = Selection(analysis, SelectPart.of(select, select_distance=0), skip_below=skip_below)
+        self.selection = Selection(analysis, SelectPart.of(select, select_distance=0))
         self.base = base if base is not None else self.selection.plan(weights=select.params)
         # from the simulation's base when the model was simulated already (a weak plan's next step)
         self.lower_bound, self.lower_bound_position = cheap_lower_bound(analysis)
