@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 from pathlib import Path
@@ -957,6 +958,44 @@ def test_the_dynamic_dimensions_hint_is_a_command_to_paste_with_the_models_own_n
     path = save(unnamed, tmp_path / "unnamed.onnx")
     text = " ".join(run_cli("inspect", path).stderr.split())
     assert "--input-shape x=1,4" in text
+
+
+def test_the_hint_pins_every_dimension_that_does_not_follow_from_the_others(run_cli, tmp_path):
+    """Left out is only a dimension its pinned parts make (``n + 1``): a plain name with a hyphen
+    (``batch-size``) and arithmetic onnx dims may hold but offloadctl does not evaluate (``n / 2``)
+    are pinned themselves, so the printed options, pasted, leave nothing unknown."""
+    model = onnx.parser.parse_model(
+        """<ir_version: 8, opset_import: ["" : 17]>
+        g (float["batch-size"] a, float[n] b, float["n + 1"] c, float["n / 2"] d) => (float["batch-size"] ya,
+          float[n] yb, float["n + 1"] yc, float["n / 2"] yd)
+        { ya = Relu(a) yb = Relu(b) yc = Relu(c) yd = Relu(d) }"""
+    )
+    path = save(model, tmp_path / "dims.onnx")
+    text = " ".join(run_cli("inspect", path).stderr.split())
+    found = re.search(r"by the model's own dimension names: (.*?)\)", text)
+    assert found, text
+    pins = shlex.split(found[1])
+    assert pins == ["--dim", "batch-size=1", "--dim", "n=1", "--dim", "n / 2=1"]
+    res = run_cli("simulate", path, *pins)  # pasted as printed: every input is known
+    assert res.exit_code == 0 and "inputs with unknown dimensions" not in res.stderr, res.stderr
+
+
+def test_a_shape_point_keeps_the_plans_pins_that_do_not_follow_from_its_dims(tmp_path):
+    """A shape point changes ``n``: ``n + 1`` follows again, ``batch-size`` and ``n / 2`` keep the plan's pins."""
+    from offloadctl.analysis.graph import analyse
+    from offloadctl.loading.model import load_model
+    from offloadctl.simulation.points import point_analysis
+
+    model = onnx.parser.parse_model(
+        """<ir_version: 8, opset_import: ["" : 17]>
+        g (float["batch-size"] a, float[n] b, float["n + 1"] c, float["n / 2"] d) => (float["batch-size"] ya,
+          float[n] yb, float["n + 1"] yc, float["n / 2"] yd)
+        { ya = Relu(a) yb = Relu(b) yc = Relu(c) yd = Relu(d) }"""
+    )
+    path = save(model, tmp_path / "dims.onnx")
+    analysis = analyse(load_model(path, dims={"batch-size": 2, "n": 3, "n / 2": 1}))
+    point = point_analysis(analysis, {"n": 5})
+    assert [point.infos[t].bytes for t in ("a", "b", "c", "d")] == [8, 20, 24, 4]
 
 
 def test_numbers_that_are_not_finite_are_refused_everywhere(run_cli, tmp_path):

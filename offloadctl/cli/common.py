@@ -10,7 +10,6 @@ exits 1 (the outputs are written first, so a CI job can keep them).
 from __future__ import annotations
 
 import logging
-import re
 import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -30,7 +29,7 @@ from offloadctl.core.files import check_distinct_outputs, check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job
-from offloadctl.loading.pins import parse_dims, parse_input_shapes
+from offloadctl.loading.pins import follows_from, parse_dims, parse_input_shapes
 from offloadctl.simulation.costs import STREAMS_NOTE, copy_mode_label
 
 __all__ = [
@@ -124,13 +123,12 @@ def pin_arguments(analysis: Analysis, names: Sequence[str]) -> str:
         if any(not d.dim_param and not d.HasField("dim_value") for d in dims):
             shapes.append("--input-shape " + shlex.quote(f"{name}=" + ",".join(str(d.dim_value or 1) for d in dims)))
             continue
-        # a sum such as Optimum's "past_sequence_length + sequence_length" follows from its parts
-        named.update((d.dim_param, None) for d in dims if d.dim_param and not _SUM.search(d.dim_param))
-    pins = [*(f"--dim {shlex.quote(f'{d}=1')}" for d in named), *shapes]
+        named.update((d.dim_param, None) for d in dims if d.dim_param)
+    # a sum such as Optimum's "past_sequence_length + sequence_length" follows from its parts
+    ones = dict.fromkeys(named, 1)
+    given = [d for d in named if not follows_from(d, ones)]
+    pins = [*(f"--dim {shlex.quote(f'{d}=1')}" for d in given), *shapes]
     return " ".join(pins) or "--input-shape NAME=D0,D1,... or --dim NAME=VALUE"
-
-
-_SUM = re.compile(r"[+*/]|\s-\s")  # a dimension that is an expression of others
 
 
 def print_points(dims: Mapping[str, int], result: Any, points: Sequence[Any]) -> None:

@@ -27,7 +27,7 @@ __all__ = [
     "check_dims",
     "expand_patterns",
     "given_dims",
-    "is_derived_dim",
+    "follows_from",
     "parse_dims",
     "parse_input_shapes",
     "pin_dims",
@@ -208,14 +208,18 @@ def _expression(text: str) -> ast.expr | None:
     return tree
 
 
-def is_derived_dim(name: str) -> bool:
-    """A dimension named by arithmetic over others (it follows from them when they are pinned)."""
-    return _expression(name) is not None
+def follows_from(name: str, dims: Mapping[str, int]) -> bool:
+    """Whether the dimension ``name`` is arithmetic over others that ``dims`` all give (Optimum's
+    ``past_sequence_length + sequence_length`` with both parts pinned), so that `load_model` makes it
+    from them: a plain name (``batch-size`` too) or an expression it cannot evaluate (``n / 2``)
+    does not follow and must be pinned itself."""
+    tree = _expression(name)
+    return tree is not None and _evaluate(tree, {k: v for k, v in dims.items() if k != name}) is not None
 
 
 def given_dims(dims: Mapping[str, int]) -> dict[str, int]:
     """The pins of ``dims`` a command line needs: those that do not follow from the others (a
-    derived dimension, `is_derived_dim`, that its parts make is left out)."""
+    derived dimension that its parts make, `follows_from`, is left out)."""
     given = {}
     for name, value in dims.items():
         tree = _expression(name)

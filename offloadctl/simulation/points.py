@@ -19,7 +19,7 @@ from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import load_model
-from offloadctl.loading.pins import is_derived_dim
+from offloadctl.loading.pins import follows_from
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 
@@ -62,7 +62,7 @@ def point_analysis(analysis: Analysis, dims: Mapping[str, int]) -> Analysis:
     base = analysis.loaded
     merged = {**base.dims, **dims}
     # a dimension that is a sum of others follows from its parts again (`load_model`)
-    merged = {k: v for k, v in merged.items() if k in dims or not is_derived_dim(k)}
+    merged = {k: v for k, v in merged.items() if k in dims or not follows_from(k, merged)}
     try:
         loaded = load_model(
             base.path, input_shapes=base.input_shapes or None, dims=merged, input_shapes_from="the plan"
