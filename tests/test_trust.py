@@ -958,6 +958,14 @@ def test_the_dynamic_dimensions_hint_is_a_command_to_paste_with_the_models_own_n
     path = save(unnamed, tmp_path / "unnamed.onnx")
     text = " ".join(run_cli("inspect", path).stderr.split())
     assert "--input-shape x=1,4" in text
+    # so is one with a negative size (PaddleOCR's exports write -1), whatever its other dimensions are named
+    unnamed.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
+    unnamed.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "?"
+    path = save(unnamed, tmp_path / "negative.onnx")
+    text = " ".join(run_cli("inspect", path).stderr.split())
+    assert "--input-shape x=1,1" in text and "--dim" not in text
+    res = run_cli("simulate", path, "--input-shape", "x=1,1")
+    assert res.exit_code == 0 and "inputs with unknown dimensions" not in res.stderr, res.stderr
 
 
 def test_the_hint_pins_every_dimension_that_does_not_follow_from_the_others(run_cli, tmp_path):

@@ -120,8 +120,10 @@ def pin_arguments(analysis: Analysis, names: Sequence[str]) -> str:
         if value is None or not value.type.HasField("tensor_type"):
             continue
         dims = list(value.type.tensor_type.shape.dim)
-        if any(not d.dim_param and not d.HasField("dim_value") for d in dims):
-            shapes.append("--input-shape " + shlex.quote(f"{name}=" + ",".join(str(d.dim_value or 1) for d in dims)))
+        # unnamed: no name and no size, or a negative size (PaddleOCR's exports write -1)
+        if any(not d.dim_param and (not d.HasField("dim_value") or d.dim_value < 0) for d in dims):
+            sizes = ",".join(str(max(d.dim_value, 0) or 1) for d in dims)
+            shapes.append("--input-shape " + shlex.quote(f"{name}={sizes}"))
             continue
         named.update((d.dim_param, None) for d in dims if d.dim_param)
     # a sum such as Optimum's "past_sequence_length + sequence_length" follows from its parts
