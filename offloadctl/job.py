@@ -38,11 +38,17 @@ from offloadctl.planning.make import plan_for
 from offloadctl.planning.request import PlanRequest, taking
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
 from offloadctl.rewriting.metadata import session_settings
-from offloadctl.rewriting.preview import run_order_result
+from offloadctl.rewriting.preview import device_result, placement_of, run_order_result
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, check_model_outputs, write_model
 from offloadctl.running.sizes import measure_sizes
 from offloadctl.simulation.base import is_rewritten
-from offloadctl.simulation.estimate import estimate_figures, record_estimate, recorded_estimate, with_run_order_peak
+from offloadctl.simulation.estimate import (
+    estimate_figures,
+    record_estimate,
+    recorded_estimate,
+    with_device_peaks,
+    with_run_order_peak,
+)
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = ["Job", "plan_model"]
@@ -308,14 +314,39 @@ def make_plan(analysis: Analysis, request: PlanRequest) -> Plan:
 def run_order_figures(plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest) -> dict[str, Any]:
     """The plan's figures; under the DEFAULT order with the peak after of the rewrite as that order
     runs it (`offloadctl.rewriting.preview`: pins and copies reorder the walk), not of the planned
-    sequence. PRIORITY_BASED runs the planned sequence itself."""
+    sequence. PRIORITY_BASED runs the planned sequence itself. A plan for a device that runs nodes on
+    the host (``plan --device``) takes both peaks from the model and its rewrite as that device runs
+    them, in either order (`device_figures`)."""
     figures = estimate_figures(result, request.copies)
+    if request.host_device:
+        return device_figures(plan, analysis, figures, request.host_device, request.host_nodes, request.host_copies)
     if analysis.order != "default" or not plan["offloads"]:
         return figures
     request.report("replaying the rewrite in onnxruntime's DEFAULT order")
     with paused_gc():
         replayed = run_order_result(plan, analysis)
     return with_run_order_peak(figures, replayed, analysis.order)
+
+
+def device_figures(
+    plan: Plan,
+    analysis: Analysis,
+    figures: dict[str, Any],
+    host_device: str,
+    host_nodes: Sequence[str] = (),
+    host_copies: Sequence[str] = (),
+) -> dict[str, Any]:
+    """``figures`` with the peaks of the model and of ``plan``'s rewrite as the device the plan was made
+    for runs them (``plan --device``: ``host_device``, the nodes it runs on the host and the tensors
+    onnxruntime copies there, as `SelectPart` records them), in the order its executor runs the two
+    providers' streams in (`offloadctl.rewriting.preview.device_result`)."""
+    device = host_device.split()[0]
+    placement = placement_of(analysis, host_nodes, host_copies)
+    target = "ascend" if device == "ascend" else "gpu"  # the pins `apply --target` writes for it
+    with paused_gc():
+        before = device_result(None, analysis, placement, target=target)
+        after = device_result(plan, analysis, placement, target=target) if plan["offloads"] else before
+    return with_device_peaks(figures, before, after, device, analysis.order)
 
 
 #: a plan that lowers the peak by less than this fraction gets a computed next step
@@ -344,6 +375,7 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
                 params=True,
                 profile=request.device_profile,  # loaded once, by the request
                 host_nodes=request.host_nodes,
+                host_copies=request.host_copies,
                 host_device=request.host_device,
             ),
         )

@@ -143,3 +143,31 @@ def old_pin_model(elem_type: int) -> onnx.ModelProto:
     model = make_model(nodes, [tensor("x", elem_type=elem_type)], [tensor("y", elem_type=elem_type)], check=False)
     model.graph.value_info.extend([tensor(n, elem_type=elem_type) for n in ("h", "hv", "d")])
     return model
+
+
+#: ConstantOfShape and Sum have no WebGPU kernel: onnxruntime runs them on the CPU, so ``w`` and ``t``
+#: are copied to the device and ``a`` and ``c`` to the host (docs/devices.md)
+HOST_NODES_MODEL = """<ir_version: 9, opset_import: ["" : 17]>
+g (float[4,8] x) => (float[4,8] y) {
+    shape = Constant<value = int64[2] {4, 8}>()
+    w = ConstantOfShape<value = float[1] {0.5}>(shape)
+    a = Relu(x)
+    s = Sum(a, w)
+    b = Mul(a, w)
+    c = Neg(b)
+    n1 = Neg(c)
+    n2 = Abs(n1)
+    n3 = Neg(n2)
+    t = Sum(c, s)
+    d = Abs(t)
+    e = Add(d, n3)
+    y = Add(e, b)
+}"""
+
+
+def host_nodes_model() -> onnx.ModelProto:
+    """`HOST_NODES_MODEL`, its nodes named ``n{index}_{op}``."""
+    model = onnx.parser.parse_model(HOST_NODES_MODEL)
+    for i, node in enumerate(model.graph.node):
+        node.name = f"n{i}_{node.op_type}"
+    return model

@@ -23,7 +23,7 @@ import onnx
 import pytest
 
 from conftest import SAMPLES
-from models import old_pin_model, save, to_fp16
+from models import host_nodes_model, old_pin_model, save, to_fp16
 
 pytestmark = pytest.mark.device
 
@@ -151,6 +151,37 @@ def test_a_plan_for_the_device_keeps_what_it_runs_on_the_host(run_cli, tmp_path)
     assert "n1_Sum" in doc["options"]["select"]["host_nodes"]
     kept = {r["tensor"] for r in doc["rejected"] if r["reason"] == "host-resident"}
     assert kept == {"a", "s"}
+
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+
+
+@pytest.mark.parametrize("name", ["host-nodes", "shufflenet"])
+def test_a_device_plan_quotes_the_peaks_the_device_runs(tmp_path, name):
+    """Where WebGPU runs nodes on the CPU (Sum, ConstantOfShape: the onnx wheel's shufflenet makes all
+    its weights so), onnxruntime inserts copies and runs two streams. `plan --device webgpu` quotes the
+    peaks of the model and of its rewrite as placed and ordered there; `run` finds the order it predicts
+    (copies and streams included) and those same peaks in the order that ran, in both orders."""
+    if name == "host-nodes":
+        source = save(host_nodes_model(), tmp_path / "m.onnx")
+        options = ["--select-distance", "1", "--prefetch-distance", "0"]
+    else:
+        source, options = LIGHT / "light_shufflenet.onnx", ["--params", "--select-distance", "10"]
+    plan, out = tmp_path / "plan.json", tmp_path / "out.onnx"
+    for order in ("priority", "default"):
+        done = _device("plan", source, *options, "--execution-order", order, "--device", "webgpu", "-o", plan)
+        assert plan.exists(), done.stderr
+        peak = json.loads(plan.read_text())["summary"]["estimate"]["peak_bytes"]
+        assert peak["device"] == "webgpu" and "as webgpu runs it" in done.stdout + done.stderr
+        out.unlink(missing_ok=True)
+        assert _device("apply", plan, "-o", out).returncode == 0
+        for model, figure in ((out, "after"), (source, "before")):
+            code, report = _run_json(model, "--execution-order", order, "--opt-level", "disable")
+            where = f"{name}, {order}, {figure}"
+            assert code == 0 and report["order"]["matches"], f"{where}: {report['order']}"
+            assert report["ran_peak_bytes"] == peak[figure], where
+        if name == "shufflenet" and order == "default":  # every weight reaches the device before the first node
+            assert peak["before"] > 2 * peak["planned_before"]
 
 
 def _llm_case(name: str) -> tuple[Path, list[str]]:

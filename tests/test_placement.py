@@ -13,12 +13,15 @@ import pytest
 from onnx import TensorProto, helper
 
 from offloadctl import analyse, make_plan
+from offloadctl.analysis.graph import analyse as analyse_in
+from offloadctl.analysis.order import executor_order
 from offloadctl.loading.model import load_model
+from offloadctl.loading.placed import Placement, placed
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
 from offloadctl.running.placement import CANN_KERNELS, CUDA_KERNELS, inserted_copies, predicted_copies
 
 from conftest import SAMPLE_NAMES, SAMPLES
-from models import make_model, old_pin_model, tensor, to_fp16
+from models import host_nodes_model, make_model, old_pin_model, save, tensor, to_fp16
 
 
 def test_the_replica_reproduces_the_rule_for_fp32_and_fp16():
@@ -166,3 +169,95 @@ def test_apply_for_ascend_says_which_copies_hold_under_priority_based_only(run_c
     listed = json.loads(meta["offloadctl.priority_based_only"])
     assert listed and all("on ascend" in reason for reason in listed if "H2D" in reason)
     assert json.loads(meta["offloadctl.session"])["pins_for"] == "ascend"
+
+
+# --------------------------------------------------------------------------------------------------
+# The graph a device runs: the copies onnxruntime inserts and the order its executor runs two streams in
+
+#: what onnxruntime 1.32.0 with onnxruntime-ep-webgpu 0.4.0 ran `host_nodes_model` in, read from its
+#: profile (one run per order, --opt-level disable): its copies are named Memcpy, Memcpy_token_0, ... in
+#: node-index order
+SEEN_ON_WEBGPU = {
+    "default": "n1_ConstantOfShape Memcpy_token_0 n2_Relu n4_Mul n5_Neg Memcpy_token_2 Memcpy_token_1 n3_Sum "
+    "n9_Sum Memcpy n10_Abs n6_Neg n7_Abs n8_Neg n11_Add n12_Add",
+    "priority": "n1_ConstantOfShape n2_Relu Memcpy_token_0 n4_Mul n5_Neg n6_Neg n7_Abs n8_Neg Memcpy_token_1 "
+    "n3_Sum Memcpy_token_2 n9_Sum Memcpy n10_Abs n11_Add n12_Add",
+}
+#: the nodes it ran on the CPU (by their outputs, and by label) and the tensors it copied
+WEBGPU_PLACEMENT = Placement(frozenset({"w", "s", "t"}), ("w", "a", "c", "t"))
+HOST_LABELS = ["n1_ConstantOfShape", "n3_Sum", "n9_Sum"]
+
+
+def test_copies_are_inserted_where_and_as_onnxruntime_inserts_them():
+    """One copy per crossing tensor, appended after every node: to the device by tensor name (``t``,
+    ``w``), then to the host (``a``, ``c``); device readers read the copy to the device, host readers
+    the copy to the host; the input model is untouched."""
+    model = host_nodes_model()
+    before = model.SerializeToString()
+    proto, host = placed(model, WEBGPU_PLACEMENT)
+    assert model.SerializeToString() == before
+    added = [(n.name, n.op_type, n.input[0]) for n in proto.graph.node[len(model.graph.node) :]]
+    assert added == [
+        ("Memcpy", "MemcpyFromHost", "t"),
+        ("Memcpy_token_0", "MemcpyFromHost", "w"),
+        ("Memcpy_token_1", "MemcpyToHost", "a"),
+        ("Memcpy_token_2", "MemcpyToHost", "c"),
+    ]
+    reads = {n.name: list(n.input) for n in proto.graph.node}
+    assert reads["n3_Sum"] == ["a_copied", "w"]  # the host reads w where it is made, a through its copy
+    assert reads["n4_Mul"] == ["a", "w_copied"]
+    assert reads["n9_Sum"] == ["c_copied", "s"]
+    assert reads["n10_Abs"] == ["t_copied"]
+    assert {proto.graph.node[k].name for k in host} == set(HOST_LABELS)
+
+
+@pytest.mark.parametrize("order", ["default", "priority"])
+def test_the_executor_order_is_the_one_webgpu_ran(order, tmp_path):
+    """Both orders over the placed graph, split into the CPU's and the device's streams and run as
+    onnxruntime's single-threaded executor runs them, give the order profiled on WebGPU."""
+    proto, host = placed(host_nodes_model(), WEBGPU_PLACEMENT)
+    loaded = load_model(save(proto, tmp_path / "placed.onnx"), normalize=False)
+    ran = [node.name for node in analyse_in(loaded, order=order, host=host).nodes]
+    assert ran == SEEN_ON_WEBGPU[order].split()
+
+
+def test_streams_interleave_as_their_barriers_and_triggers_allow():
+    """a (host) -> b (device), c (host) -> d (device): the host stream runs first and to its end,
+    releasing the device's barriers as it goes; a -> b -> c -> d alternates."""
+    assert executor_order([0, 1, 2, 3], [set(), {0}, set(), {2}], [True, False, True, False]) == [0, 2, 1, 3]
+    assert executor_order([0, 1, 2, 3], [set(), {0}, {1}, {2}], [True, False, True, False]) == [0, 1, 2, 3]
+    # one device: the order itself
+    assert executor_order([2, 0, 1], [set(), {2}, set()], [False] * 3) == [2, 0, 1]
+
+
+def test_order_pins_whose_inputs_are_on_the_host_run_there(tmp_path):
+    """A D2H pin's Optional, OptionalHasElement and Shape read only host tensors, and so does the
+    Concat of the shapes: they run on the CPU (seen on WebGPU). The views, and an H2D pin's Shape of a
+    device activation, stay on the device."""
+    analysis = analyse(load_model(save(host_nodes_model(), tmp_path / "m.onnx")))
+    plan = make_plan(analysis, select_distance=1, prefetch_distance=0)
+    assert plan["offloads"]
+    proto, host = placed(apply_plan(plan, analysis), Placement(frozenset(), ()))
+    pins = {k: n for k, n in enumerate(proto.graph.node) if any(a.name == "__offload_pin" for a in n.attribute)}
+    on_host = {n.op_type for k, n in pins.items() if k in host}
+    on_device = {n.op_type for k, n in pins.items() if k not in host}
+    assert on_host == {"Optional", "OptionalHasElement", "Shape", "Concat"} and on_device == {"Reshape", "Shape"}
+
+
+def test_no_pin_holds_a_node_the_device_runs_on_the_host(tmp_path):
+    """A D2H pin holds the next node that reads an activation through a view of that input. Where that
+    node runs on the host (here a Sum, on WebGPU), it would read the device view through a copy
+    onnxruntime inserts next to the pin, and `run` would find the plan undone: the pin holds a later
+    device node instead, and views nothing a host node made."""
+    analysis = analyse_in(load_model(save(host_nodes_model(), tmp_path / "m.onnx")))
+    host = HOST_LABELS
+    plan = make_plan(analysis, select_distance=1, prefetch_distance=0, host_nodes=host, host_device="webgpu")
+    assert plan["offloads"]
+    rewrite = apply_plan(plan, analysis)
+    views = {o for n in rewrite.graph.node if n.op_type == "Reshape" and n.attribute for o in n.output}
+    assert views
+    for node in rewrite.graph.node:
+        if node.name in host:
+            assert not views & set(node.input), node.name
+        if node.output and node.output[0] in views:
+            assert node.input[0] not in {"w", "s", "t"}  # what the host makes stays unviewed

@@ -16,7 +16,7 @@ order (`offloadctl.analysis.order` names a cycle, with networkx, when there is o
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
@@ -30,6 +30,8 @@ from offloadctl.analysis.order import (
     default_order,
     describe_node,
     execution_order,
+    executor_order,
+    predecessors,
     priority_rank,
 )
 from offloadctl.core.bulk import paused_gc
@@ -84,6 +86,9 @@ class Analysis:
     sparse_weights: frozenset[str] = frozenset()  # sparse initializers and Constant sparse_values
     topological: bool = True  # the file's node order is a valid order (was_sorted: it is the order that runs)
     order: str = "priority"  # the execution order positions count in: "priority" or "default"
+    # positions of the nodes that run on the CPU beside a device provider (`offloadctl.loading.placed`):
+    # what they make is in host memory; empty when the whole model runs on one device
+    host: frozenset[int] = frozenset()
     # position -> bytes its kernel allocates while it runs and frees before it returns, as a measured
     # profile records them (`offloadctl.simulation.timing.count_scratch`); every memory figure counts them
     scratch: dict[int, int] = field(default_factory=dict)
@@ -202,9 +207,11 @@ def _ordered(
     ranks: list[int],
     outputs: list[list[str]],
     kind: str = "priority",
+    quiet: bool = False,
 ) -> tuple[list[int], bool, bool]:
     """(the order onnxruntime runs the nodes in, whether the file has them in it, whether the file's
-    order is topological at all), saying so when the file's order is not the one that runs."""
+    order is topological at all), saying so when the file's order is not the one that runs (unless
+    ``quiet``: a graph built in memory, such as a placed one, whose copies come last)."""
     try:
         if kind == "default":
             order = default_order(nodes, available, reads, outputs)
@@ -214,7 +221,7 @@ def _ordered(
     except OffloadError as exc:
         raise OffloadError(f"{loaded.path}: {exc.message}", hint=exc.hint) from None
     topological = was_sorted or _is_topological(reads, outputs)
-    if kind == "default":
+    if kind == "default" or quiet:
         return order, was_sorted, topological
     if not topological:
         logger.warning(
@@ -268,13 +275,22 @@ def _producers_and_uses(
 
 
 @paused_gc()
-def analyse(loaded: LoadedModel, *, order: str = "priority", sequence: Sequence[str] | None = None) -> Analysis:
+def analyse(
+    loaded: LoadedModel,
+    *,
+    order: str = "priority",
+    sequence: Sequence[int] | None = None,
+    host: Collection[int] | None = None,
+) -> Analysis:
     """Compute execution order, producers, uses and sizes of a loaded model.
 
     ``order`` is the execution order positions count in: ``priority`` (PRIORITY_BASED, what
     `offloadctl run` and Python hosts set) or ``default`` (onnxruntime's DEFAULT, every other host).
-    ``sequence``, node names in the order a run took them (onnxruntime's profile), replaces it: a
-    node it lacks stays right after the one it follows in ``order``.
+    ``host``, the indices in ``graph.node`` of the nodes that run on the CPU beside a device provider
+    (`offloadctl.loading.placed`), makes it the order onnxruntime's executor runs the two providers'
+    streams in (`offloadctl.analysis.order.executor_order`). ``sequence``, indices in ``graph.node``
+    in the order a run took them (onnxruntime's profile), replaces either: a node it lacks stays
+    right after the one it follows.
 
     Raises:
         OffloadError: duplicate tensor names, a cycle, a read of an undefined tensor, or a graph
@@ -289,9 +305,16 @@ def analyse(loaded: LoadedModel, *, order: str = "priority", sequence: Sequence[
         raise OffloadError(f"unknown execution order {order!r}", hint=f"use one of: {', '.join(EXECUTION_ORDERS)}")
     kind = order
     inputs, outer, ranks, reads = _node_reads(compute_nodes)
-    ordered, was_sorted, topological = _ordered(loaded, compute_nodes, available, reads, ranks, compute_outputs, kind)
+    ordered, was_sorted, topological = _ordered(
+        loaded, compute_nodes, available, reads, ranks, compute_outputs, kind, quiet=host is not None
+    )
+    on_host = frozenset(host or ())
+    if on_host:
+        preds, _ = predecessors(compute_nodes, available, reads, compute_outputs)
+        ordered = executor_order(ordered, preds, [i in on_host for i in compute])
     if sequence is not None:
-        ordered = _as_ran(ordered, compute_nodes, sequence)
+        ordered = _as_ran(ordered, compute, sequence)
+    if on_host or sequence is not None:
         was_sorted = ordered == sorted(ordered)
     nodes = [compute_nodes[i] for i in ordered]
     file_index = [compute[i] for i in ordered]
@@ -317,17 +340,19 @@ def analyse(loaded: LoadedModel, *, order: str = "priority", sequence: Sequence[
         sparse_weights=frozenset(found.sparse),
         topological=topological,
         order=kind,
+        host=frozenset(p for p, i in enumerate(file_index) if i in on_host),
     )
 
 
-def _as_ran(ordered: list[int], nodes: list[onnx.NodeProto], sequence: Sequence[str]) -> list[int]:
-    """``ordered`` re-sorted by each node's place in ``sequence``; one it lacks follows its predecessor."""
-    at = {name: k for k, name in enumerate(sequence)}
+def _as_ran(ordered: list[int], file_index: list[int], sequence: Sequence[int]) -> list[int]:
+    """``ordered`` re-sorted by each node's place in ``sequence`` (file indices); one it lacks follows
+    its predecessor."""
+    at = {i: k for k, i in enumerate(sequence)}
     keys: dict[int, tuple[int, int]] = {}
     last = (-1, 0)
     for i in ordered:
-        name = nodes[i].name
-        last = (at[name], 0) if name in at else (last[0], last[1] + 1)
+        where = at.get(file_index[i])
+        last = (where, 0) if where is not None else (last[0], last[1] + 1)
         keys[i] = last
     return sorted(ordered, key=keys.__getitem__)
 

@@ -184,6 +184,78 @@ def default_order(
     return order
 
 
+def executor_order(order: list[int], preds: list[set[int]], host: list[bool]) -> list[int]:
+    """The order onnxruntime's single-threaded executor runs ``order`` (a topological order of node
+    indices, `execution_order` or `default_order`) in when the nodes ``host`` marks run on the CPU
+    provider and the others on a device provider.
+
+    onnxruntime splits the order into one logic stream per device, numbered by the device of their
+    first node in ``order`` (``DeviceBasedPartitioner``), each stream keeping ``order``'s order. In a
+    stream, a node that reads from a node of the other stream waits at a barrier for it, and a node
+    read by the other stream triggers that stream's barriers after it runs (``allocation_planner.cc``).
+    A barrier passes on its second arrival, the stream's or the trigger's. The streams run one after
+    the other, each until a barrier stops it, and a trigger resumes the stream it releases at once,
+    before its own stream goes on (``RunSince``, ``ScheduleDownstream`` and ``BarrierStep`` with no
+    inter-op thread pool). Each stream's own order is ``order``'s; only how the two interleave changes.
+    """
+    if not order or all(h == host[order[0]] for h in host):
+        return list(order)
+    steps, downstream, barriers = _stream_steps(order, preds, host)
+    count = [2] * barriers
+    ran: list[int] = []
+    frames = [(1, 0), (0, 0)]  # (stream, step) still to run; the last one runs first
+    while frames:
+        s, k = frames.pop()
+        mine = steps[s]
+        while k < len(mine):
+            kind, value = mine[k]
+            k += 1
+            if kind == "node":
+                ran.append(value)
+            elif kind == "barrier":
+                count[value] -= 1
+                if count[value]:
+                    break  # the other stream's node has not run: this stream stops here
+            else:  # a trigger runs each released stream at once, then this one goes on
+                frames.append((s, k))
+                frames.extend(reversed(downstream.get(value, [])))
+                break
+    return ran
+
+
+def _stream_steps(
+    order: list[int], preds: list[set[int]], host: list[bool]
+) -> tuple[list[list[tuple[str, int]]], dict[int, list[tuple[int, int]]], int]:
+    """(each stream's steps: ("barrier", id), ("node", i), ("trigger", point); for each trigger point the
+    (stream, step) of the barriers it releases; the number of barriers), as onnxruntime plans them."""
+    side = host[order[0]]
+    stream = [0 if h == side else 1 for h in host]
+    members: list[list[int]] = [[], []]
+    for i in order:
+        members[stream[i]].append(i)
+    triggered: dict[int, int] = {}  # node -> its trigger point: a node of the other stream reads it
+    for s in (0, 1):
+        for i in members[s]:
+            for p in preds[i]:
+                if stream[p] != s:
+                    triggered.setdefault(p, len(triggered))
+    steps: list[list[tuple[str, int]]] = [[], []]
+    downstream: dict[int, list[tuple[int, int]]] = {}
+    barriers = 0
+    for s in (0, 1):
+        mine = steps[s]
+        for i in members[s]:
+            for p in sorted(preds[i]):
+                if stream[p] != s:
+                    downstream.setdefault(triggered[p], []).append((s, len(mine)))
+                    mine.append(("barrier", barriers))
+                    barriers += 1
+            mine.append(("node", i))
+            if i in triggered:
+                mine.append(("trigger", triggered[i]))
+    return steps, downstream, barriers
+
+
 def predecessors(
     nodes: list[onnx.NodeProto],
     available: set[str],

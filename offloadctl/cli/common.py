@@ -239,8 +239,12 @@ def peak_text(figures: Mapping[str, Any]) -> str:
     """``peak 1.20 MiB -> 0.90 MiB (-25.0%)`` from `offloadctl.simulation.estimate.estimate_figures`."""
     before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
     change = f" ({100.0 * (after - before) / before:+.1f}%)" if before else ""
-    planned = figures["peak_bytes"].get("planned_after")
-    run = f" as the DEFAULT walk runs it; planned {fmt_bytes(planned)}" if planned not in (None, after) else ""
+    peak = figures["peak_bytes"]
+    planned = peak.get("planned_after")
+    if peak.get("device"):
+        run = f" as {peak['device']} runs it; planned {fmt_bytes(peak['planned_before'])} -> {fmt_bytes(planned)}"
+    else:
+        run = f" as the DEFAULT walk runs it; planned {fmt_bytes(planned)}" if planned not in (None, after) else ""
     return f"peak {fmt_bytes(before)} -> {fmt_bytes(after)}{change}{run}"
 
 

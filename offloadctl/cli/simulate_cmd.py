@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
@@ -44,6 +45,7 @@ from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
+from offloadctl.job import device_figures
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.rewriting.preview import CpuFigures, cpu_figures, run_order_result
 from offloadctl.simulation.costs import STREAMS_NOTE
@@ -264,10 +266,8 @@ def simulate_cmd(
         print_points(analysis.loaded.dims, result, points)
     planned = plan is not None or result.rewritten
     unknown = len(result.unknown_tensors)
-    figures = estimate_figures(result)
-    if plan is not None and plan["offloads"] and analysis.order == "default" and not result.rewritten:
-        # the DEFAULT walk is taken over the rewrite, copies and pins included: its peak is the one that runs
-        figures = with_run_order_peak(figures, run_order_result(plan, analysis), analysis.order)
+    figures = _run_figures(result, plan, analysis)
+    if plan is not None and "planned_after" in figures["peak_bytes"]:
         doc["peak_bytes"] = figures["peak_bytes"]
     after = figures["peak_bytes"]["after"]
     failure = gate_failure(max_peak, after, "peak after the plan" if planned else "peak", unknown=unknown)
@@ -287,6 +287,22 @@ def simulate_cmd(
         doc["max_peak_bytes"] = max_peak
         doc["figures_low"] = bool(unknown)
     finish("simulate", subject, parts, written, as_json=as_json, doc=doc, failure=failure)
+
+
+def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis) -> dict[str, Any]:
+    """The figures of the verdict: for a plan made for a device (``plan --device``), the peaks of the
+    model and its rewrite as that device runs them; under the DEFAULT order, the peak after of the
+    rewrite as the walk over it runs (copies and pins included); else the simulation's own."""
+    figures = estimate_figures(result)
+    if plan is None or result.rewritten:
+        return figures
+    select = plan["options"].get("select", {})
+    if select.get("host_device"):
+        nodes, copies = select.get("host_nodes", ()), select.get("host_copies", ())
+        return device_figures(plan, analysis, figures, select["host_device"], nodes, copies)
+    if plan["offloads"] and analysis.order == "default":
+        return with_run_order_peak(figures, run_order_result(plan, analysis), analysis.order)
+    return figures
 
 
 COMMANDS = [simulate_cmd]

@@ -178,10 +178,14 @@ def _for_device(part: S, analysis: Analysis, device: str | None, as_json: bool) 
         return part
     from offloadctl.running.residency import host_nodes
 
-    names, how = host_nodes(analysis, device)
+    found = host_nodes(analysis, device)
     if not as_json:
-        out_console().print(f"{len(names)} node(s) run on the host on {how}: their tensors are kept", soft_wrap=True)
-    return evolve(part, host_nodes=names, host_device=how)
+        out_console().print(
+            f"{len(found.nodes)} node(s) run on the host on {found.how}: their tensors are kept; onnxruntime copies "
+            f"{len(found.copies)} tensor(s) between host and device there",
+            soft_wrap=True,
+        )
+    return evolve(part, host_nodes=found.nodes, host_copies=found.copies, host_device=found.how)
 
 
 def _plan_job(plan: Plan, plan_path: str) -> Job:

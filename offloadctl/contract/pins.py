@@ -108,14 +108,20 @@ _RESHAPES = RESHAPE_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten
 
 
 def _held_input(
-    analysis: Analysis, position: int, avoid: frozenset[str], reloaded: frozenset[tuple[int, int]]
+    analysis: Analysis,
+    position: int,
+    avoid: frozenset[str],
+    reloaded: frozenset[tuple[int, int]],
+    host: frozenset[int] = frozenset(),
 ) -> int | None:
     """The input of the node at ``position`` a pin's view can stand in for (its index), or None. An
     input an H2D feeds is passed over (it reads the H2D's own view, and a view of a view is a pair
     of Reshapes that onnxruntime fuses into one), and so is one a Reshape-like node made (the view
-    and that node are such a pair: GPT-2's attention reshapes, at ORT_ENABLE_ALL, did not load)."""
+    and that node are such a pair: GPT-2's attention reshapes, at ORT_ENABLE_ALL, did not load). A
+    node the plan's device runs on the host (``host``) holds nothing: it would read the device view
+    through a copy onnxruntime inserts, next to the rewrite's pin."""
     node = analysis.nodes[position]
-    if node.op_type in _RESHAPES:
+    if node.op_type in _RESHAPES or position in host:
         return None
 
     def held(k: int, name: str) -> bool:
@@ -208,7 +214,10 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     opset = _opset(analysis)
     if not d2hs and not h2ds:
         return PinLayout()
-    avoid = frozenset(plan["options"].get("select", {}).get("fused", ()))
+    select = plan["options"].get("select", {})
+    host = _host_positions(analysis, select.get("host_nodes", ()))
+    # no pin reads what the plan keeps for fusions, nor what a node on the host makes (in host memory)
+    avoid = frozenset(select.get("fused", ())) | {o for p in host for o in analysis.nodes[p].output if o}
     if opset < 10:
         return PinLayout(unpinned=[f"every copy: the model's opset {opset} is below 10"])
     recorded = _recorded(plan, analysis, d2hs, h2ds, avoid, opset < 15)
@@ -226,7 +235,8 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
             unpinned.append(f"{count} D2H copy(ies) after position {p}: the model's opset {opset} has no Optional")
             continue
         found = next(
-            ((t, k) for t in range(p + 1, n) if (k := _held_input(analysis, t, avoid, reloaded)) is not None), None
+            ((t, k) for t in range(p + 1, n) if (k := _held_input(analysis, t, avoid, reloaded, host)) is not None),
+            None,
         )
         if found is None:
             if p + 1 < n:
@@ -262,6 +272,14 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     return PinLayout(held, waits, nodes, unpinned, slice_form=opset < 15, avoid=avoid)
 
 
+def _host_positions(analysis: Analysis, labels: Any) -> frozenset[int]:
+    """The positions of the nodes a plan's device runs on the host (``options.select.host_nodes``)."""
+    wanted = set(labels)
+    if not wanted:
+        return frozenset()
+    return frozenset(p for p, label in enumerate(analysis.node_names) if label in wanted)
+
+
 # ------------------------------------------------------------------------------ the layout in the plan
 
 # the pins' form: a layout recorded for another form is found again
@@ -269,9 +287,13 @@ _FORM = 2
 
 
 def _layout_key(plan: Plan) -> str:
-    """What a recorded layout holds for: the offloads and the tensors kept for fusions."""
-    fused = plan["options"].get("select", {}).get("fused", [])
-    return json_sha256({"offloads": plan["offloads"], "fused": fused, "form": _FORM})
+    """What a recorded layout holds for: the offloads, the tensors kept for fusions and the nodes the
+    plan's device runs on the host."""
+    select = plan["options"].get("select", {})
+    kept = {"fused": select.get("fused", [])}
+    if select.get("host_nodes"):
+        kept["host"] = select["host_nodes"]
+    return json_sha256({"offloads": plan["offloads"], **kept, "form": _FORM})
 
 
 def record_pins(plan: Plan, layout: PinLayout) -> None:

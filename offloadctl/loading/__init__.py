@@ -4,5 +4,6 @@
 ``--dim`` and pins the dimensions; `tensors` gives every tensor's type, shape and byte size,
 lazily, from onnx's shape inference, then onnxruntime's symbolic one (`symbolic`), or from one run
 (`measured`, the sizes `offloadctl.running.sizes` reads); `ortgraph` and `inline` change the graph
-as onnxruntime does before it runs it, so that positions count what runs.
+as onnxruntime does before it runs it, so that positions count what runs; `placed` inserts the copies
+onnxruntime adds between host and device where a device provider leaves nodes to the CPU.
 """

@@ -45,6 +45,7 @@ __all__ = [
     "remove_duplicate_casts",
     "inlined_calls",
     "expand_inlined_functions",
+    "fresh_name",
 ]
 
 logger = logging.getLogger(__name__)
@@ -158,8 +159,8 @@ def unique_dequantize(graph: onnx.GraphProto, *, place: str = "before_reader") -
         for i, k in edges[1:] if reuse else edges:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
-            copy.name = _fresh(f"{node.name}/duplicated", names)
-            copy.output[0] = _fresh(f"{out}/duplicated", taken_values)
+            copy.name = fresh_name(f"{node.name}/duplicated", names)
+            copy.output[0] = fresh_name(f"{out}/duplicated", taken_values)
             graph.node[i].input[k] = copy.output[0]
             (appended if place == "end" else before.setdefault(i, [])).append(copy)
             made += 1
@@ -177,7 +178,7 @@ def unique_dequantize(graph: onnx.GraphProto, *, place: str = "before_reader") -
     return made
 
 
-def _fresh(base: str, taken: set[str]) -> str:
+def fresh_name(base: str, taken: set[str]) -> str:
     """A name not in ``taken`` (added to it): ``base``, else ``base_token_K`` as onnxruntime names them."""
     name, k = base, 0
     while name in taken:

@@ -98,6 +98,9 @@ class SelectPart:
             --device``, `offloadctl.running.placement.host_nodes`); the tensors they make or read are
             not offloaded unless forced: they are not on the device there.
         host_device: the device ``host_nodes`` were found for, and how (``webgpu (measured)``).
+        host_copies: the tensors onnxruntime copies between host and device memory there (found
+            with ``host_nodes``): with them the plan's figures count the graph as that device runs it
+            (`offloadctl.loading.placed`).
     """
 
     select_distance: int = option(
@@ -114,6 +117,7 @@ class SelectPart:
     fused: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
     host_nodes: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
     host_device: str = field(default="", metadata={"omit_empty": True, "cli": False})
+    host_copies: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
 
     @classmethod
     def of(cls, request: SelectPart, **changes: Any) -> SelectPart:
@@ -127,6 +131,7 @@ class SelectPart:
         _set(self, "never", tuple(self.never))
         _set(self, "fused", tuple(self.fused))
         _set(self, "host_nodes", tuple(self.host_nodes))
+        _set(self, "host_copies", tuple(self.host_copies))
         _at_least("select_distance", self.select_distance, 0)
 
 
@@ -396,13 +401,14 @@ def _of_parts(cls: type[Part], parts: tuple[Any, ...], step: Callable[..., None]
 
 def evolve(request: Part, **changes: Any) -> Part:
     """A copy of a checked part or request with fields that no rule reads set (``step``, the progress
-    callback; ``host_nodes`` and ``host_device``, what ``plan --device`` finds), not checked again."""
-    unchecked = {"step", "host_nodes", "host_device"}
+    callback; ``host_nodes``, ``host_copies`` and ``host_device``, what ``plan --device`` finds), not
+    checked again."""
+    unchecked = {"step", "host_nodes", "host_copies", "host_device"}
     if not set(changes) <= unchecked:
         raise ValueError(f"evolve sets only {sorted(unchecked)}, not {sorted(set(changes) - unchecked)}")
     made = copy.copy(request)
     for name, value in changes.items():
-        object.__setattr__(made, name, tuple(value) if name == "host_nodes" else value)
+        object.__setattr__(made, name, tuple(value) if name in ("host_nodes", "host_copies") else value)
     return made
 
 

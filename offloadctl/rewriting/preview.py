@@ -10,36 +10,81 @@ A plan's own simulation places each copy at its planned position among the origi
 the DEFAULT order (every host but Python) that is not what runs: the walk is taken over the
 rewritten graph, copies and order pins included (`offloadctl.analysis.order`). `run_order_result`
 simulates the rewrite itself, so its peak is the peak of the model that runs.
+
+On a device provider that runs some nodes on the CPU (a plan made with ``--device``), onnxruntime
+also inserts copies between the two and runs the two providers' streams interleaved: `device_result`
+simulates the model, or its rewrite, as placed there (`offloadctl.loading.placed`), in the order the
+executor runs it (`offloadctl.analysis.order.executor_order`), counting only device memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import onnx
 
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.core.plantypes import Plan
+from offloadctl.loading.placed import Placement, placed
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 from offloadctl.simulation.timing import count_scratch
 
-__all__ = ["CpuFigures", "cpu_figures", "rewritten_analysis", "run_order_result"]
+__all__ = [
+    "CpuFigures",
+    "cpu_figures",
+    "device_result",
+    "placement_of",
+    "rewritten_analysis",
+    "run_order_result",
+]
 
 
-def rewritten_analysis(plan: Plan, analysis: Analysis) -> Analysis:
-    """The analysis of ``analysis``'s model rewritten by ``plan`` (in memory), in the same order, at
-    the shapes it was planned at (a rewrite written with its symbolic dimensions would leave the
-    sizes that depend on them unknown)."""
-    proto = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True))
+def rewritten_analysis(
+    plan: Plan | None, analysis: Analysis, placement: Placement | None = None, *, target: str = "gpu"
+) -> Analysis:
+    """The analysis of ``analysis``'s model rewritten by ``plan`` (in memory; None: the model as it
+    is), in the same order, at the shapes it was planned at (a rewrite written with its symbolic
+    dimensions would leave the sizes that depend on them unknown); with ``placement``, as onnxruntime
+    places it on that device (its copies inserted, the host nodes known). ``target`` is the pins'
+    (`RewriteOptions`)."""
+    if plan is None:
+        proto = analysis.loaded.proto
+    else:
+        proto = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True, target=target))
+    host: frozenset[int] | None = None
+    if placement is not None:
+        proto, host = placed(proto, placement)
     loaded = dataclasses.replace(analysis.loaded, proto=proto, sizes_from_run=None)
-    rewritten = analyse(loaded, order=analysis.order)
+    rewritten = analyse(loaded, order=analysis.order, host=host)
     measured = analysis.infos.measured
     if measured is not None:
         rewritten.infos.use_measured(measured)
     return rewritten
+
+
+def placement_of(analysis: Analysis, host_nodes: Iterable[str], copies: Iterable[str]) -> Placement:
+    """The `Placement` a plan records (its nodes on the host by label, the tensors onnxruntime copies)."""
+    labels = set(host_nodes)
+    outputs = (node.output for node, label in zip(analysis.nodes, analysis.node_names) if label in labels)
+    return Placement(frozenset(out[0] for out in outputs if out and out[0]), tuple(copies))
+
+
+def device_result(
+    plan: Plan | None,
+    analysis: Analysis,
+    placement: Placement,
+    *,
+    target: str = "gpu",
+    profile: Profile | str | None = None,
+) -> SimResult:
+    """The simulation of ``plan``'s rewrite (None: the model as it is) as onnxruntime runs it on a
+    device where ``placement`` holds, in ``analysis``'s order: its ``after`` counts device memory in
+    the order the executor runs the placed graph."""
+    return simulate(rewritten_analysis(plan, analysis, placement, target=target), None, profile=profile)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,5 +6,6 @@ the graph it runs, and replicates CUDA's and CANN's CPU fallback; `residency` fi
 device runs on the host (`plan --device`); `inputs` reads or generates what a model is fed; `sizes`
 reads every tensor's size from one run; `allocator` reads onnxruntime's own memory figures;
 `fusions` maps an optimized graph back to the original; `profiler` measures a device profile
-(`offloadctl profile`).
+(`offloadctl profile`); `replay` simulates a device run as it ran (placed as onnxruntime placed it,
+in the profiled order).
 """

@@ -163,7 +163,9 @@ def inserted_copies(placed: onnx.ModelProto, model: onnx.ModelProto) -> list[Ins
         made = producer.get(node.input[0])
         fed = [r for o in node.output for r in readers.get(o, [])]
         mine = (made is not None and made.name in ours) or any(r.name in copies for r in fed)
-        found.append(InsertedCopy(node.name, node.op_type, node.input[0], mine))
+        # a copy to the host writes the model's own tensor (its device producer writes a renamed one)
+        moved = node.output[0] if node.op_type == "MemcpyToHost" and node.output else node.input[0]
+        found.append(InsertedCopy(node.name, node.op_type, moved, mine))
     return found
 
 

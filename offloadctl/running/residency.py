@@ -7,20 +7,31 @@ one it reads is copied back to the host: offloading either adds copies, and on t
 such rewrites failed to load ("Duplicate definition") or to run (a MemcpyToHost of a host tensor).
 
 `host_nodes` finds them from onnxruntime itself where the provider runs here (one profiled run on
-the device, providers read from the profile), and predicts them for CUDA and CANN where it does not
-(`offloadctl.running.placement.predicted_placement`).
+the device, providers read from the profile, the copies onnxruntime inserted read from the graph it
+saves), and predicts them for CUDA and CANN where it does not
+(`offloadctl.running.placement.predicted_placement`). The copies place the model on the device for
+the figures a device plan quotes (`offloadctl.loading.placed`).
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+
+import onnx
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.errors import OffloadError
 from offloadctl.running.inputs import generate_inputs, input_specs
-from offloadctl.running.placement import CANN_KERNELS, CUDA_KERNELS, predicted_placement
+from offloadctl.running.placement import (
+    CANN_KERNELS,
+    CUDA_KERNELS,
+    inserted_copies,
+    predicted_placement,
+    save_placed_graph,
+)
 from offloadctl.running.runner import (
     DEVICES,
     create_session,
@@ -30,7 +41,7 @@ from offloadctl.running.runner import (
     session_config,
 )
 
-__all__ = ["HOST_DEVICES", "host_nodes"]
+__all__ = ["HOST_DEVICES", "HostNodes", "host_nodes"]
 
 #: --device for planning: the providers whose host nodes can be found
 HOST_DEVICES = ("webgpu", "cuda", "ascend")
@@ -38,9 +49,19 @@ _PREDICTED = {"cuda": CUDA_KERNELS, "ascend": CANN_KERNELS}
 _KERNEL = "_kernel_time"
 
 
-def host_nodes(analysis: Analysis, device: str) -> tuple[tuple[str, ...], str]:
-    """(labels of the nodes ``device`` runs on the CPU (`Analysis.node_names`), how they were found:
-    ``"webgpu (measured)"``).
+@dataclass(frozen=True)
+class HostNodes:
+    """What a device runs on the host: the labels of the nodes it runs on the CPU
+    (`Analysis.node_names`), the tensors onnxruntime copies between host and device memory, and how
+    both were found (``"webgpu (measured)"``)."""
+
+    nodes: tuple[str, ...]
+    copies: tuple[str, ...]
+    how: str
+
+
+def host_nodes(analysis: Analysis, device: str) -> HostNodes:
+    """The nodes ``device`` runs on the CPU and the copies onnxruntime inserts there.
 
     Measured with one profiled run on the device where its provider runs here (inputs generated at
     the analysis' shapes); predicted for CUDA and CANN otherwise.
@@ -51,19 +72,21 @@ def host_nodes(analysis: Analysis, device: str) -> tuple[tuple[str, ...], str]:
     if device not in HOST_DEVICES:
         raise OffloadError(f"unknown device {device!r} for planning", hint=f"use one of: {', '.join(HOST_DEVICES)}")
     try:
-        return _measured(analysis, device), f"{device} (measured)"
+        nodes, copies = _measured(analysis, device)
+        return HostNodes(nodes, copies, f"{device} (measured)")
     except OffloadError:
         if device not in _PREDICTED:
             raise
-    cpu, _ = predicted_placement(analysis.loaded.proto, _PREDICTED[device])
+    cpu, copied = predicted_placement(analysis.loaded.proto, _PREDICTED[device])
     graph = analysis.loaded.proto.graph
     at = {id(graph.node[i]): pos for pos, i in enumerate(analysis.file_index)}
     by_name = {node.name: node for node in graph.node}
     labels = {analysis.node_names[at[id(by_name[n])]] for n in cpu if n in by_name and id(by_name[n]) in at}
-    return tuple(sorted(labels)), f"{device} (predicted: its provider does not run here)"
+    how = f"{device} (predicted: its provider does not run here)"
+    return HostNodes(tuple(sorted(labels)), tuple(dict.fromkeys(copied)), how)
 
 
-def _measured(analysis: Analysis, device: str) -> tuple[str, ...]:
+def _measured(analysis: Analysis, device: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     ort = import_onnxruntime(device)
     loaded = analysis.loaded
     config = session_config({}, device, opt_level="disable", ort=ort)
@@ -71,11 +94,13 @@ def _measured(analysis: Analysis, device: str) -> tuple[str, ...]:
     with tempfile.TemporaryDirectory(prefix="offloadctl-placement-") as tmp:
         config.sess_options.enable_profiling = True
         config.sess_options.profile_file_prefix = str(Path(tmp) / "profile")
+        placed = save_placed_graph(config.sess_options, tmp)
         session = create_session(loaded.path, config, device, ort=ort)
         run_once(session, feeds_for(session, feeds_all, str(loaded.path), "the inputs"), str(loaded.path), ort)
         with open(session.end_profiling(), encoding="utf-8") as f:
             events = json.load(f)
         del session
+        inserted = inserted_copies(onnx.load(str(placed), load_external_data=False), loaded.proto)
     provider = DEVICES[device]
     indices = set()
     for e in events:
@@ -83,7 +108,7 @@ def _measured(analysis: Analysis, device: str) -> tuple[str, ...]:
         args = (e.get("args") or {}) if isinstance(e, dict) else {}
         if e.get("cat") == "Node" and name.endswith(_KERNEL) and args.get("provider") not in (None, provider):
             indices.add(int(args["node_index"]))
-    return _labels(analysis, indices)
+    return _labels(analysis, indices), tuple(dict.fromkeys(c.tensor for c in inserted))
 
 
 def _labels(analysis: Analysis, indices: set[int]) -> tuple[str, ...]:

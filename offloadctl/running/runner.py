@@ -23,7 +23,6 @@ onnxruntime is an optional dependency and is imported only when a model is run.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import math
 import os
@@ -46,6 +45,7 @@ from offloadctl.rewriting.metadata import KEY_PINS, KEY_PLANNED_AT, KEY_SESSION,
 from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
 from offloadctl.running.placement import PLUGINS, InsertedCopy, add_plugin_provider, inserted_copies, save_placed_graph
+from offloadctl.running.replay import RanNode, predicted_order, ran_nodes, ran_peak
 
 __all__ = [
     "DEVICES",
@@ -152,7 +152,6 @@ LOAD_CONFIG_WARNING = (
 
 _DEFAULT_RTOL = 1e-5
 _DEFAULT_ATOL = 1e-6
-_KERNEL_SUFFIX = "_kernel_time"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -482,21 +481,7 @@ def planned_order(proto: onnx.ModelProto, order: str = "priority") -> list[str]:
 
 def order_from_profile(profile_path: str | os.PathLike[str]) -> list[str]:
     """Node names in the order they ran, from an onnxruntime profiling file (one run)."""
-    with open(profile_path, encoding="utf-8") as f:
-        events = json.load(f)
-    kernels = [
-        e
-        for e in events
-        if isinstance(e, dict) and e.get("cat") == "Node" and str(e.get("name", "")).endswith(_KERNEL_SUFFIX)
-    ]
-    kernels.sort(key=lambda e: e.get("ts", 0))
-    order, seen = [], set()
-    for e in kernels:
-        name = e["name"][: -len(_KERNEL_SUFFIX)]
-        if name not in seen:
-            seen.add(name)
-            order.append(name)
-    return order
+    return [node.name for node in ran_nodes(profile_path)]
 
 
 @dataclass
@@ -996,24 +981,15 @@ def _order_checks(
 ) -> tuple[OrderCheck, PinCheck | None]:
     """The order that ran against the one predicted, the pins against it, and on a device the peak
     of the order that ran (into ``timed``)."""
-    checked = compare_order(planned_order(loaded.proto, order), timed.ran, exact=exact)
+    # on a device, the order its executor runs the two providers' streams in, the copies it inserted included
+    on_device = device != "cpu" and timed.nodes
+    expected = predicted_order(loaded, order, timed.nodes, timed.inserted or []) if on_device else None
+    checked = compare_order(expected or planned_order(loaded.proto, order), timed.ran, exact=exact)
     if not checked.matches:
         warnings.append(_order_warning(checked, order))
-    timed.ran_peak = _ran_peak(loaded, order, timed.ran) if device != "cpu" else None
+    if device != "cpu":  # the device peak as it ran: placed as onnxruntime placed it, in the profiled order
+        timed.ran_peak = ran_peak(loaded, order, timed.nodes, timed.inserted or [])
     return checked, _pin_check(loaded.proto, timed.ran, order, warnings)
-
-
-def _ran_peak(loaded: Any, order: str, ran: Sequence[str]) -> int | None:
-    """The device peak of ``loaded`` simulated in the order that ran (None if it cannot be simulated)."""
-    from offloadctl.analysis.graph import analyse
-    from offloadctl.simulation.result import simulate
-
-    if not ran:
-        return None
-    try:
-        return simulate(analyse(loaded, order=order, sequence=ran), None, profile=None).peak_after
-    except OffloadError:
-        return None
 
 
 def _tolerances(opt_level: str, rtol: float | None, atol: float | None) -> tuple[float, float]:
@@ -1160,10 +1136,15 @@ def _check_run_options(
 class _Timed:
     providers: list[str]
     outputs: dict[str, Any]
-    ran: list[str]  # node names in the order they ran (profiled warm-up)
+    nodes: list[RanNode]  # the nodes in the order they ran (profiled warm-up), with their providers
     runs: list[float]
     inserted: list[InsertedCopy] | None = None  # copies onnxruntime inserted (a non-CPU device)
     ran_peak: int | None = None  # the device peak simulated in the order that ran (a non-CPU device)
+
+    @property
+    def ran(self) -> list[str]:
+        """Node names in the order they ran."""
+        return [n.name for n in self.nodes]
 
 
 def _timed_runs(
@@ -1181,7 +1162,7 @@ def _timed_runs(
         feeds = feeds_for(session, feeds_all, model, "the inputs")
         outputs = run_once(session, feeds, model, ort)  # warm-up, profiled
         profile = session.end_profiling()
-        ran = order_from_profile(profile) if profile else []
+        nodes = ran_nodes(profile) if profile else []
     runs = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -1189,7 +1170,7 @@ def _timed_runs(
         runs.append(time.perf_counter() - start)
     del session, feeds
     gc.collect()
-    return _Timed(providers, outputs, ran, runs, inserted)
+    return _Timed(providers, outputs, nodes, runs, inserted)
 
 
 def _inserted(placed: os.PathLike[str] | None, model: str) -> list[InsertedCopy] | None:

@@ -16,7 +16,7 @@ from offloadctl.core.files import json_sha256
 from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.result import SimResult
 
-__all__ = ["estimate_figures", "record_estimate", "recorded_estimate", "with_run_order_peak"]
+__all__ = ["estimate_figures", "record_estimate", "recorded_estimate", "with_device_peaks", "with_run_order_peak"]
 
 
 def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any]:
@@ -50,6 +50,22 @@ def with_run_order_peak(figures: dict[str, Any], replayed: SimResult, order: str
     peak["after"] = replayed.peak_after
     peak["saved"] = peak["before"] - replayed.peak_after
     peak["of"] = f"the rewrite in onnxruntime's {order.upper()} order"
+    return {**figures, "peak_bytes": peak}
+
+
+def with_device_peaks(
+    figures: dict[str, Any], before: SimResult, after: SimResult, device: str, order: str
+) -> dict[str, Any]:
+    """``figures`` with the peaks before and after taken from the model and its rewrite as ``device``
+    runs them (`offloadctl.rewriting.preview.device_result`: its inserted copies, the nodes it runs
+    on the host, its executor's order); the planned figures stay beside them as ``planned_before`` and
+    ``planned_after``."""
+    peak = dict(figures["peak_bytes"])
+    peak["planned_before"], peak["planned_after"] = peak["before"], peak["after"]
+    peak["before"], peak["after"] = before.peak_after, after.peak_after
+    peak["saved"] = before.peak_after - after.peak_after
+    peak["device"] = device
+    peak["of"] = f"the model and its rewrite as {device} runs them, in onnxruntime's {order.upper()} order"
     return {**figures, "peak_bytes": peak}
 
 

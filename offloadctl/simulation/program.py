@@ -27,6 +27,7 @@ from offloadctl.contract.pins import pin_layout
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
 from offloadctl.core.plantypes import Plan
+from offloadctl.loading.placed import CPU_OUTPUT_OPS
 from offloadctl.simulation.base import Base, base_of, interner
 
 __all__ = ["DEVICE", "HOST", "Program", "before_program", "program_for"]
@@ -215,18 +216,32 @@ def _rewritten_sizes(analysis: Analysis, base: Base, names: list[str]) -> list[i
 
 
 def _rewritten_places(
-    analysis: Analysis, kinds: list[str], writes: list[list[int]], index: dict[str, int], readers: dict[int, set[str]]
+    analysis: Analysis,
+    kinds: list[str],
+    steps: list[int],
+    reads: list[list[int]],
+    writes: list[list[int]],
+    index: dict[str, int],
 ) -> list[int]:
-    """Where each tensor lives: a D2H's output and a weight or input only copies read on the host."""
+    """Where each tensor lives: a D2H's output, and on a device where some nodes run on the host
+    (`Analysis.host`), what they make and what a kernel writes to host memory (Shape, Size), on the
+    host; so is a weight or graph input that only copies and host nodes read."""
     place = [DEVICE] * len(index)
+    host = analysis.host
     for s, kind in enumerate(kinds):
-        if kind == "d2h":
+        if kind == "d2h" or (host and (steps[s] in host or analysis.nodes[steps[s]].op_type in CPU_OUTPUT_OPS)):
             for t in writes[s]:
                 place[t] = HOST
+    read: set[int] = set()
+    on_device: set[int] = set()
+    for s, kind in enumerate(kinds):
+        read.update(reads[s])
+        if kind == "node" and steps[s] not in host:
+            on_device.update(reads[s])
     for name in [*analysis.weights, *analysis.graph_inputs]:
         t = index[name]
-        if readers.get(t) == {"h2d"}:
-            place[t] = HOST  # an offloaded weight (or input) only copies read
+        if t in read and t not in on_device:
+            place[t] = HOST  # an offloaded weight (or input), or one only the host reads
     return place
 
 
@@ -260,14 +275,14 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
     # an order pin's view is the tensor it views: no buffer of its own, its readers read that tensor
     views = {node.output[0]: src for node in analysis.nodes if (src := pin_view_source(node)) and node.output}
     reads: list[list[int]] = [[] for _ in kinds]
-    readers: dict[int, set[str]] = {}
+    readers: set[int] = set()
     for name, uses in analysis.uses.items():
         t = tid(views.get(name, name))
         for use in uses:
             s = step_of.get(use.position)
             if s is not None:
                 reads[s].append(t)
-                readers.setdefault(t, set()).add(kinds[s])
+                readers.add(t)
     writes = [[tid(o) for o in analysis.nodes[p].output if o and o not in views] for p in steps]
     for name in analysis.graph_outputs:
         tid(name)
@@ -288,7 +303,7 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
         writes,
         names,
         _rewritten_sizes(analysis, base, names),
-        _rewritten_places(analysis, kinds, writes, index, readers),
+        _rewritten_places(analysis, kinds, steps, reads, writes, index),
         resident,
         from_start,
         to_end,
@@ -309,12 +324,13 @@ def program_for(analysis: Analysis, plan: Plan | None, source: str) -> tuple[Bas
             another model or contradicts it.
     """
     base = base_of(analysis)
-    if base.rewritten:
-        if plan is not None:
-            raise OffloadError(
-                f"{analysis.loaded.path} already contains MemcpyToHost/MemcpyFromHost copies; it cannot take a plan",
-                hint="simulate the rewritten model on its own, or the original model with the plan",
-            )
+    if base.rewritten and plan is not None:
+        raise OffloadError(
+            f"{analysis.loaded.path} already contains MemcpyToHost/MemcpyFromHost copies; it cannot take a plan",
+            hint="simulate the rewritten model on its own, or the original model with the plan",
+        )
+    if base.rewritten or analysis.host:  # a placed model is simulated as it is (`offloadctl.loading.placed`)
+        assert plan is None, "a plan is simulated on the model without its placement"
         return base, _rewritten_program(analysis, base)
     if plan is not None:
         check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)

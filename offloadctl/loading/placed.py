@@ -1,0 +1,129 @@
+"""The graph onnxruntime runs when a device provider leaves some nodes to the CPU: the copies it
+inserts between host and device memory.
+
+A device provider (CUDA, CANN, WebGPU) runs on the CPU provider the nodes it has no kernel for, and
+CUDA and CANN move there some whose inputs are all in host memory (`offloadctl.running.placement`).
+onnxruntime's ``MemcpyTransformer`` (``transformer_memcpy.cc``) then inserts one copy per tensor
+that crosses: a ``MemcpyFromHost`` for a tensor in host memory that a device node reads (made by a
+host node, written to host memory by its kernel: ``Shape``, ``Size``, ``MemcpyToHost``; or a graph
+input read on both sides), its device readers then reading the copy; a ``MemcpyToHost`` for a device
+tensor a host node reads. The copies run on the device provider and are appended after every node:
+graph inputs first, then the copies to the device in the order of their tensors' names, then those
+to the host (its sets are ordered by name). Node indices decide both execution orders and the
+executor's streams (`offloadctl.analysis.order.executor_order`), so the copies' places matter.
+
+`placed` builds that graph in memory from a `Placement`: the nodes that run on the host and the
+tensors onnxruntime copies, both found by onnxruntime itself where the provider runs here, or
+predicted. The nodes a rewrite adds for its order pins run on the host when every tensor they read
+is in host memory, as on WebGPU, CUDA and CANN. The graph is never written or run: the simulator
+reads it, so that figures count the order and the memory of what onnxruntime runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import onnx
+
+from offloadctl.core.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST
+from offloadctl.core.onnxutil import is_constant_node, is_pin
+from offloadctl.loading.ortgraph import fresh_name
+
+__all__ = ["CPU_INPUTS", "CPU_OUTPUT_OPS", "Placement", "placed"]
+
+#: inputs a device kernel reads in host memory, by op (shape and index arguments)
+CPU_INPUTS: dict[str, frozenset[int]] = {
+    "Reshape": frozenset({1}),
+    "Expand": frozenset({1}),
+    "Tile": frozenset({1}),
+    "Slice": frozenset({1, 2, 3, 4}),
+    MEMCPY_FROM_HOST: frozenset({0}),
+}
+#: ops whose device kernel writes its output to host memory
+CPU_OUTPUT_OPS = frozenset({"Shape", "Size", MEMCPY_TO_HOST})
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a device provider runs a model: the nodes it runs on the host, each named by its first
+    output (names survive a rewrite, node labels may not), and the tensors onnxruntime copies between
+    host and device memory."""
+
+    host: frozenset[str]
+    copies: tuple[str, ...]
+
+
+def placed(
+    proto: onnx.ModelProto,
+    placement: Placement,
+    *,
+    copy_names: Mapping[str, str] | None = None,
+    pins_by_inputs: bool = True,
+) -> tuple[onnx.ModelProto, frozenset[int]]:
+    """(``proto`` with the copies ``placement`` names inserted as onnxruntime inserts them, the
+    indices in its ``graph.node`` of the nodes that run on the host). ``copy_names`` names a copy by
+    the tensor it copies (onnxruntime's own names, to read a profile); others are named ``Memcpy``,
+    ``Memcpy_token_K``. With ``pins_by_inputs`` an order pin's node whose every input is in host
+    memory runs on the host too (``placement.host`` does not name the rewrite's own nodes); without
+    it, ``placement.host`` is the whole truth (a profiled run). ``proto`` is not changed."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    graph = out.graph
+    host_at = _host_nodes(graph, placement.host, pins_by_inputs)
+    in_host = _host_tensors(graph, host_at)
+    inputs = [v.name for v in graph.input]
+    copied = set(placement.copies)
+    to_device = [n for n in inputs if n in copied] + sorted(n for n in copied - set(inputs) if n in in_host)
+    to_host = sorted(n for n in copied if n not in in_host and n not in inputs)
+    taken_nodes = {n.name for n in graph.node}
+    taken = {o for n in graph.node for o in n.output} | {*inputs, *(t.name for t in graph.initializer)}
+    names = dict(copy_names or {})
+    readers: dict[str, list[tuple[int, int]]] = {}
+    for k, node in enumerate(graph.node):
+        for i, name in enumerate(node.input):
+            if name in copied:
+                readers.setdefault(name, []).append((k, i))
+    new_nodes = []
+    for tensor in [*to_device, *to_host]:
+        h2d = tensor in in_host or tensor in inputs
+        copy = fresh_name(f"{tensor}_copied", taken)
+        for k, i in readers.get(tensor, ()):
+            node = graph.node[k]
+            in_host_memory = k in host_at or i in CPU_INPUTS.get(node.op_type, ())
+            if in_host_memory != h2d:  # a device read of a host tensor, or a host read of a device one
+                node.input[i] = copy
+        op = MEMCPY_FROM_HOST if h2d else MEMCPY_TO_HOST
+        name = names.get(tensor) or fresh_name("Memcpy", taken_nodes)
+        new_nodes.append(onnx.helper.make_node(op, [tensor], [copy], name=name))
+    graph.node.extend(new_nodes)
+    return out, frozenset(host_at)
+
+
+def _host_nodes(graph: onnx.GraphProto, host: frozenset[str], pins_by_inputs: bool) -> set[int]:
+    """Indices of the nodes on the host: those ``host`` names, and (``pins_by_inputs``) a rewrite's
+    order-pin nodes whose every input is in host memory (a pin may read another pin's output, and a
+    file need not be in topological order: repeated until nothing changes)."""
+    nodes = graph.node
+    at = {k for k, node in enumerate(nodes) if node.output and node.output[0] in host}
+    if not pins_by_inputs:
+        return at
+    in_host = _host_tensors(graph, at) | {t.name for t in graph.initializer}
+    in_host |= {o for node in nodes if is_constant_node(node) for o in node.output}
+    pins = [k for k, node in enumerate(nodes) if is_pin(node) and node.input and k not in at]
+    changed = True
+    while changed:
+        changed = False
+        for k in pins:
+            if k not in at and all(i in in_host for i in nodes[k].input if i):
+                at.add(k)
+                in_host.update(o for o in nodes[k].output if o)
+                changed = True
+    return at
+
+
+def _host_tensors(graph: onnx.GraphProto, host_at: Iterable[int]) -> set[str]:
+    """Tensors in host memory: what host nodes make and what kernels write to host memory."""
+    nodes = graph.node
+    made = {o for k in host_at for o in nodes[k].output if o}
+    return made | {o for node in nodes if node.op_type in CPU_OUTPUT_OPS for o in node.output if o}
