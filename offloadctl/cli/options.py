@@ -223,8 +223,9 @@ plan_device_option = click.option(
     type=click.Choice(PLAN_DEVICES),
     default=None,
     help="Plan for this device: the tensors that nodes it runs on the CPU make or read are kept (reason "
-    "host-resident). Found with one run on the device where its provider runs here, predicted for cuda and ascend "
-    "otherwise.",
+    "host-resident), and the peaks quoted are those of the model and its rewrite as that device runs them (the "
+    "copies onnxruntime inserts, both providers' streams). Found with one run on the device where its provider "
+    "runs here, predicted for cuda and ascend otherwise.",
 )
 
 
