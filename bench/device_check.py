@@ -10,8 +10,11 @@ For each sample, original and rewritten by a distance plan (weights too, order p
   ``--opt-level disable``), against the slowdown estimated under a profile measured on this GPU;
   on CUDA also with ``do_copy_in_default_stream=0`` (copies on streams of their own, the mode the
   estimate "copies on streams" assumes);
-* placement: the copies onnxruntime inserted next to the rewrite's (``run``'s ``plan_undone_by``),
-  in the DEFAULT order, for the model and its fp16 copy, and whether every order pin held.
+* placement: for the model and its fp16 copy, planned for the device (``plan --device``: the nodes
+  it runs on the CPU and the copies onnxruntime inserts, measured there), in the DEFAULT order: the
+  copies onnxruntime inserted next to the rewrite's (``run``'s ``plan_undone_by``), whether every order
+  pin held, whether the order that ran is the one predicted for the placed graph (copies and both
+  providers' streams), and the plan's device peak over the peak of the order that ran.
 
 It prints one row per model; nothing is asserted. ``--device cpu`` (or ``webgpu``) runs the same
 code on that provider (a dry run of the script where no GPU is).
@@ -28,11 +31,13 @@ from pathlib import Path
 import numpy as np
 
 from offloadctl.analysis.graph import analyse
+from offloadctl.job import make_plan as planned_document
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.rewrite import apply_plan, write_model
 from offloadctl.running.allocator import measure_memory
 from offloadctl.running.profiler import measure_profile
+from offloadctl.running.residency import host_nodes
 from offloadctl.running.runner import create_session, import_onnxruntime, required_settings, run_model, session_config
 from offloadctl.simulation.profiles import profile_from_dict
 from offloadctl.simulation.result import simulate
@@ -78,14 +83,30 @@ def _half(model: Path, folder: Path) -> Path:
     return out
 
 
-def _placement(model: Path, folder: Path, device: str) -> tuple[int, bool | None]:
-    """(copies onnxruntime inserted next to the rewrite's, whether the pins held), DEFAULT order."""
+def _placement(model: Path, folder: Path, device: str) -> str:
+    """A device plan's rewrite run in the DEFAULT order: the copies onnxruntime inserted next to the
+    rewrite's, whether the pins held, whether the order is the predicted one, plan / ran peak."""
     analysis = analyse(load_model(model), order="default")
-    plan = make_plan(analysis, select_distance=2, params=True)
+    found = host_nodes(analysis, device)
+    plan = planned_document(
+        analysis,
+        select_distance=2,
+        params=True,
+        host_nodes=found.nodes,
+        host_copies=found.copies,
+        host_device=found.how,
+    )
     out = folder / f"{model.stem}.placed.onnx"
     write_model(apply_plan(plan, analysis), out, source_dir=model.parent)
     report = run_model(str(out), device, compare_to=str(model), repeat=1, opt_level="disable", order="default")
-    return len(report.undone_copies), None if report.pins is None else report.pins.holds
+    planned = plan["summary"]["estimate"]["peak_bytes"]["after"]
+    ratio = f"{planned / report.ran_peak_bytes:.4f}" if report.ran_peak_bytes else "-"
+    return (
+        f"{len(found.nodes)} node(s) on the host ({found.how}), {len(found.copies)} copied; "
+        f"{len(report.undone_copies)} copy(ies) inserted next to the rewrite's, pins held: "
+        f"{None if report.pins is None else report.pins.holds}, order as predicted: {report.order.matches}, "
+        f"plan / ran peak {ratio}"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -111,8 +132,7 @@ def main(argv: list[str]) -> int:
                 base_s, after_s = _timed([model, out], feeds, device, ort, ep_options=STREAMS[device])
                 print(f"{name}: copies on their own streams {after_s / base_s:.2f}x (in line {after / base:.2f}x)")
             for precision, source in (("fp32", model), ("fp16", _half(model, folder))):
-                undone, pins = _placement(source, folder, device)
-                print(f"{name} {precision}: {undone} copy(ies) inserted next to the rewrite's, pins held: {pins}")
+                print(f"{name} {precision}: {_placement(source, folder, device)}")
             estimate = simulate(analysis, plan, profile=profile)
             original = simulate(analysis, None, profile=None)
             offloaded = simulate(rewritten, None, profile=None)
