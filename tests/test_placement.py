@@ -126,6 +126,27 @@ def test_plan_for_ascend_predicts_what_cann_runs_on_the_host(run_cli, tmp_path):
     assert not made & {o["tensor"] for o in doc["offloads"]}
 
 
+@pytest.mark.parametrize("order", ["priority", "default"])
+def test_a_plan_for_ascend_quotes_the_peaks_cann_would_run(run_cli, tmp_path, order):
+    """The plan records the copies onnxruntime would insert around the nodes CANN leaves to the CPU,
+    and its figures are the model's and the rewrite's placed so (`peak ... as ascend runs it`);
+    `simulate --plan` and `apply` quote the same peaks."""
+    plan, out = tmp_path / "plan.json", tmp_path / "out.onnx"
+    options = ["--select-distance", "10", "--params", "--device", "ascend", "--execution-order", order]
+    res = run_cli("plan", SAMPLES / "unet.onnx", *options, "-o", plan)
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(plan.read_text())
+    assert doc["options"]["select"]["host_copies"]
+    peak = doc["summary"]["estimate"]["peak_bytes"]
+    assert peak["device"] == "ascend" and "as ascend runs it" in res.stdout
+    res = run_cli("simulate", SAMPLES / "unet.onnx", "--plan", plan, "--json")
+    assert res.exit_code == 0, res.stderr
+    simulated = json.loads(res.stdout)["peak_bytes"]
+    assert (simulated["before"], simulated["after"]) == (peak["before"], peak["after"])
+    res = run_cli("apply", plan, "-o", out)
+    assert res.exit_code == 0 and "as ascend runs it" in res.stdout
+
+
 def test_the_cpu_replica_names_the_release_it_models():
     """The CPU arena replica models onnxruntime 1.24 (checked against its allocator statistics); for
     another installed release it gives no figure and says why."""
