@@ -82,9 +82,13 @@ def predicted_order(
 ) -> list[str]:
     """The names of the nodes in the order onnxruntime's executor is predicted to run ``loaded`` placed
     as the profiled run placed it (`offloadctl.analysis.order.executor_order`), its inserted copies
-    under their own names: what the profiled order is checked against on a device."""
+    under their own names: what the profiled order is checked against on a device (empty when the run
+    cannot be matched to the model)."""
     model, host, _ = _as_ran(loaded, ran, inserted)
-    return [node.name for node in analyse(model, order=order, host=host).nodes if node.name]
+    try:
+        return [node.name for node in analyse(model, order=order, host=host).nodes if node.name]
+    except OffloadError:
+        return []
 
 
 def _as_ran(
