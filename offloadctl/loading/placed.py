@@ -73,11 +73,11 @@ def placed(
     host_at = _host_nodes(graph, placement.host, pins_by_inputs)
     in_host = _host_tensors(graph, host_at)
     inputs = [v.name for v in graph.input]
-    copied = set(placement.copies)
-    to_device = [n for n in inputs if n in copied] + sorted(n for n in copied - set(inputs) if n in in_host)
-    to_host = sorted(n for n in copied if n not in in_host and n not in inputs)
     taken_nodes = {n.name for n in graph.node}
     taken = {o for n in graph.node for o in n.output} | {*inputs, *(t.name for t in graph.initializer)}
+    copied = set(placement.copies) & taken  # a tensor this graph does not have is not copied in it
+    to_device = [n for n in inputs if n in copied] + sorted(n for n in copied - set(inputs) if n in in_host)
+    to_host = sorted(n for n in copied if n not in in_host and n not in inputs)
     names = dict(copy_names or {})
     readers: dict[str, list[tuple[int, int]]] = {}
     for k, node in enumerate(graph.node):
