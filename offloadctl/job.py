@@ -39,7 +39,14 @@ from offloadctl.planning.request import PlanRequest, taking
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
 from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.preview import device_result, placement_of, run_order_result
-from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, check_model_outputs, write_model
+from offloadctl.rewriting.rewrite import (
+    ApplyResult,
+    RewriteOptions,
+    apply_plan,
+    check_model_outputs,
+    target_for,
+    write_model,
+)
 from offloadctl.running.sizes import measure_sizes
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.estimate import (
@@ -342,7 +349,7 @@ def device_figures(
     providers' streams in (`offloadctl.rewriting.preview.device_result`)."""
     device = host_device.split()[0]
     placement = placement_of(analysis, host_nodes, host_copies)
-    target = "ascend" if device == "ascend" else "gpu"  # the pins `apply --target` writes for it
+    target = target_for(device)  # the pins `apply --target` writes for it
     with paused_gc():
         before = device_result(None, analysis, placement, target=target)
         after = device_result(plan, analysis, placement, target=target) if plan["offloads"] else before

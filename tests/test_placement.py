@@ -143,8 +143,12 @@ def test_a_plan_for_ascend_quotes_the_peaks_cann_would_run(run_cli, tmp_path, or
     assert res.exit_code == 0, res.stderr
     simulated = json.loads(res.stdout)["peak_bytes"]
     assert (simulated["before"], simulated["after"]) == (peak["before"], peak["after"])
-    res = run_cli("apply", plan, "-o", out)
+    res = run_cli("apply", plan, "-o", out)  # the default target: its pins are not those the figures count
     assert res.exit_code == 0 and "as ascend runs it" in res.stdout
+    assert "add --target ascend" in res.stderr
+    out.unlink()
+    res = run_cli("apply", plan, "-o", out, "--target", "ascend")
+    assert res.exit_code == 0 and "--target" not in res.stderr
 
 
 def test_the_cpu_replica_names_the_release_it_models():

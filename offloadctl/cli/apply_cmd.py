@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import click
 
 from offloadctl.cli.common import (
@@ -16,11 +18,14 @@ from offloadctl.cli.options import json_option, output_option
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
+from offloadctl.core.plantypes import Plan
 from offloadctl.job import Job, genai_output_folder, plan_model
-from offloadctl.rewriting.rewrite import TARGETS, ApplyResult, RewriteOptions
+from offloadctl.rewriting.rewrite import TARGETS, ApplyResult, RewriteOptions, target_for
 from offloadctl.simulation.estimate import recorded_estimate
 
 __all__ = ["COMMANDS"]
+
+logger = logging.getLogger(__name__)
 
 
 @click.command("apply")
@@ -71,6 +76,7 @@ def apply(
     """
     plan = read_plan(plan_path, stages=("scheduled",))
     source = plan_model(plan, plan_path, model)
+    _warn_target(plan, target, order_pins)
     result = ApplyResult()
     with genai_output_folder(source, output):  # a genai model's rewrite is a new genai folder: made here
         check_output_path(output, plan_path, source)  # before the model loads
@@ -127,6 +133,24 @@ def apply(
             "estimate": figures,  # recorded by `offloadctl plan`; None for a plan made otherwise
         },
     )
+
+
+def _warn_target(plan: Plan, target: str, order_pins: bool) -> None:
+    """Warn when a plan made for a device is written with the pins of another target: its figures
+    count the pins its own target takes (`offloadctl.rewriting.rewrite.target_for`)."""
+    device = plan["options"].get("select", {}).get("host_device", "")
+    want = target_for(device) if device else target
+    if order_pins and target != want:
+        name = device.split()[0]
+        logger.warning(
+            "this plan was made for %s (plan --device %s): its figures count the pins of --target %s, not those of "
+            "--target %s; add --target %s",
+            name,
+            name,
+            want,
+            target,
+            want,
+        )
 
 
 COMMANDS = [apply]

@@ -102,10 +102,12 @@ __all__ = [
     "ApplyResult",
     "RewriteOptions",
     "MAX_EMBEDDED_BYTES",
+    "TARGETS",
     "apply_plan",
     "check_model_outputs",
     "data_copies",
     "external_locations",
+    "target_for",
     "write_model",
 ]
 
@@ -136,6 +138,11 @@ TARGETS: dict[str, str] = {
     "gpu": "the CPU, CUDA and WebGPU providers: Shape of a device tensor writes its output to host memory",
     "ascend": "CANN: no Shape kernel, so a pin may read a device tensor only where its own node does",
 }
+
+
+def target_for(device: str) -> str:
+    """The pins' target (`TARGETS`) for the device a plan was made for (``plan --device``)."""
+    return "ascend" if device.split()[:1] == ["ascend"] else "gpu"
 
 
 @dataclass(frozen=True)
