@@ -319,17 +319,40 @@ def make_plan(analysis: Analysis, request: PlanRequest) -> Plan:
 
 
 def run_order_figures(plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest) -> dict[str, Any]:
-    """The plan's figures; under the DEFAULT order with the peak after of the rewrite as that order
-    runs it (`offloadctl.rewriting.preview`: pins and copies reorder the walk), not of the planned
-    sequence. PRIORITY_BASED runs the planned sequence itself. A plan for a device that runs nodes on
-    the host (``plan --device``) takes both peaks from the model and its rewrite as that device runs
-    them, in either order (`device_figures`)."""
-    figures = estimate_figures(result, request.copies)
-    if request.host_device:
-        return device_figures(plan, analysis, figures, request.host_device, request.host_nodes, request.host_copies)
+    """The plan's figures (`as_run_figures` of the simulation's, for the request's device)."""
+    return as_run_figures(
+        plan,
+        analysis,
+        estimate_figures(result, request.copies),
+        host_device=request.host_device,
+        host_nodes=request.host_nodes,
+        host_copies=request.host_copies,
+        report=request.report,
+    )
+
+
+def as_run_figures(
+    plan: Plan,
+    analysis: Analysis,
+    figures: dict[str, Any],
+    *,
+    host_device: str = "",
+    host_nodes: Sequence[str] = (),
+    host_copies: Sequence[str] = (),
+    report: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """``figures`` (`estimate_figures` of the plan's simulation) with the peaks of what runs: for a plan
+    made for a device (``plan --device``: ``host_device``, the nodes it runs on the host and the copies
+    onnxruntime inserts there), the model's and the rewrite's as that device runs them, in either order
+    (`device_figures`); else under the DEFAULT order the peak after of the rewrite as the walk over it
+    runs (`offloadctl.rewriting.preview`: pins and copies reorder it), not of the planned sequence.
+    PRIORITY_BASED on one device runs the planned sequence itself."""
+    if host_device:
+        return device_figures(plan, analysis, figures, host_device, host_nodes, host_copies)
     if analysis.order != "default" or not plan["offloads"]:
         return figures
-    request.report("replaying the rewrite in onnxruntime's DEFAULT order")
+    if report is not None:
+        report("replaying the rewrite in onnxruntime's DEFAULT order")
     with paused_gc():
         replayed = run_order_result(plan, analysis)
     return with_run_order_peak(figures, replayed, analysis.order)

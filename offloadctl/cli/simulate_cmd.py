@@ -45,11 +45,11 @@ from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
-from offloadctl.job import device_figures
+from offloadctl.job import as_run_figures
 from offloadctl.planning.advice import weak_plan_advice
-from offloadctl.rewriting.preview import CpuFigures, cpu_figures, run_order_result
+from offloadctl.rewriting.preview import CpuFigures, cpu_figures
 from offloadctl.simulation.costs import STREAMS_NOTE
-from offloadctl.simulation.estimate import estimate_figures, with_run_order_peak
+from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.ortcpu import MODELLED_RELEASE, replica_refusal
 from offloadctl.simulation.points import at_points, parse_point
 from offloadctl.simulation.profiles import Profile, load_profile
@@ -290,19 +290,19 @@ def simulate_cmd(
 
 
 def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis) -> dict[str, Any]:
-    """The figures of the verdict: for a plan made for a device (``plan --device``), the peaks of the
-    model and its rewrite as that device runs them; under the DEFAULT order, the peak after of the
-    rewrite as the walk over it runs (copies and pins included); else the simulation's own."""
+    """The figures of the verdict: with a plan, those of what runs (`offloadctl.job.as_run_figures`)."""
     figures = estimate_figures(result)
     if plan is None or result.rewritten:
         return figures
     select = plan["options"].get("select", {})
-    if select.get("host_device"):
-        nodes, copies = select.get("host_nodes", ()), select.get("host_copies", ())
-        return device_figures(plan, analysis, figures, select["host_device"], nodes, copies)
-    if plan["offloads"] and analysis.order == "default":
-        return with_run_order_peak(figures, run_order_result(plan, analysis), analysis.order)
-    return figures
+    return as_run_figures(
+        plan,
+        analysis,
+        figures,
+        host_device=select.get("host_device", ""),
+        host_nodes=select.get("host_nodes", ()),
+        host_copies=select.get("host_copies", ()),
+    )
 
 
 COMMANDS = [simulate_cmd]

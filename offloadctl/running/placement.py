@@ -28,6 +28,7 @@ import onnx
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import PIN_ATTR
+from offloadctl.loading.placed import CPU_INPUTS, CPU_OUTPUT_OPS
 
 __all__ = [
     "PLUGINS",
@@ -188,20 +189,12 @@ class Kernels:
         return op in self.present if self.present is not None else op not in self.missing
 
 
-_SHAPE_INPUTS = {
-    "Reshape": frozenset({1}),
-    "Expand": frozenset({1}),
-    "Tile": frozenset({1}),
-    "Slice": frozenset({1, 2, 3, 4}),
-    "MemcpyFromHost": frozenset({0}),
-}
-_CPU_OUT = frozenset({"Shape", "Size", "MemcpyToHost"})
 #: onnxruntime's CUDA provider (its kernel registrations): no Optional ops
-CUDA_KERNELS = Kernels(_SHAPE_INPUTS, _CPU_OUT, missing=frozenset({"Optional", "OptionalHasElement"}))
+CUDA_KERNELS = Kernels(CPU_INPUTS, CPU_OUTPUT_OPS, missing=frozenset({"Optional", "OptionalHasElement"}))
 #: onnxruntime-cann 1.24.4 (the kernels its provider library registers)
 CANN_KERNELS = Kernels(
-    _SHAPE_INPUTS,
-    _CPU_OUT,
+    CPU_INPUTS,
+    CPU_OUTPUT_OPS,
     present=frozenset(
         "Abs Add AveragePool BatchNormalization Cast Ceil Conv Cos Div Dropout Erf Exp Flatten Floor Gemm "
         "GlobalAveragePool GlobalMaxPool Identity Log MatMul MaxPool MemcpyFromHost MemcpyToHost Mul Neg "

@@ -15,7 +15,6 @@ the figures a device plan quotes (`offloadctl.loading.placed`).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from offloadctl.running.placement import (
     predicted_placement,
     save_placed_graph,
 )
+from offloadctl.running.replay import ran_nodes
 from offloadctl.running.runner import (
     DEVICES,
     create_session,
@@ -46,7 +46,6 @@ __all__ = ["HOST_DEVICES", "HostNodes", "host_nodes"]
 #: --device for planning: the providers whose host nodes can be found
 HOST_DEVICES = ("webgpu", "cuda", "ascend")
 _PREDICTED = {"cuda": CUDA_KERNELS, "ascend": CANN_KERNELS}
-_KERNEL = "_kernel_time"
 
 
 @dataclass(frozen=True)
@@ -97,17 +96,11 @@ def _measured(analysis: Analysis, device: str) -> tuple[tuple[str, ...], tuple[s
         placed = save_placed_graph(config.sess_options, tmp)
         session = create_session(loaded.path, config, device, ort=ort)
         run_once(session, feeds_for(session, feeds_all, str(loaded.path), "the inputs"), str(loaded.path), ort)
-        with open(session.end_profiling(), encoding="utf-8") as f:
-            events = json.load(f)
+        ran = ran_nodes(session.end_profiling())
         del session
         inserted = inserted_copies(onnx.load(str(placed), load_external_data=False), loaded.proto)
     provider = DEVICES[device]
-    indices = set()
-    for e in events:
-        name = str(e.get("name", "")) if isinstance(e, dict) else ""
-        args = (e.get("args") or {}) if isinstance(e, dict) else {}
-        if e.get("cat") == "Node" and name.endswith(_KERNEL) and args.get("provider") not in (None, provider):
-            indices.add(int(args["node_index"]))
+    indices = {n.index for n in ran if n.index is not None and n.provider not in (None, provider)}
     return _labels(analysis, indices), tuple(dict.fromkeys(c.tensor for c in inserted))
 
 
