@@ -440,17 +440,34 @@ def sweep(steps: int, starts: IntArray, ends: IntArray, sizes: IntArray) -> np.n
 
 
 def _resident_profile(analysis: Analysis) -> np.ndarray:
+    """Bytes at each step with nothing offloaded: every tensor's `resident_spans` of its
+    `tensor_bytes`, written out in one loop (a big model has hundreds of thousands)."""
     n = analysis.num_positions
     starts: list[int] = []
     ends: list[int] = []
     sizes: list[int] = []
+    info_of, uses_of, producer_of = analysis.infos.get, analysis.uses.get, analysis.producer.get
+    weights, outputs = analysis.weights, set(analysis.graph_outputs)
     for name in memory_tensors(analysis):
-        b = tensor_bytes(analysis, name)
-        if b:
-            for s, e in resident_spans(analysis, name):
-                starts.append(s)
-                ends.append(e)
+        info = info_of(name)
+        b = info.bytes if info is not None else None
+        if not b:
+            continue
+        uses = uses_of(name)
+        is_output = name in outputs
+        start = producer_of(name)
+        if start is None and name in weights:
+            if weight_is_resident(bool(uses), is_output):
+                starts.append(0)
+                ends.append(n)
                 sizes.append(b)
+            continue
+        if start is None:  # a graph input
+            start = 0
+        s, e = buffer_span(start, uses[-1][0] if uses else start, n, to_end=is_output)
+        starts.append(s)
+        ends.append(e)
+        sizes.append(b)
     mem = sweep(n + 1, starts, ends, sizes)
     sub = subgraph_memory(analysis)
     mem += sub.weight_bytes

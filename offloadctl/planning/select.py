@@ -33,6 +33,7 @@ from offloadctl.core.plantypes import (
     rejection,
     reload_group,
 )
+from offloadctl.loading.tensors import TensorInfo
 from offloadctl.planning.request import SelectPart, recorded, taking
 
 __all__ = ["Selection", "select", "split_reload_groups"]
@@ -250,6 +251,12 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+def _sort_key(use: Use) -> tuple[int, int]:
+    """`Use.sort_key`, without the property call (once per candidate of a big graph)."""
+    index = use[1]
+    return (use[0], index if index is not None else 1 << 30)
+
+
 def _max_gap(start: int, uses: list[Use], end: int | None = None) -> int:
     """The largest distance between consecutive entries of [start] + use positions (+ [end])."""
     best = 0
@@ -290,10 +297,19 @@ class _Selector:
         self.host_device = options.host_device
 
     def reject(
-        self, name: str, kind: Kind, uses: list[Use], reason: RejectionReason, detail: str, max_gap: int | None = None
+        self,
+        name: str,
+        kind: Kind,
+        uses: list[Use],
+        reason: RejectionReason,
+        detail: str,
+        max_gap: int | None = None,
+        info: TensorInfo | None = None,
     ) -> None:
-        first = uses[0].sort_key if uses else (self.n, 0)
-        info = self.analysis.infos.get(name)
+        """List ``name`` as rejected (``info``: its size's source when the caller has it)."""
+        first = _sort_key(uses[0]) if uses else (self.n, 0)
+        if info is None:
+            info = self.analysis.infos.get(name)
         size = info.bytes if info is not None else None
         key = (first, self.index.setdefault(name, len(self.index)))
         self.rejected.append((key, rejection(name, kind, size, "select", reason, detail, max_gap)))
@@ -306,21 +322,26 @@ class _Selector:
     def consider(self, name: str, kind: Kind) -> None:
         """Offload ``name`` or reject it with the first reason that applies."""
         analysis, options = self.analysis, self.options
-        uses = analysis.uses.get(name, [])
+        uses = analysis.uses.get(name)
         if not uses:
             why = "no node reads it" + (" (graph output only)" if name in self.outputs else "")
-            self.reject(name, kind, uses, "unused", why)
+            self.reject(name, kind, [], "unused", why)
             return
         is_act = kind == "activation"
         start = analysis.producer[name] if is_act else 0
-        max_gap = _max_gap(start, uses, None if is_act else max(self.n - 1, uses[-1].position))
+        max_gap = _max_gap(start, uses, None if is_act else max(self.n - 1, uses[-1][0]))
         forced = bool(options.force) and _matches(name, options.force)
-        verdict = self._by_options(name, kind, forced, max_gap, uses) or self._by_tensor(name, kind, uses, forced)
+        verdict = self._by_options(name, kind, forced, max_gap, uses)
+        info = None
+        if verdict is None:
+            info = analysis.infos.get(name)
+            verdict = self._by_tensor(name, kind, uses, forced, info)
         if verdict is not None:
-            self.reject(name, kind, uses, *verdict, max_gap)
+            self.reject(name, kind, uses, *verdict, max_gap, info)
             return
-        key = (uses[0].sort_key, self.index.setdefault(name, len(self.index)))
-        self.chosen.append((key, self._entry(name, kind, uses, start, forced)))
+        assert info is not None  # _by_tensor rejects a tensor without one
+        key = (_sort_key(uses[0]), self.index.setdefault(name, len(self.index)))
+        self.chosen.append((key, self._entry(name, kind, uses, start, forced, info)))
 
     def _by_options(
         self, name: str, kind: Kind, forced: bool, max_gap: int, uses: list[Use]
@@ -336,7 +357,10 @@ class _Selector:
         distance = options.select_distance
         if max_gap > distance or forced:
             return None
-        if all(u.input_index is None for u in uses):
+        for use in uses:
+            if use[1] is not None:
+                break
+        else:  # every read is inside a subgraph
             holders = sorted({f"{self.analysis.nodes[u.position].op_type} {u.node!r}" for u in uses})
             return (
                 "subgraph-only",
@@ -347,10 +371,12 @@ class _Selector:
         # checked before size and placement: no idle stretch qualifies, whatever else holds
         return "short-gaps", f"largest idle stretch {max_gap} <= select distance {distance}"
 
-    def _by_tensor(self, name: str, kind: Kind, uses: list[Use], forced: bool) -> tuple[RejectionReason, str] | None:
-        """Reasons the tensor gives: not copyable, unknown size, read on the host, a weight output."""
+    def _by_tensor(
+        self, name: str, kind: Kind, uses: list[Use], forced: bool, info: TensorInfo | None
+    ) -> tuple[RejectionReason, str] | None:
+        """Reasons the tensor (``info``: what the analysis knows of it) gives: not copyable, unknown
+        size, read on the host, a weight output."""
         analysis = self.analysis
-        info = analysis.infos.get(name)
         if name in analysis.sparse_weights:
             return (
                 "not-copyable",
@@ -383,9 +409,10 @@ class _Selector:
                 packed = _prepacked_use(analysis, name, uses)
                 if packed is not None:
                     return "prepacked", packed
-            resident = self._resident_reason(name, kind, uses)
-            if resident is not None:
-                return "host-resident", resident
+            if self.host_nodes:
+                resident = self._resident_reason(name, kind, uses)
+                if resident is not None:
+                    return "host-resident", resident
             if name in self.fused:
                 return (
                     "fused",
@@ -416,13 +443,16 @@ class _Selector:
     def _host_reason(self, name: str, uses: list[Use], elem_type: int | None) -> str | None:
         analysis = self.analysis
         host_inputs = self.host_inputs
-
-        def on_host(use: Use) -> bool:  # `_reads_on_host`, with the node's host inputs from the table
-            if use.input_index is None:
-                return _reads_on_host(analysis, use, name, self.host_reads)
-            return use.input_index in host_inputs.get(use.position, ())
-
-        host_use = next(filter(on_host, uses), None)
+        host_use = None
+        for use in uses:  # `_reads_on_host`, with the node's host inputs from the table
+            index = use[1]
+            if index is None:
+                if _reads_on_host(analysis, use, name, self.host_reads):
+                    host_use = use
+                    break
+            elif host_inputs and index in host_inputs.get(use[0], ()):
+                host_use = use
+                break
         if host_use is not None:
             op = analysis.nodes[host_use.position].op_type
             where = (
@@ -442,9 +472,8 @@ class _Selector:
             "which onnxruntime keeps in host memory"
         )
 
-    def _entry(self, name: str, kind: Kind, uses: list[Use], start: int, forced: bool) -> Offload:
+    def _entry(self, name: str, kind: Kind, uses: list[Use], start: int, forced: bool, info: TensorInfo) -> Offload:
         analysis = self.analysis
-        info = analysis.infos[name]
         is_act = kind == "activation"
         if self.with_uses:
             distance = self.options.select_distance
