@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from offloadctl.analysis import timeline
@@ -105,11 +106,10 @@ def _working_sets(program: Program, where: int = DEVICE) -> list[int]:
 
 
 def _argmax(values: Sequence[int]) -> int | None:
-    best = None
-    for s, v in enumerate(values):
-        if best is None or v > values[best]:
-            best = s
-    return best
+    """The first step of the largest value (None: no steps)."""
+    if not values:
+        return None
+    return values.index(max(values))
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ class MemoryTrace:
     resident_device: int  # weights resident on the device
     resident_host: int  # weights resident on the host
 
-    @property
+    @cached_property
     def peak_step(self) -> int | None:
         return _argmax(self.device)
 
