@@ -21,7 +21,14 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl.analysis.graph import analyse
-from offloadctl.analysis.timeline import lower_bound, profile, subgraph_memory
+from offloadctl.analysis.timeline import (
+    lower_bound,
+    memory_tensors,
+    profile,
+    resident_spans,
+    subgraph_memory,
+    tensor_bytes,
+)
 from offloadctl.cli.inspect_cmd import inspect_report
 from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter, plan_peak
@@ -205,3 +212,24 @@ def test_the_if_model_runs(tmp_path):
     for flag in (True, False):
         (out,) = sess.run(None, {"x": x, "c": np.array(flag)})
         assert out.shape == (1, 256) and np.isfinite(out).all()
+
+
+def test_the_profile_without_offloads_counts_each_tensor_by_its_own_span(tmp_path):
+    """`profile(analysis)` (built in one loop for big graphs) is the sum, tensor by tensor, of
+    `resident_spans` at `tensor_bytes`: a graph input, activations, an output no node reads, a weight
+    nobody reads (no memory), a weight that is a graph output (to the end)."""
+    nodes = [
+        helper.make_node("Add", ["x", "w"], ["a"], name="add"),
+        helper.make_node("Neg", ["a"], ["dead"], name="dead_end"),
+        helper.make_node("Relu", ["a"], ["b"], name="relu"),
+        helper.make_node("Mul", ["b", "w"], ["y"], name="mul"),
+    ]
+    weights = [_weight("w", (4, 8)), _weight("unread", (16, 8)), _weight("shown", (2, 8))]
+    model = make_model(nodes, [tensor("x")], [tensor("y"), tensor("shown", (2, 8))], initializers=weights)
+    analysis = analyse(load_model(save(model, tmp_path / "m.onnx")))
+    expected = np.zeros(analysis.num_positions + 1, dtype=np.int64)
+    for name in memory_tensors(analysis):
+        for start, end in resident_spans(analysis, name):
+            expected[start : end + 1] += tensor_bytes(analysis, name)
+    assert profile(analysis, prefetch_distance=0).tolist() == expected.tolist()
+    assert expected[0] == 4 * 8 * 4 * 3 + 2 * 8 * 4  # x, w, a, and the shown weight; not the unread one
