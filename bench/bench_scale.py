@@ -30,16 +30,25 @@ of ``--small-hidden``, where the floor is short and the fixed costs of the comma
     python bench/bench_scale.py --sizes 100000 --repeat 3
     python bench/bench_scale.py --big      # adds a model with over 2 GiB of weights (disk!)
     python bench/bench_scale.py --json     # one JSON document on stdout (progress on stderr)
+    python bench/bench_scale.py --sizes 100000 --repeat 4 --against HEAD~3
+
+``--against REV`` compares this tree with a git revision side by side: the two commands
+(``offloadctl plan MODEL --params`` and ``apply``) run from both source trees in turn, in every round,
+on the same model, and the table gives each side's fastest time and their ratio. These machines
+change speed by more than the changes one measures, so two revisions compare only in one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -66,16 +75,27 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # pragma: no cover
 
 
+def _console_script():
+    """The console script's function (`offloadctl ...`), and its commands imported."""
+    try:
+        from offloadctl._entry import main
+    except ImportError:  # a revision from before the entry point had its own module
+        from offloadctl.cli import main
+    from offloadctl.cli import cli  # noqa: F401 - imported before the clock starts
+
+    return main
+
+
 def _child(task: str, args: list[str]) -> dict:
     """Run one measured task in this (fresh) process; return seconds and peak memory."""
     import onnx  # imported before the clock starts, like offloadctl below
 
-    import offloadctl.analysis.graph
-    import offloadctl.contract.document
-    import offloadctl.loading.model
-    import offloadctl.planning.make
-    from offloadctl._entry import main as console_script
-    from offloadctl.cli import cli  # noqa: F401 - imported before the clock starts
+    if task in ("plan", "import"):
+        import offloadctl.analysis.graph
+        import offloadctl.contract.document
+        import offloadctl.loading.model
+        import offloadctl.planning.make
+    console_script = _console_script() if task in ("plan-cli", "apply", "import") else None
 
     def command(*argv: str) -> None:
         """The console script (`offloadctl ...`), as users run it."""
@@ -112,14 +132,28 @@ def _child(task: str, args: list[str]) -> dict:
         command("apply", plan_path, "-o", out_path, "--model", model_path)
     else:
         raise SystemExit(f"unknown task {task}")
-    return {"seconds": time.perf_counter() - start, "peak": _peak_rss()}
+    seconds = time.perf_counter() - start
+    import offloadctl
+
+    return {"seconds": seconds, "peak": _peak_rss(), "source": str(Path(offloadctl.__file__).resolve().parents[1])}
 
 
-def _measure(task: str, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, __file__, _CHILD, task, *args], capture_output=True, text=True, check=False)
+def _measure(task: str, *args: str, source: Path | None = None) -> dict:
+    """Run one task in a fresh process; ``source``: the source tree whose offloadctl it imports
+    (None: the one this interpreter finds)."""
+    env = None
+    if source is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(source), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, __file__, _CHILD, task, *args], capture_output=True, text=True, check=False, env=env
+    )
     if proc.returncode != 0:
-        raise SystemExit(f"{task} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        side = f" (revision tree {source})" if source is not None else ""
+        raise SystemExit(f"{task}{side} failed:\n{proc.stderr[-4000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if source is not None and Path(result["source"]) != source.resolve():
+        raise SystemExit(f"{task} imported offloadctl from {result['source']}, not from the revision tree {source}")
+    return result
 
 
 def _fastest(runs: list[dict]) -> dict:
@@ -135,7 +169,9 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover
 
 
-def _bench_size(work: Path, nodes: int, hidden: int, console: Console, repeat: int = 1) -> dict:
+def _bench_size(
+    work: Path, nodes: int, hidden: int, console: Console, repeat: int = 1, against: Path | None = None
+) -> dict:
     folder = work / f"n{nodes}_h{hidden}"
     folder.mkdir()
     out_dir = folder / "out"
@@ -145,6 +181,8 @@ def _bench_size(work: Path, nodes: int, hidden: int, console: Console, repeat: i
     gen = gen_large.generate(folder / "model.onnx", config)
     row = {"nodes": gen.num_nodes, "weights": gen.weight_bytes, "proto": gen.path.stat().st_size}
     runs: dict[str, list[dict]] = {"floor": [], "plan": [], "plan_params": [], "plan_cli": [], "apply": []}
+    if against is not None:
+        runs.update({"against_plan_cli": [], "against_apply": []})
     for k in range(repeat):
         round_ = f" (round {k + 1} of {repeat})" if repeat > 1 else ""
         console.log(f"  load + save floor{round_}")
@@ -155,14 +193,23 @@ def _bench_size(work: Path, nodes: int, hidden: int, console: Console, repeat: i
         runs["plan"].append(_measure("plan", str(gen.path), str(folder / "plan.json"), ""))
         console.log("  plan --params")
         runs["plan_params"].append(_measure("plan", str(gen.path), str(folder / "plan_params.json"), "params"))
-        console.log("  offloadctl plan --params")
-        runs["plan_cli"].append(_measure("plan-cli", str(gen.path), str(folder / "plan_cli.json")))
-        console.log("  apply")
-        runs["apply"].append(
-            _measure("apply", str(folder / "plan_cli.json"), str(out_dir / "model.offload.onnx"), str(gen.path))
-        )
-        for f in out_dir.iterdir():
-            f.unlink()
+        # with a revision to compare: both trees' commands in turn, the first to run alternating by round
+        sides = [("", None), ("against_", against)] if against is not None else [("", None)]
+        if k % 2:
+            sides.reverse()
+        for prefix, source in sides:
+            console.log(f"  offloadctl plan --params{' (revision)' if prefix else ''}")
+            plan_path = folder / f"{prefix}plan_cli.json"
+            runs[f"{prefix}plan_cli"].append(_measure("plan-cli", str(gen.path), str(plan_path), source=source))
+        for prefix, source in sides:
+            console.log(f"  apply{' (revision)' if prefix else ''}")
+            plan_path = folder / f"{prefix}plan_cli.json"
+            out_path = out_dir / "model.offload.onnx"
+            runs[f"{prefix}apply"].append(
+                _measure("apply", str(plan_path), str(out_path), str(gen.path), source=source)
+            )
+            for f in out_dir.iterdir():
+                f.unlink()
     row.update({task: _fastest(r) for task, r in runs.items()})
     row["offloads"] = len(json.loads((folder / "plan_cli.json").read_text())["offloads"])
     shutil.rmtree(folder)
@@ -184,6 +231,42 @@ def _memory_check(work: Path, nodes: int, hidden: int, console: Console) -> list
     return rows
 
 
+def _against_figures(row: dict) -> dict:
+    """This tree's commands against the revision's, measured in the same rounds: seconds and ratios."""
+    figures: dict = {}
+    for task in ("plan_cli", "apply"):
+        ours, theirs = row[task]["seconds"], row[f"against_{task}"]["seconds"]
+        figures.update({f"{task}_s": theirs, f"{task}_ratio": ours / theirs})
+    ours = row["plan_cli"]["seconds"] + row["apply"]["seconds"]
+    theirs = row["against_plan_cli"]["seconds"] + row["against_apply"]["seconds"]
+    figures.update({"plan_cli_plus_apply_over_floor": theirs / row["floor"]["seconds"], "both_ratio": ours / theirs})
+    return figures
+
+
+def _revision_tree(work: Path, revision: str) -> tuple[Path, str]:
+    """The source tree of a git revision of this checkout, extracted under ``work``; and its commit."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        raise SystemExit(
+            f"--against {revision}: not a commit of the git checkout {root} (give a commit, tag or branch)"
+        ) from None
+    tree = work / f"revision-{commit[:12]}"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", "--format=tar", commit], capture_output=True, check=True
+    )
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(tree, filter="data")
+    return tree, commit
+
+
 def _summary(rows: list[dict], big: dict | None, memory: list[dict], baseline: int) -> dict:
     """The measurements with their ratios, as plain JSON values."""
     sized = []
@@ -201,6 +284,7 @@ def _summary(rows: list[dict], big: dict | None, memory: list[dict], baseline: i
                 "plan_cli_plus_apply_over_floor": (row["plan_cli"]["seconds"] + row["apply"]["seconds"]) / floor,
                 "plan_peak_rss": max(row["plan"]["peak"], row["plan_params"]["peak"]),
                 "plan_cli_peak_rss": row["plan_cli"]["peak"],
+                **({"against": _against_figures(row)} if "against_plan_cli" in row else {}),
             }
         )
     return {
@@ -210,6 +294,38 @@ def _summary(rows: list[dict], big: dict | None, memory: list[dict], baseline: i
         "weights_ratio": memory[1]["weights"] / memory[0]["weights"],
         "peak_ratio": memory[1]["peak"] / memory[0]["peak"],
     }
+
+
+def _against_table(rows: list[dict], revision: str, commit: str, fastest: str) -> Table:
+    table = Table(title=f"this tree against {revision} ({commit[:12]}), the same rounds{fastest}: ratio < 1 is faster")
+    for col in (
+        "nodes",
+        "weights",
+        "plan --params s",
+        "REV s",
+        "ratio",
+        "apply s",
+        "REV s",
+        "ratio",
+        "both ratio",
+        "REV command line + apply ×floor",
+    ):
+        table.add_column(col, justify="right")
+    for row in rows:
+        fig = _against_figures(row)
+        table.add_row(
+            f"{row['nodes']:,}",
+            _fmt_bytes(row["weights"]),
+            f"{row['plan_cli']['seconds']:.2f}",
+            f"{fig['plan_cli_s']:.2f}",
+            f"{fig['plan_cli_ratio']:.3f}",
+            f"{row['apply']['seconds']:.2f}",
+            f"{fig['apply_s']:.2f}",
+            f"{fig['apply_ratio']:.3f}",
+            f"{fig['both_ratio']:.3f}",
+            f"{fig['plan_cli_plus_apply_over_floor']:.2f}",
+        )
+    return table
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -230,6 +346,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="where to write the models (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print the measurements as one JSON document (for CI)")
     parser.add_argument("--repeat", type=int, default=1, help="run every task N times and keep the fastest (default 1)")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also run the commands from git revision REV of this checkout, in turn with this tree's, and give "
+        "the ratios (this tree / REV)",
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -238,10 +360,11 @@ def main(argv: list[str] | None = None) -> None:
     out = Console() if sys.stdout.isatty() else Console(width=120)
     work = Path(tempfile.mkdtemp(prefix="offloadctl-bench-", dir=args.workdir))
     try:
+        against, commit = _revision_tree(work, args.against) if args.against else (None, None)
         baseline = _measure("import")["peak"]
         small = [args.small_hidden] if args.small_hidden and args.small_hidden != args.hidden else []
         hiddens = [args.hidden, *small]
-        rows = [_bench_size(work, n, h, console, args.repeat) for n in sizes for h in hiddens]
+        rows = [_bench_size(work, n, h, console, args.repeat, against) for n in sizes for h in hiddens]
         big = None
         if args.big:
             # ~2.3 GiB of weights: hidden 1024 is 48 MiB per layer.
@@ -251,7 +374,10 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
     if args.json:
-        print(json.dumps(_summary(rows, big, memory, baseline), indent=1))
+        summary = _summary(rows, big, memory, baseline)
+        if commit is not None:
+            summary["against"] = {"revision": args.against, "commit": commit}
+        print(json.dumps(summary, indent=1))
         return
     fastest = f", fastest of {args.repeat} runs each" if args.repeat > 1 else ""
     table = Table(title=f"time over the load + save floor (same run, same machine{fastest})")
@@ -313,6 +439,8 @@ def main(argv: list[str] | None = None) -> None:
         f"({', '.join(str(r['offloads']) for r in rows)} offloads) into another folder, "
         "so it also copies the data file."
     )
+    if commit is not None:
+        out.print(_against_table(rows, args.against, commit, fastest))
     out.print(memory_table)
     out.print(f"import-only peak RSS: {_fmt_bytes(baseline)}")
 
