@@ -105,7 +105,7 @@ def _child(task: str, args: list[str]) -> dict:
             if exc.code:
                 raise
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     if task == "import":
         pass
     elif task == "floor":
@@ -132,10 +132,11 @@ def _child(task: str, args: list[str]) -> dict:
         command("apply", plan_path, "-o", out_path, "--model", model_path)
     else:
         raise SystemExit(f"unknown task {task}")
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     import offloadctl
 
-    return {"seconds": seconds, "peak": _peak_rss(), "source": str(Path(offloadctl.__file__).resolve().parents[1])}
+    source = str(Path(offloadctl.__file__).resolve().parents[1])
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak": _peak_rss(), "source": source}
 
 
 def _measure(task: str, *args: str, source: Path | None = None) -> dict:
@@ -157,8 +158,9 @@ def _measure(task: str, *args: str, source: Path | None = None) -> dict:
 
 
 def _fastest(runs: list[dict]) -> dict:
-    """The fastest of several runs of one task (its own peak memory with it)."""
-    return min(runs, key=lambda r: r["seconds"])
+    """The fastest of several runs of one task (its own peak memory with it), with the least CPU
+    time of those runs."""
+    return {**min(runs, key=lambda r: r["seconds"]), "cpu_seconds": min(r["cpu_seconds"] for r in runs)}
 
 
 def _fmt_bytes(n: float) -> str:
@@ -232,14 +234,30 @@ def _memory_check(work: Path, nodes: int, hidden: int, console: Console) -> list
 
 
 def _against_figures(row: dict) -> dict:
-    """This tree's commands against the revision's, measured in the same rounds: seconds and ratios."""
+    """This tree's commands against the revision's, measured in the same rounds: the revision's
+    seconds, and the ratios (this tree / the revision) of wall time and of CPU time. Each is the
+    fastest of its rounds; CPU time leaves out what the machine's other work took from the process,
+    so it is the steadier of the two here."""
     figures: dict = {}
     for task in ("plan_cli", "apply"):
-        ours, theirs = row[task]["seconds"], row[f"against_{task}"]["seconds"]
-        figures.update({f"{task}_s": theirs, f"{task}_ratio": ours / theirs})
-    ours = row["plan_cli"]["seconds"] + row["apply"]["seconds"]
-    theirs = row["against_plan_cli"]["seconds"] + row["against_apply"]["seconds"]
-    figures.update({"plan_cli_plus_apply_over_floor": theirs / row["floor"]["seconds"], "both_ratio": ours / theirs})
+        ours, theirs = row[task], row[f"against_{task}"]
+        figures.update(
+            {
+                f"{task}_s": theirs["seconds"],
+                f"{task}_ratio": ours["seconds"] / theirs["seconds"],
+                f"{task}_cpu_ratio": ours["cpu_seconds"] / theirs["cpu_seconds"],
+            }
+        )
+    tasks = ("plan_cli", "apply")
+    ours, theirs = (sum(row[f"{side}{t}"]["seconds"] for t in tasks) for side in ("", "against_"))
+    ours_cpu, theirs_cpu = (sum(row[f"{side}{t}"]["cpu_seconds"] for t in tasks) for side in ("", "against_"))
+    figures.update(
+        {
+            "plan_cli_plus_apply_over_floor": theirs / row["floor"]["seconds"],
+            "both_ratio": ours / theirs,
+            "both_cpu_ratio": ours_cpu / theirs_cpu,
+        }
+    )
     return figures
 
 
@@ -297,17 +315,23 @@ def _summary(rows: list[dict], big: dict | None, memory: list[dict], baseline: i
 
 
 def _against_table(rows: list[dict], revision: str, commit: str, fastest: str) -> Table:
-    table = Table(title=f"this tree against {revision} ({commit[:12]}), the same rounds{fastest}: ratio < 1 is faster")
+    table = Table(
+        title=f"this tree against {revision} ({commit[:12]}), the same rounds{fastest}: ratio < 1 is faster "
+        "(wall time; CPU time, which the machine's other work does not add to)"
+    )
     for col in (
         "nodes",
         "weights",
         "plan --params s",
         "REV s",
         "ratio",
+        "CPU ratio",
         "apply s",
         "REV s",
         "ratio",
+        "CPU ratio",
         "both ratio",
+        "CPU ratio",
         "REV command line + apply ×floor",
     ):
         table.add_column(col, justify="right")
@@ -319,10 +343,13 @@ def _against_table(rows: list[dict], revision: str, commit: str, fastest: str) -
             f"{row['plan_cli']['seconds']:.2f}",
             f"{fig['plan_cli_s']:.2f}",
             f"{fig['plan_cli_ratio']:.3f}",
+            f"{fig['plan_cli_cpu_ratio']:.3f}",
             f"{row['apply']['seconds']:.2f}",
             f"{fig['apply_s']:.2f}",
             f"{fig['apply_ratio']:.3f}",
+            f"{fig['apply_cpu_ratio']:.3f}",
             f"{fig['both_ratio']:.3f}",
+            f"{fig['both_cpu_ratio']:.3f}",
             f"{fig['plan_cli_plus_apply_over_floor']:.2f}",
         )
     return table

@@ -562,3 +562,42 @@ def test_apply_of_a_weights_only_plan_runs_no_shape_inference(small_model, tmp_p
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes", refuse)
     result = run_cli("apply", plan, "-o", tmp_path / "out.onnx")
     assert result.exit_code == 0, result.stderr
+
+
+def _load_bench_scale():
+    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "bench" / "bench_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_scale_against_refuses_a_revision_the_checkout_does_not_have(capsys):
+    bench = _load_bench_scale()
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--quick", "--against", "no-such-revision-here"])
+    message = str(exc.value)
+    assert "--against no-such-revision-here" in message and "not a commit" in message
+    assert "give a commit, tag or branch" in message
+
+
+def test_bench_scale_against_extracts_the_revision_tree_and_compares_the_same_rounds(tmp_path):
+    bench = _load_bench_scale()
+    tree, commit = bench._revision_tree(tmp_path, "HEAD")
+    assert len(commit) == 40 and tree.parent == tmp_path
+    assert (tree / "offloadctl" / "__init__.py").is_file() and (tree / "schemas" / "plan.schema.json").is_file()
+    rounds = [{"seconds": 3.0, "cpu_seconds": 2.5, "peak": 7}, {"seconds": 3.5, "cpu_seconds": 2.0, "peak": 8}]
+    fastest = bench._fastest(rounds)  # the fastest round, with the least CPU time of all rounds
+    assert fastest == {"seconds": 3.0, "cpu_seconds": 2.0, "peak": 7}
+    row = {
+        "floor": {"seconds": 2.0},
+        "plan_cli": fastest,
+        "apply": {"seconds": 1.0, "cpu_seconds": 1.0},
+        "against_plan_cli": {"seconds": 6.0, "cpu_seconds": 2.0},
+        "against_apply": {"seconds": 2.0, "cpu_seconds": 2.0},
+    }
+    figures = bench._against_figures(row)
+    assert figures["plan_cli_ratio"] == 0.5 and figures["apply_ratio"] == 0.5
+    assert figures["plan_cli_cpu_ratio"] == 1.0 and figures["apply_cpu_ratio"] == 0.5
+    assert figures["both_ratio"] == 0.5 and figures["both_cpu_ratio"] == 0.75
+    assert figures["plan_cli_plus_apply_over_floor"] == 4.0
