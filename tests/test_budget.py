@@ -431,3 +431,24 @@ def test_a_plan_for_its_figures_alone_offloads_what_the_budget_plan_offloads(nam
     assert full["offloads"] and alone["offloads"] == full["offloads"]
     assert alone["rejected"] == [] and len(full["rejected"]) > 0
     assert plan_peak(analysis, alone) == plan_peak(analysis, full)
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+@pytest.mark.parametrize("weights", [True, False])
+def test_the_budget_planners_selection_is_the_select_stage_at_distance_0_without_uses(name, weights):
+    """`Selection` keeps its chosen tensors as records and builds their entries only on demand: its
+    plan, records and rejections are those of ``select`` at distance 0, uses and ids left out."""
+    from offloadctl.planning.request import SelectPart
+    from offloadctl.planning.select import Selection, chosen_entry
+
+    analysis = analyse(load_model(SAMPLES / f"{name}.onnx"))
+    selected = select(analysis, select_distance=0, params=weights)
+    selection = Selection(analysis, SelectPart(select_distance=0, params=weights))
+    plan = selection.plan(weights=weights)
+    bare = [{**entry, "id": 0, "device_uses": [], "reload_groups": []} for entry in selected["offloads"]]
+    assert plan["offloads"] == bare and plan["offloads"]
+    assert [c.tensor for c in selection.chosen(weights=weights)] == [e["tensor"] for e in selected["offloads"]]
+    assert plan["offloads"] == [chosen_entry(analysis, c) for c in selection.chosen(weights=weights)]
+    assert plan["rejected"] == selected["rejected"] == selection.rejected(weights=weights)
+    header = selection.header(weights=weights)
+    assert header == {**plan, "offloads": [], "rejected": []}

@@ -101,6 +101,11 @@ class Analysis:
     def weights(self) -> set[str]:
         return self.initializers | set(self.constants)
 
+    @cached_property
+    def graph_output_set(self) -> frozenset[str]:
+        """`graph_outputs` as a set, for lookups."""
+        return frozenset(self.graph_outputs)
+
     def kind(self, tensor: str) -> str:
         """'activation', 'parameter' or 'input' for a main-graph tensor."""
         if tensor in self.producer:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import onnx
 from onnx import TensorProto
@@ -36,7 +37,7 @@ from offloadctl.core.plantypes import (
 from offloadctl.loading.tensors import TensorInfo
 from offloadctl.planning.request import SelectPart, recorded, taking
 
-__all__ = ["Selection", "select", "split_reload_groups"]
+__all__ = ["Chosen", "Selection", "select", "split_reload_groups"]
 
 # Inputs that onnxruntime's kernels read from host memory (shapes, axes, indices of shape ops).
 # Tensors read there are small and already host-side on every execution provider: copying them to
@@ -275,15 +276,14 @@ class _Selector:
     """The select stage over one analysis: each candidate's verdict, one check per method, in the
     order the reasons are listed (the first that applies wins)."""
 
-    def __init__(self, analysis: Analysis, options: SelectPart, *, with_uses: bool = True) -> None:
+    def __init__(self, analysis: Analysis, options: SelectPart) -> None:
         self.analysis = analysis
         self.options = options
-        self.with_uses = with_uses  # False: entries without device uses and reload groups (see `Selection`)
         self.n = analysis.num_positions
         self.outputs = set(analysis.graph_outputs)
         # (first-use key, candidate number) of each verdict: sorting by it keeps candidates of one key in
         # the order they were considered
-        self.chosen: list[tuple[tuple[tuple[int, int], int], Offload]] = []
+        self.chosen: list[tuple[tuple[tuple[int, int], int], Chosen]] = []  # entries are built by `entry`
         self.rejected: list[tuple[tuple[tuple[int, int], int], Rejection]] = []
         self.index: dict[str, int] = {}  # candidate -> its number
         self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
@@ -341,7 +341,7 @@ class _Selector:
             return
         assert info is not None  # _by_tensor rejects a tensor without one
         key = (_sort_key(uses[0]), self.index.setdefault(name, len(self.index)))
-        self.chosen.append((key, self._entry(name, kind, uses, start, forced, info)))
+        self.chosen.append((key, Chosen(name, kind, start, forced, info)))
 
     def _by_options(
         self, name: str, kind: Kind, forced: bool, max_gap: int, uses: list[Use]
@@ -472,30 +472,60 @@ class _Selector:
             "which onnxruntime keeps in host memory"
         )
 
-    def _entry(self, name: str, kind: Kind, uses: list[Use], start: int, forced: bool, info: TensorInfo) -> Offload:
-        analysis = self.analysis
-        is_act = kind == "activation"
-        if self.with_uses:
-            distance = self.options.select_distance
-            device, groups = split_reload_groups(start, uses, distance, first_group_at_start=not is_act)
-            if not groups:  # only a forced tensor gets here: one group holding every use
-                device, groups = ([], [(uses[0].position - start, list(uses))])
-        else:
-            device, groups = [], []
-        assert info.bytes is not None  # checked by _by_tensor
-        return offload(
-            tensor=name,
-            kind=kind,
-            dtype=info.dtype,
-            shape=info.int_shape(),
-            size=info.bytes,
-            producer={"position": start, "node": analysis.node_names[start]} if is_act else None,
+    def entry(self, chosen: Chosen) -> Offload:
+        """The ``offloads`` entry of a chosen tensor: its uses split into reload groups at the select distance."""
+        uses, start = self.analysis.uses[chosen.tensor], chosen.start
+        distance = self.options.select_distance
+        device, groups = split_reload_groups(start, uses, distance, first_group_at_start=chosen.kind != "activation")
+        if not groups:  # only a forced tensor gets here: one group holding every use
+            device, groups = ([], [(uses[0].position - start, list(uses))])
+        return chosen_entry(
+            self.analysis,
+            chosen,
             device_uses=[u.to_json() for u in device],
             reload_groups=[reload_group([u.to_json() for u in g], gap) for gap, g in groups],
-            graph_output=is_act and name in self.outputs,
-            output_h2d_before=self.n if is_act and name in self.outputs else None,
-            forced=forced,
         )
+
+
+class Chosen(NamedTuple):
+    """A tensor the select stage offloads, as `Selection` keeps it: its ``offloads`` entry is built
+    only when a plan lists it (`chosen_entry`), since a big model has hundreds of thousands."""
+
+    tensor: str
+    kind: Kind
+    start: int  # its producer's position (an activation), or 0
+    forced: bool  # matched a --force pattern
+    info: TensorInfo  # its type, shape and size (known: the select stage rejects a tensor without them)
+
+
+def chosen_entry(
+    analysis: Analysis,
+    chosen: Chosen,
+    *,
+    device_uses: list | None = None,
+    reload_groups: list | None = None,
+    prefetch_distance: int | None = None,
+) -> Offload:
+    """The ``offloads`` entry of a chosen tensor, with the given uses and reload groups (none by
+    default) and prefetch distance."""
+    info, start = chosen.info, chosen.start
+    is_act = chosen.kind == "activation"
+    output = is_act and chosen.tensor in analysis.graph_output_set
+    assert info.bytes is not None  # checked by _by_tensor
+    return offload(
+        tensor=chosen.tensor,
+        kind=chosen.kind,
+        dtype=info.dtype,
+        shape=info.int_shape(),
+        size=info.bytes,
+        producer={"position": start, "node": analysis.node_names[start]} if is_act else None,
+        device_uses=device_uses if device_uses is not None else [],
+        reload_groups=reload_groups if reload_groups is not None else [],
+        graph_output=output,
+        output_h2d_before=analysis.num_positions if output else None,
+        prefetch_distance=prefetch_distance,
+        forced=chosen.forced,
+    )
 
 
 class Selection:
@@ -505,15 +535,17 @@ class Selection:
     the tensors are looked at once, and `plan` assembles either plan; ``plan(weights=False)`` is
     what ``select`` gives with ``params=False``, except that its offloads list no device uses and
     no reload groups, and they are not numbered: the budget planner lays out and numbers each one it
-    takes itself, from the analysis's uses (`offloadctl.planning.budget.candidates.plan_entry`), and a
-    big model has hundreds of thousands.
+    takes itself, from the analysis's uses (`offloadctl.planning.budget.candidates.plan_entry`). A
+    big model has hundreds of thousands, so the planner reads them as `Chosen` records (`chosen`),
+    the rejections (`rejected`) and a plan without either (`header`), and no entry is built for a
+    tensor it does not take.
     """
 
     def __init__(self, analysis: Analysis, options: SelectPart) -> None:
         self.options = options
         self.analysis = analysis
-        self._selector = _Selector(analysis, SelectPart.of(options, params=True), with_uses=False)
-        self._weights: list[tuple[tuple[int, int], str, int | None]] = []  # weights the options would disable
+        self._selector = _Selector(analysis, SelectPart.of(options, params=True))
+        self._parts: dict[bool, tuple[list[Chosen], list[Rejection]]] = {}
         self._plans: dict[bool, Plan] = {}
         candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
         candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
@@ -526,29 +558,17 @@ class Selection:
         shared: the stages after select copy what they change (`offloadctl.contract.document.record_stage`)."""
         made = self._plans.get(weights)
         if made is None:
-            made = self._plans[weights] = self._plan(weights=weights)
+            header = self.header(weights=weights)
+            chosen, rejected = self._split(weights)
+            made = self._plans[weights] = {
+                **header,
+                "offloads": [chosen_entry(self.analysis, c) for c in chosen],  # not numbered (id 0)
+                "rejected": list(rejected),
+            }
         return made
 
-    def _plan(self, *, weights: bool) -> Plan:
-        selector = self._selector
-        chosen, rejected = list(selector.chosen), list(selector.rejected)
-        if not weights:
-            disabled = {
-                entry["tensor"] for _, entry in chosen if entry["kind"] == "parameter" and not entry.get("forced")
-            } | {
-                entry["tensor"]
-                for _, entry in rejected
-                if entry["kind"] == "parameter"
-                and entry["reason"] != "unused"
-                and not _matches(entry["tensor"], self.options.force)
-            }
-            chosen = [(key, e) for key, e in chosen if e["tensor"] not in disabled]
-            rejected = [(key, e) for key, e in rejected if e["tensor"] not in disabled]
-            for name in sorted(disabled):
-                self._disable(name, rejected)
-        chosen.sort(key=lambda item: item[0])
-        rejected.sort(key=lambda item: item[0])
-        offloads = [entry for _, entry in chosen]  # shared by both plans, so not numbered (id 0)
+    def header(self, *, weights: bool) -> Plan:
+        """`plan` with empty ``offloads`` and ``rejected`` lists (its model, options and history)."""
         recorded_options = recorded(SelectPart, SelectPart.of(self.options, params=weights))
         return {
             "schema_version": SCHEMA_VERSION,
@@ -558,9 +578,41 @@ class Selection:
             "strategy": "distance",
             "options": {"select": recorded_options},
             "history": [{"stage": "selected", "tool_version": __version__, "options": recorded_options}],
-            "offloads": offloads,
-            "rejected": [entry for _, entry in rejected],
+            "offloads": [],
+            "rejected": [],
         }
+
+    def chosen(self, *, weights: bool) -> list[Chosen]:
+        """The tensors `plan` lists as offloads, in its order."""
+        return self._split(weights)[0]
+
+    def rejected(self, *, weights: bool) -> list[Rejection]:
+        """`plan`'s ``rejected`` list (do not change it: it is shared)."""
+        return self._split(weights)[1]
+
+    def _split(self, weights: bool) -> tuple[list[Chosen], list[Rejection]]:
+        """(chosen, rejected) of the plan with or without weights, in plan order; made once each."""
+        made = self._parts.get(weights)
+        if made is not None:
+            return made
+        selector = self._selector
+        chosen, rejected = list(selector.chosen), list(selector.rejected)
+        if not weights:
+            disabled = {c.tensor for _, c in chosen if c.kind == "parameter" and not c.forced} | {
+                entry["tensor"]
+                for _, entry in rejected
+                if entry["kind"] == "parameter"
+                and entry["reason"] != "unused"
+                and not _matches(entry["tensor"], self.options.force)
+            }
+            chosen = [(key, c) for key, c in chosen if c.tensor not in disabled]
+            rejected = [(key, e) for key, e in rejected if e["tensor"] not in disabled]
+            for name in sorted(disabled):
+                self._disable(name, rejected)
+        chosen.sort(key=lambda item: item[0])
+        rejected.sort(key=lambda item: item[0])
+        made = self._parts[weights] = ([c for _, c in chosen], [entry for _, entry in rejected])
+        return made
 
     def _disable(self, name: str, rejected: list[tuple[tuple[tuple[int, int], int], Rejection]]) -> None:
         uses = self.analysis.uses[name]
@@ -585,7 +637,7 @@ def select(analysis: Analysis, options: SelectPart) -> Plan:
         selector.consider(name, kind)
     selector.chosen.sort(key=lambda item: item[0])
     selector.rejected.sort(key=lambda item: item[0])
-    offloads = [entry for _, entry in selector.chosen]
+    offloads = [selector.entry(chosen) for _, chosen in selector.chosen]
     for i, entry in enumerate(offloads):
         entry["id"] = i
     recorded_options = recorded(SelectPart, options)

@@ -17,7 +17,8 @@ import numpy as np
 
 from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis, Use
-from offloadctl.core.plantypes import Kind, Offload, Plan, Rejection, RejectionReason, offload, rejection, reload_group
+from offloadctl.core.plantypes import Kind, Offload, Rejection, RejectionReason, rejection, reload_group
+from offloadctl.planning.select import Chosen, Selection, chosen_entry
 from offloadctl.simulation.costs import CopyCost
 
 __all__ = [
@@ -51,7 +52,7 @@ class Cand:
     entries: list[int]
     output: bool
     forced: bool
-    template: Offload  # the select-stage entry (dtype, shape, producer...)
+    chosen: Chosen  # what the select stage knows of it (its entry is built only if it is taken)
 
     @property
     def num_gaps(self) -> int:
@@ -170,63 +171,51 @@ def group_firsts(c: Cand, st: State) -> list[int]:
     return sorted(starts)
 
 
-def candidates(analysis: Analysis, selected0: Plan, min_bytes: int) -> tuple[list[Cand], list[Rejection]]:
-    outputs = set(analysis.graph_outputs)
+def candidates(
+    analysis: Analysis, selection: Selection, weights: bool, min_bytes: int
+) -> tuple[list[Cand], list[Rejection]]:
+    """The candidates of ``selection``'s plan with or without weights, and those under ``min_bytes``
+    as rejections."""
+    outputs = analysis.graph_output_set
     cands: list[Cand] = []
     small: list[Rejection] = []
-    for off in selected0["offloads"]:
-        name = off["tensor"]
-        is_act = off["kind"] == "activation"
+    for chosen in selection.chosen(weights=weights):
+        name = chosen.tensor
+        is_act = chosen.kind == "activation"
+        size = chosen.info.bytes
+        assert size is not None  # the select stage chooses tensors of known size
         uses = analysis.uses[name]
-        start = analysis.producer[name] if is_act else 0
+        start = chosen.start
         # uses are in execution order; a node reading a tensor twice gives one entry
         positions = [uses[0][0]] if len(uses) == 1 else list(dict.fromkeys([u[0] for u in uses]))
         entries = [start] + positions if is_act else positions
-        if off["bytes"] < min_bytes and not off.get("forced"):
+        if size < min_bytes and not chosen.forced:
             small.append(
-                reject(
-                    off["tensor"],
-                    off["kind"],
-                    off["bytes"],
-                    "min-bytes",
-                    f"{off['bytes']} bytes < --min-bytes {min_bytes}",
-                    entries,
-                )
+                reject(name, chosen.kind, size, "min-bytes", f"{size} bytes < --min-bytes {min_bytes}", entries)
             )
             continue
-        cands.append(
-            Cand(
-                name,
-                is_act,
-                off["bytes"],
-                start,
-                uses,
-                entries,
-                is_act and name in outputs,
-                bool(off.get("forced")),
-                off,
-            )
-        )
-    cands.extend(_unread_outputs(analysis, selected0, min_bytes, small))
+        cands.append(Cand(name, is_act, size, start, uses, entries, is_act and name in outputs, chosen.forced, chosen))
+    cands.extend(_unread_outputs(analysis, selection, weights, min_bytes, small))
     return cands, small
 
 
-def _unread_outputs(analysis: Analysis, selected0: Plan, min_bytes: int, small: list[Rejection]) -> list[Cand]:
+def _unread_outputs(
+    analysis: Analysis, selection: Selection, weights: bool, min_bytes: int, small: list[Rejection]
+) -> list[Cand]:
     """Graph outputs no node reads (e.g. gradients): offloadable over their trailing stretch only.
 
     ``select`` rejects them as unused (HyperOffload offloads by uses); here a D2H right after the
     producer and the final H2D free the device buffer until the end of the run.
     """
-    sel = selected0["options"]["select"]
-    never, force = tuple(sel.get("never", ())), tuple(sel.get("force", ()))
-    n = analysis.num_positions
+    options = selection.options
+    never, force = tuple(options.never), tuple(options.force)
     found = []
-    for r in selected0["rejected"]:
+    for r in selection.rejected(weights=weights):
         name = r["tensor"]
         if r["reason"] != "unused" or r["kind"] != "activation" or name not in analysis.graph_outputs:
             continue
         forced = any(fnmatch.fnmatchcase(name, pat) for pat in force)
-        if any(fnmatch.fnmatchcase(name, pat) for pat in never) or not (sel["activations"] or forced):
+        if any(fnmatch.fnmatchcase(name, pat) for pat in never) or not (options.activations or forced):
             continue
         info = analysis.infos.get(name)
         if info is None or info.bytes is None:
@@ -244,20 +233,8 @@ def _unread_outputs(analysis: Analysis, selected0: Plan, min_bytes: int, small: 
                 )
             )
             continue
-        template = offload(
-            tensor=name,
-            kind="activation",
-            dtype=info.dtype,
-            shape=info.int_shape(),
-            size=info.bytes,
-            producer={"position": start, "node": analysis.node_names[start]},
-            device_uses=[],
-            reload_groups=[],
-            graph_output=True,
-            output_h2d_before=n,
-            forced=forced,
-        )
-        found.append(Cand(name, True, info.bytes, start, [], [start], True, forced, template))
+        chosen = Chosen(name, "activation", start, forced, info)
+        found.append(Cand(name, True, info.bytes, start, [], [start], True, forced, chosen))
     return found
 
 
@@ -271,24 +248,15 @@ def reject(
     return rejection(tensor, kind, b, "filter", reason, detail, _max_gap(entries))
 
 
-def plan_entry(c: Cand, st: State, n: int) -> Offload:
+def plan_entry(c: Cand, st: State, analysis: Analysis) -> Offload:
     """The plan entry of a candidate offloaded in state ``st``."""
     lay = layout(c, st)
-    t = c.template
-    producer = t["producer"]
-    return offload(
-        tensor=c.name,
-        kind=c.kind,
-        dtype=t["dtype"],
-        shape=t["shape"],
-        size=t["bytes"],
-        producer={"position": producer["position"], "node": producer["node"]} if producer is not None else None,
+    return chosen_entry(
+        analysis,
+        c.chosen,
         device_uses=[u.to_json() for u in lay.device_uses],
         reload_groups=[reload_group([u.to_json() for u in g], gap) for gap, g in lay.groups],
-        graph_output=c.output,
-        output_h2d_before=n if c.output else None,
         prefetch_distance=st.distance,
-        forced=bool(t.get("forced")),
     )
 
 

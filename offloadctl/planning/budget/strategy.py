@@ -23,7 +23,7 @@ from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
 from offloadctl.contract.document import check_plan_model, record_stage, require_stage
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.plantypes import BudgetRecord, Compared, Offload, Plan
+from offloadctl.core.plantypes import BudgetRecord, Compared, Offload, Plan, Rejection
 from offloadctl.core.units import byte_arg, fmt_bytes
 from offloadctl.planning.budget.candidates import Cand, candidates, plan_entry, reject
 from offloadctl.planning.budget.search import Outcome, solve
@@ -182,7 +182,7 @@ class BudgetUnreachable(OffloadError):
 class _Attempt:
     """One search over one candidate set."""
 
-    selected: Plan  # the selection the candidates come from
+    rejected: list[Rejection]  # the rejections of the selection the candidates come from
     cands: list[Cand]
     small: list  # rejections for --min-bytes
     stream_info: dict[str, Any] | None
@@ -258,7 +258,7 @@ class BudgetSearch:
         self.params = select.params or options.stream_weights
         self.listed = listed
         self.selection = Selection(analysis, SelectPart.of(select, select_distance=0))
-        self.base = base if base is not None else self.selection.plan(weights=select.params)
+        self.base = base if base is not None else self.selection.header(weights=select.params)
         # from the simulation's base when the model was simulated already (a weak plan's next step)
         self.lower_bound, self.lower_bound_position = cheap_lower_bound(analysis)
         self.peak_before = plan_peak(analysis, None)[0]
@@ -266,14 +266,15 @@ class BudgetSearch:
         self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
 
     def _prepare(self, with_params: bool) -> tuple:
-        """(selected plan, candidates, candidates too small, streamed states, streaming info), once each."""
+        """(the selection's rejections, candidates, candidates too small, streamed states, streaming info),
+        once each."""
         if with_params not in self._prepared:
-            selected = self.selection.plan(weights=with_params)
-            cands, small = candidates(self.analysis, selected, self.options.min_size)
+            rejected = self.selection.rejected(weights=with_params)
+            cands, small = candidates(self.analysis, self.selection, with_params, self.options.min_size)
             stream = info = None
             if self.options.stream_weights:
                 stream, info = stream_states(cands, self.options.stream_depth)
-            self._prepared[with_params] = (selected, cands, small, stream, info)
+            self._prepared[with_params] = (rejected, cands, small, stream, info)
         return self._prepared[with_params]
 
     def timing(self, profile: Profile) -> CopyTiming:
@@ -284,10 +285,10 @@ class BudgetSearch:
         return hit[1]
 
     def _attempt(self, with_params: bool, budget: int | None, cost: CopyCost, copies: str) -> _Attempt:
-        selected, cands, small, stream, info = self._prepare(with_params)
+        rejected, cands, small, stream, info = self._prepare(with_params)
         timing = self.timing(self.options.device_profile) if copies == "streams" else None
         outcome = solve(self.analysis, cands, self.options, budget=budget, stream=stream, cost=cost, timing=timing)
-        return _Attempt(selected, cands, small, info, outcome)
+        return _Attempt(rejected, cands, small, info, outcome)
 
     def _cost(self, copies: str) -> CopyCost:
         objective, prof = self.options.search_objective, self.options.device_profile
@@ -471,18 +472,17 @@ class BudgetSearch:
     def _entries(self, attempt: _Attempt, budget: int | None) -> tuple[list[Offload], list, dict[str, str]]:
         """The plan's offloads (in first-use order), its rejections (none unless `listed`), and why each
         offload was chosen."""
-        n = self.analysis.num_positions
         planner = attempt.outcome.planner
         offloads: list[Offload] = []
         rejected = []
         if self.listed:
             handled = {c.name for c in attempt.cands} | {r["tensor"] for r in attempt.small}
-            rejected = [dict(r) for r in attempt.selected["rejected"] if r["tensor"] not in handled] + attempt.small
+            rejected = [dict(r) for r in attempt.rejected if r["tensor"] not in handled] + attempt.small
         chosen: dict[str, str] = {}
         for i, c in enumerate(attempt.cands):
             st = planner.state[i]
             if st.offloaded:
-                offloads.append(plan_entry(c, st, n))
+                offloads.append(plan_entry(c, st, self.analysis))
                 if planner.fixed[i]:
                     chosen[c.name] = "streamed weight (layer group)"
                 elif c.forced:
