@@ -341,7 +341,8 @@ class _Selector:
             return
         assert info is not None  # _by_tensor rejects a tensor without one
         key = (_sort_key(uses[0]), self.index.setdefault(name, len(self.index)))
-        self.chosen.append((key, Chosen(name, kind, start, forced, info)))
+        # Chosen(...) without the NamedTuple's Python-level __new__ (a big model chooses hundreds of thousands)
+        self.chosen.append((key, tuple.__new__(Chosen, (name, kind, start, forced, info))))
 
     def _by_options(
         self, name: str, kind: Kind, forced: bool, max_gap: int, uses: list[Use]
