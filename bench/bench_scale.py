@@ -277,9 +277,9 @@ def _revision_tree(work: Path, revision: str) -> tuple[Path, str]:
         ) from None
     tree = work / f"revision-{commit[:12]}"
     tree.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(root), "archive", "--format=tar", commit], capture_output=True, check=True
-    )
+    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", commit], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"--against {revision}: git archive failed: {archive.stderr.decode(errors='replace').strip()}")
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(tree, filter="data")
     return tree, commit

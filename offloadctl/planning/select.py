@@ -30,10 +30,12 @@ from offloadctl.core.plantypes import (
     Plan,
     Rejection,
     RejectionReason,
+    ReloadGroup,
     offload,
     rejection,
     reload_group,
 )
+from offloadctl.core.plantypes import Use as PlanUse
 from offloadctl.loading.tensors import TensorInfo
 from offloadctl.planning.request import SelectPart, recorded, taking
 
@@ -280,10 +282,10 @@ class _Selector:
         self.analysis = analysis
         self.options = options
         self.n = analysis.num_positions
-        self.outputs = set(analysis.graph_outputs)
+        self.outputs = analysis.graph_output_set
         # (first-use key, candidate number) of each verdict: sorting by it keeps candidates of one key in
         # the order they were considered
-        self.chosen: list[tuple[tuple[tuple[int, int], int], Chosen]] = []  # entries are built by `entry`
+        self.chosen: list[tuple[tuple[tuple[int, int], int], Chosen]] = []  # entries: `entry`, `chosen_entry`
         self.rejected: list[tuple[tuple[tuple[int, int], int], Rejection]] = []
         self.index: dict[str, int] = {}  # candidate -> its number
         self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
@@ -503,8 +505,8 @@ def chosen_entry(
     analysis: Analysis,
     chosen: Chosen,
     *,
-    device_uses: list | None = None,
-    reload_groups: list | None = None,
+    device_uses: list[PlanUse] | None = None,
+    reload_groups: list[ReloadGroup] | None = None,
     prefetch_distance: int | None = None,
 ) -> Offload:
     """The ``offloads`` entry of a chosen tensor, with the given uses and reload groups (none by
@@ -559,10 +561,9 @@ class Selection:
         shared: the stages after select copy what they change (`offloadctl.contract.document.record_stage`)."""
         made = self._plans.get(weights)
         if made is None:
-            header = self.header(weights=weights)
             chosen, rejected = self._split(weights)
             made = self._plans[weights] = {
-                **header,
+                **self.header(weights=weights),
                 "offloads": [chosen_entry(self.analysis, c) for c in chosen],  # not numbered (id 0)
                 "rejected": list(rejected),
             }
@@ -570,18 +571,7 @@ class Selection:
 
     def header(self, *, weights: bool) -> Plan:
         """`plan` with empty ``offloads`` and ``rejected`` lists (its model, options and history)."""
-        recorded_options = recorded(SelectPart, SelectPart.of(self.options, params=weights))
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "stage": "selected",
-            "tool": {"name": "offloadctl", "version": __version__},
-            "model": _model_info(self.analysis),
-            "strategy": "distance",
-            "options": {"select": recorded_options},
-            "history": [{"stage": "selected", "tool_version": __version__, "options": recorded_options}],
-            "offloads": [],
-            "rejected": [],
-        }
+        return _selected(self.analysis, SelectPart.of(self.options, params=weights))
 
     def chosen(self, *, weights: bool) -> list[Chosen]:
         """The tensors `plan` lists as offloads, in its order."""
@@ -641,6 +631,11 @@ def select(analysis: Analysis, options: SelectPart) -> Plan:
     offloads = [selector.entry(chosen) for _, chosen in selector.chosen]
     for i, entry in enumerate(offloads):
         entry["id"] = i
+    return {**_selected(analysis, options), "offloads": offloads, "rejected": [entry for _, entry in selector.rejected]}
+
+
+def _selected(analysis: Analysis, options: SelectPart) -> Plan:
+    """A plan at stage "selected" made with ``options``, its ``offloads`` and ``rejected`` lists empty."""
     recorded_options = recorded(SelectPart, options)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -650,8 +645,8 @@ def select(analysis: Analysis, options: SelectPart) -> Plan:
         "strategy": "distance",
         "options": {"select": recorded_options},
         "history": [{"stage": "selected", "tool_version": __version__, "options": recorded_options}],
-        "offloads": offloads,
-        "rejected": [entry for _, entry in selector.rejected],
+        "offloads": [],
+        "rejected": [],
     }
 
 

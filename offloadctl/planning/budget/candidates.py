@@ -212,7 +212,7 @@ def _unread_outputs(
     found = []
     for r in selection.rejected(weights=weights):
         name = r["tensor"]
-        if r["reason"] != "unused" or r["kind"] != "activation" or name not in analysis.graph_outputs:
+        if r["reason"] != "unused" or r["kind"] != "activation" or name not in analysis.graph_output_set:
             continue
         forced = any(fnmatch.fnmatchcase(name, pat) for pat in force)
         if any(fnmatch.fnmatchcase(name, pat) for pat in never) or not (options.activations or forced):
