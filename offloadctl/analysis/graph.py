@@ -84,6 +84,7 @@ class Analysis:
     infos: TensorInfos  # lazy: looked-up tensors are converted (and inference run) on demand
     node_names: list[str]  # a unique label for each position (node name, or generated)
     sparse_weights: frozenset[str] = frozenset()  # sparse initializers and Constant sparse_values
+    backward: bool = False  # some node is a backward node (``__backwardpass``), which priority order runs apart
     topological: bool = True  # the file's node order is a valid order (was_sorted: it is the order that runs)
     order: str = "priority"  # the execution order positions count in: "priority" or "default"
     # positions of the nodes that run on the CPU beside a device provider (`offloadctl.loading.placed`):
@@ -332,6 +333,7 @@ def analyse(
         file_index=file_index,
         was_sorted=was_sorted,
         plain_priority=all(r == PLAIN_RANK for r in ranks),
+        backward=any(r % 2 for r in ranks),
         graph_inputs=found.graph_inputs,
         graph_outputs=[o.name for o in loaded.proto.graph.output],
         initializers=found.initializers,

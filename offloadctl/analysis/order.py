@@ -103,15 +103,17 @@ def execution_order(
     return order, was_sorted
 
 
-def sorted_priority_order(nodes: list[onnx.NodeProto]) -> list[int] | None:
+def sorted_priority_order(nodes: list[onnx.NodeProto], ranks: list[int] | None = None) -> list[int] | None:
     """`execution_order` of nodes already in a topological order (each reads only what earlier nodes
     make, or no node) when every node is a plain forward node or Shape/Size, in one pass without the
     graph's edges: the file order, each Shape/Size moved to right after the last node it reads from
     (in Kahn's algorithm a ready Shape/Size goes first, and the next plain node in file order is
     always ready). None when some node is a backward node. The order is not checked to be
-    topological: callers build it so (`offloadctl.rewriting.rewrite`).
+    topological: callers build it so (`offloadctl.rewriting.rewrite`). ``ranks``: `priority_ranks`
+    of the nodes, when the caller knows them.
     """
-    ranks = priority_ranks(nodes)
+    if ranks is None:
+        ranks = priority_ranks(nodes)
     high = [i for i, r in enumerate(ranks) if r == 0]
     if any(r not in (0, PLAIN_RANK) for r in ranks):
         return None

@@ -57,7 +57,6 @@ from collections import Counter, defaultdict
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -65,7 +64,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis
-from offloadctl.analysis.order import execution_order, sorted_priority_order
+from offloadctl.analysis.order import HIGH_PRIORITY_OPS, PLAIN_RANK, execution_order, sorted_priority_order
 from offloadctl.contract.check import check_plan_for_model
 from offloadctl.contract.pins import RESHAPE_OPS, pin_layout, pin_rank
 from offloadctl.core.bulk import paused_gc
@@ -251,9 +250,26 @@ class _Names:
         return name
 
 
+def _int_attr(name: str, value: int) -> onnx.AttributeProto:
+    """An int attribute, as ``helper.make_attribute`` makes it (without its type checks: the copies and
+    pins of a big plan are tens of thousands of nodes)."""
+    return onnx.AttributeProto(name=name, type=onnx.AttributeProto.INT, i=value)
+
+
+def _string_attr(name: str, value: str) -> onnx.AttributeProto:
+    """A string attribute, as ``helper.make_attribute`` makes it."""
+    return onnx.AttributeProto(name=name, type=onnx.AttributeProto.STRING, s=value.encode("utf-8"))
+
+
 def _value_info(name: str, info: TensorInfo) -> onnx.ValueInfoProto:
-    shape = None if info.shape is None else list(info.shape)
-    return helper.make_tensor_value_info(name, info.elem_type or TensorProto.UNDEFINED, shape)
+    """``helper.make_tensor_value_info`` of the tensor's type, its type built once per distinct type."""
+    return onnx.ValueInfoProto(name=name, type=_tensor_type(info.elem_type or TensorProto.UNDEFINED, info.shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensor_type(elem_type: int, shape: tuple[int | str | None, ...] | None) -> onnx.TypeProto:
+    """The type `_value_info` gives (shared: protobuf copies it into each value_info)."""
+    return helper.make_tensor_type_proto(elem_type, None if shape is None else list(shape))
 
 
 # Constant attributes holding a number or a list: the field that holds it and the numpy type.
@@ -332,11 +348,12 @@ class _Rewriter:
                 node.name = self.nodes.new(f"{node.name or node.op_type}#{i}")
 
     def _copy_node(self, op: str, src: str, dst: str, name: str, beside: int) -> onnx.NodeProto:
-        node = helper.make_node(op, [src], [dst], name=self.nodes.new(name))
-        node.attribute.append(helper.make_attribute(_COPY_ATTR, node.name))
+        name = self.nodes.new(name)
+        attributes = [_string_attr(_COPY_ATTR, name)]
         n = self.analysis.num_positions
-        if n and is_backward(self.pos_nodes[min(beside, n - 1)]):
-            node.attribute.append(helper.make_attribute(BACKWARD_ATTR, 1))
+        if n and self.analysis.backward and is_backward(self.pos_nodes[min(beside, n - 1)]):
+            attributes.append(_int_attr(BACKWARD_ATTR, 1))
+        node = onnx.NodeProto(op_type=op, input=[src], output=[dst], name=name, attribute=attributes)
         self.result.copy_nodes.append(node.name)
         return node
 
@@ -442,8 +459,12 @@ class _Rewriter:
         # The planned order is topological by construction; without a backward node (so without a
         # backward copy) onnxruntime's priority order is the file order with each Shape/Size (an order
         # pin's, the model's own) run as soon as it is ready.
-        quick = list(range(len(planned))) if analysis.plain_priority and not self.result.pins else None
-        order = quick or sorted_priority_order(planned)
+        order = list(range(len(planned))) if analysis.plain_priority and not self.result.pins else None
+        if not order:
+            ranks = None
+            if not analysis.backward:  # then no copy or pin is a backward node either: the op gives the rank
+                ranks = [0 if node.op_type in HIGH_PRIORITY_OPS else PLAIN_RANK for node in planned]
+            order = sorted_priority_order(planned, ranks)
         if order is None:
             available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
             available |= {s.values.name for s in graph.sparse_initializer}
@@ -530,14 +551,15 @@ class _Pins:
                 continue
             self._hold_d2h(rw.after[p], target, k)
 
-    def _node(self, op: str, inputs: list[str], label: str, **attrs: Any) -> str:
+    def _node(self, op: str, inputs: list[str], label: str, **attrs: int) -> str:
         rw = self.rw
         out = rw.tensors.new(f"{inputs[0]}__{label.replace('/', '_')}")
-        node = helper.make_node(op, inputs, [out], name=rw.nodes.new(f"offload/pin/{label}"), **attrs)
-        node.attribute.append(helper.make_attribute(PIN_ATTR, 1 if op == "Reshape" else 0))
+        attributes = [_int_attr(key, attrs[key]) for key in sorted(attrs)]  # as helper.make_node orders them
+        attributes.append(_int_attr(PIN_ATTR, 1 if op == "Reshape" else 0))
         if self.backward:  # onnxruntime's priority order runs a training graph's backward nodes apart
-            node.attribute.append(helper.make_attribute(BACKWARD_ATTR, 1))
-        self.pending.append(node)
+            attributes.append(_int_attr(BACKWARD_ATTR, 1))
+        name = rw.nodes.new(f"offload/pin/{label}")
+        self.pending.append(onnx.NodeProto(op_type=op, input=inputs, output=[out], name=name, attribute=attributes))
         return out
 
     def _empty_shape(self, tensor: str, label: str) -> str:
@@ -586,7 +608,7 @@ class _Pins:
         node = rw.pos_nodes[target]
         label = f"d2h@{target}"
         self.pending = []
-        self.backward = is_backward(node)
+        self.backward = rw.analysis.backward and is_backward(node)
         empties = [self._host_empty(c.output[0], f"{label}/{c.name}") for c in copies]
         concat = self.d2h_concats.get(node.input[k])
         if concat is not None:
@@ -608,10 +630,10 @@ class _Pins:
         rw = self.rw
         node = rw.pos_nodes[source]
         self.pending = []
-        self.backward = is_backward(node)
+        self.backward = rw.analysis.backward and is_backward(node)
         empty = self._empty_shape(node.output[j], f"h2d@{q}")
         for copy in [c for c in rw.before[q] if c.op_type == MEMCPY_FROM_HOST]:
-            self.backward = is_backward(copy)
+            self.backward = rw.analysis.backward and is_backward(copy)
             tensor = rw.sources.get(copy.output[0], copy.output[0])
             dev = copy.output[0]
             uses = rw.reroutes.get(dev, [])
