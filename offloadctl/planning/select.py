@@ -134,13 +134,25 @@ PREPACKED_WEIGHTS: dict[tuple[str, str], frozenset[int]] = {
 }
 
 
-def _prepacked_use(analysis: Analysis, name: str, uses: list[Use]) -> str | None:
-    """Why a weight should stay resident: a kernel packs it (`PREPACKED_WEIGHTS`); None otherwise."""
+def _packing_nodes(analysis: Analysis) -> dict[int, frozenset[int]]:
+    """Position -> the inputs its node packs (`PREPACKED_WEIGHTS`), for the nodes that pack any."""
+    ops = {op for _, op in PREPACKED_WEIGHTS}
+    found = {}
+    for p, node in enumerate(analysis.nodes):
+        if node.op_type in ops:
+            domain = "" if node.domain in ("", "ai.onnx") else node.domain
+            packed = PREPACKED_WEIGHTS.get((domain, node.op_type))
+            if packed is not None:
+                found[p] = packed
+    return found
+
+
+def _prepacked_use(analysis: Analysis, uses: list[Use], packing: dict[int, frozenset[int]]) -> str | None:
+    """Why a weight should stay resident: a kernel packs it (``packing``: `_packing_nodes`); None otherwise."""
     for use in uses:
-        node = analysis.nodes[use.position]
-        domain = "" if node.domain in ("", "ai.onnx") else node.domain
-        packed = PREPACKED_WEIGHTS.get((domain, node.op_type))
+        packed = packing.get(use[0])
         if packed is not None and use.input_index in packed:
+            node = analysis.nodes[use.position]
             return (
                 f"input {use.input_index} of {node.op_type} {use.node!r}, which onnxruntime packs when the session is "
                 "made; copied in, it is not packed and the kernel takes another path (other results, slower); "
@@ -294,6 +306,7 @@ class _Selector:
         self.host_inputs = {
             p: HOST_INPUTS[op] for p, op in enumerate(node.op_type for node in analysis.nodes) if op in HOST_INPUTS
         }
+        self.packing = _packing_nodes(analysis)  # position -> the inputs its node packs, for those that pack any
         self.fused = frozenset(options.fused)
         self.host_nodes = frozenset(options.host_nodes)
         self.host_device = options.host_device
@@ -408,8 +421,8 @@ class _Selector:
                     "run on the CPU where they have no kernel for it, so its copy from the host is copied again (on "
                     "WebGPU such a rewrite did not load); --force it to offload it anyway",
                 )
-            if kind != "activation":
-                packed = _prepacked_use(analysis, name, uses)
+            if kind != "activation" and self.packing:
+                packed = _prepacked_use(analysis, uses, self.packing)
                 if packed is not None:
                     return "prepacked", packed
             if self.host_nodes:
@@ -580,6 +593,18 @@ class Selection:
     def rejected(self, *, weights: bool) -> list[Rejection]:
         """`plan`'s ``rejected`` list (do not change it: it is shared)."""
         return self._split(weights)[1]
+
+    def unread_outputs(self) -> list[Rejection]:
+        """The graph outputs no node reads (rejected as unused activations), in `plan` order, which is
+        the same with weights and without."""
+        outputs = self.analysis.graph_output_set
+        found = [
+            (key, entry)
+            for key, entry in self._selector.rejected
+            if entry["reason"] == "unused" and entry["kind"] == "activation" and entry["tensor"] in outputs
+        ]
+        found.sort(key=lambda item: item[0])
+        return [entry for _, entry in found]
 
     def _split(self, weights: bool) -> tuple[list[Chosen], list[Rejection]]:
         """(chosen, rejected) of the plan with or without weights, in plan order; made once each."""

@@ -195,13 +195,11 @@ def candidates(
             )
             continue
         cands.append(Cand(name, is_act, size, start, uses, entries, is_act and name in outputs, chosen.forced, chosen))
-    cands.extend(_unread_outputs(analysis, selection, weights, min_bytes, small))
+    cands.extend(_unread_outputs(analysis, selection, min_bytes, small))
     return cands, small
 
 
-def _unread_outputs(
-    analysis: Analysis, selection: Selection, weights: bool, min_bytes: int, small: list[Rejection]
-) -> list[Cand]:
+def _unread_outputs(analysis: Analysis, selection: Selection, min_bytes: int, small: list[Rejection]) -> list[Cand]:
     """Graph outputs no node reads (e.g. gradients): offloadable over their trailing stretch only.
 
     ``select`` rejects them as unused (HyperOffload offloads by uses); here a D2H right after the
@@ -210,10 +208,8 @@ def _unread_outputs(
     options = selection.options
     never, force = tuple(options.never), tuple(options.force)
     found = []
-    for r in selection.rejected(weights=weights):
+    for r in selection.unread_outputs():
         name = r["tensor"]
-        if r["reason"] != "unused" or r["kind"] != "activation" or name not in analysis.graph_output_set:
-            continue
         forced = any(fnmatch.fnmatchcase(name, pat) for pat in force)
         if any(fnmatch.fnmatchcase(name, pat) for pat in never) or not (options.activations or forced):
             continue

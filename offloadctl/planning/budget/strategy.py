@@ -269,7 +269,7 @@ class BudgetSearch:
         """(the selection's rejections, candidates, candidates too small, streamed states, streaming info),
         once each."""
         if with_params not in self._prepared:
-            rejected = self.selection.rejected(weights=with_params)
+            rejected = self.selection.rejected(weights=with_params) if self.listed else []
             cands, small = candidates(self.analysis, self.selection, with_params, self.options.min_size)
             stream = info = None
             if self.options.stream_weights:
