@@ -12,6 +12,9 @@ external data file) it measures, each in a fresh subprocess, side by side in one
   figures it records in the plan for ``apply`` to quote;
 - apply: ``offloadctl apply PLAN -o OUT --model MODEL`` on the ``--params`` plan, the output in
   another folder (so the weights are copied beside it);
+- the budget path: ``offloadctl plan MODEL -o PLAN --params --budget B`` (B the budget a weak plan's
+  next step suggests, halfway between the lower bound and the peak) and ``apply`` of its plan, which
+  offloads thousands of tensors, so that apply writes their copies and order pins;
 - peak memory (VmHWM) of the planning subprocess, next to the size of the graph proto without
   weights and the peak of a subprocess that only imports offloadctl; and, for one size, the
   planning peak of the same graph with about 10x the weight bytes.
@@ -21,7 +24,7 @@ command line) to its end. With ``--repeat N`` the tasks run N times, interleaved
 is the fastest of its N runs (other work on the machine only ever adds time).
 
 Figures are ratios measured on this machine in this run, not absolute claims. Goals (reported, not
-asserted): ``offloadctl plan --params`` + ``apply`` within 2x the floor at 100k nodes; planning
+asserted): ``offloadctl plan --params`` + ``apply``, and the budget path, within 2x the floor at 100k nodes; planning
 memory independent of weight bytes. Each size runs twice, with ``--hidden`` and with the small weights
 of ``--small-hidden``, where the floor is short and the fixed costs of the command show.
 
@@ -95,7 +98,7 @@ def _child(task: str, args: list[str]) -> dict:
         import offloadctl.contract.document
         import offloadctl.loading.model
         import offloadctl.planning.make
-    console_script = _console_script() if task in ("plan-cli", "apply", "import") else None
+    console_script = _console_script() if task in ("plan-cli", "plan-budget", "apply", "import") else None
 
     def command(*argv: str) -> None:
         """The console script (`offloadctl ...`), as users run it."""
@@ -127,6 +130,9 @@ def _child(task: str, args: list[str]) -> dict:
     elif task == "plan-cli":
         model_path, out_path = args
         command("plan", model_path, "-o", out_path, "--params")
+    elif task == "plan-budget":
+        model_path, out_path, budget = args
+        command("plan", model_path, "-o", out_path, "--params", "--budget", budget)
     elif task == "apply":
         plan_path, out_path, model_path = args
         command("apply", plan_path, "-o", out_path, "--model", model_path)
@@ -157,6 +163,13 @@ def _measure(task: str, *args: str, source: Path | None = None) -> dict:
     return result
 
 
+#: the commands users run, timed from each source tree when comparing revisions: the default
+#: path (``plan --params`` and apply of its plan) and the budget path, whose plan has thousands of
+#: copies and order pins (``plan --params --budget`` and apply of its plan)
+_COMMAND_TASKS = ("plan_cli", "apply", "plan_budget", "apply_budget")
+_PATHS = {"default": ("plan_cli", "apply"), "budget": ("plan_budget", "apply_budget")}
+
+
 def _fastest(runs: list[dict]) -> dict:
     """The fastest of several runs of one task (its own peak memory with it), with the least CPU
     time of those runs."""
@@ -182,9 +195,9 @@ def _bench_size(
     console.log(f"generating {config.num_nodes} nodes, hidden {hidden}, {_fmt_bytes(config.weight_bytes)} of weights")
     gen = gen_large.generate(folder / "model.onnx", config)
     row = {"nodes": gen.num_nodes, "weights": gen.weight_bytes, "proto": gen.path.stat().st_size}
-    runs: dict[str, list[dict]] = {"floor": [], "plan": [], "plan_params": [], "plan_cli": [], "apply": []}
+    runs: dict[str, list[dict]] = {name: [] for name in ("floor", "plan", "plan_params", *_COMMAND_TASKS)}
     if against is not None:
-        runs.update({"against_plan_cli": [], "against_apply": []})
+        runs.update({f"against_{name}": [] for name in _COMMAND_TASKS})
     for k in range(repeat):
         round_ = f" (round {k + 1} of {repeat})" if repeat > 1 else ""
         console.log(f"  load + save floor{round_}")
@@ -205,17 +218,39 @@ def _bench_size(
             runs[f"{prefix}plan_cli"].append(_measure("plan-cli", str(gen.path), str(plan_path), source=source))
         for prefix, source in sides:
             console.log(f"  apply{' (revision)' if prefix else ''}")
-            plan_path = folder / f"{prefix}plan_cli.json"
-            out_path = out_dir / "model.offload.onnx"
-            runs[f"{prefix}apply"].append(
-                _measure("apply", str(plan_path), str(out_path), str(gen.path), source=source)
+            _apply(runs[f"{prefix}apply"], folder / f"{prefix}plan_cli.json", out_dir, gen.path, source)
+        budget = _next_budget(folder / "plan_cli.json")
+        for prefix, source in sides:
+            console.log(f"  offloadctl plan --params --budget {budget}{' (revision)' if prefix else ''}")
+            plan_path = folder / f"{prefix}plan_budget.json"
+            runs[f"{prefix}plan_budget"].append(
+                _measure("plan-budget", str(gen.path), str(plan_path), budget, source=source)
             )
-            for f in out_dir.iterdir():
-                f.unlink()
+        for prefix, source in sides:
+            console.log(f"  apply of the budget plan{' (revision)' if prefix else ''}")
+            _apply(runs[f"{prefix}apply_budget"], folder / f"{prefix}plan_budget.json", out_dir, gen.path, source)
     row.update({task: _fastest(r) for task, r in runs.items()})
     row["offloads"] = len(json.loads((folder / "plan_cli.json").read_text())["offloads"])
+    row["budget"] = budget
+    row["budget_offloads"] = len(json.loads((folder / "plan_budget.json").read_text())["offloads"])
     shutil.rmtree(folder)
     return row
+
+
+def _apply(runs: list[dict], plan_path: Path, out_dir: Path, model: Path, source: Path | None) -> None:
+    """Time one `offloadctl apply` of ``plan_path`` into ``out_dir`` (emptied after)."""
+    runs.append(_measure("apply", str(plan_path), str(out_dir / "model.offload.onnx"), str(model), source=source))
+    for f in out_dir.iterdir():
+        f.unlink()
+
+
+def _next_budget(plan_path: Path) -> str:
+    """The budget a weak plan's next step suggests (halfway between the lower bound and the peak, in
+    whole KiB), from the estimate ``offloadctl plan`` records in its plan: a plan that offloads
+    thousands of tensors, so that apply writes thousands of copies and order pins."""
+    estimate = json.loads(plan_path.read_text())["summary"]["estimate"]
+    bound, before = estimate["lower_bound_bytes"], estimate["peak_bytes"]["before"]
+    return f"{-(-max(bound, (bound + before) // 2) // 1024)}KiB"
 
 
 def _memory_check(work: Path, nodes: int, hidden: int, console: Console) -> list[dict]:
@@ -235,11 +270,13 @@ def _memory_check(work: Path, nodes: int, hidden: int, console: Console) -> list
 
 def _against_figures(row: dict) -> dict:
     """This tree's commands against the revision's, measured in the same rounds: the revision's
-    seconds, and the ratios (this tree / the revision) of wall time and of CPU time. Each is the
-    fastest of its rounds; CPU time leaves out what the machine's other work took from the process,
-    so it is the steadier of the two here."""
+    seconds, and the ratios (this tree / the revision) of wall time and of CPU time, for each command
+    and for each path (`_PATHS`: its plan and its apply together), with the revision's path over the
+    floor. Each is the fastest of its rounds."""
     figures: dict = {}
-    for task in ("plan_cli", "apply"):
+    for task in _COMMAND_TASKS:
+        if f"against_{task}" not in row:
+            continue
         ours, theirs = row[task], row[f"against_{task}"]
         figures.update(
             {
@@ -248,16 +285,19 @@ def _against_figures(row: dict) -> dict:
                 f"{task}_cpu_ratio": ours["cpu_seconds"] / theirs["cpu_seconds"],
             }
         )
-    tasks = ("plan_cli", "apply")
-    ours, theirs = (sum(row[f"{side}{t}"]["seconds"] for t in tasks) for side in ("", "against_"))
-    ours_cpu, theirs_cpu = (sum(row[f"{side}{t}"]["cpu_seconds"] for t in tasks) for side in ("", "against_"))
-    figures.update(
-        {
-            "plan_cli_plus_apply_over_floor": theirs / row["floor"]["seconds"],
-            "both_ratio": ours / theirs,
-            "both_cpu_ratio": ours_cpu / theirs_cpu,
-        }
-    )
+    for name, tasks in _PATHS.items():
+        if any(f"against_{t}" not in row for t in tasks):
+            continue
+        ours, theirs = (sum(row[f"{side}{t}"]["seconds"] for t in tasks) for side in ("", "against_"))
+        ours_cpu, theirs_cpu = (sum(row[f"{side}{t}"]["cpu_seconds"] for t in tasks) for side in ("", "against_"))
+        prefix = "" if name == "default" else f"{name}_"
+        figures.update(
+            {
+                f"{tasks[0]}_plus_apply_over_floor": theirs / row["floor"]["seconds"],
+                f"{prefix}both_ratio": ours / theirs,
+                f"{prefix}both_cpu_ratio": ours_cpu / theirs_cpu,
+            }
+        )
     return figures
 
 
@@ -300,6 +340,12 @@ def _summary(rows: list[dict], big: dict | None, memory: list[dict], baseline: i
                 "apply_s": row["apply"]["seconds"],
                 "plan_params_plus_apply_over_floor": (row["plan_params"]["seconds"] + row["apply"]["seconds"]) / floor,
                 "plan_cli_plus_apply_over_floor": (row["plan_cli"]["seconds"] + row["apply"]["seconds"]) / floor,
+                "budget": row["budget"],
+                "budget_offloads": row["budget_offloads"],
+                "plan_budget_s": row["plan_budget"]["seconds"],
+                "apply_budget_s": row["apply_budget"]["seconds"],
+                "plan_budget_plus_apply_over_floor": (row["plan_budget"]["seconds"] + row["apply_budget"]["seconds"])
+                / floor,
                 "plan_peak_rss": max(row["plan"]["peak"], row["plan_params"]["peak"]),
                 "plan_cli_peak_rss": row["plan_cli"]["peak"],
                 **({"against": _against_figures(row)} if "against_plan_cli" in row else {}),
@@ -316,23 +362,22 @@ def _summary(rows: list[dict], big: dict | None, memory: list[dict], baseline: i
 
 def _against_table(rows: list[dict], revision: str, commit: str, fastest: str) -> Table:
     table = Table(
-        title=f"this tree against {revision} ({commit[:12]}), the same rounds{fastest}: ratio < 1 is faster "
-        "(wall time; CPU time, which the machine's other work does not add to)"
+        title=f"this tree / {revision} ({commit[:12]}), the same rounds{fastest}: ratio < 1 is faster (wall time; "
+        "CPU: the path's CPU time, which the machine's other work does not add to; --json has the seconds)"
     )
     for col in (
         "nodes",
         "weights",
-        "plan --params s",
-        "REV s",
-        "ratio",
-        "CPU ratio",
-        "apply s",
-        "REV s",
-        "ratio",
-        "CPU ratio",
-        "both ratio",
-        "CPU ratio",
-        "REV command line + apply ×floor",
+        "plan --params",
+        "apply",
+        "default path",
+        "CPU",
+        "REV ×floor",
+        "plan --budget",
+        "apply",
+        "budget path",
+        "CPU",
+        "REV ×floor",
     ):
         table.add_column(col, justify="right")
     for row in rows:
@@ -340,17 +385,13 @@ def _against_table(rows: list[dict], revision: str, commit: str, fastest: str) -
         table.add_row(
             f"{row['nodes']:,}",
             _fmt_bytes(row["weights"]),
-            f"{row['plan_cli']['seconds']:.2f}",
-            f"{fig['plan_cli_s']:.2f}",
-            f"{fig['plan_cli_ratio']:.3f}",
-            f"{fig['plan_cli_cpu_ratio']:.3f}",
-            f"{row['apply']['seconds']:.2f}",
-            f"{fig['apply_s']:.2f}",
-            f"{fig['apply_ratio']:.3f}",
-            f"{fig['apply_cpu_ratio']:.3f}",
-            f"{fig['both_ratio']:.3f}",
-            f"{fig['both_cpu_ratio']:.3f}",
+            *(f"{fig[key]:.3f}" for key in ("plan_cli_ratio", "apply_ratio", "both_ratio", "both_cpu_ratio")),
             f"{fig['plan_cli_plus_apply_over_floor']:.2f}",
+            *(
+                f"{fig[key]:.3f}"
+                for key in ("plan_budget_ratio", "apply_budget_ratio", "budget_both_ratio", "budget_both_cpu_ratio")
+            ),
+            f"{fig['plan_budget_plus_apply_over_floor']:.2f}",
         )
     return table
 
@@ -423,6 +464,20 @@ def main(argv: list[str] | None = None) -> None:
         "command line + apply ×floor",
     ):
         table.add_column(col, justify="right")
+    paths = Table(title=f"the two command paths over the floor (the same runs{fastest})")
+    for col in (
+        "nodes",
+        "weights",
+        "floor s",
+        "plan --params s",
+        "apply s",
+        "×floor",
+        "budget B",
+        "plan --params --budget B s",
+        "apply s",
+        "×floor",
+    ):
+        paths.add_column(col, justify="right")
     memory_table = Table(title="planning peak memory (VmHWM of the planning process)")
     for col in (
         "nodes",
@@ -450,6 +505,18 @@ def main(argv: list[str] | None = None) -> None:
             f"{(row['plan_cli']['seconds'] + row['apply']['seconds']) / floor:.2f}",
         ]
         table.add_row(*cells)
+        paths.add_row(
+            f"{row['nodes']:,}",
+            _fmt_bytes(row["weights"]),
+            f"{floor:.2f}",
+            f"{row['plan_cli']['seconds']:.2f}",
+            f"{row['apply']['seconds']:.2f}",
+            f"{(row['plan_cli']['seconds'] + row['apply']['seconds']) / floor:.2f}",
+            row["budget"],
+            f"{row['plan_budget']['seconds']:.2f}",
+            f"{row['apply_budget']['seconds']:.2f}",
+            f"{(row['plan_budget']['seconds'] + row['apply_budget']['seconds']) / floor:.2f}",
+        )
         peak = max(row["plan"]["peak"], row["plan_params"]["peak"])
         memory_table.add_row(
             f"{row['nodes']:,}",
@@ -465,6 +532,13 @@ def main(argv: list[str] | None = None) -> None:
         "the command, which also simulates the plan for its verdict line. apply rewrites by the command's plan "
         f"({', '.join(str(r['offloads']) for r in rows)} offloads) into another folder, "
         "so it also copies the data file."
+    )
+    out.print(paths)
+    out.print(
+        "The default path: offloadctl plan --params and apply of its plan. The budget path: offloadctl plan --params "
+        "--budget B, B the budget a weak plan's next step suggests (halfway between the lower bound and the peak), "
+        f"and apply of its plan ({', '.join(str(r['budget_offloads']) for r in rows)} offloads, with their copies "
+        "and order pins)."
     )
     if commit is not None:
         out.print(_against_table(rows, args.against, commit, fastest))

@@ -596,8 +596,19 @@ def test_bench_scale_against_extracts_the_revision_tree_and_compares_the_same_ro
         "against_plan_cli": {"seconds": 6.0, "cpu_seconds": 2.0},
         "against_apply": {"seconds": 2.0, "cpu_seconds": 2.0},
     }
-    figures = bench._against_figures(row)
+    figures = bench._against_figures(row)  # a row without the budget path: its figures are left out
     assert figures["plan_cli_ratio"] == 0.5 and figures["apply_ratio"] == 0.5
     assert figures["plan_cli_cpu_ratio"] == 1.0 and figures["apply_cpu_ratio"] == 0.5
     assert figures["both_ratio"] == 0.5 and figures["both_cpu_ratio"] == 0.75
     assert figures["plan_cli_plus_apply_over_floor"] == 4.0
+    assert "budget_both_ratio" not in figures
+    row |= {
+        "plan_budget": {"seconds": 4.0, "cpu_seconds": 4.0},
+        "apply_budget": {"seconds": 4.0, "cpu_seconds": 2.0},
+        "against_plan_budget": {"seconds": 4.0, "cpu_seconds": 2.0},
+        "against_apply_budget": {"seconds": 2.0, "cpu_seconds": 2.0},
+    }
+    figures = bench._against_figures(row)
+    assert figures["plan_budget_ratio"] == 1.0 and figures["apply_budget_ratio"] == 2.0
+    assert figures["budget_both_ratio"] == 8.0 / 6.0 and figures["budget_both_cpu_ratio"] == 1.5
+    assert figures["plan_budget_plus_apply_over_floor"] == 3.0 and figures["both_ratio"] == 0.5
