@@ -93,11 +93,11 @@ def execution_order(
     """
     if reads is None:
         reads = [node_reads(node) for node in nodes]
-    all_preds, topological = predecessors(nodes, available, reads, outputs)
     rank = priority_ranks(nodes) if ranks is None else ranks
-    if topological and all(r == PLAIN_RANK for r in rank):
+    if all(r == PLAIN_RANK for r in rank) and _file_order_runs(nodes, available, reads, outputs):
         # Kahn's algorithm by file index alone returns a topological file order unchanged.
         return list(range(len(nodes))), True
+    all_preds, _ = predecessors(nodes, available, reads, outputs)
     order = _kahn(nodes, all_preds, rank)
     was_sorted = all(order[k] < order[k + 1] for k in range(len(order) - 1))
     return order, was_sorted
@@ -256,6 +256,36 @@ def _stream_steps(
             if i in triggered:
                 mine.append(("trigger", triggered[i]))
     return steps, downstream, barriers
+
+
+def _file_order_runs(
+    nodes: list[onnx.NodeProto],
+    available: set[str],
+    reads: list[list[str]],
+    outputs: list[list[str]] | None = None,
+) -> bool:
+    """Whether every node reads only what is available or what an earlier node makes: the check of
+    `predecessors` without building each node's predecessors (a big graph has a hundred thousand).
+
+    Raises:
+        OffloadError: a node reads a tensor nobody provides.
+    """
+    made_at: dict[str, int] = {}
+    for i, outs in enumerate(outputs if outputs is not None else (node.output for node in nodes)):
+        for out in outs:
+            made_at[out] = i
+    made_at.pop("", None)
+    at = made_at.get
+    topological = True
+    for i, names in enumerate(reads):
+        for name in names:
+            k = at(name)
+            if k is None:
+                if name not in available:
+                    predecessors(nodes, available, reads, outputs)  # raises, naming the node and the tensor
+            elif k >= i:
+                topological = False
+    return topological
 
 
 def predecessors(
