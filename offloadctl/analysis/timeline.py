@@ -44,6 +44,7 @@ run holds every graph output. No plan can go below it.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import weakref
@@ -572,28 +573,26 @@ def step_bound(
 
 
 def _lower_bound(analysis: Analysis) -> tuple[int, int | None]:
-    ids: dict[str, int] = {}
-    sizes: list[int] = []
-
-    def tid(name: str) -> int:
-        t = ids.get(name)
-        if t is None:
-            t = ids[name] = len(sizes)
-            sizes.append(tensor_bytes(analysis, name))
-        return t
-
-    positions: list[int] = []
-    tensors: list[int] = []
-    for name, uses in analysis.uses.items():
-        positions += [u[0] for u in uses]
-        tensors += [tid(name)] * len(uses)
-    for p, node in enumerate(analysis.nodes):
-        for o in node.output:
-            if o:
-                positions.append(p)
-                tensors.append(tid(o))
-    for name in analysis.graph_outputs:
-        tid(name)
+    """`lower_bound` from the analysis's uses and producers: tensor ids in one dict, the (step,
+    tensor) pairs as arrays (a big model has hundreds of thousands of each)."""
+    ids = dict.fromkeys(analysis.uses)  # tensors read, numbered in this order below
+    read_counts = [len(uses) for uses in analysis.uses.values()]
+    made = [(name, p) for name, p in analysis.producer.items() if name]  # every node output
+    ids.update(dict.fromkeys(name for name, _ in made))
+    ids.update(dict.fromkeys(analysis.graph_outputs))
+    for t, name in enumerate(ids):
+        ids[name] = t
+    info = analysis.infos.get
+    sizes = [(i.bytes or 0) if (i := info(name)) is not None else 0 for name in ids]  # `tensor_bytes` of each
+    positions = np.fromiter(
+        itertools.chain((u[0] for uses in analysis.uses.values() for u in uses), (p for _, p in made)), dtype=np.int64
+    )
+    tensors = np.concatenate(
+        [
+            np.repeat(np.arange(len(read_counts), dtype=np.int64), read_counts),
+            np.fromiter((ids[name] for name, _ in made), dtype=np.int64, count=len(made)),
+        ]
+    )
     graph_input = [False] * len(sizes)
     for name in analysis.graph_inputs:
         if name in ids:
