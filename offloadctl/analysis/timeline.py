@@ -520,8 +520,8 @@ def peak_of(values: np.ndarray) -> tuple[int, int]:
 
 def step_bound(
     steps: int,
-    positions: Sequence[int],
-    tensors: Sequence[int],
+    positions: IntArray,
+    tensors: IntArray,
     sizes: Sequence[int],
     graph_input: Sequence[bool],
     graph_output: Sequence[bool],
@@ -575,13 +575,12 @@ def step_bound(
 def _lower_bound(analysis: Analysis) -> tuple[int, int | None]:
     """`lower_bound` from the analysis's uses and producers: tensor ids in one dict, the (step,
     tensor) pairs as arrays (a big model has hundreds of thousands of each)."""
-    ids = dict.fromkeys(analysis.uses)  # tensors read, numbered in this order below
+    names = dict.fromkeys(analysis.uses)  # tensors read first, in this order: their ids are 0, 1, ...
     read_counts = [len(uses) for uses in analysis.uses.values()]
     made = [(name, p) for name, p in analysis.producer.items() if name]  # every node output
-    ids.update(dict.fromkeys(name for name, _ in made))
-    ids.update(dict.fromkeys(analysis.graph_outputs))
-    for t, name in enumerate(ids):
-        ids[name] = t
+    names.update(dict.fromkeys(name for name, _ in made))
+    names.update(dict.fromkeys(analysis.graph_outputs))
+    ids = {name: t for t, name in enumerate(names)}
     info = analysis.infos.get
     sizes = [(i.bytes or 0) if (i := info(name)) is not None else 0 for name in ids]  # `tensor_bytes` of each
     positions = np.fromiter(
