@@ -5,6 +5,9 @@ Phases: load and analyse, the distance plan, the simulation behind the verdict l
 figures of what runs), writing the plan, and the weak plan's next step (a budget plan, made and
 simulated, when the plan lowers the peak by under 5%). Each is printed in seconds and as a share of
 the whole, so the shares compare across machines; absolute times on a shared machine are noise.
+The next step's own parts follow, indented: the budget planner's selection, its baseline memory
+profile, its candidates, the search, building the plan, and the simulation of that plan (each
+timed around the function the planner calls).
 
     python bench/plan_phases.py MODEL.onnx
     python bench/plan_phases.py --nodes 100000 --hidden 8    # a generated model (bench/gen_large.py)
@@ -13,14 +16,20 @@ the whole, so the shares compare across machines; absolute times on a shared mac
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import offloadctl.job  # noqa: E402
+import offloadctl.planning.budget.strategy  # noqa: E402
 from offloadctl.contract.document import write_plan  # noqa: E402
-from offloadctl.core.bulk import keep_what_is_built  # noqa: E402
+from offloadctl.core.bulk import keep_what_is_built, paused_gc  # noqa: E402
 from offloadctl.job import Job, next_step, run_order_figures  # noqa: E402
 from offloadctl.planning.make import plan_for  # noqa: E402
 from offloadctl.planning.request import PlanRequest  # noqa: E402
@@ -31,8 +40,47 @@ import gen_large  # noqa: E402
 __all__ = ["main"]
 
 
+_strategy = offloadctl.planning.budget.strategy
+#: the next step's parts: (label, the object holding the function, its name)
+NEXT_STEP_PARTS = [
+    ("selection", _strategy, "Selection"),
+    ("baseline profile", _strategy, "plan_peak"),
+    ("candidates", _strategy, "candidates"),
+    ("search", _strategy, "solve"),
+    ("building the plan", _strategy.BudgetSearch, "_build"),
+    ("simulating it", offloadctl.job, "simulate"),
+]
+
+
+@contextlib.contextmanager
+def timed_parts(parts: list[tuple[str, Any, str]], totals: dict[str, float]) -> Iterator[None]:
+    """Add the seconds spent in each named function to ``totals`` while the block runs (the
+    functions are wrapped where their callers look them up, and restored after)."""
+    saved = [(holder, name, getattr(holder, name)) for _, holder, name in parts]
+
+    def wrap(label: str, func: Any) -> Any:
+        @functools.wraps(func)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                totals[label] = totals.get(label, 0.0) + time.perf_counter() - start
+
+        return timed
+
+    try:
+        for (label, holder, name), (_, _, func) in zip(parts, saved):
+            setattr(holder, name, wrap(label, func))
+        yield
+    finally:
+        for holder, name, func in saved:
+            setattr(holder, name, func)
+
+
 def phases(model: Path, out: Path) -> list[tuple[str, float]]:
-    """(phase, seconds) of `offloadctl plan MODEL --params`, in the order the command runs them."""
+    """(phase, seconds) of `offloadctl plan MODEL --params`, in the order the command runs them; the
+    next step's parts (`NEXT_STEP_PARTS`) follow it, labelled with a leading "  "."""
     keep_what_is_built()
     marks: list[tuple[str, float]] = []
     start = time.perf_counter()
@@ -53,9 +101,11 @@ def phases(model: Path, out: Path) -> list[tuple[str, float]]:
     mark("verdict simulation")
     write_plan(out, plan)
     mark("write the plan")
-    next_step(analysis, plan, result, request)
+    parts: dict[str, float] = {}
+    with timed_parts(NEXT_STEP_PARTS, parts), paused_gc():  # the command holds the collector here too
+        next_step(analysis, plan, result, request)
     mark("next step")
-    return marks
+    return marks + [(f"  {label}", parts.get(label, 0.0)) for label, _, _ in NEXT_STEP_PARTS]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             config = gen_large.LargeModelConfig(layers=gen_large.layers_for_nodes(args.nodes), hidden=args.hidden)
             model = gen_large.generate(Path(tmp) / "model.onnx", config).path
         marks = phases(model, Path(tmp) / "plan.json")
-    total = sum(s for _, s in marks)
+    total = sum(s for what, s in marks if not what.startswith(" "))
     for what, seconds in marks:
         print(f"{what:20s} {seconds:6.2f} s  {100 * seconds / total:5.1f}%")
     print(f"{'all':20s} {total:6.2f} s")

@@ -612,3 +612,23 @@ def test_bench_scale_against_extracts_the_revision_tree_and_compares_the_same_ro
     assert figures["plan_budget_ratio"] == 1.0 and figures["apply_budget_ratio"] == 2.0
     assert figures["budget_both_ratio"] == 8.0 / 6.0 and figures["budget_both_cpu_ratio"] == 1.5
     assert figures["plan_budget_plus_apply_over_floor"] == 3.0 and figures["both_ratio"] == 0.5
+
+
+def test_plan_phases_times_the_next_steps_parts_and_puts_the_planner_back(tmp_path):
+    spec = importlib.util.spec_from_file_location("plan_phases", ROOT / "bench" / "plan_phases.py")
+    phases = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(phases)
+    # six plain layers: the distance plan lowers the peak by 2.3%, so the command makes a next step
+    model = gen_large.generate(tmp_path / "model.onnx", gen_large.LargeModelConfig(layers=6, hidden=8)).path
+    before = {name: getattr(holder, name) for _, holder, name in phases.NEXT_STEP_PARTS}
+    marks = phases.phases(model, tmp_path / "plan.json")
+    labels = [what for what, _ in marks]
+    parts = [f"  {label}" for label, _, _ in phases.NEXT_STEP_PARTS]
+    assert labels == ["load and analyse", "distance plan", "verdict simulation", "write the plan", "next step", *parts]
+    seconds = dict(marks)
+    assert all(s >= 0 for s in seconds.values())
+    # the generated model's distance plan is weak, so the next step ran its budget planner inside the timers
+    assert seconds["  selection"] > 0 and seconds["  search"] > 0 and seconds["  simulating it"] > 0
+    assert sum(seconds[p] for p in parts) <= seconds["next step"]
+    assert {name: getattr(holder, name) for _, holder, name in phases.NEXT_STEP_PARTS} == before
