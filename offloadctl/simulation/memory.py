@@ -44,14 +44,17 @@ can go below it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
 from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
-from offloadctl.analysis.timeline import buffer_span, step_bound, sweep
+from offloadctl.analysis.timeline import step_bound, sweep
 from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.base import Base, base_of, built_base
 from offloadctl.simulation.program import DEVICE, HOST, Program, program_for
@@ -59,50 +62,68 @@ from offloadctl.simulation.program import DEVICE, HOST, Program, program_for
 __all__ = ["MemoryTrace", "base_lower_bound", "cheap_lower_bound", "lower_bound", "peak_memory", "trace"]
 
 
-def _intervals(program: Program) -> tuple[list[int], list[tuple[int, int, int, int, bool, bool]]]:
-    """Resident bytes per place, and (place, size, alloc, free, from_start, to_end) per other tensor."""
+@dataclass(frozen=True)
+class _Spans:
+    """Where each tensor that is not resident the whole run lives: one entry per tensor, as arrays."""
+
+    place: np.ndarray  # DEVICE or HOST
+    size: np.ndarray  # bytes
+    alloc: np.ndarray  # its first step
+    free: np.ndarray  # its last step
+    from_start: np.ndarray  # on the device before the first step (a graph input)
+    to_end: np.ndarray  # kept to the last step (a graph output)
+
+
+def _last_step(count: int, per_step: list[list[int]]) -> np.ndarray:
+    """For each of ``count`` tensor ids, the last step whose list holds it (-1: none)."""
+    found = np.full(count, -1, dtype=np.int64)
+    ids = np.fromiter(itertools.chain.from_iterable(per_step), dtype=np.int64)
+    if len(ids):
+        steps = np.repeat(np.arange(len(per_step), dtype=np.int64), [len(ts) for ts in per_step])
+        np.maximum.at(found, ids, steps)
+    return found
+
+
+def _intervals(program: Program) -> tuple[list[int], _Spans]:
+    """Resident bytes per place, and the spans of the other tensors (`_Spans`): a buffer from the step
+    that writes it (step 0 for a graph input) to its last read, or to the step the program holds it
+    through, or to the last step for a graph output (`offloadctl.analysis.timeline.buffer_span`)."""
     steps = len(program.kinds)
-    alloc = [-1] * len(program.names)
-    last = [-1] * len(program.names)
-    for s in range(steps):
-        for t in program.writes[s]:
-            alloc[t] = s
-        for t in program.reads[s]:
-            last[t] = s
-    resident = [program.always, 0]
-    spans = []
-    hold = program.hold
-    for t, size in enumerate(program.sizes):
-        where = program.place[t]
-        if program.resident[t]:
-            resident[where] += size
-            continue
-        start = program.from_start[t]
-        a = 0 if start else alloc[t]
-        if a < 0 or steps == 0:
-            continue
-        end = program.to_end[t]
-        a, f = buffer_span(a, last[t], steps - 1, to_end=end, hold=hold.get(t, -1))
-        spans.append((where, size, a, f, start, end))
-    return resident, spans
+    count = len(program.names)
+    sizes = np.asarray(program.sizes, dtype=np.int64).reshape(count)
+    place = np.asarray(program.place, dtype=np.int64).reshape(count)
+    resident_mask = np.asarray(program.resident, dtype=bool).reshape(count)
+    resident = [
+        program.always + int(sizes[resident_mask & (place == DEVICE)].sum()),
+        int(sizes[resident_mask & (place == HOST)].sum()),
+    ]
+    from_start = np.asarray(program.from_start, dtype=bool).reshape(count)
+    to_end = np.asarray(program.to_end, dtype=bool).reshape(count)
+    alloc = np.where(from_start, 0, _last_step(count, program.writes))
+    keep = ~resident_mask & (alloc >= 0) & (steps > 0)
+    free = np.maximum(alloc, _last_step(count, program.reads))
+    if program.hold:
+        held = np.full(count, -1, dtype=np.int64)
+        held[list(program.hold)] = list(program.hold.values())
+        free = np.maximum(free, held)
+    free = np.where(to_end, steps - 1, free)
+    return resident, _Spans(place[keep], sizes[keep], alloc[keep], free[keep], from_start[keep], to_end[keep])
 
 
-def _alive(
-    program: Program, resident: list[int], spans: list[tuple[int, int, int, int, bool, bool]], where: int
-) -> list[int]:
+def _alive(program: Program, resident: list[int], spans: _Spans, where: int) -> np.ndarray:
     """Bytes alive during each step at ``where`` (DEVICE or HOST), from `_intervals`."""
-    mine = [(a, f, size) for place, size, a, f, _, _ in spans if place == where]
-    alive = sweep(len(program.kinds), [a for a, _, _ in mine], [f for _, f, _ in mine], [b for _, _, b in mine])
+    mine = spans.place == where
+    alive = sweep(len(program.kinds), spans.alloc[mine], spans.free[mine], spans.size[mine])
     alive += resident[where]
     if where == DEVICE and program.inner:
         alive += program.inner
-    return alive.tolist()
+    return alive
 
 
 def _working_sets(program: Program, where: int = DEVICE) -> list[int]:
     """Bytes alive during each step at ``where`` (DEVICE or HOST)."""
     resident, spans = _intervals(program)
-    return _alive(program, resident, spans, where)
+    return _alive(program, resident, spans, where).tolist()
 
 
 def _argmax(values: Sequence[int]) -> int | None:
@@ -150,24 +171,22 @@ def trace(program: Program, base: Base) -> MemoryTrace:
     """The memory of every step of ``program`` (device, host, live in and out)."""
     resident, spans = _intervals(program)
     steps = len(program.kinds)
-    alloc_at = [0] * steps
-    free_at = [0] * steps
-    for place, size, a, f, start, end in spans:
-        if place == DEVICE:
-            if not start:
-                alloc_at[a] += size
-            if not end:
-                free_at[f] += size
+    on_device = spans.place == DEVICE
+    made = on_device & ~spans.from_start  # allocated by its step: not alive when that step starts
+    freed = on_device & ~spans.to_end  # freed after its last step: not alive when that step ends
+    alloc_at = np.zeros(steps, dtype=np.int64)
+    free_at = np.zeros(steps, dtype=np.int64)
+    np.add.at(alloc_at, spans.alloc[made], spans.size[made])
+    np.add.at(free_at, spans.free[freed], spans.size[freed])
     device = _alive(program, resident, spans, DEVICE)
-    host = _alive(program, resident, spans, HOST)
     return MemoryTrace(
         kinds=list(program.kinds),
         positions=list(program.positions),
         labels=[program.label(base, s) for s in range(steps)],
-        device=device,
-        device_in=[device[s] - alloc_at[s] for s in range(steps)],
-        device_out=[device[s] - free_at[s] for s in range(steps)],
-        host=host,
+        device=device.tolist(),
+        device_in=(device - alloc_at).tolist(),
+        device_out=(device - free_at).tolist(),
+        host=_alive(program, resident, spans, HOST).tolist(),
         resident_device=resident[DEVICE],
         resident_host=resident[HOST],
     )
