@@ -332,8 +332,10 @@ class _BodyWalker:
                 types[name] = typed
         outputs = {o.name for o in graph.output}
         nodes = [node for node in graph.node if not is_constant_node(node)]
-        inside = {o for node in nodes for o in node.output if o} | {i.name for i in graph.input}
-        inside -= outputs | weights
+        # in the body's own order (inputs, then each node's outputs), so that the unknown ones are listed
+        # the same way on every run
+        named = dict.fromkeys([*(i.name for i in graph.input), *(o for node in nodes for o in node.output if o)])
+        inside = [name for name in named if name not in outputs and name not in weights]
         sizes: dict[str, int] = {}
         for name in inside:
             found = self.measured.get(name) if self.measured is not None else None
