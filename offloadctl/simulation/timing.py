@@ -252,6 +252,8 @@ def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
     for after, copy in program.waits:
         waits.setdefault(after, []).append(copy)
     copy_of: dict[int, int] = {}  # tensor -> the copy step that wrote it
+    # the tensors copies write: a step that reads none of them waits for no copy
+    copied = {t for s, kind in enumerate(program.kinds) if kind != "node" for t in program.writes[s]}
     end = [0.0] * steps
     compute = 0.0
     stream_free = {"h2d": 0.0, "d2h": 0.0}
@@ -259,7 +261,10 @@ def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
     node_seconds = costs.seconds
     for s in range(steps):
         kind = program.kinds[s]
-        ready = max((end[copy_of[t]] for t in program.reads[s] if t in copy_of), default=0.0)
+        reads = program.reads[s]
+        ready = 0.0
+        if copied and not copied.isdisjoint(reads):
+            ready = max((end[copy_of[t]] for t in reads if t in copy_of), default=0.0)
         if kind == "node":
             cost = node_seconds[program.positions[s]]
             baseline += cost
