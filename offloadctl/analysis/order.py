@@ -258,6 +258,17 @@ def _stream_steps(
     return steps, downstream, barriers
 
 
+def _producers(nodes: list[onnx.NodeProto], outputs: list[list[str]] | None = None) -> dict[str, int]:
+    """Each tensor a node makes -> that node's index (``outputs``: each node's outputs, when the
+    caller has read them already)."""
+    producer: dict[str, int] = {}
+    for i, outs in enumerate(outputs if outputs is not None else (node.output for node in nodes)):
+        for out in outs:
+            producer[out] = i
+    producer.pop("", None)
+    return producer
+
+
 def _file_order_runs(
     nodes: list[onnx.NodeProto],
     available: set[str],
@@ -270,12 +281,7 @@ def _file_order_runs(
     Raises:
         OffloadError: a node reads a tensor nobody provides.
     """
-    made_at: dict[str, int] = {}
-    for i, outs in enumerate(outputs if outputs is not None else (node.output for node in nodes)):
-        for out in outs:
-            made_at[out] = i
-    made_at.pop("", None)
-    at = made_at.get
+    at = _producers(nodes, outputs).get
     topological = True
     for i, names in enumerate(reads):
         for name in names:
@@ -299,11 +305,7 @@ def predecessors(
     Raises:
         OffloadError: a node reads a tensor nobody provides.
     """
-    producer: dict[str, int] = {}
-    for i, outs in enumerate(outputs if outputs is not None else (node.output for node in nodes)):
-        for out in outs:
-            producer[out] = i
-    producer.pop("", None)
+    producer = _producers(nodes, outputs)
     producer_of = producer.get
     all_preds: list[set[int]] = []
     topological = True
