@@ -248,9 +248,12 @@ def _next_budget(plan_path: Path) -> str:
     """The budget a weak plan's next step suggests (halfway between the lower bound and the peak, in
     whole KiB), from the estimate ``offloadctl plan`` records in its plan: a plan that offloads
     thousands of tensors, so that apply writes thousands of copies and order pins."""
+    # imported here, not at the top: the measured children run this file too, some with an older
+    # revision's offloadctl, which may not have it
+    from offloadctl.job import suggested_budget
+
     estimate = json.loads(plan_path.read_text())["summary"]["estimate"]
-    bound, before = estimate["lower_bound_bytes"], estimate["peak_bytes"]["before"]
-    return f"{-(-max(bound, (bound + before) // 2) // 1024)}KiB"
+    return f"{suggested_budget(estimate['lower_bound_bytes'], estimate['peak_bytes']['before']) // 1024}KiB"
 
 
 def _memory_check(work: Path, nodes: int, hidden: int, console: Console) -> list[dict]:

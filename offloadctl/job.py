@@ -383,6 +383,13 @@ def device_figures(
 HELPFUL_CUT = 0.05
 
 
+def suggested_budget(lower_bound: int, peak: int) -> int:
+    """The budget a weak plan's next step plans at: halfway between the lower bound and the peak, in
+    whole KiB (so the command it prints says what was planned)."""
+    budget = max(lower_bound, (lower_bound + peak) // 2)
+    return -(-budget // 1024) * 1024
+
+
 def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRequest) -> dict[str, Any] | None:
     """For a plan that lowers the peak by under 5% (not itself a budget plan): the budget plan halfway
     between the lower bound and the peak, made and simulated here, as a copy-pasteable command with
@@ -391,9 +398,7 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
     before, after = result.peak_before, recorded.get("after", result.peak_after)  # as the verdict says it
     if before <= 0 or before - after >= HELPFUL_CUT * before or request.uses_budget:
         return None
-    bound = result.lower_bound_bytes
-    budget = max(bound, (bound + before) // 2)
-    budget = -(-budget // 1024) * 1024  # whole KiB, so the command says what was planned
+    budget = suggested_budget(result.lower_bound_bytes, before)
     if budget >= before:
         return None
     try:

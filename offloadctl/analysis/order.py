@@ -64,8 +64,11 @@ def priority_rank(node: onnx.NodeProto) -> int:
     return rank
 
 
-def priority_ranks(nodes: list[onnx.NodeProto]) -> list[int]:
-    """`priority_rank` of each node."""
+def priority_ranks(nodes: list[onnx.NodeProto], *, forward_only: bool = False) -> list[int]:
+    """`priority_rank` of each node (``forward_only``: the caller knows none is a backward node, so the
+    op type alone gives the rank, without a look at the attributes)."""
+    if forward_only:
+        return [0 if node.op_type in HIGH_PRIORITY_OPS else PLAIN_RANK for node in nodes]
     return [priority_rank(node) for node in nodes]
 
 
@@ -269,6 +272,14 @@ def _producers(nodes: list[onnx.NodeProto], outputs: list[list[str]] | None = No
     return producer
 
 
+def _unprovided(node: onnx.NodeProto, index: int, name: str) -> OffloadError:
+    """The error for a node that reads a tensor nobody provides."""
+    return OffloadError(
+        f"node {describe_node(node, index)} reads tensor {name!r}, which no node, graph input or weight provides",
+        hint="the model is malformed; re-export it or fix the tensor name",
+    )
+
+
 def _file_order_runs(
     nodes: list[onnx.NodeProto],
     available: set[str],
@@ -288,7 +299,7 @@ def _file_order_runs(
             k = at(name)
             if k is None:
                 if name not in available:
-                    predecessors(nodes, available, reads, outputs)  # raises, naming the node and the tensor
+                    raise _unprovided(nodes[i], i, name)
             elif k >= i:
                 topological = False
     return topological
@@ -315,11 +326,7 @@ def predecessors(
             preds.discard(-1)
             missing = next((n for n in names if n not in producer and n not in available), None)
             if missing is not None:
-                raise OffloadError(
-                    f"node {describe_node(nodes[i], i)} reads tensor {missing!r}, which no node, graph input or "
-                    "weight provides",
-                    hint="the model is malformed; re-export it or fix the tensor name",
-                )
+                raise _unprovided(nodes[i], i, missing)
         if preds and max(preds) >= i:
             topological = False
         all_preds.append(preds)

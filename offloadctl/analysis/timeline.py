@@ -70,6 +70,7 @@ __all__ = [
     "h2d_position",
     "release_point",
     "buffer_span",
+    "buffer_spans",
     "resident_spans",
     "offloaded_spans",
     "entry_spans",
@@ -118,6 +119,17 @@ def buffer_span(first: int, last_read: int, end: int, *, to_end: bool = False, h
     output (``to_end``). Never less than its first step: an output nobody reads is freed after its
     producer."""
     return (first, end if to_end else max(first, last_read, hold))
+
+
+def buffer_spans(
+    first: np.ndarray, last_read: np.ndarray, end: int, *, to_end: np.ndarray, hold: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`buffer_span` of many buffers at once: (first steps, last steps) as arrays (``hold``: -1 where
+    nothing holds a buffer)."""
+    last = np.maximum(first, last_read)
+    if hold is not None:
+        last = np.maximum(last, hold)
+    return first, np.where(to_end, end, last)
 
 
 def weight_is_resident(used: bool, graph_output: bool) -> bool:
@@ -583,8 +595,7 @@ def _lower_bound(analysis: Analysis) -> tuple[int, int | None]:
     names.update(dict.fromkeys(name for name, _ in made))
     names.update(dict.fromkeys(analysis.graph_outputs))
     ids = {name: t for t, name in enumerate(names)}
-    info = analysis.infos.get
-    sizes = [(i.bytes or 0) if (i := info(name)) is not None else 0 for name in ids]  # `tensor_bytes` of each
+    sizes = [tensor_bytes(analysis, name) for name in ids]
     positions = np.fromiter(
         itertools.chain((u[0] for uses in analysis.uses.values() for u in uses), (p for _, p in made)), dtype=np.int64
     )

@@ -64,7 +64,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis
-from offloadctl.analysis.order import HIGH_PRIORITY_OPS, PLAIN_RANK, execution_order, sorted_priority_order
+from offloadctl.analysis.order import execution_order, priority_ranks, sorted_priority_order
 from offloadctl.contract.check import check_plan_for_model
 from offloadctl.contract.pins import RESHAPE_OPS, pin_layout, pin_rank
 from offloadctl.core.bulk import paused_gc
@@ -461,9 +461,8 @@ class _Rewriter:
         # pin's, the model's own) run as soon as it is ready.
         order = list(range(len(planned))) if analysis.plain_priority and not self.result.pins else None
         if not order:
-            ranks = None
-            if not analysis.backward:  # then no copy or pin is a backward node either: the op gives the rank
-                ranks = [0 if node.op_type in HIGH_PRIORITY_OPS else PLAIN_RANK for node in planned]
+            # without a backward node in the model, no copy or pin is one either
+            ranks = None if analysis.backward else priority_ranks(planned, forward_only=True)
             order = sorted_priority_order(planned, ranks)
         if order is None:
             available = {v.name for v in graph.input} | {t.name for t in graph.initializer}

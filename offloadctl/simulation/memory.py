@@ -54,7 +54,7 @@ import numpy as np
 
 from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
-from offloadctl.analysis.timeline import step_bound, sweep
+from offloadctl.analysis.timeline import buffer_spans, step_bound, sweep
 from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.base import Base, base_of, built_base
 from offloadctl.simulation.program import DEVICE, HOST, Program, program_for
@@ -90,23 +90,22 @@ def _intervals(program: Program) -> tuple[list[int], _Spans]:
     through, or to the last step for a graph output (`offloadctl.analysis.timeline.buffer_span`)."""
     steps = len(program.kinds)
     count = len(program.names)
-    sizes = np.asarray(program.sizes, dtype=np.int64).reshape(count)
-    place = np.asarray(program.place, dtype=np.int64).reshape(count)
-    resident_mask = np.asarray(program.resident, dtype=bool).reshape(count)
+    sizes = np.asarray(program.sizes, dtype=np.int64)
+    place = np.asarray(program.place, dtype=np.int64)
+    resident_mask = np.asarray(program.resident, dtype=bool)
     resident = [
         program.always + int(sizes[resident_mask & (place == DEVICE)].sum()),
         int(sizes[resident_mask & (place == HOST)].sum()),
     ]
-    from_start = np.asarray(program.from_start, dtype=bool).reshape(count)
-    to_end = np.asarray(program.to_end, dtype=bool).reshape(count)
-    alloc = np.where(from_start, 0, _last_step(count, program.writes))
-    keep = ~resident_mask & (alloc >= 0) & (steps > 0)
-    free = np.maximum(alloc, _last_step(count, program.reads))
+    from_start = np.asarray(program.from_start, dtype=bool)
+    to_end = np.asarray(program.to_end, dtype=bool)
+    held = None
     if program.hold:
         held = np.full(count, -1, dtype=np.int64)
         held[list(program.hold)] = list(program.hold.values())
-        free = np.maximum(free, held)
-    free = np.where(to_end, steps - 1, free)
+    first = np.where(from_start, 0, _last_step(count, program.writes))
+    alloc, free = buffer_spans(first, _last_step(count, program.reads), steps - 1, to_end=to_end, hold=held)
+    keep = ~resident_mask & (alloc >= 0) & (steps > 0)
     return resident, _Spans(place[keep], sizes[keep], alloc[keep], free[keep], from_start[keep], to_end[keep])
 
 
