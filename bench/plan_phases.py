@@ -43,8 +43,8 @@ __all__ = ["main"]
 _strategy = offloadctl.planning.budget.strategy
 #: the next step's parts: (label, the object holding the function, its name)
 NEXT_STEP_PARTS = [
-    ("selection", _strategy, "Selection"),
-    ("baseline profile", _strategy, "plan_peak"),
+    ("selection", _strategy, "selection_for"),
+    ("baseline profile", _strategy, "cheap_resident_profile"),
     ("candidates", _strategy, "candidates"),
     ("search", _strategy, "solve"),
     ("building the plan", _strategy.BudgetSearch, "_build"),

@@ -518,3 +518,49 @@ def test_the_next_step_pins_the_dims_a_user_gives_not_the_sums_that_follow(run_c
     done = run_cli("plan", *args[2:], "--json")
     assert done.exit_code == 0, done.stderr
     assert json.loads(done.stdout)["peak_bytes"]["after"] == step["peak_bytes"]["after"]
+
+
+# a weight read by the only node (its longest idle stretch is 0), and activations of unknown size
+ONE_NODE = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4] x) => (float[4] y) <float[4] w = {1.0, 2.0, 3.0, 4.0}> {
+    y = Add(x, w)
+}
+"""
+DYNAMIC = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[N] x) => (float[N] y) {
+    a = Neg(x)
+    b = Relu(a)
+    c = Relu(b)
+    y = Add(c, a)
+}
+"""
+
+
+@pytest.mark.parametrize("model", [TWO_GAPS, RESHAPE_BY_WEIGHT, COMPUTED_RESHAPE, ONE_NODE, DYNAMIC])
+@pytest.mark.parametrize("params", [True, False])
+@pytest.mark.parametrize("force", [(), ("a", "b", "w")])
+def test_one_selection_serves_every_select_distance(write_model, model, params, force):
+    """`select` reads one pass made at select distance 0 (`selection_for`, shared with the budget
+    planner): at each distance its plan gives every tensor the verdict a pass made at that distance
+    gives it, whatever distances were selected at before on the same analysis."""
+    from offloadctl.planning.request import SelectPart
+    from offloadctl.planning.select import _Selector, selection_for
+
+    path = write_model(model)
+    shared = _analysis(path)
+    for distance in (5, 0, 1, 3, 2, 4):
+        options = SelectPart(select_distance=distance, params=params, force=force)
+        plan = select.run(shared, options)
+        fresh = _analysis(path)
+        direct = _Selector(fresh, options)  # the stage's rules applied at this distance, tensor by tensor
+        for name in fresh.producer:
+            direct.consider(name, "activation")
+        for name in sorted(fresh.weights):
+            if name in fresh.uses:
+                direct.consider(name, "parameter")
+        assert plan["rejected"] == [entry for _, entry in sorted(direct.rejected, key=lambda item: item[0])]
+        assert [o["tensor"] for o in plan["offloads"]] == [c.tensor for _, c in sorted(direct.chosen)]
+        assert plan == select.run(fresh, options)  # the same plan from an analysis nothing was selected on
+    assert selection_for(shared, SelectPart(select_distance=7, params=params)) is selection_for(shared, SelectPart())

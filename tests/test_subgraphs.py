@@ -429,3 +429,25 @@ def test_body_tensors_of_unknown_size_are_listed_in_the_bodys_order(write_model)
     # NonZero's output size depends on the data: it and all computed from it, in the order the body makes them
     # (not in a set's order, which changes from run to run)
     assert [name.rsplit("/", 1)[1] for name in found] == ["nz", "a", "b", "d"]
+
+
+@pytest.mark.parametrize("model", [IF_MODEL, LOOP_MODEL, None])
+def test_the_budget_planners_baseline_is_the_timelines_whether_or_not_a_simulation_ran(write_model, model):
+    """After a simulation the budget planner takes the memory of the model as it is from its trace
+    (`cheap_resident_profile`); it is the timeline's, step by step, bodies' working sets included."""
+    from offloadctl.analysis import timeline
+    from offloadctl.simulation.base import built_base
+    from offloadctl.simulation.memory import cheap_resident_profile
+    from offloadctl.simulation.result import simulate
+
+    path = (
+        write_model(model) if model is not None else Path(__file__).parent.parent / "sample_models" / "transformer.onnx"
+    )
+    analysis = analyse(load_model(path))
+    expected = timeline.profile(analysis, None, prefetch_distance=0)
+    assert np.array_equal(cheap_resident_profile(analysis), expected)  # no simulation yet: the timeline's
+    simulate(analysis, None)
+    assert built_base(analysis).derived.get("before trace") is not None  # what it reads now
+    from_trace = cheap_resident_profile(analysis)
+    assert from_trace.dtype == np.int64 and np.array_equal(from_trace, expected)
+    assert from_trace.max() > 0

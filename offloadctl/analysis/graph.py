@@ -16,10 +16,10 @@ order (`offloadctl.analysis.order` names a cycle, with networkx, when there is o
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import onnx
 
@@ -43,7 +43,7 @@ from offloadctl.loading.tensors import TensorInfos, tensor_infos
 if TYPE_CHECKING:
     from offloadctl.core import plantypes  # imported where used: it takes a seventh of the command line's start-up
 
-__all__ = ["Use", "Analysis", "analyse"]
+__all__ = ["Use", "Analysis", "analyse", "derived", "forget"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,8 @@ class Analysis:
     # position -> bytes its kernel allocates while it runs and frees before it returns, as a measured
     # profile records them (`offloadctl.simulation.timing.count_scratch`); every memory figure counts them
     scratch: dict[int, int] = field(default_factory=dict)
+    # what later stages computed from this analysis, by key (`derived`)
+    derived: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_positions(self) -> int:
@@ -124,6 +126,24 @@ class Analysis:
         names = dict.fromkeys([*self.graph_inputs, *made, *sorted(self.weights)])
         self.infos.convert(names)
         return [n for n in names if (info := self.infos.get(n)) is None or info.bytes is None]
+
+
+_T = TypeVar("_T")
+
+
+def derived(analysis: Analysis, key: Hashable, compute: Callable[[Analysis], _T]) -> _T:
+    """``compute(analysis)``, computed once per Analysis object and ``key`` and kept on it (an
+    analysis is read-only, so what the later stages derive from it holds as long as it lives)."""
+    found = analysis.derived
+    if key not in found:
+        found[key] = compute(analysis)
+    return found[key]
+
+
+def forget(analysis: Analysis) -> None:
+    """Drop what `derived` kept of ``analysis`` (its memory figures, simulation base, selections),
+    after its scratch changed."""
+    analysis.derived.clear()
 
 
 @dataclass

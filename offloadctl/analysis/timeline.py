@@ -47,7 +47,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -55,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
-from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.graph import Analysis, derived
 from offloadctl.analysis.order import node_reads
 from offloadctl.core.onnxutil import has_subgraphs, is_constant_node, named_subgraphs
 from offloadctl.loading.symbolic import body_key
@@ -65,7 +64,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Span",
-    "forget",
     "h2d_low",
     "h2d_position",
     "release_point",
@@ -248,21 +246,6 @@ class SubgraphMemory:
         return self.inner.get(position, 0)
 
 
-_CACHE: dict[int, tuple[weakref.ref, dict[str, Any]]] = {}
-
-
-def _cached(analysis: Analysis, key: str, compute: Any) -> Any:
-    """``compute(analysis)``, computed once per Analysis object (an analysis is read-only)."""
-    ident = id(analysis)
-    hit = _CACHE.get(ident)
-    if hit is None or hit[0]() is not analysis:
-        hit = _CACHE[ident] = (weakref.ref(analysis, lambda _ref: _CACHE.pop(ident, None)), {})
-    found = hit[1]
-    if key not in found:
-        found[key] = compute(analysis)
-    return found[key]
-
-
 def _type_bytes(type_proto: onnx.TypeProto) -> int | None:
     if not type_proto.HasField("tensor_type"):
         return None
@@ -422,14 +405,9 @@ def _compute_subgraph_memory(analysis: Analysis) -> SubgraphMemory:
     return SubgraphMemory(walker.weight_count, walker.weight_bytes, inner, tuple(walker.unknown), bodies, held)
 
 
-def forget(analysis: Analysis) -> None:
-    """Drop what was computed from ``analysis`` (after its scratch changed)."""
-    _CACHE.pop(id(analysis), None)
-
-
 def subgraph_memory(analysis: Analysis) -> SubgraphMemory:
     """Memory inside the model's subgraphs, computed once per Analysis object."""
-    return _cached(analysis, "subgraphs", _compute_subgraph_memory)
+    return derived(analysis, "subgraphs", _compute_subgraph_memory)
 
 
 def unknown_tensors(analysis: Analysis) -> list[str]:
@@ -504,7 +482,7 @@ def profile(
     Positions a later stage fills in (``h2d_before``, ``release_after``) are placed as that stage
     would with ``prefetch_distance`` (or each offload's own) and ``release_distance``.
     """
-    resident = _cached(analysis, "resident profile", _resident_profile)
+    resident = derived(analysis, "resident profile", _resident_profile)
     if not plan or not plan["offloads"]:
         return resident.copy()
     n = analysis.num_positions
@@ -623,7 +601,7 @@ def lower_bound(analysis: Analysis) -> tuple[int, int | None]:
 
     None as position for a model without nodes or outputs.
     """
-    return _cached(analysis, "lower bound", _lower_bound)
+    return derived(analysis, "lower bound", _lower_bound)
 
 
 class WorkingSet:

@@ -19,7 +19,7 @@ import onnx
 from onnx import TensorProto
 
 from offloadctl._version import __version__
-from offloadctl.analysis.graph import Analysis, Use
+from offloadctl.analysis.graph import Analysis, Use, derived
 from offloadctl.contract.document import SCHEMA_VERSION
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.onnxutil import iter_graphs, subgraphs
@@ -39,7 +39,7 @@ from offloadctl.core.plantypes import Use as PlanUse
 from offloadctl.loading.tensors import TensorInfo
 from offloadctl.planning.request import SelectPart, recorded, taking
 
-__all__ = ["Chosen", "Selection", "select", "split_reload_groups"]
+__all__ = ["Chosen", "Selection", "select", "selection_for", "split_reload_groups"]
 
 # Inputs that onnxruntime's kernels read from host memory (shapes, axes, indices of shape ops).
 # Tensors read there are small and already host-side on every execution provider: copying them to
@@ -300,6 +300,8 @@ class _Selector:
         self.chosen: list[tuple[tuple[tuple[int, int], int], Chosen]] = []  # entries: `entry`, `chosen_entry`
         self.rejected: list[tuple[tuple[tuple[int, int], int], Rejection]] = []
         self.index: dict[str, int] = {}  # candidate -> its number
+        self.gaps: dict[str, int] = {}  # candidate read by some node -> its longest idle stretch
+        self.forced: set[str] = set()  # candidates that match a --force pattern
         self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
         self.host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
         # position -> the inputs its node reads in host memory, for the nodes that have any
@@ -344,8 +346,10 @@ class _Selector:
             return
         is_act = kind == "activation"
         start = analysis.producer[name] if is_act else 0
-        max_gap = _max_gap(start, uses, None if is_act else max(self.n - 1, uses[-1][0]))
+        max_gap = self.gaps[name] = _max_gap(start, uses, None if is_act else max(self.n - 1, uses[-1][0]))
         forced = bool(options.force) and _matches(name, options.force)
+        if forced:
+            self.forced.add(name)
         verdict = self._by_options(name, kind, forced, max_gap, uses)
         info = None
         if verdict is None:
@@ -370,9 +374,13 @@ class _Selector:
             return "disabled", f"{kind} offload is switched off (--{'activations' if is_act else 'params'})"
         if options.never and _matches(name, options.never):
             return "never", "matches a --never pattern"
-        distance = options.select_distance
-        if max_gap > distance or forced:
+        if max_gap > options.select_distance or forced:
             return None
+        # checked before size and placement: no idle stretch qualifies, whatever else holds
+        return self.gap_verdict(uses, max_gap, options.select_distance)
+
+    def gap_verdict(self, uses: list[Use], max_gap: int, distance: int) -> tuple[RejectionReason, str]:
+        """Why a tensor whose longest idle stretch is ``max_gap`` (at most ``distance``) is not offloaded."""
         for use in uses:
             if use[1] is not None:
                 break
@@ -384,7 +392,6 @@ class _Selector:
                 "planned, a body is one position, so the tensor never idles there; offloadctl does not plan inside "
                 "If/Loop/Scan bodies",
             )
-        # checked before size and placement: no idle stretch qualifies, whatever else holds
         return "short-gaps", f"largest idle stretch {max_gap} <= select distance {distance}"
 
     def _by_tensor(
@@ -488,19 +495,19 @@ class _Selector:
             "which onnxruntime keeps in host memory"
         )
 
-    def entry(self, chosen: Chosen) -> Offload:
-        """The ``offloads`` entry of a chosen tensor: its uses split into reload groups at the select distance."""
-        uses, start = self.analysis.uses[chosen.tensor], chosen.start
-        distance = self.options.select_distance
-        device, groups = split_reload_groups(start, uses, distance, first_group_at_start=chosen.kind != "activation")
-        if not groups:  # only a forced tensor gets here: one group holding every use
-            device, groups = ([], [(uses[0].position - start, list(uses))])
-        return chosen_entry(
-            self.analysis,
-            chosen,
-            device_uses=[u.to_json() for u in device],
-            reload_groups=[reload_group([u.to_json() for u in g], gap) for gap, g in groups],
-        )
+
+def _entry(analysis: Analysis, chosen: Chosen, distance: int) -> Offload:
+    """The ``offloads`` entry of a chosen tensor: its uses split into reload groups at select distance ``distance``."""
+    uses, start = analysis.uses[chosen.tensor], chosen.start
+    device, groups = split_reload_groups(start, uses, distance, first_group_at_start=chosen.kind != "activation")
+    if not groups:  # only a forced tensor gets here: one group holding every use
+        device, groups = ([], [(uses[0].position - start, list(uses))])
+    return chosen_entry(
+        analysis,
+        chosen,
+        device_uses=[u.to_json() for u in device],
+        reload_groups=[reload_group([u.to_json() for u in g], gap) for gap, g in groups],
+    )
 
 
 class Chosen(NamedTuple):
@@ -544,8 +551,17 @@ def chosen_entry(
     )
 
 
+_Key = tuple[tuple[int, int], int]  # a record's place in plan order: (its first use, its candidate number)
+
+#: reasons the select stage gives only to a tensor with a long enough idle stretch (checked after the distance)
+_AFTER_GAPS = frozenset(
+    {"not-copyable", "unknown-size", "host-input", "prepacked", "host-resident", "fused", "graph-output-weight"}
+)
+
+
 class Selection:
-    """One pass of the select stage over an analysis, for plans with weights and without.
+    """One pass of the select stage over an analysis, at select distance 0, for plans with weights and
+    without, and at any select distance (`at_distance`).
 
     The budget planner needs both (it adds weights when activations alone cannot fit a budget):
     the tensors are looked at once, and `plan` assembles either plan; ``plan(weights=False)`` is
@@ -554,14 +570,17 @@ class Selection:
     takes itself, from the analysis's uses (`offloadctl.planning.budget.candidates.plan_entry`). A
     big model has hundreds of thousands, so the planner reads them as `Chosen` records (`chosen`),
     the rejections (`rejected`) and a plan without either (`header`), and no entry is built for a
-    tensor it does not take.
+    tensor it does not take. `select` reads the same pass at its own distance: a longer distance
+    only rejects more tensors, for their short idle stretches (`selection_for` keeps one pass per
+    analysis and options, so a weak plan's next step selects no tensor again).
     """
 
     def __init__(self, analysis: Analysis, options: SelectPart) -> None:
         self.options = options
         self.analysis = analysis
-        self._selector = _Selector(analysis, SelectPart.of(options, params=True))
-        self._parts: dict[bool, tuple[list[Chosen], list[Rejection]]] = {}
+        self._selector = _Selector(analysis, SelectPart.of(options, params=True, select_distance=0))
+        self._parts: dict[bool, tuple[list[tuple[_Key, Chosen]], list[tuple[_Key, Rejection]]]] = {}
+        self._lists: dict[bool, tuple[list[Chosen], list[Rejection]]] = {}
         self._plans: dict[bool, Plan] = {}
         candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
         candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
@@ -584,7 +603,7 @@ class Selection:
 
     def header(self, *, weights: bool) -> Plan:
         """`plan` with empty ``offloads`` and ``rejected`` lists (its model, options and history)."""
-        return _selected(self.analysis, SelectPart.of(self.options, params=weights))
+        return _selected(self.analysis, SelectPart.of(self.options, params=weights, select_distance=0))
 
     def chosen(self, *, weights: bool) -> list[Chosen]:
         """The tensors `plan` lists as offloads, in its order."""
@@ -593,6 +612,39 @@ class Selection:
     def rejected(self, *, weights: bool) -> list[Rejection]:
         """`plan`'s ``rejected`` list (do not change it: it is shared)."""
         return self._split(weights)[1]
+
+    def at_distance(self, distance: int, *, weights: bool) -> tuple[list[Chosen], list[Rejection]]:
+        """(chosen, rejected) at select distance ``distance``, in plan order: what `plan` lists, less
+        the tensors whose longest idle stretch is at most ``distance`` (unless forced), which are
+        rejected for it instead (the rejections are shared with `plan`'s where they are the same)."""
+        if distance == 0:
+            return self._split(weights)
+        selector = self._selector
+        gaps, forced, uses_of = selector.gaps, selector.forced, self.analysis.uses
+        keyed_chosen, keyed_rejected = self._keyed(weights)
+
+        def short(name: str, kind: Kind, size: int | None) -> Rejection:
+            max_gap = gaps[name]
+            reason, detail = selector.gap_verdict(uses_of[name], max_gap, distance)
+            return rejection(name, kind, size, "select", reason, detail, max_gap)
+
+        chosen: list[Chosen] = []
+        moved: list[tuple[_Key, Rejection]] = []
+        for key, record in keyed_chosen:
+            if record.forced or gaps[record.tensor] > distance:
+                chosen.append(record)
+            else:
+                moved.append((key, short(record.tensor, record.kind, record.info.bytes)))
+        rejected: list[tuple[_Key, Rejection]] = []
+        for key, entry in keyed_rejected:
+            reason, name = entry["reason"], entry["tensor"]
+            if reason == "short-gaps" or (reason in _AFTER_GAPS and gaps[name] <= distance and name not in forced):
+                entry = short(name, entry["kind"], entry["bytes"])  # noqa: PLW2901 - rejected at this distance
+            rejected.append((key, entry))
+        if moved:
+            rejected += moved
+            rejected.sort(key=lambda item: item[0])
+        return chosen, [entry for _, entry in rejected]
 
     def unread_outputs(self) -> list[Rejection]:
         """The graph outputs no node reads (rejected as unused activations), in `plan` order, which is
@@ -608,6 +660,14 @@ class Selection:
 
     def _split(self, weights: bool) -> tuple[list[Chosen], list[Rejection]]:
         """(chosen, rejected) of the plan with or without weights, in plan order; made once each."""
+        made = self._lists.get(weights)
+        if made is None:
+            chosen, rejected = self._keyed(weights)
+            made = self._lists[weights] = ([c for _, c in chosen], [entry for _, entry in rejected])
+        return made
+
+    def _keyed(self, weights: bool) -> tuple[list[tuple[_Key, Chosen]], list[tuple[_Key, Rejection]]]:
+        """`_split`'s lists with each record's plan-order key; made once each."""
         made = self._parts.get(weights)
         if made is not None:
             return made
@@ -627,10 +687,10 @@ class Selection:
                 self._disable(name, rejected)
         chosen.sort(key=lambda item: item[0])
         rejected.sort(key=lambda item: item[0])
-        made = self._parts[weights] = ([c for _, c in chosen], [entry for _, entry in rejected])
+        made = self._parts[weights] = (chosen, rejected)
         return made
 
-    def _disable(self, name: str, rejected: list[tuple[tuple[tuple[int, int], int], Rejection]]) -> None:
+    def _disable(self, name: str, rejected: list[tuple[_Key, Rejection]]) -> None:
         uses = self.analysis.uses[name]
         info = self.analysis.infos.get(name)
         max_gap = _max_gap(0, uses, max(self.analysis.num_positions - 1, uses[-1].position))
@@ -640,23 +700,28 @@ class Selection:
         rejected.append((key, rejection(name, "parameter", size, "select", "disabled", why, max_gap)))
 
 
+def selection_for(analysis: Analysis, options: SelectPart) -> Selection:
+    """The `Selection` of ``analysis`` with ``options`` (their select distance and ``params`` aside):
+    made once per analysis and options, and shared by the stages that select with them."""
+    key = SelectPart.of(options, params=True, select_distance=0)
+    made: dict[SelectPart, Selection] = derived(analysis, "selections", lambda _analysis: {})
+    found = made.get(key)
+    if found is None:
+        found = made[key] = Selection(analysis, key)
+    return found
+
+
 @taking(SelectPart)
 @paused_gc()
 def select(analysis: Analysis, options: SelectPart) -> Plan:
     """Build a plan at stage "selected" from an analysed model (``options``: `SelectPart`, or its
     fields as keywords: ``select(analysis, select_distance=1)``)."""
-    selector = _Selector(analysis, options)
-    candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
-    candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
-    analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
-    for name, kind in candidates:
-        selector.consider(name, kind)
-    selector.chosen.sort(key=lambda item: item[0])
-    selector.rejected.sort(key=lambda item: item[0])
-    offloads = [selector.entry(chosen) for _, chosen in selector.chosen]
+    distance = options.select_distance
+    chosen, rejected = selection_for(analysis, options).at_distance(distance, weights=options.params)
+    offloads = [_entry(analysis, c, distance) for c in chosen]
     for i, entry in enumerate(offloads):
         entry["id"] = i
-    return {**_selected(analysis, options), "offloads": offloads, "rejected": [entry for _, entry in selector.rejected]}
+    return {**_selected(analysis, options), "offloads": offloads, "rejected": list(rejected)}
 
 
 def _selected(analysis: Analysis, options: SelectPart) -> Plan:

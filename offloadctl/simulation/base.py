@@ -9,20 +9,19 @@ copies. Programs (`offloadctl.simulation.program`) and the time model are built 
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import onnx
 
-from offloadctl.analysis.graph import Analysis
-from offloadctl.analysis.timeline import forget, subgraph_memory, weight_is_resident
+from offloadctl.analysis.graph import Analysis, derived
+from offloadctl.analysis.timeline import subgraph_memory, weight_is_resident
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
 from offloadctl.loading.tensors import TensorInfo
 
-__all__ = ["Base", "base_of", "built_base", "forget_base", "interner", "is_rewritten"]
+__all__ = ["Base", "base_of", "built_base", "interner", "is_rewritten"]
 
 
 def is_rewritten(analysis: Analysis) -> bool:
@@ -221,28 +220,16 @@ def _new_base(analysis: Analysis) -> Base:
     )
 
 
-_BASES: dict[int, tuple[weakref.ref, Base]] = {}
-
-
-def forget_base(analysis: Analysis) -> None:
-    """Drop the base of ``analysis`` and what was computed from it (after its scratch changed)."""
-    _BASES.pop(id(analysis), None)
-    forget(analysis)
+_BASE = "simulation base"  # its key among what is derived from an analysis
 
 
 def built_base(analysis: Analysis) -> Base | None:
     """The base of an analysis if a simulation has built it already, else None (building one takes
     seconds on a big model)."""
-    hit = _BASES.get(id(analysis))
-    return hit[1] if hit is not None and hit[0]() is analysis else None
+    return analysis.derived.get(_BASE)
 
 
 def base_of(analysis: Analysis) -> Base:
-    """The base of an analysis, computed once per Analysis object."""
-    key = id(analysis)
-    hit = _BASES.get(key)
-    if hit is not None and hit[0]() is analysis:
-        return hit[1]
-    base = _new_base(analysis)
-    _BASES[key] = (weakref.ref(analysis, lambda _ref: _BASES.pop(key, None)), base)
-    return base
+    """The base of an analysis, computed once per Analysis object (and again after its scratch
+    changed: `offloadctl.analysis.graph.forget`)."""
+    return derived(analysis, _BASE, _new_base)

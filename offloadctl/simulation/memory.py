@@ -57,7 +57,7 @@ from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import buffer_spans, step_bound, sweep
 from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.base import Base, base_of, built_base
-from offloadctl.simulation.program import DEVICE, HOST, Program, program_for
+from offloadctl.simulation.program import DEVICE, HOST, Program, before_program, program_for
 
 __all__ = ["MemoryTrace", "base_lower_bound", "cheap_lower_bound", "lower_bound", "peak_memory", "trace"]
 
@@ -221,6 +221,26 @@ def lower_bound(analysis: Analysis) -> tuple[int, int | None]:
     None as position for a model without nodes or outputs.
     """
     return base_lower_bound(base_of(analysis))
+
+
+def before_trace(base: Base) -> MemoryTrace:
+    """The trace of the model as it is (every tensor on the device), made once per base."""
+    found = base.derived.get("before trace")
+    if not isinstance(found, MemoryTrace):
+        found = base.derived["before trace"] = trace(before_program(base), base)
+    return found
+
+
+def cheap_resident_profile(analysis: Analysis) -> np.ndarray:
+    """Device bytes at each step 0..n (step n: the end of the run) with nothing offloaded, as a new
+    array: from the trace of the model as it is when a simulation has made one (each step's working
+    set, then what is alive when the last step ends), else from the analysis
+    (`offloadctl.analysis.timeline.profile`, equal); never a base built for the profile alone."""
+    base = built_base(analysis)
+    before = base.derived.get("before trace") if base is not None and not base.rewritten else None
+    if not isinstance(before, MemoryTrace) or not before.device:
+        return timeline.profile(analysis, None, prefetch_distance=0)
+    return np.array([*before.device, before.device_out[-1]], dtype=np.int64)
 
 
 def cheap_lower_bound(analysis: Analysis) -> tuple[int, int | None]:

@@ -13,7 +13,7 @@ from typing import Any
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory
 from offloadctl.core.plantypes import Plan
-from offloadctl.simulation.memory import MemoryTrace, base_lower_bound, trace
+from offloadctl.simulation.memory import MemoryTrace, base_lower_bound, before_trace, trace
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
 from offloadctl.simulation.program import before_program, program_for
 from offloadctl.simulation.timing import TimeFigures, count_scratch, node_costs, times
@@ -145,11 +145,8 @@ def simulate(
     prof = load_profile(profile) if isinstance(profile, str) else profile
     count_scratch(analysis, prof)
     base, program = program_for(analysis, plan, plan_source)
-    unplanned = before_program(base)
-    before = base.derived.get("before trace")  # the same for every plan: traced once per base
-    if before is None:
-        before = base.derived["before trace"] = trace(unplanned, base)
-    after = before if program is unplanned else trace(program, base)
+    before = before_trace(base)  # the same for every plan: traced once per base
+    after = before if program is before_program(base) else trace(program, base)
     moved = {"d2h": 0, "h2d": 0}
     copies = {"d2h": 0, "h2d": 0}
     for s, kind in enumerate(program.kinds):

@@ -42,9 +42,9 @@ from typing import Any, cast
 
 import onnx
 
-from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.graph import Analysis, forget
 from offloadctl.loading.tensors import TensorInfo
-from offloadctl.simulation.base import Base, base_of, forget_base
+from offloadctl.simulation.base import Base, base_of
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, NodeTime, Profile, load_profile
 from offloadctl.simulation.program import Program
 
@@ -339,4 +339,4 @@ def _profiled_name(analysis: Analysis, position: int) -> str:
 def _set_scratch(analysis: Analysis, found: dict[int, int]) -> None:
     if found != analysis.scratch:
         analysis.scratch = found
-        forget_base(analysis)
+        forget(analysis)

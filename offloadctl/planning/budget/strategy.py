@@ -39,7 +39,7 @@ from offloadctl.planning.request import (
     SelectPart,
     taking2,
 )
-from offloadctl.planning.select import Selection
+from offloadctl.planning.select import selection_for
 from offloadctl.simulation.costs import (
     BytesMoved,
     CopyCost,
@@ -50,7 +50,7 @@ from offloadctl.simulation.costs import (
     make_cost,
     plan_cost,
 )
-from offloadctl.simulation.memory import cheap_lower_bound
+from offloadctl.simulation.memory import cheap_lower_bound, cheap_resident_profile
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 from offloadctl.simulation.timing import count_scratch
@@ -257,11 +257,12 @@ class BudgetSearch:
         count_scratch(analysis, options.device_profile)
         self.params = select.params or options.stream_weights
         self.listed = listed
-        self.selection = Selection(analysis, SelectPart.of(select, select_distance=0))
+        self.selection = selection_for(analysis, select)  # a distance plan made before shares it
         self.base = base if base is not None else self.selection.header(weights=select.params)
-        # from the simulation's base when the model was simulated already (a weak plan's next step)
+        # the bound and the peak from the simulation's base when the model was simulated already (a weak
+        # plan's next step)
         self.lower_bound, self.lower_bound_position = cheap_lower_bound(analysis)
-        self.peak_before = plan_peak(analysis, None)[0]
+        self.peak_before = timeline.peak_of(cheap_resident_profile(analysis))[0]
         self._prepared: dict[bool, tuple] = {}
         self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
 
