@@ -488,9 +488,15 @@ def test_the_plan_hash_is_that_of_the_canonical_utf8_text_whatever_the_names(nam
     from offloadctl.rewriting.metadata import plan_sha256
 
     plan = copy.deepcopy(SAMPLE_PLANS[0])
-    plan["rejected"].append({**plan["rejected"][0], "tensor": name, "detail": f"detail of {name}"})
-    text = json.dumps(plan, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    plan["model"]["path"] = f"models/{name}.onnx"
+    followed = {key: value for key, value in plan.items() if key != "rejected"}
+    text = json.dumps(followed, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert plan_sha256(plan) == hashlib.sha256(text.encode("utf-8")).hexdigest()
+    # the rejected list does not count; what the rewrite follows does
+    plan["rejected"].append({**plan["rejected"][0], "tensor": name, "detail": f"detail of {name}"})
+    assert plan_sha256(plan) == hashlib.sha256(text.encode("utf-8")).hexdigest()
+    plan["model"]["path"] += "x"
+    assert plan_sha256(plan) != hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def test_a_pause_of_the_collector_nests_and_restores_it():

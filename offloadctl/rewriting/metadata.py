@@ -3,7 +3,8 @@
 `offloadctl apply` writes these keys (replacing keys of the same name, keeping all others):
 
 - ``offloadctl.version``: the offloadctl version that rewrote the model.
-- ``offloadctl.plan_sha256``: sha256 of the plan's canonical JSON (`plan_sha256`).
+- ``offloadctl.plan_sha256``: sha256 of the canonical JSON of the plan less its ``rejected`` list
+  (`plan_sha256`).
 - ``offloadctl.offloads``: how many tensors are offloaded.
 - ``offloadctl.session``: JSON of the session settings the model needs to keep its copies and
   run them where they were planned::
@@ -68,8 +69,10 @@ KEY_UNPINNED = "offloadctl.priority_based_only"
 
 
 def plan_sha256(plan: Plan) -> str:
-    """sha256 of the plan's canonical JSON (sorted keys, no whitespace, UTF-8)."""
-    return json_sha256(plan)
+    """sha256 of the canonical JSON (sorted keys, no whitespace, UTF-8) of what the rewrite follows:
+    the plan less its ``rejected`` list, which says why the other tensors stay where they are (on a
+    big model it names every tensor, and hashing it took a tenth of ``apply``)."""
+    return json_sha256({key: value for key, value in plan.items() if key != "rejected"})
 
 
 def make_session_settings(*, weights_offloaded: bool, pinned: bool = False) -> dict[str, Any]:
