@@ -156,7 +156,9 @@ class Planner:
         )
 
     def moved(self, cost: CopyCost | None = None) -> float:
-        return sum(self.state_cost(i, cost=cost) for i in range(len(self.cands)))
+        """What every candidate's copies cost: the offloaded ones', in candidate order (the others cost 0.0)."""
+        taken = np.flatnonzero(self.offloaded).tolist()
+        return sum((self.state_cost(i, cost=cost) for i in taken), 0.0 if self.cands else 0)  # 0.0 + 0 is 0.0
 
     # ---------------------------------------------------------------- moves
 
