@@ -842,3 +842,34 @@ def test_a_plan_for_the_default_order_keeps_the_original_nodes_file_order(run_cl
         ]
 
     assert own(out) == own(model)
+
+
+@pytest.mark.parametrize(
+    ("model", "options"),
+    [
+        ("GRAPH_OUTPUT", {"select_distance": 2, "prefetch_distance": 0}),
+        ("TWO_GROUPS", {"select_distance": 1, "prefetch_distance": 1}),
+        ("transformer", {"select_distance": 5, "params": True}),
+        ("unet", {"select_distance": 3, "params": True}),
+    ],
+)
+def test_the_rewrite_knows_who_makes_each_tensor_without_reading_every_node(write_model, monkeypatch, model, options):
+    """The order of a rewrite takes the node that makes each tensor from the analysis and the nodes
+    the rewrite adds (`_Rewriter._producers`): the same map as reading every node's outputs, renamed
+    graph outputs and order pins included."""
+    import offloadctl.rewriting.rewrite as rewrite
+
+    path = SAMPLES / f"{model}.onnx" if model in SAMPLE_NAMES else write_model(globals()[model])
+    analysis = analyse(load_model(path))
+    plan = make_plan(analysis, **options)
+    assert plan["offloads"]
+    seen = []
+    real = rewrite.sorted_priority_order
+
+    def checked(nodes, ranks=None, producer=None):
+        seen.append(producer == {out: i for i, node in enumerate(nodes) for out in node.output if out})
+        return real(nodes, ranks, producer)
+
+    monkeypatch.setattr(rewrite, "sorted_priority_order", checked)
+    apply_plan(plan, analysis, options=RewriteOptions(order_pins=True))
+    assert seen == [True]

@@ -18,6 +18,7 @@ in that order, after the rewrites it applies at every optimization level
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 
 import onnx
 
@@ -106,14 +107,17 @@ def execution_order(
     return order, was_sorted
 
 
-def sorted_priority_order(nodes: list[onnx.NodeProto], ranks: list[int] | None = None) -> list[int] | None:
+def sorted_priority_order(
+    nodes: list[onnx.NodeProto], ranks: list[int] | None = None, producer: Mapping[str, int] | None = None
+) -> list[int] | None:
     """`execution_order` of nodes already in a topological order (each reads only what earlier nodes
     make, or no node) when every node is a plain forward node or Shape/Size, in one pass without the
     graph's edges: the file order, each Shape/Size moved to right after the last node it reads from
     (in Kahn's algorithm a ready Shape/Size goes first, and the next plain node in file order is
     always ready). None when some node is a backward node. The order is not checked to be
     topological: callers build it so (`offloadctl.rewriting.rewrite`). ``ranks``: `priority_ranks`
-    of the nodes, when the caller knows them.
+    of the nodes, and ``producer``: the index of the node that makes each tensor, when the caller
+    knows them (it is asked only for what a Shape/Size node reads).
     """
     if ranks is None:
         ranks = priority_ranks(nodes)
@@ -122,7 +126,8 @@ def sorted_priority_order(nodes: list[onnx.NodeProto], ranks: list[int] | None =
         return None
     if not high:
         return list(range(len(nodes)))
-    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
+    if producer is None:
+        producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
     waiting: dict[int, list[int]] = {}  # node -> the Shape/Size nodes that read from it
     indegree: dict[int, int] = {}
     for h in high:

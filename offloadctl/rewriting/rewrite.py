@@ -332,6 +332,7 @@ class _Rewriter:
         self.graph_output_names = {v.name for v in self.graph.output}
         self.reroutes: dict[str, list[Use]] = {}  # an H2D's device output -> the uses that read it
         self.h2d_pins: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []  # (an H2D, the Concat of its view)
+        self.renamed: dict[str, int] = {}  # a new name of an original node's output -> its position
         self._name_nodes()
 
     def _name_nodes(self) -> None:
@@ -385,6 +386,7 @@ class _Rewriter:
             for k, name in enumerate(producer.output):
                 if name == tensor:
                     producer.output[k] = source
+            self.renamed[source] = off["producer"]["position"]
             for use in off["device_uses"]:
                 self._reroute(use, tensor, source)
             for vi in self.graph.value_info:
@@ -444,8 +446,10 @@ class _Rewriter:
         # relative file order (their indices), each copy beside the node it is planned at
         sequence = range(n) if analysis.order != "default" else sorted(range(n), key=analysis.file_index.__getitem__)
         planned: list[onnx.NodeProto] = []
+        at = [0] * n  # where each position's node is in planned
         for p in sequence:
             planned += self.before.get(p, [])
+            at[p] = len(planned)
             planned.append(self.pos_nodes[p])
             planned += self.after.get(p, [])
         planned += self.before.get(n, [])
@@ -463,7 +467,7 @@ class _Rewriter:
         if not order:
             # without a backward node in the model, no copy or pin is one either
             ranks = None if analysis.backward else priority_ranks(planned, forward_only=True)
-            order = sorted_priority_order(planned, ranks)
+            order = sorted_priority_order(planned, ranks, self._producers(planned, at))
         if order is None:
             available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
             available |= {s.values.name for s in graph.sparse_initializer}
@@ -479,6 +483,21 @@ class _Rewriter:
         del graph.node[:]
         graph.node.extend(constants + _after_their_copies([planned[i] for i in order], self.h2d_pins))
         return self._finish()
+
+    def _producers(self, planned: list[onnx.NodeProto], at: list[int]) -> dict[str, int]:
+        """The index in ``planned`` of the node that makes each tensor: the analysis's producers
+        (at their positions' places ``at``), the outputs renamed here, then the nodes added here
+        (the only other outputs), without reading every node's outputs again."""
+        producer = {name: at[p] for name, p in self.analysis.producer.items()}
+        for name, p in self.renamed.items():
+            producer[name] = at[p]
+        originals = set(at)
+        for i, node in enumerate(planned):
+            if i not in originals:
+                for out in node.output:
+                    if out:
+                        producer[out] = i
+        return producer
 
     def _finish(self) -> onnx.ModelProto:
         """Type the new tensors, give back the symbolic types and write the metadata."""
@@ -843,12 +862,11 @@ def write_model(
     out = Path(out_path)
     out_dir = out.parent if str(out.parent) else Path(".")
     locations = external_locations(model) if locations is None else sorted(locations)
-    check_model_outputs(
-        model, out, source_dir, protected, big=model.ByteSize() > max_embedded_bytes, locations=locations
-    )
+    big = model.ByteSize() > max_embedded_bytes  # a walk over the whole proto: once
+    check_model_outputs(model, out, source_dir, protected, big=big, locations=locations)
     created = _provide_external_data(locations, Path(source_dir), out_dir)
     try:
-        if model.ByteSize() <= max_embedded_bytes:
+        if not big:
             data = model.SerializeToString()
             atomic_write(out, lambda tmp: tmp.write_bytes(data), mode=mode)
             return created
