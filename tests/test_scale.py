@@ -284,20 +284,71 @@ def test_the_check_of_the_rejected_list_agrees_with_jsonschema():
     assert verdicts == {True, False}
 
 
-def test_the_rejected_list_has_its_own_check_only_while_the_schema_ties_nothing_else_to_it():
+def test_the_long_lists_have_their_own_checks_only_while_the_schema_ties_nothing_else_to_them():
     schema = plan_schema()
-    check = plan_module._rejected_check(schema)
-    assert check is not None and all(check(p["rejected"]) for p in SAMPLE_PLANS)
-    for change in (
-        lambda s: s["properties"]["rejected"].update(minItems=1),
-        lambda s: s.update(allOf=[{"required": ["budget"]}]),
-        lambda s: s["properties"]["rejected"]["items"]["properties"]["detail"].update(maxLength=3),
-        lambda s: s["properties"]["rejected"]["items"].update(additionalProperties=True),
-        lambda s: s["properties"]["rejected"]["items"]["properties"]["bytes"].update(type=["number", "null"]),
+    plan_module._fast_check()  # compiling the rest of the schema leaves the shared schema as it is
+    assert schema == json.loads((ROOT / "schemas" / "plan.schema.json").read_text(encoding="utf-8"))
+    checks = plan_module._list_checks(schema)
+    assert set(checks) == {"offloads", "rejected"}
+    assert all(checks[key]([p[key]]) for p in SAMPLE_PLANS for key in checks)
+    for key, change in (
+        ("rejected", lambda s: s["properties"]["rejected"].update(minItems=1)),
+        ("rejected", lambda s: s["properties"]["rejected"]["items"]["properties"]["detail"].update(maxLength=3)),
+        ("rejected", lambda s: s["properties"]["rejected"]["items"].update(additionalProperties=True)),
+        ("rejected", lambda s: s["properties"]["rejected"]["items"]["properties"]["bytes"].update(type=["number"])),
+        ("offloads", lambda s: s["$defs"]["offload"]["if"]["properties"]["reload_groups"].update(uniqueItems=True)),
+        ("offloads", lambda s: s["$defs"]["offload"]["then"]["properties"]["graph_output"].update(const=1)),
+        ("offloads", lambda s: s["$defs"]["offload"]["properties"]["producer"]["oneOf"].append({"type": "null"})),
+        ("offloads", lambda s: s["$defs"]["use"]["properties"]["node"].update(pattern="^x")),
+        ("offloads", lambda s: s["$defs"].update(use={"$ref": "#/$defs/use"})),
     ):
         other = copy.deepcopy(schema)
         change(other)
-        assert plan_module._rejected_check(other) is None
+        assert set(plan_module._list_checks(other)) == {"offloads", "rejected"} - {key}, key
+    other = copy.deepcopy(schema)
+    other.update(allOf=[{"required": ["budget"]}])
+    assert plan_module._list_checks(other) == {}
+
+
+def test_the_check_of_the_offloads_agrees_with_jsonschema():
+    """Every key of an offload, of its producer, of a reload group and of a use set to every kind of
+    value, removed, or joined by another key; each of them replaced: the compiled check and
+    jsonschema agree on each plan."""
+    base = max(
+        SAMPLE_PLANS, key=lambda p: sum(bool(o["device_uses"]) + (o["producer"] is not None) for o in p["offloads"])
+    )
+    activation = next(i for i, o in enumerate(base["offloads"]) if o["producer"] is not None and o["device_uses"])
+    validator = jsonschema.Draft202012Validator(plan_schema())
+    check = plan_module._fast_check()
+    places = [
+        ("offloads", activation),
+        ("offloads", activation, "producer"),
+        ("offloads", activation, "reload_groups", 0),
+        ("offloads", activation, "reload_groups", 0, "uses", 0),
+        ("offloads", activation, "device_uses", 0),
+    ]
+    verdicts = set()
+    for place in places:
+        target = base
+        for step in place:
+            target = target[step]
+        changes = [(key, value) for key in [*target, "extra"] for value in [*ENTRY_VALUES, [{}], [[]]]]
+        changes += [(key, "delete") for key in target] + [(None, value) for value in ENTRY_VALUES]
+        for key, value in changes:
+            plan = copy.deepcopy(base)
+            parent = plan
+            for step in place[:-1]:
+                parent = parent[step]
+            if key is None:
+                parent[place[-1]] = value
+            elif value == "delete":
+                del parent[place[-1]][key]
+            else:
+                parent[place[-1]][key] = value
+            valid = validator.is_valid(plan)
+            assert check(plan) == valid, (place, key, value)
+            verdicts.add(valid)
+    assert verdicts == {True, False}
 
 
 def test_validating_a_valid_plan_does_not_run_jsonschema(monkeypatch):

@@ -8,7 +8,6 @@ owns reading, writing and validating them, and checking that a plan belongs to a
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 import os
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import fastjsonschema
 import jsonschema
 
 from offloadctl._version import __version__
+from offloadctl.contract.columns import ColumnCheck, column_check
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write, finite_json_float, read_json
@@ -63,20 +63,25 @@ def _fast_check() -> Callable[[Any], bool]:
 
     fastjsonschema compiles the schema to Python code (about 15x faster than jsonschema here);
     when it says "no", jsonschema runs to find the most relevant error and word the message, and
-    jsonschema stays the reference: a plan it accepts is accepted. The ``rejected`` list (an entry
-    for almost every tensor of a big model) is checked by `_flat_objects_check`, built from the
-    schema's own item schema, and the rest of the plan by fastjsonschema.
+    jsonschema stays the reference: a plan it accepts is accepted. The ``offloads`` and
+    ``rejected`` lists (thousands of offloads, an entry for almost every tensor of a big model) are
+    checked column by column (`offloadctl.contract.columns`), and the rest of the plan by
+    fastjsonschema.
     """
     schema = plan_schema()
-    validate = fastjsonschema.compile(schema)
-    entries = _rejected_check(schema)
+    validate = fastjsonschema.compile(copy.deepcopy(schema))  # it rewrites the $ref entries of what it is given
+    lists = _list_checks(schema)
 
     def check(plan: Any) -> bool:
         try:
-            if entries is not None and type(plan) is dict and type(plan.get("rejected")) is list:
-                if not entries(plan["rejected"]):
-                    return False
-                validate({**plan, "rejected": []})
+            if lists and type(plan) is dict:
+                rest = dict(plan)
+                for key, meets in lists.items():
+                    if key in plan:
+                        if not meets([plan[key]]):
+                            return False
+                        rest[key] = []
+                validate(rest)
             else:
                 validate(plan)
         except fastjsonschema.JsonSchemaException:
@@ -86,7 +91,7 @@ def _fast_check() -> Callable[[Any], bool]:
     return check
 
 
-# What `_rejected_check` understands: a schema using more keywords gets no flat check.
+# The plan schema's own keywords that tie no property to another: a schema using more gets no list checks.
 _PLAN_KEYWORDS = frozenset(
     {
         "$schema",
@@ -101,122 +106,23 @@ _PLAN_KEYWORDS = frozenset(
         "$defs",
     }
 )
-_LIST_KEYWORDS = frozenset({"$comment", "title", "description", "type", "items"})
-_OBJECT_KEYWORDS = frozenset(
-    {"$comment", "title", "description", "type", "required", "additionalProperties", "properties"}
-)
-_VALUE_KEYWORDS = frozenset({"$comment", "title", "description", "type", "enum", "minimum"})
-_VALUE_TYPES = frozenset({"string", "integer", "null"})
 
 
-def _rejected_check(schema: dict[str, Any]) -> Callable[[list[Any]], bool] | None:
-    """A check of the ``rejected`` list alone, when checking the plan with that list replaced by
-    ``[]`` and the list on its own is the same as checking the plan: the plan schema ties nothing
-    else to the list, and the list is only an array of `_flat_objects_check` items."""
-    rejected = schema.get("properties", {}).get("rejected")
-    if (
-        set(schema) - _PLAN_KEYWORDS
-        or not isinstance(rejected, dict)
-        or set(rejected) - _LIST_KEYWORDS
-        or rejected.get("type") != "array"
-        or not isinstance(rejected.get("items"), dict)
-    ):
-        return None
-    return _flat_objects_check(rejected["items"])
-
-
-# (strings, integers, null allowed; the enum; the minimum) of one key of a flat object
-_Rule = tuple[bool, bool, bool, "frozenset[str] | None", "int | float | None"]
-
-
-def _value_rule(rule: Any) -> _Rule | None:
-    """The `_Rule` of a value schema `_flat_objects_check` understands, or None."""
-    if not isinstance(rule, dict) or set(rule) - _VALUE_KEYWORDS:
-        return None
-    enum = rule.get("enum")
-    if "type" not in rule and enum is None:  # any value at all
-        return None
-    kinds = rule.get("type", ["string"])  # an enum of strings admits strings only
-    kinds = [kinds] if isinstance(kinds, str) else kinds
-    minimum = rule.get("minimum")
-    if (
-        not isinstance(kinds, list)
-        or set(kinds) - _VALUE_TYPES
-        or (enum is not None and not (isinstance(enum, list) and all(isinstance(v, str) for v in enum)))
-        or (minimum is not None and (isinstance(minimum, bool) or not isinstance(minimum, (int, float))))
-    ):
-        return None
-    return ("string" in kinds, "integer" in kinds, "null" in kinds, None if enum is None else frozenset(enum), minimum)
-
-
-def _flat_objects_check(items: dict[str, Any]) -> Callable[[list[Any]], bool] | None:
-    """A yes/no check of a list of objects against ``items`` with JSON Schema's meaning, for an
-    object schema with required keys, no other keys, and values described by ``type`` (string,
-    integer, null), ``enum`` (of strings) and ``minimum`` alone; None for any other schema.
-
-    It may say "no" where JSON Schema says "yes" only for values JSON never decodes to (a dict
-    subclass): callers then ask jsonschema.
-    """
-    if (
-        set(items) - _OBJECT_KEYWORDS
-        or items.get("type") != "object"
-        or items.get("additionalProperties") is not False
-        or not isinstance(items.get("properties"), dict)
-    ):
-        return None
-    rules: dict[str, _Rule] = {}
-    for key, schema in items["properties"].items():
-        rule = _value_rule(schema)
-        if rule is None:
-            return None
-        rules[key] = rule
-    required = frozenset(items.get("required", ()))
-    allowed = frozenset(rules)
-    if not required <= allowed:
-        return None
-
-    def check(entries: list[Any]) -> bool:
-        # column by column, so that the loops over a big plan's entries run inside the interpreter's
-        # builtins (set, map, min)
-        if not set(map(type, entries)) <= {dict}:
-            return False
-        if not all(required <= keys <= allowed for keys in set(map(frozenset, entries))):
-            return False
-        count = len(entries)
-        for key, rule in rules.items():
-            column = list(map(dict.get, entries, itertools.repeat(key, count), itertools.repeat(_ABSENT, count)))
-            if key not in required:
-                column = [v for v in column if v is not _ABSENT]
-            if not _column_ok(column, rule):
-                return False
-        return True
-
-    return check
-
-
-_ABSENT = object()
-
-
-def _column_ok(values: list[Any], rule: _Rule) -> bool:
-    """Whether every value meets ``rule``: a str (of the enum, if any); None where null is allowed
-    and there is no enum; an int, or a float with an integer value (JSON may write 6 as 6.0), where
-    integers are allowed, there is no enum, and at or above the minimum. Never a bool, another
-    number, a list or an object."""
-    strings, integers, null, enum, minimum = rule
-    kinds = set(map(type, values))
-    allowed: set[type] = {str} if strings else set()
-    if enum is None:
-        allowed |= {type(None)} if null else set()
-        allowed |= {int, float} if integers else set()
-    if not kinds <= allowed:
-        return False
-    if enum is not None:
-        return set(values) <= enum
-    if float in kinds and not all(v.is_integer() for v in values if type(v) is float):
-        return False
-    if minimum is not None and kinds & {int, float}:
-        return min(v for v in values if type(v) is int or type(v) is float) >= minimum
-    return True
+def _list_checks(schema: dict[str, Any]) -> dict[str, ColumnCheck]:
+    """Column checks of the plan's ``offloads`` and ``rejected`` lists, for those lists where
+    checking the plan with the list replaced by ``[]`` and the list on its own is the same as
+    checking the plan: the plan schema ties nothing else to it, ``[]`` meets the list's own schema,
+    and `offloadctl.contract.columns.column_check` understands that schema."""
+    properties = schema.get("properties")
+    if set(schema) - _PLAN_KEYWORDS or not isinstance(properties, dict):
+        return {}
+    defs = schema.get("$defs", {})
+    found = {}
+    for key in ("offloads", "rejected"):
+        check = column_check(properties.get(key), defs)
+        if check is not None and check([[]]):
+            found[key] = check
+    return found
 
 
 def _schema_error(plan: Any) -> jsonschema.ValidationError | None:
