@@ -171,6 +171,7 @@ def test_analysis_equals_a_plain_reference(small_model, tmp_path, shuffle):
     assert analysis.producer == producer
     got = {name: [(u.position, u.input_index) for u in lst] for name, lst in analysis.uses.items()}
     assert got == uses
+    assert analysis.attributed == [p for p, node in enumerate(analysis.nodes) if node.attribute]
 
 
 def _sample_plans() -> list[dict]:

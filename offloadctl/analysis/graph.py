@@ -93,6 +93,9 @@ class Analysis:
     # position -> bytes its kernel allocates while it runs and frees before it returns, as a measured
     # profile records them (`offloadctl.simulation.timing.count_scratch`); every memory figure counts them
     scratch: dict[int, int] = field(default_factory=dict)
+    # positions of the nodes that have attributes, in order (None: not known, every position): only
+    # these can hold a subgraph or be an order pin's, and a big graph has few
+    attributed: list[int] | None = None
     # what later stages computed from this analysis, by key (`derived`)
     derived: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -118,11 +121,16 @@ class Analysis:
         return "input"
 
     @paused_gc()
+    def with_attributes(self) -> Sequence[int]:
+        """The positions whose nodes have attributes (every position when that is not known)."""
+        return self.attributed if self.attributed is not None else range(self.num_positions)
+
     def unknown_sizes(self) -> list[str]:
         """Graph inputs, activations and weights whose byte size is unknown (memory figures count
         them as 0 bytes), in that order; an order pin's tensors are left out."""
         # an order pin's tensors (a view, an Optional, a shape) hold no bytes of their own
-        made = [n for n, p in self.producer.items() if not is_pin(self.nodes[p])]
+        pins = {p for p in self.with_attributes() if is_pin(self.nodes[p])}
+        made = [n for n, p in self.producer.items() if p not in pins] if pins else list(self.producer)
         names = dict.fromkeys([*self.graph_inputs, *made, *sorted(self.weights)])
         self.infos.convert(names)
         return [n for n in names if (info := self.infos.get(n)) is None or info.bytes is None]
@@ -204,14 +212,19 @@ def _defined_twice(loaded: LoadedModel, found: _Definitions, out: str, node: onn
     )
 
 
-def _node_reads(nodes: list[onnx.NodeProto]) -> tuple[list[list[str]], list[list[str]], list[int], list[list[str]]]:
-    """(inputs, reads inside subgraphs (outer-scope names, sorted), priority ranks, every read) of each
-    node. The subgraph reads and ranks come from the attributes, which most nodes of a big graph lack."""
+def _node_reads(
+    nodes: list[onnx.NodeProto],
+) -> tuple[list[list[str]], list[list[str]], list[int], list[list[str]], list[bool]]:
+    """(inputs, reads inside subgraphs (outer-scope names, sorted), priority ranks, every read, whether
+    it has attributes) of each node. The subgraph reads and ranks come from the attributes, which
+    most nodes of a big graph lack."""
     inputs = [list(node.input) for node in nodes]
     outer: list[list[str]] = [[]] * len(nodes)  # shared empty list, never mutated
     ranks = [PLAIN_RANK] * len(nodes)
+    attributed = [False] * len(nodes)
     for i, node in enumerate(nodes):
         if node.attribute:
+            attributed[i] = True
             ranks[i] = priority_rank(node)
             names = subgraph_outer_names(node)
             if names:
@@ -222,7 +235,7 @@ def _node_reads(nodes: list[onnx.NodeProto]) -> tuple[list[list[str]], list[list
     for ins, out in zip(inputs, outer):
         present = ins if "" not in ins else [name for name in ins if name]  # optional inputs left out
         reads.append(present + out if out else present)
-    return inputs, outer, ranks, reads
+    return inputs, outer, ranks, reads, attributed
 
 
 def _ordered(
@@ -330,7 +343,7 @@ def analyse(
     if order not in EXECUTION_ORDERS:
         raise OffloadError(f"unknown execution order {order!r}", hint=f"use one of: {', '.join(EXECUTION_ORDERS)}")
     kind = order
-    inputs, outer, ranks, reads = _node_reads(compute_nodes)
+    inputs, outer, ranks, reads, attributed = _node_reads(compute_nodes)
     ordered, was_sorted, topological = _ordered(
         loaded, compute_nodes, available, reads, ranks, compute_outputs, kind, quiet=host is not None
     )
@@ -368,6 +381,7 @@ def analyse(
         topological=topological,
         order=kind,
         host=frozenset(p for p, i in enumerate(file_index) if i in on_host),
+        attributed=[p for p, i in enumerate(ordered) if attributed[i]],
     )
 
 

@@ -381,7 +381,7 @@ def _inferred_nodes(analysis: Analysis) -> list[onnx.NodeProto]:
 
 
 def _compute_subgraph_memory(analysis: Analysis) -> SubgraphMemory:
-    positions = [p for p, node in enumerate(analysis.nodes) if has_subgraphs(node)]
+    positions = [p for p in analysis.with_attributes() if has_subgraphs(analysis.nodes[p])]
     scratch = {p: b for p, b in analysis.scratch.items() if b > 0}
     if not positions:
         return SubgraphMemory(inner=scratch) if scratch else SubgraphMemory()

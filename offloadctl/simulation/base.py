@@ -74,7 +74,9 @@ def interner() -> tuple[list[str], dict[str, int], Callable[[str], int]]:
 def _copy_sources(analysis: Analysis) -> tuple[set[int], dict[str, str]]:
     """The positions of the model's copy and order-pin nodes (neither is one of the model's own), and
     what each copy's output copies (a pin's view: what it views)."""
-    copy_nodes = {p for p, node in enumerate(analysis.nodes) if copy_kind(node) is not None or is_pin(node)}
+    nodes = analysis.nodes
+    copy_nodes = {p for p, node in enumerate(nodes) if copy_kind(node) is not None}
+    copy_nodes.update(p for p in analysis.with_attributes() if is_pin(nodes[p]))
     source: dict[str, str] = {}
     for p in sorted(copy_nodes):
         node = analysis.nodes[p]
