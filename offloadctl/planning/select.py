@@ -553,10 +553,8 @@ def chosen_entry(
 
 _Key = tuple[tuple[int, int], int]  # a record's place in plan order: (its first use, its candidate number)
 
-#: reasons the select stage gives only to a tensor with a long enough idle stretch (checked after the distance)
-_AFTER_GAPS = frozenset(
-    {"not-copyable", "unknown-size", "host-input", "prepacked", "host-resident", "fused", "graph-output-weight"}
-)
+#: reasons the select stage gives before it looks at idle stretches: no select distance changes them
+_BEFORE_GAPS = frozenset({"unused", "disabled", "never"})
 
 
 class Selection:
@@ -637,8 +635,8 @@ class Selection:
                 moved.append((key, short(record.tensor, record.kind, record.info.bytes)))
         rejected: list[tuple[_Key, Rejection]] = []
         for key, entry in keyed_rejected:
-            reason, name = entry["reason"], entry["tensor"]
-            if reason == "short-gaps" or (reason in _AFTER_GAPS and gaps[name] <= distance and name not in forced):
+            name = entry["tensor"]
+            if entry["reason"] not in _BEFORE_GAPS and gaps[name] <= distance and name not in forced:
                 entry = short(name, entry["kind"], entry["bytes"])  # noqa: PLW2901 - rejected at this distance
             rejected.append((key, entry))
         if moved:
