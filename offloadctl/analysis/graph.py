@@ -120,11 +120,11 @@ class Analysis:
             return "parameter"
         return "input"
 
-    @paused_gc()
     def with_attributes(self) -> Sequence[int]:
         """The positions whose nodes have attributes (every position when that is not known)."""
         return self.attributed if self.attributed is not None else range(self.num_positions)
 
+    @paused_gc()
     def unknown_sizes(self) -> list[str]:
         """Graph inputs, activations and weights whose byte size is unknown (memory figures count
         them as 0 bytes), in that order; an order pin's tensors are left out."""
