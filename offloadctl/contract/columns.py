@@ -2,9 +2,10 @@
 
 A big model's plan holds a ``rejected`` entry for almost every tensor and thousands of ``offloads``
 with their reload groups and uses. Checking them one value at a time (fastjsonschema's compiled
-code) took a tenth of ``apply``. `column_check` compiles a schema into a check of a whole list at
-once: the values of one key across every object, or the items of every array, are gathered into one
-column and checked by the interpreter's builtins (``set``, ``map``, ``min``).
+code) was a large part of writing and of reading such a plan. `column_check` compiles a schema into
+a check of a whole list at once: the values of one key across every object, or the items of every
+array, are gathered into one column and checked by the interpreter's builtins (``set``, ``map``,
+``min``).
 
 It understands these forms, with JSON Schema's meaning, and gives None for any other schema:
 
