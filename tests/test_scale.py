@@ -690,3 +690,150 @@ def test_plan_phases_times_the_next_steps_parts_and_puts_the_planner_back(tmp_pa
     assert seconds["  selection"] > 0 and seconds["  search"] > 0 and seconds["  simulating it"] > 0
     assert sum(seconds[p] for p in parts) <= seconds["next step"]
     assert {name: getattr(holder, name) for _, holder, name in phases.NEXT_STEP_PARTS} == before
+
+
+_SCALAR_SCHEMAS = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["string", "integer", "null", "boolean", ["integer", "null"], ["string", "null"]])},
+        optional={"minimum": st.integers(-1, 2), "minLength": st.integers(0, 2)},
+    ),
+    st.fixed_dictionaries({"enum": st.lists(st.sampled_from(["", "a", "ab"]), min_size=1, max_size=2, unique=True)}),
+    st.fixed_dictionaries({"const": st.sampled_from([True, False, None, "a"])}),
+)
+
+
+def _column_schemas(children):
+    keys = st.sampled_from(["a", "b", "c"])
+    objects = st.dictionaries(keys, children, max_size=3).flatmap(
+        lambda props: st.fixed_dictionaries(
+            {
+                "type": st.just("object"),
+                "additionalProperties": st.just(False),
+                "properties": st.just(props),
+                "required": st.lists(st.sampled_from(sorted(props) or ["a"]), unique=True).map(
+                    lambda req: [k for k in req if k in props]
+                ),
+            },
+            optional={"description": st.just("a note")},
+        )
+    )
+    # an object whose "a" is an array, and whose other keys must meet more when "a" is empty
+    listed = objects.map(
+        lambda obj: {**obj, "properties": {**obj["properties"], "a": {"type": "array", "items": {"type": "integer"}}}}
+    )
+    bounded = objects | listed.flatmap(
+        lambda obj: st.fixed_dictionaries(
+            {
+                "if": st.just({"properties": {"a": {"maxItems": 0}}}),
+                "then": st.fixed_dictionaries(
+                    {
+                        "properties": st.dictionaries(
+                            st.sampled_from(sorted(obj["properties"])), _SCALAR_SCHEMAS, max_size=2
+                        )
+                    },
+                    optional={"description": st.just("a note")},
+                ),
+            }
+        ).map(lambda extra: {**obj, **extra})
+    )
+    arrays = st.fixed_dictionaries(
+        {"type": st.just("array"), "items": children}, optional={"minItems": st.integers(0, 2)}
+    )
+    null_or_object = objects.map(lambda obj: {"oneOf": [{"type": "null"}, obj]})
+    return bounded | arrays | null_or_object
+
+
+COLUMN_SCHEMAS = st.recursive(_SCALAR_SCHEMAS, _column_schemas, max_leaves=5)
+COLUMN_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 3)
+    | st.sampled_from([0.0, 1.0, 1.5, -1.0])
+    | st.sampled_from(["", "a", "ab"]),
+    lambda children: (
+        st.lists(children, max_size=2) | st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), children, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+_SCALARS = [None, True, False, 0, 1, 2, -1, 0.0, 1.0, 1.5, -1.0, "", "a", "ab", [], {}]
+
+
+def _near(schema):
+    """Values close to ``schema``: most meet it or miss it by one value, some are anything at all."""
+    if "oneOf" in schema:
+        inner = st.one_of(*[_near(branch) for branch in schema["oneOf"]])
+    elif schema.get("type") == "object":
+        props, then = schema["properties"], schema.get("then", {}).get("properties", {})
+
+        def value(key):
+            return st.one_of(_near(props[key]), *([_near(then[key])] if key in then else []))
+
+        inner = st.fixed_dictionaries(
+            {k: value(k) for k in schema["required"]},
+            optional={k: value(k) for k in props if k not in schema["required"]},
+        )
+    elif schema.get("type") == "array":
+        inner = st.lists(_near(schema["items"]), max_size=3)
+    else:
+        inner = st.sampled_from(_SCALARS)
+    return st.one_of(inner, inner, inner, COLUMN_VALUES)
+
+
+@settings(max_examples=500, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), schema=COLUMN_SCHEMAS)
+def test_a_column_check_agrees_with_jsonschema_on_every_form_it_compiles(data, schema):
+    """`offloadctl.contract.columns.column_check` says "every value meets the schema" exactly when
+    jsonschema finds no error in any of them, for schemas built from the forms it understands."""
+    from offloadctl.contract.columns import column_check
+
+    check = column_check(schema, {})
+    assert check is not None, schema
+    validator = jsonschema.Draft202012Validator(schema)
+    values = data.draw(st.lists(_near(schema), min_size=1, max_size=4))
+    assert check(values) == all(validator.is_valid(v) for v in values), (schema, values)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"type": kind, **extra}
+        for kind in ("string", "integer", "null", "boolean", ["integer", "null"], ["string", "null"])
+        for extra in ({}, {"minimum": 0}, {"minimum": 1}, {"minLength": 1}, {"minimum": 1, "minLength": 2})
+    ]
+    + [{"enum": ["a"]}, {"enum": ["", "ab"]}, {"type": ["string", "null"], "enum": ["a"]}]
+    + [{"const": c} for c in (True, False, None, "a")]
+    + [{"type": "integer", "const": True}],
+)
+def test_a_column_check_of_scalars_agrees_with_jsonschema_value_by_value_and_pair_by_pair(rule):
+    from offloadctl.contract.columns import column_check
+
+    check = column_check(rule, {})
+    assert check is not None
+    valid = {i: jsonschema.Draft202012Validator(rule).is_valid(v) for i, v in enumerate(_SCALARS)}
+    for i, a in enumerate(_SCALARS):
+        assert check([a]) == valid[i], (rule, a)
+        for j, b in enumerate(_SCALARS):
+            assert check([a, b]) == (valid[i] and valid[j]), (rule, a, b)
+
+
+def test_a_column_check_applies_then_exactly_where_if_holds():
+    from offloadctl.contract.columns import column_check
+
+    schema = {
+        "type": "object",
+        "required": ["a"],
+        "additionalProperties": False,
+        "properties": {"a": {"type": "array", "items": {"type": "integer"}}, "b": {"type": ["integer", "boolean"]}},
+        "if": {"properties": {"a": {"maxItems": 0}}},
+        "then": {"properties": {"b": {"const": True}}},
+    }
+    check = column_check(schema, {})
+    validator = jsonschema.Draft202012Validator(schema)
+    values = [{"a": a, **b} for a in ([], [1], [1, 2]) for b in ({}, {"b": True}, {"b": False}, {"b": 1}, {"b": 0})]
+    verdicts = {validator.is_valid(v) for v in values}
+    assert verdicts == {True, False}
+    for value in values:
+        assert check([value]) == validator.is_valid(value), value
+        assert check([{"a": [3]}, value]) == validator.is_valid(value), value
