@@ -90,12 +90,17 @@ _CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 _STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
 
 
-def _holder_indices(graph: onnx.GraphProto) -> list[int]:
+def _op_types(graph: onnx.GraphProto) -> list[tuple[str, str]]:
+    """(op type, domain) of each node of ``graph``, read in one pass."""
+    return [(n.op_type, n.domain) for n in graph.node]
+
+
+def _holder_indices(graph: onnx.GraphProto, op_types: list[tuple[str, str]] | None = None) -> list[int]:
     """Indices of the nodes of ``graph`` that may hold subgraphs (big graphs: no attribute is read
-    for the rest)."""
+    for the rest); ``op_types``: `_op_types` of the graph, when the caller has them."""
     return [
         i
-        for i, (op, domain) in enumerate(zip((n.op_type for n in graph.node), (n.domain for n in graph.node)))
+        for i, (op, domain) in enumerate(op_types if op_types is not None else _op_types(graph))
         if op in _CONTROL_FLOW or domain not in _STANDARD_DOMAINS
     ]
 
@@ -107,9 +112,10 @@ def _holders(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 
 def _ops_everywhere(graph: onnx.GraphProto) -> set[str]:
     """Op types of ``graph`` and its subgraphs."""
-    ops = {n.op_type for n in graph.node}
-    for node in _holders(graph):
-        for sub in subgraphs(node):
+    op_types = _op_types(graph)
+    ops = {op for op, _ in op_types}
+    for i in _holder_indices(graph, op_types):
+        for sub in subgraphs(graph.node[i]):
             ops |= _ops_everywhere(sub)
     return ops
 
