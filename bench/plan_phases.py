@@ -44,7 +44,7 @@ _strategy = offloadctl.planning.budget.strategy
 #: the next step's parts: (label, the object holding the function, its name)
 NEXT_STEP_PARTS = [
     ("selection", _strategy, "selection_for"),
-    ("baseline profile", _strategy, "cheap_resident_profile"),
+    ("baseline profile", _strategy, "resident_profile"),
     ("candidates", _strategy, "candidates"),
     ("search", _strategy, "solve"),
     ("building the plan", _strategy.BudgetSearch, "_build"),

@@ -432,22 +432,20 @@ def test_body_tensors_of_unknown_size_are_listed_in_the_bodys_order(write_model)
 
 
 @pytest.mark.parametrize("model", [IF_MODEL, LOOP_MODEL, None])
-def test_the_budget_planners_baseline_is_the_timelines_whether_or_not_a_simulation_ran(write_model, model):
-    """After a simulation the budget planner takes the memory of the model as it is from its trace
-    (`cheap_resident_profile`); it is the timeline's, step by step, bodies' working sets included."""
+def test_the_budget_planners_baseline_and_bound_are_the_timelines(write_model, model):
+    """The budget planner takes the memory of the model as it is from the simulation's trace of it
+    (`resident_profile`) and its lower bound from the simulation's base (`lower_bound`), which a
+    simulation of its plan then reuses: step by step the timeline's, bodies' working sets included."""
     from offloadctl.analysis import timeline
-    from offloadctl.simulation.base import built_base
-    from offloadctl.simulation.memory import cheap_resident_profile
-    from offloadctl.simulation.result import simulate
+    from offloadctl.simulation.memory import lower_bound, resident_profile
 
     path = (
         write_model(model) if model is not None else Path(__file__).parent.parent / "sample_models" / "transformer.onnx"
     )
     analysis = analyse(load_model(path))
     expected = timeline.profile(analysis, None, prefetch_distance=0)
-    assert np.array_equal(cheap_resident_profile(analysis), expected)  # no simulation yet: the timeline's
-    simulate(analysis, None)
-    assert built_base(analysis).derived.get("before trace") is not None  # what it reads now
-    from_trace = cheap_resident_profile(analysis)
+    bound = timeline.lower_bound(analysis)
+    from_trace = resident_profile(analysis)
     assert from_trace.dtype == np.int64 and np.array_equal(from_trace, expected)
     assert from_trace.max() > 0
+    assert lower_bound(analysis) == bound

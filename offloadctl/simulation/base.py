@@ -21,7 +21,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
 from offloadctl.loading.tensors import TensorInfo
 
-__all__ = ["Base", "base_of", "built_base", "interner", "is_rewritten"]
+__all__ = ["Base", "base_of", "interner", "is_rewritten"]
 
 
 def is_rewritten(analysis: Analysis) -> bool:
@@ -223,12 +223,6 @@ def _new_base(analysis: Analysis) -> Base:
 
 
 _BASE = "simulation base"  # its key among what is derived from an analysis
-
-
-def built_base(analysis: Analysis) -> Base | None:
-    """The base of an analysis if a simulation has built it already, else None (building one takes
-    seconds on a big model)."""
-    return analysis.derived.get(_BASE)
 
 
 def base_of(analysis: Analysis) -> Base:

@@ -56,10 +56,10 @@ from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import buffer_spans, step_bound, sweep
 from offloadctl.core.plantypes import Plan
-from offloadctl.simulation.base import Base, base_of, built_base
+from offloadctl.simulation.base import Base, base_of
 from offloadctl.simulation.program import DEVICE, HOST, Program, before_program, program_for
 
-__all__ = ["MemoryTrace", "base_lower_bound", "cheap_lower_bound", "lower_bound", "peak_memory", "trace"]
+__all__ = ["MemoryTrace", "base_lower_bound", "before_trace", "lower_bound", "peak_memory", "resident_profile", "trace"]
 
 
 @dataclass(frozen=True)
@@ -231,24 +231,16 @@ def before_trace(base: Base) -> MemoryTrace:
     return found
 
 
-def cheap_resident_profile(analysis: Analysis) -> np.ndarray:
+def resident_profile(analysis: Analysis) -> np.ndarray:
     """Device bytes at each step 0..n (step n: the end of the run) with nothing offloaded, as a new
-    array: from the trace of the model as it is when a simulation has made one (each step's working
-    set, then what is alive when the last step ends), else from the analysis
-    (`offloadctl.analysis.timeline.profile`, equal); never a base built for the profile alone."""
-    base = built_base(analysis)
-    before = base.derived.get("before trace") if base is not None and not base.rewritten else None
-    if not isinstance(before, MemoryTrace) or not before.device:
+    array: from the trace of the model as it is (each step's working set, then what is alive when
+    the last step ends), made once per base, which a simulation of a plan then reuses; equal to
+    `offloadctl.analysis.timeline.profile`, which gives it for a rewritten or placed model."""
+    base = base_of(analysis)
+    if base.rewritten or analysis.host or not base.n:
         return timeline.profile(analysis, None, prefetch_distance=0)
+    before = before_trace(base)
     return np.array([*before.device, before.device_out[-1]], dtype=np.int64)
-
-
-def cheap_lower_bound(analysis: Analysis) -> tuple[int, int | None]:
-    """`lower_bound`, from the base a simulation has built when there is one (it is computed once per
-    base), else from the analysis (`offloadctl.analysis.timeline.lower_bound`, equal): never a base
-    built for the bound alone."""
-    base = built_base(analysis)
-    return base_lower_bound(base) if base is not None else timeline.lower_bound(analysis)
 
 
 def peak_memory(analysis: Analysis, plan: Plan | None = None) -> tuple[int, int | None]:

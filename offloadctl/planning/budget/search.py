@@ -29,7 +29,7 @@ from offloadctl.planning.budget.candidates import (
 )
 from offloadctl.planning.budget.exact import ExactReport, solve_exact
 from offloadctl.simulation.costs import CopyCost, CopyTiming
-from offloadctl.simulation.memory import cheap_resident_profile
+from offloadctl.simulation.memory import resident_profile
 
 __all__ = ["Intervals", "Outcome", "Planner", "solve"]
 
@@ -57,7 +57,7 @@ class Planner:
         self.state: list[State] = [State()] * len(cands)
         self.fixed = np.zeros(len(cands), dtype=bool)  # streamed weights: never changed by the search
         self.offloaded = np.zeros(len(cands), dtype=bool)
-        self.ws = WorkingSet(cheap_resident_profile(analysis))
+        self.ws = WorkingSet(resident_profile(analysis))
         self.iv = iv = Intervals(cands, n, release_distance, cost, lead)
         # position-aware costs: each activation's last device use (its first freed stretch) and D2H price
         self.last_device = np.full(len(cands), np.iinfo(np.int64).max, dtype=np.int64)

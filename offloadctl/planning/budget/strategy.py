@@ -50,7 +50,7 @@ from offloadctl.simulation.costs import (
     make_cost,
     plan_cost,
 )
-from offloadctl.simulation.memory import cheap_lower_bound, cheap_resident_profile
+from offloadctl.simulation.memory import lower_bound, resident_profile
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 from offloadctl.simulation.timing import count_scratch
@@ -259,10 +259,9 @@ class BudgetSearch:
         self.listed = listed
         self.selection = selection_for(analysis, select)  # a distance plan made before shares it
         self.base = base if base is not None else self.selection.header(weights=select.params)
-        # the bound and the peak from the simulation's base when the model was simulated already (a weak
-        # plan's next step)
-        self.lower_bound, self.lower_bound_position = cheap_lower_bound(analysis)
-        self.peak_before = timeline.peak_of(cheap_resident_profile(analysis))[0]
+        # the bound and the peak from the simulation's base, which a simulation of the plan reuses
+        self.lower_bound, self.lower_bound_position = lower_bound(analysis)
+        self.peak_before = timeline.peak_of(resident_profile(analysis))[0]
         self._prepared: dict[bool, tuple] = {}
         self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
 
