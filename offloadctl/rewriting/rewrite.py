@@ -462,11 +462,10 @@ class _Rewriter:
             return self._finish()
         # The planned order is topological by construction; without a backward node (so without a
         # backward copy) onnxruntime's priority order is the file order with each Shape/Size (an order
-        # pin's, the model's own) run as soon as it is ready.
+        # pin's, the model's own) run as soon as it is ready. With one, Kahn's algorithm gives it.
         order = list(range(len(planned))) if analysis.plain_priority and not self.result.pins else None
-        if not order:
-            # without a backward node in the model, no copy or pin is one either
-            ranks = None if analysis.backward else priority_ranks(planned, forward_only=True)
+        if not order and not analysis.backward:  # then no copy or pin is a backward node either
+            ranks = priority_ranks(planned, forward_only=True)
             order = sorted_priority_order(planned, ranks, self._producers(planned, at))
         if order is None:
             available = {v.name for v in graph.input} | {t.name for t in graph.initializer}
