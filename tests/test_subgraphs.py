@@ -449,3 +449,20 @@ def test_the_budget_planners_baseline_and_bound_are_the_timelines(write_model, m
     assert from_trace.dtype == np.int64 and np.array_equal(from_trace, expected)
     assert from_trace.max() > 0
     assert lower_bound(analysis) == bound
+
+
+@pytest.mark.parametrize("kind", ["if", "loop", "scan", "nested", "whole-if"])
+def test_a_nodes_working_set_counts_what_its_bodies_read(write_model, kind):
+    """The weak-plan advice prices the node at the peak by what it reads and writes: its inputs and
+    outputs, and the outer tensors its bodies read (the analysis's uses without an input index)."""
+    from offloadctl.planning.advice import _node_working_set
+
+    analysis = _analysis(write_model(MODELS[kind]))
+    bodies = 0
+    for p, node in enumerate(analysis.nodes):
+        inner = {t for t, uses in analysis.uses.items() if any(u.position == p and u.input_index is None for u in uses)}
+        bodies += bool(inner)
+        names = {n for n in (*node.input, *node.output) if n} | inner
+        expected = sum(info.bytes or 0 for n in names if (info := analysis.infos.get(n)) is not None)
+        assert _node_working_set(analysis, p) == expected
+    assert bodies >= 1

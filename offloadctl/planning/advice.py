@@ -15,6 +15,7 @@ from typing import Any
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory
+from offloadctl.core.onnxutil import subgraph_outer_names
 from offloadctl.core.plantypes import Offload, Plan, ReloadGroup
 from offloadctl.core.units import fmt_bytes
 from offloadctl.planning.budget.strategy import bytes_moved
@@ -37,9 +38,8 @@ def _node_working_set(analysis: Analysis, position: int) -> int:
     """Bytes the node at ``position`` reads and writes (weights included)."""
     node = analysis.nodes[position]
     names = {n for n in node.input if n} | {n for n in node.output if n}
-    names |= {
-        t for t, uses in analysis.uses.items() if any(u.position == position and u.input_index is None for u in uses)
-    }
+    if node.attribute:  # what its subgraphs read: the analysis lists each as a use without an input index
+        names |= subgraph_outer_names(node)
     return sum((info.bytes or 0) for n in names if (info := analysis.infos.get(n)) is not None)
 
 
