@@ -478,8 +478,11 @@ def test_converting_every_tensor_at_once_gives_what_lookups_give(small_model, na
     looked_up = analyse(load_model(path))
     reference = {n: looked_up.infos.get(n) for n in reversed(_all_names(looked_up))}
     converted = analyse(load_model(path))
-    converted.infos.convert(_all_names(converted))
+    left = converted.infos.convert(_all_names(converted))
     assert {n: converted.infos.get(n) for n in _all_names(converted)} == reference
+    # what it converted has a known size; what it left keeps the callers' order
+    assert all(reference[n] is not None and reference[n].bytes is not None for n in set(reference) - set(left))
+    assert left == [n for n in _all_names(converted) if n in set(left)]
     assert set(converted.infos) == set(looked_up.infos)
 
 

@@ -234,3 +234,20 @@ def test_sizes_from_run_needs_every_input_dimension_or_the_inputs(run_cli, tmp_p
     result = run_cli("simulate", path, "--sizes-from-run")
     assert result.exit_code == 1 and "Traceback" not in result.stderr
     assert "--sizes-from-run: cannot generate input 'x'" in result.stderr and "--inputs FILE.npz" in result.stderr
+
+
+@pytest.mark.parametrize("looked_up_first", [False, True])
+def test_unknown_sizes_are_those_every_lookup_finds_unknown(tmp_path, looked_up_first):
+    """The bulk conversion behind `unknown_sizes` skips what it converted (each of a known size):
+    the list is the one a lookup of every tensor gives, in the same order, whatever was looked up before."""
+    path = tmp_path / "range.onnx"
+    onnx.save(_range_model(), str(path))
+    reference = analyse(load_model(path))  # B and N left dynamic
+    names = list(dict.fromkeys([*reference.graph_inputs, *reference.producer, *sorted(reference.weights)]))
+    expected = [n for n in names if (info := reference.infos.get(n)) is None or info.bytes is None]
+    assert expected and len(expected) < len(names)  # the dynamic dimensions leave some sizes unknown
+    analysis = analyse(load_model(path))
+    if looked_up_first:
+        for name in names[::2]:
+            analysis.infos.get(name)
+    assert analysis.unknown_sizes() == expected

@@ -132,8 +132,8 @@ class Analysis:
         pins = {p for p in self.with_attributes() if is_pin(self.nodes[p])}
         made = [n for n, p in self.producer.items() if p not in pins] if pins else list(self.producer)
         names = dict.fromkeys([*self.graph_inputs, *made, *sorted(self.weights)])
-        self.infos.convert(names)
-        return [n for n in names if (info := self.infos.get(n)) is None or info.bytes is None]
+        left = self.infos.convert(names)  # what it converted has a known size
+        return [n for n in left if (info := self.infos.get(n)) is None or info.bytes is None]
 
 
 _T = TypeVar("_T")

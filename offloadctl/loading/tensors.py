@@ -413,14 +413,17 @@ class TensorInfos(Mapping[str, TensorInfo]):
         return info
 
     @paused_gc()
-    def convert(self, names: Iterable[str]) -> None:
+    def convert(self, names: Iterable[str]) -> list[str]:
         """Convert the given tensors now, in one pass: what a caller that looks up nearly every tensor
         does first (a big model has hundreds of thousands). Lookups give what they would have given.
 
         An initializer, or a tensor whose first inferred type has a known, plausible size, is
         converted here; any other (Constant-node and sparse weights, unknown sizes and their
         fallbacks, sizes `get` refuses) is left to `get`, so nothing is refused that is not looked up.
+        Returns the names this call did not convert, in their order: each tensor converted here has a
+        known size, so a caller looking for unknown sizes need look up only these.
         """
+        left: list[str] = []
         done = self._done
         weights = self._weights
         cache = self._type_cache
@@ -429,6 +432,7 @@ class TensorInfos(Mapping[str, TensorInfo]):
         types: dict[str, list[bytes]] | None = None
         for name in names:
             if name in done or name in shared or name in measured:
+                left.append(name)
                 continue
             weight = weights.get(name)
             if weight is not None:
@@ -439,18 +443,22 @@ class TensorInfos(Mapping[str, TensorInfo]):
                         fields = self._weight_cache[key] = tensor_info("", *key)[1:]
                     if fields[3] is None and fields[-1] is not None and fields[-1] <= MAX_TENSOR_BYTES:
                         done[name] = TensorInfo(name, *fields)
+                        continue
+                left.append(name)
                 continue
             if types is None:
                 types = self._inferred()
             found = types.get(name)
-            if not found:
-                continue
-            fields = cache.get(found[0])
-            if fields is None:
-                fields = cache[found[0]] = _type_fields(onnx.TypeProto.FromString(found[0]))
-            size = fields[-1]
-            if size is not None and size <= MAX_TENSOR_BYTES:
-                done[name] = TensorInfo(name, *fields)
+            if found:
+                fields = cache.get(found[0])
+                if fields is None:
+                    fields = cache[found[0]] = _type_fields(onnx.TypeProto.FromString(found[0]))
+                size = fields[-1]
+                if size is not None and size <= MAX_TENSOR_BYTES:
+                    done[name] = TensorInfo(name, *fields)
+                    continue
+            left.append(name)
+        return left
 
     def __getitem__(self, name: str) -> TensorInfo:
         info = self.get(name)
