@@ -17,6 +17,7 @@ the model (`offloadctl.contract.check`, the check apply makes) before building i
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from offloadctl.analysis.graph import Analysis
@@ -93,6 +94,54 @@ def before_program(base: Base) -> Program:
     return before
 
 
+class _Steps:
+    """The steps of a program with copies, appended in run order: the base's nodes (a stretch
+    without copies at once, sharing the base's lists) and the copies between them."""
+
+    def __init__(self, base: Base) -> None:
+        self.base = base
+        self.kinds: list[str] = []
+        self.positions: list[int] = []
+        self.reads: list[list[int]] = []
+        self.writes: list[list[int]] = []
+        self.inner: list[int] = []
+        self.node_step = [0] * base.n  # position -> its step
+        self.d2h_step: dict[int, int] = {}  # offloaded tensor -> the step of its D2H
+
+    def nodes(self, first: int, end: int) -> None:
+        """The nodes at positions ``first`` .. ``end - 1``, as the base has them."""
+        if end <= first:
+            return
+        base, count = self.base, end - first
+        self.node_step[first:end] = range(len(self.kinds), len(self.kinds) + count)
+        self.kinds.extend(itertools.repeat("node", count))
+        self.positions.extend(range(first, end))
+        self.reads.extend(base.reads[first:end])
+        self.writes.extend(base.writes[first:end])
+        self.inner.extend(base.inner[first:end])
+
+    def node(self, q: int, reads: list[int] | None) -> None:
+        """The node at position ``q``, reading ``reads`` (None: what the base says it reads)."""
+        if reads is None:
+            self.nodes(q, q + 1)
+            return
+        self.node_step[q] = len(self.kinds)
+        self.kinds.append("node")
+        self.positions.append(q)
+        self.reads.append(reads)
+        self.writes.append(self.base.writes[q])
+        self.inner.append(self.base.inner[q])
+
+    def copy(self, kind: str, q: int, src: int, dst: int) -> None:
+        if kind == "d2h":
+            self.d2h_step[src] = len(self.kinds)
+        self.kinds.append(kind)
+        self.positions.append(q)
+        self.reads.append([src])
+        self.writes.append([dst])
+        self.inner.append(0)
+
+
 def _plan_program(base: Base, plan: Plan) -> Program:
     """The program of the original model with the plan's copies inserted (the plan checked by `program_for`)."""
     n = base.n
@@ -102,8 +151,8 @@ def _plan_program(base: Base, plan: Plan) -> Program:
     resident = list(base.resident)
     from_start = list(base.graph_input)
     to_end = list(base.graph_output)
-    pre: list[list[tuple[int, int]]] = [[] for _ in range(n + 1)]
-    post: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    pre: dict[int, list[tuple[int, int]]] = {}  # position -> (source, copy) of the H2Ds before it
+    post: dict[int, list[tuple[int, int]]] = {}  # position -> (tensor, host copy) of the D2Hs after it
     remap: dict[int, dict[int, int]] = {}  # position -> {tensor: copy read there instead}
     releases: list[tuple[int, int, int]] = []  # (tensor, host copy, release position)
 
@@ -125,7 +174,7 @@ def _plan_program(base: Base, plan: Plan) -> Program:
             d2h = off["d2h_after"]
             assert d2h is not None  # a valid plan's activation has its D2H position
             src = new_tensor(f"{name}@host", size, HOST)
-            post[d2h].append((t, src))
+            post.setdefault(d2h, []).append((t, src))
             release = off["release_after"]
             releases.append((t, src, d2h if release is None else release))
         else:
@@ -135,42 +184,33 @@ def _plan_program(base: Base, plan: Plan) -> Program:
             dst = new_tensor(f"{name}@h2d{k}", size, DEVICE)
             h2d = g["h2d_before"]
             assert h2d is not None  # checked when the program is built from a scheduled plan
-            pre[h2d].append((src, dst))
+            pre.setdefault(h2d, []).append((src, dst))
             for u in g["uses"]:
                 remap.setdefault(u["position"], {})[t] = dst
         if is_act and off["graph_output"] and off["output_h2d_before"] is not None:
             to_end[t] = False
             dst = new_tensor(f"{name}@output", size, DEVICE, end=True)
-            pre[off["output_h2d_before"]].append((src, dst))
+            pre.setdefault(off["output_h2d_before"], []).append((src, dst))
 
-    kinds: list[str] = []
-    positions: list[int] = []
-    reads: list[list[int]] = []
-    writes: list[list[int]] = []
-    node_step = [0] * n
-    d2h_step: dict[int, int] = {}
-    for q in range(n + 1):
-        for src, dst in pre[q]:
-            kinds.append("h2d")
-            positions.append(q)
-            reads.append([src])
-            writes.append([dst])
+    steps = _Steps(base)
+    # the nodes between the positions a copy touches are taken over from the base a stretch at a time
+    done = 0  # the positions before this one are in the program
+    for q in sorted({*pre, *post, *remap}):
+        steps.nodes(done, q)
+        for src, dst in pre.get(q, ()):
+            steps.copy("h2d", q, src, dst)
         if q == n:
             break
-        node_step[q] = len(kinds)
-        kinds.append("node")
-        positions.append(q)
         swap = remap.get(q)
-        reads.append([swap.get(t, t) for t in base.reads[q]] if swap else base.reads[q])
-        writes.append(base.writes[q])
-        for src, dst in post[q]:
-            d2h_step[src] = len(kinds)
-            kinds.append("d2h")
-            positions.append(q)
-            reads.append([src])
-            writes.append([dst])
-    program = Program(kinds, positions, reads, writes, names, sizes, place, resident, from_start, to_end)
-    program.inner = [base.inner[p] if kind == "node" else 0 for kind, p in zip(kinds, positions)]
+        steps.node(q, [swap.get(t, t) for t in base.reads[q]] if swap else None)
+        for src, dst in post.get(q, ()):
+            steps.copy("d2h", q, src, dst)
+        done = q + 1
+    else:
+        steps.nodes(done, n)
+    kinds, positions, node_step, d2h_step = steps.kinds, steps.positions, steps.node_step, steps.d2h_step
+    program = Program(kinds, positions, steps.reads, steps.writes, names, sizes, place, resident, from_start, to_end)
+    program.inner = steps.inner
     program.always = base.subgraph_weights
     last = len(kinds) - 1
     for t, _src, release in releases:
