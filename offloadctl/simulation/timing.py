@@ -252,14 +252,26 @@ def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
     for after, copy in program.waits:
         waits.setdefault(after, []).append(copy)
     copy_of: dict[int, int] = {}  # tensor -> the copy step that wrote it
+    copy_steps = [s for s, kind in enumerate(program.kinds) if kind != "node"]
     # the tensors copies write: a step that reads none of them waits for no copy
-    copied = {t for s, kind in enumerate(program.kinds) if kind != "node" for t in program.writes[s]}
+    copied = {t for s in copy_steps for t in program.writes[s]}
+    # the steps that wait for a copy or are one; the nodes between them only add their time, in order
+    reading = (s for s, reads in enumerate(program.reads) if not copied.isdisjoint(reads)) if copied else ()
+    busy = sorted({*copy_steps, *waits, *reading})
     end = [0.0] * steps
     compute = 0.0
     stream_free = {"h2d": 0.0, "d2h": 0.0}
     baseline = serialized = 0.0
     node_seconds = costs.seconds
-    for s in range(steps):
+    done = 0  # the steps before this one are counted
+    for s in [*busy, steps]:
+        for cost in map(node_seconds.__getitem__, program.positions[done:s]):
+            baseline += cost
+            serialized += cost
+            compute += cost
+        if s == steps:
+            break
+        done = s + 1
         kind = program.kinds[s]
         reads = program.reads[s]
         ready = 0.0
