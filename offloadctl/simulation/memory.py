@@ -45,9 +45,9 @@ can go below it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -138,13 +138,18 @@ class MemoryTrace:
 
     kinds: list[str]
     positions: list[int]
-    labels: list[str]
+    label_of: Callable[[int], str] = field(repr=False, compare=False)  # a step's readable name
     device: list[int]  # working set during each step
     device_in: list[int]  # alive when the step starts
     device_out: list[int]  # alive when the step ends
     host: list[int]  # host working set during each step
     resident_device: int  # weights resident on the device
     resident_host: int  # weights resident on the host
+
+    @cached_property
+    def labels(self) -> list[str]:
+        """Every step's readable name (named when first asked: most runs read one or two)."""
+        return [self.label_of(s) for s in range(len(self.kinds))]
 
     @cached_property
     def peak_step(self) -> int | None:
@@ -163,7 +168,7 @@ class MemoryTrace:
         """Where a step is: step index, kind, position and a readable label."""
         if step is None:
             return {"step": None, "kind": None, "position": None, "node": None}
-        return {"step": step, "kind": self.kinds[step], "position": self.positions[step], "node": self.labels[step]}
+        return {"step": step, "kind": self.kinds[step], "position": self.positions[step], "node": self.label_of(step)}
 
 
 def trace(program: Program, base: Base) -> MemoryTrace:
@@ -181,7 +186,7 @@ def trace(program: Program, base: Base) -> MemoryTrace:
     return MemoryTrace(
         kinds=list(program.kinds),
         positions=list(program.positions),
-        labels=[program.label(base, s) for s in range(steps)],
+        label_of=partial(program.label, base),
         device=device.tolist(),
         device_in=(device - alloc_at).tolist(),
         device_out=(device - free_at).tolist(),
