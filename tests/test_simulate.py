@@ -627,3 +627,92 @@ def test_a_rewritten_model_is_simulated_and_inspected_at_the_shapes_it_was_plann
     simulated = run_cli("simulate", out, "--json").json()
     assert simulated["peak_bytes"]["after"] == planned and not simulated["figures_low"]
     assert run_cli("inspect", out, "--json").json()["unknown_size"]["count"] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The program and the time model against step-by-step walks
+
+
+def _walked_program(base, plan):
+    """The steps of ``plan``'s program laid out position by position, as (kind, position, reads,
+    writes, inner) rows: each copy where the program puts it (`_plan_program` takes the nodes
+    between copies a stretch at a time)."""
+    program = _program_of(base, plan)
+    pre, post, swapped = {}, {}, {}
+    for s, kind in enumerate(program.kinds):
+        row = (kind, program.positions[s], program.reads[s], program.writes[s], 0)
+        if kind == "h2d":
+            pre.setdefault(program.positions[s], []).append(row)
+        elif kind == "d2h":
+            post.setdefault(program.positions[s], []).append(row)
+        elif program.reads[s] != base.reads[program.positions[s]]:
+            swapped[program.positions[s]] = program.reads[s]
+    rows = []
+    for q in range(base.n + 1):
+        rows += pre.get(q, [])
+        if q == base.n:
+            break
+        rows.append(("node", q, swapped.get(q, base.reads[q]), base.writes[q], base.inner[q]))
+        rows += post.get(q, [])
+    return rows
+
+
+def _program_of(base, plan):
+    from offloadctl.simulation.program import _plan_program
+
+    return _plan_program(base, plan)
+
+
+def _walked_times(program, costs, profile):
+    """(baseline, serialized, overlapped) of the time model walked step by step, every node included."""
+    links = {"h2d": profile.h2d, "d2h": profile.d2h}
+    waits = {}
+    for after, wait_for in program.waits:
+        waits.setdefault(after, []).append(wait_for)
+    end, copy_of, stream_free = {}, {}, {"h2d": 0.0, "d2h": 0.0}
+    compute = baseline = serialized = 0.0
+    for s, kind in enumerate(program.kinds):
+        ready = max((end[copy_of[t]] for t in program.reads[s] if t in copy_of), default=0.0)
+        if kind == "node":
+            cost = costs.seconds[program.positions[s]]
+            baseline += cost
+            serialized += cost
+            compute = end[s] = max(compute, ready) + cost
+        else:
+            cost = links[kind].time(program.sizes[program.reads[s][0]])
+            serialized += cost
+            end[s] = stream_free[kind] = max(compute, stream_free[kind], ready) + cost
+            copy_of.update(dict.fromkeys(program.writes[s], s))
+        for wait_for in waits.get(s, ()):
+            compute = max(compute, end[wait_for])
+    fixed = profile.run_overhead_s  # (the bundled profiles measured no run: nothing is unfolded)
+    return baseline + fixed, serialized + fixed, max(compute, *stream_free.values()) + fixed
+
+
+PROGRAM_PLANS = [
+    {"select_distance": sd, "prefetch_distance": pf, "params": params, "release_distance": rd}
+    for sd, pf, params, rd in itertools.product([1, 5], [0, 3], [False, True], [0, 2])
+]
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_a_plans_program_and_time_are_those_of_a_step_by_step_walk(samples, name):
+    from offloadctl.simulation.base import base_of
+    from offloadctl.simulation.timing import node_costs, times
+
+    analysis = samples[name]
+    base = base_of(analysis)
+    copied = 0
+    for kw in PROGRAM_PLANS:
+        plan = make_plan(analysis, **kw)
+        program = _program_of(base, plan)
+        rows = list(zip(program.kinds, program.positions, program.reads, program.writes, program.inner))
+        assert rows == _walked_program(base, plan)
+        copied += sum(kind != "node" for kind in program.kinds)
+        for profile in ("ascend-910b", "pcie-gen4-x16"):
+            prof = load_profile(profile)
+            found = times(program, node_costs(base, prof), prof)
+            assert (found.baseline, found.serialized, found.overlapped) == _walked_times(
+                program, node_costs(base, prof), prof
+            )
+    assert copied > 0
