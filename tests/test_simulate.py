@@ -716,3 +716,55 @@ def test_a_plans_program_and_time_are_those_of_a_step_by_step_walk(samples, name
                 program, node_costs(base, prof), prof
             )
     assert copied > 0
+
+
+def _walked_costs(base, profile):
+    """Each node's seconds priced one node at a time: measured where the profile has the node, else
+    its bytes at memory speed or its FLOPs at peak, whichever is slower, plus one launch."""
+    from offloadctl.simulation.timing import FLOP_OPS, _dims, _measured_match
+
+    def shape_of(name):
+        return _dims(base.infos, name) or _dims(base.infos, base.canon(name))
+
+    table = profile.measured.nodes if profile.measured is not None else {}
+    seconds, count = [], 0
+    for p, node in enumerate(base.nodes):
+        hit = table.get(node.name)
+        if hit is not None and _measured_match(hit, node, shape_of):
+            seconds.append(max(hit.seconds + profile.measured.node_overhead_s, 0.0) if hit.ran else 0.0)
+            count += 1
+            continue
+        moved = sum(base.sizes[t] for t in base.reads[p]) + sum(base.sizes[t] for t in base.writes[p])
+        cost = moved / profile.mem_bandwidth
+        flops = node_flops(node, shape_of) if node.op_type in FLOP_OPS else None
+        if flops:
+            info = base.infos.get(next(i for i in node.input if i))
+            cost = max(cost, flops / profile.flops_for(info.dtype if info is not None else "default"))
+        seconds.append(cost + profile.kernel_launch_s)
+    return seconds, count
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_node_costs_are_those_priced_one_node_at_a_time(samples, name):
+    """The time model prices the nodes' bytes as array operations and looks at the FLOP ops and the
+    measured nodes one by one: the same floats as pricing each node on its own, measured profile or not."""
+    import dataclasses
+
+    from offloadctl.simulation.base import base_of
+    from offloadctl.simulation.profiles import MeasuredTimes, NodeTime
+    from offloadctl.simulation.timing import node_costs
+
+    base = base_of(samples[name])
+    # every other node measured: some with their own op type, some with another (not a match), some not run
+    table = {
+        node.name: NodeTime(node.op_type if p % 4 else "Other", 1e-5 * p, None, ran=p % 6 != 2)
+        for p, node in enumerate(base.nodes[::2])
+        if node.name
+    }
+    measured = MeasuredTimes("m.onnx", "0" * 64, -2e-6, table)
+    profiles = [load_profile(p) for p in ("ascend-910b", "pcie-gen4-x16", "cpu")]
+    profiles.append(dataclasses.replace(load_profile("cpu"), measured=measured))
+    for profile in profiles:
+        costs = node_costs(base, profile)
+        assert (costs.seconds, costs.measured) == _walked_costs(base, profile)
+    assert 0 < costs.measured < base.n

@@ -35,11 +35,13 @@ analysis, where every memory figure counts it.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+import numpy as np
 import onnx
 
 from offloadctl.analysis.graph import Analysis, forget
@@ -167,6 +169,17 @@ def _measured_match(hit: NodeTime, node: onnx.NodeProto, shape_of: Callable[[str
     return all(a is None or b is None or tuple(a) == tuple(b) for a, b in zip(ours, hit.input_shapes))
 
 
+def _bytes_moved(base: Base) -> np.ndarray:
+    """Bytes each node of the base reads and writes (a tensor read twice counts twice)."""
+    sizes = np.asarray(base.sizes, dtype=np.int64)
+    moved = np.zeros(base.n, dtype=np.int64)
+    for lists in (base.reads, base.writes):
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=base.n)
+        ids = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(lengths.sum()))
+        np.add.at(moved, np.repeat(np.arange(base.n), lengths), sizes[ids])
+    return moved
+
+
 def node_costs(base: Base, profile: Profile) -> Costs:
     """Seconds of each node of the base on ``profile`` (measured where the profile has the node),
     computed once per profile."""
@@ -182,20 +195,25 @@ def node_costs(base: Base, profile: Profile) -> Costs:
 
     table = measured.nodes if measured is not None else {}
     offset = measured.node_overhead_s if measured is not None else 0.0
-    sizes = base.sizes
     bandwidth, launch = profile.mem_bandwidth, profile.kernel_launch_s
-    peak: dict[int | None, float] = {}  # element type -> FLOP/s
-    costs = []
+    nodes = base.nodes
+    # every node at the speed of memory first: the bytes it reads and writes, as array operations
+    moved = _bytes_moved(base) / bandwidth
+    costs: list[float] = (moved + launch).tolist()
     count = 0
-    for p, node in enumerate(base.nodes):
+    # then the nodes that count by FLOPs, and those the profile measured
+    looked_at = [p for p, node in enumerate(nodes) if node.op_type in FLOP_OPS]
+    if table:
+        looked_at = sorted({*looked_at, *(p for p, node in enumerate(nodes) if node.name in table)})
+    peak: dict[int | None, float] = {}  # element type -> FLOP/s
+    for p in looked_at:
+        node = nodes[p]
         hit = table.get(node.name) if table and node.name else None
         if hit is not None and _measured_match(hit, node, shape_of):
-            costs.append(max(hit.seconds + offset, 0.0) if hit.ran else 0.0)
+            costs[p] = max(hit.seconds + offset, 0.0) if hit.ran else 0.0
             count += 1
             continue
-        moved = sum([sizes[t] for t in base.reads[p]]) + sum([sizes[t] for t in base.writes[p]])
-        seconds = moved / bandwidth
-        flops = node_flops(node, shape_of) if node.op_type in FLOP_OPS else None
+        flops = node_flops(node, shape_of)
         if flops:
             first = next((i for i in node.input if i), "")
             info = infos.get(first) or infos.get(base.canon(first))
@@ -203,8 +221,7 @@ def node_costs(base: Base, profile: Profile) -> Costs:
             rate = peak.get(elem)
             if rate is None:
                 rate = peak[elem] = profile.flops_for(info.dtype if info is not None else "default")
-            seconds = max(seconds, flops / rate)
-        costs.append(seconds + launch)
+            costs[p] = max(float(moved[p]), flops / rate) + launch
     result = Costs(costs, count, measured)
     base.costs[key] = result
     return result
