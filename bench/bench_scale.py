@@ -37,8 +37,10 @@ of ``--small-hidden``, where the floor is short and the fixed costs of the comma
 
 ``--against REV`` compares this tree with a git revision side by side: the two commands
 (``offloadctl plan MODEL --params`` and ``apply``) run from both source trees in turn, in every round,
-on the same model, and the table gives each side's fastest time and their ratio. These machines
-change speed by more than the changes one measures, so two revisions compare only in one run.
+on the same model, and the table gives each side's fastest time and their ratio, and for each path
+the median of its CPU-time ratio round by round (``--json`` lists each round's): the two sides of
+a round run back to back, so a slow turn of the machine slows both. These machines change speed by
+more than the changes one measures, so two revisions compare only in one run.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -230,6 +233,8 @@ def _bench_size(
             console.log(f"  apply of the budget plan{' (revision)' if prefix else ''}")
             _apply(runs[f"{prefix}apply_budget"], folder / f"{prefix}plan_budget.json", out_dir, gen.path, source)
     row.update({task: _fastest(r) for task, r in runs.items()})
+    if against is not None:
+        row["rounds"] = {task: r for task, r in runs.items() if task.removeprefix("against_") in _COMMAND_TASKS}
     row["offloads"] = len(json.loads((folder / "plan_cli.json").read_text())["offloads"])
     row["budget"] = budget
     row["budget_offloads"] = len(json.loads((folder / "plan_budget.json").read_text())["offloads"])
@@ -301,7 +306,21 @@ def _against_figures(row: dict) -> dict:
                 f"{prefix}both_cpu_ratio": ours_cpu / theirs_cpu,
             }
         )
+        if "rounds" in row:
+            figures[f"{prefix}both_paired_cpu_ratios"] = _paired(row["rounds"], tasks)
     return figures
+
+
+def _paired(rounds: dict[str, list[dict]], tasks: tuple[str, ...]) -> list[float]:
+    """The path's CPU-time ratio (this tree / the revision) in each round, the two sides of a round
+    run back to back, sorted: their median drifts less with the machine's speed than the ratio of
+    the fastest runs does."""
+    count = len(rounds[tasks[0]])
+    ratios = [
+        sum(rounds[t][k]["cpu_seconds"] for t in tasks) / sum(rounds[f"against_{t}"][k]["cpu_seconds"] for t in tasks)
+        for k in range(count)
+    ]
+    return sorted(ratios)
 
 
 def _revision_tree(work: Path, revision: str) -> tuple[Path, str]:
@@ -375,11 +394,13 @@ def _against_table(rows: list[dict], revision: str, commit: str, fastest: str) -
         "apply",
         "default path",
         "CPU",
+        "CPU, rounds' median",
         "REV ×floor",
         "plan --budget",
         "apply",
         "budget path",
         "CPU",
+        "CPU, rounds' median",
         "REV ×floor",
     ):
         table.add_column(col, justify="right")
@@ -389,11 +410,13 @@ def _against_table(rows: list[dict], revision: str, commit: str, fastest: str) -
             f"{row['nodes']:,}",
             _fmt_bytes(row["weights"]),
             *(f"{fig[key]:.3f}" for key in ("plan_cli_ratio", "apply_ratio", "both_ratio", "both_cpu_ratio")),
+            f"{statistics.median(fig['both_paired_cpu_ratios']):.3f}",
             f"{fig['plan_cli_plus_apply_over_floor']:.2f}",
             *(
                 f"{fig[key]:.3f}"
                 for key in ("plan_budget_ratio", "apply_budget_ratio", "budget_both_ratio", "budget_both_cpu_ratio")
             ),
+            f"{statistics.median(fig['budget_both_paired_cpu_ratios']):.3f}",
             f"{fig['plan_budget_plus_apply_over_floor']:.2f}",
         )
     return table

@@ -673,6 +673,25 @@ def test_bench_scale_against_extracts_the_revision_tree_and_compares_the_same_ro
     assert figures["plan_budget_ratio"] == 1.0 and figures["apply_budget_ratio"] == 2.0
     assert figures["budget_both_ratio"] == 8.0 / 6.0 and figures["budget_both_cpu_ratio"] == 1.5
     assert figures["plan_budget_plus_apply_over_floor"] == 3.0 and figures["both_ratio"] == 0.5
+    assert "both_paired_cpu_ratios" not in figures  # no rounds kept
+
+    # the rounds kept: each round's path ratio, the two sides of that round (CPU time), sorted
+    def runs(*cpu):
+        return [{"seconds": c, "cpu_seconds": c, "peak": 1} for c in cpu]
+
+    row["rounds"] = {
+        "plan_cli": runs(2.0, 3.0, 1.0),
+        "apply": runs(1.0, 1.0, 1.0),
+        "against_plan_cli": runs(2.0, 1.0, 3.0),
+        "against_apply": runs(1.0, 1.0, 1.0),
+        "plan_budget": runs(1.0, 1.0, 1.0),
+        "apply_budget": runs(1.0, 1.0, 1.0),
+        "against_plan_budget": runs(3.0, 1.0, 1.0),
+        "against_apply_budget": runs(1.0, 1.0, 1.0),
+    }
+    figures = bench._against_figures(row)
+    assert figures["both_paired_cpu_ratios"] == [0.5, 1.0, 2.0]
+    assert figures["budget_both_paired_cpu_ratios"] == [0.5, 1.0, 1.0]
 
 
 def test_plan_phases_times_the_next_steps_parts_and_puts_the_planner_back(tmp_path):
