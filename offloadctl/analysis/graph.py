@@ -108,6 +108,11 @@ class Analysis:
         return self.initializers | set(self.constants)
 
     @cached_property
+    def sorted_weights(self) -> tuple[str, ...]:
+        """`weights` in name order (the order plans and ids list them in)."""
+        return tuple(sorted(self.weights))
+
+    @cached_property
     def graph_output_set(self) -> frozenset[str]:
         """`graph_outputs` as a set, for lookups."""
         return frozenset(self.graph_outputs)
@@ -131,7 +136,7 @@ class Analysis:
         # an order pin's tensors (a view, an Optional, a shape) hold no bytes of their own
         pins = {p for p in self.with_attributes() if is_pin(self.nodes[p])}
         made = [n for n, p in self.producer.items() if p not in pins] if pins else list(self.producer)
-        names = dict.fromkeys([*self.graph_inputs, *made, *sorted(self.weights)])
+        names = dict.fromkeys([*self.graph_inputs, *made, *self.sorted_weights])
         left = self.infos.convert(names)  # what it converted has a known size
         return [n for n in left if (info := self.infos.get(n)) is None or info.bytes is None]
 

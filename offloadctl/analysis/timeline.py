@@ -221,7 +221,7 @@ def entry_spans(entry: Offload, num_positions: int, *, prefetch_distance: int, r
 
 def memory_tensors(analysis: Analysis) -> list[str]:
     """Every main-graph tensor the timeline accounts for: graph inputs, node outputs, weights."""
-    names = list(analysis.graph_inputs) + list(analysis.producer) + sorted(analysis.weights)
+    names = list(analysis.graph_inputs) + list(analysis.producer) + list(analysis.sorted_weights)
     return list(dict.fromkeys(names))
 
 

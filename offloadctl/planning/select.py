@@ -581,7 +581,7 @@ class Selection:
         self._lists: dict[bool, tuple[list[Chosen], list[Rejection]]] = {}
         self._plans: dict[bool, Plan] = {}
         candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
-        candidates += [(t, "parameter") for t in sorted(analysis.weights) if t in analysis.uses]
+        candidates += [(t, "parameter") for t in analysis.sorted_weights if t in analysis.uses]
         analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
         for name, kind in candidates:
             self._selector.consider(name, kind)

@@ -133,7 +133,7 @@ def attribute(analysis: Analysis, optimized: onnx.ModelProto, measured: dict[str
     fused = [t for t in analysis.producer if t not in present]
     fused += [
         w
-        for w in sorted(analysis.weights)
+        for w in analysis.sorted_weights
         if w in analysis.uses and (w not in present or any(not targets.kept(r) for r in targets.readers.get(w, ())))
     ]
     seconds: dict[int, float] = {}

@@ -114,7 +114,7 @@ def _plain_ids(analysis: Analysis, index: dict[str, int], reads: list[list[int]]
     new_id = index.setdefault
     for name in analysis.graph_inputs:
         new_id(name, len(index))
-    for name in sorted(analysis.weights):
+    for name in analysis.sorted_weights:
         new_id(name, len(index))
     for name, uses in analysis.uses.items():
         t = new_id(name, len(index))
@@ -141,7 +141,7 @@ def _copied_ids(
 
     for name in analysis.graph_inputs:
         tid(name)
-    for name in sorted(analysis.weights):
+    for name in analysis.sorted_weights:
         tid(name)
     where = {p: k for k, p in enumerate(positions)}
     for name, uses in analysis.uses.items():

@@ -310,7 +310,7 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
     names, index, tid = interner()
     for name in analysis.graph_inputs:
         tid(name)
-    for name in sorted(analysis.weights):
+    for name in analysis.sorted_weights:
         tid(name)
     # an order pin's view is the tensor it views: no buffer of its own, its readers read that tensor
     views = {node.output[0]: src for node in analysis.nodes if (src := pin_view_source(node)) and node.output}
