@@ -133,6 +133,7 @@ class _Steps:
         self.inner.append(self.base.inner[q])
 
     def copy(self, kind: str, q: int, src: int, dst: int) -> None:
+        """A copy (``kind`` h2d or d2h) anchored at position ``q``, reading ``src`` and writing ``dst``."""
         if kind == "d2h":
             self.d2h_step[src] = len(self.kinds)
         self.kinds.append(kind)
