@@ -18,7 +18,9 @@ the model (`offloadctl.contract.check`, the check apply makes) before building i
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property, partial
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory, weight_is_resident
@@ -55,9 +57,15 @@ class Program:
     hold: dict[int, int] = field(default_factory=dict)  # tensor -> step its buffer is kept through
     waits: list[tuple[int, int]] = field(default_factory=list)  # (after step, wait for copy step)
     step_labels: list[str] | None = None  # rewritten models: the node labels
-    # nodes of order pins the model has (rewritten) or apply adds (a plan): no data moves; the time
-    # model prices each as one more trivial node (the profile's kernel_launch_s)
-    pin_nodes: int = 0
+    # counts the nodes of order pins the model has (rewritten) or apply adds (a plan): `pin_nodes`
+    count_pins: Callable[[], int] = field(default=lambda: 0, repr=False, compare=False)
+
+    @cached_property
+    def pin_nodes(self) -> int:
+        """The nodes of the order pins: no data moves; the time model prices each as one more
+        trivial node under a measured profile (the profile's kernel_launch_s), so they are counted
+        when first asked (a plan's needs its pin layout)."""
+        return self.count_pins()
 
     def label(self, base: Base, s: int) -> str:
         """A readable name for step ``s``."""
@@ -351,7 +359,7 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
         inner=[sub.at(p) for p in steps],
         always=sub.weight_bytes,
         step_labels=[analysis.node_names[p] for p in steps],
-        pin_nodes=len(analysis.nodes) - len(steps),
+        count_pins=partial(int, len(analysis.nodes) - len(steps)),
     )
     program.waits.extend(_d2h_waits(kinds, reads, writes))
     return program
@@ -384,5 +392,9 @@ def program_for(analysis: Analysis, plan: Plan | None, source: str) -> tuple[Bas
     if plan is None or not plan["offloads"]:
         return base, before_program(base)
     program = _plan_program(base, plan)
-    program.pin_nodes = pin_layout(plan, analysis).nodes
+    program.count_pins = partial(_pin_count, plan, analysis)
     return base, program
+
+
+def _pin_count(plan: Plan, analysis: Analysis) -> int:
+    return pin_layout(plan, analysis).nodes
