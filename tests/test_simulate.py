@@ -768,3 +768,21 @@ def test_node_costs_are_those_priced_one_node_at_a_time(samples, name):
         costs = node_costs(base, profile)
         assert (costs.seconds, costs.measured) == _walked_costs(base, profile)
     assert 0 < costs.measured < base.n
+
+
+def test_a_datasheet_profile_leaves_the_order_pins_uncounted(samples, monkeypatch):
+    """Only a measured profile prices the order pins' nodes, so only it has them counted: the pin
+    layout (which may need shape inference on the whole graph) is not worked out for the others."""
+    import offloadctl.simulation.program as program_module
+
+    analysis = samples["transformer"]
+    plan = make_plan(analysis, select_distance=1, prefetch_distance=0)
+    assert plan["offloads"]
+    expected = simulate(analysis, plan, profile="ascend-910b").times
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the pin layout was worked out")
+
+    monkeypatch.setattr(program_module, "pin_layout", refuse)
+    assert simulate(analysis, plan, profile="ascend-910b").times == expected
+    assert simulate(analysis, plan, profile=None).peak_after < simulate(analysis, None, profile=None).peak_before
