@@ -9,10 +9,12 @@ copies. Programs (`offloadctl.simulation.program`) and the time model are built 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import onnx
 
 from offloadctl.analysis.graph import Analysis, derived
@@ -21,7 +23,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
 from offloadctl.loading.tensors import TensorInfo
 
-__all__ = ["Base", "base_of", "interner", "is_rewritten"]
+__all__ = ["Base", "base_of", "interner", "is_rewritten", "step_ids"]
 
 
 def is_rewritten(analysis: Analysis) -> bool:
@@ -54,6 +56,14 @@ class Base:
     # what later stages build from the base once (`offloadctl.simulation.program.before_program`: "before")
     derived: dict[str, Any] = field(default_factory=dict)
     costs: dict[str, Any] = field(default_factory=dict)  # time model: profile key -> its node costs
+
+
+def step_ids(per_step: Sequence[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The (step, tensor id) pairs of per-step id lists (a base's or a program's reads or writes),
+    as two arrays, step by step in list order."""
+    lengths = np.fromiter(map(len, per_step), dtype=np.int64, count=len(per_step))
+    ids = np.fromiter(itertools.chain.from_iterable(per_step), dtype=np.int64, count=int(lengths.sum()))
+    return np.repeat(np.arange(len(per_step), dtype=np.int64), lengths), ids
 
 
 def interner() -> tuple[list[str], dict[str, int], Callable[[str], int]]:

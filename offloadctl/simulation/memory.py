@@ -44,7 +44,6 @@ can go below it.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -56,7 +55,7 @@ from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import buffer_spans, step_bound, sweep
 from offloadctl.core.plantypes import Plan
-from offloadctl.simulation.base import Base, base_of
+from offloadctl.simulation.base import Base, base_of, step_ids
 from offloadctl.simulation.program import DEVICE, HOST, Program, before_program, program_for
 
 __all__ = ["MemoryTrace", "base_lower_bound", "before_trace", "lower_bound", "peak_memory", "resident_profile", "trace"]
@@ -77,10 +76,8 @@ class _Spans:
 def _last_step(count: int, per_step: list[list[int]]) -> np.ndarray:
     """For each of ``count`` tensor ids, the last step whose list holds it (-1: none)."""
     found = np.full(count, -1, dtype=np.int64)
-    ids = np.fromiter(itertools.chain.from_iterable(per_step), dtype=np.int64)
-    if len(ids):
-        steps = np.repeat(np.arange(len(per_step), dtype=np.int64), [len(ts) for ts in per_step])
-        np.maximum.at(found, ids, steps)
+    steps, ids = step_ids(per_step)
+    np.maximum.at(found, ids, steps)
     return found
 
 

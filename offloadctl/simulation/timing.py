@@ -35,7 +35,6 @@ analysis, where every memory figure counts it.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ import onnx
 
 from offloadctl.analysis.graph import Analysis, forget
 from offloadctl.loading.tensors import TensorInfo
-from offloadctl.simulation.base import Base, base_of
+from offloadctl.simulation.base import Base, base_of, step_ids
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, NodeTime, Profile, load_profile
 from offloadctl.simulation.program import Program
 
@@ -173,10 +172,9 @@ def _bytes_moved(base: Base) -> np.ndarray:
     """Bytes each node of the base reads and writes (a tensor read twice counts twice)."""
     sizes = np.asarray(base.sizes, dtype=np.int64)
     moved = np.zeros(base.n, dtype=np.int64)
-    for lists in (base.reads, base.writes):
-        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=base.n)
-        ids = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(lengths.sum()))
-        np.add.at(moved, np.repeat(np.arange(base.n), lengths), sizes[ids])
+    for per_step in (base.reads, base.writes):
+        steps, ids = step_ids(per_step)
+        np.add.at(moved, steps, sizes[ids])
     return moved
 
 
