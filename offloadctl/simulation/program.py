@@ -315,6 +315,7 @@ def _d2h_waits(kinds: list[str], reads: list[list[int]], writes: list[list[int]]
 def _rewritten_program(analysis: Analysis, base: Base) -> Program:
     """The program of a rewritten model: its own nodes, copies included, in its own order."""
     kinds, positions, steps = _copy_steps(analysis)
+    pins = len(analysis.nodes) - len(steps)  # the order pins' nodes are no steps
     step_of = {p: s for s, p in enumerate(steps)}
     names, index, tid = interner()
     for name in analysis.graph_inputs:
@@ -359,7 +360,7 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
         inner=[sub.at(p) for p in steps],
         always=sub.weight_bytes,
         step_labels=[analysis.node_names[p] for p in steps],
-        count_pins=partial(int, len(analysis.nodes) - len(steps)),
+        count_pins=lambda: pins,
     )
     program.waits.extend(_d2h_waits(kinds, reads, writes))
     return program

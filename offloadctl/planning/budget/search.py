@@ -158,7 +158,9 @@ class Planner:
     def moved(self, cost: CopyCost | None = None) -> float:
         """What every candidate's copies cost: the offloaded ones', in candidate order (the others cost 0.0)."""
         taken = np.flatnonzero(self.offloaded).tolist()
-        return sum((self.state_cost(i, cost=cost) for i in taken), 0.0 if self.cands else 0)  # 0.0 + 0 is 0.0
+        # a float, as the sum over every candidate was, even when none is offloaded (0 with no candidate)
+        start = 0.0 if self.cands else 0
+        return sum((self.state_cost(i, cost=cost) for i in taken), start)
 
     # ---------------------------------------------------------------- moves
 
