@@ -564,3 +564,29 @@ def test_one_selection_serves_every_select_distance(write_model, model, params, 
         assert [o["tensor"] for o in plan["offloads"]] == [c.tensor for _, c in sorted(direct.chosen)]
         assert plan == select.run(fresh, options)  # the same plan from an analysis nothing was selected on
     assert selection_for(shared, SelectPart(select_distance=7, params=params)) is selection_for(shared, SelectPart())
+
+
+@pytest.mark.parametrize("sample", ["seed", "transformer", "unet", "training"])
+def test_the_distance_planner_makes_the_plan_of_the_three_stages_chained(sample):
+    """`distance_plan` filters the select stage's records before it builds entries: its plan is the
+    one `select`, `filter_plan` and `prefetch` give one after the other, whatever the filter keeps
+    (forced tensors, --min-bytes, --select-num) and whatever order the requests come in."""
+    from offloadctl.planning.planners import distance_plan
+    from offloadctl.planning.request import PlanRequest
+    from tests.conftest import SAMPLES
+
+    analysis = _analysis(SAMPLES / f"{sample}.onnx")
+    requests = [
+        PlanRequest(),
+        PlanRequest(select_distance=0, select_num=3),
+        PlanRequest(select_distance=1, params=True, select_num=5, min_bytes=1024),
+        PlanRequest(select_distance=2, params=True, select_num=0, force=("*",)),
+        PlanRequest(select_distance=0, params=True, select_num=2, force=("*w*", "*weight*"), min_bytes="4KiB"),
+        PlanRequest(select_distance=3, params=True, select_num=10**6, prefetch_distance=1),
+    ]
+    dropped = set()
+    for request in requests:
+        chained = prefetch.run(filter_plan.run(select.run(analysis, request), request), request)
+        assert distance_plan(analysis, request).plan == chained
+        dropped |= {r["reason"] for r in chained["rejected"] if r["stage"] == "filter"}
+    assert dropped == {"select-num", "min-bytes"}  # the requests make the filter drop for both reasons

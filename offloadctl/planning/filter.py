@@ -9,13 +9,15 @@ candidates (``--force``) are always kept and do not count. Every dropped candida
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 from offloadctl.contract.document import record_stage, require_stage
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.plantypes import Offload, Plan, Rejection, RejectionReason, rejection
 from offloadctl.core.units import fmt_bytes
 from offloadctl.planning.request import FilterPart, recorded, taking
 
-__all__ = ["filter_plan", "first_use_key"]
+__all__ = ["filter_plan", "filtered", "first_use_key", "verdicts"]
 
 
 def first_use_key(offload: Offload) -> tuple[int, int]:
@@ -40,31 +42,46 @@ def _rejection(off: Offload, reason: RejectionReason, detail: str) -> Rejection:
     return rejection(off["tensor"], off["kind"], off["bytes"], "filter", reason, detail, max(gaps) if gaps else None)
 
 
+def verdicts(
+    candidates: Iterable[tuple[bool, int]], options: FilterPart
+) -> Iterator[tuple[RejectionReason, str] | None]:
+    """The filter's verdict on each candidate, given as (forced, bytes) in first-use order: None to
+    keep it, else why it is dropped."""
+    select_num, min_bytes = options.select_num, options.min_size
+    count = 0
+    for forced, size in candidates:
+        if forced:
+            yield None
+        elif size < min_bytes:
+            yield "min-bytes", f"{fmt_bytes(size)} < --min-bytes {fmt_bytes(min_bytes)}"
+        elif count < select_num:
+            count += 1
+            yield None
+        else:
+            yield "select-num", f"beyond the first {select_num} candidates in first-use order"
+
+
+def filtered(selected: Plan, dropped: list[Rejection], options: FilterPart) -> Plan:
+    """The "filtered" plan of a "selected" plan that holds only the offloads the filter keeps, and of
+    the rejections of those it dropped (listed after the select stage's)."""
+    new = record_stage(selected, "filtered", "filter", recorded(FilterPart, options))
+    new["rejected"] += dropped
+    return new
+
+
 @taking(FilterPart)
 @paused_gc()
 def filter_plan(plan: Plan, options: FilterPart) -> Plan:
     """Return a "filtered" plan keeping the first ``select_num`` candidates in first-use order
     (``options``: `FilterPart`, or its fields as keywords)."""
     require_stage(plan, "selected", "filter")
-    select_num, min_bytes = options.select_num, options.min_size
+    ordered = sorted(plan["offloads"], key=first_use_key)
     kept: list[Offload] = []
     dropped: list[Rejection] = []
-    count = 0
-    for off in sorted(plan["offloads"], key=first_use_key):
-        if off.get("forced"):
+    for off, verdict in zip(ordered, verdicts(((bool(o.get("forced")), o["bytes"]) for o in ordered), options)):
+        if verdict is None:
             kept.append(off)
-        elif off["bytes"] < min_bytes:
-            dropped.append(
-                _rejection(off, "min-bytes", f"{fmt_bytes(off['bytes'])} < --min-bytes {fmt_bytes(min_bytes)}")
-            )
-        elif count < select_num:
-            kept.append(off)
-            count += 1
         else:
-            dropped.append(
-                _rejection(off, "select-num", f"beyond the first {select_num} candidates in first-use order")
-            )
+            dropped.append(_rejection(off, *verdict))
     # only the kept candidates are copied into the new plan (the input plan is left as it was)
-    new = record_stage({**plan, "offloads": kept}, "filtered", "filter", recorded(FilterPart, options))
-    new["rejected"] += dropped
-    return new
+    return filtered({**plan, "offloads": kept}, dropped, options)

@@ -1,7 +1,8 @@
 """The two planners, one protocol: an analysis and a `PlanRequest` in, a scheduled plan out.
 
 - The distance planner (HyperOffload's, the default): `select`, `filter_plan` and `prefetch`
-  chained, the same plan as running the three stages one by one.
+  chained, the same plan as running the three stages one by one (the filter looks at the select
+  stage's records, so that entries are built only for the offloads it keeps).
 - The budget planner (``request.budget``, ``stream_weights`` or ``strategy="budget"``): chooses
   what to offload so the peak fits the budget at the least cost
   (`offloadctl.planning.budget.strategy.budget_plan`).
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.bulk import paused_gc
+from offloadctl.core.plantypes import Rejection, rejection
 from offloadctl.planning.budget.strategy import budget_plan
-from offloadctl.planning.filter import filter_plan
+from offloadctl.planning.filter import filtered, verdicts
 from offloadctl.planning.outcome import PlanOutcome
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.request import PlanRequest
-from offloadctl.planning.select import select
+from offloadctl.planning.select import Chosen, largest_reload_gap, selected_plan, selection_for
 
 __all__ = ["distance_plan", "plan_with"]
 
@@ -29,13 +31,22 @@ __all__ = ["distance_plan", "plan_with"]
 def distance_plan(analysis: Analysis, request: PlanRequest) -> PlanOutcome:
     """HyperOffload's planner: select at ``select_distance``, keep the first ``select_num``, prefetch."""
     request.report("selecting")
-    selected = select.run(analysis, request)
+    distance = request.select_distance
+    chosen, rejected = selection_for(analysis, request).at_distance(distance, weights=request.params)
     request.report("filtering")
-    # chained, so each stage's input can be freed once the next stage has copied it (big plans)
-    filtered = filter_plan.run(selected, request)
-    del selected
+    # the filter's verdicts on the select stage's records: entries are built only for what it keeps
+    # (a big model selects tens of thousands of tensors, to keep a hundred)
+    kept: list[tuple[int, Chosen]] = []
+    dropped: list[Rejection] = []
+    for number, (record, verdict) in enumerate(zip(chosen, verdicts(((c.forced, c.size) for c in chosen), request))):
+        if verdict is None:
+            kept.append((number, record))
+        else:
+            gap = largest_reload_gap(analysis, record, distance)
+            dropped.append(rejection(record.tensor, record.kind, record.size, "filter", *verdict, gap))
+    filtered_plan = filtered(selected_plan(analysis, request, kept, rejected), dropped, request)
     request.report("scheduling")
-    return PlanOutcome(prefetch.run(filtered, request))
+    return PlanOutcome(prefetch.run(filtered_plan, request))
 
 
 def plan_with(analysis: Analysis, request: PlanRequest) -> PlanOutcome:

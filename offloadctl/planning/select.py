@@ -39,7 +39,15 @@ from offloadctl.core.plantypes import Use as PlanUse
 from offloadctl.loading.tensors import TensorInfo
 from offloadctl.planning.request import SelectPart, recorded, taking
 
-__all__ = ["Chosen", "Selection", "select", "selection_for", "split_reload_groups"]
+__all__ = [
+    "Chosen",
+    "Selection",
+    "largest_reload_gap",
+    "select",
+    "selected_plan",
+    "selection_for",
+    "split_reload_groups",
+]
 
 # Inputs that onnxruntime's kernels read from host memory (shapes, axes, indices of shape ops).
 # Tensors read there are small and already host-side on every execution provider: copying them to
@@ -498,10 +506,7 @@ class _Selector:
 
 def _entry(analysis: Analysis, chosen: Chosen, distance: int) -> Offload:
     """The ``offloads`` entry of a chosen tensor: its uses split into reload groups at select distance ``distance``."""
-    uses, start = analysis.uses[chosen.tensor], chosen.start
-    device, groups = split_reload_groups(start, uses, distance, first_group_at_start=chosen.kind != "activation")
-    if not groups:  # only a forced tensor gets here: one group holding every use
-        device, groups = ([], [(uses[0].position - start, list(uses))])
+    device, groups = _reload_split(analysis, chosen, distance)
     return chosen_entry(
         analysis,
         chosen,
@@ -519,6 +524,13 @@ class Chosen(NamedTuple):
     start: int  # its producer's position (an activation), or 0
     forced: bool  # matched a --force pattern
     info: TensorInfo  # its type, shape and size (known: the select stage rejects a tensor without them)
+
+    @property
+    def size(self) -> int:
+        """Its bytes, the ``bytes`` of its entry."""
+        size = self.info.bytes
+        assert size is not None  # checked by _by_tensor
+        return size
 
 
 def chosen_entry(
@@ -714,12 +726,37 @@ def selection_for(analysis: Analysis, options: SelectPart) -> Selection:
 def select(analysis: Analysis, options: SelectPart) -> Plan:
     """Build a plan at stage "selected" from an analysed model (``options``: `SelectPart`, or its
     fields as keywords: ``select(analysis, select_distance=1)``)."""
+    chosen, rejected = selection_for(analysis, options).at_distance(options.select_distance, weights=options.params)
+    return selected_plan(analysis, options, enumerate(chosen), rejected)
+
+
+def selected_plan(
+    analysis: Analysis, options: SelectPart, chosen: Iterable[tuple[int, Chosen]], rejected: list[Rejection]
+) -> Plan:
+    """The "selected" plan listing the given chosen tensors, each with its number (``id``) among the
+    tensors `select` chooses, and the rejections (shared, in a list of the plan's own)."""
     distance = options.select_distance
-    chosen, rejected = selection_for(analysis, options).at_distance(distance, weights=options.params)
-    offloads = [_entry(analysis, c, distance) for c in chosen]
-    for i, entry in enumerate(offloads):
+    offloads = []
+    for i, c in chosen:
+        entry = _entry(analysis, c, distance)
         entry["id"] = i
+        offloads.append(entry)
     return {**_selected(analysis, options), "offloads": offloads, "rejected": list(rejected)}
+
+
+def largest_reload_gap(analysis: Analysis, chosen: Chosen, distance: int) -> int:
+    """The largest gap before a reload group of ``chosen``'s `select` entry at select distance
+    ``distance`` (every entry has a group), without building the entry."""
+    return max(gap for gap, _ in _reload_split(analysis, chosen, distance)[1])
+
+
+def _reload_split(analysis: Analysis, chosen: Chosen, distance: int) -> tuple[list[Use], list[tuple[int, list[Use]]]]:
+    """`split_reload_groups` of a chosen tensor at select distance ``distance``: (device uses, groups)."""
+    uses, start = analysis.uses[chosen.tensor], chosen.start
+    device, groups = split_reload_groups(start, uses, distance, first_group_at_start=chosen.kind != "activation")
+    if not groups:  # only a forced tensor gets here: one group holding every use
+        device, groups = ([], [(uses[0].position - start, list(uses))])
+    return device, groups
 
 
 def _selected(analysis: Analysis, options: SelectPart) -> Plan:
