@@ -185,7 +185,7 @@ def _definitions(loaded: LoadedModel) -> _Definitions:
     defined = found.defined
     defined.update(dict.fromkeys(graph_inputs, "a graph input"))
     defined.update(dict.fromkeys(initializers, "a weight"))
-    found.file_outputs = [list(node.output) for node in found.file_nodes]
+    found.file_outputs = [node.output[:] for node in found.file_nodes]  # a slice is a list, made faster than list()
     for idx, node in enumerate(found.file_nodes):
         outputs = found.file_outputs[idx]
         for out in outputs:
@@ -223,7 +223,7 @@ def _node_reads(
     """(inputs, reads inside subgraphs (outer-scope names, sorted), priority ranks, every read, whether
     it has attributes) of each node. The subgraph reads and ranks come from the attributes, which
     most nodes of a big graph lack."""
-    inputs = [list(node.input) for node in nodes]
+    inputs = [node.input[:] for node in nodes]
     outer: list[list[str]] = [[]] * len(nodes)  # shared empty list, never mutated
     ranks = [PLAIN_RANK] * len(nodes)
     attributed = [False] * len(nodes)
