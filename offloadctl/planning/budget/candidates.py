@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,7 +236,8 @@ def _unread_outputs(analysis: Analysis, selection: Selection, min_bytes: int, sm
 
 
 def _max_gap(entries: list[int]) -> int | None:
-    return max((b - a for a, b in zip(entries, entries[1:])), default=None)
+    """The largest difference between consecutive entries (None for fewer than two)."""
+    return max(map(operator.sub, entries[1:], entries)) if len(entries) > 1 else None
 
 
 def reject(
