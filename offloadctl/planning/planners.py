@@ -34,8 +34,9 @@ def distance_plan(analysis: Analysis, request: PlanRequest) -> PlanOutcome:
     distance = request.select_distance
     chosen, rejected = selection_for(analysis, request).at_distance(distance, weights=request.params)
     request.report("filtering")
-    # the filter's verdicts on the select stage's records: entries are built only for what it keeps
-    # (a big model selects tens of thousands of tensors, to keep a hundred)
+    # the filter's verdicts on the select stage's records, which come in plan order (the first-use
+    # order the filter sorts entries into): entries are built only for what it keeps (a big model
+    # selects tens of thousands of tensors, to keep a hundred)
     kept: list[tuple[int, Chosen]] = []
     dropped: list[Rejection] = []
     for number, (record, verdict) in enumerate(zip(chosen, verdicts(((c.forced, c.size) for c in chosen), request))):

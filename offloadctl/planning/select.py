@@ -546,13 +546,12 @@ def chosen_entry(
     info, start = chosen.info, chosen.start
     is_act = chosen.kind == "activation"
     output = is_act and chosen.tensor in analysis.graph_output_set
-    assert info.bytes is not None  # checked by _by_tensor
     return offload(
         tensor=chosen.tensor,
         kind=chosen.kind,
         dtype=info.dtype,
         shape=info.int_shape(),
-        size=info.bytes,
+        size=chosen.size,
         producer={"position": start, "node": analysis.node_names[start]} if is_act else None,
         device_uses=device_uses if device_uses is not None else [],
         reload_groups=reload_groups if reload_groups is not None else [],
@@ -644,7 +643,7 @@ class Selection:
             if record.forced or gaps[record.tensor] > distance:
                 chosen.append(record)
             else:
-                moved.append((key, short(record.tensor, record.kind, record.info.bytes)))
+                moved.append((key, short(record.tensor, record.kind, record.size)))
         rejected: list[tuple[_Key, Rejection]] = []
         for key, entry in keyed_rejected:
             name = entry["tensor"]

@@ -183,8 +183,7 @@ def candidates(
     for chosen in selection.chosen(weights=weights):
         name = chosen.tensor
         is_act = chosen.kind == "activation"
-        size = chosen.info.bytes
-        assert size is not None  # the select stage chooses tensors of known size
+        size = chosen.size
         uses = analysis.uses[name]
         start = chosen.start
         # uses are in execution order; a node reading a tensor twice gives one entry
