@@ -859,3 +859,26 @@ def test_a_column_check_applies_then_exactly_where_if_holds():
     for value in values:
         assert check([value]) == validator.is_valid(value), value
         assert check([{"a": [3]}, value]) == validator.is_valid(value), value
+
+
+def test_what_if_drops_the_next_step_and_the_rejected_list_only_in_its_what_ifs(tmp_path):
+    spec = importlib.util.spec_from_file_location("what_if", ROOT / "bench" / "what_if.py")
+    what_if = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(what_if)
+    # at 3,000 nodes the distance plan lowers the peak by under 5%, so the command gives a next step
+    config = gen_large.LargeModelConfig(layers=gen_large.layers_for_nodes(3000), hidden=8)
+    model = gen_large.generate(tmp_path / "model.onnx", config).path
+    result = what_if.measure(model, 1, what_if.Console(file=io.StringIO()))
+    assert {task: len(runs) for task, runs in result["runs_s"].items()} == dict.fromkeys(what_if.TASKS, 1)
+    assert all(seconds > 0 for runs in result["runs_s"].values() for seconds in runs)
+    assert result["rejected_entries"] > 0 and result["rejected_entries_what_if"] == 0
+    given = result["next_step_given"]
+    assert given["plan-no-next-step"] is False and given["plan-no-rejected"] is False
+    assert given["plan"] is True
+    floor = result["fastest"]["floor_s"]
+    rows = {row["path"]: row for row in result["fastest"]["paths"]}
+    assert list(rows) == [path for path, _, _ in what_if.PATHS]
+    for row in rows.values():
+        assert row["over_floor"] == (row["plan_s"] + row["apply_s"]) / floor
+    assert rows["as it is"]["apply_s"] == rows["without the weak plan's next step"]["apply_s"]
