@@ -1,8 +1,8 @@
 """What the command path would cost without its two largest parts, side by side in one run.
 
 The command path is ``offloadctl plan MODEL -o PLAN --params`` and then ``offloadctl apply PLAN``; its
-floor is ``onnx.load`` + ``onnx.save`` of the same model with its weights in one external data file
-(as in ``bench/bench_scale.py``). Next to them this runs two what-ifs:
+floor is ``onnx.load`` + ``onnx.save`` of the same model with its weights in one external data file,
+measured by ``bench/bench_scale.py``'s own floor task. Next to them this runs two what-ifs:
 
 - *no next step*: ``plan`` with the weak plan's next step (a budget plan made and simulated so
   that its figures are the ones the suggested command gives) replaced by one that gives None;
@@ -35,6 +35,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_scale  # noqa: E402
+
 import gen_large  # noqa: E402
 
 __all__ = ["main"]
@@ -51,9 +53,7 @@ TASKS = ("floor", "plan", "plan-no-next-step", "plan-no-rejected", "apply", "app
 
 
 def _child(task: str, model: str, work: str) -> float:
-    """Run one task in this (fresh) process; its seconds after the imports."""
-    import onnx
-
+    """Run one command (a plan or apply task) in this (fresh) process; its seconds after the imports."""
     from offloadctl._entry import main
     from offloadctl.cli import stages_cmd
     from offloadctl.contract import document
@@ -64,32 +64,28 @@ def _child(task: str, model: str, work: str) -> float:
     if task == "plan-no-rejected":
         write = document.write_plan
         stages_cmd.write_plan = lambda path, plan: write(path, {**plan, "rejected": []})
-    start = time.perf_counter()
-    if task == "floor":
-        out = os.path.join(work, "floor.onnx")
-        onnx.save(
-            onnx.load(model), out, save_as_external_data=True, all_tensors_to_one_file=True, location="floor.onnx.data"
-        )
+    if task.startswith("plan"):
+        argv = ["plan", model, "-o", plans[task], "--params", "--json"]
     else:
-        if task.startswith("plan"):
-            argv = ["plan", model, "-o", plans[task], "--params", "--json"]
-        else:
-            plan = plans["plan-no-rejected" if task == "apply-no-rejected" else "plan"]
-            folder = Path(work) / task
-            folder.mkdir(exist_ok=True)
-            for old in folder.iterdir():
-                old.unlink()
-            argv = ["apply", plan, "-o", str(folder / "model.onnx"), "--model", model, "--json"]
-        try:
-            main(argv)
-        except SystemExit as exc:
-            if exc.code:
-                raise
+        plan = plans["plan-no-rejected" if task == "apply-no-rejected" else "plan"]
+        folder = Path(work) / task
+        folder.mkdir(exist_ok=True)
+        for old in folder.iterdir():
+            old.unlink()
+        argv = ["apply", plan, "-o", str(folder / "model.onnx"), "--model", model, "--json"]
+    start = time.perf_counter()
+    try:
+        main(argv)
+    except SystemExit as exc:
+        if exc.code:
+            raise
     return time.perf_counter() - start
 
 
 def _measure(task: str, model: Path, work: Path) -> tuple[float, dict | None]:
     """One task in a fresh process: its seconds, and the command's ``--json`` document (None for the floor)."""
+    if task == "floor":
+        return bench_scale._measure("floor", str(model), str(work / "floor.onnx"))["seconds"], None
     proc = subprocess.run(
         [sys.executable, __file__, _CHILD, task, str(model), str(work)], capture_output=True, text=True, check=False
     )
