@@ -4,6 +4,7 @@ Shape slices, and what onnxruntime's kernels really return (shared KV buffers), 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -122,6 +123,52 @@ def test_a_node_the_tool_cannot_follow_loses_only_what_depends_on_it(tmp_path, m
     assert analysis.infos["y"].bytes == 3 * 5 * 4
     assert [f.op_type for f in analysis.infos.symbolic_failures] == ["Range"]
     assert "cannot follow node" in caplog.text
+
+
+def test_the_tools_passes_simplify_each_expression_once_with_the_same_result(monkeypatch):
+    """onnxruntime's tool repeats its pass over the graph after merging two symbolic dimensions (here
+    the Resize's floor(2.0*H) with y's H2), and each pass simplified the Resize's expressions with
+    sympy again (PP-OCRv4's detector: up to 0.8 s a Resize, five passes over). Each is now simplified
+    once a run, and what the tool infers stays the same."""
+    import contextlib
+
+    import sympy
+    from onnxruntime.tools import symbolic_shape_infer as tool
+
+    from offloadctl.loading import symbolic
+
+    model = onnx.parser.parse_model(
+        """
+        <ir_version: 8, opset_import: ["" : 13]>
+        g (float[N, 3, H, W] x, float[N, 3, H2, W2] y) => (float[N, 3, ?, ?] z) {
+          scales = Constant <value = float[4] {1.0, 1.0, 2.0, 2.0}> ()
+          up = Resize <mode = "nearest"> (x, , scales)
+          z = Add (up, y)
+        }
+        """
+    )
+    plain = sympy.simplify
+    computed: list[object] = []
+
+    def counting(expr, *args, **kwargs):
+        computed.append(expr)
+        return plain(expr, *args, **kwargs)
+
+    monkeypatch.setattr(sympy, "simplify", counting)
+
+    def inferred() -> tuple[list[bytes], list[object]]:
+        computed.clear()
+        result = symbolic.symbolic_value_infos(model, Path("model.onnx"))
+        assert result.error is None and not result.failures
+        return [vi.SerializeToString() for vi in result.value_infos], list(computed)
+
+    kept, once = inferred()
+    monkeypatch.setattr(symbolic, "_simplify_once", contextlib.nullcontext)  # the tool as it ships
+    shipped, asked = inferred()
+    assert kept == shipped
+    assert len(asked) > len(set(asked))  # the second pass asked again ...
+    assert sorted(map(str, once)) == sorted(map(str, set(asked)))  # ... and is now answered from the first
+    assert tool.sympy is sympy  # the tool's module has its own sympy back after each run
 
 
 def _gqa(tmp_path) -> str:

@@ -18,6 +18,12 @@ module closes:
   type and rank), so only the tensors that depend on them stay unknown. `SymbolicResult.failures`
   names each such node.
 
+It is also slow as it ships on a model with Resize chains and unpinned dimensions: it repeats its
+pass over the graph whenever it merges two symbolic dimensions, and every pass simplifies the same
+nested ``floor`` expressions with sympy again (PP-OCRv4's detector: five passes, up to 0.8 s a
+Resize). ``sympy.simplify`` is a pure function of an immutable expression, so each result is kept
+for the run (`_simplify_once`).
+
 The copy nodes offloadctl inserts are read as Identity (the tool does not know them).
 """
 
@@ -27,6 +33,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +120,7 @@ def symbolic_value_infos(proto: onnx.ModelProto, path: Path, hint: TypeHint | No
         tempfile.TemporaryDirectory(prefix="offloadctl-shapes-") as folder,
         _working_directory(folder),
         _robust_bodies(engine),
+        _simplify_once(),
     ):
         try:
             inferred = _run(engine, work)
@@ -173,6 +181,41 @@ def _robust_bodies(engine: Any) -> Iterator[None]:
         yield
     finally:
         tool.SymbolicShapeInference = plain
+
+
+@contextlib.contextmanager
+def _simplify_once() -> Iterator[None]:
+    """The tool's ``sympy.simplify`` with each result kept for the run: its passes over the graph
+    simplify the same expressions again. The tool reads sympy from its module's globals, so only it
+    sees the change (keys are sympy expressions, equal only when the same: sympy>=1.13 no longer
+    calls ``Float(2.0)`` and ``Integer(2)`` equal)."""
+    import onnxruntime.tools.symbolic_shape_infer as tool
+
+    plain = getattr(tool, "sympy", None)
+    if plain is None:  # a tool that imports sympy otherwise: run it as it ships
+        yield
+        return
+    kept: dict[Any, Any] = {}
+
+    def simplify(expr: Any, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs or not isinstance(expr, plain.Basic):
+            return plain.simplify(expr, *args, **kwargs)
+        found = kept.get(expr)
+        if found is None:
+            found = kept[expr] = plain.simplify(expr)
+        return found
+
+    class _Sympy(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            return getattr(plain, name)
+
+    remembering = _Sympy(plain.__name__)
+    remembering.simplify = simplify  # type: ignore[attr-defined]
+    tool.sympy = remembering
+    try:
+        yield
+    finally:
+        tool.sympy = plain
 
 
 def _run(engine: Any, proto: onnx.ModelProto) -> onnx.ModelProto:
