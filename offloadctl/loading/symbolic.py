@@ -20,7 +20,8 @@ module closes:
 
 It is also slow as it ships on a model with Resize chains and unpinned dimensions: it repeats its
 pass over the graph whenever it merges two symbolic dimensions, and every pass simplifies the same
-nested ``floor`` expressions with sympy again (PP-OCRv4's detector: five passes, up to 0.8 s a
+nested ``floor`` expressions with sympy again, and simplify itself simplifies each level of a
+nested ``floor`` once for every level above it (PP-OCRv4's detector: five passes, up to 0.8 s a
 Resize). ``sympy.simplify`` is a pure function of an immutable expression, so each result is kept
 for the run (`_simplify_once`).
 
@@ -185,24 +186,33 @@ def _robust_bodies(engine: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _simplify_once() -> Iterator[None]:
-    """The tool's ``sympy.simplify`` with each result kept for the run: its passes over the graph
-    simplify the same expressions again. The tool reads sympy from its module's globals, so only it
-    sees the change (keys are sympy expressions, equal only when the same: sympy>=1.13 no longer
-    calls ``Float(2.0)`` and ``Integer(2)`` equal)."""
+    """``sympy.simplify`` with each result kept for the run, for the tool's calls and for the calls
+    simplify makes itself on the parts of an expression (each level of nested ``floor`` simplifies
+    the levels below it again). The tool reads sympy from its module's globals, simplify itself
+    from its own module's. Keys are sympy expressions (and the options), equal only when the same:
+    sympy>=1.13 no longer calls ``Float(2.0)`` and ``Integer(2)`` equal."""
+    import sys
+
     import onnxruntime.tools.symbolic_shape_infer as tool
 
     plain = getattr(tool, "sympy", None)
-    if plain is None:  # a tool that imports sympy otherwise: run it as it ships
+    inner = sys.modules.get("sympy.simplify.simplify")
+    real = getattr(inner, "simplify", None)
+    if plain is None or not callable(real):  # sympy laid out otherwise: run the tool as it ships
         yield
         return
     kept: dict[Any, Any] = {}
 
     def simplify(expr: Any, *args: Any, **kwargs: Any) -> Any:
-        if args or kwargs or not isinstance(expr, plain.Basic):
-            return plain.simplify(expr, *args, **kwargs)
-        found = kept.get(expr)
+        if not isinstance(expr, plain.Basic):  # a Python number: 2 == 2.0 would share a key
+            return real(expr, *args, **kwargs)
+        try:
+            key = (expr, args, tuple(sorted(kwargs.items())))
+            found = kept.get(key)
+        except TypeError:  # an option that cannot be a key
+            return real(expr, *args, **kwargs)
         if found is None:
-            found = kept[expr] = plain.simplify(expr)
+            found = kept[key] = real(expr, *args, **kwargs)
         return found
 
     class _Sympy(types.ModuleType):
@@ -211,11 +221,11 @@ def _simplify_once() -> Iterator[None]:
 
     remembering = _Sympy(plain.__name__)
     remembering.simplify = simplify  # type: ignore[attr-defined]
-    tool.sympy = remembering
+    tool.sympy, inner.simplify = remembering, simplify  # type: ignore[union-attr]
     try:
         yield
     finally:
-        tool.sympy = plain
+        tool.sympy, inner.simplify = plain, real  # type: ignore[union-attr]
 
 
 def _run(engine: Any, proto: onnx.ModelProto) -> onnx.ModelProto:
