@@ -25,7 +25,9 @@ nested ``floor`` once for every level above it (PP-OCRv4's detector: five passes
 Resize). ``sympy.simplify`` is a pure function of an immutable expression, so each result is kept
 for the run (`_simplify_once`).
 
-The copy nodes offloadctl inserts are read as Identity (the tool does not know them).
+The copy nodes offloadctl inserts are read as Identity (the tool does not know them), and
+onnxruntime's DynamicQuantizeLSTM (``quantize_dynamic`` makes one of every LSTM), which neither
+onnx nor the tool sizes, gets the RNN shapes its schema gives.
 """
 
 from __future__ import annotations
@@ -255,7 +257,25 @@ class _Robust:
         self.failures_: list[NodeFailure] = []
         self._unknown_dims = 0
         handlers: dict[str, Callable[[onnx.NodeProto], Any]] = getattr(self, "dispatcher_")  # noqa: B009
+        handlers.setdefault("DynamicQuantizeLSTM", self._infer_DynamicQuantizeLSTM)
         self.dispatcher_ = {op: self._guarded(handler) for op, handler in handlers.items()}
+
+    def _infer_DynamicQuantizeLSTM(self, node: onnx.NodeProto) -> None:  # noqa: N802 - the tool's naming
+        """onnxruntime's quantized LSTM (``quantize_dynamic`` makes one of every LSTM), which neither
+        onnx nor the tool knows: its schema gives the outputs onnx's RNN shapes, Y [seq_length,
+        num_directions, batch_size, hidden_size] and Y_h, Y_c [num_directions, batch_size, hidden_size]."""
+        x = self._get_shape(node, 0)  # type: ignore[attr-defined]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        hidden = attrs.get("hidden_size")
+        if x is None or len(x) != 3 or hidden is None:
+            raise ValueError("X of rank 3 and a hidden_size attribute are needed")
+        directions = 2 if attrs.get("direction") == b"bidirectional" else 1
+        seq, batch = x[0], x[1]
+        elem_type = self.known_vi_[node.input[0]].type.tensor_type.elem_type
+        shapes = ([seq, directions, batch, hidden], [directions, batch, hidden], [directions, batch, hidden])
+        for name, shape in zip(node.output, shapes):
+            if name:
+                self._set_value(name, onnx.helper.make_tensor_value_info(name, elem_type, shape))
 
     def _infer_Shape(self, node: onnx.NodeProto) -> None:  # noqa: N802 - the tool's naming
         """Shape with its ``start`` and ``end`` attributes (opset 15), which the tool ignores: a
