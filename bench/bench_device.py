@@ -51,6 +51,9 @@ WHEELS = [
     ("rapidocr-onnxruntime==1.4.4", "ch_PP-OCRv4_rec_infer.onnx", {"x": [1, 3, 48, 320]}),
     ("rapidocr-onnxruntime==1.4.4", "ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [1, 3, 48, 192]}),
     ("silero-vad==6.2.3", "silero_vad_16k_op15.onnx", {"input": [1, 512], "state": [2, 1, 128]}),
+    ("nudenet==3.4.2", "320n.onnx", {"images": [1, 3, 320, 320]}),  # a YOLOv8 detector
+    # an OCR model of quantize_dynamic's making: its LSTM is a com.microsoft DynamicQuantizeLSTM
+    ("ddddocr==1.6.1", "common_old.onnx", {"input1": [1, 1, 64, 256]}),
 ]
 LIGHT = ["squeezenet", "shufflenet", "resnet50"]
 

@@ -15,8 +15,9 @@ For every model below, on onnxruntime's CPU execution provider at ``--opt-level 
 Models: the samples, original and rewritten by a distance plan (weights too) and by a budget plan
 (60% of the CPU figure); generated transformer-like models (`gen_large.py`); and third-party models
 that ship inside wheels: the onnx wheel's backend test models (real architectures whose weights are
-made at run time), and, when pip can download them, the models in the rapidocr-onnxruntime and
-silero-vad wheels (``pip download --no-deps``, unpacked into ``bench/.cache``; nothing is installed).
+made at run time), and, when pip can download them, the models in the rapidocr-onnxruntime,
+silero-vad, nudenet and ddddocr wheels (``pip download --no-deps``, unpacked into ``bench/.cache``;
+nothing is installed).
 
 Each row prints simulated / measured; the goal is within 2% (0.98 to 1.02), and the script exits 1
 when a row is outside it. Memory figures do not depend on machine load.
@@ -70,6 +71,9 @@ DOWNLOADED = [
     ("silero-vad==6.2.3", "silero_vad_16k_sequence.onnx", {"input": [4, 576], "h": [1, 1, 128], "c": [1, 1, 128]}),
     ("silero-vad==6.2.3", "silero_vad_openvino_16k.onnx", {"input": [1, 576], "state": [2, 1, 128]}),
     ("silero-vad==6.2.3", "silero_vad_16k_op15.onnx", {"input": [1, 512], "state": [2, 1, 128]}),
+    ("nudenet==3.4.2", "320n.onnx", {"images": [1, 3, 320, 320]}),  # a YOLOv8 detector
+    # an OCR model of quantize_dynamic's making: its LSTM is a com.microsoft DynamicQuantizeLSTM
+    ("ddddocr==1.6.1", "common_old.onnx", {"input1": [1, 1, 64, 256]}),
 ]
 DISABLE = {"session.disable_prepacking": "1"}
 
