@@ -374,9 +374,10 @@ def device_figures(
     placement = placement_of(analysis, host_nodes, host_copies)
     target = target_for(device)  # the pins `apply --target` writes for it
     with paused_gc():
-        before = device_result(None, analysis, placement, target=target)
-        after = device_result(plan, analysis, placement, target=target) if plan["offloads"] else before
-    return with_device_peaks(figures, before, after, device, analysis.order)
+        before, _ = device_result(None, analysis, placement, target=target)
+        after, pins = device_result(plan, analysis, placement, target=target) if plan["offloads"] else (before, None)
+    checked = None if pins is None else (pins.checked, len(pins.violated))
+    return with_device_peaks(figures, before, after, device, analysis.order, checked)
 
 
 #: a plan that lowers the peak by less than this fraction gets a computed next step

@@ -165,6 +165,32 @@ g (float[4,8] x) => (float[4,8] y) {
 }"""
 
 
+def early_host_node_model(layers: int = 16, hidden: int = 64) -> onnx.ModelProto:
+    """A Hardmax first (WebGPU has no kernel for it: onnxruntime runs it on the CPU and inserts copies of
+    its output and of ``x`` to the device), then ``layers`` MatMul + Relu layers, each with its own
+    [hidden, hidden] weight ``w{i}``: a model whose weights a plan streams in one by one."""
+    import numpy as np
+
+    nodes = [
+        helper.make_node("Hardmax", ["x"], ["h"], axis=-1, name="early_cpu"),
+        helper.make_node("Add", ["x", "h"], ["a"], name="add"),
+    ]
+    weights, last = [], "a"
+    for i in range(layers):
+        w = np.random.default_rng(i).standard_normal((hidden, hidden)).astype(np.float32) * 0.05
+        weights.append(onnx.numpy_helper.from_array(w, f"w{i}"))
+        nodes += [
+            helper.make_node("MatMul", [last, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
+        last = f"r{i}"
+    io = [tensor("x", (8, hidden)), tensor(last, (8, hidden))]
+    graph = helper.make_graph(nodes, "early_host", io[:1], io[1:], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def host_nodes_model() -> onnx.ModelProto:
     """`HOST_NODES_MODEL`, its nodes named ``n{index}_{op}``."""
     model = onnx.parser.parse_model(HOST_NODES_MODEL)

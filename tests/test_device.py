@@ -23,7 +23,7 @@ import onnx
 import pytest
 
 from conftest import SAMPLES
-from models import host_nodes_model, old_pin_model, save, to_fp16
+from models import early_host_node_model, host_nodes_model, old_pin_model, save, to_fp16
 
 pytestmark = pytest.mark.device
 
@@ -182,6 +182,33 @@ def test_a_device_plan_quotes_the_peaks_the_device_runs(tmp_path, name):
             assert report["ran_peak_bytes"] == peak[figure], where
         if name == "shufflenet" and order == "default":  # every weight reaches the device before the first node
             assert peak["before"] > 2 * peak["planned_before"]
+
+
+def test_the_order_pins_a_device_plan_says_break_are_those_that_break_on_the_device(tmp_path):
+    """onnxruntime runs the Hardmax on the CPU and appends the copies it inserts after every node: under
+    PRIORITY_BASED every weight's H2D then ran first, and the plan was undone on WebGPU while its
+    planned figures promised a cut. `plan --device webgpu` counts the pins the executor's order breaks
+    (the very copies the run finds on the wrong side), quotes the peak that runs, and points to the
+    DEFAULT order, where the pins hold and the cut is real."""
+    source = save(early_host_node_model(), tmp_path / "m.onnx")
+    plan, out = tmp_path / "plan.json", tmp_path / "out.onnx"
+    options = ["--params", "--select-distance", "2", "--prefetch-distance", "1", "--device", "webgpu"]
+    for order in ("priority", "default"):
+        done = _device("plan", source, *options, "--execution-order", order, "-o", plan)
+        assert plan.exists(), done.stderr
+        peak = json.loads(plan.read_text())["summary"]["estimate"]["peak_bytes"]
+        out.unlink(missing_ok=True)
+        assert _device("apply", plan, "-o", out).returncode == 0
+        code, report = _run_json(out, "--execution-order", order, "--opt-level", "disable", "--compare-to", source)
+        assert code == 0 and report["order"]["matches"], report["order"]
+        assert len(report["order_pins"]["violated"]) == peak["pins_broken"], order
+        assert report["ran_peak_bytes"] == peak["after"], order
+        if order == "priority":
+            assert peak["pins_broken"] > 0 and peak["after"] == peak["before"]
+            assert "--execution-order default" in done.stderr
+        else:
+            assert peak["pins_broken"] == 0 and peak["after"] < peak["before"] / 4
+        plan.unlink()
 
 
 def _llm_case(name: str) -> tuple[Path, list[str]]:

@@ -21,7 +21,7 @@ from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
 from offloadctl.running.placement import CANN_KERNELS, CUDA_KERNELS, inserted_copies, predicted_copies
 
 from conftest import SAMPLE_NAMES, SAMPLES
-from models import host_nodes_model, make_model, old_pin_model, save, tensor, to_fp16
+from models import early_host_node_model, host_nodes_model, make_model, old_pin_model, save, tensor, to_fp16
 
 
 def test_the_replica_reproduces_the_rule_for_fp32_and_fp16():
@@ -286,3 +286,30 @@ def test_no_pin_holds_a_node_the_device_runs_on_the_host(tmp_path):
             assert not views & set(node.input), node.name
         if node.output and node.output[0] in views:
             assert node.input[0] not in {"w", "s", "t"}  # what the host makes stays unviewed
+
+
+@pytest.mark.parametrize("order", ["priority", "default"])
+def test_a_device_plan_counts_the_order_pins_its_executor_order_breaks(tmp_path, order, caplog):
+    """WebGPU runs the Hardmax on the CPU, and onnxruntime appends its copies of ``h`` and ``x`` after
+    every node. Under PRIORITY_BASED the nodes that wait for them are held back and every weight's
+    H2D, ready at once, runs first, before the node its pin names: the rewrite keeps every weight on
+    the device, and the plan says why and what holds (test_device checks this against the order
+    WebGPU ran). The DEFAULT walk follows the pins."""
+    from offloadctl.cli.common import warn_broken_pins
+    from offloadctl.job import device_figures
+
+    analysis = analyse_in(load_model(save(early_host_node_model(), tmp_path / "m.onnx")), order=order)
+    placement = {"host_nodes": ("early_cpu",), "host_copies": ("h", "x")}
+    plan = make_plan(analysis, select_distance=2, prefetch_distance=1, params=True, **placement)
+    figures = device_figures(
+        plan, analysis, {"peak_bytes": {"before": 0, "after": 0}}, "webgpu (measured)", **placement
+    )
+    peak = figures["peak_bytes"]
+    assert peak["pins_checked"] == 15  # the first layer's H2D, at position 0, needs no pin
+    warn_broken_pins(figures, order)
+    if order == "priority":
+        assert peak["pins_broken"] == 15 and peak["after"] == peak["before"]
+        assert "--execution-order default" in caplog.text
+    else:
+        assert peak["pins_broken"] == 0 and peak["after"] < peak["before"] / 4
+        assert "wrong side" not in caplog.text

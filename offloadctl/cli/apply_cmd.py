@@ -13,6 +13,7 @@ from offloadctl.cli.common import (
     plan_effect,
     print_estimate,
     slowdown_text,
+    warn_broken_pins,
 )
 from offloadctl.cli.options import json_option, output_option
 from offloadctl.cli.ui import out_console, steps
@@ -101,6 +102,8 @@ def apply(
             console.print(f"placed {path} beside the rewritten model", soft_wrap=True)
         if figures is not None:
             print_estimate(figures, what="planned")
+    if figures is not None:
+        warn_broken_pins(figures, plan["model"].get("execution_order", "priority"))
     parts: list[str | None] = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
     if result.unpinned and order_pins:
         parts.append(f"{len(result.unpinned)} unpinned group(s) hold under PRIORITY_BASED only")

@@ -272,6 +272,40 @@ def warn_slowdown(figures: Mapping[str, Any]) -> None:
         )
 
 
+def warn_broken_pins(figures: Mapping[str, Any], order: str) -> None:
+    """Warn when a plan made for a device (``plan --device``) has copies that, as that device runs its
+    rewrite in ``order``, run on the wrong side of the node their order pin names."""
+    peak = figures.get("peak_bytes") or {}
+    broken, checked = peak.get("pins_broken"), peak.get("pins_checked")
+    if not broken:
+        return
+    device = peak.get("device", "the device")
+    where = (
+        f"peak {fmt_bytes(peak['planned_after'])} planned, {fmt_bytes(peak['after'])} as {device} runs it"
+        if "planned_after" in peak
+        else f"as {device} runs it"
+    )
+    if order == "priority":
+        logger.warning(
+            "as %s runs this rewrite under PRIORITY_BASED, %d of %d copies run on the wrong side of the node their "
+            "order pin names (%s): onnxruntime appends the copies it inserts between host and device after every "
+            "node, PRIORITY_BASED holds back the nodes that wait for them, and every copy that is ready runs first; "
+            "plan and run with --execution-order default (every host but Python runs it), where the pins hold",
+            device,
+            broken,
+            checked,
+            where,
+        )
+    else:
+        logger.warning(
+            "as %s runs this rewrite, %d of %d copies run on the wrong side of the node their order pin names (%s)",
+            device,
+            broken,
+            checked,
+            where,
+        )
+
+
 def low_figures_text(unknown: int) -> str | None:
     """What the verdict says when memory figures count tensors of unknown size as 0 bytes."""
     if not unknown:

@@ -25,6 +25,7 @@ from offloadctl.cli.common import (
     print_plan_summary,
     print_points,
     slowdown_text,
+    warn_broken_pins,
     warn_slowdown,
 )
 from offloadctl.cli.options import (
@@ -479,6 +480,7 @@ def _plan_verdict(
     if (text := unreached_text(bodies)) is not None:
         logger.warning("%s", text)
     warn_slowdown(figures)
+    warn_broken_pins(figures, analysis.order)
     unknown = figures["unknown_size_tensors"]
     words, raised = plan_effect(figures, plan, bodies)
     finish(

@@ -16,7 +16,8 @@
        "webgpu": {"preferredLayout": "NCHW"}}
 
   PRIORITY_BASED makes onnxruntime run the nodes in file order (the default order moves the
-  copies unless order pins hold them); ConstantFolding would turn ``MemcpyFromHost(weight)`` back
+  copies unless order pins hold them), except on a device where it inserts copies of its own (see
+  `PinCheck`); ConstantFolding would turn ``MemcpyFromHost(weight)`` back
   into a device weight and fold the order pins' Shape nodes away (it is disabled when either is
   there); the CANN graph mode compiles subgraphs, owns their memory and splits at every copy;
   the WebGPU provider's NHWC layout replaces every Conv and pool with a new node of a higher index,
@@ -34,6 +35,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import onnx
@@ -51,6 +54,8 @@ __all__ = [
     "KEY_PLANNED_AT",
     "KEY_PINS",
     "KEY_UNPINNED",
+    "PinCheck",
+    "check_pins",
     "metadata_json",
     "plan_sha256",
     "make_session_settings",
@@ -135,3 +140,46 @@ def session_settings(model: onnx.ModelProto) -> dict[str, Any] | None:
                 )
             return value
     return None
+
+
+@dataclass
+class PinCheck:
+    """Whether every copy ran on the side of its original node that the model's order pins ask.
+
+    onnxruntime appends the copies it inserts between host and device after every node; under
+    PRIORITY_BASED the nodes that wait for them are held back while every ready node runs, a
+    weight's H2D among them, so on such a device pins break in the order that runs
+    (`offloadctl.rewriting.preview.pins_in_order` predicts which)."""
+
+    checked: int
+    violated: list[dict[str, str]]
+    unchecked: int  # constraints whose nodes did not both run (fused, removed, unnamed)
+
+    @property
+    def holds(self) -> bool:
+        return not self.violated
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "holds": self.holds,
+            "violated": self.violated[:20],
+            "unchecked": self.unchecked,
+        }
+
+
+def check_pins(constraints: Sequence[Mapping[str, str]], ran: Sequence[str]) -> PinCheck:
+    """Check ``{"copy": C, "before": N}`` / ``{"copy": C, "after": N}`` against the order nodes ran in."""
+    at = {name: k for k, name in enumerate(ran)}
+    violated = []
+    checked = unchecked = 0
+    for c in constraints:
+        copy, other = c.get("copy", ""), c.get("before", c.get("after", ""))
+        if copy not in at or other not in at:
+            unchecked += 1
+            continue
+        checked += 1
+        ok = at[copy] < at[other] if "before" in c else at[copy] > at[other]
+        if not ok:
+            violated.append(dict(c))
+    return PinCheck(checked, violated, unchecked)

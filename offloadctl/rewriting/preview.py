@@ -27,6 +27,7 @@ import onnx
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.placed import Placement, placed
+from offloadctl.rewriting.metadata import KEY_PINS, PinCheck, check_pins, metadata_json
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
 from offloadctl.simulation.profiles import Profile
@@ -37,6 +38,7 @@ __all__ = [
     "CpuFigures",
     "cpu_figures",
     "device_result",
+    "pins_in_order",
     "placement_of",
     "rewritten_analysis",
     "run_order_result",
@@ -80,11 +82,25 @@ def device_result(
     *,
     target: str = "gpu",
     profile: Profile | str | None = None,
-) -> SimResult:
+) -> tuple[SimResult, PinCheck | None]:
     """The simulation of ``plan``'s rewrite (None: the model as it is) as onnxruntime runs it on a
     device where ``placement`` holds, in ``analysis``'s order: its ``after`` counts device memory in
-    the order the executor runs the placed graph."""
-    return simulate(rewritten_analysis(plan, analysis, placement, target=target), None, profile=profile)
+    the order the executor runs the placed graph; and the rewrite's order pins against that order
+    (`pins_in_order`)."""
+    placed_analysis = rewritten_analysis(plan, analysis, placement, target=target)
+    return simulate(placed_analysis, None, profile=profile), pins_in_order(placed_analysis)
+
+
+def pins_in_order(rewritten: Analysis) -> PinCheck | None:
+    """The order pins a rewrite records (``offloadctl.order_pins``) against the order ``rewritten``
+    runs its nodes in (None: it records none), as `offloadctl run` checks them against the order
+    that ran. On a device whose inserted copies onnxruntime appends after every node, PRIORITY_BASED
+    holds back the nodes that wait for those copies, and the H2Ds that are ready (a weight's, at
+    once) run first, before the nodes their pins name."""
+    constraints = metadata_json(rewritten.loaded.proto, KEY_PINS)
+    if not isinstance(constraints, list):
+        return None
+    return check_pins([c for c in constraints if isinstance(c, dict)], [node.name for node in rewritten.nodes])
 
 
 @dataclasses.dataclass(frozen=True)

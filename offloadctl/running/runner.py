@@ -41,7 +41,15 @@ from offloadctl.analysis.order import EXECUTION_ORDERS, expected_run_order
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind
 from offloadctl.loading.model import load_model
-from offloadctl.rewriting.metadata import KEY_PINS, KEY_PLANNED_AT, KEY_SESSION, metadata_json, session_settings
+from offloadctl.rewriting.metadata import (
+    KEY_PINS,
+    KEY_PLANNED_AT,
+    KEY_SESSION,
+    PinCheck,
+    check_pins,
+    metadata_json,
+    session_settings,
+)
 from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
 from offloadctl.running.placement import PLUGINS, InsertedCopy, add_plugin_provider, inserted_copies, save_placed_graph
@@ -506,44 +514,6 @@ class OrderCheck:
             "missing_count": len(self.missing),
             "missing": self.missing[:20],
         }
-
-
-@dataclass
-class PinCheck:
-    """Whether every copy ran on the side of its original node that the model's order pins ask."""
-
-    checked: int
-    violated: list[dict[str, str]]
-    unchecked: int  # constraints whose nodes did not both run (fused, removed, unnamed)
-
-    @property
-    def holds(self) -> bool:
-        return not self.violated
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "checked": self.checked,
-            "holds": self.holds,
-            "violated": self.violated[:20],
-            "unchecked": self.unchecked,
-        }
-
-
-def check_pins(constraints: Sequence[Mapping[str, str]], ran: Sequence[str]) -> PinCheck:
-    """Check ``{"copy": C, "before": N}`` / ``{"copy": C, "after": N}`` against the order nodes ran in."""
-    at = {name: k for k, name in enumerate(ran)}
-    violated = []
-    checked = unchecked = 0
-    for c in constraints:
-        copy, other = c.get("copy", ""), c.get("before", c.get("after", ""))
-        if copy not in at or other not in at:
-            unchecked += 1
-            continue
-        checked += 1
-        ok = at[copy] < at[other] if "before" in c else at[copy] > at[other]
-        if not ok:
-            violated.append(dict(c))
-    return PinCheck(checked, violated, unchecked)
 
 
 def compare_order(planned: Sequence[str], ran: Sequence[str], *, exact: bool, limit: int = 5) -> OrderCheck:
@@ -1054,9 +1024,15 @@ def _pin_check(proto: onnx.ModelProto, ran: Sequence[str], order: str, warnings:
     if not pins.holds:
         first = pins.violated[0]
         side = "before" if "before" in first else "after"
+        cause = (
+            "; on a device where onnxruntime inserts copies between host and device, PRIORITY_BASED runs every "
+            "copy that is ready before the nodes that wait for them: plan and run with --execution-order default"
+            if order == "priority"
+            else ""
+        )
         warnings.append(
             f"{len(pins.violated)} copy(ies) ran on the wrong side of their pinned node (first: {first['copy']!r} "
-            f"should run {side} {first[side]!r}); check that ConstantFolding is disabled"
+            f"should run {side} {first[side]!r}); check that ConstantFolding is disabled{cause}"
         )
     return pins
 

@@ -54,18 +54,27 @@ def with_run_order_peak(figures: dict[str, Any], replayed: SimResult, order: str
 
 
 def with_device_peaks(
-    figures: dict[str, Any], before: SimResult, after: SimResult, device: str, order: str
+    figures: dict[str, Any],
+    before: SimResult,
+    after: SimResult,
+    device: str,
+    order: str,
+    pins: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """``figures`` with the peaks before and after taken from the model and its rewrite as ``device``
     runs them (`offloadctl.rewriting.preview.device_result`: its inserted copies, the nodes it runs
     on the host, its executor's order); the planned figures stay beside them as ``planned_before`` and
-    ``planned_after``."""
+    ``planned_after``. ``pins``, (checked, broken): the rewrite's order pins checked against that
+    order and those it breaks (copies on the wrong side of the node their pin names), are recorded as
+    ``peak_bytes.pins_checked`` and ``pins_broken``."""
     peak = dict(figures["peak_bytes"])
     peak["planned_before"], peak["planned_after"] = peak["before"], peak["after"]
     peak["before"], peak["after"] = before.peak_after, after.peak_after
     peak["saved"] = before.peak_after - after.peak_after
     peak["device"] = device
     peak["of"] = f"the model and its rewrite as {device} runs them, in onnxruntime's {order.upper()} order"
+    if pins is not None:
+        peak["pins_checked"], peak["pins_broken"] = pins
     return {**figures, "peak_bytes": peak}
 
 
