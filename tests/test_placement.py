@@ -289,27 +289,55 @@ def test_no_pin_holds_a_node_the_device_runs_on_the_host(tmp_path):
 
 
 @pytest.mark.parametrize("order", ["priority", "default"])
-def test_a_device_plan_counts_the_order_pins_its_executor_order_breaks(tmp_path, order, caplog):
-    """WebGPU runs the Hardmax on the CPU, and onnxruntime appends its copies of ``h`` and ``x`` after
-    every node. Under PRIORITY_BASED the nodes that wait for them are held back and every weight's
-    H2D, ready at once, runs first, before the node its pin names: the rewrite keeps every weight on
-    the device, and the plan says why and what holds (test_device checks this against the order
-    WebGPU ran). The DEFAULT walk follows the pins."""
-    from offloadctl.cli.common import warn_broken_pins
+def test_a_device_plan_writes_the_copies_onnxruntime_would_insert(tmp_path, order):
+    """WebGPU runs the Hardmax on the CPU, so ``h`` and ``x`` are copied to the device. onnxruntime
+    appends the copies it inserts after every node: under PRIORITY_BASED the nodes that wait for them
+    are held back, every weight's H2D (ready at once) runs first, before the node its pin names, and
+    the rewrite keeps every weight on the device. The rewrite writes those copies itself, each before
+    the first node that reads across, so none is inserted and the pins hold in both orders
+    (test_device checks this against the order WebGPU ran)."""
     from offloadctl.job import device_figures
 
     analysis = analyse_in(load_model(save(early_host_node_model(), tmp_path / "m.onnx")), order=order)
     placement = {"host_nodes": ("early_cpu",), "host_copies": ("h", "x")}
     plan = make_plan(analysis, select_distance=2, prefetch_distance=1, params=True, **placement)
-    figures = device_figures(
-        plan, analysis, {"peak_bytes": {"before": 0, "after": 0}}, "webgpu (measured)", **placement
-    )
-    peak = figures["peak_bytes"]
-    assert peak["pins_checked"] == 15  # the first layer's H2D, at position 0, needs no pin
-    warn_broken_pins(figures, order)
-    if order == "priority":
-        assert peak["pins_broken"] == 15 and peak["after"] == peak["before"]
-        assert "--execution-order default" in caplog.text
-    else:
-        assert peak["pins_broken"] == 0 and peak["after"] < peak["before"] / 4
-        assert "wrong side" not in caplog.text
+    result = ApplyResult()
+    proto = apply_plan(plan, analysis, result=result)
+    assert result.across == 2
+    add = next(node for node in proto.graph.node if node.name == "add")
+    assert list(add.input) == ["x__to_device", "h__to_device"]
+    inserted, _ = placed(proto, Placement(frozenset({"h"}), ("h", "x")))
+    assert len(inserted.graph.node) == len(proto.graph.node)  # nothing left for onnxruntime to insert
+
+    empty = {"peak_bytes": {"before": 0, "after": 0}}
+    peak = device_figures(plan, analysis, empty, "webgpu (measured)", **placement)["peak_bytes"]
+    assert (peak["pins_checked"], peak["pins_broken"]) == (15, 0)  # the first H2D, at position 0, needs no pin
+    assert peak["after"] < peak["before"] / 4
+    if order == "priority":  # the same rewrite with the copies left to onnxruntime: the plan undone
+        bare = {**plan, "options": {**plan["options"], "select": {**plan["options"]["select"], "host_copies": []}}}
+        peak = device_figures(bare, analysis, empty, "webgpu (measured)", **placement)["peak_bytes"]
+        assert (peak["pins_broken"], peak["after"]) == (15, peak["before"])
+
+
+def test_broken_pins_are_told_with_what_keeps_them(caplog):
+    """Pins a device's order breaks are told, under PRIORITY_BASED with the DEFAULT order as the fix."""
+    from offloadctl.cli.common import warn_broken_pins
+
+    peak = {"pins_checked": 5, "pins_broken": 3, "device": "webgpu", "planned_after": 1024, "after": 4096}
+    warn_broken_pins({"peak_bytes": peak}, "priority")
+    assert "3 of 5 copies" in caplog.text and "--execution-order default" in caplog.text
+    caplog.clear()
+    warn_broken_pins({"peak_bytes": {**peak, "pins_broken": 0}}, "priority")
+    assert not caplog.text
+
+
+def test_profiled_host_nodes_are_found_by_name_before_index(tmp_path):
+    """onnxruntime's node index in a profile was two places off from the file on a BERT export, so
+    every attention-scale Sqrt that ran on the CPU was taken for the node two before it. A profiled
+    node is found by its name where the file names one node so; the index is the fallback."""
+    from offloadctl.running.replay import RanNode
+    from offloadctl.running.residency import _labels
+
+    analysis = analyse_in(load_model(save(early_host_node_model(layers=2), tmp_path / "m.onnx")))
+    wrong_index = [RanNode("early_cpu", "CPUExecutionProvider", 3), RanNode("", "CPUExecutionProvider", 2)]
+    assert _labels(analysis, wrong_index) == ("early_cpu", "mm0")  # by name; the unnamed one by index

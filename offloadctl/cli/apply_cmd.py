@@ -96,6 +96,12 @@ def apply(
         )
         if result.pins:
             console.print(f"held the copies in place with {result.pins} order pin(s) (no-op views)", soft_wrap=True)
+        if result.across:
+            console.print(
+                f"wrote {result.across} copy(ies) between host and device where the plan's device needs them "
+                "(onnxruntime would append them after every node)",
+                soft_wrap=True,
+            )
         for reason in result.unpinned:
             console.print(f"[yellow]not pinned (holds under PRIORITY_BASED only)[/]: {reason}", soft_wrap=True)
         for path in extra:

@@ -52,7 +52,7 @@ from offloadctl.core.files import json_sha256
 from offloadctl.core.onnxutil import has_subgraphs
 from offloadctl.core.plantypes import Plan
 
-__all__ = ["RESHAPE_OPS", "PinLayout", "pin_layout", "pin_rank", "record_pins", "viewable"]
+__all__ = ["RESHAPE_OPS", "PinLayout", "host_positions", "pin_layout", "pin_rank", "record_pins", "viewable"]
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     if not d2hs and not h2ds:
         return PinLayout()
     select = plan["options"].get("select", {})
-    host = _host_positions(analysis, select.get("host_nodes", ()))
+    host = host_positions(analysis, select.get("host_nodes", ()))
     # no pin reads what the plan keeps for fusions, nor what a node on the host makes (in host memory)
     avoid = frozenset(select.get("fused", ())) | {o for p in host for o in analysis.nodes[p].output if o}
     if opset < 10:
@@ -272,7 +272,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     return PinLayout(held, waits, nodes, unpinned, slice_form=opset < 15, avoid=avoid)
 
 
-def _host_positions(analysis: Analysis, labels: Any) -> frozenset[int]:
+def host_positions(analysis: Analysis, labels: Any) -> frozenset[int]:
     """The positions of the nodes a plan's device runs on the host (``options.select.host_nodes``)."""
     wanted = set(labels)
     if not wanted:

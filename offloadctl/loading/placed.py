@@ -12,6 +12,10 @@ graph inputs first, then the copies to the device in the order of their tensors'
 to the host (its sets are ordered by name). Node indices decide both execution orders and the
 executor's streams (`offloadctl.analysis.order.executor_order`), so the copies' places matter.
 
+A rewrite for that device writes these copies itself where they are needed
+(`offloadctl.rewriting.rewrite`): a tensor whose readers on the other side already read the graph's
+own copy gets none here.
+
 `placed` builds that graph in memory from a `Placement`: the nodes that run on the host and the
 tensors onnxruntime copies, both found by onnxruntime itself where the provider runs here, or
 predicted. The nodes a rewrite adds for its order pins run on the host when every tensor they read
@@ -79,6 +83,8 @@ def placed(
     to_device = [n for n in inputs if n in copied] + sorted(n for n in copied - set(inputs) if n in in_host)
     to_host = sorted(n for n in copied if n not in in_host and n not in inputs)
     names = dict(copy_names or {})
+    # tensors the graph copies itself (a rewrite writes onnxruntime's copies where they are needed)
+    own = {node.input[0] for node in graph.node if node.op_type in (MEMCPY_FROM_HOST, MEMCPY_TO_HOST) and node.input}
     readers: dict[str, list[tuple[int, int]]] = {}
     for k, node in enumerate(graph.node):
         for i, name in enumerate(node.input):
@@ -88,11 +94,15 @@ def placed(
     for tensor in [*to_device, *to_host]:
         h2d = tensor in in_host or tensor in inputs
         copy = fresh_name(f"{tensor}_copied", taken)
+        rewired = False
         for k, i in readers.get(tensor, ()):
             node = graph.node[k]
             in_host_memory = k in host_at or i in CPU_INPUTS.get(node.op_type, ())
             if in_host_memory != h2d:  # a device read of a host tensor, or a host read of a device one
                 node.input[i] = copy
+                rewired = True
+        if not rewired and tensor in own:  # its readers on the other side read the rewrite's own copy
+            continue
         op = MEMCPY_FROM_HOST if h2d else MEMCPY_TO_HOST
         name = names.get(tensor) or fresh_name("Memcpy", taken_nodes)
         new_nodes.append(onnx.helper.make_node(op, [tensor], [copy], name=name))

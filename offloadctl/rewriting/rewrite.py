@@ -22,6 +22,12 @@ Encoding:
   ``graph.input`` so that constant folding cannot turn ``MemcpyFromHost(W)`` back into a device
   weight (the model's metadata also asks to disable ConstantFolding).
 
+- Host and device (a plan made with ``plan --device``): the copies onnxruntime inserts between
+  host and device memory there (``options.select.host_copies``) are written as ``across/{tensor}``,
+  each right before the first node that reads the tensor on the other side. onnxruntime appends the
+  copies it inserts after every node; under PRIORITY_BASED the nodes that wait for them are then held
+  back while every node that is ready runs, a weight's H2D among them, and the plan is undone.
+
 Node order: the file order is the planned order — Constant nodes first (they take no position),
 then for each position p the H2Ds placed before p, node p, the D2Hs placed after p, then the H2Ds at
 the end — re-sorted into onnxruntime's PRIORITY_BASED order (`offloadctl.analysis.graph.execution_order`),
@@ -66,7 +72,7 @@ from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.order import execution_order, priority_ranks, sorted_priority_order
 from offloadctl.contract.check import check_plan_for_model
-from offloadctl.contract.pins import RESHAPE_OPS, pin_layout, pin_rank
+from offloadctl.contract.pins import RESHAPE_OPS, host_positions, pin_layout, pin_rank
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write, check_distinct_outputs, same_file
@@ -83,6 +89,7 @@ from offloadctl.core.onnxutil import (
 )
 from offloadctl.core.plantypes import Offload, Plan, Use
 from offloadctl.loading.model import external_data_entries
+from offloadctl.loading.placed import CPU_INPUTS, CPU_OUTPUT_OPS
 from offloadctl.loading.tensors import TensorInfo
 from offloadctl.rewriting.metadata import (
     KEY_OFFLOADS,
@@ -130,6 +137,8 @@ class ApplyResult:
     copy_nodes: list[str] = field(default_factory=list)
     pins: int = 0  # no-op views added to hold copies in place (`RewriteOptions.order_pins`)
     unpinned: list[str] = field(default_factory=list)  # copies no pin could hold (and why)
+    # the copies onnxruntime would insert between host and device on the plan's device, written in place
+    across: int = 0
 
 
 #: the providers a rewrite's order pins are built for (`RewriteOptions.target`)
@@ -333,6 +342,7 @@ class _Rewriter:
         self.reroutes: dict[str, list[Use]] = {}  # an H2D's device output -> the uses that read it
         self.h2d_pins: list[tuple[onnx.NodeProto, onnx.NodeProto]] = []  # (an H2D, the Concat of its view)
         self.renamed: dict[str, int] = {}  # a new name of an original node's output -> its position
+        self.across: set[str] = set()  # the copies onnxruntime would insert, written here (no pin holds them)
         self._name_nodes()
 
     def _name_nodes(self) -> None:
@@ -428,6 +438,51 @@ class _Rewriter:
                 self._reroute(use, tensor, out)
             self.reroutes[out] = list(group["uses"])
 
+    def _copy_across(self) -> None:
+        """Write the copies onnxruntime inserts between host and device memory on the plan's device
+        (``options.select.host_copies``, found with ``plan --device``), each right before the first node
+        that reads its tensor on the other side, those nodes reading the copy. onnxruntime appends the
+        copies it inserts after every node, so that under PRIORITY_BASED the nodes that wait for one are
+        held back while every node that is ready runs, every H2D of a weight among them: the plan undone.
+        Written here, no copy is inserted and each runs where it is needed. A tensor read across inside
+        an If/Loop/Scan body, or offloaded (forced), is left to onnxruntime."""
+        select = self.plan["options"].get("select", {})
+        copies = set(select.get("host_copies") or ())
+        if not copies:
+            return
+        analysis = self.analysis
+        host = host_positions(analysis, select.get("host_nodes", ()))
+        copies -= {off["tensor"] for off in self.plan["offloads"]}
+        inputs = set(analysis.graph_inputs)
+        for tensor in sorted(copies):
+            made_by = analysis.producer.get(tensor)
+            if made_by is None and tensor not in inputs:
+                continue  # a weight: onnxruntime places it beside the nodes that read it
+            in_host = made_by is None or made_by in host or analysis.nodes[made_by].op_type in CPU_OUTPUT_OPS
+            uses = analysis.uses.get(tensor, [])
+            if any(u.input_index is None for u in uses):
+                continue
+            across = [
+                u
+                for u in uses
+                if (u.position in host or u.input_index in CPU_INPUTS.get(analysis.nodes[u.position].op_type, ()))
+                != in_host
+            ]
+            info = analysis.infos.get(tensor)
+            if not across or info is None:
+                continue
+            first = across[0].position
+            side = "device" if in_host else "host"
+            out = self.tensors.new(f"{tensor}__to_{side}")
+            op = MEMCPY_FROM_HOST if in_host else MEMCPY_TO_HOST
+            copy = self._copy_node(op, tensor, out, f"across/{tensor}", first)
+            self.before[first].append(copy)
+            self.across.add(copy.name)
+            self._typed(out, tensor, info)
+            for use in across:
+                self.pos_nodes[use.position].input[use.input_index] = out
+            self.result.across += 1
+
     def run(self) -> onnx.ModelProto:
         analysis = self.analysis
         for off in self.plan["offloads"]:
@@ -438,6 +493,7 @@ class _Rewriter:
             else:
                 self._offload_parameter(off, info)
                 self.result.parameters += 1
+        self._copy_across()
 
         n = analysis.num_positions
         if self.options.order_pins:
@@ -649,7 +705,7 @@ class _Pins:
         self.pending = []
         self.backward = rw.analysis.backward and is_backward(node)
         empty = self._empty_shape(node.output[j], f"h2d@{q}")
-        for copy in [c for c in rw.before[q] if c.op_type == MEMCPY_FROM_HOST]:
+        for copy in [c for c in rw.before[q] if c.op_type == MEMCPY_FROM_HOST and c.name not in rw.across]:
             self.backward = rw.analysis.backward and is_backward(copy)
             tensor = rw.sources.get(copy.output[0], copy.output[0])
             dev = copy.output[0]

@@ -16,6 +16,7 @@ the figures a device plan quotes (`offloadctl.loading.placed`).
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from offloadctl.running.placement import (
     predicted_placement,
     save_placed_graph,
 )
-from offloadctl.running.replay import ran_nodes
+from offloadctl.running.replay import RanNode, ran_nodes
 from offloadctl.running.runner import (
     DEVICES,
     create_session,
@@ -100,17 +101,25 @@ def _measured(analysis: Analysis, device: str) -> tuple[tuple[str, ...], tuple[s
         del session
         inserted = inserted_copies(onnx.load(str(placed), load_external_data=False), loaded.proto)
     provider = DEVICES[device]
-    indices = {n.index for n in ran if n.index is not None and n.provider not in (None, provider)}
-    return _labels(analysis, indices), tuple(dict.fromkeys(c.tensor for c in inserted))
+    on_host = [n for n in ran if n.provider not in (None, provider)]
+    return _labels(analysis, on_host), tuple(dict.fromkeys(c.tensor for c in inserted))
 
 
-def _labels(analysis: Analysis, indices: set[int]) -> tuple[str, ...]:
-    """The analysis labels of the nodes onnxruntime numbered ``indices`` (its node index: the place
-    among the file's nodes, Constant nodes left out, which it turns into initializers)."""
+def _labels(analysis: Analysis, nodes: list[RanNode]) -> tuple[str, ...]:
+    """The analysis labels of profiled ``nodes``: by name where the file names one node so, else by
+    onnxruntime's node index (its place among the file's nodes, Constant nodes left out). The index
+    alone named the wrong nodes: on a BERT export it was two places off from the name, so every
+    ``Sqrt`` of the attention scale was taken for the node two before it."""
     graph = analysis.loaded.proto.graph
-    numbered = [i for i, node in enumerate(graph.node) if node.op_type != "Constant"]
     position = {file_index: pos for pos, file_index in enumerate(analysis.file_index)}
-    labels = {
-        analysis.node_names[position[numbered[k]]] for k in indices if k < len(numbered) and numbered[k] in position
-    }
-    return tuple(sorted(labels))
+    counts = Counter(node.name for node in graph.node)
+    by_name = {node.name: i for i, node in enumerate(graph.node) if node.name and counts[node.name] == 1}
+    numbered = [i for i, node in enumerate(graph.node) if node.op_type != "Constant"]
+    found = set()
+    for node in nodes:
+        i = by_name.get(node.name)
+        if i is None and node.index is not None and node.index < len(numbered):
+            i = numbered[node.index]
+        if i is not None and i in position:
+            found.add(analysis.node_names[position[i]])
+    return tuple(sorted(found))
