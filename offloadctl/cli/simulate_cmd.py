@@ -23,6 +23,7 @@ from offloadctl.cli.common import (
     points_failure,
     print_points,
     slowdown_text,
+    warn_broken_pins,
 )
 from offloadctl.cli.options import (
     ShapeOptions,
@@ -269,6 +270,8 @@ def simulate_cmd(
     figures = _run_figures(result, plan, analysis)
     if plan is not None and "planned_after" in figures["peak_bytes"]:
         doc["peak_bytes"] = figures["peak_bytes"]
+    if plan is not None:
+        warn_broken_pins(figures, analysis.order)
     after = figures["peak_bytes"]["after"]
     failure = gate_failure(max_peak, after, "peak after the plan" if planned else "peak", unknown=unknown)
     failure = failure or points_failure(points, max_peak, "--max-peak")
