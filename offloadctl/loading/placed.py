@@ -34,7 +34,7 @@ from offloadctl.core.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST
 from offloadctl.core.onnxutil import is_constant_node, is_pin
 from offloadctl.loading.ortgraph import fresh_name
 
-__all__ = ["CPU_INPUTS", "CPU_OUTPUT_OPS", "Placement", "placed"]
+__all__ = ["CPU_INPUTS", "CPU_OUTPUT_OPS", "Placement", "placed", "reads_host_memory", "writes_host_memory"]
 
 #: inputs a device kernel reads in host memory, by op (shape and index arguments)
 CPU_INPUTS: dict[str, frozenset[int]] = {
@@ -46,6 +46,18 @@ CPU_INPUTS: dict[str, frozenset[int]] = {
 }
 #: ops whose device kernel writes its output to host memory
 CPU_OUTPUT_OPS = frozenset({"Shape", "Size", MEMCPY_TO_HOST})
+
+
+def writes_host_memory(node: onnx.NodeProto, on_host: bool) -> bool:
+    """Whether ``node``'s outputs are in host memory: it runs on the host, or its device kernel
+    writes them there."""
+    return on_host or node.op_type in CPU_OUTPUT_OPS
+
+
+def reads_host_memory(node: onnx.NodeProto, index: int, on_host: bool) -> bool:
+    """Whether ``node`` reads its input ``index`` in host memory: it runs on the host, or its device
+    kernel takes that input there. A tensor read on the other side of where it is gets a copy."""
+    return on_host or index in CPU_INPUTS.get(node.op_type, ())
 
 
 @dataclass(frozen=True)
@@ -97,8 +109,7 @@ def placed(
         rewired = False
         for k, i in readers.get(tensor, ()):
             node = graph.node[k]
-            in_host_memory = k in host_at or i in CPU_INPUTS.get(node.op_type, ())
-            if in_host_memory != h2d:  # a device read of a host tensor, or a host read of a device one
+            if reads_host_memory(node, i, k in host_at) != h2d:  # a read on the other side
                 node.input[i] = copy
                 rewired = True
         if not rewired and tensor in own:  # its readers on the other side read the rewrite's own copy
@@ -134,6 +145,5 @@ def _host_nodes(graph: onnx.GraphProto, host: frozenset[str], pins_by_inputs: bo
 
 def _host_tensors(graph: onnx.GraphProto, host_at: Iterable[int]) -> set[str]:
     """Tensors in host memory: what host nodes make and what kernels write to host memory."""
-    nodes = graph.node
-    made = {o for k in host_at for o in nodes[k].output if o}
-    return made | {o for node in nodes if node.op_type in CPU_OUTPUT_OPS for o in node.output if o}
+    on_host = set(host_at)
+    return {o for k, node in enumerate(graph.node) if writes_host_memory(node, k in on_host) for o in node.output if o}

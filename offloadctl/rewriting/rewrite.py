@@ -89,7 +89,7 @@ from offloadctl.core.onnxutil import (
 )
 from offloadctl.core.plantypes import Offload, Plan, Use
 from offloadctl.loading.model import external_data_entries
-from offloadctl.loading.placed import CPU_INPUTS, CPU_OUTPUT_OPS
+from offloadctl.loading.placed import reads_host_memory, writes_host_memory
 from offloadctl.loading.tensors import TensorInfo
 from offloadctl.rewriting.metadata import (
     KEY_OFFLOADS,
@@ -458,20 +458,18 @@ class _Rewriter:
             made_by = analysis.producer.get(tensor)
             if made_by is None and tensor not in inputs:
                 continue  # a weight: onnxruntime places it beside the nodes that read it
-            in_host = made_by is None or made_by in host or analysis.nodes[made_by].op_type in CPU_OUTPUT_OPS
-            uses = analysis.uses.get(tensor, [])
-            if any(u.input_index is None for u in uses):
+            in_host = made_by is None or writes_host_memory(analysis.nodes[made_by], made_by in host)
+            reads = [(u.position, u.input_index) for u in analysis.uses.get(tensor, [])]
+            if any(k is None for _, k in reads):
                 continue
+            nodes = analysis.nodes
             across = [
-                u
-                for u in uses
-                if (u.position in host or u.input_index in CPU_INPUTS.get(analysis.nodes[u.position].op_type, ()))
-                != in_host
+                (p, k) for p, k in reads if k is not None and reads_host_memory(nodes[p], k, p in host) != in_host
             ]
             info = analysis.infos.get(tensor)
             if not across or info is None:
                 continue
-            first = across[0].position
+            first = across[0][0]
             side = "device" if in_host else "host"
             out = self.tensors.new(f"{tensor}__to_{side}")
             op = MEMCPY_FROM_HOST if in_host else MEMCPY_TO_HOST
@@ -479,8 +477,8 @@ class _Rewriter:
             self.before[first].append(copy)
             self.across.add(copy.name)
             self._typed(out, tensor, info)
-            for use in across:
-                self.pos_nodes[use.position].input[use.input_index] = out
+            for p, k in across:
+                self.pos_nodes[p].input[k] = out
             self.result.across += 1
 
     def run(self) -> onnx.ModelProto:

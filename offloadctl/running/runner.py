@@ -1025,8 +1025,9 @@ def _pin_check(proto: onnx.ModelProto, ran: Sequence[str], order: str, warnings:
         first = pins.violated[0]
         side = "before" if "before" in first else "after"
         cause = (
-            "; on a device where onnxruntime inserts copies between host and device, PRIORITY_BASED runs every "
-            "copy that is ready before the nodes that wait for them: plan and run with --execution-order default"
+            "; where onnxruntime appends nodes of its own (copies between host and device, Casts around a float16 "
+            "node no provider runs in float16), PRIORITY_BASED runs every copy that is ready before the nodes that "
+            "wait for them: plan with --device, or plan and run with --execution-order default"
             if order == "priority"
             else ""
         )
