@@ -67,3 +67,30 @@ def test_generation_from_the_rewritten_folder_gives_the_same_tokens(run_cli, tmp
     ran = {e["name"][: -len("_kernel_time")] for e in json.loads(profile.read_text()) if e.get("cat") == "Node"}
     copies = {n for n in ran if n.startswith("offload") and not n.startswith("offload/pin/")}
     assert copies, "no copy ran in the onnxruntime-genai session"
+
+
+def test_a_device_plans_rewrite_generates_the_same_tokens(run_cli, tmp_path):
+    """A plan made for a device (``plan --device cuda``: onnxruntime's placement predicted, so the rewrite
+    writes the host-to-device copies onnxruntime would insert itself, ``across/...``) generates the
+    original's tokens through onnxruntime-genai, and its copies, the across copy among them, run."""
+    source = SAMPLES / "genai" / "llama-fp32"
+    plan = tmp_path / "plan.json"
+    res = run_cli(
+        "plan", source / "model.onnx", *DIMS, "--select-distance", "10", "--prefetch-distance", "2", "--params",
+        "--device", "cuda", "-o", plan,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(plan.read_text())["offloads"], res.stderr
+    out = tmp_path / "out"
+    out.mkdir()
+    res = run_cli("apply", plan, "-o", out / "model.onnx", "--json")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["copies"]["across"] >= 1, res.stdout
+    config = json.loads((out / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["enable_profiling"] = str(tmp_path / "genai_profile")
+    (out / "genai_config.json").write_text(json.dumps(config))
+    assert _generate(out) == _generate(source)
+    (profile,) = tmp_path.glob("genai_profile*.json")
+    ran = {e["name"][: -len("_kernel_time")] for e in json.loads(profile.read_text()) if e.get("cat") == "Node"}
+    assert any(n.startswith("across/") for n in ran), "the across copy did not run in the genai session"
+    assert any(n.startswith("offload") and not n.startswith("offload/pin/") for n in ran), "no offload copy ran"

@@ -133,7 +133,8 @@ def apply(
             "model": str(model_path),
             "plan": plan_path,
             "output": output,
-            "copies": {"d2h": result.d2h, "h2d": result.h2d},
+            # across: the copies between host and device written for the plan's device (plan --device)
+            "copies": {"d2h": result.d2h, "h2d": result.h2d, "across": result.across},
             "order_pins": result.pins,
             "unpinned": result.unpinned,
             "target": target,
