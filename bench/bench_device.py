@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from offloadctl.job import Job  # noqa: E402
 from offloadctl.rewriting.preview import placement_of, rewritten_analysis  # noqa: E402
 
-from models import to_fp16  # noqa: E402
+from models import early_host_node_model, to_fp16  # noqa: E402
 
 CACHE = ROOT / "bench" / ".cache"
 SAMPLES = ROOT / "sample_models"
@@ -98,6 +98,10 @@ def _cases(folder: Path, download: bool, quick: bool) -> list[tuple[str, Path, l
         half = folder / f"{name}.fp16.onnx"
         onnx.save(to_fp16(onnx.load(SAMPLES / f"{name}.onnx")), half)
         cases.append((f"{name} fp16", half, []))
+    # a float16 node the CPU has no float16 kernel for, run there between the Casts onnxruntime appends
+    early = folder / "early_host_node.fp16.onnx"
+    onnx.save(to_fp16(early_host_node_model()), early)
+    cases.append(("early host node fp16", early, []))
     if quick:
         return cases
     for light in LIGHT:
@@ -121,7 +125,9 @@ def _moved(plan_path: Path, ran: list[str]) -> int:
     analysis, plan = job.analysis, job.plan
     assert plan is not None
     select = plan["options"]["select"]
-    placement = placement_of(analysis, select.get("host_nodes", []), select.get("host_copies", []))
+    placement = placement_of(
+        analysis, select.get("host_nodes", []), select.get("host_copies", []), select.get("host_casts", [])
+    )
     predicted = [n.name for n in rewritten_analysis(plan, analysis, placement).nodes if n.name]
     common = set(predicted) & set(ran)
     return sum(a != b for a, b in zip([n for n in predicted if n in common], [n for n in ran if n in common]))

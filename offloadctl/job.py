@@ -327,6 +327,7 @@ def run_order_figures(plan: Plan, analysis: Analysis, result: SimResult, request
         host_device=request.host_device,
         host_nodes=request.host_nodes,
         host_copies=request.host_copies,
+        host_casts=request.host_casts,
         report=request.report,
     )
 
@@ -339,16 +340,17 @@ def as_run_figures(
     host_device: str = "",
     host_nodes: Sequence[str] = (),
     host_copies: Sequence[str] = (),
+    host_casts: Sequence[Any] = (),
     report: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """``figures`` (`estimate_figures` of the plan's simulation) with the peaks of what runs: for a plan
     made for a device (``plan --device``: ``host_device``, the nodes it runs on the host and the copies
-    onnxruntime inserts there), the model's and the rewrite's as that device runs them, in either order
+    and Casts onnxruntime inserts there), the model's and the rewrite's as that device runs them, in either order
     (`device_figures`); else under the DEFAULT order the peak after of the rewrite as the walk over it
     runs (`offloadctl.rewriting.preview`: pins and copies reorder it), not of the planned sequence.
     PRIORITY_BASED on one device runs the planned sequence itself."""
     if host_device:
-        return device_figures(plan, analysis, figures, host_device, host_nodes, host_copies)
+        return device_figures(plan, analysis, figures, host_device, host_nodes, host_copies, host_casts)
     if analysis.order != "default" or not plan["offloads"]:
         return figures
     if report is not None:
@@ -365,13 +367,14 @@ def device_figures(
     host_device: str,
     host_nodes: Sequence[str] = (),
     host_copies: Sequence[str] = (),
+    host_casts: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """``figures`` with the peaks of the model and of ``plan``'s rewrite as the device the plan was made
-    for runs them (``plan --device``: ``host_device``, the nodes it runs on the host and the tensors
-    onnxruntime copies there, as `SelectPart` records them), in the order its executor runs the two
-    providers' streams in (`offloadctl.rewriting.preview.device_result`)."""
+    for runs them (``plan --device``: ``host_device``, the nodes it runs on the host, the tensors
+    onnxruntime copies there and the Casts it inserts, as `SelectPart` records them), in the order its
+    executor runs the two providers' streams in (`offloadctl.rewriting.preview.device_result`)."""
     device = host_device.split()[0]
-    placement = placement_of(analysis, host_nodes, host_copies)
+    placement = placement_of(analysis, host_nodes, host_copies, host_casts)
     target = target_for(device)  # the pins `apply --target` writes for it
     with paused_gc():
         before, _ = device_result(None, analysis, placement, target=target)
@@ -412,6 +415,7 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
                 profile=request.device_profile,  # loaded once, by the request
                 host_nodes=request.host_nodes,
                 host_copies=request.host_copies,
+                host_casts=request.host_casts,
                 host_device=request.host_device,
             ),
         )

@@ -300,6 +300,11 @@ BAD_PLAN_FIELDS = {
     "h2d-after-first-use": ("offloads/0/reload_groups/0/h2d_before", 99, "h2d_before=99"),
     "h2d-before-d2h": ("offloads/0/reload_groups/0/h2d_before", 0, "h2d_before=0"),
     "use-beyond-model": ("offloads/0/reload_groups/0/uses/0/position", 42, "beyond the model's 6 positions"),
+    "host-cast-readers-a-string": (
+        "options/select/host_casts",
+        [{"tensor": "x", "readers": "h"}],
+        "field options/select/host_casts/0/readers",
+    ),
 }
 
 

@@ -217,6 +217,39 @@ def test_a_device_plans_pins_hold_where_onnxruntime_inserts_copies(tmp_path, nam
         plan.unlink()
 
 
+def test_a_device_plan_counts_the_casts_onnxruntime_inserts_around_a_float16_host_node(tmp_path):
+    """The CPU has no float16 Hardmax: on WebGPU onnxruntime runs the float16 copy of the early host node
+    model's Hardmax on the CPU in float32, between two Casts it appends after every node. Under
+    PRIORITY_BASED they hold back the Hardmax, and every weight's H2D runs first: 15 of 15 pins broke
+    and 131 KiB ran where the plan said 18 KiB. `plan --device webgpu` records the Casts
+    (``options.select.host_casts``) and counts them: the peak it quotes and the pins it says break are
+    those of the run, and under DEFAULT the pins hold at the plan's peak."""
+    source = save(to_fp16(early_host_node_model()), tmp_path / "m.onnx")
+    options = ["--params", "--select-distance", "3", "--prefetch-distance", "2"]
+    plan, out = tmp_path / "plan.json", tmp_path / "out.onnx"
+    for order in ("priority", "default"):
+        done = _device("plan", source, *options, "--device", "webgpu", "--execution-order", order, "-o", plan)
+        assert plan.exists(), done.stderr
+        doc = json.loads(plan.read_text())
+        casts = doc["options"]["select"]["host_casts"]
+        assert casts == [{"tensor": "x", "readers": ["h"]}, {"tensor": "h", "readers": None}], casts
+        peak = doc["summary"]["estimate"]["peak_bytes"]
+        out.unlink(missing_ok=True)
+        assert _device("apply", plan, "-o", out).returncode == 0
+        code, report = _run_json(out, "--execution-order", order, "--opt-level", "disable")
+        assert code == 0 and report["inserted_copies"] == [], (order, report["inserted_copies"])
+        assert report["order"]["matches"], (order, report["order"])  # the Casts run where predicted
+        pins = report["order_pins"]
+        assert report["ran_peak_bytes"] == peak["after"], (order, report["ran_peak_bytes"], peak)
+        assert peak["pins_broken"] == len(pins["violated"]) and peak["pins_checked"] == pins["checked"], (order, pins)
+        if order == "priority":
+            assert peak["pins_broken"] > 0 and "--execution-order default" in done.stderr, done.stderr
+            assert peak["after"] > 4 * peak["planned_after"], peak
+        else:
+            assert pins["holds"] and peak["after"] < 0.2 * peak["before"], (pins, peak)
+        plan.unlink()
+
+
 def _llm_case(name: str) -> tuple[Path, list[str]]:
     if name == "llama":
         dims = {"batch_size": 1, "sequence_length": 16, "past_sequence_length": 256}

@@ -319,6 +319,73 @@ def test_a_device_plan_writes_the_copies_onnxruntime_would_insert(tmp_path, orde
         assert (peak["pins_broken"], peak["after"]) == (15, peak["before"])
 
 
+def _ort_placed_early_fp16() -> onnx.ModelProto:
+    """The graph onnxruntime saved for the float16 early host node model on WebGPU (node names, inputs
+    and outputs as it wrote them): the Hardmax between the Casts its float16 fallback inserted, and
+    the copies to the device."""
+    model = to_fp16(early_host_node_model(layers=1))
+    cast = "InsertedPrecisionFreeCast_"
+    nodes = [
+        helper.make_node("Cast", ["x"], [f"{cast}x"], name=f"{cast}x", to=TensorProto.FLOAT),
+        helper.make_node("Hardmax", [f"{cast}x"], [f"{cast}h"], name="early_cpu", axis=-1),
+        helper.make_node("Cast", [f"{cast}h"], ["h"], name=f"{cast}h", to=TensorProto.FLOAT16),
+        helper.make_node("MemcpyFromHost", ["h"], ["h_dev"], name="Memcpy_token_0"),
+        helper.make_node("MemcpyFromHost", ["x"], ["x_dev"], name="Memcpy"),
+        helper.make_node("Add", ["x_dev", "h_dev"], ["a"], name="add"),
+        *list(model.graph.node)[2:],
+    ]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
+def test_the_casts_onnxruntime_inserts_around_a_float16_host_node_are_read_from_its_graph():
+    """A Cast that writes a model tensor narrows its host producer's float32 output; one that reads a
+    model tensor widens it for the nodes that read the Cast (named by their first output in the model,
+    ``h`` for the Hardmax whose own output onnxruntime renamed)."""
+    from offloadctl.loading.placed import HostCast
+    from offloadctl.running.placement import inserted_casts
+
+    model = to_fp16(early_host_node_model(layers=1))
+    assert inserted_casts(_ort_placed_early_fp16(), model) == (HostCast("x", ("h",)), HostCast("h", None))
+    assert inserted_casts(model, model) == ()  # a graph onnxruntime inserted no Cast in
+
+
+@pytest.mark.parametrize("order", ["priority", "default"])
+def test_a_device_plan_counts_the_casts_onnxruntime_appends(tmp_path, order):
+    """The float16 Hardmax runs on the host in float32 between two Casts onnxruntime appends after every
+    node. Under PRIORITY_BASED the Hardmax waits for them while every weight's H2D runs: the pins the plan
+    counts break and the peak is the model's (on WebGPU: 15 of 15, 131 KiB where 18 KiB was planned;
+    test_device checks it there). Under DEFAULT they hold. Without the Casts the figures said the pins
+    held under both orders."""
+    from offloadctl.job import device_figures
+    from offloadctl.loading.placed import HostCast
+
+    analysis = analyse_in(load_model(save(to_fp16(early_host_node_model()), tmp_path / "m.onnx")), order=order)
+    casts = (HostCast("x", ("h",)), HostCast("h", None))
+    placement = {"host_nodes": ("early_cpu",), "host_copies": ("h", "x")}
+    plan = make_plan(analysis, select_distance=3, prefetch_distance=2, params=True, host_casts=casts, **placement)
+    assert plan["options"]["select"]["host_casts"] == [
+        {"tensor": "x", "readers": ["h"]},
+        {"tensor": "h", "readers": None},
+    ]
+    shown, host = placed(apply_plan(plan, analysis), Placement(frozenset({"h"}), ("h", "x"), casts))
+    hardmax = next(n for n in shown.graph.node if n.op_type == "Hardmax")
+    assert list(hardmax.input) == ["InsertedPrecisionFreeCast_x"] and list(hardmax.output) != ["h"]
+    appended = [n for n in shown.graph.node if n.op_type == "Cast"]
+    assert [n.name for n in appended] == ["InsertedPrecisionFreeCast_x", "InsertedPrecisionFreeCast_h"]
+    assert {k for k, n in enumerate(shown.graph.node) if n.op_type in ("Cast", "Hardmax")} <= host
+
+    empty = {"peak_bytes": {"before": 0, "after": 0}}
+    counted = device_figures(plan, analysis, empty, "webgpu (measured)", **placement, host_casts=casts)["peak_bytes"]
+    without = device_figures(plan, analysis, empty, "webgpu (measured)", **placement)["peak_bytes"]
+    assert without["pins_broken"] == 0 and counted["pins_checked"] == without["pins_checked"] > 0
+    if order == "priority":
+        assert counted["pins_broken"] == counted["pins_checked"] and counted["after"] == counted["before"]
+    else:
+        assert counted["pins_broken"] == 0 and counted["after"] < counted["before"] / 4
+
+
 def test_broken_pins_are_told_with_what_keeps_them(caplog):
     """Pins a device's order breaks are told, under PRIORITY_BASED with the DEFAULT order as the fix."""
     from offloadctl.cli.common import warn_broken_pins

@@ -288,8 +288,9 @@ def warn_broken_pins(figures: Mapping[str, Any], order: str) -> None:
     if order == "priority":
         logger.warning(
             "as %s runs this rewrite under PRIORITY_BASED, %d of %d copies run on the wrong side of the node their "
-            "order pin names (%s): onnxruntime appends the copies it inserts between host and device after every "
-            "node, PRIORITY_BASED holds back the nodes that wait for them, and every copy that is ready runs first; "
+            "order pin names (%s): onnxruntime appends the nodes it inserts (copies between host and device, Casts "
+            "around float16 nodes the CPU runs in float32) after every node, PRIORITY_BASED holds back the nodes "
+            "that wait for them, and every copy that is ready runs first; "
             "plan and run with --execution-order default (every host but Python runs it), where the pins hold",
             device,
             broken,

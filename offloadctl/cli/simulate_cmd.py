@@ -305,6 +305,7 @@ def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis) -> di
         host_device=select.get("host_device", ""),
         host_nodes=select.get("host_nodes", ()),
         host_copies=select.get("host_copies", ()),
+        host_casts=select.get("host_casts", ()),
     )
 
 

@@ -186,7 +186,12 @@ def _for_device(part: S, analysis: Analysis, device: str | None, as_json: bool) 
             f"{len(found.copies)} tensor(s) between host and device there",
             soft_wrap=True,
         )
-    return evolve(part, host_nodes=found.nodes, host_copies=found.copies, host_device=found.how)
+    if found.casts and not as_json:
+        out_console().print(
+            f"onnxruntime wraps float16 nodes the CPU has no float16 kernel for in {len(found.casts)} Cast(s) there",
+            soft_wrap=True,
+        )
+    return evolve(part, host_nodes=found.nodes, host_copies=found.copies, host_casts=found.casts, host_device=found.how)
 
 
 def _plan_job(plan: Plan, plan_path: str) -> Job:

@@ -18,9 +18,10 @@ order:
    of Casts that undo each other (float -> double -> float) is removed. `normalize` repeats it
    until nothing changes, so that onnxruntime's own single pass finds nothing on the result.
 
-Not modelled, because they depend on the execution provider rather than the graph: the Cast
+Not applied here, because they depend on the execution provider rather than the graph: the Cast
 nodes the CPU provider inserts around float16 ops it has no float16 kernel for, and the copies
-onnxruntime inserts between providers when some nodes fall back to the CPU.
+onnxruntime inserts between providers when some nodes fall back to the CPU. A plan for a device
+counts both where they run (`offloadctl.loading.placed`).
 
 `expected_run_order` predicts, for a model as it stands, the names of the nodes onnxruntime runs
 with PRIORITY_BASED in the order it runs them (new nodes appended after every other node, as
@@ -46,12 +47,14 @@ __all__ = [
     "inlined_calls",
     "expand_inlined_functions",
     "fresh_name",
+    "INSERTED_CAST_PREFIX",
 ]
 
 logger = logging.getLogger(__name__)
 
 _DQ_DOMAINS = ("", "ai.onnx", "com.microsoft")
-_INSERTED_CAST_PREFIX = "InsertedPrecisionFreeCast_"
+#: the name onnxruntime's InsertCastTransformer gives the Casts it inserts (then their tensor's name)
+INSERTED_CAST_PREFIX = "InsertedPrecisionFreeCast_"
 
 
 @dataclass(frozen=True)
@@ -245,7 +248,7 @@ def _unsafe(src: int | None, dst: int | None, name: str) -> bool:
         return bd <= bs
     if {s, d} == {"float16", "bfloat16"}:
         return True
-    return bs > bd and not name.startswith(_INSERTED_CAST_PREFIX)
+    return bs > bd and not name.startswith(INSERTED_CAST_PREFIX)
 
 
 def _is_cast(node: onnx.NodeProto) -> bool:

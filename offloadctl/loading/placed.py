@@ -16,25 +16,42 @@ A rewrite for that device writes these copies itself where they are needed
 (`offloadctl.rewriting.rewrite`): a tensor whose readers on the other side already read the graph's
 own copy gets none here.
 
-`placed` builds that graph in memory from a `Placement`: the nodes that run on the host and the
-tensors onnxruntime copies, both found by onnxruntime itself where the provider runs here, or
-predicted. The nodes a rewrite adds for its order pins run on the host when every tensor they read
-is in host memory, as on WebGPU, CUDA and CANN. The graph is never written or run: the simulator
-reads it, so that figures count the order and the memory of what onnxruntime runs.
+On the host, onnxruntime's ``InsertCastTransformer`` also wraps each float16 node the CPU has no
+float16 kernel for (``Hardmax``, most of them) in Casts: a ``Cast`` to float32 of each float16 input,
+and one of its float32 output back to float16 (``InsertedPrecisionFreeCast_{tensor}``). They are
+appended after every node of the model too (before the copies), so under PRIORITY_BASED the nodes
+waiting for them are held back as for the copies: a `Placement` found on the device names them.
+
+`placed` builds that graph in memory from a `Placement`: the nodes that run on the host, the
+tensors onnxruntime copies and the Casts it inserts, found by onnxruntime itself where the provider
+runs here, or predicted (copies and host nodes only). The nodes a rewrite adds for its order pins
+run on the host when every tensor they read is in host memory, as on WebGPU, CUDA and CANN. The
+graph is never written or run: the simulator reads it, so that figures count the order and the
+memory of what onnxruntime runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import onnx
 
 from offloadctl.core.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST
 from offloadctl.core.onnxutil import is_constant_node, is_pin
-from offloadctl.loading.ortgraph import fresh_name
+from offloadctl.loading.ortgraph import INSERTED_CAST_PREFIX, fresh_name
 
-__all__ = ["CPU_INPUTS", "CPU_OUTPUT_OPS", "Placement", "placed", "reads_host_memory", "writes_host_memory"]
+__all__ = [
+    "CPU_INPUTS",
+    "CPU_OUTPUT_OPS",
+    "HostCast",
+    "Placement",
+    "host_casts",
+    "placed",
+    "reads_host_memory",
+    "writes_host_memory",
+]
 
 #: inputs a device kernel reads in host memory, by op (shape and index arguments)
 CPU_INPUTS: dict[str, frozenset[int]] = {
@@ -60,14 +77,41 @@ def reads_host_memory(node: onnx.NodeProto, index: int, on_host: bool) -> bool:
     return on_host or index in CPU_INPUTS.get(node.op_type, ())
 
 
+class HostCast(NamedTuple):
+    """A Cast onnxruntime inserts on the host around a float16 node the CPU has no float16 kernel for:
+    of ``tensor`` to float32 for the host nodes ``readers`` (each named by its first output), or, with
+    ``readers`` None, of the float32 output the host node that makes ``tensor`` then writes, back to
+    ``tensor``. A plan records each as ``{"tensor": ..., "readers": [...] or null}``
+    (``options.select.host_casts``)."""
+
+    tensor: str
+    readers: tuple[str, ...] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tensor": self.tensor, "readers": None if self.readers is None else list(self.readers)}
+
+
+def host_casts(recorded: Iterable[HostCast | Mapping[str, Any]]) -> tuple[HostCast, ...]:
+    """`HostCast` entries, from entries or from a plan's ``{"tensor", "readers"}`` objects."""
+    casts = []
+    for entry in recorded:
+        if isinstance(entry, HostCast):
+            casts.append(entry)
+        else:
+            readers = entry["readers"]
+            casts.append(HostCast(entry["tensor"], None if readers is None else tuple(readers)))
+    return tuple(casts)
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where a device provider runs a model: the nodes it runs on the host, each named by its first
-    output (names survive a rewrite, node labels may not), and the tensors onnxruntime copies between
-    host and device memory."""
+    output (names survive a rewrite, node labels may not), the tensors onnxruntime copies between
+    host and device memory, and the Casts it inserts on the host (`HostCast`)."""
 
     host: frozenset[str]
     copies: tuple[str, ...]
+    casts: tuple[HostCast, ...] = ()
 
 
 def placed(
@@ -86,7 +130,8 @@ def placed(
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     graph = out.graph
-    host_at = _host_nodes(graph, placement.host, pins_by_inputs)
+    host = placement.host | _insert_casts(graph, placement) if placement.casts else placement.host
+    host_at = _host_nodes(graph, host, pins_by_inputs)
     in_host = _host_tensors(graph, host_at)
     inputs = [v.name for v in graph.input]
     taken_nodes = {n.name for n in graph.node}
@@ -119,6 +164,59 @@ def placed(
         new_nodes.append(onnx.helper.make_node(op, [tensor], [copy], name=name))
     graph.node.extend(new_nodes)
     return out, frozenset(host_at)
+
+
+def _insert_casts(graph: onnx.GraphProto, placement: Placement) -> frozenset[str]:
+    """Append ``placement.casts`` to ``graph`` as onnxruntime inserts them (after every node, in the
+    order given) and rewire the nodes they wrap; the first outputs of the host nodes that changed
+    theirs and of the Casts (they run on the host). A node that reads a copy of the tensor (a
+    rewrite's copy across, or its reload) gets the Cast of the copy it reads, as onnxruntime would
+    insert it in the rewrite."""
+    taken = {o for n in graph.node for o in n.output} | {v.name for v in graph.input}
+    taken |= {t.name for t in graph.initializer}
+    taken_nodes = {n.name for n in graph.node}
+    by_first = {node.output[0]: node for node in graph.node if node.output and node.output[0]}
+    maker = {o: node for node in graph.node for o in node.output if o}
+
+    def origin(name: str) -> str:
+        seen = 0
+        while (node := maker.get(name)) is not None and node.op_type in (MEMCPY_FROM_HOST, MEMCPY_TO_HOST):
+            name, seen = node.input[0], seen + 1
+            if seen > len(maker):  # a cycle of copies: not a graph onnxruntime runs
+                break
+        return name
+
+    on_host: set[str] = set()
+    casts = []
+
+    def cast(source: str, out: str, to: int, of: str) -> None:  # named as onnxruntime names it: after ``of``
+        name = fresh_name(f"{INSERTED_CAST_PREFIX}{of}", taken_nodes)
+        casts.append(onnx.helper.make_node("Cast", [source], [out], name=name, to=to))
+        on_host.add(out)
+
+    for tensor, readers in placement.casts:
+        if tensor not in taken:  # a tensor this graph does not have
+            continue
+        if readers is None:  # the host node that makes the tensor writes it in float32, the Cast narrows it
+            node = maker.get(tensor)
+            if node is None:
+                continue
+            wide = fresh_name(f"{INSERTED_CAST_PREFIX}{tensor}", taken)
+            node.output[:] = [wide if out == tensor else out for out in node.output]
+            on_host.add(node.output[0])
+            cast(wide, tensor, onnx.TensorProto.FLOAT16, tensor)
+            continue
+        widened: dict[str, str] = {}  # what a reader reads (the tensor or a copy of it) -> its float32 Cast
+        for reader in readers:
+            node = by_first.get(reader)
+            for k, name in enumerate(node.input if node is not None else ()):
+                if name and origin(name) == tensor:
+                    if name not in widened:
+                        widened[name] = fresh_name(f"{INSERTED_CAST_PREFIX}{name}", taken)
+                        cast(name, widened[name], onnx.TensorProto.FLOAT, name)
+                    node.input[k] = widened[name]  # type: ignore[union-attr]
+    graph.node.extend(casts)
+    return frozenset(on_host)
 
 
 def _host_nodes(graph: onnx.GraphProto, host: frozenset[str], pins_by_inputs: bool) -> set[int]:

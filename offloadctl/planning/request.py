@@ -25,6 +25,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.units import parse_bytes
+from offloadctl.loading.placed import HostCast, host_casts
 from offloadctl.simulation.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE, CopyCost, default_objective
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, list_profiles, load_profile
 
@@ -101,6 +102,9 @@ class SelectPart:
         host_copies: the tensors onnxruntime copies between host and device memory there (found
             with ``host_nodes``): with them the plan's figures count the graph as that device runs it
             (`offloadctl.loading.placed`).
+        host_casts: the Casts onnxruntime inserts there around float16 nodes the CPU has no float16
+            kernel for (`offloadctl.loading.placed.HostCast`; found
+            with ``host_nodes`` where the device runs here): the figures count them too.
     """
 
     select_distance: int = option(
@@ -118,6 +122,7 @@ class SelectPart:
     host_nodes: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
     host_device: str = field(default="", metadata={"omit_empty": True, "cli": False})
     host_copies: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
+    host_casts: tuple[HostCast, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
 
     @classmethod
     def of(cls, request: SelectPart, **changes: Any) -> SelectPart:
@@ -132,6 +137,7 @@ class SelectPart:
         _set(self, "fused", tuple(self.fused))
         _set(self, "host_nodes", tuple(self.host_nodes))
         _set(self, "host_copies", tuple(self.host_copies))
+        _set(self, "host_casts", host_casts(self.host_casts))
         _at_least("select_distance", self.select_distance, 0)
 
 
@@ -401,13 +407,15 @@ def _of_parts(cls: type[Part], parts: tuple[Any, ...], step: Callable[..., None]
 
 def evolve(request: Part, **changes: Any) -> Part:
     """A copy of a checked part or request with fields that no rule reads set (``step``, the progress
-    callback; ``host_nodes``, ``host_copies`` and ``host_device``, what ``plan --device`` finds), not
-    checked again."""
-    unchecked = {"step", "host_nodes", "host_copies", "host_device"}
+    callback; ``host_nodes``, ``host_copies``, ``host_casts`` and ``host_device``, what ``plan --device``
+    finds), not checked again."""
+    unchecked = {"step", "host_nodes", "host_copies", "host_casts", "host_device"}
     if not set(changes) <= unchecked:
         raise ValueError(f"evolve sets only {sorted(unchecked)}, not {sorted(set(changes) - unchecked)}")
     made = copy.copy(request)
     for name, value in changes.items():
+        if name == "host_casts":
+            value = host_casts(value)
         object.__setattr__(made, name, tuple(value) if name in ("host_nodes", "host_copies") else value)
     return made
 
@@ -483,7 +491,9 @@ def recorded(part_type: type, request: Any) -> dict[str, Any]:
     for f in dataclasses.fields(part_type):
         value = getattr(request, f.name)
         if value or not f.metadata.get("omit_empty"):
-            options[f.name] = list(value) if isinstance(value, tuple) else value
+            if isinstance(value, tuple):  # entries with a JSON form of their own (`HostCast`) take it
+                value = [v.to_json() if hasattr(v, "to_json") else v for v in value]
+            options[f.name] = value
     return options
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 import onnx
 
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.core.plantypes import Plan
-from offloadctl.loading.placed import Placement, placed
+from offloadctl.loading.placed import Placement, host_casts, placed
 from offloadctl.rewriting.metadata import KEY_PINS, PinCheck, check_pins, metadata_json
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
@@ -68,11 +69,14 @@ def rewritten_analysis(
     return rewritten
 
 
-def placement_of(analysis: Analysis, host_nodes: Iterable[str], copies: Iterable[str]) -> Placement:
-    """The `Placement` a plan records (its nodes on the host by label, the tensors onnxruntime copies)."""
+def placement_of(
+    analysis: Analysis, host_nodes: Iterable[str], copies: Iterable[str], casts: Iterable[Any] = ()
+) -> Placement:
+    """The `Placement` a plan records (its nodes on the host by label, the tensors onnxruntime copies,
+    the Casts it inserts: ``options.select.host_casts``)."""
     labels = set(host_nodes)
     outputs = (node.output for node, label in zip(analysis.nodes, analysis.node_names) if label in labels)
-    return Placement(frozenset(out[0] for out in outputs if out and out[0]), tuple(copies))
+    return Placement(frozenset(out[0] for out in outputs if out and out[0]), tuple(copies), host_casts(casts))
 
 
 def device_result(

@@ -11,7 +11,8 @@ This module owns two things every non-CPU run needs:
   inserts itself (``Memcpy``, ``Memcpy_token_N``). A rewrite whose copy is answered by such an
   inserted copy is undone on that device: the tensor goes straight back. The graph onnxruntime runs
   is saved while the session is made (``optimized_model_filepath``) and `inserted_copies` reads the
-  copies from it, with the tensor each one moves and whether it touches the rewrite's own nodes.
+  copies from it, with the tensor each one moves and whether it touches the rewrite's own nodes;
+  `inserted_casts` reads the Casts the CPU provider's float16 fallback inserted.
 * **The placement rule of CUDA and CANN**, replicated (`predicted_copies`): both call onnxruntime's
   ``GetCpuPreferredNodes``, which a CPU-only machine cannot run; the rewrite's pins are checked
   against it for every element type.
@@ -28,7 +29,8 @@ import onnx
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import PIN_ATTR
-from offloadctl.loading.placed import CPU_INPUTS, CPU_OUTPUT_OPS
+from offloadctl.loading.ortgraph import INSERTED_CAST_PREFIX
+from offloadctl.loading.placed import CPU_INPUTS, CPU_OUTPUT_OPS, HostCast
 
 __all__ = [
     "PLUGINS",
@@ -36,6 +38,7 @@ __all__ = [
     "add_plugin_provider",
     "plugin_available",
     "inserted_copies",
+    "inserted_casts",
     "save_placed_graph",
     "Kernels",
     "CUDA_KERNELS",
@@ -168,6 +171,34 @@ def inserted_copies(placed: onnx.ModelProto, model: onnx.ModelProto) -> list[Ins
         moved = node.output[0] if node.op_type == "MemcpyToHost" and node.output else node.input[0]
         found.append(InsertedCopy(node.name, node.op_type, moved, mine))
     return found
+
+
+def inserted_casts(placed: onnx.ModelProto, model: onnx.ModelProto) -> tuple[HostCast, ...]:
+    """The Casts onnxruntime inserted in ``placed`` (the graph it ran) around float16 nodes the CPU
+    provider has no float16 kernel for, as `HostCast` entries of ``model``'s tensors, in graph order:
+    a Cast that writes one of ``model``'s tensors narrows the float32 output of the node that makes it;
+    one that reads one widens it for the nodes that read the Cast (each named by its first output in
+    ``model``)."""
+    graph = model.graph
+    known = {o for n in graph.node for o in n.output if o} | {v.name for v in graph.input}
+    known |= {t.name for t in graph.initializer}
+    names = {n.name for n in graph.node}
+    casts = [
+        n
+        for n in placed.graph.node
+        if n.op_type == "Cast" and n.name.startswith(INSERTED_CAST_PREFIX) and n.name not in names and n.input
+    ]
+    narrowed = {c.input[0]: c.output[0] for c in casts if c.output and c.output[0] in known}  # float32 -> tensor
+    found = []
+    for cast in casts:
+        source, made = cast.input[0], cast.output[0] if cast.output else ""
+        if made in known:
+            found.append(HostCast(made, None))
+        elif source in known:
+            readers = [n for n in placed.graph.node if made in n.input and n.name in names and n.output]
+            firsts = sorted({narrowed.get(n.output[0], n.output[0]) for n in readers})
+            found.append(HostCast(source, tuple(firsts)))
+    return tuple(found)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 from offloadctl.analysis.graph import analyse
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import LoadedModel
-from offloadctl.loading.placed import Placement, placed
+from offloadctl.loading.placed import HostCast, Placement, placed
 from offloadctl.running.placement import InsertedCopy
 
 __all__ = ["CPU_PROVIDER", "RanNode", "predicted_order", "ran_nodes", "ran_peak"]
@@ -63,14 +63,21 @@ def ran_nodes(profile_path: str | os.PathLike[str]) -> list[RanNode]:
     return found
 
 
-def ran_peak(loaded: LoadedModel, order: str, ran: Sequence[RanNode], inserted: Sequence[InsertedCopy]) -> int | None:
+def ran_peak(
+    loaded: LoadedModel,
+    order: str,
+    ran: Sequence[RanNode],
+    inserted: Sequence[InsertedCopy],
+    casts: Sequence[HostCast] = (),
+) -> int | None:
     """The device peak of ``loaded`` (the model as run, shapes pinned) placed as the profiled run
-    placed it and simulated in the order it ran; None when the run cannot be matched to the model."""
+    placed it (the copies and Casts onnxruntime inserted) and simulated in the order it ran; None when
+    the run cannot be matched to the model."""
     from offloadctl.simulation.result import simulate
 
     if not ran:
         return None
-    model, host, sequence = _as_ran(loaded, ran, inserted)
+    model, host, sequence = _as_ran(loaded, ran, inserted, casts)
     try:
         return simulate(analyse(model, order=order, sequence=sequence, host=host), None, profile=None).peak_after
     except OffloadError:
@@ -78,13 +85,17 @@ def ran_peak(loaded: LoadedModel, order: str, ran: Sequence[RanNode], inserted: 
 
 
 def predicted_order(
-    loaded: LoadedModel, order: str, ran: Sequence[RanNode], inserted: Sequence[InsertedCopy]
+    loaded: LoadedModel,
+    order: str,
+    ran: Sequence[RanNode],
+    inserted: Sequence[InsertedCopy],
+    casts: Sequence[HostCast] = (),
 ) -> list[str]:
     """The names of the nodes in the order onnxruntime's executor is predicted to run ``loaded`` placed
     as the profiled run placed it (`offloadctl.analysis.order.executor_order`), its inserted copies
-    under their own names: what the profiled order is checked against on a device (empty when the run
+    and Casts under their own names: what the profiled order is checked against on a device (empty when the run
     cannot be matched to the model)."""
-    model, host, _ = _as_ran(loaded, ran, inserted)
+    model, host, _ = _as_ran(loaded, ran, inserted, casts)
     try:
         return [node.name for node in analyse(model, order=order, host=host).nodes if node.name]
     except OffloadError:
@@ -92,16 +103,18 @@ def predicted_order(
 
 
 def _as_ran(
-    loaded: LoadedModel, ran: Sequence[RanNode], inserted: Sequence[InsertedCopy]
+    loaded: LoadedModel, ran: Sequence[RanNode], inserted: Sequence[InsertedCopy], casts: Sequence[HostCast] = ()
 ) -> tuple[LoadedModel, frozenset[int], list[int]]:
-    """(``loaded`` with the copies onnxruntime inserted, under its names; the ``graph.node`` indices of
+    """(``loaded`` with the copies and Casts onnxruntime inserted, under its names; the ``graph.node`` indices of
     the nodes the CPU provider ran; the profiled order as ``graph.node`` indices)."""
     nodes = loaded.proto.graph.node
     where = _Matcher(loaded)
     found = [(n, where(n)) for n in ran]
     host = frozenset(nodes[k].output[0] for n, k in found if k is not None and n.provider == CPU_PROVIDER)
     copies = {c.tensor: c.node for c in inserted}
-    proto, on_host = placed(loaded.proto, Placement(host, tuple(copies)), copy_names=copies, pins_by_inputs=False)
+    proto, on_host = placed(
+        loaded.proto, Placement(host, tuple(copies), tuple(casts)), copy_names=copies, pins_by_inputs=False
+    )
     added = {node.name: k for k, node in enumerate(proto.graph.node) if k >= len(nodes)}
     sequence = [k for n, mine in found if (k := added.get(n.name, mine)) is not None]
     return replace(loaded, proto=proto, sizes_from_run=None), on_host, sequence

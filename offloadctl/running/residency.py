@@ -7,8 +7,8 @@ one it reads is copied back to the host: offloading either adds copies, and on t
 such rewrites failed to load ("Duplicate definition") or to run (a MemcpyToHost of a host tensor).
 
 `host_nodes` finds them from onnxruntime itself where the provider runs here (one profiled run on
-the device, providers read from the profile, the copies onnxruntime inserted read from the graph it
-saves), and predicts them for CUDA and CANN where it does not
+the device, providers read from the profile, the copies and the float16 fallback's Casts onnxruntime
+inserted read from the graph it saves), and predicts them for CUDA and CANN where it does not
 (`offloadctl.running.placement.predicted_placement`). The copies place the model on the device for
 the figures a device plan quotes (`offloadctl.loading.placed`).
 """
@@ -24,10 +24,12 @@ import onnx
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.errors import OffloadError
+from offloadctl.loading.placed import HostCast
 from offloadctl.running.inputs import generate_inputs, input_specs
 from offloadctl.running.placement import (
     CANN_KERNELS,
     CUDA_KERNELS,
+    inserted_casts,
     inserted_copies,
     predicted_placement,
     save_placed_graph,
@@ -52,12 +54,14 @@ _PREDICTED = {"cuda": CUDA_KERNELS, "ascend": CANN_KERNELS}
 @dataclass(frozen=True)
 class HostNodes:
     """What a device runs on the host: the labels of the nodes it runs on the CPU
-    (`Analysis.node_names`), the tensors onnxruntime copies between host and device memory, and how
-    both were found (``"webgpu (measured)"``)."""
+    (`Analysis.node_names`), the tensors onnxruntime copies between host and device memory, how
+    both were found (``"webgpu (measured)"``), and the Casts onnxruntime inserts around float16 nodes
+    the CPU has no float16 kernel for (found where the device runs here; none predicted)."""
 
     nodes: tuple[str, ...]
     copies: tuple[str, ...]
     how: str
+    casts: tuple[HostCast, ...] = ()
 
 
 def host_nodes(analysis: Analysis, device: str) -> HostNodes:
@@ -72,8 +76,8 @@ def host_nodes(analysis: Analysis, device: str) -> HostNodes:
     if device not in HOST_DEVICES:
         raise OffloadError(f"unknown device {device!r} for planning", hint=f"use one of: {', '.join(HOST_DEVICES)}")
     try:
-        nodes, copies = _measured(analysis, device)
-        return HostNodes(nodes, copies, f"{device} (measured)")
+        nodes, copies, casts = _measured(analysis, device)
+        return HostNodes(nodes, copies, f"{device} (measured)", casts)
     except OffloadError:
         if device not in _PREDICTED:
             raise
@@ -86,7 +90,7 @@ def host_nodes(analysis: Analysis, device: str) -> HostNodes:
     return HostNodes(tuple(sorted(labels)), tuple(dict.fromkeys(copied)), how)
 
 
-def _measured(analysis: Analysis, device: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _measured(analysis: Analysis, device: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[HostCast, ...]]:
     ort = import_onnxruntime(device)
     loaded = analysis.loaded
     config = session_config({}, device, opt_level="disable", ort=ort)
@@ -99,10 +103,11 @@ def _measured(analysis: Analysis, device: str) -> tuple[tuple[str, ...], tuple[s
         run_once(session, feeds_for(session, feeds_all, str(loaded.path), "the inputs"), str(loaded.path), ort)
         ran = ran_nodes(session.end_profiling())
         del session
-        inserted = inserted_copies(onnx.load(str(placed), load_external_data=False), loaded.proto)
+        graph = onnx.load(str(placed), load_external_data=False)
+        inserted, casts = inserted_copies(graph, loaded.proto), inserted_casts(graph, loaded.proto)
     provider = DEVICES[device]
     on_host = [n for n in ran if n.provider not in (None, provider)]
-    return _labels(analysis, on_host), tuple(dict.fromkeys(c.tensor for c in inserted))
+    return _labels(analysis, on_host), tuple(dict.fromkeys(c.tensor for c in inserted)), casts
 
 
 def _labels(analysis: Analysis, nodes: list[RanNode]) -> tuple[str, ...]:

@@ -41,6 +41,7 @@ from offloadctl.analysis.order import EXECUTION_ORDERS, expected_run_order
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind
 from offloadctl.loading.model import load_model
+from offloadctl.loading.placed import HostCast
 from offloadctl.rewriting.metadata import (
     KEY_PINS,
     KEY_PLANNED_AT,
@@ -52,7 +53,14 @@ from offloadctl.rewriting.metadata import (
 )
 from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
-from offloadctl.running.placement import PLUGINS, InsertedCopy, add_plugin_provider, inserted_copies, save_placed_graph
+from offloadctl.running.placement import (
+    PLUGINS,
+    InsertedCopy,
+    add_plugin_provider,
+    inserted_casts,
+    inserted_copies,
+    save_placed_graph,
+)
 from offloadctl.running.replay import RanNode, predicted_order, ran_nodes, ran_peak
 
 __all__ = [
@@ -954,12 +962,13 @@ def _order_checks(
     # on a device, the order its executor runs the two providers' streams in, the copies it inserted included
     # (with optimizations on, the graph that runs is not the file's: the order of the file's nodes is checked)
     on_device = device != "cpu" and exact and timed.nodes
-    expected = predicted_order(loaded, order, timed.nodes, timed.inserted or []) if on_device else None
+    inserted = timed.inserted or []
+    expected = predicted_order(loaded, order, timed.nodes, inserted, timed.casts) if on_device else None
     checked = compare_order(expected or planned_order(loaded.proto, order), timed.ran, exact=exact)
     if not checked.matches:
         warnings.append(_order_warning(checked, order))
     if device != "cpu":  # the device peak as it ran: placed as onnxruntime placed it, in the profiled order
-        timed.ran_peak = ran_peak(loaded, order, timed.nodes, timed.inserted or [])
+        timed.ran_peak = ran_peak(loaded, order, timed.nodes, inserted, timed.casts)
     return checked, _pin_check(loaded.proto, timed.ran, order, warnings)
 
 
@@ -1118,6 +1127,7 @@ class _Timed:
     runs: list[float]
     inserted: list[InsertedCopy] | None = None  # copies onnxruntime inserted (a non-CPU device)
     ran_peak: int | None = None  # the device peak simulated in the order that ran (a non-CPU device)
+    casts: tuple[HostCast, ...] = ()  # the float16 fallback's Casts onnxruntime inserted (a non-CPU device)
 
     @property
     def ran(self) -> list[str]:
@@ -1136,6 +1146,7 @@ def _timed_runs(
         placed = save_placed_graph(config.sess_options, tmp) if device != "cpu" else None
         session = create_session(model, config, device, ort=ort)
         inserted = _inserted(placed, model)
+        casts = _casts(placed, model)
         providers = list(session.get_providers())
         feeds = feeds_for(session, feeds_all, model, "the inputs")
         outputs = run_once(session, feeds, model, ort)  # warm-up, profiled
@@ -1148,7 +1159,7 @@ def _timed_runs(
         runs.append(time.perf_counter() - start)
     del session, feeds
     gc.collect()
-    return _Timed(providers, outputs, nodes, runs, inserted)
+    return _Timed(providers, outputs, nodes, runs, inserted, casts=casts)
 
 
 def _inserted(placed: os.PathLike[str] | None, model: str) -> list[InsertedCopy] | None:
@@ -1156,6 +1167,15 @@ def _inserted(placed: os.PathLike[str] | None, model: str) -> list[InsertedCopy]
     if placed is None or not os.path.exists(placed):
         return None
     return inserted_copies(
+        onnx.load(str(placed), load_external_data=False), onnx.load(str(model), load_external_data=False)
+    )
+
+
+def _casts(placed: os.PathLike[str] | None, model: str) -> tuple[HostCast, ...]:
+    """The Casts onnxruntime inserted into ``model`` around float16 nodes the CPU runs in float32."""
+    if placed is None or not os.path.exists(placed):
+        return ()
+    return inserted_casts(
         onnx.load(str(placed), load_external_data=False), onnx.load(str(model), load_external_data=False)
     )
 
