@@ -191,6 +191,37 @@ def early_host_node_model(layers: int = 16, hidden: int = 64) -> onnx.ModelProto
     return model
 
 
+def host_chain_model(read_on_device: bool = False) -> onnx.ModelProto:
+    """Two Hardmax in a row (WebGPU runs both on the CPU, which has no float16 kernel for them), then
+    an Add and MatMul + Relu layers; with ``read_on_device`` the first one's output ``h1`` is read on
+    the device too (by ``add_h1``). In float16 (`to_fp16`) onnxruntime runs the pair in float32 and
+    keeps no Cast between them, except the one back to float16 of ``h1`` when the device reads it."""
+    import numpy as np
+
+    nodes = [
+        helper.make_node("Hardmax", ["x"], ["h1"], axis=-1, name="hm1"),
+        helper.make_node("Hardmax", ["h1"], ["h2"], axis=-1, name="hm2"),
+        helper.make_node("Add", ["x", "h2"], ["a"], name="add"),
+    ]
+    last = "a"
+    if read_on_device:
+        nodes.append(helper.make_node("Add", ["a", "h1"], ["a2"], name="add_h1"))
+        last = "a2"
+    weights = []
+    for i in range(6):
+        w = np.random.default_rng(i).standard_normal((64, 64)).astype(np.float32) * 0.05
+        weights.append(onnx.numpy_helper.from_array(w, f"w{i}"))
+        nodes += [
+            helper.make_node("MatMul", [last, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
+        last = f"r{i}"
+    graph = helper.make_graph(nodes, "host_chain", [tensor("x", (8, 64))], [tensor(last, (8, 64))], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 def host_nodes_model() -> onnx.ModelProto:
     """`HOST_NODES_MODEL`, its nodes named ``n{index}_{op}``."""
     model = onnx.parser.parse_model(HOST_NODES_MODEL)

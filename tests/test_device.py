@@ -23,7 +23,7 @@ import onnx
 import pytest
 
 from conftest import SAMPLES
-from models import early_host_node_model, host_nodes_model, old_pin_model, save, to_fp16
+from models import early_host_node_model, host_chain_model, host_nodes_model, old_pin_model, save, to_fp16
 
 pytestmark = pytest.mark.device
 
@@ -248,6 +248,35 @@ def test_a_device_plan_counts_the_casts_onnxruntime_inserts_around_a_float16_hos
         else:
             assert pins["holds"] and peak["after"] < 0.2 * peak["before"], (pins, peak)
         plan.unlink()
+
+
+@pytest.mark.parametrize("name", ["early-host-node", "host-chain", "host-chain-read-on-device", "shufflenet"])
+def test_the_casts_predicted_for_cuda_and_cann_are_those_onnxruntime_inserts(tmp_path, name):
+    """`plan --device cuda` and `--device ascend` predict the Casts onnxruntime's float16 fallback
+    inserts on the CPU (`offloadctl.running.placement.predicted_casts`); on WebGPU the same code of
+    onnxruntime runs, and `plan --device webgpu` records the Casts it inserted. With the host nodes
+    WebGPU measured, the prediction is what onnxruntime did: the entries and their order, for a lone
+    Hardmax, two in a row (no Cast between them), two in a row whose first output the device reads too,
+    and the onnx wheel's shufflenet (13 Sum nodes that run in float32, 39 Casts)."""
+    from offloadctl.analysis.graph import analyse
+    from offloadctl.loading.model import load_model
+    from offloadctl.running.residency import casts_for
+
+    models = {
+        "early-host-node": early_host_node_model,
+        "host-chain": host_chain_model,
+        "host-chain-read-on-device": lambda: host_chain_model(read_on_device=True),
+        "shufflenet": lambda: onnx.load(LIGHT / "light_shufflenet.onnx"),
+    }
+    source = save(to_fp16(models[name]()), tmp_path / "m.onnx")
+    plan = tmp_path / "plan.json"
+    done = _device("plan", source, "--params", "--device", "webgpu", "-o", plan)
+    assert plan.exists(), done.stderr
+    select = json.loads(plan.read_text())["options"]["select"]
+    measured = select.get("host_casts", [])
+    assert measured, select
+    predicted = casts_for(analyse(load_model(source)), select["host_nodes"])
+    assert [c.to_json() for c in predicted] == measured
 
 
 def _llm_case(name: str) -> tuple[Path, list[str]]:

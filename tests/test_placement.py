@@ -21,7 +21,16 @@ from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
 from offloadctl.running.placement import CANN_KERNELS, CUDA_KERNELS, inserted_copies, predicted_copies
 
 from conftest import SAMPLE_NAMES, SAMPLES
-from models import early_host_node_model, host_nodes_model, make_model, old_pin_model, save, tensor, to_fp16
+from models import (
+    early_host_node_model,
+    host_chain_model,
+    host_nodes_model,
+    make_model,
+    old_pin_model,
+    save,
+    tensor,
+    to_fp16,
+)
 
 
 def test_the_replica_reproduces_the_rule_for_fp32_and_fp16():
@@ -384,6 +393,79 @@ def test_a_device_plan_counts_the_casts_onnxruntime_appends(tmp_path, order):
         assert counted["pins_broken"] == counted["pins_checked"] and counted["after"] == counted["before"]
     else:
         assert counted["pins_broken"] == 0 and counted["after"] < counted["before"] / 4
+
+
+def _predicted_casts(model: onnx.ModelProto, host: set[str], tmp_path) -> tuple:
+    """The Casts predicted with the nodes whose first output ``host`` names on the host."""
+    from offloadctl.running.residency import casts_for
+
+    analysis = analyse_in(load_model(save(model, tmp_path / "m.onnx")))
+    labels = {label for node, label in zip(analysis.nodes, analysis.node_names) if node.output[0] in host}
+    return casts_for(analysis, labels)
+
+
+def test_the_casts_around_float16_host_nodes_are_predicted_as_onnxruntime_inserts_them(tmp_path):
+    """onnxruntime's InsertCastTransformer, replicated for the providers that do not run here (CUDA,
+    CANN): a Cast to float32 per float16 input of a host node the CPU has no float16 kernel for, one
+    back per float16 output; none between two such nodes in a row, except the one back to float16 of a
+    tensor the device reads too; none for a node with a float16 kernel or in float32. The same entries
+    as onnxruntime inserted on WebGPU (test_device compares them with the graphs it ran)."""
+    from offloadctl.loading.placed import HostCast
+    from offloadctl.running.placement import inserted_casts
+
+    early = to_fp16(early_host_node_model(layers=1))
+    assert _predicted_casts(early, {"h"}, tmp_path) == inserted_casts(_ort_placed_early_fp16(), early)
+    assert _predicted_casts(early_host_node_model(layers=1), {"h"}, tmp_path) == ()  # float32
+    chain = to_fp16(host_chain_model())
+    assert _predicted_casts(chain, {"h1", "h2"}, tmp_path) == (HostCast("x", ("h1",)), HostCast("h2", None))
+    shared = to_fp16(host_chain_model(read_on_device=True))
+    expected = (HostCast("x", ("h1",)), HostCast("h1", None), HostCast("h2", None))
+    assert _predicted_casts(shared, {"h1", "h2"}, tmp_path) == expected
+    transposed = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float16[8, 64] x) => (float16[8, 64] y) {
+            h = Hardmax <axis = -1> (x)
+            t = Transpose (h)
+            u = Transpose (t)
+            y = Add (x, u)
+        }
+    """)
+    # a Transpose has a float16 kernel: on the host it reads the Hardmax's float16 output
+    assert _predicted_casts(transposed, {"h", "t"}, tmp_path) == (HostCast("x", ("h",)), HostCast("h", None))
+    # between two nodes that run in float32 it runs in float32 too (IsIsolatedFp16NodeOnCpu)
+    isolated = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float16[8, 64] x) => (float16[8, 64] y) {
+            h = Hardmax <axis = -1> (x)
+            t = Transpose (h)
+            u = Hardmax <axis = -1> (t)
+            y = Add (x, u)
+        }
+    """)
+    assert _predicted_casts(isolated, {"h", "t", "u"}, tmp_path) == (HostCast("x", ("h",)), HostCast("u", None))
+
+
+def test_a_plan_for_ascend_counts_the_casts_its_cpu_fallback_inserts(run_cli, tmp_path):
+    """onnxruntime-cann has no Hardmax kernel: the float16 Hardmax runs on the CPU in float32 between
+    two Casts, appended after every node. `plan --device ascend` predicts them: under PRIORITY_BASED
+    every weight's H2D runs first (the pins for CANN hold no H2D) and the plan says so, with DEFAULT
+    as the fix; under DEFAULT the plan holds."""
+    source = save(to_fp16(early_host_node_model()), tmp_path / "m.onnx")
+    plan = tmp_path / "plan.json"
+    options = ["--params", "--select-distance", "3", "--prefetch-distance", "2", "--device", "ascend"]
+    for order in ("priority", "default"):
+        done = run_cli("plan", source, *options, "--execution-order", order, "-o", plan)
+        assert done.exit_code == 0, done.stderr
+        doc = json.loads(plan.read_text())
+        casts = doc["options"]["select"]["host_casts"]
+        assert casts == [{"tensor": "x", "readers": ["h"]}, {"tensor": "h", "readers": None}], casts
+        peak = doc["summary"]["estimate"]["peak_bytes"]
+        if order == "priority":
+            assert peak["after"] == peak["before"] > 4 * peak["planned_after"], peak
+            assert "not the 18.00 KiB planned" in done.stderr and "--execution-order default" in done.stderr
+        else:
+            assert peak["after"] < peak["before"] / 4 and "PRIORITY_BASED" not in done.stderr, peak
+        plan.unlink()
 
 
 def test_broken_pins_are_told_with_what_keeps_them(caplog):

@@ -277,9 +277,20 @@ def warn_broken_pins(figures: Mapping[str, Any], order: str) -> None:
     rewrite in ``order``, run on the wrong side of the node their order pin names."""
     peak = figures.get("peak_bytes") or {}
     broken, checked = peak.get("pins_broken"), peak.get("pins_checked")
+    device = peak.get("device", "the device")
+    if checked is None and order == "priority" and peak.get("after", 0) > 1.05 * peak.get("planned_after", 1 << 62):
+        # no pins to break (pins for this target hold no H2D), and the copies still run early
+        logger.warning(
+            "as %s runs this rewrite under PRIORITY_BASED its peak is %s, not the %s planned: onnxruntime appends "
+            "the nodes it inserts (copies between host and device, Casts around float16 nodes the CPU runs in "
+            "float32) after every node, and every copy that is ready runs before the nodes that wait for them; "
+            "plan and run with --execution-order default (every host but Python runs it)",
+            device,
+            fmt_bytes(peak["after"]),
+            fmt_bytes(peak["planned_after"]),
+        )
     if not broken:
         return
-    device = peak.get("device", "the device")
     where = (
         f"peak {fmt_bytes(peak['planned_after'])} planned, {fmt_bytes(peak['after'])} as {device} runs it"
         if "planned_after" in peak

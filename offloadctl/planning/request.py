@@ -103,8 +103,8 @@ class SelectPart:
             with ``host_nodes``): with them the plan's figures count the graph as that device runs it
             (`offloadctl.loading.placed`).
         host_casts: the Casts onnxruntime inserts there around float16 nodes the CPU has no float16
-            kernel for (`offloadctl.loading.placed.HostCast`; found
-            with ``host_nodes`` where the device runs here): the figures count them too.
+            kernel for (`offloadctl.loading.placed.HostCast`; found with ``host_nodes``): the figures
+            count them too.
     """
 
     select_distance: int = option(

@@ -15,12 +15,14 @@ This module owns two things every non-CPU run needs:
   `inserted_casts` reads the Casts the CPU provider's float16 fallback inserted.
 * **The placement rule of CUDA and CANN**, replicated (`predicted_copies`): both call onnxruntime's
   ``GetCpuPreferredNodes``, which a CPU-only machine cannot run; the rewrite's pins are checked
-  against it for every element type.
+  against it for every element type. `predicted_casts` replicates the Casts the CPU provider's
+  float16 fallback inserts there (checked against those onnxruntime inserts on WebGPU).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from typing import Any
 import onnx
 
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.onnxutil import PIN_ATTR
+from offloadctl.core.onnxutil import PIN_ATTR, has_subgraphs
 from offloadctl.loading.ortgraph import INSERTED_CAST_PREFIX
 from offloadctl.loading.placed import CPU_INPUTS, CPU_OUTPUT_OPS, HostCast
 
@@ -45,6 +47,8 @@ __all__ = [
     "CANN_KERNELS",
     "predicted_copies",
     "predicted_placement",
+    "predicted_casts",
+    "CPU_FLOAT16",
 ]
 
 #: plugin provider name -> (Python module that ships the library, library registration name, pip package)
@@ -173,9 +177,13 @@ def inserted_copies(placed: onnx.ModelProto, model: onnx.ModelProto) -> list[Ins
     return found
 
 
-def inserted_casts(placed: onnx.ModelProto, model: onnx.ModelProto) -> tuple[HostCast, ...]:
+def inserted_casts(
+    placed: onnx.ModelProto, model: onnx.ModelProto, indices: Mapping[str, int | None] | None = None
+) -> tuple[HostCast, ...]:
     """The Casts onnxruntime inserted in ``placed`` (the graph it ran) around float16 nodes the CPU
-    provider has no float16 kernel for, as `HostCast` entries of ``model``'s tensors, in graph order:
+    provider has no float16 kernel for, as `HostCast` entries of ``model``'s tensors, in the order of
+    their node indices where ``indices`` (node name -> onnxruntime's index, from a profile) has them
+    (the order onnxruntime added them, which the executor's order follows), else in graph order:
     a Cast that writes one of ``model``'s tensors narrows the float32 output of the node that makes it;
     one that reads one widens it for the nodes that read the Cast (each named by its first output in
     ``model``)."""
@@ -188,16 +196,23 @@ def inserted_casts(placed: onnx.ModelProto, model: onnx.ModelProto) -> tuple[Hos
         for n in placed.graph.node
         if n.op_type == "Cast" and n.name.startswith(INSERTED_CAST_PREFIX) and n.name not in names and n.input
     ]
-    narrowed = {c.input[0]: c.output[0] for c in casts if c.output and c.output[0] in known}  # float32 -> tensor
+    if indices:
+        unknown = 1 << 30  # a Cast the profile does not show goes last
+
+        def index(cast: onnx.NodeProto) -> int:
+            found = indices.get(cast.name)
+            return unknown if found is None else found
+
+        casts.sort(key=index)
+    first = {n.name: n.output[0] for n in graph.node if n.name and n.output}  # a node's first output in the model
     found = []
     for cast in casts:
         source, made = cast.input[0], cast.output[0] if cast.output else ""
         if made in known:
             found.append(HostCast(made, None))
         elif source in known:
-            readers = [n for n in placed.graph.node if made in n.input and n.name in names and n.output]
-            firsts = sorted({narrowed.get(n.output[0], n.output[0]) for n in readers})
-            found.append(HostCast(source, tuple(firsts)))
+            readers = sorted({first[n.name] for n in placed.graph.node if made in n.input and n.name in first})
+            found.append(HostCast(source, tuple(readers)))
     return tuple(found)
 
 
@@ -233,6 +248,151 @@ CANN_KERNELS = Kernels(
     ),
 )
 _HALF = frozenset({onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, 17, 18, 19, 20})  # fp16, bf16, fp8s
+
+
+#: the ops onnxruntime's CPU provider has a float16 kernel for (1.32.0: the kernels it registers with
+#: tensor(float16) in a type constraint), each from the opset given (``:SINCE``, ``:SINCE-LAST``; 1 when
+#: none), contrib ops as ``com.microsoft.OP``; every other op runs a float16 node in float32 between Casts
+_CPU_FLOAT16 = """
+Attention:23 BitCast:26 Cast:6 Celu:28 Clip:12 Compress:9 Concat:4 ConstantOfShape:9
+DequantizeLinear:19 Dropout:7-11 DynamicSlice Expand:8 Flatten Gather GatherElements:11 GatherND:11
+Identity If IsInf:20 IsNaN:9 LayerNormalization Loop Max:12 MemcpyFromHost MemcpyToHost Min:12
+Mod:10 Optional:15 OptionalGetElement:15 OptionalHasElement:18 QuantizeLinear:19 RMSNormalization:23
+RandomNormalLike RandomUniformLike Reshape ReverseSequence:10 RotaryEmbedding:23 Round:11 Scan:8
+Scatter:9-10 ScatterElements:11 ScatterND:11 SequenceAt:11 SequenceConstruct:11 Shape Shrink:9
+Sign:9 SimplifiedLayerNormalization Slice Split:2 SplitToSequence:11 Squeeze TensorScatter:24
+Transpose Unsqueeze com.microsoft.BranchwiseRMSNorm com.microsoft.EngramGate
+com.microsoft.ExpandDims com.microsoft.GatedAdd com.microsoft.GatedDeltaNet
+com.microsoft.GatedRMSNorm com.microsoft.GatherBlockQuantized com.microsoft.GatherND
+com.microsoft.GatherPacked com.microsoft.GroupQueryAttention com.microsoft.HyperConnectionPostMix
+com.microsoft.HyperConnectionPreMix com.microsoft.Inverse com.microsoft.LinearAttentionGate
+com.microsoft.MRotaryEmbedding com.microsoft.MatMulNBits com.microsoft.MoEGroupRouter
+com.microsoft.QMoE com.microsoft.RotaryEmbedding com.microsoft.ScaledSiLU
+com.microsoft.SkipLayerNormalization com.microsoft.SkipSimplifiedLayerNormalization
+com.microsoft.SparseAttention com.microsoft.UnfoldTensor com.microsoft.VarlenCausalConvWithState
+"""
+
+
+def _cpu_float16() -> dict[tuple[str, str], tuple[int, int | None]]:
+    table: dict[tuple[str, str], tuple[int, int | None]] = {}
+    for entry in _CPU_FLOAT16.split():
+        name, _, since = entry.partition(":")
+        domain, _, op = name.rpartition(".")
+        first, _, last = (since or "1").partition("-")
+        table[(domain, op)] = (int(first), int(last) if last else None)
+    return table
+
+
+CPU_FLOAT16 = _cpu_float16()
+
+
+def _cpu_has_float16(node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
+    """Whether the CPU provider runs ``node`` in float16 (its schema's version in the model's opset)."""
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    found = CPU_FLOAT16.get((domain, node.op_type))
+    if found is None:
+        return False
+    version = opsets.get(domain, 1)
+    try:
+        version = onnx.defs.get_schema(node.op_type, version, domain).since_version
+    except onnx.defs.SchemaError:
+        pass  # a contrib op: onnx does not know it
+    first, last = found
+    return first <= version and (last is None or version <= last)
+
+
+def predicted_casts(
+    model: onnx.ModelProto,
+    nodes: Sequence[onnx.NodeProto],
+    on_host: Callable[[onnx.NodeProto], bool],
+    elem_type: Callable[[str], int | None],
+) -> tuple[HostCast, ...]:
+    """The Casts onnxruntime's ``InsertCastTransformer`` inserts around host nodes that read float16
+    and have no float16 CPU kernel (`CPU_FLOAT16`), in the order it adds them: ``nodes`` in execution
+    order, ``on_host`` the test of a host node, ``elem_type`` a tensor's element type.
+
+    Node by node, as onnxruntime does: one Cast to float32 per float16 input (shared by the nodes that
+    read it), one back to float16 per float16 output. A host node with a float16 kernel between such
+    nodes only (every float16 input made by one, every reader of its float16 outputs one) runs in
+    float32 too. Then, as its ``RemoveDuplicateCastTransformer`` does, a Cast to float32 of a tensor a
+    Cast back to float16 made goes (its readers read the float32 tensor; `HostCast` has them read the
+    tensor), and that Cast back goes too when only such nodes read the tensor and it is no graph output.
+    """
+    fallback = _Float16Fallback(model, nodes, on_host, elem_type)
+    wrapped = fallback.wrapped()
+    widened: dict[str, list[str]] = {}  # tensor -> the first outputs of the nodes that read its Cast
+    entries: list[tuple[str, bool]] = []  # (tensor, widened) in the order onnxruntime adds the Casts
+    for node in nodes:
+        if id(node) not in wrapped:
+            continue
+        for name in fallback.half(node.input):
+            if name not in widened:
+                widened[name] = []
+                entries.append((name, True))
+            widened[name].append(node.output[0])
+        entries += [(o, False) for o in fallback.half(node.output)]
+    narrowed = {tensor for tensor, wide in entries if not wide}
+    found = []
+    for tensor, wide in entries:
+        if wide and tensor in narrowed:
+            continue  # the pair undoes itself: the readers take the float32 tensor
+        if not wide and fallback.only_wrapped_read(tensor, wrapped):
+            continue  # only Casts read it: it goes with them
+        found.append(HostCast(tensor, tuple(sorted(set(widened[tensor]))) if wide else None))
+    return tuple(found)
+
+
+class _Float16Fallback:
+    """The nodes the CPU provider runs in float32 between Casts (`predicted_casts`)."""
+
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        nodes: Sequence[onnx.NodeProto],
+        on_host: Callable[[onnx.NodeProto], bool],
+        elem_type: Callable[[str], int | None],
+    ) -> None:
+        self.opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+        self.outputs = {v.name for v in model.graph.output}
+        self.nodes, self.on_host, self.elem_type = nodes, on_host, elem_type
+        self.made_by = {o: node for node in nodes for o in node.output if o}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in nodes:
+            for name in dict.fromkeys(node.input):
+                if name:
+                    self.readers.setdefault(name, []).append(node)
+
+    def half(self, names: Sequence[str]) -> list[str]:
+        """The float16 tensors of ``names``, each once, in order."""
+        return [n for n in dict.fromkeys(names) if n and self.elem_type(n) == onnx.TensorProto.FLOAT16]
+
+    def wrapped(self) -> set[int]:
+        """The ids of the host nodes that run in float32: no float16 kernel, and those isolated between them."""
+        cast = {
+            id(node)
+            for node in self.nodes
+            if self.on_host(node)
+            and not has_subgraphs(node)
+            and self.half(node.input)
+            and not _cpu_has_float16(node, self.opsets)
+        }
+        return cast | {id(node) for node in self.nodes if self._isolated(node, cast)}
+
+    def _isolated(self, node: onnx.NodeProto, cast: set[int]) -> bool:
+        """onnxruntime's ``IsIsolatedFp16NodeOnCpu``: a host node whose float16 inputs all come from
+        nodes that run in float32 and whose float16 outputs only such nodes read."""
+        if not self.on_host(node) or id(node) in cast or has_subgraphs(node) or set(node.output) & self.outputs:
+            return False
+        half_in, outs = self.half(node.input), self.half(node.output)
+        if not half_in or not outs or not any(n in self.made_by for n in node.input if n):
+            return False
+        makers = [self.made_by[n] for n in half_in if n in self.made_by]  # weights and graph inputs: no edge
+        readers = [r for o in outs for r in self.readers.get(o, ())]
+        return all(id(m) in cast for m in makers) and all(id(r) in cast for r in readers)
+
+    def only_wrapped_read(self, tensor: str, wrapped: set[int]) -> bool:
+        readers = self.readers.get(tensor, [])
+        return bool(readers) and tensor not in self.outputs and all(id(r) in wrapped for r in readers)
 
 
 def predicted_copies(model: onnx.ModelProto, kernels: Kernels) -> list[str]:

@@ -9,7 +9,7 @@ such rewrites failed to load ("Duplicate definition") or to run (a MemcpyToHost 
 `host_nodes` finds them from onnxruntime itself where the provider runs here (one profiled run on
 the device, providers read from the profile, the copies and the float16 fallback's Casts onnxruntime
 inserted read from the graph it saves), and predicts them for CUDA and CANN where it does not
-(`offloadctl.running.placement.predicted_placement`). The copies place the model on the device for
+(`offloadctl.running.placement.predicted_placement` and `predicted_casts`). The copies place the model on the device for
 the figures a device plan quotes (`offloadctl.loading.placed`).
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from offloadctl.running.placement import (
     CUDA_KERNELS,
     inserted_casts,
     inserted_copies,
+    predicted_casts,
     predicted_placement,
     save_placed_graph,
 )
@@ -56,7 +58,7 @@ class HostNodes:
     """What a device runs on the host: the labels of the nodes it runs on the CPU
     (`Analysis.node_names`), the tensors onnxruntime copies between host and device memory, how
     both were found (``"webgpu (measured)"``), and the Casts onnxruntime inserts around float16 nodes
-    the CPU has no float16 kernel for (found where the device runs here; none predicted)."""
+    the CPU has no float16 kernel for (measured or predicted with the nodes)."""
 
     nodes: tuple[str, ...]
     copies: tuple[str, ...]
@@ -87,7 +89,22 @@ def host_nodes(analysis: Analysis, device: str) -> HostNodes:
     by_name = {node.name: node for node in graph.node}
     labels = {analysis.node_names[at[id(by_name[n])]] for n in cpu if n in by_name and id(by_name[n]) in at}
     how = f"{device} (predicted: its provider does not run here)"
-    return HostNodes(tuple(sorted(labels)), tuple(dict.fromkeys(copied)), how)
+    casts = casts_for(analysis, labels)
+    return HostNodes(tuple(sorted(labels)), tuple(dict.fromkeys(copied)), how, casts)
+
+
+def casts_for(analysis: Analysis, host: Collection[str]) -> tuple[HostCast, ...]:
+    """The Casts onnxruntime inserts around the float16 nodes among ``host`` (analysis labels) that the
+    CPU provider has no float16 kernel for (`offloadctl.running.placement.predicted_casts`)."""
+    labels = set(host)
+    nodes = analysis.nodes
+    on_host = {id(node) for node, label in zip(nodes, analysis.node_names) if label in labels}
+
+    def elem_type(name: str) -> int | None:
+        info = analysis.infos.get(name)
+        return info.elem_type if info is not None else None
+
+    return predicted_casts(analysis.loaded.proto, nodes, lambda node: id(node) in on_host, elem_type)
 
 
 def _measured(analysis: Analysis, device: str) -> tuple[tuple[str, ...], tuple[str, ...], tuple[HostCast, ...]]:
@@ -104,7 +121,8 @@ def _measured(analysis: Analysis, device: str) -> tuple[tuple[str, ...], tuple[s
         ran = ran_nodes(session.end_profiling())
         del session
         graph = onnx.load(str(placed), load_external_data=False)
-        inserted, casts = inserted_copies(graph, loaded.proto), inserted_casts(graph, loaded.proto)
+        indices = {n.name: n.index for n in ran}  # the Casts in the order onnxruntime added them
+        inserted, casts = inserted_copies(graph, loaded.proto), inserted_casts(graph, loaded.proto, indices)
     provider = DEVICES[device]
     on_host = [n for n in ran if n.provider not in (None, provider)]
     return _labels(analysis, on_host), tuple(dict.fromkeys(c.tensor for c in inserted)), casts

@@ -1146,12 +1146,12 @@ def _timed_runs(
         placed = save_placed_graph(config.sess_options, tmp) if device != "cpu" else None
         session = create_session(model, config, device, ort=ort)
         inserted = _inserted(placed, model)
-        casts = _casts(placed, model)
         providers = list(session.get_providers())
         feeds = feeds_for(session, feeds_all, model, "the inputs")
         outputs = run_once(session, feeds, model, ort)  # warm-up, profiled
         profile = session.end_profiling()
         nodes = ran_nodes(profile) if profile else []
+        casts = _casts(placed, model, nodes)
     runs = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -1171,12 +1171,15 @@ def _inserted(placed: os.PathLike[str] | None, model: str) -> list[InsertedCopy]
     )
 
 
-def _casts(placed: os.PathLike[str] | None, model: str) -> tuple[HostCast, ...]:
-    """The Casts onnxruntime inserted into ``model`` around float16 nodes the CPU runs in float32."""
+def _casts(placed: os.PathLike[str] | None, model: str, ran: Sequence[RanNode]) -> tuple[HostCast, ...]:
+    """The Casts onnxruntime inserted into ``model`` around float16 nodes the CPU runs in float32, in
+    the order of their indices in the profile of the run (``ran``)."""
     if placed is None or not os.path.exists(placed):
         return ()
     return inserted_casts(
-        onnx.load(str(placed), load_external_data=False), onnx.load(str(model), load_external_data=False)
+        onnx.load(str(placed), load_external_data=False),
+        onnx.load(str(model), load_external_data=False),
+        {n.name: n.index for n in ran},
     )
 
 
