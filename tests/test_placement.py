@@ -476,8 +476,18 @@ def test_broken_pins_are_told_with_what_keeps_them(caplog):
     warn_broken_pins({"peak_bytes": peak}, "priority")
     assert "3 of 5 copies" in caplog.text and "--execution-order default" in caplog.text
     caplog.clear()
-    warn_broken_pins({"peak_bytes": {**peak, "pins_broken": 0}}, "priority")
+    warn_broken_pins({"peak_bytes": {**peak, "pins_broken": 0, "after": 1024}}, "priority")
     assert not caplog.text
+    # no pin breaks (CANN's pins hold no H2D), but the copies run early: the peak as it runs is told
+    for checked in (None, 5):
+        late = {"pins_checked": checked, "pins_broken": 0, "device": "ascend", "planned_after": 1024, "after": 4096}
+        warn_broken_pins({"peak_bytes": late}, "priority")
+        assert (
+            "peak is 4.00 KiB, not the 1.00 KiB planned" in caplog.text and "--execution-order default" in caplog.text
+        )
+        caplog.clear()
+        warn_broken_pins({"peak_bytes": late}, "default")
+        assert not caplog.text
 
 
 def test_profiled_host_nodes_are_found_by_name_before_index(tmp_path):
