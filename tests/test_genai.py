@@ -44,6 +44,18 @@ def _generate(folder: Path, count: int = 12) -> list[int]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _profiled_generation(folder: Path, profiles: Path) -> tuple[list[int], set[str]]:
+    """The tokens generated from the rewritten genai ``folder`` with its session profiled (into
+    ``profiles``), and the names of the nodes that ran."""
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["enable_profiling"] = str(profiles / "genai_profile")
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    tokens = _generate(folder)
+    (profile,) = profiles.glob("genai_profile*.json")
+    events = json.loads(profile.read_text())
+    return tokens, {e["name"][: -len("_kernel_time")] for e in events if e.get("cat") == "Node"}
+
+
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_generation_from_the_rewritten_folder_gives_the_same_tokens(run_cli, tmp_path, precision):
     source = SAMPLES / "genai" / f"llama-{precision}"
@@ -59,12 +71,8 @@ def test_generation_from_the_rewritten_folder_gives_the_same_tokens(run_cli, tmp
     res = run_cli("apply", plan, "-o", out / "model.onnx")
     assert res.exit_code == 0, res.stderr
     # profile the genai session, to see the copies run in its DEFAULT order
-    config = json.loads((out / "genai_config.json").read_text())
-    config["model"]["decoder"]["session_options"]["enable_profiling"] = str(tmp_path / "genai_profile")
-    (out / "genai_config.json").write_text(json.dumps(config))
-    assert _generate(out) == _generate(source)
-    (profile,) = tmp_path.glob("genai_profile*.json")
-    ran = {e["name"][: -len("_kernel_time")] for e in json.loads(profile.read_text()) if e.get("cat") == "Node"}
+    tokens, ran = _profiled_generation(out, tmp_path)
+    assert tokens == _generate(source)
     copies = {n for n in ran if n.startswith("offload") and not n.startswith("offload/pin/")}
     assert copies, "no copy ran in the onnxruntime-genai session"
 
@@ -86,11 +94,7 @@ def test_a_device_plans_rewrite_generates_the_same_tokens(run_cli, tmp_path):
     res = run_cli("apply", plan, "-o", out / "model.onnx", "--json")
     assert res.exit_code == 0, res.stderr
     assert json.loads(res.stdout)["copies"]["across"] >= 1, res.stdout
-    config = json.loads((out / "genai_config.json").read_text())
-    config["model"]["decoder"]["session_options"]["enable_profiling"] = str(tmp_path / "genai_profile")
-    (out / "genai_config.json").write_text(json.dumps(config))
-    assert _generate(out) == _generate(source)
-    (profile,) = tmp_path.glob("genai_profile*.json")
-    ran = {e["name"][: -len("_kernel_time")] for e in json.loads(profile.read_text()) if e.get("cat") == "Node"}
+    tokens, ran = _profiled_generation(out, tmp_path)
+    assert tokens == _generate(source)
     assert any(n.startswith("across/") for n in ran), "the across copy did not run in the genai session"
     assert any(n.startswith("offload") and not n.startswith("offload/pin/") for n in ran), "no offload copy ran"
