@@ -208,13 +208,15 @@ def _insert_casts(graph: onnx.GraphProto, placement: Placement) -> frozenset[str
             continue
         widened: dict[str, str] = {}  # what a reader reads (the tensor or a copy of it) -> its float32 Cast
         for reader in readers:
-            node = by_first.get(reader)
-            for k, name in enumerate(node.input if node is not None else ()):
+            wrapped = by_first.get(reader)
+            if wrapped is None:
+                continue
+            for k, name in enumerate(wrapped.input):
                 if name and origin(name) == tensor:
                     if name not in widened:
                         widened[name] = fresh_name(f"{INSERTED_CAST_PREFIX}{name}", taken)
                         cast(name, widened[name], onnx.TensorProto.FLOAT, name)
-                    node.input[k] = widened[name]  # type: ignore[union-attr]
+                    wrapped.input[k] = widened[name]
     graph.node.extend(casts)
     return frozenset(on_host)
 
