@@ -130,7 +130,7 @@ def placed(
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     graph = out.graph
-    host = placement.host | _insert_casts(graph, placement) if placement.casts else placement.host
+    host = (placement.host | _insert_casts(graph, placement)) if placement.casts else placement.host
     host_at = _host_nodes(graph, host, pins_by_inputs)
     in_host = _host_tensors(graph, host_at)
     inputs = [v.name for v in graph.input]

@@ -453,16 +453,15 @@ class _Rewriter:
         analysis = self.analysis
         host = host_positions(analysis, select.get("host_nodes", ()))
         copies -= {off["tensor"] for off in self.plan["offloads"]}
-        inputs = set(analysis.graph_inputs)
+        inputs, nodes = set(analysis.graph_inputs), analysis.nodes
         for tensor in sorted(copies):
             made_by = analysis.producer.get(tensor)
             if made_by is None and tensor not in inputs:
                 continue  # a weight: onnxruntime places it beside the nodes that read it
-            in_host = made_by is None or writes_host_memory(analysis.nodes[made_by], made_by in host)
+            in_host = made_by is None or writes_host_memory(nodes[made_by], made_by in host)
             reads = [(u.position, u.input_index) for u in analysis.uses.get(tensor, [])]
             if any(k is None for _, k in reads):
                 continue
-            nodes = analysis.nodes
             across = [
                 (p, k) for p, k in reads if k is not None and reads_host_memory(nodes[p], k, p in host) != in_host
             ]

@@ -1145,13 +1145,12 @@ def _timed_runs(
         config.sess_options.profile_file_prefix = os.path.join(tmp, "profile")
         placed = save_placed_graph(config.sess_options, tmp) if device != "cpu" else None
         session = create_session(model, config, device, ort=ort)
-        inserted = _inserted(placed, model)
         providers = list(session.get_providers())
         feeds = feeds_for(session, feeds_all, model, "the inputs")
         outputs = run_once(session, feeds, model, ort)  # warm-up, profiled
         profile = session.end_profiling()
         nodes = ran_nodes(profile) if profile else []
-        casts = _casts(placed, model, nodes)
+        inserted, casts = _inserted(placed, model, nodes)
     runs = []
     for _ in range(repeat):
         start = time.perf_counter()
@@ -1162,25 +1161,17 @@ def _timed_runs(
     return _Timed(providers, outputs, nodes, runs, inserted, casts=casts)
 
 
-def _inserted(placed: os.PathLike[str] | None, model: str) -> list[InsertedCopy] | None:
-    """The copies onnxruntime inserted into ``model``, read from the graph it saved at ``placed``."""
+def _inserted(
+    placed: os.PathLike[str] | None, model: str, ran: Sequence[RanNode] = ()
+) -> tuple[list[InsertedCopy] | None, tuple[HostCast, ...]]:
+    """The copies onnxruntime inserted into ``model`` and the Casts around the float16 nodes it runs in
+    float32 on the CPU (in the order of their indices in the profile of the run, ``ran``), read from
+    the graph it saved at ``placed``; (None, ()) where it saved none."""
     if placed is None or not os.path.exists(placed):
-        return None
-    return inserted_copies(
-        onnx.load(str(placed), load_external_data=False), onnx.load(str(model), load_external_data=False)
-    )
-
-
-def _casts(placed: os.PathLike[str] | None, model: str, ran: Sequence[RanNode]) -> tuple[HostCast, ...]:
-    """The Casts onnxruntime inserted into ``model`` around float16 nodes the CPU runs in float32, in
-    the order of their indices in the profile of the run (``ran``)."""
-    if placed is None or not os.path.exists(placed):
-        return ()
-    return inserted_casts(
-        onnx.load(str(placed), load_external_data=False),
-        onnx.load(str(model), load_external_data=False),
-        {n.name: n.index for n in ran},
-    )
+        return None, ()
+    graph = onnx.load(str(placed), load_external_data=False)
+    proto = onnx.load(str(model), load_external_data=False)
+    return inserted_copies(graph, proto), inserted_casts(graph, proto, {n.name: n.index for n in ran})
 
 
 def _compare_with(
@@ -1205,7 +1196,7 @@ def _compare_with(
     with tempfile.TemporaryDirectory(prefix="offloadctl-placed-") as tmp:
         placed = save_placed_graph(config.sess_options, tmp) if device != "cpu" else None
         session = create_session(compare_to, config, device, ort=ort)
-        inserted = _inserted(placed, compare_to)
+        inserted, _ = _inserted(placed, compare_to)
     feeds = feeds_for(session, feeds_all, compare_to, model)
     expected = run_once(session, feeds, compare_to, ort)
     again = run_once(session, feeds, compare_to, ort)
