@@ -20,11 +20,11 @@ On the host, onnxruntime's ``InsertCastTransformer`` also wraps each float16 nod
 float16 kernel for (``Hardmax``, most of them) in Casts: a ``Cast`` to float32 of each float16 input,
 and one of its float32 output back to float16 (``InsertedPrecisionFreeCast_{tensor}``). They are
 appended after every node of the model too (before the copies), so under PRIORITY_BASED the nodes
-waiting for them are held back as for the copies: a `Placement` found on the device names them.
+waiting for them are held back as for the copies: a `Placement` names them.
 
 `placed` builds that graph in memory from a `Placement`: the nodes that run on the host, the
 tensors onnxruntime copies and the Casts it inserts, found by onnxruntime itself where the provider
-runs here, or predicted (copies and host nodes only). The nodes a rewrite adds for its order pins
+runs here, or predicted. The nodes a rewrite adds for its order pins
 run on the host when every tensor they read is in host memory, as on WebGPU, CUDA and CANN. The
 graph is never written or run: the simulator reads it, so that figures count the order and the
 memory of what onnxruntime runs.
