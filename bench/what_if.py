@@ -127,8 +127,8 @@ def measure(model: Path, repeat: int, console: Console) -> dict:
     return {
         "model": str(model),
         "repeat": repeat,
-        "rejected_entries": len(plans["plan"]["rejected"]),
-        "rejected_entries_what_if": len(plans["plan-no-rejected"]["rejected"]),
+        "rejected_entries": len(plans["plan"]["rejected"]["rows"]),
+        "rejected_entries_what_if": len(plans["plan-no-rejected"]["rejected"]["rows"]),
         "next_step_given": next_steps,
         "runs_s": runs,
         **figures,

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 import offloadctl
-from offloadctl.contract.document import validate_plan
+from offloadctl.contract.document import read_plan, validate_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.filter import filter_plan
@@ -134,7 +134,7 @@ def test_the_api_and_the_command_line_make_the_same_plan(run_cli, tmp_path, orde
     path = tmp_path / "plan.json"
     res = run_cli("plan", model, "--params", "--select-distance", "10", "--execution-order", order, "-o", path)
     assert res.exit_code == 0, res.stderr
-    written = json.loads(path.read_text())
+    written = read_plan(path)
     plan = offloadctl.make_plan(analyse(load_model(model), order=order), params=True, select_distance=10)
     made = json.loads(json.dumps(plan))
     assert set(made) == set(written)

@@ -19,7 +19,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from offloadctl.contract.document import validate_plan
+from offloadctl.contract.document import read_plan, validate_plan, write_plan
 
 from models import chain_nodes, long_reuse_model, make_model, save, tensor
 
@@ -280,7 +280,7 @@ def _set(path: str, value):
         for key in head:
             target = target[int(key)] if isinstance(target, list) else target[key]
         if value is _DELETE:
-            del target[last]
+            del target[int(last) if isinstance(target, list) else last]
         else:
             target[int(last) if isinstance(target, list) else last] = value
 
@@ -305,6 +305,11 @@ BAD_PLAN_FIELDS = {
         [{"tensor": "x", "readers": "h"}],
         "field options/select/host_casts/0/readers",
     ),
+    "rejected-reason-unknown": ("rejected/rows/0/4", "bored", "field rejected/rows/0/4 (reason)"),
+    "rejected-row-short": ("rejected/rows/0/6", _DELETE, "field rejected/rows/0"),
+    "rejected-detail-past-the-texts": ("rejected/rows/0/6", 99, "rejected/rows/0/6 (detail) is 99, past the"),
+    "rejected-columns-renamed": ("rejected/columns/0", "name", "field rejected/columns"),
+    "rejected-detail-text-a-number": ("rejected/details/0", 3, "field rejected/details/0"),
 }
 
 
@@ -323,7 +328,7 @@ def test_unknown_schema_version(run_cli, tmp_path, plans, outputs):
     _, selected = plans["selected"]
     bad = tmp_path / "v7.json"
     bad.write_text(json.dumps(_edit(selected, _set("schema_version", 7))))
-    assert_clean_failure(run_cli("filter", bad, "-o", outputs.new), str(bad), "schema_version 7", "reads version 1")
+    assert_clean_failure(run_cli("filter", bad, "-o", outputs.new), str(bad), "schema_version 7", "reads version 2")
     outputs.assert_untouched()
 
 
@@ -401,7 +406,7 @@ def test_apply_and_simulate_refuse_an_offloaded_weight_read_on_the_device(run_cl
     shutil.copy(SAMPLES / "seed.onnx", model)
     good = tmp_path / "plan.json"
     assert run_cli("plan", model, "-o", good, "--params", "--force", "two", "--prefetch-distance", "0").exit_code == 0
-    plan = json.loads(good.read_text())
+    plan = read_plan(good)
     (weight,) = plan["offloads"]
     group = weight["reload_groups"][0]
     assert weight["tensor"] == "two" and weight["device_uses"] == [] and len(group["uses"]) > 1
@@ -409,7 +414,7 @@ def test_apply_and_simulate_refuse_an_offloaded_weight_read_on_the_device(run_cl
     group["h2d_before"] = group["uses"][0]["position"]
     validate_plan(plan)  # the schema allows it; the model check does not
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(plan))
+    write_plan(bad, plan)
     for res in (
         run_cli("apply", bad, "-o", outputs.folder / "m.onnx", "--model", model),
         run_cli("simulate", model, "--plan", bad),
@@ -505,7 +510,7 @@ def test_dynamic_dimensions_without_input_shape_plan_and_warn(run_cli, tmp_path)
     res = run_cli("plan", path, "-o", out, "--select-distance", "0")
     assert res.exit_code == 0, res.stderr
     assert _warned(res.stderr, "unknown dimensions: x", "--dim N=1")  # the option to paste, by the dim's name
-    plan = json.loads(out.read_text())
+    plan = read_plan(out)
     validate_plan(plan)
     assert plan["offloads"] == []
     reasons = {r["tensor"]: r["reason"] for r in plan["rejected"]}
@@ -526,7 +531,7 @@ def test_dynamic_dimensions_with_input_shape_are_planned(run_cli, tmp_path):
     res = run_cli("plan", path, "-o", out, "--select-distance", "0", "--input-shape", "x=3,8")
     assert res.exit_code == 0, res.stderr
     assert "unknown dimensions" not in res.stderr
-    plan = json.loads(out.read_text())
+    plan = read_plan(out)
     assert plan["model"]["input_shapes"] == {"x": [3, 8]}
     assert {o["tensor"]: o["bytes"] for o in plan["offloads"]} == {"a": 96, "b": 96, "c": 96, "d": 96}
 
@@ -628,7 +633,7 @@ def test_strings_and_sequences_are_rejected_as_not_copyable(run_cli, write_model
     out = tmp_path / "plan.json"
     res = run_cli("plan", path, "-o", out, "--select-distance", "0", "--force", "*")
     assert res.exit_code == 0, res.stderr
-    plan = json.loads(out.read_text())
+    plan = read_plan(out)
     rejected = {r["tensor"]: r for r in plan["rejected"]}
     assert rejected["s"]["reason"] == "not-copyable" and "string" in rejected["s"]["detail"]
     assert rejected["seq"]["reason"] == "not-copyable" and "sequence" in rejected["seq"]["detail"]
@@ -653,7 +658,7 @@ def test_string_weight_is_not_copyable(run_cli, tmp_path):
     path = save(make_model(nodes, [tensor("x")], outs, initializers=[names]), tmp_path / "m.onnx")
     out = tmp_path / "plan.json"
     assert run_cli("plan", path, "-o", out, "--select-distance", "0", "--params").exit_code == 0
-    rejected = {r["tensor"]: r["reason"] for r in json.loads(out.read_text())["rejected"]}
+    rejected = {r["tensor"]: r["reason"] for r in read_plan(out)["rejected"]}
     assert rejected["names"] == "not-copyable"
 
 
@@ -661,7 +666,7 @@ def test_nothing_worth_offloading_gives_a_valid_empty_plan(run_cli, tmp_path):
     out = tmp_path / "plan.json"
     res = run_cli("plan", SAMPLES / "mlp.onnx", "-o", out)
     assert res.exit_code == 0, res.stderr
-    plan = json.loads(out.read_text())
+    plan = read_plan(out)
     validate_plan(plan)
     assert plan["stage"] == "scheduled"
     assert plan["offloads"] == []
@@ -691,7 +696,7 @@ def test_an_empty_graph_plans_to_an_empty_plan(run_cli, tmp_path):
     path = save(make_model([], [tensor("x")], [tensor("x")]), tmp_path / "empty_graph.onnx")
     out = tmp_path / "plan.json"
     assert run_cli("plan", path, "-o", out).exit_code == 0
-    plan = json.loads(out.read_text())
+    plan = read_plan(out)
     assert plan["model"]["num_positions"] == 0 and plan["offloads"] == [] and plan["rejected"] == []
 
 

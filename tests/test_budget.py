@@ -12,6 +12,7 @@ import pytest
 
 from offloadctl.analysis.graph import analyse
 from offloadctl.analysis.timeline import lower_bound
+from offloadctl.contract.document import read_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.units import parse_bytes
 from offloadctl.loading.model import load_model
@@ -339,7 +340,7 @@ def test_explain_lists_distance_rejections(run_cli, write_model, tmp_path):
     )
     assert result.exit_code == 0, result.stderr
     assert "offloaded" in result.stdout and "rejected" in result.stdout
-    rows = {r["tensor"]: r for r in explain_rows(json.loads((tmp_path / "p.json").read_text()))}
+    rows = {r["tensor"]: r for r in explain_rows(read_plan(tmp_path / "p.json"))}
     assert rows["s"]["status"] == "offloaded" and rows["s"]["detail"].startswith(
         "largest idle stretch 9 > select distance 6"
     )

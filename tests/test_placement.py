@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 from offloadctl import analyse, make_plan
 from offloadctl.analysis.graph import analyse as analyse_in
 from offloadctl.analysis.order import executor_order
+from offloadctl.contract.document import read_plan
 from offloadctl.loading.model import load_model
 from offloadctl.loading.placed import Placement, placed
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
@@ -127,7 +128,7 @@ def test_plan_for_ascend_predicts_what_cann_runs_on_the_host(run_cli, tmp_path):
     plan = tmp_path / "plan.json"
     res = run_cli("plan", SAMPLES / "unet.onnx", "--select-distance", "10", "--device", "ascend", "-o", plan)
     assert res.exit_code == 0, res.stderr
-    doc = json.loads(plan.read_text())
+    doc = read_plan(plan)
     assert doc["options"]["select"]["host_device"].startswith("ascend (predicted")
     kept = [r for r in doc["rejected"] if r["reason"] == "host-resident"]
     assert kept and all("onnxruntime runs it on the CPU on ascend" in r["detail"] for r in kept)

@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from offloadctl.contract.document import plan_schema, validate_plan
+from offloadctl.contract.document import REJECTED_COLUMNS, plan_schema, validate_plan
 from offloadctl.core import plantypes
 from offloadctl.core.plantypes import offload, rejection, reload_group
 
@@ -29,8 +29,12 @@ OBJECTS = {
     "Producer": _object(DEFS["offload"]["properties"]["producer"]["oneOf"][1]),
     "ReloadGroup": _object(DEFS["reload_group"]),
     "Use": _object(DEFS["use"]),
-    "Rejection": _object(SCHEMA["properties"]["rejected"]["items"]),
 }
+TABLE = SCHEMA["properties"]["rejected"]["oneOf"][0]["properties"]
+LISTED = SCHEMA["properties"]["rejected"]["oneOf"][1]["items"]
+COLUMNS = TABLE["columns"]["const"]
+#: the rejected table's cells by column name
+CELLS = dict(zip(COLUMNS, TABLE["rows"]["items"]["prefixItems"]))
 
 
 @pytest.mark.parametrize("name", sorted(OBJECTS))
@@ -41,8 +45,22 @@ def test_each_typed_dict_has_the_schemas_keys(name):
     assert set(typed.__required_keys__) == required
 
 
+def test_a_rejection_has_the_columns_of_the_rejected_table():
+    """An entry holds one cell of each column; a file's row gives max_gap (null), an entry may leave it out."""
+    typed = plantypes.Rejection
+    assert set(typed.__required_keys__) | set(typed.__optional_keys__) == set(COLUMNS)
+    assert set(typed.__optional_keys__) == {"max_gap"}
+    assert tuple(COLUMNS) == REJECTED_COLUMNS
+    assert _object(LISTED) == (set(COLUMNS), set(COLUMNS) - {"max_gap"})  # a list of entries is read too
+    for column, cell in CELLS.items():
+        listed = dict(LISTED["properties"][column])
+        assert {k: v for k, v in cell.items() if k != "description"} == (
+            {"type": "integer", "minimum": 0} if column == "detail" else listed  # the detail: an index
+        ), column
+
+
 def test_the_literals_are_the_schemas_enums():
-    rejected = SCHEMA["properties"]["rejected"]["items"]["properties"]
+    rejected = CELLS
     assert set(typing.get_args(plantypes.RejectionReason)) == set(rejected["reason"]["enum"])
     assert len(typing.get_args(plantypes.RejectionReason)) == len(rejected["reason"]["enum"])
     assert set(typing.get_args(plantypes.RejectionStage)) == set(rejected["stage"]["enum"])
@@ -106,7 +124,7 @@ def test_the_constructors_write_valid_entries_in_the_files_key_order():
     rejected = rejection("b", "activation", None, "select", "unknown-size", "size unknown", 5)
     assert list(rejected) == ["tensor", "kind", "bytes", "stage", "reason", "detail", "max_gap"]
     plan = {
-        "schema_version": 1,
+        "schema_version": 2,
         "stage": "selected",
         "tool": {"name": "offloadctl", "version": "0"},
         "model": {"path": "m.onnx", "sha256": "0" * 64, "num_positions": 6, "input_shapes": {}},

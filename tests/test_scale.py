@@ -27,7 +27,8 @@ from onnx import TensorProto
 
 from offloadctl.analysis.graph import analyse
 from offloadctl.contract import document as plan_module
-from offloadctl.contract.document import dump_plan, plan_schema, validate_plan
+from offloadctl.contract.document import dump_plan, plan_document, plan_schema, read_plan, validate_plan
+from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import is_constant_node, subgraph_outer_names
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import make_plan
@@ -87,10 +88,10 @@ def test_planning_a_generated_model_gives_a_schema_valid_plan(small_model):
     analysis = analyse(load_model(small_model.path))
     plan = make_plan(analysis, select_distance=10, params=True, prefetch_distance=3)
     validate_plan(plan)
-    assert not list(jsonschema.Draft202012Validator(plan_schema()).iter_errors(plan))
+    assert not list(jsonschema.Draft202012Validator(plan_schema()).iter_errors(plan_document(plan)))
     assert plan["offloads"], "the shared memory tensor and the weights have gaps over 10 positions"
     assert any(o["tensor"] == "embed/out" and o["kind"] == "activation" for o in plan["offloads"])
-    json.loads(dump_plan(plan))
+    assert json.loads(dump_plan(plan)) == plan_document(plan)
 
 
 def test_planning_never_reads_the_weights_data_file(small_model, tmp_path, monkeypatch):
@@ -183,6 +184,7 @@ def _sample_plans() -> list[dict]:
 
 
 SAMPLE_PLANS = _sample_plans()
+SAMPLE_DOCUMENTS = [plan_document(p) for p in SAMPLE_PLANS]  # as their files hold them
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3) | st.floats(-2, 2) | st.sampled_from(["", "x", "activation"]),
     lambda children: (
@@ -204,15 +206,15 @@ def _paths(doc, prefix=()):
 
 def test_the_compiled_plan_check_covers_the_schema_and_accepts_valid_plans():
     check = plan_module._fast_check()
-    for plan in SAMPLE_PLANS:
-        assert check(plan)
-        assert check(json.loads(json.dumps(plan)))
+    for document in SAMPLE_DOCUMENTS:
+        assert check(document)
+        assert check(json.loads(json.dumps(document)))
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_the_compiled_plan_check_never_accepts_what_jsonschema_rejects(data):
-    plan = copy.deepcopy(data.draw(st.sampled_from(SAMPLE_PLANS)))
+    plan = copy.deepcopy(data.draw(st.sampled_from(SAMPLE_DOCUMENTS)))
     paths = [p for p in _paths(plan) if p]
     for _ in range(data.draw(st.integers(1, 3))):
         path = data.draw(st.sampled_from(paths))
@@ -261,28 +263,57 @@ ENTRY_VALUES = [
 ]
 
 
-def test_the_check_of_the_rejected_list_agrees_with_jsonschema():
-    """Every key of an entry set to every kind of value, removed, or joined by another key; the
-    entry itself replaced: the compiled check and jsonschema agree on each plan."""
-    base = next(p for p in SAMPLE_PLANS if p["rejected"])
+def test_the_check_of_the_rejected_table_agrees_with_jsonschema():
+    """Every cell of a row set to every kind of value, removed, or joined by another; the row, the
+    columns and a detail text replaced: the compiled check and jsonschema agree on each plan file."""
+    base = next(d for d in SAMPLE_DOCUMENTS if d["rejected"]["rows"])
     validator = jsonschema.Draft202012Validator(plan_schema())
     check = plan_module._fast_check()
-    entry = base["rejected"][0]
-    changes = [(key, value) for key in [*entry, "max_gap", "extra"] for value in ENTRY_VALUES]
-    changes += [(key, "delete") for key in entry] + [(None, value) for value in ENTRY_VALUES]
+    row = base["rejected"]["rows"][0]
+    changes = [("rows", 0, cell, value) for cell in range(len(row)) for value in ENTRY_VALUES]
+    changes += [("rows", 0, cell, "delete") for cell in range(len(row))] + [("rows", 0, None, v) for v in ENTRY_VALUES]
+    changes += [("rows", 0, "append", v) for v in ENTRY_VALUES] + [("details", 0, None, v) for v in ENTRY_VALUES]
+    changes += [("columns", i, None, v) for i in (0, 6) for v in ENTRY_VALUES]
+    changes += [("columns", None, None, v) for v in ENTRY_VALUES] + [("details", None, None, v) for v in ENTRY_VALUES]
+    changes += [("rows", None, None, v) for v in ENTRY_VALUES] + [(None, None, None, v) for v in ENTRY_VALUES]
     verdicts = set()
-    for key, value in changes:
-        plan = {**base, "rejected": [dict(e) for e in base["rejected"]]}
-        if key is None:
-            plan["rejected"][0] = value
+    for part, item, cell, value in changes:
+        table = copy.deepcopy(base["rejected"])
+        if part is None:
+            table = value
+        elif item is None:
+            table[part] = value
+        elif cell is None:
+            table[part][item] = value
+        elif cell == "append":
+            table[part][item].append(value)
         elif value == "delete":
-            del plan["rejected"][0][key]
+            del table[part][item][cell]
         else:
-            plan["rejected"][0][key] = value
+            table[part][item][cell] = value
+        plan = {**base, "rejected": table}
         valid = validator.is_valid(plan)
-        assert check(plan) == valid, (key, value)
+        assert check(plan) == valid, (part, item, cell, value)
         verdicts.add(valid)
     assert verdicts == {True, False}
+
+
+def test_a_plans_rejected_entries_are_checked_by_entry_and_key():
+    """A plan in memory holds its rejections as entries: a wrong one is named by its place and key."""
+    base = next(p for p in SAMPLE_PLANS if p["rejected"])
+    entry = base["rejected"][0]
+    cases = [
+        (dict(entry, reason="bogus"), "field rejected/0/reason"),
+        (dict(entry, bytes=-1), "field rejected/0/bytes"),
+        (dict(entry, detail=3), "field rejected/0/detail"),
+        ({k: v for k, v in entry.items() if k != "stage"}, "field rejected/0: 'stage' is a required property"),
+        (dict(entry, extra=1), "field rejected/0: Additional properties are not allowed"),
+        ("x", "field rejected/0: 'x' is not of type 'object'"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(OffloadError, match=message):
+            validate_plan({**base, "rejected": [bad, *base["rejected"][1:]]})
+    validate_plan({**base, "rejected": [{k: v for k, v in entry.items() if k != "max_gap"}]})  # max_gap may be left out
 
 
 def test_the_long_lists_have_their_own_checks_only_while_the_schema_ties_nothing_else_to_them():
@@ -291,12 +322,21 @@ def test_the_long_lists_have_their_own_checks_only_while_the_schema_ties_nothing
     assert schema == json.loads((ROOT / "schemas" / "plan.schema.json").read_text(encoding="utf-8"))
     checks = plan_module._list_checks(schema)
     assert set(checks) == {"offloads", "rejected"}
-    assert all(checks[key]([p[key]]) for p in SAMPLE_PLANS for key in checks)
+    assert all(checks[key]([d[key]]) for d in SAMPLE_DOCUMENTS for key in checks)
+    table, listed = plan_schema()["properties"]["rejected"]["oneOf"]
+    assert table["type"] == "object" and listed["type"] == "array"
+    rows = lambda s: s["properties"]["rejected"]["oneOf"][0]["properties"]["rows"]["items"]  # noqa: E731
+    entry = lambda s: s["properties"]["rejected"]["oneOf"][1]["items"]  # noqa: E731
     for key, change in (
-        ("rejected", lambda s: s["properties"]["rejected"].update(minItems=1)),
-        ("rejected", lambda s: s["properties"]["rejected"]["items"]["properties"]["detail"].update(maxLength=3)),
-        ("rejected", lambda s: s["properties"]["rejected"]["items"].update(additionalProperties=True)),
-        ("rejected", lambda s: s["properties"]["rejected"]["items"]["properties"]["bytes"].update(type=["number"])),
+        ("rejected", lambda s: s["properties"]["rejected"]["oneOf"][0].update(minProperties=1)),
+        ("rejected", lambda s: rows(s)["prefixItems"][0].update(maxLength=3)),
+        ("rejected", lambda s: rows(s).update(items=True)),
+        ("rejected", lambda s: rows(s).update(minItems=6)),
+        ("rejected", lambda s: rows(s)["prefixItems"][2].update(type=["number"])),
+        ("rejected", lambda s: s["properties"]["rejected"]["oneOf"][0]["properties"]["columns"].update(const=[1])),
+        ("rejected", lambda s: entry(s)["properties"]["detail"].update(maxLength=3)),
+        ("rejected", lambda s: entry(s).update(additionalProperties=True)),
+        ("rejected", lambda s: s["properties"]["rejected"]["oneOf"].append({"type": "array"})),
         ("offloads", lambda s: s["$defs"]["offload"]["if"]["properties"]["reload_groups"].update(uniqueItems=True)),
         ("offloads", lambda s: s["$defs"]["offload"]["then"]["properties"]["graph_output"].update(const=1)),
         ("offloads", lambda s: s["$defs"]["offload"]["properties"]["producer"]["oneOf"].append({"type": "null"})),
@@ -316,7 +356,8 @@ def test_the_check_of_the_offloads_agrees_with_jsonschema():
     value, removed, or joined by another key; each of them replaced: the compiled check and
     jsonschema agree on each plan."""
     base = max(
-        SAMPLE_PLANS, key=lambda p: sum(bool(o["device_uses"]) + (o["producer"] is not None) for o in p["offloads"])
+        SAMPLE_DOCUMENTS,
+        key=lambda p: sum(bool(o["device_uses"]) + (o["producer"] is not None) for o in p["offloads"]),
     )
     activation = next(i for i, o in enumerate(base["offloads"]) if o["producer"] is not None and o["device_uses"])
     validator = jsonschema.Draft202012Validator(plan_schema())
@@ -380,21 +421,30 @@ def test_write_plan_streams_exactly_the_dumped_text(tmp_path):
     assert text.count("\n") > 1 << 16  # more pieces than one buffered write
     plan_module.write_plan(tmp_path / "plan.json", plan)
     assert (tmp_path / "plan.json").read_text(encoding="utf-8") == text
-    assert json.loads(text) == plan
+    assert json.loads(text) == plan_document(plan)
+    assert read_plan(tmp_path / "plan.json") == plan
 
 
-def test_plan_text_writes_one_line_per_rejected_entry_whatever_the_names(tmp_path):
+def test_plan_text_writes_one_line_per_rejected_row_whatever_the_names(tmp_path):
     plan = copy.deepcopy(SAMPLE_PLANS[1])
-    tricky = ['a}, {"b', '}, {"', 'q"uote', "back\\slash\\", "new\nline", "ünï", "", 'x}, {"tensor": "y']
+    tricky = ['a], ["b', '], ["', 'q"uote', "back\\slash\\", "new\nline", "ünï", "", 'x], ["tensor", "y']
     template = plan["rejected"][0]
     plan["rejected"] = [dict(template, tensor=name, detail=name) for name in tricky] + plan["rejected"]
     text = dump_plan(plan)
-    assert json.loads(text) == plan
+    document = plan_document(plan)
+    assert json.loads(text) == document
+    (tmp_path / "plan.json").write_text(text, encoding="utf-8")
+    assert read_plan(tmp_path / "plan.json") == plan
     lines = text.splitlines()
-    start = lines.index(' "rejected": [')
-    listed = lines[start + 1 : start + 1 + len(plan["rejected"])]
-    assert [json.loads(line.strip().rstrip(",")) for line in listed] == plan["rejected"]
-    assert lines[start + 1 + len(plan["rejected"])] == " ]"
+    start = lines.index('  "rows": [')
+    rows = document["rejected"]["rows"]
+    listed = lines[start + 1 : start + 1 + len(rows)]
+    assert [json.loads(line.strip().rstrip(",")) for line in listed] == rows
+    assert lines[start + 1 + len(rows)] == "  ]"
+    start = lines.index('  "details": [')
+    details = document["rejected"]["details"]
+    assert [json.loads(line.strip().rstrip(",")) for line in lines[start + 1 : start + 1 + len(details)]] == details
+    assert len(details) < len(rows)  # a text the rows share is written once
 
 
 def test_tensor_infos_do_not_depend_on_lookup_order_and_weights_need_no_inference(small_model, monkeypatch):

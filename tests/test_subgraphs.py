@@ -15,7 +15,7 @@ import onnx
 import pytest
 
 from offloadctl.analysis.graph import analyse
-from offloadctl.contract.document import validate_plan
+from offloadctl.contract.document import read_plan, validate_plan
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import make_plan
 
@@ -185,7 +185,7 @@ def test_whole_network_in_one_if_plans(write_model, run_cli, tmp_path):
     out = tmp_path / "plan.json"
     res = run_cli("plan", path, "-o", out, "--select-distance", "0", "--params")
     assert res.exit_code == 0, res.stderr
-    plan = json.loads(out.read_text())
+    plan = read_plan(out)
     assert plan["model"]["num_positions"] == 1
     assert plan["offloads"] == []  # nothing idles in a one-position run
     reasons = {r["tensor"]: r["reason"] for r in plan["rejected"]}

@@ -23,6 +23,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 from test_bad_inputs import assert_clean_failure
 
+from offloadctl.contract.document import read_plan
+
 from models import IR_VERSION, OPSET, make_model, save, tensor
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
@@ -302,7 +304,7 @@ def test_sparse_initializers_count_at_their_dense_size_and_stay_on_the_device(ru
     plan_path = _plan(
         run_cli, path, tmp_path / "p.json", "--params", "--select-distance", "0", "--prefetch-distance", "0"
     )
-    plan = json.loads(plan_path.read_text())
+    plan = read_plan(plan_path)
     assert {r["tensor"]: r["reason"] for r in plan["rejected"]}["S"] == "not-copyable"
     out = tmp_path / "o.onnx"
     assert run_cli("apply", plan_path, "-o", out).exit_code == 0
@@ -326,7 +328,7 @@ def test_a_sparse_constant_is_never_planned_so_the_plan_always_applies(run_cli, 
     ]
     path = save(make_model(nodes, [tensor("x")], [tensor("y")]), tmp_path / "m.onnx")
     plan = _plan(run_cli, path, tmp_path / "p.json", "--params", "--select-distance", "0", "--prefetch-distance", "0")
-    assert {r["tensor"]: r["reason"] for r in json.loads(plan.read_text())["rejected"]}["C"] == "not-copyable"
+    assert {r["tensor"]: r["reason"] for r in read_plan(plan)["rejected"]}["C"] == "not-copyable"
     res = run_cli("apply", plan, "-o", tmp_path / "o.onnx")
     assert res.exit_code == 0, res.stderr
 
@@ -491,7 +493,7 @@ def test_int4_weights_are_not_copyable(run_cli, tmp_path):
     plan_path = _plan(
         run_cli, path, tmp_path / "p.json", "--params", "--select-distance", "0", "--prefetch-distance", "0"
     )
-    plan = json.loads(plan_path.read_text())
+    plan = read_plan(plan_path)
     assert "W4" not in {o["tensor"] for o in plan["offloads"]}
     rejected = {r["tensor"]: r for r in plan["rejected"]}
     assert rejected["W4"]["reason"] == "not-copyable" and "int4" in rejected["W4"]["detail"]

@@ -14,9 +14,10 @@ It understands these forms, with JSON Schema's meaning, and gives None for any o
   with an ``if`` that bounds the length of some of its arrays (``maxItems``, ``minItems``) and a
   ``then`` of further ``properties``;
 - ``properties`` alone (they constrain the keys an object has; any other value meets them);
-- arrays: ``type: array``, ``items`` and ``minItems``;
+- arrays: ``type: array``, ``items`` and ``minItems``; and rows of a table, ``prefixItems`` with
+  ``items: false`` and ``minItems`` the number of cells (each cell checked as one column);
 - scalars: ``type`` among string, integer, null and boolean, ``enum`` of strings, ``const`` (a
-  string, boolean or null), ``minimum`` and ``minLength``;
+  string, boolean or null, or a list of strings), ``minimum`` and ``minLength``;
 - ``oneOf`` whose branches each declare one type, no two the same;
 - ``description``, ``title`` and ``$comment`` anywhere.
 
@@ -28,16 +29,16 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["ColumnCheck", "column_check"]
 
-ColumnCheck = Callable[[list[Any]], bool]
+ColumnCheck = Callable[[Sequence[Any]], bool]
 
 _ANNOTATIONS = frozenset({"$comment", "title", "description"})
 _OBJECT = frozenset({"type", "required", "additionalProperties", "properties", "if", "then"})
-_ARRAY = frozenset({"type", "items", "minItems"})
+_ARRAY = frozenset({"type", "items", "minItems", "prefixItems"})
 _SCALAR = frozenset({"type", "enum", "const", "minimum", "minLength"})
 _LENGTHS = frozenset({"maxItems", "minItems"})
 _SCALAR_TYPES = {"string": str, "integer": int, "null": type(None), "boolean": bool}
@@ -85,7 +86,7 @@ def _objects(schema: dict[str, Any], defs: Mapping[str, Any], depth: int) -> Col
         if condition is None or then is None:
             return None
 
-    def check(values: list[Any]) -> bool:
+    def check(values: Sequence[Any]) -> bool:
         if not set(map(type, values)) <= {dict}:
             return False
         if not all(needed <= keys <= allowed for keys in set(map(frozenset, values))):
@@ -114,7 +115,7 @@ def _properties(
             return None
         checks[key] = compiled
 
-    def check(values: list[Any]) -> bool:
+    def check(values: Sequence[Any]) -> bool:
         objects = values
         if not set(map(type, values)) <= {dict}:  # other values meet any properties
             objects = [v for v in values if type(v) is dict]
@@ -164,11 +165,13 @@ def _arrays(schema: dict[str, Any], defs: Mapping[str, Any], depth: int) -> Colu
     least = schema.get("minItems", 0)
     if isinstance(least, bool) or not isinstance(least, int):
         return None
+    if "prefixItems" in schema:
+        return _rows(schema["prefixItems"], schema.get("items"), least, defs, depth)
     items = column_check(schema["items"], defs, depth=depth + 1) if "items" in schema else None
     if items is None:
         return None
 
-    def check(values: list[Any]) -> bool:
+    def check(values: Sequence[Any]) -> bool:
         if not set(map(type, values)) <= {list}:
             return False
         if least and values and min(map(len, values)) < least:
@@ -179,11 +182,35 @@ def _arrays(schema: dict[str, Any], defs: Mapping[str, Any], depth: int) -> Colu
     return check
 
 
+def _rows(cells: Any, rest: Any, least: int, defs: Mapping[str, Any], depth: int) -> ColumnCheck | None:
+    """Rows of a table: arrays of exactly ``len(cells)`` items (``items: false`` and a ``minItems`` of
+    that many), the values of each cell checked together as one column."""
+    if not isinstance(cells, list) or not cells or rest is not False or least != len(cells):
+        return None
+    found = [column_check(cell, defs, depth=depth + 1) for cell in cells]
+    checks = [c for c in found if c is not None]
+    if len(checks) != len(found):
+        return None
+    width = len(cells)
+
+    def check(values: Sequence[Any]) -> bool:
+        if not values:
+            return True
+        if not set(map(type, values)) <= {list} or set(map(len, values)) != {width}:
+            return False
+        cells = list(itertools.chain.from_iterable(values))  # every row is ``width`` long: column j is every width-th
+        return all(meets(cells[j::width]) for j, meets in enumerate(checks))
+
+    return check
+
+
 def _scalars(schema: dict[str, Any]) -> ColumnCheck | None:
     kinds = schema.get("type")
     enum = schema.get("enum")
     if "const" in schema:
         const = schema["const"]
+        if isinstance(const, list) and all(type(v) is str for v in const) and set(schema) - _ANNOTATIONS == {"const"}:
+            return _const_strings(const)
         if enum is not None or not isinstance(const, (str, bool, type(None))):
             return None
         if kinds is None:
@@ -209,7 +236,7 @@ def _scalars(schema: dict[str, Any]) -> ColumnCheck | None:
         allowed.add(float)  # JSON may write 6 as 6.0: checked below
     strings = frozenset(enum) if enum is not None else None
 
-    def check(values: list[Any]) -> bool:
+    def check(values: Sequence[Any]) -> bool:
         found = set(map(type, values))
         if not found <= allowed:
             return False
@@ -234,8 +261,17 @@ def _const(const: str | bool | None, rest: ColumnCheck | None) -> ColumnCheck | 
     if rest is None:
         return None
 
-    def check(values: list[Any]) -> bool:
+    def check(values: Sequence[Any]) -> bool:
         return rest(values) and all(type(v) is type(const) and v == const for v in values)
+
+    return check
+
+
+def _const_strings(const: list[str]) -> ColumnCheck:
+    """``const``, a list of strings: the same list (its items strings, so JSON's equality is Python's)."""
+
+    def check(values: Sequence[Any]) -> bool:
+        return all(type(v) is list and v == const and all(type(x) is str for x in v) for v in values)
 
     return check
 
@@ -256,7 +292,7 @@ def _one_of(branches: Any, defs: Mapping[str, Any], depth: int) -> ColumnCheck |
         if python is int:
             by_type[float] = compiled  # an integer written as 6.0
 
-    def check(values: list[Any]) -> bool:
+    def check(values: Sequence[Any]) -> bool:
         parts: dict[type, list[Any]] = {}
         for value in values:
             parts.setdefault(type(value), []).append(value)

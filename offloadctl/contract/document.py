@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import operator
 import os
 from collections.abc import Callable
 from functools import lru_cache
@@ -31,6 +32,8 @@ __all__ = [
     "STAGES",
     "plan_schema",
     "validate_plan",
+    "plan_document",
+    "REJECTED_COLUMNS",
     "read_plan",
     "write_plan",
     "dump_plan",
@@ -39,7 +42,7 @@ __all__ = [
     "check_plan_model",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STAGES = ("selected", "filtered", "scheduled")
 
 _RECREATE = "fix that field or re-create the plan from the model with offloadctl plan"
@@ -63,27 +66,25 @@ def _fast_check() -> Callable[[Any], bool]:
 
     fastjsonschema compiles the schema to Python code (about 15x faster than jsonschema here);
     when it says "no", jsonschema runs to find the most relevant error and word the message, and
-    jsonschema stays the reference: a plan it accepts is accepted. The ``offloads`` and
-    ``rejected`` lists (thousands of offloads, an entry for almost every tensor of a big model) are
+    jsonschema stays the reference: a plan it accepts is accepted. The ``offloads`` list and the
+    ``rejected`` table (thousands of offloads, a row for almost every tensor of a big model) are
     checked column by column (`offloadctl.contract.columns`), and the rest of the plan by
     fastjsonschema.
     """
     schema = plan_schema()
-    validate = fastjsonschema.compile(copy.deepcopy(schema))  # it rewrites the $ref entries of what it is given
     lists = _list_checks(schema)
+    rest = copy.deepcopy(schema)  # fastjsonschema rewrites the $ref entries of what it is given
+    for key in lists:
+        rest["properties"][key] = {}  # any value: the column check checks it
+    validate = fastjsonschema.compile(rest)
 
     def check(plan: Any) -> bool:
+        if type(plan) is dict:
+            for key, meets in lists.items():
+                if key in plan and not meets([plan[key]]):
+                    return False
         try:
-            if lists and type(plan) is dict:
-                rest = dict(plan)
-                for key, meets in lists.items():
-                    if key in plan:
-                        if not meets([plan[key]]):
-                            return False
-                        rest[key] = []
-                validate(rest)
-            else:
-                validate(plan)
+            validate(plan)
         except fastjsonschema.JsonSchemaException:
             return False
         return True
@@ -109,10 +110,9 @@ _PLAN_KEYWORDS = frozenset(
 
 
 def _list_checks(schema: dict[str, Any]) -> dict[str, ColumnCheck]:
-    """Column checks of the plan's ``offloads`` and ``rejected`` lists, for those lists where
-    checking the plan with the list replaced by ``[]`` and the list on its own is the same as
-    checking the plan: the plan schema ties nothing else to it, ``[]`` meets the list's own schema,
-    and `offloadctl.contract.columns.column_check` understands that schema."""
+    """Column checks of the plan's ``offloads`` list and ``rejected`` table, for those whose check
+    on its own is the same as their part of checking the plan: the plan schema ties nothing else
+    to them, and `offloadctl.contract.columns.column_check` understands their schema."""
     properties = schema.get("properties")
     if set(schema) - _PLAN_KEYWORDS or not isinstance(properties, dict):
         return {}
@@ -120,7 +120,7 @@ def _list_checks(schema: dict[str, Any]) -> dict[str, ColumnCheck]:
     found = {}
     for key in ("offloads", "rejected"):
         check = column_check(properties.get(key), defs)
-        if check is not None and check([[]]):
+        if check is not None:
             found[key] = check
     return found
 
@@ -158,13 +158,25 @@ def _copy_json(value: Any, memo: dict[int, Any]) -> Any:
     return copy.deepcopy(value, memo)
 
 
-def _where(error: jsonschema.ValidationError) -> str:
+def _where(error: jsonschema.ValidationError, entries: bool = False) -> str:
+    """The path of ``error``'s field; a cell of the ``rejected`` table is named by its column, and
+    (``entries``: the table was made from a plan's entries) as ``rejected/ENTRY/KEY``."""
     parts = [str(p) for p in error.absolute_path]
+    if parts[:2] == ["rejected", "rows"] and len(parts) == 4 and parts[3].isdigit() and int(parts[3]) < 7:
+        column = REJECTED_COLUMNS[int(parts[3])]
+        return f"rejected/{parts[2]}/{column}" if entries else f"{'/'.join(parts)} ({column})"
     return "/".join(parts) if parts else "(top level)"
 
 
 def validate_plan(plan: Any, *, source: str = "plan") -> None:
-    """Raise OffloadError naming the first offending field if ``plan`` breaks the schema or its rules."""
+    """Raise OffloadError naming the first offending field if ``plan`` breaks the schema or its rules
+    (its ``rejected`` candidates a list of entries, as the stages build them, or a file's table)."""
+    _validate(plan, source)
+
+
+def _validate(plan: Any, source: str, *, entries: bool = False) -> None:
+    """`validate_plan` (``entries``: a ``rejected`` table made from entries by `plan_document`, whose
+    cells are named by entry and key)."""
     if not isinstance(plan, dict):
         raise OffloadError(
             f"{source} is not a plan: expected a JSON object, got {type(plan).__name__}",
@@ -179,10 +191,60 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
     error = _schema_error(plan)
     if error is not None:
         raise OffloadError(
-            f"{source} is not a valid plan: field {_where(error)}: {error.message}",
+            f"{source} is not a valid plan: field {_where(error, entries)}: {error.message}",
             hint="fix that field (schema: schemas/plan.schema.json) or re-create the plan",
         )
+    table = plan["rejected"]
+    if isinstance(table, dict) and table["rows"]:
+        details = len(table["details"])
+        if max(row[-1] for row in table["rows"]) >= details:
+            at = next(i for i, row in enumerate(table["rows"]) if row[-1] >= details)
+            raise OffloadError(
+                f"{source}: field rejected/rows/{at}/6 (detail) is {table['rows'][at][-1]}, past the {details} "
+                "texts of rejected/details",
+                hint=_RECREATE,
+            )
     _check_rules(cast(Plan, plan), source)  # the schema holds: the plan has the typed shape
+
+
+#: The cells of a row of a plan file's ``rejected`` table, in order (its ``columns``).
+REJECTED_COLUMNS = ("tensor", "kind", "bytes", "stage", "reason", "max_gap", "detail")
+_ENTRY_REQUIRED = frozenset(REJECTED_COLUMNS) - {"max_gap"}
+_ENTRY_ALLOWED = frozenset(REJECTED_COLUMNS)
+_CELLS = operator.itemgetter("tensor", "kind", "bytes", "stage", "reason")
+
+
+def plan_document(plan: Plan) -> Any:
+    """``plan`` as offloadctl writes it: its ``rejected`` entries as a table, one row of
+    `REJECTED_COLUMNS` each, the detail texts listed once (a big model rejects almost every tensor,
+    for a few reasons). A plan whose entries are not all dicts of the right keys with a string
+    detail is returned as it is, for `validate_plan` to name what is wrong."""
+    entries = plan.get("rejected") if isinstance(plan, dict) else None
+    if (
+        not isinstance(entries, list)
+        or not set(map(type, entries)) <= {dict}
+        or not all(_ENTRY_REQUIRED <= keys <= _ENTRY_ALLOWED for keys in set(map(frozenset, entries)))
+        or not set(map(type, map(operator.itemgetter("detail"), entries))) <= {str}
+    ):
+        return plan
+    details: dict[str, int] = {}
+    number = details.setdefault
+    rows = [[*_CELLS(e), e.get("max_gap"), number(e["detail"], len(details))] for e in entries]
+    return {**plan, "rejected": {"columns": list(REJECTED_COLUMNS), "details": list(details), "rows": rows}}
+
+
+def _plan_of(document: dict[str, Any]) -> Plan:
+    """The plan a valid plan file holds, its ``rejected`` candidates as entries (a table's rows
+    turned back into the entries `plan_document` made them from)."""
+    table = document["rejected"]
+    if isinstance(table, list):
+        return cast(Plan, document)
+    details = table["details"]
+    rejected = [
+        {"tensor": t, "kind": k, "bytes": b, "stage": s, "reason": r, "detail": details[d], "max_gap": g}
+        for t, k, b, s, r, g, d in table["rows"]
+    ]
+    return cast(Plan, {**document, "rejected": rejected})
 
 
 def _whole_numbers(plan: Plan, source: str) -> None:
@@ -280,14 +342,15 @@ def _number(text: str) -> int | float:
 def read_plan(path: str | os.PathLike[str], *, stages: tuple[str, ...] = STAGES) -> Plan:
     """Read and validate a plan file whose stage is one of ``stages``."""
     p = Path(path)
-    plan = read_json(
+    document = read_json(
         p,
         "plan file",
         fix="pass a plan written by offloadctl select, filter, prefetch or plan (an .onnx model is not a plan)",
         missing="check the path or create it with offloadctl select/plan",
         parse_float=_number,
     )
-    validate_plan(plan, source=f"plan file {p}")
+    validate_plan(document, source=f"plan file {p}")
+    plan = _plan_of(document)
     if plan["stage"] not in stages:
         wanted = " or ".join(repr(s) for s in stages)
         raise OffloadError(
@@ -307,26 +370,31 @@ def _stage_hint(have: str, want: tuple[str, ...]) -> str:
 _REJECTED_SLOT = "\u0000rejected"
 
 
-def _plan_text(plan: Plan) -> str:
-    """The plan as JSON: indented, with one line per rejected candidate.
+def _plan_text(document: dict[str, Any]) -> str:
+    """A plan file's text (``document``: `plan_document`'s): indented, with one line per row of the
+    ``rejected`` table and per detail text.
 
-    A big model has a rejected entry for almost every tensor; one compact line each keeps the file
-    readable. The list is encoded in one call of json's C encoder (indented output does not use it)
-    and then broken into lines between entries: entries are flat objects of scalars (the schema
-    says so, and the plan is validated before this runs), and a string value cannot contain the
-    characters ``}, {"`` (its quotes are escaped), so that sequence occurs only between entries.
+    A big model has a row for almost every tensor; one compact line each keeps the file readable.
+    The rows are encoded in one call of json's C encoder (indented output does not use it) and then
+    broken into lines between rows: rows are flat arrays of scalars that start with a string (the
+    schema says so, and the plan is validated before this runs), and a string value cannot contain
+    the characters ``], ["`` (its quotes are escaped), so that sequence occurs only between rows.
     """
-    text = json.dumps({**plan, "rejected": _REJECTED_SLOT}, indent=1)
-    rejected = plan.get("rejected") or []
-    listing = "[\n  " + json.dumps(rejected)[1:-1].replace('}, {"', '},\n  {"') + "\n ]" if rejected else "[]"
-    return text.replace(json.dumps(_REJECTED_SLOT), listing, 1) + "\n"
+    text = json.dumps({**document, "rejected": _REJECTED_SLOT}, indent=1)
+    table = document["rejected"]
+    rows, details = table["rows"], table["details"]
+    listed = "[\n   " + ",\n   ".join(map(json.dumps, details)) + "\n  ]" if details else "[]"
+    lines = "[\n   " + json.dumps(rows)[1:-1].replace('], ["', '],\n   ["') + "\n  ]" if rows else "[]"
+    tabled = f'{{\n  "columns": {json.dumps(table["columns"])},\n  "details": {listed},\n  "rows": {lines}\n }}'
+    return text.replace(json.dumps(_REJECTED_SLOT), tabled, 1) + "\n"
 
 
 @paused_gc()
 def dump_plan(plan: Plan) -> str:
-    """Validate and serialize a plan deterministically."""
-    validate_plan(plan, source="plan being written")
-    return _plan_text(plan)
+    """Validate a plan and serialize it deterministically, as its file holds it (`plan_document`)."""
+    document = plan_document(plan)  # malformed entries stay a list, for the check to name
+    _validate(document, "plan being written", entries=document is not plan)
+    return _plan_text(document)
 
 
 def write_plan(path: str | os.PathLike[str], plan: Plan) -> None:
