@@ -146,7 +146,9 @@ def test_a_plan_for_the_device_keeps_what_it_runs_on_the_host(run_cli, tmp_path)
     out.unlink()
     done = _device("plan", source, *options, "--device", "webgpu", "-o", plan)
     assert done.returncode == 0, done.stderr
-    doc = json.loads(plan.read_text())
+    from offloadctl.contract.document import read_plan
+
+    doc = read_plan(plan)
     assert doc["options"]["select"]["host_device"] == "webgpu (measured)"
     assert "n1_Sum" in doc["options"]["select"]["host_nodes"]
     kept = {r["tensor"] for r in doc["rejected"] if r["reason"] == "host-resident"}

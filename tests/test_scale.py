@@ -744,6 +744,23 @@ def test_bench_scale_against_extracts_the_revision_tree_and_compares_the_same_ro
     assert figures["budget_both_paired_cpu_ratios"] == [0.5, 1.0, 1.0]
 
 
+def test_plan_file_writes_both_forms_of_the_same_plan_and_the_table_is_smaller(tmp_path):
+    spec = importlib.util.spec_from_file_location("plan_file", ROOT / "bench" / "plan_file.py")
+    bench = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(bench)
+    model = gen_large.generate(tmp_path / "model.onnx", gen_large.LargeModelConfig(layers=6, hidden=8)).path
+    work = tmp_path / "work"
+    work.mkdir()
+    result = bench.measure(model, work, repeat=1)  # it checks that both files read back as the same plan
+    forms = result["forms"]
+    assert result["rejected"] > 100 and set(forms) == {"table", "entries"}
+    assert forms["table"]["bytes"] < forms["entries"]["bytes"]
+    assert all(f["write_s"] > 0 and f["read_s"] > 0 for f in forms.values())
+    entries = json.loads((work / "entries.json").read_text())["rejected"]
+    assert isinstance(entries, list) and len(entries) == result["rejected"]  # version 1's form, one object each
+
+
 def test_plan_phases_times_the_next_steps_parts_and_puts_the_planner_back(tmp_path):
     spec = importlib.util.spec_from_file_location("plan_phases", ROOT / "bench" / "plan_phases.py")
     phases = importlib.util.module_from_spec(spec)
@@ -771,6 +788,7 @@ _SCALAR_SCHEMAS = st.one_of(
     ),
     st.fixed_dictionaries({"enum": st.lists(st.sampled_from(["", "a", "ab"]), min_size=1, max_size=2, unique=True)}),
     st.fixed_dictionaries({"const": st.sampled_from([True, False, None, "a"])}),
+    st.fixed_dictionaries({"const": st.sampled_from([["a"], ["a", "ab"], []])}),
 )
 
 
@@ -812,7 +830,11 @@ def _column_schemas(children):
         {"type": st.just("array"), "items": children}, optional={"minItems": st.integers(0, 2)}
     )
     null_or_object = objects.map(lambda obj: {"oneOf": [{"type": "null"}, obj]})
-    return bounded | arrays | null_or_object
+    # rows of a table: arrays of exactly as many cells as the schema lists
+    rows = st.lists(children, min_size=1, max_size=3).map(
+        lambda cells: {"type": "array", "prefixItems": cells, "items": False, "minItems": len(cells)}
+    )
+    return bounded | arrays | null_or_object | rows
 
 
 COLUMN_SCHEMAS = st.recursive(_SCALAR_SCHEMAS, _column_schemas, max_leaves=5)
@@ -846,8 +868,13 @@ def _near(schema):
             {k: value(k) for k in schema["required"]},
             optional={k: value(k) for k in props if k not in schema["required"]},
         )
+    elif schema.get("type") == "array" and "prefixItems" in schema:
+        cells = [_near(cell) for cell in schema["prefixItems"]]
+        inner = st.tuples(*cells).map(list) | st.tuples(*cells[:-1]).map(list) | st.tuples(*cells, *cells[:1]).map(list)
     elif schema.get("type") == "array":
         inner = st.lists(_near(schema["items"]), max_size=3)
+    elif "const" in schema and isinstance(schema["const"], list):
+        inner = st.sampled_from([schema["const"], schema["const"][:-1], [*schema["const"], "a"], [1], "a"])
     else:
         inner = st.sampled_from(_SCALARS)
     return st.one_of(inner, inner, inner, COLUMN_VALUES)
