@@ -3,6 +3,10 @@
 A plan is a plain dict that follows ``schemas/plan.schema.json`` (JSON Schema 2020-12), typed as
 `offloadctl.core.plantypes.Plan`. Stages are pure functions from one plan dict to a new one; this module
 owns reading, writing and validating them, and checking that a plan belongs to a given model.
+
+In memory a plan's ``rejected`` candidates are a list of entries, one dict each; its file holds
+them as a table, one row each and every detail text once (`plan_document`), which `read_plan`
+turns back into entries. The schema allows both forms, so a plan dict written as it is reads too.
 """
 
 from __future__ import annotations
@@ -46,6 +50,14 @@ SCHEMA_VERSION = 2
 STAGES = ("selected", "filtered", "scheduled")
 
 _RECREATE = "fix that field or re-create the plan from the model with offloadctl plan"
+
+#: The cells of a row of a plan file's ``rejected`` table, in order (its ``columns``); a row's
+#: detail is an index into the table's ``details``.
+REJECTED_COLUMNS = ("tensor", "kind", "bytes", "stage", "reason", "max_gap", "detail")
+_DETAIL = len(REJECTED_COLUMNS) - 1
+_ENTRY_REQUIRED = frozenset(REJECTED_COLUMNS) - {"max_gap"}
+_ENTRY_ALLOWED = frozenset(REJECTED_COLUMNS)
+_CELLS = operator.itemgetter("tensor", "kind", "bytes", "stage", "reason")
 
 
 def plan_schema() -> dict[str, Any]:
@@ -162,7 +174,7 @@ def _where(error: jsonschema.ValidationError, entries: bool = False) -> str:
     """The path of ``error``'s field; a cell of the ``rejected`` table is named by its column, and
     (``entries``: the table was made from a plan's entries) as ``rejected/ENTRY/KEY``."""
     parts = [str(p) for p in error.absolute_path]
-    if parts[:2] == ["rejected", "rows"] and len(parts) == 4 and parts[3].isdigit() and int(parts[3]) < 7:
+    if parts[:2] == ["rejected", "rows"] and len(parts) == 4 and parts[3].isdigit() and int(parts[3]) <= _DETAIL:
         column = REJECTED_COLUMNS[int(parts[3])]
         return f"rejected/{parts[2]}/{column}" if entries else f"{'/'.join(parts)} ({column})"
     return "/".join(parts) if parts else "(top level)"
@@ -200,18 +212,11 @@ def _validate(plan: Any, source: str, *, entries: bool = False) -> None:
         if max(row[-1] for row in table["rows"]) >= details:
             at = next(i for i, row in enumerate(table["rows"]) if row[-1] >= details)
             raise OffloadError(
-                f"{source}: field rejected/rows/{at}/6 (detail) is {table['rows'][at][-1]}, past the {details} "
+                f"{source}: field rejected/rows/{at}/{_DETAIL} (detail) is {table['rows'][at][-1]}, past the {details} "
                 "texts of rejected/details",
                 hint=_RECREATE,
             )
     _check_rules(cast(Plan, plan), source)  # the schema holds: the plan has the typed shape
-
-
-#: The cells of a row of a plan file's ``rejected`` table, in order (its ``columns``).
-REJECTED_COLUMNS = ("tensor", "kind", "bytes", "stage", "reason", "max_gap", "detail")
-_ENTRY_REQUIRED = frozenset(REJECTED_COLUMNS) - {"max_gap"}
-_ENTRY_ALLOWED = frozenset(REJECTED_COLUMNS)
-_CELLS = operator.itemgetter("tensor", "kind", "bytes", "stage", "reason")
 
 
 def plan_document(plan: Plan) -> Any:
