@@ -36,16 +36,19 @@ from offloadctl.planning.make import make_plan
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("gen_large", ROOT / "bench" / "gen_large.py")
+def _bench(name: str, *, register: bool = False):
+    """The script ``bench/NAME.py`` as a module (``register``: also as ``sys.modules[NAME]``, for the
+    scripts that import it)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
-    sys.modules["gen_large"] = module
+    if register:
+        sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-gen_large = _load_generator()
+gen_large = _bench("gen_large", register=True)
 
 
 @pytest.fixture(scope="module")
@@ -676,11 +679,7 @@ def test_apply_of_a_weights_only_plan_runs_no_shape_inference(small_model, tmp_p
 
 
 def _load_bench_scale():
-    spec = importlib.util.spec_from_file_location("bench_scale", ROOT / "bench" / "bench_scale.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return _bench("bench_scale")
 
 
 def test_bench_scale_against_refuses_a_revision_the_checkout_does_not_have(capsys):
@@ -745,10 +744,7 @@ def test_bench_scale_against_extracts_the_revision_tree_and_compares_the_same_ro
 
 
 def test_plan_file_writes_both_forms_of_the_same_plan_and_the_table_is_smaller(tmp_path):
-    spec = importlib.util.spec_from_file_location("plan_file", ROOT / "bench" / "plan_file.py")
-    bench = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(bench)
+    bench = _bench("plan_file")
     model = gen_large.generate(tmp_path / "model.onnx", gen_large.LargeModelConfig(layers=6, hidden=8)).path
     work = tmp_path / "work"
     work.mkdir()
@@ -762,10 +758,7 @@ def test_plan_file_writes_both_forms_of_the_same_plan_and_the_table_is_smaller(t
 
 
 def test_plan_phases_times_the_next_steps_parts_and_puts_the_planner_back(tmp_path):
-    spec = importlib.util.spec_from_file_location("plan_phases", ROOT / "bench" / "plan_phases.py")
-    phases = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(phases)
+    phases = _bench("plan_phases")
     # six plain layers: the distance plan lowers the peak by 2.3%, so the command makes a next step
     model = gen_large.generate(tmp_path / "model.onnx", gen_large.LargeModelConfig(layers=6, hidden=8)).path
     before = {name: getattr(holder, name) for _, holder, name in phases.NEXT_STEP_PARTS}
@@ -939,10 +932,7 @@ def test_a_column_check_applies_then_exactly_where_if_holds():
 
 
 def test_what_if_drops_the_next_step_and_the_rejected_list_only_in_its_what_ifs(tmp_path):
-    spec = importlib.util.spec_from_file_location("what_if", ROOT / "bench" / "what_if.py")
-    what_if = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(what_if)
+    what_if = _bench("what_if")
     # at 3,000 nodes the distance plan lowers the peak by under 5%, so the command gives a next step
     config = gen_large.LargeModelConfig(layers=gen_large.layers_for_nodes(3000), hidden=8)
     model = gen_large.generate(tmp_path / "model.onnx", config).path
