@@ -328,8 +328,25 @@ def test_unknown_schema_version(run_cli, tmp_path, plans, outputs):
     _, selected = plans["selected"]
     bad = tmp_path / "v7.json"
     bad.write_text(json.dumps(_edit(selected, _set("schema_version", 7))))
-    assert_clean_failure(run_cli("filter", bad, "-o", outputs.new), str(bad), "schema_version 7", "reads version 2")
+    assert_clean_failure(
+        run_cli("filter", bad, "-o", outputs.new), str(bad), "schema_version 7", "reads versions 1 and 2"
+    )
     outputs.assert_untouched()
+
+
+def test_a_version_1_plan_is_read_and_the_next_stage_writes_version_2(run_cli, tmp_path, plans):
+    """Version 1 files held the rejected candidates as a list of entries: they read as they are, and
+    what a stage makes of them is written as version 2, with the table."""
+    path, _ = plans["selected"]
+    selected = read_plan(path)
+    old = tmp_path / "v1.json"
+    old.write_text(json.dumps({**selected, "schema_version": 1}))
+    assert read_plan(old) == {**selected, "schema_version": 1}
+    out = tmp_path / "filtered.json"
+    assert run_cli("filter", old, "-o", out).exit_code == 0
+    written = json.loads(out.read_text())
+    assert written["schema_version"] == 2 and written["rejected"]["rows"]
+    assert read_plan(out)["rejected"] == read_plan(plans["filtered"][0])["rejected"]
 
 
 def _plan_file(tmp_path: Path, kind: str) -> tuple[Path, str]:

@@ -753,8 +753,8 @@ def test_plan_file_writes_both_forms_of_the_same_plan_and_the_table_is_smaller(t
     assert result["rejected"] > 100 and set(forms) == {"table", "entries"}
     assert forms["table"]["bytes"] < forms["entries"]["bytes"]
     assert all(f["write_s"] > 0 and f["read_s"] > 0 for f in forms.values())
-    entries = json.loads((work / "entries.json").read_text())["rejected"]
-    assert isinstance(entries, list) and len(entries) == result["rejected"]  # version 1's form, one object each
+    entries = json.loads((work / "entries.json").read_text())
+    assert entries["schema_version"] == 1 and len(entries["rejected"]) == result["rejected"]  # one object each
 
 
 def test_plan_phases_times_the_next_steps_parts_and_puts_the_planner_back(tmp_path):

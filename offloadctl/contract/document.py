@@ -5,8 +5,9 @@ A plan is a plain dict that follows ``schemas/plan.schema.json`` (JSON Schema 20
 owns reading, writing and validating them, and checking that a plan belongs to a given model.
 
 In memory a plan's ``rejected`` candidates are a list of entries, one dict each; its file holds
-them as a table, one row each and every detail text once (`plan_document`), which `read_plan`
-turns back into entries. The schema allows both forms, so a plan dict written as it is reads too.
+them as a table, one row each and every detail text once (`plan_document`, schema version 2),
+which `read_plan` turns back into entries. The schema allows both forms, so a plan dict written as
+it is reads too, and so do version 1 files (a list of entries), which are written again as version 2.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from offloadctl.core.schemas import load_schema
 
 __all__ = [
     "SCHEMA_VERSION",
+    "READ_VERSIONS",
     "STAGES",
     "plan_schema",
     "validate_plan",
@@ -46,7 +48,9 @@ __all__ = [
     "check_plan_model",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 2  # what offloadctl writes
+#: the versions it reads: 1 held ``rejected`` as a list of entries, which this version reads too
+READ_VERSIONS = (1, 2)
 STAGES = ("selected", "filtered", "scheduled")
 
 _RECREATE = "fix that field or re-create the plan from the model with offloadctl plan"
@@ -186,20 +190,26 @@ def validate_plan(plan: Any, *, source: str = "plan") -> None:
     _validate(plan, source)
 
 
-def _validate(plan: Any, source: str, *, entries: bool = False) -> None:
-    """`validate_plan` (``entries``: a ``rejected`` table made from entries by `plan_document`, whose
-    cells are named by entry and key)."""
+def _validate_version(plan: Any, source: str) -> None:
+    """Refuse what is not a plan at all, and a plan of a schema version this offloadctl does not read."""
     if not isinstance(plan, dict):
         raise OffloadError(
             f"{source} is not a plan: expected a JSON object, got {type(plan).__name__}",
             hint="pass a plan written by offloadctl select, filter, prefetch or plan",
         )
     version = plan.get("schema_version")
-    if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version not in READ_VERSIONS:
+        readable = " and ".join(map(str, READ_VERSIONS))
         raise OffloadError(
-            f"{source} has schema_version {version}; this offloadctl {__version__} reads version {SCHEMA_VERSION}",
+            f"{source} has schema_version {version}; this offloadctl {__version__} reads versions {readable}",
             hint="re-create the plan with this version of offloadctl",
         )
+
+
+def _validate(plan: Any, source: str, *, entries: bool = False) -> None:
+    """`validate_plan` (``entries``: a ``rejected`` table made from entries by `plan_document`, whose
+    cells are named by entry and key)."""
+    _validate_version(plan, source)
     error = _schema_error(plan)
     if error is not None:
         raise OffloadError(
@@ -220,22 +230,28 @@ def _validate(plan: Any, source: str, *, entries: bool = False) -> None:
 
 
 def plan_document(plan: Plan) -> Any:
-    """``plan`` as offloadctl writes it: its ``rejected`` entries as a table, one row of
-    `REJECTED_COLUMNS` each, the detail texts listed once (a big model rejects almost every tensor,
-    for a few reasons). A plan whose entries are not all dicts of the right keys with a string
-    detail is returned as it is, for `validate_plan` to name what is wrong."""
-    entries = plan.get("rejected") if isinstance(plan, dict) else None
-    if (
-        not isinstance(entries, list)
-        or not set(map(type, entries)) <= {dict}
-        or not all(_ENTRY_REQUIRED <= keys <= _ENTRY_ALLOWED for keys in set(map(frozenset, entries)))
-        or not set(map(type, map(operator.itemgetter("detail"), entries))) <= {str}
-    ):
+    """``plan`` as offloadctl writes it, schema version 2: its ``rejected`` entries as a table, one row
+    of `REJECTED_COLUMNS` each, the detail texts listed once (a big model rejects almost every
+    tensor, for a few reasons). A plan whose entries are not all dicts of the right keys with a
+    string detail keeps them as they are, for `validate_plan` to name what is wrong."""
+    if not isinstance(plan, dict):
         return plan
-    details: dict[str, int] = {}
-    number = details.setdefault
-    rows = [[*_CELLS(e), e.get("max_gap"), number(e["detail"], len(details))] for e in entries]
-    return {**plan, "rejected": {"columns": list(REJECTED_COLUMNS), "details": list(details), "rows": rows}}
+    document: dict[str, Any] = dict(plan)
+    version = plan.get("schema_version")
+    if type(version) is int and version in READ_VERSIONS:  # a plan read from a version 1 file is written as 2
+        document["schema_version"] = SCHEMA_VERSION
+    entries = plan.get("rejected")
+    if (
+        isinstance(entries, list)
+        and set(map(type, entries)) <= {dict}
+        and all(_ENTRY_REQUIRED <= keys <= _ENTRY_ALLOWED for keys in set(map(frozenset, entries)))
+        and set(map(type, map(operator.itemgetter("detail"), entries))) <= {str}
+    ):
+        details: dict[str, int] = {}
+        number = details.setdefault
+        rows = [[*_CELLS(e), e.get("max_gap"), number(e["detail"], len(details))] for e in entries]
+        document["rejected"] = {"columns": list(REJECTED_COLUMNS), "details": list(details), "rows": rows}
+    return document
 
 
 def _plan_of(document: dict[str, Any]) -> Plan:
@@ -397,8 +413,9 @@ def _plan_text(document: dict[str, Any]) -> str:
 @paused_gc()
 def dump_plan(plan: Plan) -> str:
     """Validate a plan and serialize it deterministically, as its file holds it (`plan_document`)."""
+    _validate_version(plan, "plan being written")
     document = plan_document(plan)  # malformed entries stay a list, for the check to name
-    _validate(document, "plan being written", entries=document is not plan)
+    _validate(document, "plan being written", entries=isinstance(plan.get("rejected"), list))
     return _plan_text(document)
 
 
