@@ -41,6 +41,7 @@ __all__ = [
     "plugin_available",
     "inserted_copies",
     "inserted_casts",
+    "inserted_nodes",
     "save_placed_graph",
     "Kernels",
     "CUDA_KERNELS",
@@ -205,15 +206,30 @@ def inserted_casts(
 
         casts.sort(key=index)
     first = {n.name: n.output[0] for n in graph.node if n.name and n.output}  # a node's first output in the model
+    widened = {cast.output[0] for cast in casts if cast.output}
+    readers: dict[str, set[str]] = {}  # a Cast's output -> the first outputs of the model's nodes that read it
+    for node in placed.graph.node:
+        for name in node.input:
+            if name in widened and node.name in first:
+                readers.setdefault(name, set()).add(first[node.name])
     found = []
     for cast in casts:
         source, made = cast.input[0], cast.output[0] if cast.output else ""
         if made in known:
             found.append(HostCast(made, None))
         elif source in known:
-            readers = sorted({first[n.name] for n in placed.graph.node if made in n.input and n.name in first})
-            found.append(HostCast(source, tuple(readers)))
+            found.append(HostCast(source, tuple(sorted(readers.get(made, ())))))
     return tuple(found)
+
+
+def inserted_nodes(
+    placed: str | os.PathLike[str], model: onnx.ModelProto, indices: Mapping[str, int | None] | None = None
+) -> tuple[list[InsertedCopy], tuple[HostCast, ...]]:
+    """What onnxruntime inserted into ``model``, read from the graph it saved at ``placed``
+    (`save_placed_graph`): its copies (`inserted_copies`) and the float16 fallback's Casts
+    (`inserted_casts`, ordered by ``indices``)."""
+    graph = onnx.load(str(placed), load_external_data=False)
+    return inserted_copies(graph, model), inserted_casts(graph, model, indices)
 
 
 # --------------------------------------------------------------------------------------------------

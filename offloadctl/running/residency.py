@@ -21,8 +21,6 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
-
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.placed import HostCast
@@ -30,8 +28,7 @@ from offloadctl.running.inputs import generate_inputs, input_specs
 from offloadctl.running.placement import (
     CANN_KERNELS,
     CUDA_KERNELS,
-    inserted_casts,
-    inserted_copies,
+    inserted_nodes,
     predicted_casts,
     predicted_placement,
     save_placed_graph,
@@ -120,9 +117,8 @@ def _measured(analysis: Analysis, device: str) -> tuple[tuple[str, ...], tuple[s
         run_once(session, feeds_for(session, feeds_all, str(loaded.path), "the inputs"), str(loaded.path), ort)
         ran = ran_nodes(session.end_profiling())
         del session
-        graph = onnx.load(str(placed), load_external_data=False)
-        indices = {n.name: n.index for n in ran}  # the Casts in the order onnxruntime added them
-        inserted, casts = inserted_copies(graph, loaded.proto), inserted_casts(graph, loaded.proto, indices)
+        # the Casts in the order onnxruntime added them: that of their indices in the profile
+        inserted, casts = inserted_nodes(placed, loaded.proto, {n.name: n.index for n in ran})
     provider = DEVICES[device]
     on_host = [n for n in ran if n.provider not in (None, provider)]
     return _labels(analysis, on_host), tuple(dict.fromkeys(c.tensor for c in inserted)), casts

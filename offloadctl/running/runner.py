@@ -57,8 +57,7 @@ from offloadctl.running.placement import (
     PLUGINS,
     InsertedCopy,
     add_plugin_provider,
-    inserted_casts,
-    inserted_copies,
+    inserted_nodes,
     save_placed_graph,
 )
 from offloadctl.running.replay import RanNode, predicted_order, ran_nodes, ran_peak
@@ -1169,9 +1168,7 @@ def _inserted(
     the graph it saved at ``placed``; (None, ()) where it saved none."""
     if placed is None or not os.path.exists(placed):
         return None, ()
-    graph = onnx.load(str(placed), load_external_data=False)
-    proto = onnx.load(str(model), load_external_data=False)
-    return inserted_copies(graph, proto), inserted_casts(graph, proto, {n.name: n.index for n in ran})
+    return inserted_nodes(placed, onnx.load(str(model), load_external_data=False), {n.name: n.index for n in ran})
 
 
 def _compare_with(
