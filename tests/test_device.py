@@ -28,6 +28,7 @@ from models import early_host_node_model, host_chain_model, host_nodes_model, ol
 pytestmark = pytest.mark.device
 
 VENV = os.environ.get("OFFLOADCTL_DEVICE_VENV")
+WHEEL_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"  # models the onnx wheel ships
 
 
 def _device(*args: str | Path) -> subprocess.CompletedProcess:
@@ -337,3 +338,56 @@ def test_a_profile_is_measured_on_the_device_and_plans_take_it(run_cli, tmp_path
     res = run_cli("plan", SAMPLES / "seed.onnx", "--select-distance", "1", "--profile", profile, "-o", plan)
     assert res.exit_code == 0, res.stderr
     assert "profile measured webgpu" in res.stdout + res.stderr
+
+
+# onnx's backend test models (tests/test_wheel_models.py), one of each kind: convolutions of three
+# ranks, a transposed one, an embedding, a matrix product, an index; most have one node, so only
+# --force offloads their weights; PixelShuffle's Reshape shapes stay on the host unforced
+FORCE_ALL = ["--force", "*"]
+WHEEL_MODELS = [
+    ("test_Conv1d_groups", FORCE_ALL),
+    ("test_Conv2d_depthwise_padded", FORCE_ALL),
+    ("test_Conv3d_dilated_strided", FORCE_ALL),
+    ("test_ConvTranspose2d", FORCE_ALL),
+    ("test_Embedding", FORCE_ALL),
+    ("test_Linear_no_bias", FORCE_ALL),
+    ("test_operator_index", FORCE_ALL),
+    ("test_PixelShuffle", []),
+]
+
+
+@pytest.mark.parametrize(("name", "options"), WHEEL_MODELS, ids=[m[0] for m in WHEEL_MODELS])
+def test_the_onnx_wheels_models_hold_on_the_device_provider(tmp_path, name, options):
+    """Models exported by others, planned for WebGPU with every tensor select lets offload, rewritten
+    and run there on the inputs shipped with them: not one copy inserted by onnxruntime, and the
+    outputs the original gives on the same provider."""
+    folder = next(p.parent for p in WHEEL_DATA.glob(f"*/{name}/model.onnx"))
+    source, plan, out = folder / "model.onnx", tmp_path / "plan.json", tmp_path / "out.onnx"
+    done = _device("plan", source, "--select-distance", "0", "--params", *options, "--device", "webgpu", "-o", plan)
+    assert plan.exists(), done.stderr
+    assert json.loads(plan.read_text())["offloads"], name
+    assert "--force'd" not in done.stderr  # none of them is read on the host
+    assert _device("apply", plan, "-o", out).returncode == 0
+    data = folder / "test_data_set_0"
+    code, report = _run_json(out, "--inputs", data, "--compare-to", source, "--opt-level", "disable")
+    assert report["providers"][0] == "WebGpuExecutionProvider"
+    assert report["inserted_copies"] == [] and report["plan_undone_by"] == [], report["inserted_copies"]
+    assert all(c["within_tolerance"] for c in report["comparison"].values()), report["comparison"]
+    assert code == 0, report["warnings"]
+
+
+def test_forcing_a_host_read_is_warned_at_plan_and_named_when_the_device_refuses_it(tmp_path):
+    """PixelShuffle's Reshape shapes are weights onnxruntime reads in host memory. ``--force '*'`` offloads
+    them anyway: plan warns, naming them; WebGPU cannot load the rewrite (a duplicate definition in
+    the graph onnxruntime builds), and `run` says to leave them out of --force."""
+    folder = next(p.parent for p in WHEEL_DATA.glob("*/test_PixelShuffle/model.onnx"))
+    source, plan, out = folder / "model.onnx", tmp_path / "plan.json", tmp_path / "out.onnx"
+    args = ["--select-distance", "0", "--params", "--force", "*", "--device", "webgpu", "-o", plan]
+    done = _device("plan", source, *args)
+    assert plan.exists(), done.stderr
+    assert "--force'd tensor(s) are read where onnxruntime keeps them in host memory" in done.stderr
+    assert "read as input 1 of Reshape" in done.stderr
+    assert _device("apply", plan, "-o", out).returncode == 0
+    done = _device("run", out, "--device", "webgpu", "--repeat", "1", "--inputs", folder / "test_data_set_0")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "onnxruntime cannot load" in done.stderr and "leave them out of --force" in done.stderr

@@ -400,6 +400,21 @@ def test_tensors_read_as_shape_inputs_stay_where_onnxruntime_wants_them(write_mo
     assert "a" in _by_tensor(plan)
 
 
+def test_forcing_a_tensor_read_on_the_host_offloads_it_with_a_warning_naming_it(write_model, caplog):
+    """--force wins over host-input, but the plan says so: on a device provider such a copy goes
+    straight back, or the rewrite does not load (onnxruntime's WebGPU: a duplicate definition)."""
+    analysis = _analysis(write_model(RESHAPE_BY_WEIGHT))
+    with caplog.at_level("WARNING"):
+        plan = make_plan(analysis, select_distance=1, params=True, force=("*",))
+    assert "shape" in _by_tensor(plan)
+    (warning,) = [r.getMessage() for r in caplog.records if "--force'd" in r.getMessage()]
+    assert "1 --force'd tensor(s)" in warning and "'shape': read as input 1 of Reshape" in warning
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        make_plan(_analysis(write_model(RESHAPE_BY_WEIGHT)), select_distance=1, params=True, force=("a",))
+    assert not [r for r in caplog.records if "--force'd" in r.getMessage()]  # "a" is read on the device
+
+
 def test_a_rejected_tensor_gets_the_first_reason_in_the_documented_order(write_model):
     analysis = _analysis(write_model(RESHAPE_BY_WEIGHT))
     # The weight "shape" is idle for 5 positions before its only use and is read on the host: with

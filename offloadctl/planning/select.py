@@ -12,6 +12,7 @@ its last use, or between two uses. Every tensor not selected is listed with its 
 from __future__ import annotations
 
 import fnmatch
+import logging
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -48,6 +49,8 @@ __all__ = [
     "selection_for",
     "split_reload_groups",
 ]
+
+logger = logging.getLogger(__name__)
 
 # Inputs that onnxruntime's kernels read from host memory (shapes, axes, indices of shape ops).
 # Tensors read there are small and already host-side on every execution provider: copying them to
@@ -200,6 +203,10 @@ def _subgraph_host_reads(node: onnx.NodeProto) -> frozenset[str]:
     return frozenset(found)
 
 
+#: Reasons a tensor is where the device provider cannot use a copy of it: onnxruntime keeps it in host
+#: memory, so a copy from the host is copied straight back (or, on WebGPU, the rewrite does not load)
+_HOST_REASONS = frozenset({"host-input", "host-resident"})
+
 # Element types of shape arithmetic (Shape's output, Gather/Concat/Unsqueeze of dimensions).
 _SHAPE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
 #: Integer and bool tensors at most this large are not offloaded: index, mask and shape arithmetic
@@ -310,6 +317,8 @@ class _Selector:
         self.index: dict[str, int] = {}  # candidate -> its number
         self.gaps: dict[str, int] = {}  # candidate read by some node -> its longest idle stretch
         self.forced: set[str] = set()  # candidates that match a --force pattern
+        # forced candidates that would stay for a host read (reason host-input or host-resident) -> why
+        self.forced_on_host: dict[str, str] = {}
         self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
         self.host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
         # position -> the inputs its node reads in host memory, for the nodes that have any
@@ -367,6 +376,10 @@ class _Selector:
             self.reject(name, kind, uses, *verdict, max_gap, info)
             return
         assert info is not None  # _by_tensor rejects a tensor without one
+        if forced:
+            kept = self._by_tensor(name, kind, uses, False, info)
+            if kept is not None and kept[0] in _HOST_REASONS:
+                self.forced_on_host[name] = kept[1].split("; --force")[0]
         key = (_sort_key(uses[0]), self.index.setdefault(name, len(self.index)))
         # Chosen(...) without the NamedTuple's Python-level __new__ (a big model chooses hundreds of thousands)
         self.chosen.append((key, tuple.__new__(Chosen, (name, kind, start, forced, info))))
@@ -596,6 +609,18 @@ class Selection:
         analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
         for name, kind in candidates:
             self._selector.consider(name, kind)
+        on_host = self._selector.forced_on_host
+        if on_host:
+            shown = "; ".join(f"{name!r}: {why}" for name, why in list(on_host.items())[:3])
+            logger.warning(
+                "%d --force'd tensor(s) are read where onnxruntime keeps them in host memory, and are offloaded "
+                "anyway: %s%s. On a device provider (CUDA, CANN, WebGPU) onnxruntime copies such a tensor straight "
+                "back, or cannot load the rewrite; on the CPU provider the rewrite runs. Narrow --force (or add "
+                "--never) to keep them",
+                len(on_host),
+                shown,
+                " …" if len(on_host) > 3 else "",
+            )
 
     def plan(self, *, weights: bool) -> Plan:
         """The selected plan, weights considered or not (forced ones are always); built once each, and

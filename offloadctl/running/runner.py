@@ -725,7 +725,8 @@ def run_once(session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any
 #: What to do when a rewrite copies a tensor its device keeps on the host
 _HOST_RESIDENT_HINT = (
     "the rewrite copies a tensor that this device keeps on the host (a node it runs on the CPU makes or reads it): "
-    "plan again with --device DEVICE, which keeps those tensors"
+    "plan again with --device DEVICE, which keeps those tensors, and leave them out of --force (the plan warned "
+    "of each forced one)"
 )
 
 
