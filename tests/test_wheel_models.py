@@ -7,7 +7,8 @@ offload (select distance 0, weights, ``--force '*'``), rewritten, and run on onn
 provider with the shipped inputs: the outputs must be bit-identical to the original's and match the
 shipped ones as onnx's own backend tests check them. A model onnxruntime cannot load (operators of
 opsets it has dropped, training operators) or cannot run here (a locale this machine lacks) must
-still plan and rewrite, and `run` must refuse the rewrite as it refuses the original.
+still plan and rewrite, and `run` must refuse the rewrite as it refuses the original, and say,
+given the original to compare with, that the rewrite is not the cause.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def test_wheel_model_with_every_offload_gives_the_shipped_outputs(folder, tmp_pa
         with pytest.raises(OffloadError) as also:
             offloadctl.run(rewritten, "cpu", inputs=data_set, repeat=1, opt_level="disable")
         assert _refusal(also.value) == _refusal(refused)
+        with pytest.raises(OffloadError, match="refuses the original .* too, so the rewrite is not the cause"):
+            offloadctl.run(rewritten, "cpu", inputs=data_set, compare_to=str(original), repeat=1, opt_level="disable")
         return
     report = offloadctl.run(rewritten, "cpu", inputs=data_set, compare_to=str(original), repeat=1, opt_level="disable")
     assert report.comparison is not None

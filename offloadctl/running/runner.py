@@ -22,6 +22,7 @@ onnxruntime is an optional dependency and is imported only when a model is run.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -30,7 +31,7 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -916,7 +917,8 @@ def run_model(
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort, order=order)
     warnings += _setup_warnings(settings, config, device, ep_options)
     feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
-    timed = _timed_runs(model, config, device, ort, feeds_all, repeat)
+    with _original_refused_too(compare_to, feeds_all, device, opt_level, ep_options, ort):
+        timed = _timed_runs(model, config, device, ort, feeds_all, repeat)
     checked, pins = _order_checks(loaded, timed, order, opt_level == "disable", device, warnings)
     feeds = _session_feeds(loaded.proto, feeds_all)
     measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
@@ -1170,6 +1172,43 @@ def _inserted(
     if placed is None or not os.path.exists(placed):
         return None, ()
     return inserted_nodes(placed, onnx.load(str(model), load_external_data=False), {n.name: n.index for n in ran})
+
+
+@contextlib.contextmanager
+def _original_refused_too(
+    compare_to: str | None,
+    feeds_all: Mapping[str, np.ndarray],
+    device: str,
+    opt_level: str,
+    ep_options: Mapping[str, str] | None,
+    ort: Any,
+) -> Iterator[None]:
+    """Raise what the block raises; when onnxruntime would not load or run the model and refuses the
+    original of ``compare_to`` the same way, say so: then the rewrite is not the cause."""
+    try:
+        yield
+    except OffloadError as refused:
+        if compare_to is None or not refused.message.startswith(_REFUSALS):
+            raise
+        original = load_model(compare_to, normalize=False)
+        settings = required_settings(original.proto, compare_to)
+        config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
+        try:
+            session = create_session(compare_to, config, device, ort=ort)
+            run_once(session, feeds_for(session, feeds_all, compare_to, compare_to), compare_to, ort)
+        except OffloadError as also:
+            if also.message.startswith(_REFUSALS):
+                raise OffloadError(
+                    f"{refused.message} (onnxruntime refuses the original {compare_to} too, so the rewrite is not "
+                    f"the cause: {also.message.split(': ', 1)[-1]})",
+                    hint=f"run models that onnxruntime runs on --device {device} (re-export the original at an "
+                    "opset and with operators it implements)",
+                ) from None
+        raise
+
+
+#: How `create_session` and `run_once` begin the message of a model onnxruntime refuses
+_REFUSALS = ("onnxruntime cannot load ", "onnxruntime failed running ")
 
 
 def _compare_with(
