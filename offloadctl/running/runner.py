@@ -41,7 +41,7 @@ import onnx
 from offloadctl.analysis.order import EXECUTION_ORDERS, expected_run_order
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind
-from offloadctl.loading.model import load_model
+from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.loading.placed import HostCast
 from offloadctl.rewriting.metadata import (
     KEY_PINS,
@@ -1190,9 +1190,7 @@ def _original_refused_too(
     except OffloadError as refused:
         if compare_to is None or not refused.message.startswith(_REFUSALS):
             raise
-        original = load_model(compare_to, normalize=False)
-        settings = required_settings(original.proto, compare_to)
-        config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
+        _, config = _original_config(compare_to, device, opt_level, ep_options, ort)
         try:
             session = create_session(compare_to, config, device, ort=ort)
             run_once(session, feeds_for(session, feeds_all, compare_to, compare_to), compare_to, ort)
@@ -1205,6 +1203,15 @@ def _original_refused_too(
                     "opset and with operators it implements)",
                 ) from None
         raise
+
+
+def _original_config(
+    compare_to: str, device: str, opt_level: str, ep_options: Mapping[str, str] | None, ort: Any
+) -> tuple[LoadedModel, SessionConfig]:
+    """The original of a comparison, and the session settings it is run with: its own required ones."""
+    original = load_model(compare_to, normalize=False)
+    settings = required_settings(original.proto, compare_to)
+    return original, session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
 
 
 #: How `create_session` and `run_once` begin the message of a model onnxruntime refuses
@@ -1226,10 +1233,8 @@ def _compare_with(
     """Run the original twice with the same inputs and settings: (each output of the model against
     the original's first run, the outputs in which the original's two runs differ, the copies
     onnxruntime inserted into the original on a non-CPU device)."""
-    original = load_model(compare_to, normalize=False)
+    original, config = _original_config(compare_to, device, opt_level, ep_options, ort)
     _check_same_inputs(input_specs(original.proto), feeds_all, compare_to, model)
-    original_settings = required_settings(original.proto, compare_to)
-    config = session_config(original_settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
     with tempfile.TemporaryDirectory(prefix="offloadctl-placed-") as tmp:
         placed = save_placed_graph(config.sess_options, tmp) if device != "cpu" else None
         session = create_session(compare_to, config, device, ort=ort)
