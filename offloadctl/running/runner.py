@@ -69,6 +69,7 @@ __all__ = [
     "SESSION_METADATA_KEY",
     "CANN_DEFAULT_OPTIONS",
     "WEBGPU_DEFAULT_OPTIONS",
+    "ModelRefused",
     "SessionConfig",
     "OrderCheck",
     "OutputComparison",
@@ -662,6 +663,15 @@ def _device_error(device: str, detail: str) -> OffloadError:
     return OffloadError(f"--device {device}: onnxruntime is not using {provider} ({detail}); {cause}", hint=fix)
 
 
+class ModelRefused(OffloadError):
+    """onnxruntime would not load or run a model: ``message`` says which and ``detail`` is
+    onnxruntime's own first line."""
+
+    def __init__(self, what: str, detail: str, *, hint: str | None = None) -> None:
+        super().__init__(f"{what}: {detail}", hint=hint)
+        self.detail = detail
+
+
 def create_session(model_path: str | os.PathLike[str], config: SessionConfig, device: str, *, ort: Any = None) -> Any:
     """Create an InferenceSession and make sure it really runs on ``device``.
 
@@ -702,7 +712,7 @@ def create_session(model_path: str | os.PathLike[str], config: SessionConfig, de
         hint = "check the model with onnx.checker.check_model(onnx.load(path), full_check=True)"
         if device != "cpu" and re.search(r"Duplicate definition of name \(\S*__offload\d+_", first):
             hint = _HOST_RESIDENT_HINT
-        raise OffloadError(f"onnxruntime cannot load {path}: {first}", hint=hint) from None
+        raise ModelRefused(f"onnxruntime cannot load {path}", first, hint=hint) from None
     in_use = list(session.get_providers())
     if not in_use or in_use[0] != provider:
         raise _device_error(device, f"in use: {', '.join(in_use) or 'none'}")
@@ -719,7 +729,7 @@ def run_once(session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any
         hint = "check the inputs (give real ones with --inputs FILE.npz)"
         if "no data transfer registered" in first and "Memcpy" in first:
             hint = _HOST_RESIDENT_HINT
-        raise OffloadError(f"onnxruntime failed running {model}: {first}", hint=hint) from None
+        raise ModelRefused(f"onnxruntime failed running {model}", first, hint=hint) from None
     return dict(zip(names, values))
 
 
@@ -1187,21 +1197,20 @@ def _original_refused_too(
     original of ``compare_to`` the same way, say so: then the rewrite is not the cause."""
     try:
         yield
-    except OffloadError as refused:
-        if compare_to is None or not refused.message.startswith(_REFUSALS):
+    except ModelRefused as refused:
+        if compare_to is None:
             raise
         _, config = _original_config(compare_to, device, opt_level, ep_options, ort)
         try:
             session = create_session(compare_to, config, device, ort=ort)
             run_once(session, feeds_for(session, feeds_all, compare_to, compare_to), compare_to, ort)
-        except OffloadError as also:
-            if also.message.startswith(_REFUSALS):
-                raise OffloadError(
-                    f"{refused.message} (onnxruntime refuses the original {compare_to} too, so the rewrite is not "
-                    f"the cause: {also.message.split(': ', 1)[-1]})",
-                    hint=f"run models that onnxruntime runs on --device {device} (re-export the original at an "
-                    "opset and with operators it implements)",
-                ) from None
+        except ModelRefused as also:
+            raise OffloadError(
+                f"{refused.message} (onnxruntime refuses the original {compare_to} too, so the rewrite is not "
+                f"the cause: {also.detail})",
+                hint=f"run models that onnxruntime runs on --device {device} (re-export the original at an "
+                "opset and with operators it implements)",
+            ) from None
         raise
 
 
@@ -1212,10 +1221,6 @@ def _original_config(
     original = load_model(compare_to, normalize=False)
     settings = required_settings(original.proto, compare_to)
     return original, session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
-
-
-#: How `create_session` and `run_once` begin the message of a model onnxruntime refuses
-_REFUSALS = ("onnxruntime cannot load ", "onnxruntime failed running ")
 
 
 def _compare_with(
