@@ -415,6 +415,31 @@ def test_forcing_a_tensor_read_on_the_host_offloads_it_with_a_warning_naming_it(
     assert not [r for r in caplog.records if "--force'd" in r.getMessage()]  # "a" is read on the device
 
 
+SMALL_INDEX_WEIGHT = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (int64[2] i) => (int64[2] y) <int64[2] k = {1, 2}> {
+    a = Neg(i)
+    b = Abs(a)
+    c = Neg(b)
+    d = Abs(c)
+    y = Add(d, k)
+}
+"""
+
+
+def test_a_forced_small_index_tensor_is_named_without_the_advice_to_force_it(write_model, caplog):
+    """The rejection of a small index tensor ends with the advice to --force it; the warning for one
+    that was forced gives the reason alone."""
+    plan = make_plan(_analysis(write_model(SMALL_INDEX_WEIGHT)), select_distance=1, params=True)
+    detail = {r["tensor"]: r for r in plan["rejected"]}["k"]["detail"]
+    assert detail.startswith("a small int64 tensor") and detail.endswith("--force it to offload it anyway")
+    with caplog.at_level("WARNING"):
+        plan = make_plan(_analysis(write_model(SMALL_INDEX_WEIGHT)), select_distance=1, params=True, force=("k",))
+    assert "k" in _by_tensor(plan)
+    (warning,) = [r.getMessage() for r in caplog.records if "--force'd" in r.getMessage()]
+    assert "'k': a small int64 tensor (16 B)" in warning and "--force it to offload" not in warning
+
+
 def test_a_rejected_tensor_gets_the_first_reason_in_the_documented_order(write_model):
     analysis = _analysis(write_model(RESHAPE_BY_WEIGHT))
     # The weight "shape" is idle for 5 positions before its only use and is read on the host: with

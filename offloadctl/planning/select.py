@@ -166,8 +166,8 @@ def _prepacked_use(analysis: Analysis, uses: list[Use], packing: dict[int, froze
             node = analysis.nodes[use.position]
             return (
                 f"input {use.input_index} of {node.op_type} {use.node!r}, which onnxruntime packs when the session is "
-                "made; copied in, it is not packed and the kernel takes another path (other results, slower); "
-                "--force it to offload it anyway"
+                "made; copied in, it is not packed and the kernel takes another path (other results, slower)"
+                + _FORCE_ADVICE
             )
     return None
 
@@ -206,6 +206,9 @@ def _subgraph_host_reads(node: onnx.NodeProto) -> frozenset[str]:
 #: Reasons a tensor is where the device provider cannot use a copy of it: onnxruntime keeps it in host
 #: memory, so a copy from the host is copied straight back (or, on WebGPU, the rewrite does not load)
 _HOST_REASONS = frozenset({"host-input", "host-resident"})
+
+#: How a rejection's detail ends where --force would override it (left out of the warning for a forced one)
+_FORCE_ADVICE = "; --force it to offload it anyway"
 
 # Element types of shape arithmetic (Shape's output, Gather/Concat/Unsqueeze of dimensions).
 _SHAPE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
@@ -379,7 +382,7 @@ class _Selector:
         if forced:
             kept = self._by_tensor(name, kind, uses, False, info)
             if kept is not None and kept[0] in _HOST_REASONS:
-                self.forced_on_host[name] = kept[1].split("; --force")[0]
+                self.forced_on_host[name] = kept[1].removesuffix(_FORCE_ADVICE)
         key = (_sort_key(uses[0]), self.index.setdefault(name, len(self.index)))
         # Chosen(...) without the NamedTuple's Python-level __new__ (a big model chooses hundreds of thousands)
         self.chosen.append((key, tuple.__new__(Chosen, (name, kind, start, forced, info))))
@@ -447,7 +450,7 @@ class _Selector:
                     "host-input",
                     f"a small {info.dtype} tensor ({info.bytes} B): index and shape arithmetic, which device providers "
                     "run on the CPU where they have no kernel for it, so its copy from the host is copied again (on "
-                    "WebGPU such a rewrite did not load); --force it to offload it anyway",
+                    "WebGPU such a rewrite did not load)" + _FORCE_ADVICE,
                 )
             if kind != "activation" and self.packing:
                 packed = _prepacked_use(analysis, uses, self.packing)
