@@ -136,6 +136,26 @@ def test_plan_for_ascend_predicts_what_cann_runs_on_the_host(run_cli, tmp_path):
     assert not made & {o["tensor"] for o in doc["offloads"]}
 
 
+def test_a_plan_for_a_device_is_estimated_on_that_device_s_profile(run_cli, tmp_path):
+    """Without --profile, a plan for CUDA is timed on the bundled GPU profile (pcie-gen4-x16), not the
+    Ascend NPU's; `simulate --plan` times it on the same one, and --profile still wins."""
+    plan = tmp_path / "plan.json"
+    res = run_cli("plan", SAMPLES / "unet.onnx", "--select-distance", "10", "--device", "cuda", "-o", plan)
+    assert res.exit_code == 0, res.stderr
+    estimate = read_plan(plan)["summary"]["estimate"]
+    assert estimate["profile"] == "pcie-gen4-x16" and "profile pcie-gen4-x16" in res.stdout
+    res = run_cli("simulate", SAMPLES / "unet.onnx", "--plan", plan, "--json")
+    assert res.exit_code == 0, res.stderr
+    simulated = res.json()
+    assert simulated["profile"]["name"] == "pcie-gen4-x16" and simulated["slowdown"] == estimate["slowdown"]
+    res = run_cli("plan", SAMPLES / "unet.onnx", "--device", "cuda", "--profile", "cpu", "-o", plan)
+    assert res.exit_code == 0, res.stderr
+    assert read_plan(plan)["summary"]["estimate"]["profile"] == "cpu"
+    res = run_cli("plan", SAMPLES / "unet.onnx", "--device", "ascend", "-o", plan)
+    assert res.exit_code == 0, res.stderr
+    assert read_plan(plan)["summary"]["estimate"]["profile"] == "ascend-910b"
+
+
 @pytest.mark.parametrize("order", ["priority", "default"])
 def test_a_plan_for_ascend_quotes_the_peaks_cann_would_run(run_cli, tmp_path, order):
     """The plan records the copies onnxruntime would insert around the nodes CANN leaves to the CPU,

@@ -24,7 +24,7 @@ from offloadctl.cli.ui import out_console, steps
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
-from offloadctl.planning.request import PlanRequest
+from offloadctl.planning.request import PlanRequest, profile_for
 from offloadctl.planning.tradeoff import DEFAULT_POINTS, Point, Tradeoff, dominated, point_of
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import COPY_MODES, STREAMS_NOTE, copy_mode_label
@@ -119,7 +119,7 @@ def _print_frontier(
 @json_option
 def frontier_cmd(
     model: str,
-    profile: str,
+    profile: str | None,
     objective: str | None,
     params: bool,
     copies: str,
@@ -135,7 +135,7 @@ def frontier_cmd(
     copy mode; the HyperOffload default plan (offloadctl plan MODEL, no options) is one more point.
     Estimates from the device profile (--profile), not measurements.
     """
-    prof = load_profile(profile)
+    prof = load_profile(profile_for(profile, None))
     if plot:
         check_output_path(plot, model)
     job = open_model(model, shapes, sizes, show_progress=not as_json)

@@ -225,7 +225,8 @@ plan_device_option = click.option(
     help="Plan for this device: the tensors that nodes it runs on the CPU make or read are kept (reason "
     "host-resident), and the peaks quoted are those of the model and its rewrite as that device runs them (the "
     "copies onnxruntime inserts, both providers' streams). Found with one run on the device where its provider "
-    "runs here, predicted for cuda and ascend otherwise.",
+    "runs here, predicted for cuda and ascend otherwise. Without --profile, the estimate takes the device's bundled "
+    "profile: pcie-gen4-x16 for cuda and webgpu, ascend-910b for ascend.",
 )
 
 
@@ -249,8 +250,8 @@ def _kind(kind: str, f: dataclasses.Field[Any]) -> dict[str, Any]:
         return {"type": FiniteFloatRange(min=0, min_open=True), "show_default": True, "metavar": "SECONDS"}
     if kind == "factor":
         return {"type": FiniteFloatRange(min=1.0), "metavar": "X"}
-    if kind == "profile":
-        return {"show_default": True, "metavar": "NAME|FILE.json"}
+    if kind == "profile":  # None: the default the request picks, which the field shows
+        return {"show_default": f.metadata["shown"], "metavar": "NAME|FILE.json"}
     raise ValueError(f"unknown option kind {kind!r} of {f.name}")  # pragma: no cover - a field written wrong
 
 
@@ -261,8 +262,7 @@ def field_option(part: type, name: str) -> Decorator:
     kind = f.metadata["kind"]
     flag = "--" + name.replace("_", "-")
     decls = [f"{flag}/--no-{name.replace('_', '-')}", name] if kind == "switch" else [flag, name]
-    default = f.metadata.get("shown", f.default)
-    return click.option(*decls, default=default, help=f.metadata["help"], **_kind(kind, f))
+    return click.option(*decls, default=f.default, help=f.metadata["help"], **_kind(kind, f))
 
 
 def part_options(argument: str, part: type, *, leave_out: tuple[str, ...] = ()) -> Decorator:

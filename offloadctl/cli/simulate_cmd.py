@@ -48,6 +48,7 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import as_run_figures
 from offloadctl.planning.advice import weak_plan_advice
+from offloadctl.planning.request import profile_for
 from offloadctl.rewriting.preview import CpuFigures, cpu_figures
 from offloadctl.simulation.costs import STREAMS_NOTE
 from offloadctl.simulation.estimate import estimate_figures
@@ -198,7 +199,7 @@ def _warn_undone_fusions(plan: Plan | None, prof: Profile, profile: str) -> None
 def simulate_cmd(
     model: str,
     plan_path: str | None,
-    profile: str,
+    profile: str | None,
     shapes: ShapeOptions,
     sizes: SizesOptions,
     order: str | None,
@@ -222,8 +223,10 @@ def simulate_cmd(
     provider allocates, host copies included, as its allocation planner and arena place it; a
     measured profile's kernel scratch counts in every figure.
     """
-    prof = load_profile(profile)
     plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
+    device = plan["options"]["select"].get("host_device", "").split(" ")[0] if plan else ""
+    profile = profile_for(profile, device or None)  # a plan made for a device: that device's by default
+    prof = load_profile(profile)
     if plot:
         check_output_path(plot, model, plan_path)
     check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image

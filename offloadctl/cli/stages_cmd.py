@@ -358,7 +358,7 @@ def plan_cmd(
     """
     check_output_path(output, model)
     check_report_paths(report, model, others=[("the plan", output)])
-    request = PlanRequest.of(selecting, filtering, budgeting, prefetching)
+    request = PlanRequest.of(selecting, filtering, budgeting.for_device(device), prefetching)
     job = open_model(model, shapes, sizes, show_progress=not as_json, order=order)
     job.guard("the plan", output)
     analysis = job.analysis

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_SELECT_NUM",
     "DEFAULT_STREAM_DEPTH",
     "DEFAULT_TIME_LIMIT",
+    "DEVICE_PROFILES",
     "BudgetPart",
     "FilterPart",
     "FilterRequest",
@@ -49,6 +50,7 @@ __all__ = [
     "WithOptions2",
     "evolve",
     "option",
+    "profile_for",
     "recorded",
     "taking",
     "taking2",
@@ -64,6 +66,18 @@ DEFAULT_PREFETCH_DISTANCE = 50
 DEFAULT_RELEASE_DISTANCE = 0
 DEFAULT_STREAM_DEPTH = 1  # layer groups copied in ahead with --stream-weights
 DEFAULT_TIME_LIMIT = 60.0  # seconds the exact search may take
+
+#: The bundled profile a plan made for a device (``plan --device``) is estimated on when none is given:
+#: a generic GPU on a PCIe 4.0 x16 link for CUDA and WebGPU, the Ascend NPU for CANN
+DEVICE_PROFILES = {"cuda": "pcie-gen4-x16", "webgpu": "pcie-gen4-x16", "ascend": DEFAULT_PROFILE}
+
+
+def profile_for(profile: str | None, device: str | None) -> str:
+    """The profile to estimate on: ``profile`` when given, else that of the device a plan is made for
+    (`DEVICE_PROFILES`; ``device`` as ``plan --device`` names it, None for none), else the default."""
+    if profile is not None:
+        return profile
+    return DEVICE_PROFILES.get(device, DEFAULT_PROFILE) if device is not None else DEFAULT_PROFILE
 
 
 class RequestError(OffloadError):
@@ -238,7 +252,7 @@ class BudgetPart:
         None,
         f"Device profile for the time estimate: {', '.join(list_profiles())}, or a JSON file of your own.",
         "profile",
-        shown=DEFAULT_PROFILE,
+        shown=f"{DEFAULT_PROFILE}, or a plan's device's: pcie-gen4-x16 for --device cuda and webgpu",
     )
     copies: str = option(
         "inline",
@@ -294,6 +308,13 @@ class BudgetPart:
                 "program cannot state",
                 hint="drop --optimal, or give --objective bytes or --copies inline",
             )
+
+    def for_device(self, device: str | None) -> BudgetPart:
+        """These options for a plan made for ``device`` (``plan --device``): without a profile of their
+        own, estimated on the device's bundled one (`DEVICE_PROFILES`)."""
+        if device is None or self.profile is not None:
+            return self
+        return dataclasses.replace(self, profile=profile_for(None, device))
 
     def _check_alternatives(self) -> None:
         if self.strategy == "frontier":

@@ -180,7 +180,7 @@ def _number(value: Any, where: str, origin: str, *, zero_ok: bool) -> float:
         need = "a number >= 0" if zero_ok else "a number > 0"
         raise OffloadError(
             f"profile {origin}: {where} must be {need}, got {value!r}",
-            hint="fix that field; see a bundled profile (offloadctl/profiles/*.json) for the format",
+            hint="fix that field; see a bundled profile (offloadctl/simulation/profiles/*.json) for the format",
         )
     return float(value)
 
@@ -191,7 +191,7 @@ def profile_from_dict(data: Any, *, origin: str = "(dict)") -> Profile:
     Raises:
         OffloadError: a required key is missing or a figure is not a positive number.
     """
-    hint = "see a bundled profile (offloadctl/profiles/*.json) for the format"
+    hint = "see a bundled profile (offloadctl/simulation/profiles/*.json) for the format"
     if not isinstance(data, dict):
         raise OffloadError(f"profile {origin} must be a JSON object, got {type(data).__name__}", hint=hint)
     required = ("name", "peak_flops", "mem_bandwidth", "kernel_launch_s", "link", "source")
@@ -290,6 +290,8 @@ def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> Prof
             hint=f"use one of {', '.join(list_profiles())} or the path of a profile JSON file",
         )
     data = read_json(
-        path, "profile file", fix="see a bundled profile (offloadctl/profiles/*.json) for the format, or measure one"
+        path,
+        "profile file",
+        fix="see a bundled profile (offloadctl/simulation/profiles/*.json) for the format, or measure one",
     )
     return profile_from_dict(data, origin=f"file {path}")
