@@ -768,3 +768,29 @@ def test_run_bad_inputs(run_cli, tmp_path, case):
 def test_run_refuses_a_plan_given_as_model(run_cli, plans):
     path, _ = plans["scheduled"]
     assert_clean_failure(run_cli("run", path, "--device", "cpu"), str(path), "offload plan")
+
+
+@pytest.mark.parametrize(
+    "stage, command, needle",
+    [
+        ("selected", ["filter"], None),
+        ("selected", ["filter", "--budget", "1KiB"], "records no select options (options.select)"),
+        ("filtered", ["prefetch"], None),
+        ("scheduled", ["apply"], None),
+        ("scheduled", ["simulate", SAMPLES / "seed.onnx", "--plan"], None),
+    ],
+)
+def test_a_plan_without_its_optional_options_is_read_like_any_other(run_cli, tmp_path, plans, stage, command, needle):
+    """The schema lets ``options`` leave out a stage's options (a plan written by hand): every command
+    reads such a plan as one that records them, or says what it lacks (the budget strategy selects
+    again with the select options)."""
+    _, plan = plans[stage]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({**plan, "options": {}}))
+    out = tmp_path / ("out.onnx" if command[0] == "apply" else "out.json")
+    res = run_cli(*command, bare, *([] if command[0] == "simulate" else ["-o", out]))
+    if needle is None:
+        assert res.exit_code == 0, res.stderr
+    else:
+        assert_clean_failure(res, "seed.onnx", needle)
+        assert not out.exists()

@@ -136,6 +136,26 @@ def test_plan_for_ascend_predicts_what_cann_runs_on_the_host(run_cli, tmp_path):
     assert not made & {o["tensor"] for o in doc["offloads"]}
 
 
+def test_a_budget_filter_of_a_plan_for_a_device_keeps_what_its_host_nodes_make_or_read(run_cli, tmp_path):
+    """select --device then filter --budget is plan --device --budget: the budget strategy selects
+    again with every option the select stage recorded, so the tensors CANN's host nodes make or read
+    stay (reason host-resident); it used to drop the host nodes and offload 12 of them."""
+    unet, chosen = SAMPLES / "unet.onnx", ["--select-distance", "2", "--params", "--device", "ascend"]
+    selected, filtered, scheduled = (tmp_path / f"{s}.json" for s in ("s", "f", "p"))
+    assert run_cli("select", unet, *chosen, "-o", selected).exit_code == 0
+    res = run_cli("filter", selected, "--budget", "400KiB", "-o", filtered)
+    assert res.exit_code == 0, res.stderr
+    kept = {r["tensor"] for r in read_plan(selected)["rejected"] if r["reason"] == "host-resident"}
+    assert len(kept) == 16
+    offloaded = {o["tensor"] for o in read_plan(filtered)["offloads"]}
+    assert offloaded and not offloaded & kept
+    assert run_cli("prefetch", filtered, "-o", scheduled).exit_code == 0
+    res = run_cli("plan", unet, *chosen, "--budget", "400KiB", "-o", tmp_path / "plan.json")
+    assert res.exit_code == 0, res.stderr
+    chained, direct = read_plan(scheduled), read_plan(tmp_path / "plan.json")
+    assert chained["offloads"] == direct["offloads"]
+
+
 def test_a_plan_for_a_device_is_estimated_on_that_device_s_profile(run_cli, tmp_path):
     """Without --profile, a plan for CUDA is timed on the bundled GPU profile (pcie-gen4-x16), not the
     Ascend NPU's; `simulate --plan` times it on the same one, and --profile still wins."""

@@ -224,7 +224,7 @@ def simulate_cmd(
     measured profile's kernel scratch counts in every figure.
     """
     plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
-    device = plan["options"]["select"].get("host_device", "").split(" ")[0] if plan else ""
+    device = plan["options"].get("select", {}).get("host_device", "").split(" ")[0] if plan else ""
     profile = profile_for(profile, device or None)  # a plan made for a device: that device's by default
     prof = load_profile(profile)
     if plot:

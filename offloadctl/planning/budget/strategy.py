@@ -560,26 +560,27 @@ def budget_filter(plan: Plan, analysis: Analysis, options: FilterRequest) -> Pla
     """The filter stage with a budget: a "selected" plan to a "filtered" plan whose peak fits
     ``options.budget`` at the least cost (``options``: `FilterRequest`, or its fields as keywords).
 
-    The plan's select options (activations, params, force, never) are kept, its select distance
-    is not used: the planner weighs every idle stretch. Each offload gets its own prefetch
-    distance, at most ``options.prefetch_distance``, so that the peak stays within the budget once
-    the prefetch stage has run.
+    The plan's select options (activations, params, force, never, and the host nodes of a plan
+    made for a device) are kept, its select distance is not used: the planner weighs every idle
+    stretch. Each offload gets its own prefetch distance, at most ``options.prefetch_distance``, so
+    that the peak stays within the budget once the prefetch stage has run.
 
     Raises:
-        OffloadError: the plan is for another model or not at stage "selected", ``optimal`` with a
-            cost that is not linear, or the budget cannot be reached (`BudgetUnreachable`).
+        OffloadError: the plan is for another model, not at stage "selected" or records no select
+            options, ``optimal`` with a cost that is not linear, or the budget cannot be reached
+            (`BudgetUnreachable`).
     """
     require_stage(plan, "selected", "the budget strategy")
     check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
-    sel = plan["options"]["select"]
-    select = SelectPart(
-        select_distance=0,
-        activations=sel["activations"],
-        params=sel["params"],
-        force=tuple(sel.get("force", ())),
-        never=tuple(sel.get("never", ())),
-        fused=tuple(sel.get("fused", ())),
-    )
+    recorded_select = plan["options"].get("select")
+    if recorded_select is None:
+        raise OffloadError(
+            f"the selected plan for {analysis.loaded.path} records no select options (options.select): the budget "
+            "strategy selects again with them",
+            hint="make the plan with offloadctl select, which records them (or add them to options.select)",
+        )
+    # every option the select stage recorded (those of plan --device too), at distance 0
+    select = SelectPart(**{**recorded_select, "select_distance": 0})
     options.report("fitting the budget")
     return BudgetSearch(analysis, options, select, base=plan).filter()
 
