@@ -31,9 +31,10 @@ from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.core.plantypes import Plan, SizesFromRun
+from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.loading.pins import given_dims
-from offloadctl.planning.budget.strategy import budget_figures
+from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
 from offloadctl.planning.make import plan_for
 from offloadctl.planning.request import PlanRequest, taking
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
@@ -296,7 +297,12 @@ class Planned:
 def planned(analysis: Analysis, request: PlanRequest) -> Planned:
     """Plan ``request`` for ``analysis`` (`offloadctl.planning.make.plan_for`), simulate it (unless the
     planner did) and record in it the figures ``apply`` quotes and the pins' layout it builds from."""
-    outcome = plan_for(analysis, request)
+    try:
+        outcome = plan_for(analysis, request)
+    except BudgetUnreachable as exc:
+        if not request.host_device:
+            raise
+        raise _as_the_device_runs(exc, analysis, request) from None
     plan = outcome.plan
     if is_rewritten(analysis):
         return Planned(plan, None)
@@ -306,6 +312,23 @@ def planned(analysis: Analysis, request: PlanRequest) -> Planned:
     record_estimate(plan, run_order_figures(plan, analysis, result, request))  # apply quotes it
     record_pins(plan, pin_layout(plan, analysis))  # and builds these pins without shape inference
     return Planned(plan, result)
+
+
+def _as_the_device_runs(exc: BudgetUnreachable, analysis: Analysis, request: PlanRequest) -> BudgetUnreachable:
+    """``exc`` for a plan made for a device (``plan --device``), saying what its figures count: a budget
+    counts every node on the device, while the device runs some on the host, whose tensors are not in
+    its memory, so the model's peak as the device runs it is another figure."""
+    device = request.host_device.split()[0]
+    placement = placement_of(analysis, request.host_nodes, request.host_copies, request.host_casts)
+    with paused_gc():
+        as_run, _ = device_result(None, analysis, placement, target=target_for(device))
+    return BudgetUnreachable(
+        f"{exc.message}. A budget counts every node on the device; {device} runs {len(request.host_nodes)} of "
+        f"them on the host, whose tensors it keeps in host memory, so the model as {device} runs it peaks at "
+        f"{fmt_bytes(as_run.peak_after)}",
+        hint=exc.hint,
+        reachable=exc.reachable,
+    )
 
 
 @taking(PlanRequest)

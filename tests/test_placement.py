@@ -156,6 +156,19 @@ def test_a_budget_filter_of_a_plan_for_a_device_keeps_what_its_host_nodes_make_o
     assert chained["offloads"] == direct["offloads"]
 
 
+def test_a_budget_a_plan_for_a_device_cannot_fit_names_the_peak_as_the_device_runs_the_model(run_cli, tmp_path):
+    """A budget counts every node on the device: on CANN, which runs 19 of the UNet's nodes on the host
+    (their tensors in host memory), the model peaks at 351.53 KiB, below the 669.05 KiB the budget
+    counts, so a budget of 300 KiB that cannot be fit says both figures."""
+    plan = tmp_path / "plan.json"
+    res = run_cli("plan", SAMPLES / "unet.onnx", "--params", "--device", "ascend", "--budget", "300KiB", "-o", plan)
+    assert res.exit_code == 1 and not plan.exists()
+    message = " ".join(res.stderr.split())
+    assert "peak without offload 669.05 KiB" in message
+    assert "ascend runs 19 of them on the host" in message and "as ascend runs it peaks at 351.53 KiB" in message
+    assert "Traceback" not in res.stderr
+
+
 def test_a_plan_for_a_device_is_estimated_on_that_device_s_profile(run_cli, tmp_path):
     """Without --profile, a plan for CUDA is timed on the bundled GPU profile (pcie-gen4-x16), not the
     Ascend NPU's; `simulate --plan` times it on the same one, and --profile still wins."""
