@@ -535,3 +535,33 @@ def test_a_deterministic_original_compared_with_itself_passes(run_cli, seed_path
     result = run_cli("run", seed_path, "--device", "cpu", "--repeat", "1", "--compare-to", seed_path, "--json")
     assert result.exit_code == 0
     assert json.loads(result.stdout)["original_deterministic"] is True
+
+
+@pytest.mark.parametrize("original_fails", ["refused", "otherwise", "not at all"])
+def test_a_refused_rewrite_blames_the_model_only_when_onnxruntime_refuses_the_original_too(monkeypatch, original_fails):
+    """With --compare-to, a rewrite onnxruntime refuses is tried against its original: the message says
+    the rewrite is not the cause only when onnxruntime refuses the original too; any other outcome
+    keeps the rewrite's own message and hint."""
+    from offloadctl.core.errors import OffloadError
+    from offloadctl.running import runner
+
+    def original_session(*args, **kwargs):
+        if original_fails == "refused":
+            raise runner.ModelRefused("onnxruntime cannot load orig.onnx", "Add(6) is not implemented")
+        if original_fails == "otherwise":
+            raise OffloadError("orig.onnx has IR version 99, newer than this onnxruntime supports")
+        return object()
+
+    monkeypatch.setattr(runner, "_original_config", lambda *args: (None, None))
+    monkeypatch.setattr(runner, "create_session", original_session)
+    monkeypatch.setattr(runner, "feeds_for", lambda *args: {})
+    monkeypatch.setattr(runner, "run_once", lambda *args: {})
+    refusal = runner.ModelRefused("onnxruntime cannot load out.onnx", "Add(6) is not implemented", hint="own hint")
+    with pytest.raises(OffloadError) as caught:
+        with runner._original_refused_too(str(SAMPLES / "seed.onnx"), {}, "cpu", "disable", None, None):
+            raise refusal
+    if original_fails == "refused":
+        assert "refuses the original" in caught.value.message and "Add(6) is not implemented)" in caught.value.message
+        assert caught.value.hint != "own hint"
+    else:
+        assert caught.value is refusal

@@ -1204,13 +1204,14 @@ def _original_refused_too(
         try:
             session = create_session(compare_to, config, device, ort=ort)
             run_once(session, feeds_for(session, feeds_all, compare_to, compare_to), compare_to, ort)
-        except ModelRefused as also:
-            raise OffloadError(
-                f"{refused.message} (onnxruntime refuses the original {compare_to} too, so the rewrite is not "
-                f"the cause: {also.detail})",
-                hint=f"run models that onnxruntime runs on --device {device} (re-export the original at an "
-                "opset and with operators it implements)",
-            ) from None
+        except OffloadError as also:  # any other failure of the original leaves the rewrite's own message
+            if isinstance(also, ModelRefused):
+                raise OffloadError(
+                    f"{refused.message} (onnxruntime refuses the original {compare_to} too, so the rewrite is not "
+                    f"the cause: {also.detail})",
+                    hint=f"run models that onnxruntime runs on --device {device} (re-export the original at an "
+                    "opset and with operators it implements)",
+                ) from None
         raise
 
 
