@@ -137,15 +137,17 @@ class Job:
         pins_from: str = "--input-shape",
         step: Step = _no_step,
         order: str = "priority",
+        infer_ahead: bool = False,
     ) -> Job:
         """Load ``model`` (weights stay on disk) with its pins and analyse it in execution ``order``;
-        ``sizes`` reads every size from one run (`analysed`)."""
+        ``sizes`` reads every size from one run (`analysed`); ``infer_ahead``, for a caller that
+        looks up sizes, runs shape inference beside the analysis."""
         step(f"loading {model}")
         loaded = load_model(
             model, input_shapes=input_shapes, dims=dims, input_shapes_from=pins_from, sizes_from_run=sizes
         )
         step(f"analysing {model}" + (" (sizes from one run on the CPU provider)" if sizes else ""))
-        return cls(analysed(loaded, order=order))
+        return cls(analysed(loaded, order=order, infer_ahead=infer_ahead))
 
     @classmethod
     def of_plan(
@@ -249,12 +251,12 @@ class Job:
         return proto, written
 
 
-def analysed(loaded: LoadedModel, *, order: str = "priority") -> Analysis:
+def analysed(loaded: LoadedModel, *, order: str = "priority", infer_ahead: bool = False) -> Analysis:
     """The analysis of a loaded model in ``order`` (`offloadctl.analysis.graph.analyse`), its sizes
     read from one run on onnxruntime's CPU provider when the model asks for that
     (``loaded.sizes_from_run``, from ``--sizes-from-run`` or a plan made with it:
-    `offloadctl.running.sizes.measure_sizes`)."""
-    analysis = analyse(loaded, order=order)
+    `offloadctl.running.sizes.measure_sizes`); ``infer_ahead``: shape inference starts beside it."""
+    analysis = analyse(loaded, order=order, infer_ahead=infer_ahead)
     run = loaded.sizes_from_run
     if run is not None:
         analysis.infos.use_measured(measure_sizes(loaded.path, loaded.proto, inputs=run["inputs"], seed=run["seed"]))
@@ -445,7 +447,7 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
     except OffloadError:
         return None
     better = outcome.plan  # its figures only: no estimate or pins are recorded in it
-    sim = outcome.simulation or simulate(analysis, better, profile=request.device_profile)
+    sim = outcome.simulation or simulate(analysis, better, profile=request.device_profile, planned_here=True)
     peak = run_order_figures(better, analysis, sim, request)["peak_bytes"]["after"]  # as the plan would say
     if peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help: below the plan's peak, and by 5%
         return None

@@ -949,3 +949,126 @@ def test_what_if_drops_the_next_step_and_the_rejected_list_only_in_its_what_ifs(
     for row in rows.values():
         assert row["over_floor"] == (row["plan_s"] + row["apply_s"]) / floor
     assert rows["as it is"]["apply_s"] == rows["without the weak plan's next step"]["apply_s"]
+
+
+def _twice(x: int) -> int:
+    return 2 * x
+
+
+def _fails(x: int) -> int:
+    raise ValueError(x)
+
+
+def test_work_ahead_hands_back_the_result_or_nothing_and_stops_a_child_it_does_not_read():
+    from offloadctl.core.ahead import Ahead
+
+    done = Ahead.start(_twice, 21)
+    assert done is not None and done.result() == 42
+    assert done.result() is None  # read once
+    failed = Ahead.start(_fails, 1)  # the caller works inline then, with the error raised to it
+    assert failed is not None and failed.result() is None
+    dropped = Ahead.start(os.kill, os.getpid(), 0)
+    assert dropped is not None
+    pid = dropped._pid
+    dropped.cancel()
+    with pytest.raises(ProcessLookupError):  # killed and collected: nothing left of it
+        os.kill(pid, 0)
+    assert dropped.result() is None
+
+
+def test_work_ahead_is_not_forked_where_fork_is_not_safe(monkeypatch):
+    from offloadctl.core.ahead import Ahead
+
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert Ahead.start(_twice, 1) is None
+
+
+@pytest.mark.parametrize("name", ["generated", "shuffled", "seed", "unet", "transformer", "training", "mlp"])
+def test_shape_inference_ahead_gives_what_inference_in_the_process_gives(small_model, tmp_path, name, monkeypatch):
+    from offloadctl.core.ahead import Ahead
+    from offloadctl.loading import tensors
+
+    path = small_model.path if name in ("generated", "shuffled") else ROOT / "sample_models" / f"{name}.onnx"
+    if name == "shuffled":  # nodes out of order: inference runs on the sorted copy in the process
+        model = onnx.load(str(path), load_external_data=False)
+        reordered = list(model.graph.node)[::-1]
+        del model.graph.node[:]
+        model.graph.node.extend(reordered)
+        path = tmp_path / "shuffled.onnx"
+        onnx.save(model, str(path))
+        (tmp_path / small_model.data_path.name).write_bytes(b"")  # shapes need no weight bytes
+    reference = analyse(load_model(path))
+    expected = {n: reference.infos.get(n) for n in _all_names(reference)}
+    monkeypatch.setattr(tensors, "AHEAD_MIN_NODES", 0)
+    cancelled = []
+    real_cancel = Ahead.cancel
+    monkeypatch.setattr(Ahead, "cancel", lambda self: cancelled.append(self) or real_cancel(self))
+    ahead = analyse(load_model(path), infer_ahead=True)
+    in_process = []
+    real_run = tensors.TensorInfos._run_inference
+    monkeypatch.setattr(tensors.TensorInfos, "_run_inference", lambda self: in_process.append(1) or real_run(self))
+    assert {n: ahead.infos.get(n) for n in _all_names(ahead)} == expected
+    assert set(ahead.infos) == set(reference.infos)
+    # the child's inference was used, except for a file whose order is not the one inference walks
+    assert (in_process, len(cancelled)) == (([1], 1) if name == "shuffled" else ([], 0))
+
+
+def test_shape_inference_that_fails_ahead_fails_again_in_the_process_and_says_so_once(small_model, monkeypatch, caplog):
+    from offloadctl.loading import tensors
+
+    monkeypatch.setattr(tensors, "AHEAD_MIN_NODES", 0)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no inference today")
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", refuse)
+    analysis = analyse(load_model(small_model.path), infer_ahead=True)
+    with caplog.at_level("WARNING"):
+        name = next(iter(analysis.producer))
+        analysis.infos.get(name)
+    failures = [r for r in caplog.records if "shape inference failed" in r.getMessage()]
+    assert len(failures) == 1 and "no inference today" in failures[0].getMessage()
+
+
+def test_plan_with_inference_ahead_writes_the_plan_it_writes_without(small_model, tmp_path, run_cli, monkeypatch):
+    from offloadctl.loading import tensors
+
+    args = ("--params", "--select-distance", "3")
+    assert run_cli("plan", small_model.path, "-o", tmp_path / "inline.json", *args).exit_code == 0
+    monkeypatch.setattr(tensors, "AHEAD_MIN_NODES", 0)
+    assert run_cli("plan", small_model.path, "-o", tmp_path / "ahead.json", *args).exit_code == 0
+    assert (tmp_path / "ahead.json").read_text() == (tmp_path / "inline.json").read_text()
+
+
+def test_a_plan_scheduled_in_place_is_the_plan_the_prefetch_stage_copies():
+    from offloadctl.planning.budget.strategy import BudgetSearch
+    from offloadctl.planning.prefetch import prefetch, prefetch_own
+    from offloadctl.planning.request import PlanRequest, PrefetchPart
+
+    analysis = analyse(load_model(ROOT / "sample_models" / "transformer.onnx"))
+    request = PlanRequest(budget=800 * 1024, params=True, prefetch_distance=2)
+    filtered = BudgetSearch(analysis, request, request).filter()
+    kept = copy.deepcopy(filtered)
+    options = PrefetchPart(prefetch_distance=2, release_distance=1)
+    copied = prefetch.run(filtered, options)
+    assert filtered == kept  # the stage copies
+    owned = copy.deepcopy(filtered)
+    assert prefetch_own(owned, options) is owned
+    assert owned == copied and owned["offloads"] and owned["stage"] == "scheduled"
+
+
+def test_a_simulation_of_a_plan_made_here_skips_only_the_check_of_its_facts(monkeypatch):
+    from offloadctl.contract import check
+    from offloadctl.planning.request import PlanRequest
+    from offloadctl.simulation import program
+    from offloadctl.simulation.result import simulate
+
+    analysis = analyse(load_model(ROOT / "sample_models" / "unet.onnx"))
+    plan = make_plan.run(analysis, PlanRequest(budget=400 * 1024, params=True))
+    checked = simulate(analysis, plan)
+    calls = []
+    monkeypatch.setattr(program, "check_plan_for_model", lambda *a: calls.append(a) or check.check_plan_for_model(*a))
+    trusted = simulate(analysis, plan, planned_here=True)
+    assert calls == [] and trusted.to_json() == checked.to_json()
+    simulate(analysis, plan)
+    assert len(calls) == 1

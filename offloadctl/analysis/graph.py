@@ -38,7 +38,7 @@ from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import is_constant_node, is_pin, subgraph_outer_names
 from offloadctl.loading.model import LoadedModel
-from offloadctl.loading.tensors import TensorInfos, tensor_infos
+from offloadctl.loading.tensors import TensorInfos, start_inference, tensor_infos
 
 if TYPE_CHECKING:
     from offloadctl.core import plantypes  # imported where used: it takes a seventh of the command line's start-up
@@ -325,6 +325,7 @@ def analyse(
     order: str = "priority",
     sequence: Sequence[int] | None = None,
     host: Collection[int] | None = None,
+    infer_ahead: bool = False,
 ) -> Analysis:
     """Compute execution order, producers, uses and sizes of a loaded model.
 
@@ -334,12 +335,15 @@ def analyse(
     (`offloadctl.loading.placed`), makes it the order onnxruntime's executor runs the two providers'
     streams in (`offloadctl.analysis.order.executor_order`). ``sequence``, indices in ``graph.node``
     in the order a run took them (onnxruntime's profile), replaces either: a node it lacks stays
-    right after the one it follows.
+    right after the one it follows. ``infer_ahead``, for a caller that will look up sizes, starts
+    onnx's shape inference of a big model in a child process while this analysis runs
+    (`offloadctl.loading.tensors.start_inference`).
 
     Raises:
         OffloadError: duplicate tensor names, a cycle, a read of an undefined tensor, or a graph
             output that nothing produces.
     """
+    ahead = start_inference(loaded) if infer_ahead else None  # stopped when dropped unused
     found = _definitions(loaded)
     compute = found.compute
     available = set(found.graph_inputs) | found.initializers | set(found.constants)
@@ -379,7 +383,11 @@ def analyse(
         producer=producer,
         uses=uses,
         infos=tensor_infos(
-            loaded, None if was_sorted else sorted(constants.values()) + file_index, constants, producers=found.defined
+            loaded,
+            None if was_sorted else sorted(constants.values()) + file_index,
+            constants,
+            producers=found.defined,
+            ahead=ahead,
         ),
         node_names=node_names,
         sparse_weights=frozenset(found.sparse),

@@ -88,7 +88,14 @@ def open_model(
             source = f"offloadctl.planned_at of {model}"
     with steps(show_progress, total=2) as step:
         job = Job.of_model(
-            model, input_shapes=input_shapes, dims=dims, sizes=requested, pins_from=source, step=step, order=order
+            model,
+            input_shapes=input_shapes,
+            dims=dims,
+            sizes=requested,
+            pins_from=source,
+            step=step,
+            order=order,
+            infer_ahead=True,  # every command that opens a model here looks up sizes
         )
     if plan is not None:
         job.plan, job.plan_path = plan, Path(plan_path) if plan_path else None

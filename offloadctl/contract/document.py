@@ -44,6 +44,7 @@ __all__ = [
     "write_plan",
     "dump_plan",
     "record_stage",
+    "advance_stage",
     "require_stage",
     "check_plan_model",
 ]
@@ -450,11 +451,18 @@ def record_stage(plan: Plan, stage: str, options_key: str, options: dict[str, An
     memo: dict[int, Any] = {}
     doc = cast(dict[str, Any], plan)
     new: Any = {k: list(v) if k == "rejected" else _copy_json(v, memo) for k, v in doc.items()}
-    new["stage"] = stage
-    new["tool"] = {"name": "offloadctl", "version": __version__}
-    new["options"][options_key] = dict(options)
-    new["history"].append({"stage": stage, "tool_version": __version__, "options": dict(options)})
+    advance_stage(new, stage, options_key, options)
     return new
+
+
+def advance_stage(plan: Plan, stage: str, options_key: str, options: dict[str, Any]) -> None:
+    """Advance ``plan`` itself to ``stage`` with its options recorded (`record_stage` without the copy,
+    for a plan its caller owns)."""
+    doc = cast(dict[str, Any], plan)
+    doc["stage"] = stage
+    doc["tool"] = {"name": "offloadctl", "version": __version__}
+    doc["options"] = {**doc["options"], options_key: dict(options)}
+    doc["history"] = [*doc["history"], {"stage": stage, "tool_version": __version__, "options": dict(options)}]
 
 
 def check_plan_model(plan: Plan, sha256: str, model_path: str | os.PathLike[str]) -> None:

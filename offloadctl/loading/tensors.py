@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import onnx
 from onnx import TensorProto
 
+from offloadctl.core.ahead import Ahead
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.memcpy import COPY_OPS, COPY_TYPES
@@ -27,14 +28,13 @@ from offloadctl.loading.measured import MeasuredSizes
 from offloadctl.loading.model import LoadedModel
 from offloadctl.loading.symbolic import NodeFailure, symbolic_value_infos
 
-if TYPE_CHECKING:
-    pass
-
-
 __all__ = [
     "MAX_TENSOR_BYTES",
     "TensorInfo",
     "TensorInfos",
+    "inference_proto",
+    "inferred_types",
+    "start_inference",
     "tensor_info",
     "tensor_infos",
 ]
@@ -192,10 +192,15 @@ class TensorInfos(Mapping[str, TensorInfo]):
         node_order: Sequence[int] | None = None,
         constants: Mapping[str, int] | None = None,
         producers: Mapping[str, int | str] | None = None,
+        ahead: Ahead[dict[str, list[bytes]]] | None = None,
     ) -> None:
         self._loaded = loaded
         self._node_order = node_order
         self._producers = producers
+        if ahead is not None and node_order is not None:  # it inferred the file's order, not this one
+            ahead.cancel()
+            ahead = None
+        self._ahead = ahead  # onnx's inference of this model, running in a child process (`start_inference`)
         self._weights: dict[str, TensorProto | onnx.SparseTensorProto | onnx.NodeProto] = {}
         graph = loaded.proto.graph
         if constants is None:
@@ -226,59 +231,29 @@ class TensorInfos(Mapping[str, TensorInfo]):
         self.measured: MeasuredSizes | None = None
 
     def _inference_proto(self) -> onnx.ModelProto:
-        """The model as shape inference should see it (the loaded model itself when nothing changes):
-
-        - nodes in a topological order (onnx's shape inference walks the file order and stops at a
-          node whose input comes later);
-        - without the file's declared types for outputs of nodes onnx can infer: onnx's inference
-          keeps a declared type over the one it infers and propagates it, so one stale or duplicate
-          ``value_info`` entry would give wrong sizes to every tensor computed from it. Declared
-          types stay for outputs of ops onnx does not know (custom domains), and serve as a fallback.
-        """
-        if self._inference_model is not None:
-            return self._inference_model
-        proto = self._loaded.proto
-        graph = proto.graph
-        declared = {vi.name for vi in graph.value_info} | {o.name for o in graph.output}
-        inferable = _inferable_outputs(graph, declared, self._producers)
-        stale_values = any(vi.name in inferable for vi in graph.value_info)
-        stale_outputs = any(o.name in inferable and o.type.tensor_type.HasField("shape") for o in graph.output)
-        if self._node_order is None and not stale_values and not stale_outputs:
-            self._inference_model = proto
-            return proto
-        work = onnx.ModelProto()
-        work.CopyFrom(proto)
-        if self._node_order is not None:
-            del work.graph.node[:]
-            work.graph.node.extend(proto.graph.node[i] for i in self._node_order)
-        if stale_values:
-            kept = [vi for vi in graph.value_info if vi.name not in inferable]
-            del work.graph.value_info[:]
-            work.graph.value_info.extend(kept)
-        for out in work.graph.output:
-            if out.name in inferable and out.type.HasField("tensor_type"):
-                out.type.tensor_type.ClearField("shape")
-        self._inference_model = work
-        return work
+        """The model as shape inference should see it (`inference_proto`), made once."""
+        if self._inference_model is None:
+            self._inference_model = inference_proto(self._loaded.proto, self._node_order, self._producers)
+        return self._inference_model
 
     def _inferred(self) -> dict[str, list[bytes]]:
         if self._types is None:
-            self._types = self._run_inference()
+            ahead, self._ahead = self._ahead, None
+            types = ahead.result() if ahead is not None else None
+            self._types = types if types is not None else self._run_inference()
         return self._types
 
     @paused_gc()
     def _run_inference(self) -> dict[str, list[bytes]]:
         """onnx's shape inference over the whole graph, as serialized types by name."""
-        proto = self._inference_proto()
         try:
-            inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
-            graph = inferred.graph
+            return inferred_types(self._inference_proto())
         except Exception as exc:  # inference is best effort: unknown sizes are excluded with a reason
             logger.warning(
                 "shape inference failed on %s (%s); sizes come from the file's value_info", self._loaded.path, exc
             )
             graph = self._loaded.proto.graph
-        return _types_by_name((graph.value_info, graph.input, graph.output))
+            return _types_by_name((graph.value_info, graph.input, graph.output))
 
     def _declared_types(self) -> dict[str, list[bytes]]:
         """The types the file declares (value_info and graph outputs), by name."""
@@ -483,6 +458,82 @@ class TensorInfos(Mapping[str, TensorInfo]):
         return len(self._names())
 
 
+def inference_proto(
+    proto: onnx.ModelProto,
+    node_order: Sequence[int] | None = None,
+    producers: Mapping[str, int | str] | None = None,
+    *,
+    in_place: bool = False,
+) -> onnx.ModelProto:
+    """``proto`` as shape inference should see it (``proto`` itself when nothing changes):
+
+    - nodes in a topological order (``node_order``: file indices; onnx's shape inference walks the
+      file order and stops at a node whose input comes later);
+    - without the file's declared types for outputs of nodes onnx can infer: onnx's inference
+      keeps a declared type over the one it infers and propagates it, so one stale or duplicate
+      ``value_info`` entry would give wrong sizes to every tensor computed from it. Declared
+      types stay for outputs of ops onnx does not know (custom domains), and serve as a fallback.
+
+    ``producers`` (tensor name -> file index of the node making it), when the caller knows it,
+    spares a walk over the nodes. ``in_place``: change ``proto`` itself rather than a copy (a
+    process's own copy of the model, as the child of `start_inference` has).
+    """
+    graph = proto.graph
+    declared = {vi.name for vi in graph.value_info} | {o.name for o in graph.output}
+    inferable = _inferable_outputs(graph, declared, producers)
+    stale_values = any(vi.name in inferable for vi in graph.value_info)
+    stale_outputs = any(o.name in inferable and o.type.tensor_type.HasField("shape") for o in graph.output)
+    if node_order is None and not stale_values and not stale_outputs:
+        return proto
+    if in_place and node_order is None:
+        work = proto
+    else:
+        work = onnx.ModelProto()
+        work.CopyFrom(proto)
+    if node_order is not None:
+        del work.graph.node[:]
+        work.graph.node.extend(proto.graph.node[i] for i in node_order)
+    if stale_values:
+        kept = [vi for vi in graph.value_info if vi.name not in inferable]
+        del work.graph.value_info[:]
+        work.graph.value_info.extend(kept)
+    for out in work.graph.output:
+        if out.name in inferable and out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    return work
+
+
+def inferred_types(proto: onnx.ModelProto) -> dict[str, list[bytes]]:
+    """onnx's shape inference (with data propagation) over the whole graph of ``proto``, as
+    serialized TypeProtos by tensor name: bytes, so that the inferred model is not kept alive.
+
+    Raises:
+        Exception: whatever onnx's inference raises.
+    """
+    inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+    graph = inferred.graph
+    return _types_by_name((graph.value_info, graph.input, graph.output))
+
+
+#: Graphs with fewer nodes infer their shapes in milliseconds: no child process is worth starting.
+AHEAD_MIN_NODES = 20_000
+
+
+def _ahead_types(proto: onnx.ModelProto) -> dict[str, list[bytes]]:
+    with paused_gc():
+        return inferred_types(inference_proto(proto, in_place=True))  # the child's own copy of the model
+
+
+def start_inference(loaded: LoadedModel) -> Ahead[dict[str, list[bytes]]] | None:
+    """Start onnx's shape inference of ``loaded``, in its file's node order, in a child process
+    (`offloadctl.core.ahead`), for the caller to analyse the model meanwhile and hand it to
+    `tensor_infos`; None for a small graph or where no child can be forked (inference then runs
+    when a size is first looked up). The model must not change while it runs."""
+    if len(loaded.proto.graph.node) < AHEAD_MIN_NODES:
+        return None
+    return Ahead.start(_ahead_types, loaded.proto)
+
+
 _INFERRED_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
 
 
@@ -503,23 +554,29 @@ def _inferable_outputs(
 ) -> set[str]:
     """Those of ``names`` that are outputs of main-graph nodes whose types onnx's shape inference
     computes itself. ``producers`` maps a tensor to the file index of the node producing it (other
-    values: no node produces it), when the caller knows it; otherwise every node is looked at."""
+    values: no node produces it), when the caller knows it; otherwise the nodes are looked at from
+    the last one (graph outputs are made at the end) until every name is found."""
     names = names - {""}
     if not names:
         return set()
     nodes = graph.node
+    found = set()
     if producers is not None:
-        found = set()
         for name in names:
             index = producers.get(name)
             if type(index) is int and _has_inference(nodes[index].op_type, nodes[index].domain):
                 found.add(name)
         return found
-    found = set()
-    for node in nodes:
-        if _has_inference(node.op_type, node.domain):
-            found.update(node.output)
-    return found & names
+    left = set(names)
+    for node in reversed(nodes):
+        made = left.intersection(node.output)
+        if made:
+            if _has_inference(node.op_type, node.domain):
+                found |= made
+            left -= made
+            if not left:
+                break
+    return found
 
 
 def _types_by_name(groups: Iterable[Iterable[onnx.ValueInfoProto]]) -> dict[str, list[bytes]]:
@@ -551,6 +608,7 @@ def tensor_infos(
     node_order: Sequence[int] | None = None,
     constants: Mapping[str, int] | None = None,
     producers: Mapping[str, int | str] | None = None,
+    ahead: Ahead[dict[str, list[bytes]]] | None = None,
 ) -> TensorInfos:
     """Type and shape of every main-graph tensor (a lazy mapping, see `TensorInfos`).
 
@@ -562,8 +620,10 @@ def tensor_infos(
         constants: output name -> file index of each Constant node, when the caller knows them.
         producers: tensor name -> file index of the main-graph node that produces it (any other
             value: no node does), when the caller knows it.
+        ahead: the inference `start_inference` started for this model, used when ``node_order``
+            is None (the file's order), stopped otherwise.
     """
-    return TensorInfos(loaded, node_order, constants, producers)
+    return TensorInfos(loaded, node_order, constants, producers, ahead)
 
 
 def _constant_info(node: onnx.NodeProto) -> TensorInfo | None:

@@ -17,12 +17,12 @@ the simulator and the budget strategy use too.
 from __future__ import annotations
 
 from offloadctl.analysis.timeline import h2d_low, h2d_position, release_point
-from offloadctl.contract.document import record_stage, require_stage
+from offloadctl.contract.document import advance_stage, record_stage, require_stage
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.plantypes import Plan
 from offloadctl.planning.request import PrefetchPart, recorded, taking
 
-__all__ = ["prefetch"]
+__all__ = ["prefetch", "prefetch_own"]
 
 
 @taking(PrefetchPart)
@@ -31,8 +31,22 @@ def prefetch(plan: Plan, options: PrefetchPart) -> Plan:
     """Return a "scheduled" plan with every H2D position and release point filled in (``options``:
     `PrefetchPart`, or its fields as keywords)."""
     require_stage(plan, "filtered", "prefetch")
+    return _schedule(record_stage(plan, "scheduled", "prefetch", recorded(PrefetchPart, options)), options)
+
+
+@paused_gc()
+def prefetch_own(plan: Plan, options: PrefetchPart) -> Plan:
+    """`prefetch` of a "filtered" plan the caller owns, done to that plan itself (no copy): for a
+    planner's plan just built, which nothing else holds (a budget plan lists thousands of offloads)."""
+    require_stage(plan, "filtered", "prefetch")
+    recorded_options = recorded(PrefetchPart, options)
+    advance_stage(plan, "scheduled", "prefetch", recorded_options)
+    return _schedule(plan, options)
+
+
+def _schedule(new: Plan, options: PrefetchPart) -> Plan:
+    """Fill in ``new``'s H2D positions and release points (its stage already advanced)."""
     prefetch_distance, release_distance = options.prefetch_distance, options.release_distance
-    new = record_stage(plan, "scheduled", "prefetch", recorded(PrefetchPart, options))
     n = new["model"]["num_positions"]
     for off in new["offloads"]:
         distance = off["prefetch_distance"] if off["prefetch_distance"] is not None else prefetch_distance

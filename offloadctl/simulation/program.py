@@ -366,8 +366,9 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
     return program
 
 
-def program_for(analysis: Analysis, plan: Plan | None, source: str) -> tuple[Base, Program]:
-    """The base of ``analysis`` and the program of the model with ``plan`` (None: as it is).
+def program_for(analysis: Analysis, plan: Plan | None, source: str, *, checked: bool = False) -> tuple[Base, Program]:
+    """The base of ``analysis`` and the program of the model with ``plan`` (None: as it is);
+    ``checked``: the plan's facts are known to hold for this model (a plan a planner just made from it).
 
     Raises:
         OffloadError: a plan for a rewritten model, or a plan that is not scheduled, belongs to
@@ -389,7 +390,8 @@ def program_for(analysis: Analysis, plan: Plan | None, source: str) -> tuple[Bas
                 f"{source} is at stage {plan.get('stage')!r}; simulating needs a scheduled plan",
                 hint="run offloadctl prefetch on it (or offloadctl plan to do every stage)",
             )
-        check_plan_for_model(plan, analysis)  # what apply accepts, and nothing else
+        if not checked:
+            check_plan_for_model(plan, analysis)  # what apply accepts, and nothing else
     if plan is None or not plan["offloads"]:
         return base, before_program(base)
     program = _plan_program(base, plan)

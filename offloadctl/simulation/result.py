@@ -128,6 +128,7 @@ def simulate(
     *,
     profile: Profile | str | None = DEFAULT_PROFILE,
     plan_source: str = "plan",
+    planned_here: bool = False,
 ) -> SimResult:
     """Simulate memory (and time, with a profile) of a model, with a scheduled plan or without one.
 
@@ -138,13 +139,15 @@ def simulate(
             The kernel scratch a measured profile records counts in the memory figures
             (`offloadctl.simulation.timing.count_scratch`).
         plan_source: how to name the plan in error messages (e.g. its file).
+        planned_here: the plan was just made from this analysis by a planner, so what it states
+            about the model is not checked again (`offloadctl.contract.check.check_plan_for_model`).
 
     Raises:
         OffloadError: the plan is not scheduled, belongs to another model, or contradicts it.
     """
     prof = load_profile(profile) if isinstance(profile, str) else profile
     count_scratch(analysis, prof)
-    base, program = program_for(analysis, plan, plan_source)
+    base, program = program_for(analysis, plan, plan_source, checked=planned_here)
     before = before_trace(base)  # the same for every plan: traced once per base
     after = before if program is before_program(base) else trace(program, base)
     moved = {"d2h": 0, "h2d": 0}

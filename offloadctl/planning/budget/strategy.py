@@ -30,7 +30,7 @@ from offloadctl.planning.budget.search import Outcome, solve
 from offloadctl.planning.budget.streaming import stream_states
 from offloadctl.planning.filter import first_use_key
 from offloadctl.planning.outcome import PlanOutcome
-from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.prefetch import prefetch, prefetch_own
 from offloadctl.planning.request import (
     DEFAULT_PREFETCH_DISTANCE,
     DEFAULT_RELEASE_DISTANCE,
@@ -415,7 +415,8 @@ class BudgetSearch:
         simulation on the options' profile when the search made one."""
         budget = self.options.budget_bytes if budget is None else budget
         found = self._search(budget, copies or self.options.copies, quiet)
-        scheduled = found.scheduled or prefetch.run(found.filtered, self._prefetch_part())
+        # the filtered plan was built for this call alone: it is scheduled as it is, not copied
+        scheduled = found.scheduled or prefetch_own(found.filtered, self._prefetch_part())
         return PlanOutcome(scheduled, found.simulation)
 
     def _build(self, attempt: _Attempt, pricing: _Pricing, *, searched: Outcome | None = None) -> Plan:
