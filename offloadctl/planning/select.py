@@ -323,6 +323,7 @@ class _Selector:
         # forced candidates that would stay for a host read (reason host-input or host-resident) -> why
         self.forced_on_host: dict[str, str] = {}
         self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
+        self._short_details: dict[tuple[int, int], str] = {}  # (max gap, distance) -> the short-gaps detail
         self.host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
         # position -> the inputs its node reads in host memory, for the nodes that have any
         self.host_inputs = {
@@ -416,7 +417,12 @@ class _Selector:
                 "planned, a body is one position, so the tensor never idles there; offloadctl does not plan inside "
                 "If/Loop/Scan bodies",
             )
-        return "short-gaps", f"largest idle stretch {max_gap} <= select distance {distance}"
+        detail = self._short_details.get((max_gap, distance))
+        if detail is None:  # a big model has a few distinct gaps over a hundred thousand tensors
+            detail = self._short_details[max_gap, distance] = (
+                f"largest idle stretch {max_gap} <= select distance {distance}"
+            )
+        return "short-gaps", detail
 
     def _by_tensor(
         self, name: str, kind: Kind, uses: list[Use], forced: bool, info: TensorInfo | None
