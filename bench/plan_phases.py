@@ -1,7 +1,8 @@
 """Where `offloadctl plan MODEL --params` spends its time: each phase the command runs, timed in one
 process through the library, with the garbage collector held as the command holds it.
 
-Phases: load and analyse, the distance plan, the simulation behind the verdict line (with the
+Phases: load and analyse (shape inference running beside it in a child, as in the command, and
+converting every size), the distance plan, the simulation behind the verdict line (with the
 figures of what runs), writing the plan, and the weak plan's next step (a budget plan, made and
 simulated, when the plan lowers the peak by under 5%). Each is printed in seconds and as a share of
 the whole, so the shares compare across machines; absolute times on a shared machine are noise.
@@ -91,7 +92,8 @@ def phases(model: Path, out: Path) -> list[tuple[str, float]]:
         marks.append((what, now - start))
         start = now
 
-    analysis = Job.of_model(model).analysis
+    analysis = Job.of_model(model, infer_ahead=True).analysis  # as the command opens it
+    analysis.unknown_sizes()  # the command's first look at sizes, which waits for shape inference
     mark("load and analyse")
     request = PlanRequest(params=True)
     plan = plan_for(analysis, request).plan
