@@ -998,6 +998,28 @@ def test_work_ahead_is_not_forked_where_fork_is_not_safe(monkeypatch):
     assert Ahead.start(_twice, 1) is None
 
 
+def test_work_ahead_that_the_system_refuses_a_child_leaves_the_work_to_the_caller(small_model, monkeypatch):
+    import errno
+
+    from offloadctl.core.ahead import Ahead
+    from offloadctl.loading import tensors
+
+    def refuse():
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    opened = []
+    real_pipe = os.pipe
+    monkeypatch.setattr(os, "pipe", lambda: opened.extend(real_pipe()) or tuple(opened[-2:]))
+    monkeypatch.setattr(os, "fork", refuse)
+    assert Ahead.start(_twice, 1) is None
+    for fd in opened:  # the pipe went with the refused child
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    monkeypatch.setattr(tensors, "AHEAD_MIN_NODES", 0)
+    analysis = analyse(load_model(small_model.path), infer_ahead=True)  # infers in the process instead
+    assert all(analysis.infos.get(name) is not None for name in analysis.producer)
+
+
 @pytest.mark.parametrize("name", ["generated", "shuffled", "seed", "unet", "transformer", "training", "mlp"])
 def test_shape_inference_ahead_gives_what_inference_in_the_process_gives(small_model, tmp_path, name, monkeypatch):
     from offloadctl.core.ahead import Ahead

@@ -54,13 +54,22 @@ class Ahead(Generic[T]):
 
     @classmethod
     def start(cls, func: Callable[..., T], *args: Any) -> Ahead[T] | None:
-        """Fork a child that computes ``func(*args)``; None where this platform has no safe fork."""
+        """Fork a child that computes ``func(*args)``; None where this platform has no safe fork or
+        the system refuses one (no memory or process left)."""
         if sys.platform != "linux":
             return None
-        read_end, write_end = os.pipe()
-        with warnings.catch_warnings():  # Python 3.12+ warns of fork beside threads: the child takes no lock
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        try:
+            read_end, write_end = os.pipe()
+        except OSError:  # out of file descriptors: the caller works inline
+            return None
+        try:
+            with warnings.catch_warnings():  # Python 3.12+ warns of fork beside threads: the child takes no lock
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:  # no memory or process left for a child: the caller works inline
+            os.close(read_end)
+            os.close(write_end)
+            return None
         if pid == 0:  # pragma: no cover - the child (its work is checked through the result)
             os.close(read_end)
             _child(func, args, write_end)
