@@ -33,11 +33,10 @@ T = TypeVar("T")
 _OK = b"ok"
 
 
-def _reap(pid: int, fd: int | None) -> None:
+def _reap(pid: int, fd: int) -> None:
     """Stop a child and collect it (its result unread)."""
-    if fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    with contextlib.suppress(OSError):
+        os.close(fd)
     with contextlib.suppress(OSError):
         os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(OSError):

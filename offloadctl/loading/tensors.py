@@ -32,8 +32,6 @@ __all__ = [
     "MAX_TENSOR_BYTES",
     "TensorInfo",
     "TensorInfos",
-    "inference_proto",
-    "inferred_types",
     "start_inference",
     "tensor_info",
     "tensor_infos",
