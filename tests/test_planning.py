@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 from pathlib import Path
 
 import pytest
@@ -578,7 +579,9 @@ g (float[N] x) => (float[N] y) {
 """
 
 
-@pytest.mark.parametrize("model", [TWO_GAPS, RESHAPE_BY_WEIGHT, COMPUTED_RESHAPE, ONE_NODE, DYNAMIC])
+@pytest.mark.parametrize(
+    "model", [TWO_GAPS, RESHAPE_BY_WEIGHT, COMPUTED_RESHAPE, ONE_NODE, DYNAMIC, "IF_MODEL", "WHOLE_IF_MODEL"]
+)
 @pytest.mark.parametrize("params", [True, False])
 @pytest.mark.parametrize("force", [(), ("a", "b", "w")])
 def test_one_selection_serves_every_select_distance(write_model, model, params, force):
@@ -587,8 +590,9 @@ def test_one_selection_serves_every_select_distance(write_model, model, params, 
     gives it, whatever distances were selected at before on the same analysis."""
     from offloadctl.planning.request import SelectPart
     from offloadctl.planning.select import _Selector, selection_for
+    from tests import test_subgraphs
 
-    path = write_model(model)
+    path = write_model(getattr(test_subgraphs, model, model))  # a subgraph model by name (read only inside a body)
     shared = _analysis(path)
     for distance in (5, 0, 1, 3, 2, 4):
         options = SelectPart(select_distance=distance, params=params, force=force)
@@ -604,6 +608,126 @@ def test_one_selection_serves_every_select_distance(write_model, model, params, 
         assert [o["tensor"] for o in plan["offloads"]] == [c.tensor for _, c in sorted(direct.chosen)]
         assert plan == select.run(fresh, options)  # the same plan from an analysis nothing was selected on
     assert selection_for(shared, SelectPart(select_distance=7, params=params)) is selection_for(shared, SelectPart())
+
+
+def _one_by_one(analysis, options):
+    """A `_Selector` that considered every candidate one by one, in the select stage's order."""
+    from offloadctl.planning.select import _Selector
+
+    direct = _Selector(analysis, options)
+    for name in analysis.producer:
+        direct.consider(name, "activation")
+    for name in analysis.sorted_weights:
+        if name in analysis.uses:
+            direct.consider(name, "parameter")
+    return direct
+
+
+# "big", 8 KiB of int64 (not small index arithmetic), ends only at Reshape's shape, through a Gather
+SHAPE_FEEDER = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[2, 3] x, int64[1024] ids) => (float[3, 2] y) <int64[2] pick = {0, 1}> {
+    big = Add(ids, ids)
+    a = Neg(x)
+    b = Relu(a)
+    c = Relu(b)
+    d = Relu(c)
+    dims = Gather(big, pick)
+    y = Reshape(d, dims)
+}
+"""
+
+
+# "lo" is read only inside a branch, as Clip's min, which onnxruntime reads in host memory
+HOST_READ_IN_BODY = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[4, 8] x, bool c) => (float[4, 8] y) {
+    lo = ReduceMin <keepdims = 0> (x)
+    a = Neg(x)
+    b = Relu(a)
+    d = Relu(b)
+    y = If(c) <
+        then_branch = then_g () => (float[4, 8] t_out) {
+            t_out = Clip(d, lo)
+        },
+        else_branch = else_g () => (float[4, 8] e_out) {
+            e_out = Neg(d)
+        }
+    >
+}
+"""
+
+
+def _selection_models(write_model):
+    from tests.conftest import SAMPLE_NAMES, SAMPLES
+    from tests.test_subgraphs import IF_MODEL, LOOP_MODEL, NESTED_MODEL
+
+    texts = [TWO_GAPS, RESHAPE_BY_WEIGHT, COMPUTED_RESHAPE, ONE_NODE, DYNAMIC, SHAPE_FEEDER, IF_MODEL, LOOP_MODEL]
+    texts += [NESTED_MODEL, HOST_READ_IN_BODY]
+    return [
+        *(SAMPLES / f"{name}.onnx" for name in SAMPLE_NAMES),
+        SAMPLES / "bert" / "model.onnx",
+        SAMPLES / "genai" / "llama-int4" / "model.onnx",  # MatMulNBits packs its weights
+        *(write_model(text, f"text{k}.onnx") for k, text in enumerate(texts)),
+    ]
+
+
+def test_the_selection_pass_gives_each_tensor_the_verdict_of_the_per_tensor_rules(write_model):
+    """The select stage's pass (`consider_all`, which `Selection` runs) decides the candidates no
+    reason applies to all at once and sends the others through `consider`: on models with host
+    reads, shape arithmetic, packed weights, subgraph reads, unknown sizes and graph outputs, and
+    with every option that changes a verdict, its records are the ones `consider` makes tensor by
+    tensor."""
+    from offloadctl.planning.request import SelectPart
+    from offloadctl.planning.select import _Selector
+
+    chosen_somewhere = set()
+    for path in _selection_models(write_model):
+        analysis = _analysis(path)
+        nodes = analysis.node_names
+        some = sorted(analysis.producer)[::3]
+        for options in (
+            SelectPart(params=True, select_distance=0),
+            SelectPart(params=True, select_distance=2),
+            SelectPart(params=False, select_distance=1, force=("*1*",)),
+            SelectPart(params=True, activations=False, never=("*0*",), force=("*a*", "*w*")),
+            SelectPart(params=True, fused=tuple(some)),
+            SelectPart(params=True, host_nodes=tuple(nodes[::4]), host_device="webgpu (measured)"),
+        ):
+            selector = _Selector(analysis, options)
+            selector.consider_all(
+                list(analysis.producer), [name for name in analysis.sorted_weights if name in analysis.uses]
+            )
+            direct = _one_by_one(analysis, options)
+            assert sorted(selector.chosen) == sorted(direct.chosen), (path, options)
+            by_key = operator.itemgetter(0)
+            assert sorted(selector.rejected, key=by_key) == sorted(direct.rejected, key=by_key)
+            assert selector.gaps == direct.gaps and selector.index == direct.index and selector.forced == direct.forced
+            assert selector.forced_on_host == direct.forced_on_host
+            chosen_somewhere.add(len(direct.chosen) > 0)
+    assert chosen_somewhere == {True, False}  # the models give both verdicts
+
+
+def test_reload_gaps_are_the_largest_gap_before_a_reload_group_of_each_entry(write_model):
+    """`Selection.reload_gaps` (what the filter records of a tensor it drops) is, for every chosen
+    tensor, forced or not, weight or activation, the largest gap before a reload group of the entry
+    `select` builds for it at that select distance."""
+    from offloadctl.planning.request import SelectPart
+    from offloadctl.planning.select import Selection, _reload_split
+
+    checked = 0
+    for path in _selection_models(write_model):
+        analysis = _analysis(path)
+        for force in ((), ("*",)):
+            selection = Selection(analysis, SelectPart(params=True, force=force))
+            for distance in (0, 1, 2, 3, 5):
+                gaps = selection.reload_gaps(distance)
+                chosen, _ = selection.at_distance(distance, weights=True)
+                for record in chosen:
+                    groups = _reload_split(analysis, record, distance)[1]
+                    assert gaps[selection.numbers[record.tensor]] == max(gap for gap, _ in groups), (path, record)
+                    checked += 1
+    assert checked > 1000
 
 
 @pytest.mark.parametrize("sample", ["seed", "transformer", "unet", "training"])

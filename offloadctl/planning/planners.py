@@ -22,7 +22,7 @@ from offloadctl.planning.filter import filtered, verdicts
 from offloadctl.planning.outcome import PlanOutcome
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.request import PlanRequest
-from offloadctl.planning.select import Chosen, largest_reload_gap, selected_plan, selection_for
+from offloadctl.planning.select import Chosen, selected_plan, selection_for
 
 __all__ = ["distance_plan", "plan_with"]
 
@@ -32,18 +32,21 @@ def distance_plan(analysis: Analysis, request: PlanRequest) -> PlanOutcome:
     """HyperOffload's planner: select at ``select_distance``, keep the first ``select_num``, prefetch."""
     request.report("selecting")
     distance = request.select_distance
-    chosen, rejected = selection_for(analysis, request).at_distance(distance, weights=request.params)
+    selection = selection_for(analysis, request)
+    chosen, rejected = selection.at_distance(distance, weights=request.params)
     request.report("filtering")
     # the filter's verdicts on the select stage's records, which come in plan order (the first-use
     # order the filter sorts entries into): entries are built only for what it keeps (a big model
     # selects tens of thousands of tensors, to keep a hundred)
     kept: list[tuple[int, Chosen]] = []
     dropped: list[Rejection] = []
+    gaps, numbers = None, selection.numbers
     for number, (record, verdict) in enumerate(zip(chosen, verdicts(((c.forced, c.size) for c in chosen), request))):
         if verdict is None:
             kept.append((number, record))
         else:
-            gap = largest_reload_gap(analysis, record, distance)
+            gaps = selection.reload_gaps(distance) if gaps is None else gaps
+            gap = int(gaps[numbers[record.tensor]])
             dropped.append(rejection(record.tensor, record.kind, record.size, "filter", *verdict, gap))
     filtered_plan = filtered(selected_plan(analysis, request, kept, rejected), dropped, request)
     request.report("scheduling")

@@ -12,10 +12,13 @@ its last use, or between two uses. Every tensor not selected is listed with its 
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import logging
+import operator
 from collections.abc import Iterable
 from typing import NamedTuple
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -43,7 +46,6 @@ from offloadctl.planning.request import SelectPart, recorded, taking
 __all__ = [
     "Chosen",
     "Selection",
-    "largest_reload_gap",
     "select",
     "selected_plan",
     "selection_for",
@@ -290,6 +292,60 @@ def _sort_key(use: Use) -> tuple[int, int]:
     return (use[0], index if index is not None else 1 << 30)
 
 
+class _UseArrays(NamedTuple):
+    """The uses of a list of tensors as flat arrays, tensor after tensor (each tensor's in execution order)."""
+
+    counts: np.ndarray  # uses per tensor
+    offsets: np.ndarray  # where each tensor's uses start in the flat arrays
+    positions: np.ndarray  # each use's position
+    indices: np.ndarray  # each use's input index; -1 for a read inside a subgraph
+
+    @classmethod
+    def of(cls, lists: list[list[Use]]) -> _UseArrays:
+        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        flat = list(itertools.chain.from_iterable(lists))
+        positions = np.fromiter(map(operator.itemgetter(0), flat), dtype=np.int64, count=len(flat))
+        indices = np.fromiter(
+            (-1 if i is None else i for i in map(operator.itemgetter(1), flat)), dtype=np.int64, count=len(flat)
+        )
+        return cls(counts, np.cumsum(counts) - counts, positions, indices)
+
+    def steps(self, starts: np.ndarray) -> np.ndarray:
+        """The distance from each use back to the one before it, or for a tensor's first use back to
+        its start (``starts``: one per tensor)."""
+        has = self.counts > 0
+        before = np.empty_like(self.positions)
+        before[1:] = self.positions[:-1]
+        before[self.offsets[has]] = starts[has]
+        return self.positions - before
+
+    def max_gaps(self, steps: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """`_max_gap` of each tensor that has uses (``steps``: `steps`; ``ends``: its end, or -1 for
+        none), in order; the others are left out."""
+        has = self.counts > 0
+        first = self.offsets[has]
+        gaps = np.maximum.reduceat(steps, first) if len(first) else np.zeros(0, dtype=np.int64)
+        last = self.positions[first + self.counts[has] - 1]
+        tail = np.where(ends[has] >= 0, ends[has] - last, 0)
+        return np.maximum(np.maximum(gaps, tail), 0)
+
+    def any(self, flags: np.ndarray) -> np.ndarray:
+        """For each tensor, whether the flag of any of its uses is set (``flags``: one per use)."""
+        found = np.zeros(len(self.counts), dtype=bool)
+        has = self.counts > 0
+        if has.any():
+            found[has] = np.logical_or.reduceat(flags, self.offsets[has])
+        return found
+
+
+def _input_bits(n: int, table: dict[int, frozenset[int]]) -> np.ndarray:
+    """Per position, the input indices ``table`` gives it, as bits (indices above 62 are never listed)."""
+    bits = np.zeros(n, dtype=np.int64)
+    for position, indices in table.items():
+        bits[position] = sum(1 << i for i in indices if i < 63)
+    return bits
+
+
 def _max_gap(start: int, uses: list[Use], end: int | None = None) -> int:
     """The largest distance between consecutive entries of [start] + use positions (+ [end])."""
     best = 0
@@ -323,6 +379,9 @@ class _Selector:
         # forced candidates that would stay for a host read (reason host-input or host-resident) -> why
         self.forced_on_host: dict[str, str] = {}
         self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
+        self.subgraph_only: set[str] = set()  # candidates read only inside subgraphs (`consider_all`'s)
+        # `consider_all`'s candidates' uses, and the step back from each (`_UseArrays.steps`)
+        self.use_steps: tuple[_UseArrays, np.ndarray] | None = None
         self._short_details: dict[tuple[int, int], str] = {}  # (max gap, distance) -> the short-gaps detail
         self.host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
         # position -> the inputs its node reads in host memory, for the nodes that have any
@@ -388,6 +447,84 @@ class _Selector:
         # Chosen(...) without the NamedTuple's Python-level __new__ (a big model chooses hundreds of thousands)
         self.chosen.append((key, tuple.__new__(Chosen, (name, kind, start, forced, info))))
 
+    def consider_all(self, activations: list[str], weights: list[str]) -> None:
+        """`consider` each of ``activations`` and then of ``weights``, in that order, as one pass.
+
+        What a big model's candidates have in common is decided for all of them at once: a candidate no
+        reason can apply to (read by some node, switched on, matching no pattern, with an idle stretch
+        longer than the select distance, a known size and a copyable type that is not index or shape
+        arithmetic, read by no node at an input kept in host memory, packed or inside a subgraph, not
+        fused and not a weight that is an output) is chosen as `consider` would choose it; every other
+        goes through `consider`, whose checks give the reason. The records are those `consider` makes.
+        """
+        analysis, options = self.analysis, self.options
+        names = [*activations, *weights]
+        acts = len(activations)
+        self.index.update(zip(names, range(len(self.index), len(self.index) + len(names))))
+        uses = analysis.uses
+        lists = [uses.get(name) or [] for name in names]
+        arrays = _UseArrays.of(lists)
+        has = arrays.counts > 0
+        starts = np.zeros(len(names), dtype=np.int64)
+        starts[:acts] = np.fromiter(map(analysis.producer.__getitem__, activations), dtype=np.int64, count=acts)
+        ends = np.full(len(names), -1, dtype=np.int64)
+        if len(names) > acts:
+            last = arrays.positions[arrays.offsets[acts:][has[acts:]] + arrays.counts[acts:][has[acts:]] - 1]
+            ends[acts:][has[acts:]] = np.maximum(self.n - 1, last)
+        steps = arrays.steps(starts)
+        gaps = np.zeros(len(names), dtype=np.int64)
+        gaps[has] = arrays.max_gaps(steps, ends)
+        self.use_steps = (arrays, steps)
+        plain = has & (gaps > options.select_distance)
+        plain[:acts] &= options.activations
+        plain[acts:] &= options.params
+        if options.force or options.never:
+            plain &= np.array(
+                [not _matches(name, options.force) and not _matches(name, options.never) for name in names], dtype=bool
+            )
+        if self.host_nodes:  # a plan for a device: placement decides, tensor by tensor
+            plain[:] = False
+        # every candidate looked up in order, as `consider` looks each up (a size it refuses is refused first)
+        infos = list(map(analysis.infos.get, names))
+        plain &= np.array(
+            [
+                info is not None
+                and info.copyable
+                and info.bytes is not None
+                and info.elem_type not in _SHAPE_TYPES
+                and not (info.elem_type in _INDEX_TYPES and info.bytes <= SMALL_INDEX_BYTES)
+                for info in infos
+            ],
+            dtype=bool,
+        )
+        special = self.fused | self.outputs | analysis.sparse_weights
+        if special:
+            plain &= np.array([name not in special for name in names], dtype=bool)
+        at_host = arrays.indices < 0  # inside a subgraph: its body decides
+        if self.host_inputs:
+            bits = _input_bits(self.n, self.host_inputs)[arrays.positions]
+            at_host |= ((bits >> np.clip(arrays.indices, 0, 63)) & 1).astype(bool) & (arrays.indices >= 0)
+        plain &= ~arrays.any(at_host)
+        if self.packing and len(names) > acts:
+            bits = _input_bits(self.n, self.packing)[arrays.positions]
+            packed = ((bits >> np.clip(arrays.indices, 0, 63)) & 1).astype(bool) & (arrays.indices >= 0)
+            plain[acts:] &= ~arrays.any(packed)[acts:]
+        self.gaps.update(zip(itertools.compress(names, has), gaps[has].tolist()))
+        self.subgraph_only.update(itertools.compress(names, has & ~arrays.any(arrays.indices >= 0)))
+        # (first-use key, candidate number) of each, as `consider` keys it (`_sort_key` of its first use)
+        first = arrays.offsets[plain]
+        indices = arrays.indices[first]
+        keys = zip(
+            zip(arrays.positions[first].tolist(), np.where(indices < 0, 1 << 30, indices).tolist()),
+            itertools.compress(map(self.index.__getitem__, names), plain),
+        )
+        kinds = itertools.chain(itertools.repeat("activation", acts), itertools.repeat("parameter"))
+        fields = itertools.compress(zip(names, kinds, starts.tolist(), itertools.repeat(False), infos), plain)
+        # Chosen(...) without the NamedTuple's Python-level __new__ (a big model chooses hundreds of thousands)
+        self.chosen += zip(keys, map(tuple.__new__, itertools.repeat(Chosen), fields))
+        for k in np.flatnonzero(~plain).tolist():
+            self.consider(names[k], "activation" if k < acts else "parameter")
+
     def _by_options(
         self, name: str, kind: Kind, forced: bool, max_gap: int, uses: list[Use]
     ) -> tuple[RejectionReason, str] | None:
@@ -417,12 +554,17 @@ class _Selector:
                 "planned, a body is one position, so the tensor never idles there; offloadctl does not plan inside "
                 "If/Loop/Scan bodies",
             )
+        return "short-gaps", self.short_detail(max_gap, distance)
+
+    def short_detail(self, max_gap: int, distance: int) -> str:
+        """The short-gaps detail of a tensor whose longest idle stretch is ``max_gap`` (worded once: a
+        big model has a few distinct gaps over a hundred thousand tensors)."""
         detail = self._short_details.get((max_gap, distance))
-        if detail is None:  # a big model has a few distinct gaps over a hundred thousand tensors
+        if detail is None:
             detail = self._short_details[max_gap, distance] = (
                 f"largest idle stretch {max_gap} <= select distance {distance}"
             )
-        return "short-gaps", detail
+        return detail
 
     def _by_tensor(
         self, name: str, kind: Kind, uses: list[Use], forced: bool, info: TensorInfo | None
@@ -613,11 +755,13 @@ class Selection:
         self._parts: dict[bool, tuple[list[tuple[_Key, Chosen]], list[tuple[_Key, Rejection]]]] = {}
         self._lists: dict[bool, tuple[list[Chosen], list[Rejection]]] = {}
         self._plans: dict[bool, Plan] = {}
+        self._gap_columns: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
         candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
         candidates += [(t, "parameter") for t in analysis.sorted_weights if t in analysis.uses]
         analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
-        for name, kind in candidates:
-            self._selector.consider(name, kind)
+        self._selector.consider_all(
+            [t for t, kind in candidates if kind == "activation"], [t for t, kind in candidates if kind != "activation"]
+        )
         on_host = self._selector.forced_on_host
         if on_host:
             shown = "; ".join(f"{name!r}: {why}" for name, why in list(on_host.items())[:3])
@@ -664,30 +808,73 @@ class Selection:
             return self._split(weights)
         selector = self._selector
         gaps, forced, uses_of = selector.gaps, selector.forced, self.analysis.uses
-        keyed_chosen, keyed_rejected = self._keyed(weights)
 
-        def short(name: str, kind: Kind, size: int | None) -> Rejection:
-            max_gap = gaps[name]
-            reason, detail = selector.gap_verdict(uses_of[name], max_gap, distance)
-            return rejection(name, kind, size, "select", reason, detail, max_gap)
-
-        chosen: list[Chosen] = []
-        moved: list[tuple[_Key, Rejection]] = []
-        for key, record in keyed_chosen:
-            if record.forced or gaps[record.tensor] > distance:
-                chosen.append(record)
+        def short(name: str, kind: Kind, size: int | None, max_gap: int) -> Rejection:
+            if name in selector.subgraph_only:
+                reason, detail = selector.gap_verdict(uses_of[name], max_gap, distance)
             else:
-                moved.append((key, short(record.tensor, record.kind, record.size)))
+                reason, detail = "short-gaps", selector.short_detail(max_gap, distance)
+            return {
+                "tensor": name,
+                "kind": kind,
+                "bytes": size,
+                "stage": "select",
+                "reason": reason,
+                "detail": detail,
+                "max_gap": max_gap,
+            }
+
+        keyed_chosen, keyed_rejected = self._keyed(weights)
+        records = self._split(weights)[0]
+        record_gaps, record_forced = self._columns(weights)
+        keep = record_forced | (record_gaps > distance)
+        chosen = list(itertools.compress(records, keep))
+        moved = [
+            (key, short(c.tensor, c.kind, c.info.bytes, gap))
+            for (key, c), gap in itertools.compress(zip(keyed_chosen, record_gaps.tolist()), ~keep)
+        ]
         rejected: list[tuple[_Key, Rejection]] = []
         for key, entry in keyed_rejected:
             name = entry["tensor"]
             if entry["reason"] not in _BEFORE_GAPS and gaps[name] <= distance and name not in forced:
-                entry = short(name, entry["kind"], entry["bytes"])  # noqa: PLW2901 - rejected at this distance
+                entry = short(name, entry["kind"], entry["bytes"], gaps[name])  # noqa: PLW2901 - rejected at this distance
             rejected.append((key, entry))
         if moved:
             rejected += moved
-            rejected.sort(key=lambda item: item[0])
+            rejected.sort(key=operator.itemgetter(0))
         return chosen, [entry for _, entry in rejected]
+
+    @property
+    def numbers(self) -> dict[str, int]:
+        """Each candidate's number: its place among the candidates, activations first (do not change it)."""
+        return self._selector.index
+
+    def reload_gaps(self, distance: int) -> np.ndarray:
+        """By candidate number (`numbers`): the largest gap before a reload group of its `select` entry
+        at select distance ``distance``, for a tensor with uses. That is its largest step longer than
+        the distance, or with none its first step (a weight's first group, a forced tensor's only
+        group: a first step that opens a group without being longer is never the largest)."""
+        arrays, steps = self._selector.use_steps or (_UseArrays.of([]), np.zeros(0, dtype=np.int64))
+        has = arrays.counts > 0
+        largest = np.full(len(arrays.counts), -1, dtype=np.int64)
+        if has.any():
+            largest[has] = np.maximum.reduceat(np.where(steps > distance, steps, -1), arrays.offsets[has])
+        none = has & (largest < 0)
+        largest[none] = steps[arrays.offsets[none]]
+        return largest
+
+    def _columns(self, weights: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The longest idle stretch of each of `chosen`'s records, and whether it is forced, as arrays;
+        made once each."""
+        made = self._gap_columns.get(weights)
+        if made is None:
+            records = self._split(weights)[0]
+            gaps = self._selector.gaps
+            made = self._gap_columns[weights] = (
+                np.fromiter((gaps[c[0]] for c in records), dtype=np.int64, count=len(records)),
+                np.fromiter((c[3] for c in records), dtype=bool, count=len(records)),
+            )
+        return made
 
     def unread_outputs(self) -> list[Rejection]:
         """The graph outputs no node reads (rejected as unused activations), in `plan` order, which is
@@ -775,12 +962,6 @@ def selected_plan(
         entry["id"] = i
         offloads.append(entry)
     return {**_selected(analysis, options), "offloads": offloads, "rejected": list(rejected)}
-
-
-def largest_reload_gap(analysis: Analysis, chosen: Chosen, distance: int) -> int:
-    """The largest gap before a reload group of ``chosen``'s `select` entry at select distance
-    ``distance`` (every entry has a group), without building the entry."""
-    return max(gap for gap, _ in _reload_split(analysis, chosen, distance)[1])
 
 
 def _reload_split(analysis: Analysis, chosen: Chosen, distance: int) -> tuple[list[Use], list[tuple[int, list[Use]]]]:
