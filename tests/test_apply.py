@@ -873,3 +873,96 @@ def test_the_rewrite_knows_who_makes_each_tensor_without_reading_every_node(writ
     monkeypatch.setattr(rewrite, "sorted_priority_order", checked)
     apply_plan(plan, analysis, options=RewriteOptions(order_pins=True))
     assert seen == [True]
+
+
+def _naive_dep_before(analysis, q, low, avoid):
+    """The output an H2D before q waits for, by the rule as written: a scan back from q."""
+    from offloadctl.contract.pins import _last_use, viewable
+
+    fallback = None
+    for s in range(q - 1, -1, -1):
+        for j, name in enumerate(analysis.nodes[s].output):
+            if not viewable(analysis, name, avoid):
+                continue
+            if fallback is None:
+                fallback = (s, j)
+            if _last_use(analysis, name) >= q:
+                return (s, j)
+        if fallback is not None and s <= low:
+            break
+    return fallback
+
+
+# integer shape arithmetic between float nodes: few outputs a pin can view
+SPARSE_VIEWS = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[2, 3] x) => (float[2, 3] y) {
+    a = Relu(x)
+    s1 = Shape(a)
+    s2 = Identity(s1)
+    s3 = Identity(s2)
+    s4 = Identity(s3)
+    s5 = Identity(s4)
+    s6 = Identity(s5)
+    s7 = Identity(s6)
+    s8 = Identity(s7)
+    s9 = Identity(s8)
+    s10 = Identity(s9)
+    s11 = Identity(s10)
+    b = Reshape(a, s11)
+    y = Neg(b)
+}
+"""
+# the only view before position 13 is a, read last at 14: an H2D before 14 waits for the unread d
+# (at 13, above the scan's lower end), not for a below it, though a is read at 14
+VIEW_BELOW_THE_SCAN = """
+<ir_version: 10, opset_import: ["" : 17]>
+g (float[2, 3] x) => (float[3, 2] y) {
+    a = Relu(x)
+    s1 = Shape(a)
+    s2 = Identity(s1)
+    s3 = Identity(s2)
+    s4 = Identity(s3)
+    s5 = Identity(s4)
+    s6 = Identity(s5)
+    s7 = Identity(s6)
+    s8 = Identity(s7)
+    s9 = Identity(s8)
+    s10 = Identity(s9)
+    s11 = Identity(s10)
+    k = Identity(s11)
+    d = Neg(x)
+    y = Reshape(a, k)
+}
+"""
+
+
+@pytest.mark.parametrize("name", [*SAMPLE_NAMES, "sparse", "below"])
+def test_the_pin_scans_find_what_a_scan_from_each_copy_finds(name, write_model, monkeypatch):
+    """The holder of each D2H (the first later node whose input a view can stand in for) and the
+    output each H2D waits for are those a scan from the copy finds, while each node is looked at
+    once: with every tensor forced, no node holds a view, and a scan from each copy to the end of a
+    big graph looked at its nodes once per copy."""
+    from offloadctl.contract import pins
+
+    texts = {"sparse": SPARSE_VIEWS, "below": VIEW_BELOW_THE_SCAN}
+    path = write_model(texts[name]) if name in texts else SAMPLES / f"{name}.onnx"
+    analysis = analyse(load_model(path))
+    n = analysis.num_positions
+    real = pins._held_input
+    calls = []
+    for force in ((), ("*",)):
+        plan = make_plan(analysis, select_distance=0, params=True, prefetch_distance=0, force=force)
+        reloaded = pins._reloaded(plan)
+        calls.clear()
+        monkeypatch.setattr(pins, "_held_input", lambda *args: calls.append(args[1]) or real(*args))
+        holders = pins._Holders(analysis, frozenset(), reloaded, frozenset())
+        for start in range(n + 1):
+            found = ((t, k) for t in range(start, n) if (k := real(analysis, t, frozenset(), reloaded)) is not None)
+            assert holders.first(start) == next(found, None)
+        assert len(calls) == len(set(calls)) <= n  # each node once
+        monkeypatch.setattr(pins, "_held_input", real)
+        sources = pins._Sources(analysis, frozenset())
+        for q in range(1, n + 1):
+            for low in {0, max(0, q - 8), q - 1}:
+                assert sources.before(q, low) == _naive_dep_before(analysis, q, low, frozenset()), (q, low)

@@ -135,6 +135,38 @@ def _held_input(
     return next((k for k, name in enumerate(node.input) if held(k, name)), None)
 
 
+class _Holders:
+    """The first node at or after a position whose input a pin's view can stand in for (`_held_input`),
+    each node looked at once: a plan that reloads every input (``--force '*'``) leaves no holder,
+    and a scan from each copy to the end would look at a big graph's nodes once per copy."""
+
+    def __init__(
+        self,
+        analysis: Analysis,
+        avoid: frozenset[str],
+        reloaded: frozenset[tuple[int, int]],
+        host: frozenset[int],
+    ) -> None:
+        self.analysis, self.avoid, self.reloaded, self.host = analysis, avoid, reloaded, host
+        self.found: dict[int, tuple[int, int] | None] = {}  # position -> the first holder at or after it
+
+    def first(self, start: int) -> tuple[int, int] | None:
+        """(position, input index) of the first holder at or after ``start``; None: none up to the end."""
+        looked: list[int] = []
+        result = None
+        for t in range(start, self.analysis.num_positions):
+            if t in self.found:
+                result = self.found[t]
+                break
+            looked.append(t)
+            k = _held_input(self.analysis, t, self.avoid, self.reloaded, self.host)
+            if k is not None:
+                result = (t, k)
+                break
+        self.found.update(dict.fromkeys(looked, result))
+        return result
+
+
 def _into_reshapes(plan: Plan, analysis: Analysis) -> frozenset[tuple[int, str]]:
     """(H2D position, tensor) of every reload group a Reshape-like node reads: a view feeding one
     is merged into a new Reshape that names an input that no longer exists (onnxruntime's
@@ -189,21 +221,58 @@ def _last_use(analysis: Analysis, name: str) -> int:
     return max((u.position for u in uses), default=-1)
 
 
-def _dep_before(analysis: Analysis, q: int, low: int, avoid: frozenset[str]) -> tuple[int, int] | None:
-    """The output an H2D before ``q`` waits for: of the last node before q that makes a viewable
-    one, preferring (down to position ``low``) one still read at or after q."""
-    fallback = None
-    for s in range(q - 1, -1, -1):
-        for j, name in enumerate(analysis.nodes[s].output):
-            if not viewable(analysis, name, avoid):
-                continue
-            if fallback is None:
-                fallback = (s, j)
-            if _last_use(analysis, name) >= q:
-                return (s, j)
-        if fallback is not None and s <= low:
-            break
-    return fallback
+class _Sources:
+    """The output an H2D waits for (`before`), the graph's nodes looked at once each between H2Ds:
+    a graph whose tensors are seldom viewable would otherwise be scanned from each H2D back to its
+    start."""
+
+    def __init__(self, analysis: Analysis, avoid: frozenset[str]) -> None:
+        self.analysis, self.avoid = analysis, avoid
+        self.viewable: dict[int, list[int]] = {}  # position -> indices of its viewable outputs
+        self.nearest: dict[int, int] = {}  # position -> the last position at or before it with one (-1: none)
+
+    def outputs(self, s: int) -> list[int]:
+        found = self.viewable.get(s)
+        if found is None:
+            outputs = self.analysis.nodes[s].output
+            found = [j for j, name in enumerate(outputs) if viewable(self.analysis, name, self.avoid)]
+            self.viewable[s] = found
+        return found
+
+    def last_at_or_before(self, s: int) -> int:
+        """The last position at or before ``s`` whose node makes a viewable output (-1: none)."""
+        looked: list[int] = []
+        result = -1
+        while s >= 0:
+            if s in self.nearest:
+                result = self.nearest[s]
+                break
+            looked.append(s)
+            if self.outputs(s):
+                result = s
+                break
+            s -= 1
+        self.nearest.update(dict.fromkeys(looked, result))
+        return result
+
+    def before(self, q: int, low: int) -> tuple[int, int] | None:
+        """The output an H2D before ``q`` waits for: of the last node before q that makes a viewable
+        one, preferring (down to position ``low``) one still read at or after q."""
+        analysis = self.analysis
+        fallback = None
+        s = self.last_at_or_before(q - 1)
+        while s >= 0:
+            if fallback is not None and s < low:
+                break
+            for j in self.outputs(s):
+                if fallback is None:
+                    fallback = (s, j)
+                if _last_use(analysis, analysis.nodes[s].output[j]) >= q:
+                    return (s, j)
+            if s <= low:
+                break
+            s = self.last_at_or_before(s - 1)
+        return fallback
 
 
 def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
@@ -230,14 +299,12 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     n = analysis.num_positions
     reloaded = _reloaded(plan)
     into_reshapes = _into_reshapes(plan, analysis)
+    holder = _Holders(analysis, avoid, reloaded, host)
     for p, count in sorted(d2hs.items()):
         if opset < 15:
             unpinned.append(f"{count} D2H copy(ies) after position {p}: the model's opset {opset} has no Optional")
             continue
-        found = next(
-            ((t, k) for t in range(p + 1, n) if (k := _held_input(analysis, t, avoid, reloaded, host)) is not None),
-            None,
-        )
+        found = holder.first(p + 1)
         if found is None:
             if p + 1 < n:
                 unpinned.append(f"{count} D2H copy(ies) after position {p}: no later node reads a tensor")
@@ -248,6 +315,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
         t, k = found
         nodes += 2 + (pin_rank(analysis, analysis.nodes[t].input[k]) is None) + 3 * count
     waits: dict[int, tuple[int, int]] = {}
+    sources = _Sources(analysis, avoid)
     for q, tensors in sorted(h2ds.items()):
         if q == 0:
             continue
@@ -263,7 +331,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
             ranked = [t for t in ranked if t not in reshaped]
         if not ranked:
             continue
-        source = _dep_before(analysis, q, max(0, q - 8), avoid)
+        source = sources.before(q, max(0, q - 8))
         if source is None:
             unpinned.append(f"{len(ranked)} H2D copy(ies) before position {q}: no earlier node makes a tensor")
             continue
