@@ -319,15 +319,22 @@ class _UseArrays(NamedTuple):
         before[self.offsets[has]] = starts[has]
         return self.positions - before
 
-    def max_gaps(self, steps: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """`_max_gap` of each tensor that has uses (``steps``: `steps`; ``ends``: its end, or -1 for
-        none), in order; the others are left out."""
+    def last(self) -> np.ndarray:
+        """The position of each tensor's last use (-1: none)."""
+        found = np.full(len(self.counts), -1, dtype=np.int64)
         has = self.counts > 0
-        first = self.offsets[has]
-        gaps = np.maximum.reduceat(steps, first) if len(first) else np.zeros(0, dtype=np.int64)
-        last = self.positions[first + self.counts[has] - 1]
-        tail = np.where(ends[has] >= 0, ends[has] - last, 0)
-        return np.maximum(np.maximum(gaps, tail), 0)
+        found[has] = self.positions[self.offsets[has] + self.counts[has] - 1]
+        return found
+
+    def max_gaps(self, steps: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """`_max_gap` of each tensor (``steps``: `steps`; ``ends``: its end, or -1 for none); 0 for a
+        tensor without uses."""
+        has = self.counts > 0
+        gaps = np.zeros(len(self.counts), dtype=np.int64)
+        if has.any():
+            gaps[has] = np.maximum.reduceat(steps, self.offsets[has])
+        tail = np.where(ends >= 0, ends - self.last(), 0)
+        return np.maximum(np.maximum(gaps, tail), 0) * has
 
     def any(self, flags: np.ndarray) -> np.ndarray:
         """For each tensor, whether the flag of any of its uses is set (``flags``: one per use)."""
@@ -467,13 +474,10 @@ class _Selector:
         has = arrays.counts > 0
         starts = np.zeros(len(names), dtype=np.int64)
         starts[:acts] = np.fromiter(map(analysis.producer.__getitem__, activations), dtype=np.int64, count=acts)
-        ends = np.full(len(names), -1, dtype=np.int64)
-        if len(names) > acts:
-            last = arrays.positions[arrays.offsets[acts:][has[acts:]] + arrays.counts[acts:][has[acts:]] - 1]
-            ends[acts:][has[acts:]] = np.maximum(self.n - 1, last)
+        ends = np.full(len(names), -1, dtype=np.int64)  # a weight idles from its last use to the end of the run
+        ends[acts:] = np.maximum(self.n - 1, arrays.last()[acts:])
         steps = arrays.steps(starts)
-        gaps = np.zeros(len(names), dtype=np.int64)
-        gaps[has] = arrays.max_gaps(steps, ends)
+        gaps = arrays.max_gaps(steps, ends)
         self.use_steps = (arrays, steps)
         plain = has & (gaps > options.select_distance)
         plain[:acts] &= options.activations
