@@ -893,47 +893,29 @@ def _naive_dep_before(analysis, q, low, avoid):
     return fallback
 
 
+# a's shape passed along ten Identity nodes: integer arithmetic, no output a pin can view
+SHAPE_CHAIN = "\n".join(["    s1 = Shape(a)", *(f"    s{k} = Identity(s{k - 1})" for k in range(2, 12))])
 # integer shape arithmetic between float nodes: few outputs a pin can view
-SPARSE_VIEWS = """
+SPARSE_VIEWS = f"""
 <ir_version: 10, opset_import: ["" : 17]>
-g (float[2, 3] x) => (float[2, 3] y) {
+g (float[2, 3] x) => (float[2, 3] y) {{
     a = Relu(x)
-    s1 = Shape(a)
-    s2 = Identity(s1)
-    s3 = Identity(s2)
-    s4 = Identity(s3)
-    s5 = Identity(s4)
-    s6 = Identity(s5)
-    s7 = Identity(s6)
-    s8 = Identity(s7)
-    s9 = Identity(s8)
-    s10 = Identity(s9)
-    s11 = Identity(s10)
+{SHAPE_CHAIN}
     b = Reshape(a, s11)
     y = Neg(b)
-}
+}}
 """
 # the only view before position 13 is a, read last at 14: an H2D before 14 waits for the unread d
 # (at 13, above the scan's lower end), not for a below it, though a is read at 14
-VIEW_BELOW_THE_SCAN = """
+VIEW_BELOW_THE_SCAN = f"""
 <ir_version: 10, opset_import: ["" : 17]>
-g (float[2, 3] x) => (float[3, 2] y) {
+g (float[2, 3] x) => (float[3, 2] y) {{
     a = Relu(x)
-    s1 = Shape(a)
-    s2 = Identity(s1)
-    s3 = Identity(s2)
-    s4 = Identity(s3)
-    s5 = Identity(s4)
-    s6 = Identity(s5)
-    s7 = Identity(s6)
-    s8 = Identity(s7)
-    s9 = Identity(s8)
-    s10 = Identity(s9)
-    s11 = Identity(s10)
+{SHAPE_CHAIN}
     k = Identity(s11)
     d = Neg(x)
     y = Reshape(a, k)
-}
+}}
 """
 
 
