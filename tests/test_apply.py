@@ -895,6 +895,8 @@ def _naive_dep_before(analysis, q, low, avoid):
 
 # a's shape passed along ten Identity nodes: integer arithmetic, no output a pin can view
 SHAPE_CHAIN = "\n".join(["    s1 = Shape(a)", *(f"    s{k} = Identity(s{k - 1})" for k in range(2, 12))])
+# the same arithmetic carried on to s300 (a graph of 303 nodes with views only at its ends)
+LONG_CHAIN = [f"    s{k} = Identity(s{k - 1})" for k in range(12, 301)]
 # integer shape arithmetic between float nodes: few outputs a pin can view
 SPARSE_VIEWS = f"""
 <ir_version: 10, opset_import: ["" : 17]>
@@ -919,7 +921,7 @@ g (float[2, 3] x) => (float[3, 2] y) {{
 """
 
 
-@pytest.mark.parametrize("name", [*SAMPLE_NAMES, "sparse", "below"])
+@pytest.mark.parametrize("name", [*SAMPLE_NAMES, "sparse", "below", "long"])
 def test_the_pin_scans_find_what_a_scan_from_each_copy_finds(name, write_model, monkeypatch):
     """The holder of each D2H (the first later node whose input a view can stand in for) and the
     output each H2D waits for are those a scan from the copy finds, while each node is looked at
@@ -927,7 +929,8 @@ def test_the_pin_scans_find_what_a_scan_from_each_copy_finds(name, write_model, 
     big graph looked at its nodes once per copy."""
     from offloadctl.contract import pins
 
-    texts = {"sparse": SPARSE_VIEWS, "below": VIEW_BELOW_THE_SCAN}
+    long_chain = SPARSE_VIEWS.replace("b = Reshape(a, s11)", "\n".join(LONG_CHAIN) + "\n    b = Reshape(a, s300)")
+    texts = {"sparse": SPARSE_VIEWS, "below": VIEW_BELOW_THE_SCAN, "long": long_chain}
     path = write_model(texts[name]) if name in texts else SAMPLES / f"{name}.onnx"
     analysis = analyse(load_model(path))
     n = analysis.num_positions
@@ -948,3 +951,11 @@ def test_the_pin_scans_find_what_a_scan_from_each_copy_finds(name, write_model, 
         for q in range(1, n + 1):
             for low in {0, max(0, q - 8), q - 1}:
                 assert sources.before(q, low) == _naive_dep_before(analysis, q, low, frozenset()), (q, low)
+    # as pin_layout asks (down to 8 positions back): nodes without a viewable output are passed once
+    sources = pins._Sources(analysis, frozenset())
+    looked = []
+    outputs = sources.outputs
+    monkeypatch.setattr(sources, "outputs", lambda s: looked.append(s) or outputs(s))
+    for q in range(1, n + 1):
+        sources.before(q, max(0, q - 8))
+    assert len(looked) <= n + 9 * n
