@@ -818,15 +818,7 @@ class Selection:
                 reason, detail = selector.gap_verdict(uses_of[name], max_gap, distance)
             else:
                 reason, detail = "short-gaps", selector.short_detail(max_gap, distance)
-            return {
-                "tensor": name,
-                "kind": kind,
-                "bytes": size,
-                "stage": "select",
-                "reason": reason,
-                "detail": detail,
-                "max_gap": max_gap,
-            }
+            return rejection(name, kind, size, "select", reason, detail, max_gap)
 
         keyed_chosen, keyed_rejected = self._keyed(weights)
         records = self._split(weights)[0]
@@ -875,8 +867,8 @@ class Selection:
             records = self._split(weights)[0]
             gaps = self._selector.gaps
             made = self._gap_columns[weights] = (
-                np.fromiter((gaps[c[0]] for c in records), dtype=np.int64, count=len(records)),
-                np.fromiter((c[3] for c in records), dtype=bool, count=len(records)),
+                np.fromiter((gaps[c.tensor] for c in records), dtype=np.int64, count=len(records)),
+                np.fromiter((c.forced for c in records), dtype=bool, count=len(records)),
             )
         return made
 
