@@ -760,12 +760,10 @@ class Selection:
         self._lists: dict[bool, tuple[list[Chosen], list[Rejection]]] = {}
         self._plans: dict[bool, Plan] = {}
         self._gap_columns: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
-        candidates: list[tuple[str, Kind]] = [(t, "activation") for t in analysis.producer]
-        candidates += [(t, "parameter") for t in analysis.sorted_weights if t in analysis.uses]
-        analysis.infos.convert(name for name, _ in candidates)  # every candidate is looked up below
-        self._selector.consider_all(
-            [t for t, kind in candidates if kind == "activation"], [t for t, kind in candidates if kind != "activation"]
-        )
+        activations = list(analysis.producer)
+        weights = [t for t in analysis.sorted_weights if t in analysis.uses]
+        analysis.infos.convert([*activations, *weights])  # every candidate is looked up below
+        self._selector.consider_all(activations, weights)
         on_host = self._selector.forced_on_host
         if on_host:
             shown = "; ".join(f"{name!r}: {why}" for name, why in list(on_host.items())[:3])

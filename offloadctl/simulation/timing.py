@@ -96,10 +96,7 @@ def node_flops(node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...] |
         return shape_of(ins[i]) if i < len(ins) and ins[i] else None
 
     if op in MATMUL_OPS:
-        a = inp(0)
-        if a is None or out is None or not a:
-            return None
-        return 2 * math.prod(out) * a[-1]
+        return _matmul_flops(inp(0), out)
     if op == "Gemm":
         a = inp(0)
         if a is None or out is None or len(a) != 2:
@@ -119,6 +116,13 @@ def node_flops(node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...] |
     if op in ATTENTION_OPS:
         return _attention_flops(node, inp)
     return None
+
+
+def _matmul_flops(a: tuple[int, ...] | None, out: tuple[int, ...] | None) -> int | None:
+    """A MatMul's FLOPs from its first input's shape and its output's (None: either unknown)."""
+    if a is None or out is None or not a:
+        return None
+    return 2 * math.prod(out) * a[-1]
 
 
 def _attention_flops(node: onnx.NodeProto, inp: Callable[[int], tuple[int, ...] | None]) -> int | None:
@@ -219,7 +223,7 @@ def node_costs(base: Base, profile: Profile) -> Costs:
             first = ins[0] if ins else ""
             a = shape_of(first) if first else None
             out = shape_of(node.output[0]) if node.output else None
-            flops = 2 * math.prod(out) * a[-1] if a and out is not None else None
+            flops = _matmul_flops(a, out)
         else:
             flops = node_flops(node, shape_of)
             first = next((i for i in ins if i), "")
