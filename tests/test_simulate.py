@@ -629,6 +629,29 @@ def test_a_rewritten_model_is_simulated_and_inspected_at_the_shapes_it_was_plann
     assert run_cli("inspect", out, "--json").json()["unknown_size"]["count"] == 0
 
 
+def test_a_model_without_the_planned_at_entry_is_parsed_once_by_the_plan_command(run_cli, tmp_path, monkeypatch):
+    """Only a file that holds the ``offloadctl.planned_at`` key is parsed for the shapes it records:
+    ``plan`` of an original model parses it once, and of a rewritten model reads its shapes."""
+    import onnx
+
+    from models import long_reuse_model, save
+
+    source = save(long_reuse_model(dynamic=True), tmp_path / "dyn.onnx")
+    plan, out = tmp_path / "plan.json", tmp_path / "out.onnx"
+    parsed = []
+    real_load = onnx.load
+    monkeypatch.setattr(onnx, "load", lambda f, *a, **k: parsed.append(str(f)) or real_load(f, *a, **k))
+    assert run_cli("plan", source, "--input-shape", "x=64,8", "--select-distance", "1", "-o", plan).exit_code == 0
+    assert parsed.count(str(source)) == 1
+    assert run_cli("plan", source, "--select-distance", "1", "-o", tmp_path / "again.json").exit_code == 0
+    assert parsed.count(str(source)) == 2  # no pins given: it still is parsed once
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+    parsed.clear()
+    replanned = run_cli("plan", out, "-o", tmp_path / "re.json", "--json")
+    assert replanned.exit_code == 0 and parsed.count(str(out)) == 2  # the recorded shapes, then the model
+    assert json.loads((tmp_path / "re.json").read_text())["model"]["input_shapes"] == {"x": [64, 8]}
+
+
 # ---------------------------------------------------------------------------------------------
 # The program and the time model against step-by-step walks
 

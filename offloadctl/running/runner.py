@@ -26,6 +26,7 @@ import contextlib
 import gc
 import logging
 import math
+import mmap
 import os
 import re
 import statistics
@@ -994,11 +995,26 @@ def _tolerances(opt_level: str, rtol: float | None, atol: float | None) -> tuple
 
 
 def _planned_at(model: str | os.PathLike[str]) -> tuple[onnx.ModelProto | None, Any]:
+    """The model without its weights and its ``offloadctl.planned_at`` metadata; (None, None) for a
+    file that does not hold the metadata's key, which is then not parsed (the commands that ask load
+    the model right after: an original model is read once)."""
     try:
+        if not _holds(model, KEY_PLANNED_AT.encode()):
+            return None, None
         header = onnx.load(str(model), load_external_data=False)
     except Exception:  # noqa: BLE001 - load_model reports a bad file clearly
         return None, None
     return header, metadata_json(header, KEY_PLANNED_AT)
+
+
+def _holds(path: str | os.PathLike[str], key: bytes) -> bool:
+    """Whether the file's bytes hold ``key``: a metadata key is stored as it is spelt, in the binary
+    format and in the text ones."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return False
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return data.find(key) >= 0
 
 
 def planned_execution_order(model: str | os.PathLike[str]) -> str | None:
