@@ -61,6 +61,7 @@ def _child(task: str, model: str, work: str) -> float:
     plans = {t: os.path.join(work, f"{t}.json") for t in ("plan", "plan-no-next-step", "plan-no-rejected")}
     if task in ("plan-no-next-step", "plan-no-rejected"):
         stages_cmd.next_step = lambda *args, **kwargs: None
+        stages_cmd.next_step_ahead = lambda *args, **kwargs: None
     if task == "plan-no-rejected":
         write = document.write_plan
         stages_cmd.write_plan = lambda path, plan: write(path, {**plan, "rejected": []})

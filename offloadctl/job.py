@@ -27,6 +27,7 @@ from typing import Any
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.document import check_plan_model, read_plan
 from offloadctl.contract.pins import pin_layout, record_pins
+from offloadctl.core.ahead import Ahead
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
@@ -36,7 +37,7 @@ from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.loading.pins import given_dims
 from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
 from offloadctl.planning.make import plan_for
-from offloadctl.planning.request import PlanRequest, taking
+from offloadctl.planning.request import PlanRequest, evolve, taking
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
 from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.preview import device_result, placement_of, run_order_result
@@ -419,20 +420,42 @@ def suggested_budget(lower_bound: int, peak: int) -> int:
     return -(-budget // 1024) * 1024
 
 
-def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRequest) -> dict[str, Any] | None:
-    """For a plan that lowers the peak by under 5% (not itself a budget plan): the budget plan halfway
-    between the lower bound and the peak, made and simulated here, as a copy-pasteable command with
-    the figures it gives (the model's own pins and dims in it); None otherwise or when it does no better."""
-    recorded = (recorded_estimate(plan) or {}).get("peak_bytes") or {}
-    before, after = result.peak_before, recorded.get("after", result.peak_after)  # as the verdict says it
-    if before <= 0 or before - after >= HELPFUL_CUT * before or request.uses_budget:
+#: Graphs with fewer positions make a weak plan's next step in a fraction of a second: no child is
+#: worth forking for it (`next_step_ahead`).
+NEXT_STEP_AHEAD_MIN_POSITIONS = 20_000
+
+#: What the next step's budget plan gives (`_budget_step`): the budget it was made at, and its peak as
+#: the plan would say it and its estimated slowdown; the peak None when no budget plan can be made.
+_BudgetStep = tuple[int, int | None, float | None]
+
+
+def next_step_ahead(analysis: Analysis, request: PlanRequest) -> Ahead[_BudgetStep] | None:
+    """Start the budget plan of a weak plan's next step (`next_step`) in a forked child
+    (`offloadctl.core.ahead`), for a caller that makes, simulates and writes its plan meanwhile: on
+    a big model the next step takes about as long as the rest of planning.
+
+    The plan is not made yet, so the child may work for nothing: `next_step` cancels it when the
+    plan turns out not to be weak. Simulates the model without a plan first (its peak and lower
+    bound set the budget; the plan's simulation then reuses that work). None when no next step can
+    follow (a budget request, a rewritten model, a peak no budget lowers), for a small graph, or
+    where no child can be forked; `next_step` then works inline.
+    """
+    if request.uses_budget or analysis.num_positions < NEXT_STEP_AHEAD_MIN_POSITIONS or is_rewritten(analysis):
         return None
-    budget = suggested_budget(result.lower_bound_bytes, before)
-    if budget >= before:
+    with paused_gc():
+        model = simulate(analysis, None, profile=request.device_profile)
+    budget = suggested_budget(model.lower_bound_bytes, model.peak_before)
+    if model.peak_before <= 0 or budget >= model.peak_before:
         return None
+    return Ahead.start(_budget_step, analysis, budget, evolve(request, step=None))  # the child reports nothing
+
+
+@paused_gc()  # in a child too, where a collection would also copy every page it walks
+def _budget_step(analysis: Analysis, budget: int, request: PlanRequest) -> _BudgetStep:
+    """The budget plan at ``budget`` that a weak plan's next step gives, made and simulated: its
+    figures alone (nothing is written, so no rejections are listed)."""
     try:
-        request.report("finding a plan that helps")
-        outcome = budget_figures(  # the figures alone: nothing is written, so no rejections are listed
+        outcome = budget_figures(
             analysis,
             PlanRequest(
                 budget=budget,
@@ -445,11 +468,38 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
             ),
         )
     except OffloadError:
-        return None
+        return budget, None, None
     better = outcome.plan  # its figures only: no estimate or pins are recorded in it
     sim = outcome.simulation or simulate(analysis, better, profile=request.device_profile, planned_here=True)
     peak = run_order_figures(better, analysis, sim, request)["peak_bytes"]["after"]  # as the plan would say
-    if peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help: below the plan's peak, and by 5%
+    return budget, peak, sim.times.slowdown["serialized"] if sim.times is not None else None
+
+
+def next_step(
+    analysis: Analysis,
+    plan: Plan,
+    result: SimResult,
+    request: PlanRequest,
+    *,
+    ahead: Ahead[_BudgetStep] | None = None,
+) -> dict[str, Any] | None:
+    """For a plan that lowers the peak by under 5% (not itself a budget plan): the budget plan halfway
+    between the lower bound and the peak, made and simulated here (or taken from ``ahead``, started
+    by `next_step_ahead`, which is cancelled when it is not needed), as a copy-pasteable command with
+    the figures it gives (the model's own pins and dims in it); None otherwise or when it does no better."""
+    recorded = (recorded_estimate(plan) or {}).get("peak_bytes") or {}
+    before, after = result.peak_before, recorded.get("after", result.peak_after)  # as the verdict says it
+    budget = suggested_budget(result.lower_bound_bytes, before)
+    if before <= 0 or before - after >= HELPFUL_CUT * before or request.uses_budget or budget >= before:
+        if ahead is not None:
+            ahead.cancel()
+        return None
+    request.report("finding a plan that helps")
+    found = ahead.result() if ahead is not None else None
+    if found is None or found[0] != budget:  # no child, or it delivered nothing: made here
+        found = _budget_step(analysis, budget, request)
+    _, peak, slowdown = found
+    if peak is None or peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help: below the plan's peak, and by 5%
         return None
     loaded = analysis.loaded
     flags = [f"--input-shape {quote(f'{n}=' + ','.join(map(str, s)))}" for n, s in loaded.input_shapes.items()]
@@ -461,7 +511,6 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
     command = " ".join(
         ["offloadctl plan", quote(str(loaded.path)), "--params", f"--budget {budget // 1024}KiB", *flags]
     )
-    slowdown = sim.times.slowdown["serialized"] if sim.times is not None else None
     return {
         "command": command + " -o PLAN.json",
         "budget_bytes": budget,

@@ -1077,6 +1077,72 @@ def test_plan_with_inference_ahead_writes_the_plan_it_writes_without(small_model
     assert (tmp_path / "ahead.json").read_text() == (tmp_path / "inline.json").read_text()
 
 
+def _plan_json(run_cli, model, out, *args):
+    res = run_cli("plan", model, "-o", out, "--params", "--json", *args)
+    assert res.exit_code == 0, res.stderr
+    return json.loads(res.stdout), out.read_text()
+
+
+def test_a_weak_plans_next_step_made_ahead_is_the_one_made_in_the_process(tmp_path, run_cli, monkeypatch):
+    """The next step's budget plan made in a child while the plan is made gives the command what the
+    process makes itself: the same document and plan file, and the process made no budget plan."""
+    from offloadctl import job
+
+    # six plain layers: the distance plan lowers the peak by 2.3%, so the command makes a next step
+    model = gen_large.generate(tmp_path / "model.onnx", gen_large.LargeModelConfig(layers=6, hidden=8)).path
+    inline, inline_plan = _plan_json(run_cli, model, tmp_path / "inline.json")
+    assert inline["next_step"] is not None
+    made_here = []
+    real_step = job._budget_step
+    monkeypatch.setattr(job, "_budget_step", lambda *args: made_here.append(os.getpid()) or real_step(*args))
+    monkeypatch.setattr(job, "NEXT_STEP_AHEAD_MIN_POSITIONS", 0)
+    ahead, ahead_plan = _plan_json(run_cli, model, tmp_path / "ahead.json")
+    assert made_here == []  # the child made it (what it records stays in the child)
+    mine = ("plan", "files_written")  # the plan file's name
+    assert {**ahead, **dict.fromkeys(mine)} == {**inline, **dict.fromkeys(mine)} and ahead_plan == inline_plan
+
+
+def test_a_next_step_the_child_does_not_deliver_is_made_in_the_process(tmp_path, run_cli, monkeypatch):
+    from offloadctl import job
+
+    model = gen_large.generate(tmp_path / "model.onnx", gen_large.LargeModelConfig(layers=6, hidden=8)).path
+    inline, _ = _plan_json(run_cli, model, tmp_path / "inline.json")
+    parent = os.getpid()
+    made_here = []
+    real_step = job._budget_step
+
+    def in_the_process_only(*args):
+        if os.getpid() != parent:
+            raise RuntimeError("the child fails")
+        made_here.append(parent)
+        return real_step(*args)
+
+    monkeypatch.setattr(job, "_budget_step", in_the_process_only)
+    monkeypatch.setattr(job, "NEXT_STEP_AHEAD_MIN_POSITIONS", 0)
+    ahead, _ = _plan_json(run_cli, model, tmp_path / "ahead.json")
+    assert made_here == [parent]
+    assert ahead["next_step"] == inline["next_step"] is not None
+
+
+def test_a_plan_that_helps_cancels_the_next_step_made_ahead(small_model, tmp_path, run_cli, monkeypatch):
+    from offloadctl import job
+    from offloadctl.core.ahead import Ahead
+
+    started, cancelled = [], []
+    real_start, real_cancel = Ahead.start, Ahead.cancel
+    monkeypatch.setattr(
+        Ahead, "start", classmethod(lambda cls, f, *a: started.append(f) or real_start.__func__(cls, f, *a))
+    )
+    monkeypatch.setattr(Ahead, "cancel", lambda self: cancelled.append(self) or real_cancel(self))
+    monkeypatch.setattr(job, "NEXT_STEP_AHEAD_MIN_POSITIONS", 0)
+    doc, _ = _plan_json(run_cli, small_model.path, tmp_path / "p.json")  # lowers the peak by 16.6%
+    assert doc["next_step"] is None and doc["peak_bytes"]["saved"] > 0.05 * doc["peak_bytes"]["before"]
+    assert job._budget_step in started and len(cancelled) == 1
+    started.clear()
+    assert _plan_json(run_cli, small_model.path, tmp_path / "b.json", "--budget", "15KiB")[0]["next_step"] is None
+    assert job._budget_step not in started  # a budget plan has no next step: nothing is started
+
+
 def test_a_plan_scheduled_in_place_is_the_plan_the_prefetch_stage_copies():
     from offloadctl.planning.budget.strategy import BudgetSearch
     from offloadctl.planning.prefetch import prefetch, prefetch_own

@@ -51,12 +51,13 @@ from offloadctl.cli.options import (
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan, write_plan
+from offloadctl.core.ahead import Ahead
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import BudgetRecord, Plan
 from offloadctl.core.units import fmt_bytes
-from offloadctl.job import Job, next_step, planned
+from offloadctl.job import Job, next_step, next_step_ahead, planned
 from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.explain import explain_table
@@ -375,6 +376,7 @@ def plan_cmd(
     if points and request.uses_budget:
         analysis, points = _largest_point(analysis, points, as_json)
     with steps(not as_json, total=5) as step:
+        ahead = next_step_ahead(analysis, request)  # a weak plan's next step, made while the plan is
         plan, result, checked = _plan_and_simulate(analysis, evolve(request, step=step), output, step, points)
     written: list[str | Path] = [output]
     if report is not None and result is not None:
@@ -398,7 +400,7 @@ def plan_cmd(
         print_points(analysis.loaded.dims, result, checked)
     budget = request.budget_bytes if request.uses_budget else None
     failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
-    _plan_verdict(analysis, plan, result, request, written, as_json, max_peak, search, failure)
+    _plan_verdict(analysis, plan, result, request, written, as_json, max_peak, search, failure, ahead)
 
 
 def _largest_point(
@@ -461,9 +463,11 @@ def _plan_verdict(
     max_peak: int | None,
     search: dict[str, Any],
     point_failure: str | None = None,
+    ahead: Ahead[Any] | None = None,
 ) -> None:
     """The plan command's last lines: the estimate, the advice on a weak plan, and the verdict
-    (``point_failure``: a shape point over the budget or --max-peak)."""
+    (``point_failure``: a shape point over the budget or --max-peak; ``ahead``: the next step's
+    budget plan, started by `offloadctl.job.next_step_ahead`)."""
     model = str(analysis.loaded.path)
     if result is None:
         doc = {"model": model, "plan": written[0], **plan_figures(plan), **search}
@@ -476,7 +480,7 @@ def _plan_verdict(
         print_estimate(figures, where=where)
     with paused_gc():
         warning = weak_plan_advice(analysis, plan, result=result)
-        step = next_step(analysis, plan, result, request)
+        step = next_step(analysis, plan, result, request, ahead=ahead)
     if warning:
         logger.warning("%s", warning)
     if step is not None:
