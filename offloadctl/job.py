@@ -145,10 +145,15 @@ class Job:
         looks up sizes, runs shape inference beside the analysis."""
         step(f"loading {model}")
         loaded = load_model(
-            model, input_shapes=input_shapes, dims=dims, input_shapes_from=pins_from, sizes_from_run=sizes
+            model,
+            input_shapes=input_shapes,
+            dims=dims,
+            input_shapes_from=pins_from,
+            sizes_from_run=sizes,
+            infer_ahead=infer_ahead,
         )
         step(f"analysing {model}" + (" (sizes from one run on the CPU provider)" if sizes else ""))
-        return cls(analysed(loaded, order=order, infer_ahead=infer_ahead))
+        return cls(analysed(loaded, order=order))
 
     @classmethod
     def of_plan(
@@ -252,12 +257,12 @@ class Job:
         return proto, written
 
 
-def analysed(loaded: LoadedModel, *, order: str = "priority", infer_ahead: bool = False) -> Analysis:
+def analysed(loaded: LoadedModel, *, order: str = "priority") -> Analysis:
     """The analysis of a loaded model in ``order`` (`offloadctl.analysis.graph.analyse`), its sizes
     read from one run on onnxruntime's CPU provider when the model asks for that
     (``loaded.sizes_from_run``, from ``--sizes-from-run`` or a plan made with it:
-    `offloadctl.running.sizes.measure_sizes`); ``infer_ahead``: shape inference starts beside it."""
-    analysis = analyse(loaded, order=order, infer_ahead=infer_ahead)
+    `offloadctl.running.sizes.measure_sizes`)."""
+    analysis = analyse(loaded, order=order)
     run = loaded.sizes_from_run
     if run is not None:
         analysis.infos.use_measured(measure_sizes(loaded.path, loaded.proto, inputs=run["inputs"], seed=run["seed"]))

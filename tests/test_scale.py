@@ -1002,7 +1002,7 @@ def test_work_ahead_that_the_system_refuses_a_child_leaves_the_work_to_the_calle
     import errno
 
     from offloadctl.core.ahead import Ahead
-    from offloadctl.loading import tensors
+    from offloadctl.loading import inference
 
     def refuse():
         raise OSError(errno.ENOMEM, "Cannot allocate memory")
@@ -1015,7 +1015,7 @@ def test_work_ahead_that_the_system_refuses_a_child_leaves_the_work_to_the_calle
     for fd in opened:  # the pipe went with the refused child
         with pytest.raises(OSError):
             os.fstat(fd)
-    monkeypatch.setattr(tensors, "AHEAD_MIN_NODES", 0)
+    monkeypatch.setattr(inference, "AHEAD_MIN_NODES", 0)
     analysis = analyse(load_model(small_model.path), infer_ahead=True)  # infers in the process instead
     assert all(analysis.infos.get(name) is not None for name in analysis.producer)
 
@@ -1023,7 +1023,7 @@ def test_work_ahead_that_the_system_refuses_a_child_leaves_the_work_to_the_calle
 @pytest.mark.parametrize("name", ["generated", "shuffled", "seed", "unet", "transformer", "training", "mlp"])
 def test_shape_inference_ahead_gives_what_inference_in_the_process_gives(small_model, tmp_path, name, monkeypatch):
     from offloadctl.core.ahead import Ahead
-    from offloadctl.loading import tensors
+    from offloadctl.loading import inference, tensors
 
     path = small_model.path if name in ("generated", "shuffled") else ROOT / "sample_models" / f"{name}.onnx"
     if name == "shuffled":  # nodes out of order: inference runs on the sorted copy in the process
@@ -1036,7 +1036,7 @@ def test_shape_inference_ahead_gives_what_inference_in_the_process_gives(small_m
         (tmp_path / small_model.data_path.name).write_bytes(b"")  # shapes need no weight bytes
     reference = analyse(load_model(path))
     expected = {n: reference.infos.get(n) for n in _all_names(reference)}
-    monkeypatch.setattr(tensors, "AHEAD_MIN_NODES", 0)
+    monkeypatch.setattr(inference, "AHEAD_MIN_NODES", 0)
     cancelled = []
     real_cancel = Ahead.cancel
     monkeypatch.setattr(Ahead, "cancel", lambda self: cancelled.append(self) or real_cancel(self))
@@ -1050,10 +1050,32 @@ def test_shape_inference_ahead_gives_what_inference_in_the_process_gives(small_m
     assert (in_process, len(cancelled)) == (([1], 1) if name == "shuffled" else ([], 0))
 
 
-def test_shape_inference_that_fails_ahead_fails_again_in_the_process_and_says_so_once(small_model, monkeypatch, caplog):
-    from offloadctl.loading import tensors
+def test_load_model_starts_the_inference_that_the_analysis_takes(small_model, monkeypatch):
+    """``load_model(infer_ahead=True)`` starts the child as soon as the graph is final; the analysis of
+    that model takes its types (no inference in the process), and a copy with another proto has none."""
+    import dataclasses
 
-    monkeypatch.setattr(tensors, "AHEAD_MIN_NODES", 0)
+    from offloadctl.loading import inference, tensors
+
+    reference = analyse(load_model(small_model.path))
+    expected = {n: reference.infos.get(n) for n in _all_names(reference)}
+    monkeypatch.setattr(inference, "AHEAD_MIN_NODES", 0)
+    loaded = load_model(small_model.path, infer_ahead=True)
+    assert loaded.inference is not None and load_model(small_model.path).inference is None
+    in_process = []
+    real_run = tensors.TensorInfos._run_inference
+    monkeypatch.setattr(tensors.TensorInfos, "_run_inference", lambda self: in_process.append(1) or real_run(self))
+    analysis = analyse(loaded)
+    assert {n: analysis.infos.get(n) for n in _all_names(analysis)} == expected
+    assert in_process == []
+    other = dataclasses.replace(loaded, proto=onnx.ModelProto())
+    assert other.inference is None and other.path == loaded.path
+
+
+def test_shape_inference_that_fails_ahead_fails_again_in_the_process_and_says_so_once(small_model, monkeypatch, caplog):
+    from offloadctl.loading import inference
+
+    monkeypatch.setattr(inference, "AHEAD_MIN_NODES", 0)
 
     def refuse(*args, **kwargs):
         raise RuntimeError("no inference today")
@@ -1068,11 +1090,11 @@ def test_shape_inference_that_fails_ahead_fails_again_in_the_process_and_says_so
 
 
 def test_plan_with_inference_ahead_writes_the_plan_it_writes_without(small_model, tmp_path, run_cli, monkeypatch):
-    from offloadctl.loading import tensors
+    from offloadctl.loading import inference
 
     args = ("--params", "--select-distance", "3")
     assert run_cli("plan", small_model.path, "-o", tmp_path / "inline.json", *args).exit_code == 0
-    monkeypatch.setattr(tensors, "AHEAD_MIN_NODES", 0)
+    monkeypatch.setattr(inference, "AHEAD_MIN_NODES", 0)
     assert run_cli("plan", small_model.path, "-o", tmp_path / "ahead.json", *args).exit_code == 0
     assert (tmp_path / "ahead.json").read_text() == (tmp_path / "inline.json").read_text()
 

@@ -37,8 +37,9 @@ from offloadctl.analysis.order import (
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import is_constant_node, is_pin, subgraph_outer_names
+from offloadctl.loading.inference import start_inference
 from offloadctl.loading.model import LoadedModel
-from offloadctl.loading.tensors import TensorInfos, start_inference, tensor_infos
+from offloadctl.loading.tensors import TensorInfos, tensor_infos
 
 if TYPE_CHECKING:
     from offloadctl.core import plantypes  # imported where used: it takes a seventh of the command line's start-up
@@ -337,13 +338,14 @@ def analyse(
     in the order a run took them (onnxruntime's profile), replaces either: a node it lacks stays
     right after the one it follows. ``infer_ahead``, for a caller that will look up sizes, starts
     onnx's shape inference of a big model in a child process while this analysis runs
-    (`offloadctl.loading.tensors.start_inference`).
+    (`offloadctl.loading.inference.start_inference`), unless `load_model` started it
+    (``loaded.inference``), which is then taken either way.
 
     Raises:
         OffloadError: duplicate tensor names, a cycle, a read of an undefined tensor, or a graph
             output that nothing produces.
     """
-    ahead = start_inference(loaded) if infer_ahead else None  # stopped when dropped unused
+    ahead = loaded.inference or (start_inference(loaded.proto) if infer_ahead else None)  # stopped when dropped unused
     found = _definitions(loaded)
     compute = found.compute
     available = set(found.graph_inputs) | found.initializers | set(found.constants)

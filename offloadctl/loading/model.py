@@ -24,10 +24,12 @@ from onnx import TensorProto
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import sha256_file
 from offloadctl.core.onnxutil import iter_tensor_protos
+from offloadctl.loading.inference import start_inference
 from offloadctl.loading.ortgraph import normalize as normalize_graph
 from offloadctl.loading.pins import check_dims, expand_patterns, pin_dims, pin_input_shapes
 
 if TYPE_CHECKING:
+    from offloadctl.core.ahead import Ahead
     from offloadctl.core.plantypes import SizesFromRun
 
 
@@ -61,6 +63,10 @@ class LoadedModel:
     # the types graph inputs, outputs and value_info declared before the pins were applied (serialized
     # TypeProtos by name; None without pins): a rewrite gives them back, so the model stays dynamic
     declared_types: dict[str, bytes] | None = None
+    # onnx's shape inference of ``proto``, running in a child process since `load_model` started it
+    # (``infer_ahead``), for the analysis to take; not an argument, so a copy made by
+    # dataclasses.replace (another proto) has none
+    inference: Ahead[dict[str, list[bytes]]] | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -76,6 +82,7 @@ def load_model(
     normalize: bool = True,
     input_shapes_from: str = "--input-shape",
     sizes_from_run: SizesFromRun | None = None,
+    infer_ahead: bool = False,
 ) -> LoadedModel:
     """Read an ONNX file without its external weight data and pin the given input dimensions.
 
@@ -90,6 +97,9 @@ def load_model(
         input_shapes_from: where ``input_shapes`` come from, for error messages.
         sizes_from_run: read every size from one run on onnxruntime's CPU provider when the model
             is analysed (`offloadctl.job.analysed`): ``{"inputs": FILE or None, "seed": N}``.
+        infer_ahead: for a caller that will look up sizes: start onnx's shape inference of a big
+            graph in a child process as soon as the graph is final, before the data files are
+            checked (`offloadctl.loading.inference.start_inference`); its analysis takes it.
 
     Raises:
         OffloadError: the file is missing, empty, not ONNX, truncated, lacks an external data
@@ -133,7 +143,6 @@ def load_model(
             f"model file {p} is not a valid ONNX model (no IR version, opset or graph)",
             hint="check that the file is a complete .onnx export (not truncated, not another format)",
         )
-    data_files, data_locations = _checked_data_files(proto, p)
     pinned = expand_patterns(proto, {k: list(v) for k, v in (input_shapes or {}).items()}, p, input_shapes_from)
     named = dict(dims or {})
     declared = None
@@ -148,7 +157,9 @@ def load_model(
         pin_dims(proto, named)
     if normalize:
         _normalize(proto, p)
-    return LoadedModel(
+    inference = start_inference(proto) if infer_ahead else None  # stopped when dropped unused
+    data_files, data_locations = _checked_data_files(proto, p)
+    loaded = LoadedModel(
         proto=proto,
         path=p,
         sha256=sha256_file(p),
@@ -159,6 +170,8 @@ def load_model(
         sizes_from_run=None if sizes_from_run is None else {**sizes_from_run},
         declared_types=declared,
     )
+    object.__setattr__(loaded, "inference", inference)
+    return loaded
 
 
 def _normalize(proto: onnx.ModelProto, path: Path) -> None:
