@@ -447,8 +447,11 @@ def next_step_ahead(analysis: Analysis, request: PlanRequest) -> Ahead[_BudgetSt
     """
     if request.uses_budget or analysis.num_positions < NEXT_STEP_AHEAD_MIN_POSITIONS or is_rewritten(analysis):
         return None
-    with paused_gc():
-        model = simulate(analysis, None, profile=request.device_profile)
+    try:
+        with paused_gc():
+            model = simulate(analysis, None, profile=request.device_profile)
+    except OffloadError:  # the plan's own simulation says what is wrong, where it did before
+        return None
     budget = suggested_budget(model.lower_bound_bytes, model.peak_before)
     if model.peak_before <= 0 or budget >= model.peak_before:
         return None

@@ -976,6 +976,31 @@ def test_work_ahead_hands_back_the_result_or_nothing_and_stops_a_child_it_does_n
     assert dropped.result() is None
 
 
+def test_work_ahead_writes_no_warning_or_log_line_of_the_child(tmp_path):
+    """In a process of its own (no test harness catching warnings), a child that warns and logs
+    delivers its result and leaves the process's stderr as it was: the caller warns and logs for it."""
+    import subprocess
+
+    script = (
+        "import logging, warnings\n"
+        "from offloadctl.core.ahead import Ahead\n"
+        "def noisy(x):\n"
+        "    warnings.warn('a warning from the child', RuntimeWarning)\n"
+        "    logging.getLogger('offloadctl').warning('a log line from the child')\n"
+        "    return x + 1\n"
+        "print(Ahead.start(noisy, 1).result())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.stdout.strip() == "2" and "from the child" not in done.stderr
+
+
 def test_work_ahead_delivers_where_the_host_process_has_its_children_collected_for_it():
     import signal
 
@@ -1144,6 +1169,22 @@ def test_a_next_step_the_child_does_not_deliver_is_made_in_the_process(tmp_path,
     ahead, _ = _plan_json(run_cli, model, tmp_path / "ahead.json")
     assert made_here == [parent]
     assert ahead["next_step"] == inline["next_step"] is not None
+
+
+def test_a_next_step_ahead_whose_simulation_fails_is_left_to_the_plan(small_model, monkeypatch):
+    """The error of a simulation that fails is the plan's to report, where it reported it before: the
+    speculative start gives up quietly."""
+    from offloadctl import job
+    from offloadctl.planning.request import PlanRequest
+
+    analysis = analyse(load_model(small_model.path))
+    monkeypatch.setattr(job, "NEXT_STEP_AHEAD_MIN_POSITIONS", 0)
+
+    def fails(*args, **kwargs):
+        raise OffloadError("cannot simulate", hint="a hint")
+
+    monkeypatch.setattr(job, "simulate", fails)
+    assert job.next_step_ahead(analysis, PlanRequest(params=True)) is None
 
 
 def test_a_plan_that_helps_cancels_the_next_step_made_ahead(small_model, tmp_path, run_cli, monkeypatch):

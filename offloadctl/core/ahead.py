@@ -4,7 +4,7 @@ A command on a big model spends most of a second in onnx's shape inference, a C+
 Python's global lock, while the analysis it does next needs no shape. `Ahead.start` forks the
 process; the child runs the function on its copy of the memory and sends the result back, pickled,
 through a pipe; `Ahead.result` reads it when the caller needs it. Only the result crosses: the child
-logs nothing, and it delivers nothing when the function raises or it dies, so the caller then runs
+logs and warns nothing, and it delivers nothing when the function raises or it dies, so the caller then runs
 the function itself, with its errors and warnings, exactly as without the child.
 
 Fork is used on Linux only (elsewhere `start` returns None and the caller works inline), and the
@@ -113,6 +113,7 @@ def _child(func: Callable[..., Any], args: tuple[Any, ...], fd: int) -> None:  #
     code = 1
     try:
         logging.disable(logging.CRITICAL)  # the caller logs, when it computes the result itself
+        warnings.simplefilter("ignore")  # and warns
         data = _OK + pickle.dumps(func(*args), protocol=pickle.HIGHEST_PROTOCOL)
         view = memoryview(data)
         while view:
