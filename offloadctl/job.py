@@ -38,6 +38,7 @@ from offloadctl.loading.pins import given_dims
 from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
 from offloadctl.planning.make import plan_for
 from offloadctl.planning.request import PlanRequest, evolve, taking
+from offloadctl.planning.select import candidate_uses
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
 from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.preview import device_result, placement_of, run_order_result
@@ -50,7 +51,7 @@ from offloadctl.rewriting.rewrite import (
     write_model,
 )
 from offloadctl.running.sizes import measure_sizes
-from offloadctl.simulation.base import is_rewritten
+from offloadctl.simulation.base import is_rewritten, plain_ids
 from offloadctl.simulation.estimate import (
     estimate_figures,
     record_estimate,
@@ -153,7 +154,10 @@ class Job:
             infer_ahead=infer_ahead,
         )
         step(f"analysing {model}" + (" (sizes from one run on the CPU provider)" if sizes else ""))
-        return cls(analysed(loaded, order=order))
+        analysis = analysed(loaded, order=order)
+        if loaded.inference is not None and loaded.inference.unread:
+            _derive_from_the_graph(analysis)
+        return cls(analysis)
 
     @classmethod
     def of_plan(
@@ -255,6 +259,16 @@ class Job:
                 _remove_written([Path(output), *written])
                 raise
         return proto, written
+
+
+def _derive_from_the_graph(analysis: Analysis) -> None:
+    """Derive what later stages derive from the graph alone (the simulation's tensor ids, the select
+    stage's candidates and their uses), while onnx's shape inference still runs in its child: on a
+    big model it takes longer than the analysis, so this costs no time, and the work after the sizes
+    arrive starts further on."""
+    with paused_gc():
+        plain_ids(analysis)
+        candidate_uses(analysis)
 
 
 def analysed(loaded: LoadedModel, *, order: str = "priority") -> Analysis:

@@ -1097,6 +1097,27 @@ def test_load_model_starts_the_inference_that_the_analysis_takes(small_model, mo
     assert other.inference is None and other.path == loaded.path
 
 
+def test_a_command_derives_what_the_graph_decides_while_the_sizes_are_inferred(small_model, monkeypatch):
+    """With shape inference in its child, opening a model also derives the simulation's tensor ids and
+    the select stage's candidates (no size needed), before any size is read; without a child, nothing."""
+    import numpy as np
+
+    from offloadctl.job import Job
+    from offloadctl.loading import inference
+    from offloadctl.planning.select import _candidate_uses, candidate_uses
+    from offloadctl.simulation.base import _compute_plain_ids, plain_ids
+
+    monkeypatch.setattr(inference, "AHEAD_MIN_NODES", 0)
+    analysis = Job.of_model(small_model.path, infer_ahead=True).analysis
+    assert analysis.loaded.inference is not None and analysis.loaded.inference.unread  # no size read yet
+    assert {"simulation ids", "select candidates"} <= set(analysis.derived)
+    assert plain_ids(analysis) == _compute_plain_ids(analysis)
+    (acts, weights, arrays), (acts2, weights2, arrays2) = candidate_uses(analysis), _candidate_uses(analysis)
+    assert (acts, weights) == (acts2, weights2) and all(map(np.array_equal, arrays, arrays2))
+    monkeypatch.setattr(inference, "AHEAD_MIN_NODES", 10**9)
+    assert not Job.of_model(small_model.path, infer_ahead=True).analysis.derived
+
+
 def test_shape_inference_that_fails_ahead_fails_again_in_the_process_and_says_so_once(small_model, monkeypatch, caplog):
     from offloadctl.loading import inference
 

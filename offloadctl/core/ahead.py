@@ -75,6 +75,11 @@ class Ahead(Generic[T]):
         os.close(write_end)
         return cls(pid, read_end)
 
+    @property
+    def unread(self) -> bool:
+        """Whether the result is still to be read (the child may still be working)."""
+        return self._fd is not None
+
     def result(self) -> T | None:
         """The function's result, waiting for the child if it is not done; None if the child
         delivered none (the function raised, or the child died): the caller computes it then."""

@@ -454,7 +454,7 @@ class _Selector:
         # Chosen(...) without the NamedTuple's Python-level __new__ (a big model chooses hundreds of thousands)
         self.chosen.append((key, tuple.__new__(Chosen, (name, kind, start, forced, info))))
 
-    def consider_all(self, activations: list[str], weights: list[str]) -> None:
+    def consider_all(self, activations: list[str], weights: list[str], arrays: _UseArrays | None = None) -> None:
         """`consider` each of ``activations`` and then of ``weights``, in that order, as one pass.
 
         What a big model's candidates have in common is decided for all of them at once: a candidate no
@@ -463,14 +463,15 @@ class _Selector:
         arithmetic, read by no node at an input kept in host memory, packed or inside a subgraph, not
         fused and not a weight that is an output) is chosen as `consider` would choose it; every other
         goes through `consider`, whose checks give the reason. The records are those `consider` makes.
+        ``arrays``: the candidates' uses as arrays (`candidate_uses`), when the caller has them.
         """
         analysis, options = self.analysis, self.options
         names = [*activations, *weights]
         acts = len(activations)
         self.index.update(zip(names, range(len(self.index), len(self.index) + len(names))))
         uses = analysis.uses
-        lists = [uses.get(name) or [] for name in names]
-        arrays = _UseArrays.of(lists)
+        if arrays is None:
+            arrays = _UseArrays.of([uses.get(name) or [] for name in names])
         has = arrays.counts > 0
         starts = np.zeros(len(names), dtype=np.int64)
         starts[:acts] = np.fromiter(map(analysis.producer.__getitem__, activations), dtype=np.int64, count=acts)
@@ -760,10 +761,9 @@ class Selection:
         self._lists: dict[bool, tuple[list[Chosen], list[Rejection]]] = {}
         self._plans: dict[bool, Plan] = {}
         self._gap_columns: dict[bool, tuple[np.ndarray, np.ndarray]] = {}
-        activations = list(analysis.producer)
-        weights = [t for t in analysis.sorted_weights if t in analysis.uses]
+        activations, weights, arrays = candidate_uses(analysis)
         analysis.infos.convert([*activations, *weights])  # every candidate is looked up below
-        self._selector.consider_all(activations, weights)
+        self._selector.consider_all(activations, weights, arrays)
         on_host = self._selector.forced_on_host
         if on_host:
             shown = "; ".join(f"{name!r}: {why}" for name, why in list(on_host.items())[:3])
@@ -922,6 +922,20 @@ class Selection:
         why = "parameter offload is switched off (--params)"
         key = (uses[0].sort_key, self._selector.index[name])
         rejected.append((key, rejection(name, "parameter", size, "select", "disabled", why, max_gap)))
+
+
+def candidate_uses(analysis: Analysis) -> tuple[list[str], list[str], _UseArrays]:
+    """The select stage's candidates, every activation and then every weight some node reads, and
+    their uses as arrays: the graph alone decides them, so they are made once per analysis (while
+    onnx infers the sizes, for a command that opens a big model: `offloadctl.job.Job.of_model`)."""
+    return derived(analysis, "select candidates", _candidate_uses)
+
+
+def _candidate_uses(analysis: Analysis) -> tuple[list[str], list[str], _UseArrays]:
+    activations = list(analysis.producer)
+    weights = [t for t in analysis.sorted_weights if t in analysis.uses]
+    uses = analysis.uses
+    return activations, weights, _UseArrays.of([uses.get(name) or [] for name in (*activations, *weights)])
 
 
 def selection_for(analysis: Analysis, options: SelectPart) -> Selection:

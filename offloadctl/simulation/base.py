@@ -118,6 +118,22 @@ def _canonical(source: dict[str, str]) -> Callable[[str], str]:
     return canon
 
 
+def plain_ids(analysis: Analysis) -> tuple[dict[str, int], list[list[int]], list[list[int]]]:
+    """The tensor ids of a model without copies (`_plain_ids`), and the ids each position reads and
+    writes: the graph alone decides them, so they are made once per analysis (while onnx infers the
+    sizes, for a command that opens a big model: `offloadctl.job.Job.of_model`). Read-only."""
+    return derived(analysis, "simulation ids", _compute_plain_ids)
+
+
+def _compute_plain_ids(analysis: Analysis) -> tuple[dict[str, int], list[list[int]], list[list[int]]]:
+    n = analysis.num_positions
+    index: dict[str, int] = {}
+    reads: list[list[int]] = [[] for _ in range(n)]
+    writes: list[list[int]] = [[] for _ in range(n)]
+    _plain_ids(analysis, index, reads, writes)
+    return index, reads, writes
+
+
 def _plain_ids(analysis: Analysis, index: dict[str, int], reads: list[list[int]], writes: list[list[int]]) -> None:
     """Ids of a model without copies: every name stands for itself; the analysis's uses and producers
     are read as they are."""
@@ -182,15 +198,15 @@ def _new_base(analysis: Analysis) -> Base:
     canon = _canonical(source)
     # Ids in first-seen order: graph inputs, weights (sorted), what the nodes read, what they write,
     # graph outputs.
-    index: dict[str, int] = {}
     positions = [p for p in range(analysis.num_positions) if p not in copy_nodes]
-    reads: list[list[int]] = [[] for _ in positions]
-    writes: list[list[int]] = [[] for _ in positions]
     canonical: dict[str, int]
     if not source:
-        _plain_ids(analysis, index, reads, writes)
+        index, reads, writes = plain_ids(analysis)
         canonical = index
     else:
+        index = {}
+        reads = [[] for _ in positions]
+        writes = [[] for _ in positions]
         _copied_ids(analysis, canon, positions, index, reads, writes)
         canonical = {
             name: index[canon(name)] for name in (*analysis.weights, *analysis.graph_inputs, *analysis.graph_outputs)
