@@ -4,8 +4,8 @@ A command on a big model spends most of a second in onnx's shape inference, a C+
 Python's global lock, while the analysis it does next needs no shape. `Ahead.start` forks the
 process; the child runs the function on its copy of the memory and sends the result back, pickled,
 through a pipe; `Ahead.result` reads it when the caller needs it. Only the result crosses: the child
-logs and warns nothing, and it delivers nothing when the function raises or it dies, so the caller then runs
-the function itself, with its errors and warnings, exactly as without the child.
+logs and warns nothing, and it delivers nothing when the function raises or it dies, so the caller
+then runs the function itself, with its errors and warnings, exactly as without the child.
 
 Fork is used on Linux only (elsewhere `start` returns None and the caller works inline), and the
 child runs only the function: it writes to no stream and leaves by ``os._exit``, so locks other
