@@ -375,8 +375,8 @@ def plan_cmd(
     points = [parse_point(p) for p in shape_points]
     if points and request.uses_budget:
         analysis, points = _largest_point(analysis, points, as_json)
-    with steps(not as_json, total=5) as step:
-        ahead = next_step_ahead(analysis, request)  # a weak plan's next step, made in a child meanwhile
+    ahead = next_step_ahead(analysis, request)  # a weak plan's next step, made in a child meanwhile
+    with steps(not as_json, total=5) as step:  # (forked before the progress display starts its thread)
         plan, result, checked = _plan_and_simulate(analysis, evolve(request, step=step), output, step, points)
     written: list[str | Path] = [output]
     if report is not None and result is not None:
