@@ -1105,13 +1105,13 @@ def test_a_command_derives_what_the_graph_decides_while_the_sizes_are_inferred(s
     from offloadctl.job import Job
     from offloadctl.loading import inference
     from offloadctl.planning.select import _candidate_uses, candidate_uses
-    from offloadctl.simulation.base import _compute_plain_ids, plain_ids
+    from offloadctl.simulation.base import _plain_ids, plain_ids
 
     monkeypatch.setattr(inference, "AHEAD_MIN_NODES", 0)
     analysis = Job.of_model(small_model.path, infer_ahead=True).analysis
     assert analysis.loaded.inference is not None and analysis.loaded.inference.unread  # no size read yet
     assert {"simulation ids", "select candidates"} <= set(analysis.derived)
-    assert plain_ids(analysis) == _compute_plain_ids(analysis)
+    assert plain_ids(analysis) == _plain_ids(analysis)
     (acts, weights, arrays), (acts2, weights2, arrays2) = candidate_uses(analysis), _candidate_uses(analysis)
     assert (acts, weights) == (acts2, weights2) and all(map(np.array_equal, arrays, arrays2))
     monkeypatch.setattr(inference, "AHEAD_MIN_NODES", 10**9)

@@ -400,11 +400,12 @@ class TensorInfos(Mapping[str, TensorInfo]):
         done = self._done
         weights = self._weights
         cache = self._type_cache
-        skip = {**self._shared_kv(), **(self.measured.shapes if self.measured is not None else {})}
+        shared = self._shared_kv()
+        measured = self.measured.shapes if self.measured is not None else {}
         types: dict[str, list[bytes]] | None = None
         info_of = tuple.__new__  # TensorInfo(...) without the NamedTuple's Python-level __new__
         for name in names:
-            if name in done or name in skip:
+            if name in done or name in shared or name in measured:
                 left.append(name)
                 continue
             weight = weights.get(name)

@@ -119,24 +119,18 @@ def _canonical(source: dict[str, str]) -> Callable[[str], str]:
 
 
 def plain_ids(analysis: Analysis) -> tuple[dict[str, int], list[list[int]], list[list[int]]]:
-    """The tensor ids of a model without copies (`_plain_ids`), and the ids each position reads and
-    writes: the graph alone decides them, so they are made once per analysis (while onnx infers the
-    sizes, for a command that opens a big model: `offloadctl.job.Job.of_model`). Read-only."""
-    return derived(analysis, "simulation ids", _compute_plain_ids)
+    """The tensor ids of a model without copies, and the ids each position reads and writes: the
+    graph alone decides them, so they are made once per analysis (while onnx infers the sizes, for
+    a command that opens a big model: `offloadctl.job.Job.of_model`). Read-only."""
+    return derived(analysis, "simulation ids", _plain_ids)
 
 
-def _compute_plain_ids(analysis: Analysis) -> tuple[dict[str, int], list[list[int]], list[list[int]]]:
-    n = analysis.num_positions
-    index: dict[str, int] = {}
-    reads: list[list[int]] = [[] for _ in range(n)]
-    writes: list[list[int]] = [[] for _ in range(n)]
-    _plain_ids(analysis, index, reads, writes)
-    return index, reads, writes
-
-
-def _plain_ids(analysis: Analysis, index: dict[str, int], reads: list[list[int]], writes: list[list[int]]) -> None:
+def _plain_ids(analysis: Analysis) -> tuple[dict[str, int], list[list[int]], list[list[int]]]:
     """Ids of a model without copies: every name stands for itself; the analysis's uses and producers
     are read as they are."""
+    index: dict[str, int] = {}
+    reads: list[list[int]] = [[] for _ in range(analysis.num_positions)]
+    writes: list[list[int]] = [[] for _ in range(analysis.num_positions)]
     new_id = index.setdefault
     for name in analysis.graph_inputs:
         new_id(name, len(index))
@@ -150,6 +144,7 @@ def _plain_ids(analysis: Analysis, index: dict[str, int], reads: list[list[int]]
         writes[p].append(new_id(name, len(index)))
     for name in analysis.graph_outputs:
         new_id(name, len(index))
+    return index, reads, writes
 
 
 def _copied_ids(
