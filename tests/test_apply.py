@@ -876,7 +876,8 @@ def test_the_rewrite_knows_who_makes_each_tensor_without_reading_every_node(writ
 
 
 def _naive_dep_before(analysis, q, low, avoid):
-    """The output an H2D before q waits for, by the rule as written: a scan back from q."""
+    """The output an H2D before q waits for when nothing alive at its first reader is found: a scan
+    back from q."""
     from offloadctl.contract.pins import _last_use, viewable
 
     fallback = None
@@ -891,6 +892,24 @@ def _naive_dep_before(analysis, q, low, avoid):
         if fallback is not None and s <= low:
             break
     return fallback
+
+
+def _naive_awaited(analysis, q, read, low, avoid, ahead=True):
+    """The output an H2D before q, first read at ``read``, waits for, by the rule as written: one alive
+    at ``read``, made from q - 1 on (the earliest; without ``ahead`` q - 1 alone), else before q - 1 down
+    to ``low`` (the latest)."""
+    from offloadctl.contract.pins import _LOOK_AHEAD, _last_use, viewable
+
+    def alive(s):
+        names = analysis.nodes[s].output
+        kept = [j for j, name in enumerate(names) if viewable(analysis, name, avoid)]
+        return next((j for j in kept if _last_use(analysis, names[j]) >= read), None)
+
+    after = range(max(q - 1, 0), min(read, q - 1 + _LOOK_AHEAD) if ahead else q)
+    for s in [*after, *range(q - 2, low - 1, -1)]:
+        if (j := alive(s)) is not None:
+            return (s, j)
+    return _naive_dep_before(analysis, q, low, avoid)
 
 
 # a's shape passed along ten Identity nodes: integer arithmetic, no output a pin can view
@@ -950,12 +969,79 @@ def test_the_pin_scans_find_what_a_scan_from_each_copy_finds(name, write_model, 
         sources = pins._Sources(analysis, frozenset())
         for q in range(1, n + 1):
             for low in {0, max(0, q - 8), q - 1}:
-                assert sources.before(q, low) == _naive_dep_before(analysis, q, low, frozenset()), (q, low)
-    # as pin_layout asks (down to 8 positions back): nodes without a viewable output are passed once
+                for read in {q, min(q + 3, n), n}:
+                    for ahead in (True, False):
+                        expected = _naive_awaited(analysis, q, read, low, frozenset(), ahead)
+                        assert sources.awaited(q, read, low, ahead=ahead) == expected, (q, read, low, ahead)
+    # as pin_layout asks (down to 8 positions back, up to the look-ahead): a bounded number of looks per copy
     sources = pins._Sources(analysis, frozenset())
     looked = []
     outputs = sources.outputs
     monkeypatch.setattr(sources, "outputs", lambda s: looked.append(s) or outputs(s))
     for q in range(1, n + 1):
-        sources.before(q, max(0, q - 8))
-    assert len(looked) <= n + 9 * n
+        sources.awaited(q, n, max(0, q - 8))
+    assert len(looked) <= n + (9 + pins._LOOK_AHEAD) * n
+
+
+# every element type ONNX has for tensors, and whether a copy of it is offloaded (onnxruntime's copy kernels)
+_ELEMENT_TYPES = [t for t in TensorProto.DataType.values() if t not in (TensorProto.UNDEFINED, TensorProto.STRING)]
+
+
+def _idle_typed_model(elem_type: int, path: Path) -> Path:
+    """``a = Cast(x, to=elem_type)``, idle across a chain of ten Relus, then read back as float: the one
+    activation of that type a plan can offload."""
+    chain = [helper.make_node("Relu", [f"y{k}"], [f"y{k + 1}"], name=f"relu{k}") for k in range(10)]
+    nodes = [
+        helper.make_node("Cast", ["x"], ["a"], name="to_type", to=elem_type),
+        helper.make_node("Identity", ["x"], ["y0"], name="start"),
+        *chain,
+        helper.make_node("Cast", ["a"], ["b"], name="to_float", to=TensorProto.FLOAT),
+        helper.make_node("Add", ["y10", "b"], ["out"], name="add"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [4, 8])
+    model = helper.make_model(
+        helper.make_graph(nodes, "typed", [x], [out]), opset_imports=[helper.make_opsetid("", 23)]
+    )
+    model.ir_version = 11
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("elem_type", _ELEMENT_TYPES, ids=TensorProto.DataType.Name)
+def test_every_element_type_gets_a_pin_onnx_accepts_or_none(tmp_path, elem_type):
+    """An idle activation of each element type: the rewrite loads and runs on the CPU in both orders
+    with the original's outputs. float16 and bfloat16 ones are offloaded; ONNX's Optional takes no
+    bfloat16 tensor, so a bfloat16 D2H goes without a pin and says so (it holds under PRIORITY_BASED
+    only) while its H2D is pinned. float8, int4, uint4 and float4 are never copied (onnxruntime's copy
+    kernels take none of them). (An integer tensor stays where the CPU reads it, and onnxruntime
+    drops the Casts of float and double.)"""
+    from offloadctl.core.memcpy import COPY_TYPES
+
+    path = _idle_typed_model(elem_type, tmp_path / "m.onnx")
+    try:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        runs = True
+    except Exception:  # noqa: BLE001 - no Cast kernel for the type here (float6, int2, ...): plan only
+        runs = False
+    analysis = analyse(load_model(path))
+    plan = make_plan(analysis, select_distance=3, prefetch_distance=0, min_bytes=0)
+    offloaded = {o["tensor"] for o in plan["offloads"]}
+    if elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):  # idle floating-point activations
+        assert offloaded == {"a"}
+    elif elem_type not in COPY_TYPES:  # onnxruntime cannot copy it
+        assert not offloaded
+    if not runs:
+        assert elem_type not in COPY_TYPES
+        return
+    result = ApplyResult()
+    out = tmp_path / "m.offload.onnx"
+    write_model(apply_plan(plan, analysis, result=result), out, source_dir=tmp_path)
+    onnx.checker.check_model(onnx.load(str(out)), full_check=True)
+    pinned_d2h = elem_type != TensorProto.BFLOAT16
+    assert any("Optional takes no bfloat16" in u for u in result.unpinned) == (not pinned_d2h and "a" in offloaded)
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
+    expected = _run(path, feeds)
+    for order in (ort.ExecutionOrder.PRIORITY_BASED, ort.ExecutionOrder.DEFAULT):
+        for want, got in zip(expected, _run(out, feeds, weights=True, order=order)):
+            assert np.array_equal(want, got, equal_nan=True)

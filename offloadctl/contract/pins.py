@@ -42,6 +42,7 @@ pinned.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,17 @@ from offloadctl.core.files import json_sha256
 from offloadctl.core.onnxutil import has_subgraphs
 from offloadctl.core.plantypes import Plan
 
-__all__ = ["RESHAPE_OPS", "PinLayout", "host_positions", "pin_layout", "pin_rank", "record_pins", "viewable"]
+__all__ = [
+    "RESHAPE_OPS",
+    "PinLayout",
+    "d2h_pinnable",
+    "h2d_pinnable",
+    "host_positions",
+    "pin_layout",
+    "pin_rank",
+    "record_pins",
+    "viewable",
+]
 
 
 @dataclass(frozen=True)
@@ -191,20 +202,65 @@ def _reloaded(plan: Plan) -> frozenset[tuple[int, int]]:
     )
 
 
-def _copy_positions(plan: Plan) -> tuple[dict[int, int], dict[int, list[str]]]:
-    """(position -> D2H copies after it, position -> the tensors of the H2D copies before it)."""
-    d2hs: dict[int, int] = {}
+def _copy_positions(plan: Plan, end: int) -> tuple[dict[int, list[str]], dict[int, list[str]], dict[int, int]]:
+    """(position -> the tensors of the D2H copies after it, position -> the tensors of the H2D copies
+    before it, position -> the first position that reads an H2D before it: ``end`` for one that feeds
+    a graph output)."""
+    d2hs: dict[int, list[str]] = {}
     h2ds: dict[int, list[str]] = {}
+    first_use: dict[int, int] = {}
     for off in plan["offloads"]:
         if off["kind"] == "activation" and off["d2h_after"] is not None:
-            d2hs[off["d2h_after"]] = d2hs.get(off["d2h_after"], 0) + 1
+            d2hs.setdefault(off["d2h_after"], []).append(off["tensor"])
         for group in off["reload_groups"]:
-            if group["h2d_before"] is not None:
-                h2ds.setdefault(group["h2d_before"], []).append(off["tensor"])
+            q = group["h2d_before"]
+            if q is not None:
+                h2ds.setdefault(q, []).append(off["tensor"])
+                read = min((u["position"] for u in group["uses"]), default=end)
+                first_use[q] = min(first_use.get(q, read), read)
         at = off.get("output_h2d_before")
         if off.get("graph_output") and at is not None:
             h2ds.setdefault(at, []).append(off["tensor"])
-    return d2hs, h2ds
+            first_use[at] = min(first_use.get(at, end), end)
+    return d2hs, h2ds, first_use
+
+
+@functools.cache
+def _takes(op: str, opset: int, elem_type: int) -> bool:
+    """Whether ONNX's ``op`` at ``opset`` takes a tensor of ``elem_type`` as its first input."""
+    try:
+        schema = onnx.defs.get_schema(op, opset)
+    except onnx.defs.SchemaError:
+        return False
+    wanted = f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
+    first = schema.inputs[0].type_str
+    allowed = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    return wanted in allowed.get(first, [first])
+
+
+def _type_name(analysis: Analysis, tensor: str) -> str:
+    info = analysis.infos.get(tensor)
+    return onnx.TensorProto.DataType.Name(info.elem_type).lower() if info is not None else "unknown"
+
+
+def d2h_pinnable(analysis: Analysis, tensor: str) -> bool:
+    """Whether a D2H of ``tensor`` can be pinned: ONNX's ``Optional`` takes no bfloat16, float8, int4,
+    uint4 or float4 tensor at any opset (a model with such a pin does not load), and no other op
+    reads a host copy on the host alone on every provider. A tensor of unknown type is tried."""
+    info = analysis.infos.get(tensor)
+    if info is None or not info.elem_type:
+        return True
+    return _takes("Optional", max(_opset(analysis), 15), info.elem_type)
+
+
+def h2d_pinnable(analysis: Analysis, tensor: str) -> bool:
+    """Whether an H2D of ``tensor`` can be pinned: its view is a Reshape built from constant zeros, so
+    its rank must be known and Reshape at the model's opset must take its type (float8 needs opset
+    19, int4 and uint4 opset 21)."""
+    info = analysis.infos.get(tensor)
+    if pin_rank(analysis, tensor) is None:
+        return False
+    return info is None or not info.elem_type or _takes("Reshape", _opset(analysis), info.elem_type)
 
 
 def pin_rank(analysis: Analysis, tensor: str) -> int | None:
@@ -255,11 +311,28 @@ class _Sources:
         self.nearest.update(dict.fromkeys(looked, result))
         return result
 
-    def before(self, q: int, low: int) -> tuple[int, int] | None:
-        """The output an H2D before ``q`` waits for: of the last node before q that makes a viewable
-        one, preferring (down to position ``low``) one still read at or after q."""
-        analysis = self.analysis
+    def awaited(self, q: int, read: int, low: int, *, ahead: bool = True) -> tuple[int, int] | None:
+        """The output an H2D before ``q``, first read at ``read``, waits for. Under DEFAULT the pin's
+        ``Shape`` of it can run as late as the walk reaches the H2D's first reader, so the output is
+        one still alive there (read at or after ``read``) where there is one, and the pin keeps no
+        tensor alive longer: first the earliest such made from q - 1 on (before ``read``: the H2D
+        runs no earlier than planned), then the latest made before q - 1 (down to ``low``: it may
+        run a little earlier); else the last one made before q, preferring one read at or after q.
+        Without ``ahead`` (a plan whose positions are not the DEFAULT walk's) the output is made
+        before q, so that the H2D waits for the node before q in any order."""
+        analysis, outputs = self.analysis, self.analysis.nodes
+        alive = functools.partial(_alive_at, analysis)
+        for s in range(max(q - 1, 0), min(read, q - 1 + _LOOK_AHEAD) if ahead else q):
+            for j in self.outputs(s):
+                if alive(outputs[s].output[j], read):
+                    return (s, j)
         fallback = None
+        s = self.last_at_or_before(q - 2)
+        while s >= low:
+            for j in self.outputs(s):
+                if alive(outputs[s].output[j], read):
+                    return (s, j)
+            s = self.last_at_or_before(s - 1)
         s = self.last_at_or_before(q - 1)
         while s >= 0:
             if fallback is not None and s < low:
@@ -267,7 +340,7 @@ class _Sources:
             for j in self.outputs(s):
                 if fallback is None:
                     fallback = (s, j)
-                if _last_use(analysis, analysis.nodes[s].output[j]) >= q:
+                if alive(outputs[s].output[j], q):
                     return (s, j)
             if s <= low:
                 break
@@ -275,11 +348,36 @@ class _Sources:
         return fallback
 
 
+#: how far after an H2D's planned point a pin may look for an output alive at its first reader
+_LOOK_AHEAD = 64
+
+
+def _alive_at(analysis: Analysis, name: str, position: int) -> bool:
+    """Whether ``name`` is read at or after ``position`` (or is a graph output)."""
+    return _last_use(analysis, name) >= position
+
+
+def _d2h_count(analysis: Analysis, p: int, tensors: list[str], opset: int, unpinned: list[str]) -> int:
+    """How many of the D2Hs of ``tensors`` after position ``p`` a pin can hold; why the others cannot
+    is added to ``unpinned``."""
+    if opset < 15:
+        unpinned.append(f"{len(tensors)} D2H copy(ies) after position {p}: the model's opset {opset} has no Optional")
+        return 0
+    count = sum(d2h_pinnable(analysis, t) for t in tensors)
+    if count < len(tensors):
+        kinds = sorted({_type_name(analysis, t) for t in tensors if not d2h_pinnable(analysis, t)})
+        unpinned.append(
+            f"{len(tensors) - count} D2H copy(ies) after position {p}: ONNX's Optional takes no "
+            f"{' or '.join(kinds)} tensor, and no other pin reads a host copy on the host alone"
+        )
+    return count
+
+
 def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     """The order pins `offloadctl apply` adds for ``plan`` (a scheduled plan for ``analysis``): the
     layout `record_pins` stored in the plan while its offloads are unchanged, else found here (which
     needs the types of the activations around the copies: shape inference on the whole graph)."""
-    d2hs, h2ds = _copy_positions(plan)
+    d2hs, h2ds, first_use = _copy_positions(plan, analysis.num_positions)
     opset = _opset(analysis)
     if not d2hs and not h2ds:
         return PinLayout()
@@ -289,7 +387,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     avoid = frozenset(select.get("fused", ())) | {o for p in host for o in analysis.nodes[p].output if o}
     if opset < 10:
         return PinLayout(unpinned=[f"every copy: the model's opset {opset} is below 10"])
-    recorded = _recorded(plan, analysis, d2hs, h2ds, avoid, opset < 15)
+    recorded = _recorded(plan, analysis, d2hs, h2ds, first_use, avoid, opset < 15)
     if recorded is not None:
         return recorded
     per_dep = 2 if opset < 15 else 1  # Shape(x, 0, 0), or Slice(Shape(x), [0], [0])
@@ -300,9 +398,9 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     reloaded = _reloaded(plan)
     into_reshapes = _into_reshapes(plan, analysis)
     holder = _Holders(analysis, avoid, reloaded, host)
-    for p, count in sorted(d2hs.items()):
-        if opset < 15:
-            unpinned.append(f"{count} D2H copy(ies) after position {p}: the model's opset {opset} has no Optional")
+    for p, tensors in sorted(d2hs.items()):
+        count = _d2h_count(analysis, p, tensors, opset, unpinned)
+        if not count:
             continue
         found = holder.first(p + 1)
         if found is None:
@@ -319,9 +417,12 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
     for q, tensors in sorted(h2ds.items()):
         if q == 0:
             continue
-        ranked = [t for t in tensors if pin_rank(analysis, t) is not None]
+        ranked = [t for t in tensors if h2d_pinnable(analysis, t)]
         if len(ranked) < len(tensors):
-            unpinned.append(f"{len(tensors) - len(ranked)} H2D copy(ies) before position {q}: rank unknown")
+            unpinned.append(
+                f"{len(tensors) - len(ranked)} H2D copy(ies) before position {q}: rank unknown, or a type "
+                f"Reshape does not take at the model's opset {opset}"
+            )
         reshaped = [t for t in ranked if (q, t) in into_reshapes]
         if reshaped:
             unpinned.append(
@@ -331,7 +432,9 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
             ranked = [t for t in ranked if t not in reshaped]
         if not ranked:
             continue
-        source = sources.before(q, max(0, q - 8))
+        # a wait past the planned point holds in the DEFAULT walk (the view reaches that node before the
+        # copy), and the walk is the plan's order only when the plan counts positions in it
+        source = sources.awaited(q, first_use[q], max(0, q - 8), ahead=analysis.order == "default")
         if source is None:
             unpinned.append(f"{len(ranked)} H2D copy(ies) before position {q}: no earlier node makes a tensor")
             continue
@@ -351,7 +454,7 @@ def host_positions(analysis: Analysis, labels: Any) -> frozenset[int]:
 # ------------------------------------------------------------------------------ the layout in the plan
 
 # the pins' form: a layout recorded for another form is found again
-_FORM = 2
+_FORM = 3
 
 
 def _layout_key(plan: Plan) -> str:
@@ -394,14 +497,15 @@ def _pairs(entries: Any, low: int, high: int) -> dict[int, tuple[int, int]] | No
 def _recorded(
     plan: Plan,
     analysis: Analysis,
-    d2hs: dict[int, int],
+    d2hs: dict[int, list[str]],
     h2ds: dict[int, list[str]],
+    first_use: dict[int, int],
     avoid: frozenset[str],
     slice_form: bool,
 ) -> PinLayout | None:
     """The layout `record_pins` stored, if it holds for the plan as it is and fits the model: every
-    held node comes after its D2Hs and reads that input, every awaited node comes before its H2Ds and
-    makes that output (so a recorded layout cannot make a cycle); None otherwise."""
+    held node comes after its D2Hs and reads that input, every awaited node makes that output
+    before the first reader of its H2Ds (so a recorded layout cannot make a cycle); None otherwise."""
     recorded = (plan.get("summary") or {}).get("pins")
     if not isinstance(recorded, dict) or recorded.get("key") != _layout_key(plan):
         return None
@@ -414,7 +518,7 @@ def _recorded(
         if p not in d2hs or t <= p or k >= len(analysis.nodes[t].input) or not analysis.nodes[t].input[k]:
             return None
     for q, (s, j) in waits.items():
-        if q not in h2ds or s >= q or j >= len(analysis.nodes[s].output) or not analysis.nodes[s].output[j]:
+        if q not in h2ds or s >= first_use[q] or j >= len(analysis.nodes[s].output) or not analysis.nodes[s].output[j]:
             return None
     texts = [str(u) for u in unpinned]
     return PinLayout(held, waits, nodes, texts, slice_form=slice_form, avoid=avoid)

@@ -72,7 +72,14 @@ from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.order import execution_order, priority_ranks, sorted_priority_order
 from offloadctl.contract.check import check_plan_for_model
-from offloadctl.contract.pins import RESHAPE_OPS, host_positions, pin_layout, pin_rank
+from offloadctl.contract.pins import (
+    RESHAPE_OPS,
+    d2h_pinnable,
+    h2d_pinnable,
+    host_positions,
+    pin_layout,
+    pin_rank,
+)
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write, check_distinct_outputs, same_file
@@ -619,7 +626,9 @@ class _Pins:
                     "ascend its Shape would be a copy"
                 )
                 continue
-            self._hold_d2h(rw.after[p], target, k)
+            copies = [c for c in rw.after[p] if d2h_pinnable(rw.analysis, rw.sources.get(c.input[0], c.input[0]))]
+            if copies:  # the others are counted as unpinned by the layout
+                self._hold_d2h(copies, target, k)
 
     def _node(self, op: str, inputs: list[str], label: str, **attrs: int) -> str:
         rw = self.rw
@@ -696,18 +705,22 @@ class _Pins:
 
     def _hold_h2d(self, q: int, source: int, j: int) -> None:
         """Each H2D before q: its uses (or the graph output it feeds) read a view of its device output
-        that waits for output j of the node at ``source``; the pin's nodes follow the copies in the file."""
+        that waits for output j of the node at ``source`` (before q, or after it and before the first
+        use); the pin's nodes follow the copies and that node in the file."""
         rw = self.rw
         node = rw.pos_nodes[source]
         self.pending = []
         self.backward = rw.analysis.backward and is_backward(node)
         empty = self._empty_shape(node.output[j], f"h2d@{q}")
+        # each copy runs after the node before q: in the file, and in the DEFAULT walk after the node
+        # its view waits for, which that walk runs at or after the node before q
+        planned_after = rw.pos_nodes[min(source, q - 1)].name
         for copy in [c for c in rw.before[q] if c.op_type == MEMCPY_FROM_HOST and c.name not in rw.across]:
             self.backward = rw.analysis.backward and is_backward(copy)
             tensor = rw.sources.get(copy.output[0], copy.output[0])
             dev = copy.output[0]
             uses = rw.reroutes.get(dev, [])
-            if pin_rank(rw.analysis, tensor) is None or any(
+            if not h2d_pinnable(rw.analysis, tensor) or any(
                 rw.analysis.nodes[u["position"]].op_type in RESHAPE_OPS for u in uses
             ):
                 continue  # counted as unpinned by the layout
@@ -719,9 +732,9 @@ class _Pins:
                 view = self._view(dev, [empty], f"h2d@{q}/{copy.name}")
                 for use in uses:
                     rw._reroute(use, dev, view)
-            rw.constraints.append({"copy": copy.name, "after": node.name})
+            rw.constraints.append({"copy": copy.name, "after": planned_after})
             rw.h2d_pins.append((copy, self.concat))
-        rw.before[q].extend(self.pending)
+        rw.before[max(q, source + 1)].extend(self.pending)  # after the copies and the node waited for
 
 
 def _after_their_copies(nodes: list[onnx.NodeProto], pairs: list[tuple[onnx.NodeProto, onnx.NodeProto]]) -> list:

@@ -17,6 +17,7 @@ the model (`offloadctl.contract.check`, the check apply makes) before building i
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -312,6 +313,40 @@ def _d2h_waits(kinds: list[str], reads: list[list[int]], writes: list[list[int]]
     return waits
 
 
+def _extend_by_pins(
+    pin_reads: list[tuple[int, int]],
+    kinds: list[str],
+    steps: list[int],
+    reads: list[list[int]],
+    writes: list[list[int]],
+    readers: set[int],
+) -> None:
+    """Count the reads of order pins' nodes in the lifetimes they make (in place, in ``reads``).
+
+    A pin's node is no step, but it reads a tensor where it runs, and a tensor is freed only after its
+    last reader. Under DEFAULT a pin's ``Shape(dep)`` can run long after ``dep``'s own last use (next
+    to the copy's consumer): ``dep`` stays alive all that while. The read is counted at the last step
+    before the pin's node (the tensor is freed before the next step allocates), or, where that step
+    made the tensor, at the next one when nothing else reads it. Only what a node makes counts: the
+    pins' own constants are no activations, and a view reads its copy's output where the copy's
+    readers do (counting it at another step would make that step wait for the copy)."""
+    made_at: dict[int, int] = {}
+    for s, outs in enumerate(writes):
+        if kinds[s] == "node":
+            for t in outs:
+                made_at[t] = s
+    for t, position in pin_reads:
+        if t not in made_at:  # a weight (the pins' own constants), a graph input or a copy: read where planned
+            continue
+        s = bisect.bisect_left(steps, position) - 1  # the last step before the pin's node
+        if s > made_at[t]:
+            reads[s].append(t)
+            readers.add(t)
+        elif t not in readers and s + 1 < len(steps):
+            reads[s + 1].append(t)
+            readers.add(t)
+
+
 def _rewritten_program(analysis: Analysis, base: Base) -> Program:
     """The program of a rewritten model: its own nodes, copies included, in its own order."""
     kinds, positions, steps = _copy_steps(analysis)
@@ -326,6 +361,7 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
     views = {node.output[0]: src for node in analysis.nodes if (src := pin_view_source(node)) and node.output}
     reads: list[list[int]] = [[] for _ in kinds]
     readers: set[int] = set()
+    pin_reads: list[tuple[int, int]] = []  # (tensor, position of the pin node reading it)
     for name, uses in analysis.uses.items():
         t = tid(views.get(name, name))
         for use in uses:
@@ -333,7 +369,10 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
             if s is not None:
                 reads[s].append(t)
                 readers.add(t)
+            elif use.position < len(analysis.nodes):
+                pin_reads.append((t, use.position))
     writes = [[tid(o) for o in analysis.nodes[p].output if o and o not in views] for p in steps]
+    _extend_by_pins(pin_reads, kinds, steps, reads, writes, readers)
     for name in analysis.graph_outputs:
         tid(name)
     count = len(names)
