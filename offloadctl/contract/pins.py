@@ -15,16 +15,24 @@ would copy it back to the device right away and undo the plan):
   never a Reshape, Squeeze, Unsqueeze or Flatten, which onnxruntime fuses with a Reshape before them)
   reads it through a view whose ``e`` are ``Shape(OptionalHasElement(Optional(host)))`` (the shape
   of a scalar), one per host copy. Optional and OptionalHasElement have CPU kernels only (the CUDA,
-  CANN and WebGPU providers register none), so they run where the host copy is, for every element
-  type (fp16 too, which CUDA's and CANN's CPU fallback never moves); the Shape and the Concat read
-  only their CPU outputs. Each D2H then runs no later than planned. They need opset 15; below it,
-  D2Hs are not pinned.
+  CANN and WebGPU providers register none), so they run where the host copy is (fp16 too, which
+  CUDA's and CANN's CPU fallback never moves); the Shape and the Concat read only their CPU outputs.
+  Each D2H then runs no later than planned. They need opset 15; below it, D2Hs are not pinned.
+  ONNX's Optional takes no bfloat16, float8, int4, uint4 or float4 tensor at any opset
+  (`d2h_pinnable`): a D2H of one goes unpinned and is listed as holding under PRIORITY_BASED only
+  (of those types only bfloat16 is ever copied: `offloadctl.core.memcpy.COPY_TYPES`).
 - The H2Ds before position q: the view sits on the H2D's *device* output, and the group's uses read
-  the view: ``e = Shape(dep, start=0, end=0)``, ``dep`` an activation the last node before q that
-  makes one makes (one still read at or after q when there is one, so the pin keeps no tensor
-  alive longer than the plan does). The DEFAULT walk explores a node's highest-index input first,
-  and the Concat (after the H2D in the file) reads only ``e`` and a constant, so ``dep`` is emitted
-  before the H2D is reached: each H2D runs no earlier than planned.
+  the view: ``e = Shape(dep, start=0, end=0)``. Under DEFAULT the pin's ``Shape(dep)`` runs where the
+  walk reaches the view, which can be right before the group's first reader: a ``dep`` whose own
+  last use came earlier stayed alive all that while (PP-OCRv4 det's rewrite ran at 257 MiB against
+  49 MiB planned). So ``dep`` is an activation still read at or after the first reader
+  (`_Sources.awaited`): in a plan counted in the DEFAULT walk, the earliest made from q - 1 on
+  (the Concat and the view follow that node in the file, so the walk explores it before reaching
+  the H2D, which runs no earlier than planned); else the latest made before q - 1 (a few positions
+  back); else the last made before q, one read at or after q preferred. Each H2D then runs no
+  earlier than the node before q, and no pin keeps a tensor alive longer than the plan does where
+  such an activation exists. The view is a Reshape: its type must be one Reshape takes at the
+  model's opset (`h2d_pinnable`).
 
 Views sit on floating-point activations of known rank only (a view of a weight would hide it from
 prepacking and constant folding; integer tensors are mostly shapes being computed, which
@@ -34,8 +42,9 @@ renames it), nor on a tensor the plan keeps for onnxruntime's fusions (``options
 a profile measured above ``--opt-level disable``): a pin reading it would undo the fusion as a copy
 would.
 
-Every pin edge goes forward in the planned sequence, and the planned sequence is a topological
-order of the model, so a pin never makes a cycle. ``Shape(x, start, end)`` needs opset 15; opsets
+Every pin edge goes forward in the planned sequence (an H2D's view waits for a node before the
+group's first reader), and the planned sequence is a topological order of the model, so a pin never
+makes a cycle. ``Shape(x, start, end)`` needs opset 15; opsets
 10 to 14 take ``Slice(Shape(x), [0], [0])`` (one more node per dependency); below 10 nothing is
 pinned.
 """
