@@ -894,21 +894,17 @@ def _naive_dep_before(analysis, q, low, avoid):
     return fallback
 
 
-def _naive_awaited(analysis, q, read, low, avoid, ahead=True):
+def _naive_awaited(analysis, q, read, low, avoid):
     """The output an H2D before q, first read at ``read``, waits for, by the rule as written: one alive
-    at ``read``, made from q - 1 on (the earliest; without ``ahead`` q - 1 alone), else before q - 1 down
-    to ``low`` (the latest)."""
-    from offloadctl.contract.pins import _LOOK_AHEAD, _last_use, viewable
+    at ``read`` made before q (the latest, down to ``low``), else `_naive_dep_before`."""
+    from offloadctl.contract.pins import _last_use, viewable
 
-    def alive(s):
+    for s in range(q - 1, low - 1, -1):
         names = analysis.nodes[s].output
         kept = [j for j, name in enumerate(names) if viewable(analysis, name, avoid)]
-        return next((j for j in kept if _last_use(analysis, names[j]) >= read), None)
-
-    after = range(max(q - 1, 0), min(read, q - 1 + _LOOK_AHEAD) if ahead else q)
-    for s in [*after, *range(q - 2, low - 1, -1)]:
-        if (j := alive(s)) is not None:
-            return (s, j)
+        found = next((j for j in kept if _last_use(analysis, names[j]) >= read), None)
+        if found is not None:
+            return (s, found)
     return _naive_dep_before(analysis, q, low, avoid)
 
 
@@ -970,17 +966,16 @@ def test_the_pin_scans_find_what_a_scan_from_each_copy_finds(name, write_model, 
         for q in range(1, n + 1):
             for low in {0, max(0, q - 8), q - 1}:
                 for read in {q, min(q + 3, n), n}:
-                    for ahead in (True, False):
-                        expected = _naive_awaited(analysis, q, read, low, frozenset(), ahead)
-                        assert sources.awaited(q, read, low, ahead=ahead) == expected, (q, read, low, ahead)
-    # as pin_layout asks (down to 8 positions back, up to the look-ahead): a bounded number of looks per copy
+                    expected = _naive_awaited(analysis, q, read, low, frozenset())
+                    assert sources.awaited(q, read, low) == expected, (q, read, low)
+    # as pin_layout asks (down to 8 positions back): a bounded number of looks per copy
     sources = pins._Sources(analysis, frozenset())
     looked = []
     outputs = sources.outputs
     monkeypatch.setattr(sources, "outputs", lambda s: looked.append(s) or outputs(s))
     for q in range(1, n + 1):
         sources.awaited(q, n, max(0, q - 8))
-    assert len(looked) <= n + (9 + pins._LOOK_AHEAD) * n
+    assert len(looked) <= n + 10 * n
 
 
 # every element type ONNX has for tensors, and whether a copy of it is offloaded (onnxruntime's copy kernels)

@@ -24,15 +24,16 @@ would copy it back to the device right away and undo the plan):
 - The H2Ds before position q: the view sits on the H2D's *device* output, and the group's uses read
   the view: ``e = Shape(dep, start=0, end=0)``. Under DEFAULT the pin's ``Shape(dep)`` runs where the
   walk reaches the view, which can be right before the group's first reader: a ``dep`` whose own
-  last use came earlier stayed alive all that while (PP-OCRv4 det's rewrite ran at 257 MiB against
-  49 MiB planned). So ``dep`` is an activation still read at or after the first reader
-  (`_Sources.awaited`): in a plan counted in the DEFAULT walk, the earliest made from q - 1 on
-  (the Concat and the view follow that node in the file, so the walk explores it before reaching
-  the H2D, which runs no earlier than planned); else the latest made before q - 1 (a few positions
-  back); else the last made before q, one read at or after q preferred. Each H2D then runs no
-  earlier than the node before q, and no pin keeps a tensor alive longer than the plan does where
-  such an activation exists. The view is a Reshape: its type must be one Reshape takes at the
-  model's opset (`h2d_pinnable`).
+  last use came earlier stays alive all that while, and the simulation of the rewrite counts it
+  (PP-OCRv4 det's DEFAULT rewrite: 257 MiB against 49 MiB planned, so its plan fails). ``dep`` is
+  therefore an activation still read at or after the first reader where one is made in the few
+  positions before q (`_Sources.awaited`), else the last made before q, one read at or after q
+  preferred. The DEFAULT walk explores a node's highest-index input first, and the Concat (after
+  the H2D in the file) reads only ``e`` and a constant, so ``dep`` is emitted before the H2D is
+  reached: each H2D runs no earlier than planned. (Waiting for a node after q, alive at the reader,
+  kept PP-OCRv4 det's walk at its plan, but on WebGPU a training graph's copies then ran before
+  that node: not done.) The view is a Reshape: its type must be one Reshape takes at the model's
+  opset (`h2d_pinnable`).
 
 Views sit on floating-point activations of known rank only (a view of a weight would hide it from
 prepacking and constant folding; integer tensors are mostly shapes being computed, which
@@ -42,9 +43,8 @@ renames it), nor on a tensor the plan keeps for onnxruntime's fusions (``options
 a profile measured above ``--opt-level disable``): a pin reading it would undo the fusion as a copy
 would.
 
-Every pin edge goes forward in the planned sequence (an H2D's view waits for a node before the
-group's first reader), and the planned sequence is a topological order of the model, so a pin never
-makes a cycle. ``Shape(x, start, end)`` needs opset 15; opsets
+Every pin edge goes forward in the planned sequence, and the planned sequence is a topological
+order of the model, so a pin never makes a cycle. ``Shape(x, start, end)`` needs opset 15; opsets
 10 to 14 take ``Slice(Shape(x), [0], [0])`` (one more node per dependency); below 10 nothing is
 pinned.
 """
@@ -320,21 +320,17 @@ class _Sources:
         self.nearest.update(dict.fromkeys(looked, result))
         return result
 
-    def awaited(self, q: int, read: int, low: int, *, ahead: bool = True) -> tuple[int, int] | None:
+    def awaited(self, q: int, read: int, low: int) -> tuple[int, int] | None:
         """The output an H2D before ``q``, first read at ``read``, waits for. Under DEFAULT the pin's
         ``Shape`` of it can run as late as the walk reaches the H2D's first reader, so the output is
         one still alive there (read at or after ``read``) where there is one, and the pin keeps no
-        tensor alive longer: first the earliest such made from q - 1 on (before ``read``: the H2D
-        runs no earlier than planned), then the latest made before q - 1 (down to ``low``: it may
-        run a little earlier); else the last one made before q, preferring one read at or after q.
-        Without ``ahead`` (a plan whose positions are not the DEFAULT walk's) the output is made
-        before q, so that the H2D waits for the node before q in any order."""
+        tensor alive longer: the latest such made before q (down to ``low``); else the last one made
+        before q, preferring one read at or after q."""
         analysis, outputs = self.analysis, self.analysis.nodes
         alive = functools.partial(_alive_at, analysis)
-        for s in range(max(q - 1, 0), min(read, q - 1 + _LOOK_AHEAD) if ahead else q):
-            for j in self.outputs(s):
-                if alive(outputs[s].output[j], read):
-                    return (s, j)
+        for j in self.outputs(q - 1) if q > 0 else ():
+            if alive(outputs[q - 1].output[j], read):
+                return (q - 1, j)
         fallback = None
         s = self.last_at_or_before(q - 2)
         while s >= low:
@@ -355,10 +351,6 @@ class _Sources:
                 break
             s = self.last_at_or_before(s - 1)
         return fallback
-
-
-#: how far after an H2D's planned point a pin may look for an output alive at its first reader
-_LOOK_AHEAD = 64
 
 
 def _alive_at(analysis: Analysis, name: str, position: int) -> bool:
@@ -441,9 +433,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
             ranked = [t for t in ranked if t not in reshaped]
         if not ranked:
             continue
-        # a wait past the planned point holds in the DEFAULT walk (the view reaches that node before the
-        # copy), and the walk is the plan's order only when the plan counts positions in it
-        source = sources.awaited(q, first_use[q], max(0, q - 8), ahead=analysis.order == "default")
+        source = sources.awaited(q, first_use[q], max(0, q - 8))
         if source is None:
             unpinned.append(f"{len(ranked)} H2D copy(ies) before position {q}: no earlier node makes a tensor")
             continue

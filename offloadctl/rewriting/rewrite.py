@@ -705,16 +705,12 @@ class _Pins:
 
     def _hold_h2d(self, q: int, source: int, j: int) -> None:
         """Each H2D before q: its uses (or the graph output it feeds) read a view of its device output
-        that waits for output j of the node at ``source`` (before q, or after it and before the first
-        use); the pin's nodes follow the copies and that node in the file."""
+        that waits for output j of the node at ``source``; the pin's nodes follow the copies in the file."""
         rw = self.rw
         node = rw.pos_nodes[source]
         self.pending = []
         self.backward = rw.analysis.backward and is_backward(node)
         empty = self._empty_shape(node.output[j], f"h2d@{q}")
-        # each copy runs after the node before q: in the file, and in the DEFAULT walk after the node
-        # its view waits for, which that walk runs at or after the node before q
-        planned_after = rw.pos_nodes[min(source, q - 1)].name
         for copy in [c for c in rw.before[q] if c.op_type == MEMCPY_FROM_HOST and c.name not in rw.across]:
             self.backward = rw.analysis.backward and is_backward(copy)
             tensor = rw.sources.get(copy.output[0], copy.output[0])
@@ -732,9 +728,9 @@ class _Pins:
                 view = self._view(dev, [empty], f"h2d@{q}/{copy.name}")
                 for use in uses:
                     rw._reroute(use, dev, view)
-            rw.constraints.append({"copy": copy.name, "after": planned_after})
+            rw.constraints.append({"copy": copy.name, "after": node.name})
             rw.h2d_pins.append((copy, self.concat))
-        rw.before[max(q, source + 1)].extend(self.pending)  # after the copies and the node waited for
+        rw.before[q].extend(self.pending)
 
 
 def _after_their_copies(nodes: list[onnx.NodeProto], pairs: list[tuple[onnx.NodeProto, onnx.NodeProto]]) -> list:
