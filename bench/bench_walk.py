@@ -11,8 +11,9 @@ bound and the peak. Each is applied with its order pins (what
 - ``replayed``: the rewrite simulated in the order its profile shows (``ratio`` = figure / replayed);
 - ``moved``: original nodes whose place among the original nodes differs from the original's walk;
 - ``arena``: onnxruntime's CPU arena (C API ``MaxInUse``, DEFAULT only: the C API cannot set the
-  order) for the original and the rewrite; ``replica``: offloadctl's replay of that arena, and
-  replica / arena for each.
+  order) for the original and the rewrite, the bytes the rewrite's copies write and whether they
+  explain the growth (``run --measure-memory --compare-to``); ``replica``: offloadctl's replay of
+  that arena, and replica / arena for each.
 
 Run: ``python bench/bench_walk.py [--json] [--quick] [--no-download]``. Wheels are downloaded with
 ``pip download --no-deps`` into ``bench/.cache`` (nothing is installed).
@@ -96,12 +97,13 @@ def _moved(original: list[str], ran: list[str]) -> int:
     return sum(a != b for a, b in zip(original, kept))
 
 
-def _arena(model: Path, pins: list[str]) -> int | None:
+def _growth(rewrite: Path, source: Path, pins: list[str]) -> dict:
+    """`run --measure-memory --compare-to`: the two arenas (C API, DEFAULT) and what the copies explain."""
     doc = _cli(
-        "run", model, *pins, "--device", "cpu", "--execution-order", "default", "--measure-memory", "--repeat", "1"
-    )
-    figures = doc.get("measured_memory") or []
-    return next((f["peak_bytes"] for f in figures if f["device"] == "cpu"), None)
+        "run", rewrite, "--compare-to", source, "--device", "cpu", "--execution-order", "default",
+        "--measure-memory", "--repeat", "1", *pins,
+    )  # fmt: skip
+    return doc.get("memory_growth") or {}
 
 
 def _row(label: str, source: Path, shapes: dict, order: str, kind: str, folder: Path) -> dict:
@@ -125,7 +127,9 @@ def _row(label: str, source: Path, shapes: dict, order: str, kind: str, folder: 
     row["replayed"] = _replayed(rewrite, shapes, order, ran)
     row["moved"] = _moved(_profiled(source, order, folder), ran)
     if order == "default":
-        row["arena_before"], row["arena_after"] = _arena(source, pins), _arena(rewrite, [])
+        growth = _growth(rewrite, source, [])
+        row["arena_before"], row["arena_after"] = growth.get("original_bytes"), growth.get("rewrite_bytes")
+        row["copy_bytes"], row["explained"] = growth.get("copy_bytes"), growth.get("explained")
         simulated = _cli("simulate", source, *pins, "--plan", plan, "--execution-order", order)
         replica = simulated.get("cpu_peak_bytes") or {}
         row["replica_before"], row["replica_after"] = replica.get("before"), replica.get("after")
@@ -185,7 +189,8 @@ def _print(r: dict) -> None:
     )
     if "arena_after" in r:
         text += (
-            f" | arena {_fmt(r['arena_before'])} -> {_fmt(r['arena_after'])} MiB, replica/arena "
+            f" | arena {_fmt(r['arena_before'])} -> {_fmt(r['arena_after'])} MiB (copies {_fmt(r['copy_bytes'])}, "
+            f"{'explained' if r['explained'] else 'NOT explained'}), replica/arena "
             f"{_ratio(r['replica_before'], r['arena_before'])} {_ratio(r['replica_after'], r['arena_after'])}"
         )
     print(text, flush=True)

@@ -894,12 +894,14 @@ def _naive_dep_before(analysis, q, low, avoid):
     return fallback
 
 
-def _naive_awaited(analysis, q, read, low, avoid):
+def _naive_awaited(analysis, q, read, low, avoid, ahead=False):
     """The output an H2D before q, first read at ``read``, waits for, by the rule as written: one alive
-    at ``read`` made before q (the latest, down to ``low``), else `_naive_dep_before`."""
-    from offloadctl.contract.pins import _last_use, viewable
+    at ``read``, with ``ahead`` the earliest made from q - 1 on, then the latest made before q (down to
+    ``low``), else `_naive_dep_before`."""
+    from offloadctl.contract.pins import _LOOK_AHEAD, _last_use, viewable
 
-    for s in range(q - 1, low - 1, -1):
+    after = range(max(q - 1, 0), min(read, q - 1 + _LOOK_AHEAD)) if ahead else range(0)
+    for s in [*after, *range(q - 1, low - 1, -1)]:
         names = analysis.nodes[s].output
         kept = [j for j, name in enumerate(names) if viewable(analysis, name, avoid)]
         found = next((j for j in kept if _last_use(analysis, names[j]) >= read), None)
@@ -966,16 +968,17 @@ def test_the_pin_scans_find_what_a_scan_from_each_copy_finds(name, write_model, 
         for q in range(1, n + 1):
             for low in {0, max(0, q - 8), q - 1}:
                 for read in {q, min(q + 3, n), n}:
-                    expected = _naive_awaited(analysis, q, read, low, frozenset())
-                    assert sources.awaited(q, read, low) == expected, (q, read, low)
+                    for ahead in (False, True):
+                        expected = _naive_awaited(analysis, q, read, low, frozenset(), ahead)
+                        assert sources.awaited(q, read, low, ahead=ahead) == expected, (q, read, low, ahead)
     # as pin_layout asks (down to 8 positions back): a bounded number of looks per copy
     sources = pins._Sources(analysis, frozenset())
     looked = []
     outputs = sources.outputs
     monkeypatch.setattr(sources, "outputs", lambda s: looked.append(s) or outputs(s))
     for q in range(1, n + 1):
-        sources.awaited(q, n, max(0, q - 8))
-    assert len(looked) <= n + 10 * n
+        sources.awaited(q, n, max(0, q - 8), ahead=True)
+    assert len(looked) <= n + (9 + pins._LOOK_AHEAD) * n
 
 
 # every element type ONNX has for tensors, and whether a copy of it is offloaded (onnxruntime's copy kernels)

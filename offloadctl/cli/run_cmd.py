@@ -176,7 +176,8 @@ def run(
     for warning in report.warnings:
         logger.warning("%s", warning)
     undone = report.undone_copies
-    if as_json and (report.outputs_differ or undone or (strict_order and not report.order.matches)):
+    grown = report.growth is not None and report.growth.explained is False
+    if as_json and (report.outputs_differ or undone or grown or (strict_order and not report.order.matches)):
         print_json({"command": "run", "passed": False, **report.to_json(), "files_written": written})
     if not as_json:
         _print_report(report)
@@ -184,6 +185,8 @@ def run(
     _check_outputs(report, model, compare_to, opt_level)
     if undone:
         raise _undone_error(model, device, undone)
+    if grown:
+        raise _growth_error(model, compare_to, report)
     if strict_order and not report.order.matches:
         raise OffloadError(
             f"{model}: nodes did not run in the planned (file) order",
@@ -220,6 +223,27 @@ def _undone_error(model: str, device: str, undone: list[InsertedCopy]) -> Offloa
         + (f"; and {len(undone) - 8} more" if len(undone) > 8 else ""),
         hint="rewrite the model with this version of offloadctl (its order pins read no host tensor on a device), "
         "or with --no-order-pins",
+    )
+
+
+def _growth_error(model: str, compare_to: str | None, report: RunReport) -> OffloadError:
+    """The failure of a run whose measured memory is above the original's by more than the rewrite's
+    copies account for (`offloadctl.running.growth`)."""
+    growth = report.growth
+    assert growth is not None and growth.copy_bytes is not None and growth.excess_bytes is not None
+    moved = growth.moved
+    cause = (
+        f"{len(moved)} original node(s) ran at another place than in the original's {report.execution_order.upper()} "
+        f"order (first: {', '.join(moved[:5])}), so more of them are alive at once"
+        if moved
+        else f"the order that ran keeps more alive than the original's {report.execution_order.upper()} order"
+    )
+    return OffloadError(
+        f"{model}: onnxruntime's arena peaks at {fmt_bytes(growth.rewrite_bytes)}, "
+        f"{fmt_bytes(growth.excess_bytes)} above {compare_to}'s {fmt_bytes(growth.original_bytes)} beyond what the "
+        f"rewrite's copies account for ({fmt_bytes(growth.copy_bytes)}): {cause}",
+        hint=f"plan with --execution-order {report.execution_order} (its figures count the walk that runs), or apply "
+        "the plan with --no-order-pins",
     )
 
 
@@ -263,6 +287,15 @@ def _print_memory(report: RunReport) -> None:
         how = "allocator statistics (MaxInUse)" if f.method == "allocator-stats" else "smallest arena limit that runs"
         table.add_row(f.allocator, f.device, fmt_bytes(f.peak_bytes), after, active, str(f.allocations or "-"), how)
     out_console().print(table)
+    growth = report.growth
+    if growth is not None:
+        copies = "unknown" if growth.copy_bytes is None else fmt_bytes(growth.copy_bytes)
+        verdict = {True: "explained by the copies", False: "[bold red]more than the copies explain[/]", None: "-"}
+        out_console().print(
+            f"against the original: {fmt_bytes(growth.original_bytes)} -> {fmt_bytes(growth.rewrite_bytes)}, the "
+            f"rewrite's copies {copies}: {verdict[growth.explained]}",
+            soft_wrap=True,
+        )
     if any(f.device == "cpu" for f in report.measured_memory):
         out_console().print(
             "on the CPU provider device and host are one memory: its arena holds a rewrite's host copies too, so a "

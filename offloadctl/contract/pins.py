@@ -25,15 +25,17 @@ would copy it back to the device right away and undo the plan):
   the view: ``e = Shape(dep, start=0, end=0)``. Under DEFAULT the pin's ``Shape(dep)`` runs where the
   walk reaches the view, which can be right before the group's first reader: a ``dep`` whose own
   last use came earlier stays alive all that while, and the simulation of the rewrite counts it
-  (PP-OCRv4 det's DEFAULT rewrite: 257 MiB against 49 MiB planned, so its plan fails). ``dep`` is
-  therefore an activation still read at or after the first reader where one is made in the few
-  positions before q (`_Sources.awaited`), else the last made before q, one read at or after q
-  preferred. The DEFAULT walk explores a node's highest-index input first, and the Concat (after
-  the H2D in the file) reads only ``e`` and a constant, so ``dep`` is emitted before the H2D is
-  reached: each H2D runs no earlier than planned. (Waiting for a node after q, alive at the reader,
-  kept PP-OCRv4 det's walk at its plan, but on WebGPU a training graph's copies then ran before
-  that node: not done.) The view is a Reshape: its type must be one Reshape takes at the model's
-  opset (`h2d_pinnable`).
+  (PP-OCRv4 det's DEFAULT rewrite ran at 257 MiB against 49 MiB planned). So ``dep`` is an
+  activation still read at or after the first reader where there is one (`_Sources.awaited`): in a
+  forward graph planned in the DEFAULT walk (`waits_ahead`) the earliest made from q - 1 on (the
+  Concat and the view follow that node in the file, so the walk emits it, and then the H2D, when
+  it reaches the view: the H2D runs no earlier than planned in that walk; the pin is recorded as
+  holding in the DEFAULT order only, ``"order": "default"``, since PRIORITY_BASED runs the copy at
+  its place in the file); else the latest made in the few positions before q; else the last made
+  before q, one read at or after q preferred. The DEFAULT walk explores a node's highest-index
+  input first, and the Concat (after the H2D in the file) reads only ``e`` and a constant, so
+  ``dep`` is emitted before the H2D is reached. The view is a Reshape: its type must be one
+  Reshape takes at the model's opset (`h2d_pinnable`).
 
 Views sit on floating-point activations of known rank only (a view of a weight would hide it from
 prepacking and constant folding; integer tensors are mostly shapes being computed, which
@@ -43,9 +45,10 @@ renames it), nor on a tensor the plan keeps for onnxruntime's fusions (``options
 a profile measured above ``--opt-level disable``): a pin reading it would undo the fusion as a copy
 would.
 
-Every pin edge goes forward in the planned sequence, and the planned sequence is a topological
-order of the model, so a pin never makes a cycle. ``Shape(x, start, end)`` needs opset 15; opsets
-10 to 14 take ``Slice(Shape(x), [0], [0])`` (one more node per dependency); below 10 nothing is
+Every pin edge goes forward in the planned sequence (an H2D's view waits for a node before the
+group's first reader), and the planned sequence is a topological
+order of the model, so a pin never makes a cycle. ``Shape(x, start, end)`` needs opset 15;
+opsets 10 to 14 take ``Slice(Shape(x), [0], [0])`` (one more node per dependency); below 10 nothing is
 pinned.
 """
 
@@ -72,6 +75,7 @@ __all__ = [
     "pin_rank",
     "record_pins",
     "viewable",
+    "waits_ahead",
 ]
 
 
@@ -320,17 +324,21 @@ class _Sources:
         self.nearest.update(dict.fromkeys(looked, result))
         return result
 
-    def awaited(self, q: int, read: int, low: int) -> tuple[int, int] | None:
+    def awaited(self, q: int, read: int, low: int, *, ahead: bool = False) -> tuple[int, int] | None:
         """The output an H2D before ``q``, first read at ``read``, waits for. Under DEFAULT the pin's
         ``Shape`` of it can run as late as the walk reaches the H2D's first reader, so the output is
         one still alive there (read at or after ``read``) where there is one, and the pin keeps no
-        tensor alive longer: the latest such made before q (down to ``low``); else the last one made
-        before q, preferring one read at or after q."""
+        tensor alive longer. With ``ahead`` (a forward graph planned in the DEFAULT walk) the earliest
+        such made from q - 1 on, before ``read`` (the walk explores it before it reaches the H2D);
+        then the latest such made before q (down to ``low``); else the last one made before q,
+        preferring one read at or after q."""
         analysis, outputs = self.analysis, self.analysis.nodes
         alive = functools.partial(_alive_at, analysis)
-        for j in self.outputs(q - 1) if q > 0 else ():
-            if alive(outputs[q - 1].output[j], read):
-                return (q - 1, j)
+        after = range(max(q - 1, 0), min(read, q - 1 + _LOOK_AHEAD) if ahead else q)
+        for s in after:
+            for j in self.outputs(s):
+                if alive(outputs[s].output[j], read):
+                    return (s, j)
         fallback = None
         s = self.last_at_or_before(q - 2)
         while s >= low:
@@ -351,6 +359,10 @@ class _Sources:
                 break
             s = self.last_at_or_before(s - 1)
         return fallback
+
+
+#: how far after an H2D's planned point a pin may look for an output alive at its first reader
+_LOOK_AHEAD = 64
 
 
 def _alive_at(analysis: Analysis, name: str, position: int) -> bool:
@@ -415,6 +427,7 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
         nodes += 2 + (pin_rank(analysis, analysis.nodes[t].input[k]) is None) + 3 * count
     waits: dict[int, tuple[int, int]] = {}
     sources = _Sources(analysis, avoid)
+    ahead = waits_ahead(analysis, host)
     for q, tensors in sorted(h2ds.items()):
         if q == 0:
             continue
@@ -433,13 +446,23 @@ def pin_layout(plan: Plan, analysis: Analysis) -> PinLayout:
             ranked = [t for t in ranked if t not in reshaped]
         if not ranked:
             continue
-        source = sources.awaited(q, first_use[q], max(0, q - 8))
+        source = sources.awaited(q, first_use[q], max(0, q - 8), ahead=ahead)
         if source is None:
             unpinned.append(f"{len(ranked)} H2D copy(ies) before position {q}: no earlier node makes a tensor")
             continue
         waits[q] = source
         nodes += per_dep + 2 * len(ranked)  # one empty shape of the output, then Concat and Reshape per copy
     return PinLayout(held, waits, nodes, unpinned, slice_form=opset < 15, avoid=avoid)
+
+
+def waits_ahead(analysis: Analysis, host: frozenset[int] = frozenset()) -> bool:
+    """Whether an H2D's pin may wait for a node after its planned point: in a plan counted in the
+    DEFAULT walk of a forward graph on one device, where the rewrite's file is the planned sequence,
+    so that the pin's Concat and view follow both the copy and that node, and the walk explores that
+    node before it reaches the copy. (In a training graph the rewrite files backward copies apart
+    from their pins, and the walk reached a copy before its pin.) Such a pin holds in the DEFAULT
+    order only: PRIORITY_BASED runs the copy at its place in the file."""
+    return analysis.order == "default" and not analysis.backward and not host
 
 
 def host_positions(analysis: Analysis, labels: Any) -> frozenset[int]:

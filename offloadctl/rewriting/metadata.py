@@ -26,8 +26,9 @@
   positions count in: ``{"input_shapes": {...}, "dims": {...}, "execution_order": "priority"}``
   (`offloadctl run` generates inputs at these shapes when none are given).
 - ``offloadctl.order_pins``: JSON list of the order each pin guarantees, ``{"copy": NODE,
-  "before": NODE}`` or ``{"copy": NODE, "after": NODE}`` (original nodes); `offloadctl run` checks
-  them against the order that ran.
+  "before": NODE}`` or ``{"copy": NODE, "after": NODE}`` (original nodes), with ``"order":
+  "default"`` where it holds in the DEFAULT walk only; `offloadctl run` checks them against the
+  order that ran.
 - ``offloadctl.priority_based_only``: JSON list of the copies no order pin holds, and why: they
   keep their planned place only under PRIORITY_BASED.
 """
@@ -168,12 +169,16 @@ class PinCheck:
         }
 
 
-def check_pins(constraints: Sequence[Mapping[str, str]], ran: Sequence[str]) -> PinCheck:
-    """Check ``{"copy": C, "before": N}`` / ``{"copy": C, "after": N}`` against the order nodes ran in."""
+def check_pins(constraints: Sequence[Mapping[str, str]], ran: Sequence[str], order: str | None = None) -> PinCheck:
+    """Check ``{"copy": C, "before": N}`` / ``{"copy": C, "after": N}`` against the order nodes ran in,
+    ``order``; a constraint that names another order (``"order": "default"``: it holds in the DEFAULT
+    walk only) is left out."""
     at = {name: k for k, name in enumerate(ran)}
     violated = []
     checked = unchecked = 0
     for c in constraints:
+        if order is not None and c.get("order", order) != order:
+            continue
         copy, other = c.get("copy", ""), c.get("before", c.get("after", ""))
         if copy not in at or other not in at:
             unchecked += 1

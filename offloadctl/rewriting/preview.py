@@ -104,7 +104,8 @@ def pins_in_order(rewritten: Analysis) -> PinCheck | None:
     constraints = metadata_json(rewritten.loaded.proto, KEY_PINS)
     if not isinstance(constraints, list):
         return None
-    return check_pins([c for c in constraints if isinstance(c, dict)], [node.name for node in rewritten.nodes])
+    names = [node.name for node in rewritten.nodes]
+    return check_pins([c for c in constraints if isinstance(c, dict)], names, rewritten.order)
 
 
 @dataclasses.dataclass(frozen=True)

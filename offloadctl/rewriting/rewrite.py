@@ -705,7 +705,9 @@ class _Pins:
 
     def _hold_h2d(self, q: int, source: int, j: int) -> None:
         """Each H2D before q: its uses (or the graph output it feeds) read a view of its device output
-        that waits for output j of the node at ``source``; the pin's nodes follow the copies in the file."""
+        that waits for output j of the node at ``source`` (before q, or in the DEFAULT walk of a forward
+        graph after it: `offloadctl.contract.pins.waits_ahead`); the pin's nodes follow the copies and
+        that node in the file."""
         rw = self.rw
         node = rw.pos_nodes[source]
         self.pending = []
@@ -728,9 +730,10 @@ class _Pins:
                 view = self._view(dev, [empty], f"h2d@{q}/{copy.name}")
                 for use in uses:
                     rw._reroute(use, dev, view)
-            rw.constraints.append({"copy": copy.name, "after": node.name})
+            pin = {"copy": copy.name, "after": node.name}
+            rw.constraints.append(pin if source < q else {**pin, "order": "default"})
             rw.h2d_pins.append((copy, self.concat))
-        rw.before[q].extend(self.pending)
+        rw.before[max(q, source + 1)].extend(self.pending)  # after the copies and the node waited for
 
 
 def _after_their_copies(nodes: list[onnx.NodeProto], pairs: list[tuple[onnx.NodeProto, onnx.NodeProto]]) -> list:

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 
+from offloadctl.analysis.graph import analyse
 from offloadctl.analysis.order import EXECUTION_ORDERS, expected_run_order
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind
@@ -54,6 +55,7 @@ from offloadctl.rewriting.metadata import (
     session_settings,
 )
 from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
+from offloadctl.running.growth import MemoryGrowth, memory_growth
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
 from offloadctl.running.placement import (
     PLUGINS,
@@ -812,6 +814,8 @@ class RunReport:
     # the device peak of the model simulated in the order that ran (a non-CPU device: its order is not
     # quite either order replayed, since the provider's nodes and its CPU nodes run on streams of their own)
     ran_peak_bytes: int | None = None
+    # with --measure-memory and --compare-to, a rewrite's measured peak against the original's
+    growth: MemoryGrowth | None = None
 
     @property
     def undone_copies(self) -> list[InsertedCopy]:
@@ -856,6 +860,7 @@ class RunReport:
             "measured_memory": None
             if self.measured_memory is None
             else [figure.to_json() for figure in self.measured_memory],
+            "memory_growth": None if self.growth is None else self.growth.to_json(),
             "warnings": self.warnings,
         }
 
@@ -964,7 +969,36 @@ def run_model(
         original_inserted=original_inserted,
         ran=timed.ran,
         ran_peak_bytes=timed.ran_peak,
+        growth=_growth(loaded, compare_to, config, device, feeds_all, measured, timed.ran, order, ort),
     )
+
+
+def _growth(
+    loaded: LoadedModel,
+    compare_to: str | None,
+    config: SessionConfig,
+    device: str,
+    feeds_all: Mapping[str, np.ndarray],
+    measured: list[AllocatorFigure] | None,
+    ran: list[str],
+    order: str,
+    ort: Any,
+) -> MemoryGrowth | None:
+    """A rewrite's measured peak on ``device`` against its original's, ``compare_to``, measured in a
+    session made the same way (`offloadctl.running.growth`); None without both, for a model without
+    copies, or when no figure is of that device."""
+    if not measured or compare_to is None or not _has_memcpy_nodes(loaded.proto):
+        return None
+    mine = next((f for f in measured if f.device == device), None)
+    if mine is None:
+        return None
+    original = onnx.load(compare_to, load_external_data=False)
+    figures = measure_memory(config.spec(compare_to, device), _session_feeds(original, feeds_all), order=order, ort=ort)
+    theirs = next((f for f in figures if f.device == device), None)
+    if theirs is None:
+        return None
+    rewrite = analyse(loaded, order=order)
+    return memory_growth(theirs.peak_bytes, mine.peak_bytes, rewrite, expected_run_order(original, order), ran)
 
 
 def _order_checks(
@@ -1057,7 +1091,7 @@ def _pin_check(proto: onnx.ModelProto, ran: Sequence[str], order: str, warnings:
                 "them, not where they were planned (rewrite it without --no-order-pins)"
             )
         return None
-    pins = check_pins([c for c in constraints if isinstance(c, dict)], ran)
+    pins = check_pins([c for c in constraints if isinstance(c, dict)], ran, order)
     if not pins.holds:
         first = pins.violated[0]
         side = "before" if "before" in first else "after"

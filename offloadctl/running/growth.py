@@ -1,0 +1,89 @@
+"""Whether a rewrite's measured memory is what its copies explain (`MemoryGrowth`, what ``offloadctl run
+--measure-memory --compare-to ORIGINAL`` checks).
+
+On the CPU provider device and host are one memory: the arena of a rewrite holds its host copies as
+well as what stays on the device, so it may stand above the original's by up to the bytes its copies
+write. More than that is memory the plan never counted: the order that ran keeps more alive than the
+original's (pins that moved the DEFAULT walk, a ``Shape`` of a pin run late), and the rewrite does
+not keep its promise. `memory_growth` compares the two figures and names the original nodes whose
+place in the order that ran differs from the original's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from offloadctl.analysis.graph import Analysis
+from offloadctl.core.onnxutil import copy_kind
+
+__all__ = ["MemoryGrowth", "copy_bytes", "memory_growth", "moved_nodes"]
+
+#: the share of the original's peak the arena may stand above what the copies explain (its 256-byte
+#: rounding and the order of frees make a few kilobytes either way)
+SLACK = 0.01
+
+
+@dataclass(frozen=True)
+class MemoryGrowth:
+    """The original's and the rewrite's measured peaks, and what the rewrite's copies account for."""
+
+    original_bytes: int
+    rewrite_bytes: int
+    copy_bytes: int | None  # the buffers the rewrite's copies write (None: a size is unknown)
+    moved: list[str] = field(default_factory=list)  # original nodes that ran elsewhere among the original nodes
+
+    @property
+    def excess_bytes(self) -> int | None:
+        """Bytes above the original's peak that the copies do not account for (None: unknown)."""
+        if self.copy_bytes is None:
+            return None
+        return self.rewrite_bytes - self.original_bytes - self.copy_bytes
+
+    @property
+    def explained(self) -> bool | None:
+        """Whether the copies account for the growth (None: a copy's size is unknown)."""
+        excess = self.excess_bytes
+        return None if excess is None else excess <= SLACK * self.original_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "original_bytes": self.original_bytes,
+            "rewrite_bytes": self.rewrite_bytes,
+            "copy_bytes": self.copy_bytes,
+            "excess_bytes": self.excess_bytes,
+            "explained": self.explained,
+            "moved_nodes": len(self.moved),
+            "first_moved": self.moved[:10],
+        }
+
+
+def copy_bytes(analysis: Analysis) -> int | None:
+    """The bytes the copies of a rewritten model write, at the sizes ``analysis`` (the rewrite loaded with
+    its dimensions pinned) gives them (None: one is unknown)."""
+    total = 0
+    for node in analysis.nodes:
+        if copy_kind(node) is None:
+            continue
+        info = analysis.infos.get(node.output[0]) or analysis.infos.get(node.input[0])
+        if info is None or info.bytes is None:
+            return None
+        total += info.bytes
+    return total
+
+
+def moved_nodes(original: Sequence[str], ran: Sequence[str]) -> list[str]:
+    """The nodes of ``original`` (the original's order) that ran at another place among them in ``ran``
+    (the rewrite's order, copies and pins included): names compared place by place."""
+    names = set(original)
+    kept = [name for name in ran if name in names]
+    return [b for a, b in zip(original, kept) if a != b]
+
+
+def memory_growth(
+    original_bytes: int, rewrite_bytes: int, analysis: Analysis, original: Sequence[str], ran: Sequence[str]
+) -> MemoryGrowth:
+    """The `MemoryGrowth` of a rewrite (``analysis``) measured at ``rewrite_bytes`` against its original at
+    ``original_bytes``; ``original`` and ``ran`` the orders the two ran their nodes in."""
+    return MemoryGrowth(original_bytes, rewrite_bytes, copy_bytes(analysis), moved_nodes(original, ran))
