@@ -13,7 +13,8 @@ bound and the peak. Each is applied with its order pins (what
 - ``arena``: onnxruntime's CPU arena (C API ``MaxInUse``, DEFAULT only: the C API cannot set the
   order) for the original and the rewrite, the bytes the rewrite's copies write and whether they
   explain the growth (``run --measure-memory --compare-to``); ``replica``: offloadctl's replay of
-  that arena, and replica / arena for each.
+  that arena (``simulate --plan`` under a profile ``offloadctl profile --device cpu`` measured, for
+  the kernel scratch), and replica / arena for each.
 
 Run: ``python bench/bench_walk.py [--json] [--quick] [--no-download]``. Wheels are downloaded with
 ``pip download --no-deps`` into ``bench/.cache`` (nothing is installed).
@@ -130,7 +131,10 @@ def _row(label: str, source: Path, shapes: dict, order: str, kind: str, folder: 
         growth = _growth(rewrite, source, [])
         row["arena_before"], row["arena_after"] = growth.get("original_bytes"), growth.get("rewrite_bytes")
         row["copy_bytes"], row["explained"] = growth.get("copy_bytes"), growth.get("explained")
-        simulated = _cli("simulate", source, *pins, "--plan", plan, "--execution-order", order)
+        measured = folder / "cpu.profile.json"  # the kernel scratch the arena holds (Conv's unfolded input)
+        _cli("profile", source, *pins, "--device", "cpu", "--repeat", "2", "-o", measured)
+        profile = ["--profile", measured] if measured.exists() else []
+        simulated = _cli("simulate", source, *pins, "--plan", plan, "--execution-order", order, *profile)
         replica = simulated.get("cpu_peak_bytes") or {}
         row["replica_before"], row["replica_after"] = replica.get("before"), replica.get("after")
     return row

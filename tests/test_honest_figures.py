@@ -151,3 +151,19 @@ def test_a_plan_that_leaves_the_peak_where_it_was_says_so(run_cli, tmp_path):
     verdict = _verdict(result.stdout)
     assert verdict.startswith("PASSED | plan ") and "(+0.0%) | the plan does not lower the peak" in verdict
     assert run_cli("plan", path, "-o", tmp_path / "p.json", "--json").json()["peak_lowered"] is False
+
+
+def test_a_plan_whose_pinned_walk_raises_the_peak_names_the_pins_and_the_next_step():
+    """Under DEFAULT the figures are the rewrite's walk (pins included): when the planned sequence lowers
+    the peak but the walk raises it, the failure says the pins did it and what to do instead; a plain
+    raise (the planned sequence itself above the peak) does not blame the pins."""
+    from offloadctl.cli.common import plan_effect
+
+    walked = {"peak_bytes": {"before": 100, "after": 500, "planned_after": 80}}
+    words, failure = plan_effect(walked)
+    assert words is None and failure is not None
+    assert "order pins" in failure and "--no-order-pins" in failure and "PRIORITY_BASED" in failure
+    _, plain = plan_effect({"peak_bytes": {"before": 100, "after": 150}})
+    assert plain is not None and "order pins" not in plain
+    _, device = plan_effect({"peak_bytes": {**walked["peak_bytes"], "device": "webgpu", "planned_before": 100}})
+    assert device is not None and "order pins" not in device

@@ -374,7 +374,15 @@ def plan_effect(
     if inside:
         inside += ", which are not planned in"
     if after > before:
-        return None, f"the plan raises the peak: {peak_text(figures).removeprefix('peak ')}{inside}"
+        walk = ""
+        planned = figures["peak_bytes"].get("planned_after")
+        if planned is not None and planned <= before and not figures["peak_bytes"].get("device"):
+            walk = (
+                ": its order pins keep more alive in the DEFAULT walk than the planned sequence does; next: apply it "
+                "with --no-order-pins (the walk then runs each copy next to its reader), or run it under "
+                "PRIORITY_BASED (a Python host)"
+            )
+        return None, f"the plan raises the peak: {peak_text(figures).removeprefix('peak ')}{inside}{walk}"
     if after == before:
         return "the plan does not lower the peak" + inside, None
     return None, None
