@@ -228,3 +228,24 @@ def host_nodes_model() -> onnx.ModelProto:
     for i, node in enumerate(model.graph.node):
         node.name = f"n{i}_{node.op_type}"
     return model
+
+
+def idle_typed_model(elem_type: int, path: Path) -> Path:
+    """``a = Cast(x, to=elem_type)``, idle across a chain of ten Relus, then read back as float: the one
+    activation of that type a plan can offload."""
+    chain = [helper.make_node("Relu", [f"y{k}"], [f"y{k + 1}"], name=f"relu{k}") for k in range(10)]
+    nodes = [
+        helper.make_node("Cast", ["x"], ["a"], name="to_type", to=elem_type),
+        helper.make_node("Identity", ["x"], ["y0"], name="start"),
+        *chain,
+        helper.make_node("Cast", ["a"], ["b"], name="to_float", to=TensorProto.FLOAT),
+        helper.make_node("Add", ["y10", "b"], ["out"], name="add"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [4, 8])
+    model = helper.make_model(
+        helper.make_graph(nodes, "typed", [x], [out]), opset_imports=[helper.make_opsetid("", 23)]
+    )
+    model.ir_version = 11  # opset 23 (float4) needs IR 11
+    onnx.save(model, str(path))
+    return path

@@ -22,6 +22,8 @@ from offloadctl.planning.make import make_plan
 from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, write_model
 
+from models import idle_typed_model
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
 SAMPLE_NAMES = ["seed", "unet", "transformer", "training", "mlp"]
@@ -985,27 +987,6 @@ def test_the_pin_scans_find_what_a_scan_from_each_copy_finds(name, write_model, 
 _ELEMENT_TYPES = [t for t in TensorProto.DataType.values() if t not in (TensorProto.UNDEFINED, TensorProto.STRING)]
 
 
-def _idle_typed_model(elem_type: int, path: Path) -> Path:
-    """``a = Cast(x, to=elem_type)``, idle across a chain of ten Relus, then read back as float: the one
-    activation of that type a plan can offload."""
-    chain = [helper.make_node("Relu", [f"y{k}"], [f"y{k + 1}"], name=f"relu{k}") for k in range(10)]
-    nodes = [
-        helper.make_node("Cast", ["x"], ["a"], name="to_type", to=elem_type),
-        helper.make_node("Identity", ["x"], ["y0"], name="start"),
-        *chain,
-        helper.make_node("Cast", ["a"], ["b"], name="to_float", to=TensorProto.FLOAT),
-        helper.make_node("Add", ["y10", "b"], ["out"], name="add"),
-    ]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])
-    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [4, 8])
-    model = helper.make_model(
-        helper.make_graph(nodes, "typed", [x], [out]), opset_imports=[helper.make_opsetid("", 23)]
-    )
-    model.ir_version = 11
-    onnx.save(model, str(path))
-    return path
-
-
 @pytest.mark.parametrize("elem_type", _ELEMENT_TYPES, ids=TensorProto.DataType.Name)
 def test_every_element_type_gets_a_pin_onnx_accepts_or_none(tmp_path, elem_type):
     """An idle activation of each element type: the rewrite loads and runs on the CPU in both orders
@@ -1016,7 +997,7 @@ def test_every_element_type_gets_a_pin_onnx_accepts_or_none(tmp_path, elem_type)
     drops the Casts of float and double.)"""
     from offloadctl.core.memcpy import COPY_TYPES
 
-    path = _idle_typed_model(elem_type, tmp_path / "m.onnx")
+    path = idle_typed_model(elem_type, tmp_path / "m.onnx")
     try:
         ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         runs = True

@@ -23,7 +23,15 @@ import onnx
 import pytest
 
 from conftest import SAMPLES
-from models import early_host_node_model, host_chain_model, host_nodes_model, old_pin_model, save, to_fp16
+from models import (
+    early_host_node_model,
+    host_chain_model,
+    host_nodes_model,
+    idle_typed_model,
+    old_pin_model,
+    save,
+    to_fp16,
+)
 
 pytestmark = pytest.mark.device
 
@@ -391,3 +399,28 @@ def test_forcing_a_host_read_is_warned_at_plan_and_named_when_the_device_refuses
     done = _device("run", out, "--device", "webgpu", "--repeat", "1", "--inputs", folder / "test_data_set_0")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "onnxruntime cannot load" in done.stderr and "leave them out of --force" in done.stderr
+
+
+def test_a_bfloat16_activation_webgpu_keeps_on_the_host_is_not_offloaded(tmp_path):
+    """WebGPU has no bfloat16 kernels, so it runs the Cast that makes an idle bfloat16 activation on the
+    CPU: a plan for it keeps that activation where it is (host-resident) and its rewrite runs with the
+    original's outputs in both orders, while a plan made without --device copies it, and WebGPU
+    refuses that rewrite with the fix (plan with --device). On the CPU provider the bfloat16 rewrite
+    runs, its D2H unpinned (test_apply's per-type test)."""
+    source = idle_typed_model(onnx.TensorProto.BFLOAT16, tmp_path / "bf16.onnx")
+    plan, out = tmp_path / "plan.json", tmp_path / "bf16.offload.onnx"
+    options = ("--select-distance", "3", "--prefetch-distance", "0", "--min-bytes", "0", "-o", plan)
+    made = _device("plan", source, *options, "--device", "webgpu", "--json")
+    assert made.returncode == 0, made.stderr
+    doc = json.loads(made.stdout)
+    assert doc["offloads"]["count"] == 0 and doc["rejected"].get("host-resident") == 1
+    assert _device("apply", plan, "-o", out).returncode == 0
+    for order in ("priority", "default"):
+        code, report = _run_json(out, "--compare-to", source, "--execution-order", order)
+        assert code == 0 and all(c["identical"] for c in report["comparison"].values()), order
+    plain = tmp_path / "plain.json"
+    assert _device("plan", source, *options[:-1], plain).returncode == 0
+    out.unlink()
+    assert _device("apply", plain, "-o", out).returncode == 0
+    refused = _device("run", out, "--device", "webgpu", "--compare-to", source, "--repeat", "1")
+    assert refused.returncode == 1 and "plan again with --device" in " ".join(refused.stderr.split())
