@@ -26,15 +26,15 @@ from typing import Any
 
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.document import check_plan_model, read_plan
-from offloadctl.contract.pins import pin_layout, record_pins
+from offloadctl.contract.order_pins import pin_layout, record_pins
 from offloadctl.core.ahead import Ahead
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.core.plantypes import Plan, SizesFromRun
 from offloadctl.core.units import fmt_bytes
+from offloadctl.loading.input_shapes import given_dims
 from offloadctl.loading.model import LoadedModel, load_model
-from offloadctl.loading.pins import given_dims
 from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
 from offloadctl.planning.make import plan_for
 from offloadctl.planning.request import PlanRequest, evolve, taking

@@ -707,7 +707,7 @@ def test_pins_never_feed_a_reshape(write_model, tmp_path):
     feeds one, and a view of what one made (GPT-2's attention reshapes, exported by optimum, did not
     load). The D2H after Relu is held by the second Neg, past the Unsqueeze and the Neg that reads its
     output, and the model loads and matches at every level."""
-    from offloadctl.contract.pins import pin_layout
+    from offloadctl.contract.order_pins import pin_layout
 
     path = write_model(RESHAPE_NEXT)
     analysis = analyse(load_model(path))
@@ -730,7 +730,7 @@ def test_pins_never_read_what_the_plan_keeps_for_fusions(write_model, tmp_path):
     """A tensor onnxruntime's fusions take in (a plan made with a profile measured above
     --opt-level disable records them) is not read by a pin either: the D2H after Relu is held by the
     next node whose input is free, and the rewrite still runs bit-identical."""
-    from offloadctl.contract.pins import pin_layout
+    from offloadctl.contract.order_pins import pin_layout
 
     path = write_model(RESHAPE_NEXT)
     analysis = analyse(load_model(path))
@@ -880,7 +880,7 @@ def test_the_rewrite_knows_who_makes_each_tensor_without_reading_every_node(writ
 def _naive_dep_before(analysis, q, low, avoid):
     """The output an H2D before q waits for when nothing alive at its first reader is found: a scan
     back from q."""
-    from offloadctl.contract.pins import _last_use, viewable
+    from offloadctl.contract.order_pins import _last_use, viewable
 
     fallback = None
     for s in range(q - 1, -1, -1):
@@ -900,7 +900,7 @@ def _naive_awaited(analysis, q, read, low, avoid, ahead=False):
     """The output an H2D before q, first read at ``read``, waits for, by the rule as written: one alive
     at ``read``, with ``ahead`` the earliest made from q - 1 on, then the latest made before q (down to
     ``low``), else `_naive_dep_before`."""
-    from offloadctl.contract.pins import _LOOK_AHEAD, _last_use, viewable
+    from offloadctl.contract.order_pins import _LOOK_AHEAD, _last_use, viewable
 
     after = range(max(q - 1, 0), min(read, q - 1 + _LOOK_AHEAD)) if ahead else range(0)
     for s in [*after, *range(q - 1, low - 1, -1)]:
@@ -946,7 +946,7 @@ def test_the_pin_scans_find_what_a_scan_from_each_copy_finds(name, write_model, 
     output each H2D waits for are those a scan from the copy finds, while each node is looked at
     once: with every tensor forced, no node holds a view, and a scan from each copy to the end of a
     big graph looked at its nodes once per copy."""
-    from offloadctl.contract import pins
+    from offloadctl.contract import order_pins as pins
 
     long_chain = SPARSE_VIEWS.replace("b = Reshape(a, s11)", "\n".join(LONG_CHAIN) + "\n    b = Reshape(a, s300)")
     texts = {"sparse": SPARSE_VIEWS, "below": VIEW_BELOW_THE_SCAN, "long": long_chain}

@@ -10,8 +10,8 @@ import pytest
 from onnx import numpy_helper
 
 from offloadctl.core.errors import OffloadError
+from offloadctl.loading.input_shapes import parse_dims, parse_input_shapes
 from offloadctl.loading.model import load_model
-from offloadctl.loading.pins import parse_dims, parse_input_shapes
 from tests.conftest import SAMPLES
 
 DYNAMIC = """

@@ -29,7 +29,7 @@ from offloadctl.core.files import check_distinct_outputs, check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job
-from offloadctl.loading.pins import follows_from, parse_dims, parse_input_shapes
+from offloadctl.loading.input_shapes import follows_from, parse_dims, parse_input_shapes
 from offloadctl.simulation.costs import STREAMS_NOTE, copy_mode_label
 
 __all__ = [

@@ -23,7 +23,7 @@ from offloadctl.cli.options import (
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
-from offloadctl.loading.pins import parse_dims, parse_input_shapes
+from offloadctl.loading.input_shapes import parse_dims, parse_input_shapes
 from offloadctl.running.profiler import DEFAULT_REPEAT, measure_profile, write_profile
 from offloadctl.running.runner import DEVICES, parse_ep_options
 

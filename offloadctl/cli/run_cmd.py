@@ -24,7 +24,7 @@ from offloadctl.cli.ui import out_console, print_json
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
-from offloadctl.loading.pins import parse_dims, parse_input_shapes
+from offloadctl.loading.input_shapes import parse_dims, parse_input_shapes
 from offloadctl.running.inputs import parse_value_ranges
 from offloadctl.running.inputs import save_outputs as save_outputs_file
 from offloadctl.running.placement import InsertedCopy

@@ -1,6 +1,6 @@
 """Load: read a model for planning, weights left on disk.
 
-`model` reads the file and checks its external data; `pins` parses ``--input-shape`` and
+`model` reads the file and checks its external data; `input_shapes` parses ``--input-shape`` and
 ``--dim`` and pins the dimensions; `tensors` gives every tensor's type, shape and byte size,
 lazily, from onnx's shape inference (`inference`, which can run in a child process while the
 caller goes on), then onnxruntime's symbolic one (`symbolic`), or from one run (`measured`, the

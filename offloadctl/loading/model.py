@@ -1,5 +1,5 @@
 """Loading a model for planning: the file read without its weights' bytes, its external data
-checked (every data file inside the model's folder), its input dimensions pinned (`offloadctl.loading.pins`)
+checked (every data file inside the model's folder), its input dimensions pinned (`offloadctl.loading.input_shapes`)
 and onnxruntime's load-time rewrites applied (`offloadctl.loading.ortgraph`).
 
 Planning never needs weight bytes: models are read with ``load_external_data=False``, so weights in
@@ -25,8 +25,8 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import sha256_file
 from offloadctl.core.onnxutil import iter_tensor_protos
 from offloadctl.loading.inference import start_inference
+from offloadctl.loading.input_shapes import check_dims, expand_patterns, pin_dims, pin_input_shapes
 from offloadctl.loading.ortgraph import normalize as normalize_graph
-from offloadctl.loading.pins import check_dims, expand_patterns, pin_dims, pin_input_shapes
 
 if TYPE_CHECKING:
     from offloadctl.core.ahead import Ahead

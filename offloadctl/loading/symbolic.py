@@ -420,7 +420,7 @@ def copies_as_identity(proto: onnx.ModelProto) -> onnx.ModelProto:
     has none), for onnxruntime's symbolic shape inference, which gives up on ops it does not know
     and needs constant inputs (axes, shapes) as constants: each copy becomes an Identity and every
     reader of a copy, in subgraphs too, reads the copied tensor itself. An order pin's view (a
-    no-op Reshape, `offloadctl.contract.pins`) is read as the tensor it views, the same way."""
+    no-op Reshape, `offloadctl.contract.order_pins`) is read as the tensor it views, the same way."""
     copies = [
         i
         for i, n in enumerate(proto.graph.node)

@@ -1,7 +1,7 @@
 """The type, shape and byte size of every tensor of a loaded model.
 
 Shapes come from onnx's own shape inference with data propagation, after the pins
-(`offloadctl.loading.pins`); they are looked up lazily (`TensorInfos`), so a command that needs a
+(`offloadctl.loading.input_shapes`); they are looked up lazily (`TensorInfos`), so a command that needs a
 few tensors pays for a few. Where onnx's inference leaves a size unknown, onnxruntime's symbolic
 shape inference (`offloadctl.loading.symbolic`) runs once; sizes one run measured
 (`offloadctl.loading.measured`) win over both. A tensor whose byte size stays unknown keeps

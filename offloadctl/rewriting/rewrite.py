@@ -72,7 +72,7 @@ from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.order import execution_order, priority_ranks, sorted_priority_order
 from offloadctl.contract.check import check_plan_for_model
-from offloadctl.contract.pins import (
+from offloadctl.contract.order_pins import (
     RESHAPE_OPS,
     d2h_pinnable,
     h2d_pinnable,
@@ -588,7 +588,7 @@ class _Rewriter:
 
 
 class _Pins:
-    """Builds the order pins of `offloadctl.contract.pins.pin_layout` (where they go, why a pin never
+    """Builds the order pins of `offloadctl.contract.order_pins.pin_layout` (where they go, why a pin never
     makes a cycle and never has a device node read a host tensor, is said there): for the D2Hs after
     p, the node and input ``layout.d2h[p]`` names reads that input through
     ``Reshape(t, Concat(zeros, Shape(OptionalHasElement(Optional(host))), ...))``; each H2D before q
@@ -706,7 +706,7 @@ class _Pins:
     def _hold_h2d(self, q: int, source: int, j: int) -> None:
         """Each H2D before q: its uses (or the graph output it feeds) read a view of its device output
         that waits for output j of the node at ``source`` (before q, or in the DEFAULT walk of a forward
-        graph after it: `offloadctl.contract.pins.waits_ahead`); the pin's nodes follow the copies and
+        graph after it: `offloadctl.contract.order_pins.waits_ahead`); the pin's nodes follow the copies and
         that node in the file."""
         rw = self.rw
         node = rw.pos_nodes[source]

@@ -18,8 +18,8 @@ from typing import Any
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.plantypes import Plan
+from offloadctl.loading.input_shapes import follows_from
 from offloadctl.loading.model import load_model
-from offloadctl.loading.pins import follows_from
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 

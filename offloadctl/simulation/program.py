@@ -27,7 +27,7 @@ from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory, weight_is_resident
 from offloadctl.contract.check import check_plan_for_model
 from offloadctl.contract.document import check_plan_model
-from offloadctl.contract.pins import pin_layout
+from offloadctl.contract.order_pins import pin_layout
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
 from offloadctl.core.plantypes import Plan
