@@ -81,7 +81,7 @@ def open_model(
         requested = requested or plan["model"].get("sizes_from_run")
     elif not input_shapes and not dims:
         # a rewritten model records the shapes its plan was made at (offloadctl.planned_at), as `run` reads them
-        from offloadctl.running.runner import planned_shapes
+        from offloadctl.rewriting.metadata import planned_shapes
 
         input_shapes, dims = planned_shapes(model)
         if input_shapes or dims:

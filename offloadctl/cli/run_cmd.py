@@ -25,6 +25,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.input_shapes import parse_dims, parse_input_shapes
+from offloadctl.rewriting.metadata import planned_execution_order
 from offloadctl.running.inputs import parse_value_ranges
 from offloadctl.running.inputs import save_outputs as save_outputs_file
 from offloadctl.running.placement import InsertedCopy
@@ -32,7 +33,6 @@ from offloadctl.running.runner import (
     DEVICES,
     RunReport,
     parse_ep_options,
-    planned_execution_order,
     quiet_onnxruntime,
     run_model,
 )

@@ -26,7 +26,6 @@ import contextlib
 import gc
 import logging
 import math
-import mmap
 import os
 import re
 import statistics
@@ -47,11 +46,11 @@ from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.loading.placed import HostCast
 from offloadctl.rewriting.metadata import (
     KEY_PINS,
-    KEY_PLANNED_AT,
     KEY_SESSION,
     PinCheck,
     check_pins,
     metadata_json,
+    planned_shapes,
     session_settings,
 )
 from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
@@ -1025,57 +1024,6 @@ def _tolerances(opt_level: str, rtol: float | None, atol: float | None) -> tuple
     return (
         (0.0 if exact else _DEFAULT_RTOL) if rtol is None else rtol,
         (0.0 if exact else _DEFAULT_ATOL) if atol is None else atol,
-    )
-
-
-def _planned_at(model: str | os.PathLike[str]) -> tuple[onnx.ModelProto | None, Any]:
-    """The model without its weights and its ``offloadctl.planned_at`` metadata; (None, None) for a
-    file that does not hold the metadata's key, which is then not parsed (the commands that ask load
-    the model right after: an original model is read once)."""
-    try:
-        if not _holds(model, KEY_PLANNED_AT.encode()):
-            return None, None
-        header = onnx.load(str(model), load_external_data=False)
-    except Exception:  # noqa: BLE001 - load_model reports a bad file clearly
-        return None, None
-    return header, metadata_json(header, KEY_PLANNED_AT)
-
-
-def _holds(path: str | os.PathLike[str], key: bytes) -> bool:
-    """Whether the file's bytes hold ``key``: a metadata key is stored as it is spelt, in the binary
-    format and in the text ones."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:
-            return False
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return data.find(key) >= 0
-
-
-def planned_execution_order(model: str | os.PathLike[str]) -> str | None:
-    """The execution order a rewritten model's plan counted positions in (``priority`` or ``default``,
-    from its ``offloadctl.planned_at`` metadata); None for any other model."""
-    _, recorded = _planned_at(model)
-    order = recorded.get("execution_order") if isinstance(recorded, dict) else None
-    return order if order in EXECUTION_ORDERS else None
-
-
-def planned_shapes(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """The input shapes and dims a rewritten model's plan was made at (its ``offloadctl.planned_at``
-    metadata), for generated inputs; empty for any other model."""
-    header, recorded = _planned_at(model)
-    if header is None:
-        return {}, {}
-    if not isinstance(recorded, dict):
-        return {}, {}
-    shapes: dict[str, Any] = recorded.get("input_shapes") or {}
-    dims: dict[str, Any] = recorded.get("dims") or {}
-    if not isinstance(shapes, dict) or not isinstance(dims, dict):
-        return {}, {}
-    known = {i.name for i in header.graph.input}
-    names = {d.dim_param for i in header.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
-    return (
-        {k: [int(x) for x in v] for k, v in shapes.items() if k in known and isinstance(v, list)},
-        {k: int(v) for k, v in dims.items() if k in names and isinstance(v, int)},
     )
 
 
