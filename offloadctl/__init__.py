@@ -13,9 +13,11 @@ The library is usable without the command line. Its entry points, in pipeline or
 
 Each is a thin name over the module that owns the work, one subpackage per stage of the pipeline:
 `offloadctl.loading.model.load_model`, `offloadctl.analysis.graph.analyse`,
-`offloadctl.planning.make.make_plan` (the single stages are `offloadctl.planning.select`,
-`~.filter` and `~.prefetch`), `offloadctl.rewriting.rewrite.apply_plan` with `~.write_model`,
-`offloadctl.simulation.result.simulate` and `offloadctl.running.runner.run_model`.
+`offloadctl.job.make_plan` (the plan document ``offloadctl plan`` writes, its figures included; the
+planner's plan alone is `offloadctl.planning.make.make_plan`, and the single stages are
+`offloadctl.planning.select`, `~.filter` and `~.prefetch`),
+`offloadctl.rewriting.rewrite.apply_plan` with `~.write_model`, `offloadctl.simulation.result.simulate`
+and `offloadctl.running.runner.run_model`.
 User errors raise `OffloadError` (a message naming the file or tensor, and a hint).
 
 Importing the package is light (the modules load on first use), so that the command line can turn

@@ -3,7 +3,9 @@
 `plan_for` is what ``offloadctl plan`` runs: ``max_slowdown`` goes to the trade-off
 (`offloadctl.planning.tradeoff.plan_within_slowdown`), any other request to its planner
 (`offloadctl.planning.planners.plan_with`). `make_plan` is the same with the request's options as
-keywords, as the Python API offers it (``offloadctl.make_plan(analysis, budget="800KiB")``).
+keywords, and returns the planner's plan alone. The Python API's ``offloadctl.make_plan(analysis,
+budget="800KiB")`` is `offloadctl.job.make_plan`: the document ``offloadctl plan`` writes, the
+figures it records (``summary``) included.
 """
 
 from __future__ import annotations
