@@ -16,6 +16,7 @@ of the rewrite as that walk runs it) and the order pins' layout (``summary.pins`
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,7 +31,7 @@ from offloadctl.contract.order_pins import pin_layout, record_pins
 from offloadctl.core.ahead import Ahead
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
+from offloadctl.core.files import atomic_write_text, check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.core.plantypes import Plan, SizesFromRun
 from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.input_shapes import given_dims
@@ -50,6 +51,7 @@ from offloadctl.rewriting.rewrite import (
     target_for,
     write_model,
 )
+from offloadctl.rewriting.streams import streams_file, with_events
 from offloadctl.running.sizes import measure_sizes
 from offloadctl.simulation.base import is_rewritten, plain_ids
 from offloadctl.simulation.estimate import (
@@ -237,6 +239,10 @@ class Job:
         check_model_outputs(loaded.proto, output, source, self.reads, locations=loaded.data_locations)
         step(f"rewriting {loaded.path}")
         proto = apply_plan(self.plan, self.analysis, result=result, options=options)
+        events = None
+        if options is not None and options.copies == "streams":
+            partition_path = self.guard("the partition file", streams_file(output))
+            events = with_events(proto, partition_path.name, self.analysis.order)
         if genai is not None:
             check_genai_output(genai, Path(output))
         step(f"writing {output}")
@@ -248,6 +254,13 @@ class Job:
             locations=loaded.data_locations,
             mode=stat.S_IMODE(loaded.path.stat().st_mode),  # a rewrite is as private as its source
         )
+        if events is not None:
+            try:
+                atomic_write_text(partition_path, json.dumps(events.to_json(), indent=1) + "\n")
+            except BaseException:
+                _remove_written([Path(output), *written])
+                raise
+            written.append(partition_path)
         if genai is not None:
             step(f"completing the onnxruntime-genai folder {Path(output).parent}")
             try:

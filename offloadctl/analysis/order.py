@@ -194,7 +194,9 @@ def default_order(
     return order
 
 
-def executor_order(order: list[int], preds: list[set[int]], host: list[bool]) -> list[int]:
+def executor_order(
+    order: list[int], preds: list[set[int]], host: list[bool], *, first: bool | None = None
+) -> list[int]:
     """The order onnxruntime's single-threaded executor runs ``order`` (a topological order of node
     indices, `execution_order` or `default_order`) in when the nodes ``host`` marks run on the CPU
     provider and the others on a device provider.
@@ -207,10 +209,13 @@ def executor_order(order: list[int], preds: list[set[int]], host: list[bool]) ->
     the other, each until a barrier stops it, and a trigger resumes the stream it releases at once,
     before its own stream goes on (``RunSince``, ``ScheduleDownstream`` and ``BarrierStep`` with no
     inter-op thread pool). Each stream's own order is ``order``'s; only how the two interleave changes.
+    ``first``, the ``host`` value of the stream a partition file lists first (the copy stream of
+    `offloadctl.rewriting.streams`), makes that stream the one that runs first; by default it is the
+    stream of the first node in ``order``.
     """
     if not order or all(h == host[order[0]] for h in host):
         return list(order)
-    steps, downstream, barriers = _stream_steps(order, preds, host)
+    steps, downstream, barriers = _stream_steps(order, preds, host, host[order[0]] if first is None else first)
     count = [2] * barriers
     ran: list[int] = []
     frames = [(1, 0), (0, 0)]  # (stream, step) still to run; the last one runs first
@@ -234,11 +239,11 @@ def executor_order(order: list[int], preds: list[set[int]], host: list[bool]) ->
 
 
 def _stream_steps(
-    order: list[int], preds: list[set[int]], host: list[bool]
+    order: list[int], preds: list[set[int]], host: list[bool], side: bool
 ) -> tuple[list[list[tuple[str, int]]], dict[int, list[tuple[int, int]]], int]:
     """(each stream's steps: ("barrier", id), ("node", i), ("trigger", point); for each trigger point the
-    (stream, step) of the barriers it releases; the number of barriers), as onnxruntime plans them."""
-    side = host[order[0]]
+    (stream, step) of the barriers it releases; the number of barriers), as onnxruntime plans them;
+    stream 0 holds the nodes whose ``host`` is ``side``."""
     stream = [0 if h == side else 1 for h in host]
     members: list[list[int]] = [[], []]
     for i in order:

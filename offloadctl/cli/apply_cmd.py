@@ -21,7 +21,7 @@ from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.job import Job, genai_output_folder, plan_model
-from offloadctl.rewriting.rewrite import TARGETS, ApplyResult, RewriteOptions, target_for
+from offloadctl.rewriting.rewrite import COPY_MODES, TARGETS, ApplyResult, RewriteOptions, target_for
 from offloadctl.simulation.estimate import recorded_estimate
 
 __all__ = ["COMMANDS"]
@@ -61,9 +61,26 @@ logger = logging.getLogger(__name__)
     "device tensor only through Shape) or ascend (CANN has no Shape kernel, so such a pin would copy the tensor "
     "to the host: those copies go unpinned and hold only under PRIORITY_BASED).",
 )
+@click.option(
+    "--copies",
+    type=click.Choice(list(COPY_MODES)),
+    default="inline",
+    show_default=True,
+    help="inline: the copies run on the compute stream, each paid in full time. streams: on a stream of their own, "
+    "beside compute, on CUDA and CANN (onnxruntime's multi-stream executor): gates and fences are added as Identity "
+    "nodes and a partition file is written beside OUT (OUT's stem + .streams.json), which the model's metadata "
+    "names (offloadctl.streams) and offloadctl run loads. WebGPU and the CPU run the copies in line either way.",
+)
 @json_option
 def apply(
-    plan_path: str, output: str, model: str | None, order_pins: bool, pin_shapes: bool, target: str, as_json: bool
+    plan_path: str,
+    output: str,
+    model: str | None,
+    order_pins: bool,
+    pin_shapes: bool,
+    target: str,
+    copies: str,
+    as_json: bool,
 ) -> None:
     """Insert the copies of a scheduled plan into its model and write OUT.onnx.
 
@@ -83,7 +100,8 @@ def apply(
         check_output_path(output, plan_path, source)  # before the model loads
         with steps(not as_json, total=4) as step:
             job = Job.of_plan(plan_path, stages=("scheduled",), model=model, step=step, plan=plan)
-            options = RewriteOptions(order_pins=order_pins, pin_shapes=pin_shapes, target=target)
+            copies = _copy_mode(plan, copies)
+            options = RewriteOptions(order_pins=order_pins, pin_shapes=pin_shapes, target=target, copies=copies)
             _, extra = job.write_rewrite(output, result=result, step=step, options=options)
     model_path = job.model_path
     figures = recorded_estimate(plan)
@@ -105,7 +123,8 @@ def apply(
         for reason in result.unpinned:
             console.print(f"[yellow]not pinned (holds under PRIORITY_BASED only)[/]: {reason}", soft_wrap=True)
         for path in extra:
-            console.print(f"placed {path} beside the rewritten model", soft_wrap=True)
+            what = "the partition file that puts the copies on a stream of their own" if path.suffix == ".json" else ""
+            console.print(f"placed {path} beside the rewritten model" + (f": {what}" if what else ""), soft_wrap=True)
         if figures is not None:
             print_estimate(figures, what="planned")
     if figures is not None:
@@ -138,11 +157,22 @@ def apply(
             "order_pins": result.pins,
             "unpinned": result.unpinned,
             "target": target,
+            "copy_mode": copies,
+            "partition_file": next((str(p) for p in extra if p.suffix == ".json"), None),
             "offloaded": {"activations": result.activations, "parameters": result.parameters},
             "data_files": [str(p) for p in extra],
             "estimate": figures,  # recorded by `offloadctl plan`; None for a plan made otherwise
         },
     )
+
+
+def _copy_mode(plan: Plan, copies: str) -> str:
+    """``copies``, except for a plan made for WebGPU, which registers no streams: its copies run in line."""
+    device = plan["options"].get("select", {}).get("host_device", "")
+    if copies == "streams" and device.split()[:1] == ["webgpu"]:
+        logger.warning("WebGPU registers no streams: its copies run in line, and no partition file is written")
+        return "inline"
+    return copies
 
 
 def _warn_target(plan: Plan, target: str, order_pins: bool) -> None:

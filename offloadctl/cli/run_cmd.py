@@ -20,7 +20,7 @@ from offloadctl.cli.options import (
     model_argument,
     opt_level_option,
 )
-from offloadctl.cli.ui import out_console, print_json
+from offloadctl.cli.ui import foreign_stdout_aside, out_console, print_json
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
@@ -150,23 +150,24 @@ def run(
         check_output_path(save_outputs, model, compare_to, inputs)
     order = order or planned_execution_order(model) or "priority"
     quiet_onnxruntime(device)
-    report = run_model(
-        model,
-        device,
-        inputs=inputs,
-        compare_to=compare_to,
-        ep_options=parse_ep_options(ep_option),
-        repeat=repeat,
-        opt_level=opt_level,
-        rtol=rtol,
-        atol=atol,
-        input_shapes=parse_input_shapes(shapes.input_shape),
-        dims=parse_dims(shapes.dim),
-        seed=seed,
-        value_ranges=parse_value_ranges(value_range),
-        order=order,
-        memory=measure_memory,
-    )
+    with foreign_stdout_aside():  # onnxruntime prints to stdout itself when streams share a device
+        report = run_model(
+            model,
+            device,
+            inputs=inputs,
+            compare_to=compare_to,
+            ep_options=parse_ep_options(ep_option),
+            repeat=repeat,
+            opt_level=opt_level,
+            rtol=rtol,
+            atol=atol,
+            input_shapes=parse_input_shapes(shapes.input_shape),
+            dims=parse_dims(shapes.dim),
+            seed=seed,
+            value_ranges=parse_value_ranges(value_range),
+            order=order,
+            memory=measure_memory,
+        )
     written = []
     if save_outputs is not None:
         skipped = save_outputs_file(save_outputs, report.output_values)
@@ -198,6 +199,8 @@ def run(
         if order == "priority"
         else ("DEFAULT order as predicted" if report.order.matches else "DEFAULT order differs from the prediction"),
     ]
+    if report.streams is not None:
+        parts.append("copies on their own stream")
     for figure in report.measured_memory or []:
         if figure.device == device:
             parts.append(f"{figure.allocator} arena peak {fmt_bytes(figure.peak_bytes)}")
@@ -304,6 +307,25 @@ def _print_memory(report: RunReport) -> None:
         )
 
 
+def _copy_rows(setup: Table, report: RunReport) -> None:
+    """The session table's rows on copies: those onnxruntime inserted, a stream of their own, and the
+    device peak of the order that ran."""
+    if report.inserted is not None:
+        undone = len(report.undone_copies)
+        text = f"{len(report.inserted)} (of them {undone} next to the rewrite's copies and pins)"
+        if report.original_inserted is not None:
+            text += f"; the original: {len(report.original_inserted)}"
+        setup.add_row("copies onnxruntime inserted", f"[bold red]{text}[/]" if undone else text)
+    if report.streams is not None:
+        setup.add_row(
+            "copies",
+            f"on a stream of their own: {report.streams['copy_stream_nodes']} copy-stream nodes, partition file "
+            f"{escape(report.streams['partition_file'])}",
+        )
+    if report.ran_peak_bytes is not None:
+        setup.add_row("device peak, simulated in the order that ran", fmt_bytes(report.ran_peak_bytes))
+
+
 def _print_report(report: RunReport) -> None:
     console = out_console()
     setup = Table(title="session", show_edge=False, show_header=False)
@@ -329,14 +351,7 @@ def _print_report(report: RunReport) -> None:
     else:
         verdict = "[bold yellow]differs from the plan[/]"
     setup.add_row("order", verdict)
-    if report.inserted is not None:
-        undone = len(report.undone_copies)
-        text = f"{len(report.inserted)} (of them {undone} next to the rewrite's copies and pins)"
-        if report.original_inserted is not None:
-            text += f"; the original: {len(report.original_inserted)}"
-        setup.add_row("copies onnxruntime inserted", f"[bold red]{text}[/]" if undone else text)
-    if report.ran_peak_bytes is not None:
-        setup.add_row("device peak, simulated in the order that ran", fmt_bytes(report.ran_peak_bytes))
+    _copy_rows(setup, report)
     console.print(setup)
     if not order.matches:
         diffs = Table(title="first order differences", show_edge=False)

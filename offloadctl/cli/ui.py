@@ -156,3 +156,27 @@ class FiniteFloatRange(click.FloatRange):
 def print_json(document: Any) -> None:
     """Print one JSON document on stdout."""
     click.echo(json.dumps(document, indent=1))
+
+
+@contextlib.contextmanager
+def foreign_stdout_aside() -> Iterator[None]:
+    """While it is open, what other code in the process writes to standard output (file descriptor 1)
+    goes to standard error with -v and nowhere without: onnxruntime prints "X reused by Y as input"
+    there itself when several streams share a device, which would corrupt a ``--json`` document and
+    bury the report. The command prints its own output after."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no standard output to keep clean
+        yield
+        return
+    verbose = logging.getLogger().isEnabledFor(logging.INFO)
+    target = os.dup(2) if verbose else os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(target, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(target)

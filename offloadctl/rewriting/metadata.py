@@ -31,6 +31,10 @@
   order that ran.
 - ``offloadctl.priority_based_only``: JSON list of the copies no order pin holds, and why: they
   keep their planned place only under PRIORITY_BASED.
+- ``offloadctl.streams`` (``apply --copies streams``): JSON of the partition file that puts the
+  copies on a stream of their own (a path relative to the model) and the session config entries a
+  host sets to run it (`offloadctl.rewriting.streams`); ``offloadctl.session`` then names the file
+  too (``streams.partition_file``) and the optimizers the events need disabled.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ __all__ = [
     "KEY_PLANNED_AT",
     "KEY_PINS",
     "KEY_UNPINNED",
+    "KEY_STREAMS",
     "PinCheck",
     "check_pins",
     "metadata_json",
@@ -76,6 +81,7 @@ KEY_PLANNED_AT = "offloadctl.planned_at"
 KEY_PINS = "offloadctl.order_pins"
 #: the copies no order pin holds, and why: they keep their planned place only in PRIORITY_BASED order
 KEY_UNPINNED = "offloadctl.priority_based_only"
+KEY_STREAMS = "offloadctl.streams"
 
 
 def plan_sha256(plan: Plan) -> str:

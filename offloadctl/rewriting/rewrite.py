@@ -112,6 +112,7 @@ from offloadctl.rewriting.metadata import (
 )
 
 __all__ = [
+    "COPY_MODES",
     "ApplyResult",
     "RewriteOptions",
     "MAX_EMBEDDED_BYTES",
@@ -154,6 +155,9 @@ TARGETS: dict[str, str] = {
     "ascend": "CANN: no Shape kernel, so a pin may read a device tensor only where its own node does",
 }
 
+#: how the copies run: on the compute stream, or on a stream of their own (`offloadctl.rewriting.streams`)
+COPY_MODES = ("inline", "streams")
+
 
 def target_for(device: str) -> str:
     """The pins' target (`TARGETS`) for the device a plan was made for (``plan --device``)."""
@@ -173,15 +177,21 @@ class RewriteOptions:
         target: the providers the pins are built for (`TARGETS`, ``apply --target``): with
             ``ascend`` no pin node reads a device tensor (CANN runs Shape on the CPU, which would copy
             the whole tensor), so H2D copies, and D2H copies whose view needs Shape(t), go unpinned.
+        copies: ``inline`` (on the compute stream) or ``streams`` (``apply --copies streams``: on a
+            stream of their own, with the events and the partition file of
+            `offloadctl.rewriting.streams`; the job adds them to the rewrite and writes the file).
     """
 
     order_pins: bool = True
     pin_shapes: bool = False
     target: str = "gpu"
+    copies: str = "inline"
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise OffloadError(f"unknown target {self.target!r}", hint=f"use one of: {', '.join(TARGETS)}")
+        if self.copies not in COPY_MODES:
+            raise OffloadError(f"unknown copy mode {self.copies!r}", hint=f"use one of: {', '.join(COPY_MODES)}")
 
 
 @paused_gc()

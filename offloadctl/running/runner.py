@@ -23,7 +23,9 @@ onnxruntime is an optional dependency and is imported only when a model is run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
+import json
 import logging
 import math
 import os
@@ -33,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,12 +50,14 @@ from offloadctl.loading.placed import HostCast
 from offloadctl.rewriting.metadata import (
     KEY_PINS,
     KEY_SESSION,
+    KEY_STREAMS,
     PinCheck,
     check_pins,
     metadata_json,
     planned_shapes,
     session_settings,
 )
+from offloadctl.rewriting.streams import PARTITION_KEY, check_partition, stream_order
 from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
 from offloadctl.running.growth import MemoryGrowth, memory_growth
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
@@ -813,6 +818,8 @@ class RunReport:
     # the device peak of the model simulated in the order that ran (a non-CPU device: its order is not
     # quite either order replayed, since the provider's nodes and its CPU nodes run on streams of their own)
     ran_peak_bytes: int | None = None
+    # a rewrite whose copies run on a stream of their own: its partition file (None: one stream)
+    streams: dict[str, Any] | None = None
     # with --measure-memory and --compare-to, a rewrite's measured peak against the original's
     growth: MemoryGrowth | None = None
 
@@ -860,6 +867,7 @@ class RunReport:
             if self.measured_memory is None
             else [figure.to_json() for figure in self.measured_memory],
             "memory_growth": None if self.growth is None else self.growth.to_json(),
+            "copy_streams": self.streams,
             "warnings": self.warnings,
         }
 
@@ -902,15 +910,14 @@ def run_model(
             default), ``basic``, ``extended`` or ``all``.
         rtol, atol: tolerances for the comparison; default 1e-5 / 1e-6 with optimizations on,
             0 / 0 (bit equality) with ``disable``. Finite and >= 0.
-        input_shapes, dims: pins for dynamic input dimensions (as for `load_model`): generated
-            inputs take these sizes, and given inputs are checked against them. A dynamic
-            dimension of a generated input that is not pinned is an error.
+        input_shapes, dims: pins for dynamic input dimensions (as for `load_model`): generated inputs
+            take these sizes (an unpinned dynamic one is an error), given ones are checked against them.
         seed: seed of the generated inputs.
         value_ranges: ranges of the generated inputs (`parse_value_ranges`).
         order: ``priority`` (PRIORITY_BASED: the plan is the file order) or ``default`` (DEFAULT,
             what other hosts run); the profiled order is checked against the one predicted for it.
         memory: also measure what onnxruntime's allocators hold for one run of a fresh session
-            (`offloadctl.running.allocator.measure_memory`).
+            (`offloadctl.running.allocator.measure_memory`), and the original's too with ``compare_to``.
 
     Returns:
         The report; it does not raise when outputs differ or the order does not match (see
@@ -922,14 +929,14 @@ def run_model(
     """
     _check_run_options(repeat, rtol, atol, memory=memory, device=device)
     warnings: list[str] = []
-    # as onnxruntime reads it (the order check predicts its rewrites), with the pins for generated inputs:
-    # those given, else those a rewritten model's plan was made at
+    # as onnxruntime reads it, pinned for generated inputs: as given, else at a rewrite's planned shapes
     if not input_shapes and not dims and inputs is None:
         input_shapes, dims = planned_shapes(model)
     loaded = load_model(model, input_shapes=input_shapes, dims=dims, normalize=False)
     ort = import_onnxruntime(device)
     settings = required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort, order=order)
+    streams = _copy_streams(settings, model, loaded.proto, config, order)
     warnings += _setup_warnings(settings, config, device, ep_options)
     feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
     with _original_refused_too(compare_to, feeds_all, device, opt_level, ep_options, ort):
@@ -969,7 +976,31 @@ def run_model(
         ran=timed.ran,
         ran_peak_bytes=timed.ran_peak,
         growth=_growth(loaded, compare_to, config, device, feeds_all, measured, timed.ran, order, ort),
+        streams=streams,
     )
+
+
+def _copy_streams(
+    settings: Mapping[str, Any], model: str, proto: onnx.ModelProto, config: SessionConfig, order: str
+) -> dict[str, Any] | None:
+    """For a rewrite whose copies run on a stream of their own (``apply --copies streams``): check the
+    partition file its metadata names against the model and set it on the session (``config``, in
+    place); what the report says of it. None for any other model."""
+    recorded = settings.get("streams")
+    if not isinstance(recorded, Mapping) or not isinstance(recorded.get("partition_file"), str):
+        return None
+    path = Path(model).resolve().parent / recorded["partition_file"]
+    if config.opt_level != "disable":
+        raise OffloadError(
+            f"{model} runs its copies on a stream of their own, and its partition file names the nodes as they are "
+            f"without graph optimizations; at --opt-level {config.opt_level} onnxruntime fuses and renames them",
+            hint="run it with --opt-level disable (the default)",
+        )
+    check_partition(path, proto, model, order)
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    config.entries[PARTITION_KEY] = str(path)
+    config.sess_options.add_session_config_entry(PARTITION_KEY, str(path))
+    return {"partition_file": str(path), "streams": len(doc["streams"]), "copy_stream_nodes": len(doc["streams"][0])}
 
 
 def _growth(
@@ -992,7 +1023,11 @@ def _growth(
     if mine is None:
         return None
     original = onnx.load(compare_to, load_external_data=False)
-    figures = measure_memory(config.spec(compare_to, device), _session_feeds(original, feeds_all), order=order, ort=ort)
+    spec = config.spec(compare_to, device)  # the same session, less the rewrite's partition file
+    spec = dataclasses.replace(
+        spec, config_entries={k: v for k, v in (spec.config_entries or {}).items() if k != PARTITION_KEY}
+    )
+    figures = measure_memory(spec, _session_feeds(original, feeds_all), order=order, ort=ort)
     theirs = next((f for f in figures if f.device == device), None)
     if theirs is None:
         return None
@@ -1010,6 +1045,8 @@ def _order_checks(
     on_device = device != "cpu" and exact and timed.nodes
     inserted = timed.inserted or []
     expected = predicted_order(loaded, order, timed.nodes, inserted, timed.casts) if on_device else None
+    if expected is None and KEY_STREAMS in {p.key for p in loaded.proto.metadata_props}:
+        expected = stream_order(loaded.proto, order)  # copies on a stream of their own
     checked = compare_order(expected or planned_order(loaded.proto, order), timed.ran, exact=exact)
     if not checked.matches:
         warnings.append(_order_warning(checked, order))

@@ -1,0 +1,287 @@
+"""Copies on a stream of their own: HyperOffload's event step (``AddEventNodes``) on onnxruntime's
+multi-stream executor (``apply --copies streams``).
+
+onnxruntime runs the logic streams a partition file names (session config entry
+``session.node_partition_config_file``: ``{"type": "DeviceBasedPartitioner", "streams": [[names],
+...], "devices": [...]}``, every node listed once under the name the session gives it). On CUDA and
+CANN each logic stream gets a stream of its own, a Memcpy node copies on its node's stream, and a
+value made on one stream and read on another becomes an event record there and a device-side wait
+here. Within a stream nodes run in the session's topological order. With ORT_SEQUENTIAL one host
+thread runs the first stream until it waits, then the next, and a value made resumes the stream that
+waits for it at once.
+
+`add_event_nodes` writes the events of a rewritten model (its copies in place in the file) as plain
+``Identity`` nodes, zero-cost on every provider (CANN has no Shape kernel):
+
+- a **gate** before each MemcpyFromHost, ``Identity(t)``, t an output of the last compute node
+  before it in the file: on the copy stream it holds the copy until t is made, so each copy is
+  issued at its planned point, not all at once;
+- for each MemcpyToHost of a device tensor x, a **gate after it** on the copy stream,
+  ``g = Identity(x)``, and a **fence** on the compute stream right after x's last reader there (of
+  x or of an order pin's view of it), ``Identity(g)``: compute waits for the copy before x's buffer
+  can go to another tensor (the device arena is freed by the host, and it knows which stream
+  allocated a chunk, not which stream still reads it).
+
+`partition` lists the copy stream (copies and gates) first, then compute. The copy stream first
+makes the executor issue each copy as soon as its gate opens; compute first would issue a copy only
+when compute waits for it. The events hold only while onnxruntime keeps the Identity nodes: the
+session must disable ``EliminateIdentity`` and ``CommonSubexpressionElimination`` besides
+``ConstantFolding`` (`EVENT_OPTIMIZERS`), and the partition names the nodes as they are at
+``--opt-level disable`` (fusions at higher levels rename them, and onnxruntime then falls back to one
+stream or, on 1.24, refuses the session).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+from onnx import helper
+
+from offloadctl.analysis.order import executor_order, expected_run_order
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.onnxutil import BACKWARD_ATTR, copy_kind, is_backward, is_pin, pin_view_source
+from offloadctl.loading.ortgraph import inlined_calls
+from offloadctl.rewriting.metadata import KEY_SESSION, KEY_STREAMS, session_settings, set_metadata
+
+__all__ = [
+    "EVENT_OPTIMIZERS",
+    "EVENT_PREFIX",
+    "PARTITION_KEY",
+    "StreamLayout",
+    "add_event_nodes",
+    "check_partition",
+    "partition",
+    "stream_order",
+    "streams_file",
+    "with_events",
+]
+
+#: what a session of a rewrite with events disables (``;``-separated, as the session config key reads it)
+EVENT_OPTIMIZERS = ("ConstantFolding", "EliminateIdentity", "CommonSubexpressionElimination")
+#: the session config entry that names the partition file
+PARTITION_KEY = "session.node_partition_config_file"
+#: the names of the event nodes start with this
+EVENT_PREFIX = "offload/event/"
+#: outputs a gate must not read: made on the host by every provider
+_HOST_OUTPUT_OPS = frozenset({"Shape", "Size", "Constant"})
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """The two logic streams of a rewrite with events, every node by the name the session gives it."""
+
+    copy_stream: list[str]
+    compute_stream: list[str]
+    gates: int  # before MemcpyFromHost nodes
+    fences: int  # MemcpyToHost copies the compute stream waits for
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "type": "DeviceBasedPartitioner",
+            "streams": [self.copy_stream, self.compute_stream],
+            "devices": ["0", "0"],
+        }
+
+
+class _Names:
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.tensors = {o for n in graph.node for o in [*n.input, *n.output]} | {t.name for t in graph.initializer}
+        self.tensors |= {v.name for v in [*graph.input, *graph.output, *graph.value_info]}
+        self.nodes = {n.name for n in graph.node}
+
+    def tensor(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.tensors:
+            name, k = f"{base}_{k}", k + 1
+        self.tensors.add(name)
+        return name
+
+    def node(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.nodes:
+            name, k = f"{base}_{k}", k + 1
+        self.nodes.add(name)
+        return name
+
+
+def _is_event(node: onnx.NodeProto) -> bool:
+    return node.name.startswith(EVENT_PREFIX)
+
+
+def _gate_source(node: onnx.NodeProto) -> str | None:
+    """The output of a compute node a gate can read: a device tensor (not a copy's, a pin's or a
+    Shape's, which live on the host)."""
+    if copy_kind(node) is not None or is_pin(node) or _is_event(node) or node.op_type in _HOST_OUTPUT_OPS:
+        return None
+    return next((o for o in node.output if o), None)
+
+
+def add_event_nodes(model: onnx.ModelProto) -> tuple[int, int]:
+    """Add the gates and fences of every copy of a rewritten model (in place, in file order; see the
+    module docstring), and name every node that has no name of its own. Returns (gates, fences)."""
+    graph = model.graph
+    names = _Names(graph)
+    nodes = list(graph.node)
+    seen: set[str] = set()
+    for k, node in enumerate(nodes):  # the partition lists nodes by name: every node gets its own
+        if not node.name or node.name in seen:
+            node.name = names.node(f"{node.op_type}_{k}")
+        seen.add(node.name)
+    readers: dict[str, int] = {}  # tensor -> index (in nodes) of its last compute reader, or of its views'
+    views: dict[str, str] = {}  # an order pin's view -> the tensor it views (the same buffer)
+    for k, node in enumerate(nodes):
+        source = pin_view_source(node)
+        if source:
+            views[node.output[0]] = views.get(source, source)
+        if copy_kind(node) is None:
+            for name in node.input:
+                readers[views.get(name, name)] = k
+    fences_after: dict[int, list[onnx.NodeProto]] = {}
+    out: list[onnx.NodeProto] = []
+    gates = fences = 0
+    last_source: str | None = None
+    for k, node in enumerate(nodes):
+        kind = copy_kind(node)
+        if kind == "h2d" and last_source is not None:
+            gate = names.tensor(f"{last_source}__event_gate")
+            out.append(_identity(last_source, gate, names.node(f"{EVENT_PREFIX}gate/{node.name}"), like=node))
+            gates += 1
+        out.append(node)
+        if kind == "d2h":
+            x = node.input[0]
+            copied = names.tensor(f"{x}__event_copied")
+            out.append(_identity(x, copied, names.node(f"{EVENT_PREFIX}copied/{node.name}"), like=node))
+            at = max(k, readers.get(x, k))
+            fence_name = names.node(f"{EVENT_PREFIX}fence/{node.name}")
+            fence = _identity(copied, names.tensor(f"{x}__event_fence"), fence_name, like=nodes[at])
+            fences_after.setdefault(at, []).append(fence)
+            fences += 1
+        out.extend(fences_after.pop(k, []))
+        source = _gate_source(node)
+        if source is not None:
+            last_source = source
+    del graph.node[:]
+    graph.node.extend(out)
+    return gates, fences
+
+
+def _identity(source: str, out: str, name: str, *, like: onnx.NodeProto) -> onnx.NodeProto:
+    """An event node: ``Identity(source)``, of the backward pass where ``like`` is (PRIORITY_BASED runs
+    a training graph's forward nodes first, and each stream keeps that order)."""
+    node = helper.make_node("Identity", [source], [out], name=name)
+    if is_backward(like):
+        node.attribute.append(helper.make_attribute(BACKWARD_ATTR, 1))
+    return node
+
+
+def partition(model: onnx.ModelProto, order: str = "priority") -> StreamLayout:
+    """The two logic streams of a rewrite with events: the copies and the gates on the copy stream,
+    listed first, every other node on the compute stream, by the names the session gives them
+    (`offloadctl.analysis.order.expected_run_order`: the nodes onnxruntime removes are not listed)."""
+    if inlined_calls(model):
+        raise OffloadError(
+            "copies on their own stream need every node listed by the name the session gives it, and onnxruntime "
+            "names the nodes of the local functions it inlines itself",
+            hint="inline the model's functions first (onnx.inliner.inline_local_functions), or apply with "
+            "--copies inline",
+        )
+    on_copy_stream = {n.name for n in model.graph.node if _on_copy_stream(n)}
+    names = expected_run_order(model, order)
+    copy_stream = [n for n in names if n in on_copy_stream]
+    compute = [n for n in names if n not in on_copy_stream]
+    gates = sum(n.startswith(f"{EVENT_PREFIX}gate/") for n in copy_stream)
+    fences = sum(n.startswith(f"{EVENT_PREFIX}fence/") for n in compute)
+    return StreamLayout(copy_stream, compute, gates, fences)
+
+
+def stream_order(model: onnx.ModelProto, order: str = "priority") -> list[str]:
+    """The order onnxruntime's executor runs a rewrite with events in on one host thread: the copy
+    stream first, each stream in the session's order, a stream that waits for a value of the other
+    resumed as soon as it is made (`offloadctl.analysis.order.executor_order`)."""
+    names = expected_run_order(model, order)
+    at = {name: k for k, name in enumerate(names)}
+    nodes = {n.name: n for n in model.graph.node if n.name in at}
+    made = {o: at[n.name] for n in nodes.values() for o in n.output if o}
+    preds = [{made[i] for i in nodes[name].input if i in made} for name in names]
+    on_copy = [_on_copy_stream(nodes[name]) for name in names]
+    ran = executor_order(list(range(len(names))), preds, on_copy, first=True)
+    return [names[k] for k in ran]
+
+
+def _on_copy_stream(node: onnx.NodeProto) -> bool:
+    return copy_kind(node) is not None or node.name.startswith((f"{EVENT_PREFIX}gate/", f"{EVENT_PREFIX}copied/"))
+
+
+def check_partition(path: str | os.PathLike[str], model: onnx.ModelProto, where: str, order: str = "priority") -> None:
+    """Refuse a partition file that does not fit ``model`` (``where``, its path): missing, not the JSON
+    `partition` writes, an empty stream, or a node it names that the session does not have or one it
+    leaves out. onnxruntime 1.32 would log a warning and silently run one stream; an empty stream
+    crashes it.
+
+    Raises:
+        OffloadError: naming the file, what is wrong, and the fix.
+    """
+    fix = f"write the rewrite again with offloadctl apply --copies streams (it writes {Path(path).name} beside it)"
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise OffloadError(f"{where} names the partition file {path}, which does not exist", hint=fix) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise OffloadError(f"the partition file {path} cannot be read as JSON ({exc})", hint=fix) from None
+    streams = doc.get("streams") if isinstance(doc, dict) else None
+    if not isinstance(streams, list) or not streams or not all(isinstance(s, list) and s for s in streams):
+        raise OffloadError(
+            f"the partition file {path} has no streams, or an empty one (onnxruntime crashes on it)", hint=fix
+        )
+    listed = [str(n) for s in streams for n in s]
+    session = expected_run_order(model, order)
+    missing = sorted(set(session) - set(listed))
+    unknown = sorted(set(listed) - set(session))
+    twice = len(listed) - len(set(listed))
+    if missing or unknown or twice:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} node(s) of the model are not in it (first: {', '.join(missing[:3])})")
+        if unknown:
+            parts.append(f"{len(unknown)} node(s) it names are not in the model (first: {', '.join(unknown[:3])})")
+        if twice:
+            parts.append(f"{twice} node(s) are listed twice")
+        raise OffloadError(f"the partition file {path} does not fit {where}: " + "; ".join(parts), hint=fix)
+
+
+def streams_file(model_path: str | os.PathLike[str]) -> Path:
+    """The partition file `offloadctl apply --copies streams` writes beside ``model_path``:
+    ``model.offload.onnx`` -> ``model.offload.streams.json``."""
+    path = Path(model_path)
+    return path.with_name(f"{path.stem}.streams.json")
+
+
+def with_events(model: onnx.ModelProto, partition_file: str, order: str = "priority") -> StreamLayout:
+    """Add the events to a rewritten model (`add_event_nodes`) and record in its metadata what a session
+    needs to run them: ``offloadctl.streams`` (the partition file, relative to the model, and the
+    session config entries), and in ``offloadctl.session`` the optimizers to disable and the file.
+    Returns the partition to write to ``partition_file`` beside the model."""
+    add_event_nodes(model)
+    layout = partition(model, order)
+    settings = session_settings(model) or {}
+    disabled = list(dict.fromkeys([*settings.get("disabled_optimizers", []), *EVENT_OPTIMIZERS]))
+    settings["disabled_optimizers"] = disabled
+    settings["streams"] = {"partition_file": partition_file}
+    record = {
+        "partition_file": partition_file,
+        "streams": 2,
+        "copy_stream_nodes": len(layout.copy_stream),
+        "gates": layout.gates,
+        "fences": layout.fences,
+        "session_config": {
+            PARTITION_KEY: partition_file,
+            "optimization.disable_specified_optimizers": ";".join(disabled),
+        },
+    }
+    set_metadata(model, {KEY_SESSION: json.dumps(settings), KEY_STREAMS: json.dumps(record)})
+    return layout

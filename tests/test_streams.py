@@ -1,0 +1,145 @@
+"""Copies on a stream of their own (`offloadctl.rewriting.streams`, ``apply --copies streams``): the event
+nodes, the partition file, and the rewrite run on the CPU provider with it (two logic streams, the same
+executor, barriers and reuse planner a GPU runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from offloadctl.rewriting.streams import EVENT_OPTIMIZERS, PARTITION_KEY
+
+from conftest import SAMPLE_NAMES, SAMPLES
+
+COPY_OPS = ("MemcpyToHost", "MemcpyFromHost")
+
+
+def _streams_rewrite(run_cli, tmp_path: Path, name: str) -> tuple[Path, Path]:
+    plan, out = tmp_path / "plan.json", tmp_path / f"{name}.offload.onnx"
+    made = run_cli("plan", SAMPLES / f"{name}.onnx", "-o", plan, "--select-distance", "2", "--prefetch-distance", "2",
+                   "--params", "--copies", "streams")  # fmt: skip
+    assert made.exit_code in (0, 1), made.stderr  # a plan that lowers the peak by little still writes the plan
+    applied = run_cli("apply", plan, "-o", out, "--copies", "streams", "--json")
+    assert applied.exit_code == 0, applied.stderr
+    doc = applied.json()
+    partition = tmp_path / f"{name}.offload.streams.json"
+    assert doc["copy_mode"] == "streams" and doc["partition_file"] == str(partition)
+    assert str(partition) in doc["files_written"]
+    return out, partition
+
+
+def test_apply_writes_the_events_and_a_partition_file_naming_every_node_once(run_cli, tmp_path):
+    out, partition = _streams_rewrite(run_cli, tmp_path, "unet")
+    model = onnx.load(str(out))
+    doc = json.loads(partition.read_text())
+    assert doc["type"] == "DeviceBasedPartitioner" and len(doc["streams"]) == 2 and len(doc["devices"]) == 2
+    copy_stream, compute = doc["streams"]
+    names = [n.name for n in model.graph.node if n.op_type != "Constant"]
+    assert sorted(copy_stream + compute) == sorted(names)  # every node once
+    copies = [n for n in model.graph.node if n.op_type in COPY_OPS]
+    assert copies and {n.name for n in copies} <= set(copy_stream)  # every copy on the copy stream, listed first
+    gates = [n for n in model.graph.node if n.name.startswith("offload/event/gate/")]
+    fences = [n for n in model.graph.node if n.name.startswith("offload/event/fence/")]
+    first = next(k for k, n in enumerate(model.graph.node) if n.op_type not in (*COPY_OPS, "Constant"))
+    at_start = sum(n.op_type == "MemcpyFromHost" for n in model.graph.node[:first])  # issued at once: no gate
+    assert len(gates) == sum(n.op_type == "MemcpyFromHost" for n in copies) - at_start
+    assert len(fences) == sum(n.op_type == "MemcpyToHost" for n in copies) > 0
+    assert all(n.op_type == "Identity" for n in gates + fences) and {n.name for n in fences} <= set(compute)
+    index = {n.name: k for k, n in enumerate(model.graph.node)}
+    for gate in gates:  # each gate right before its copy, in the file and so in the copy stream
+        assert index[gate.name] + 1 == index[gate.name.removeprefix("offload/event/gate/")]
+    meta = {
+        p.key: json.loads(p.value)
+        for p in model.metadata_props
+        if p.key in ("offloadctl.streams", "offloadctl.session")
+    }
+    assert meta["offloadctl.streams"]["partition_file"] == partition.name
+    assert meta["offloadctl.streams"]["session_config"][PARTITION_KEY] == partition.name
+    assert meta["offloadctl.session"]["disabled_optimizers"] == list(EVENT_OPTIMIZERS)
+    onnx.checker.check_model(model, full_check=True)
+
+
+@pytest.mark.parametrize("name", [n for n in SAMPLE_NAMES if n != "seed"])
+def test_the_streams_rewrite_runs_on_two_streams_in_the_predicted_order(run_cli, tmp_path, name):
+    """On the CPU provider with its partition file, in both orders: the order onnxruntime's two-stream
+    executor ran is the one predicted (copy stream first, each copy at its gate), the outputs are
+    bit-identical, and --json stays one document although onnxruntime prints reuse notes on stdout."""
+    out, partition = _streams_rewrite(run_cli, tmp_path, name)
+    for order in ("priority", "default"):
+        result = run_cli("run", out, "--device", "cpu", "--inputs", SAMPLES / f"{name}.inputs.npz",
+                         "--compare-to", SAMPLES / f"{name}.onnx", "--repeat", "1", "--execution-order", order,
+                         "--json")  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        doc = result.json()
+        assert doc["copy_streams"]["partition_file"] == str(partition.resolve())
+        assert doc["copy_streams"]["streams"] == 2
+        assert doc["order"]["matches"], (order, doc["order"])
+        assert all(c["identical"] for c in doc["comparison"].values())
+
+
+def test_a_stale_missing_or_broken_partition_file_is_one_clear_error(run_cli, tmp_path):
+    out, partition = _streams_rewrite(run_cli, tmp_path, "mlp")
+    good = partition.read_text()
+    doc = json.loads(good)
+    cases = {
+        "renamed": {**doc, "streams": [doc["streams"][0], [*doc["streams"][1][:-1], "renamed_node"]]},
+        "empty": {**doc, "streams": [doc["streams"][0] + doc["streams"][1], []]},
+        "missing": None,
+    }
+    for case, broken in cases.items():
+        if broken is None:
+            partition.unlink()
+        else:
+            partition.write_text(json.dumps(broken))
+        result = run_cli("run", out, "--device", "cpu", "--inputs", SAMPLES / "mlp.inputs.npz", "--repeat", "1")
+        assert result.exit_code == 1, case
+        message = " ".join(result.stderr.split())
+        assert (
+            str(partition) in message
+            and "fix: write the rewrite again with offloadctl apply --copies streams" in message
+        )
+        assert "Traceback" not in result.stderr
+        expected = {"renamed": "not in the model", "empty": "an empty one", "missing": "does not exist"}[case]
+        assert expected in message, (case, message)
+    partition.write_text(good)
+    fused = run_cli("run", out, "--device", "cpu", "--inputs", SAMPLES / "mlp.inputs.npz", "--opt-level", "all")
+    assert fused.exit_code == 1 and "--opt-level disable" in " ".join(fused.stderr.split())
+
+
+def test_apply_never_writes_the_partition_file_over_an_input(run_cli, tmp_path):
+    plan = tmp_path / "m.offload.streams.json"  # the name the partition file of m.offload.onnx would take
+    assert run_cli("plan", SAMPLES / "mlp.onnx", "-o", plan, "--select-distance", "2").exit_code in (0, 1)
+    before = plan.read_bytes()
+    result = run_cli("apply", plan, "-o", tmp_path / "m.offload.onnx", "--copies", "streams")
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    assert plan.read_bytes() == before and not (tmp_path / "m.offload.onnx").exists()
+
+
+def test_inline_copies_write_no_partition_file(run_cli, tmp_path):
+    plan, out = tmp_path / "plan.json", tmp_path / "m.offload.onnx"
+    assert run_cli("plan", SAMPLES / "mlp.onnx", "-o", plan, "--select-distance", "2").exit_code in (0, 1)
+    doc = run_cli("apply", plan, "-o", out, "--json").json()
+    assert doc["copy_mode"] == "inline" and doc["partition_file"] is None
+    assert not list(tmp_path.glob("*.streams.json"))
+    assert "offloadctl.streams" not in {p.key for p in onnx.load(str(out)).metadata_props}
+
+
+def test_the_python_code_in_the_streams_page_runs_the_rewrite(run_cli, tmp_path, monkeypatch):
+    """docs/streams.md's Python block, as a reader copies it, in a folder holding the rewrite it names."""
+    import re
+
+    import numpy as np
+
+    out, _ = _streams_rewrite(run_cli, tmp_path, "mlp")
+    assert out.name == "mlp.offload.onnx"  # the name the page uses
+    page = (Path(__file__).resolve().parent.parent / "docs" / "streams.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/streams.md", "exec"), scope)  # noqa: S102 - the page's own example
+    session = scope["session"]
+    feeds = dict(np.load(SAMPLES / "mlp.inputs.npz"))
+    assert session.run(None, feeds)
