@@ -81,6 +81,7 @@ def test_the_streams_rewrite_runs_on_two_streams_in_the_predicted_order(run_cli,
 
 
 def test_a_stale_missing_or_broken_partition_file_is_one_clear_error(run_cli, tmp_path):
+    """From run and from simulate, which a CI job can run without onnxruntime's session."""
     out, partition = _streams_rewrite(run_cli, tmp_path, "mlp")
     good = partition.read_text()
     doc = json.loads(good)
@@ -104,6 +105,8 @@ def test_a_stale_missing_or_broken_partition_file_is_one_clear_error(run_cli, tm
         assert "Traceback" not in result.stderr
         expected = {"renamed": "not in the model", "empty": "an empty one", "missing": "does not exist"}[case]
         assert expected in message, (case, message)
+        checked = run_cli("simulate", out)  # the same check, for a CI job without onnxruntime's session
+        assert checked.exit_code == 1 and expected in " ".join(checked.stderr.split()), case
     partition.write_text(good)
     fused = run_cli("run", out, "--device", "cpu", "--inputs", SAMPLES / "mlp.inputs.npz", "--opt-level", "all")
     assert fused.exit_code == 1 and "--opt-level disable" in " ".join(fused.stderr.split())

@@ -50,6 +50,7 @@ from offloadctl.job import as_run_figures
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.request import profile_for
 from offloadctl.rewriting.preview import CpuFigures, cpu_figures
+from offloadctl.rewriting.streams import checked_streams
 from offloadctl.simulation.costs import STREAMS_NOTE
 from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.ortcpu import MODELLED_RELEASE, replica_refusal
@@ -239,6 +240,7 @@ def simulate_cmd(
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
+    doc["copy_streams"] = checked_streams(model, analysis.loaded.proto, analysis.order)
     points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
     doc["shape_points"] = [p.to_json() for p in points]
     cpu, refusal = _cpu(analysis, plan, result, prof, doc)

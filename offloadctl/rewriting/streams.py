@@ -46,7 +46,7 @@ from offloadctl.analysis.order import executor_order, expected_run_order
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import BACKWARD_ATTR, copy_kind, is_backward, is_pin, pin_view_source
 from offloadctl.loading.ortgraph import inlined_calls
-from offloadctl.rewriting.metadata import KEY_SESSION, KEY_STREAMS, session_settings, set_metadata
+from offloadctl.rewriting.metadata import KEY_SESSION, KEY_STREAMS, metadata_json, session_settings, set_metadata
 
 __all__ = [
     "EVENT_OPTIMIZERS",
@@ -54,6 +54,7 @@ __all__ = [
     "PARTITION_KEY",
     "StreamLayout",
     "add_event_nodes",
+    "checked_streams",
     "check_partition",
     "partition",
     "stream_order",
@@ -252,6 +253,18 @@ def check_partition(path: str | os.PathLike[str], model: onnx.ModelProto, where:
         if twice:
             parts.append(f"{twice} node(s) are listed twice")
         raise OffloadError(f"the partition file {path} does not fit {where}: " + "; ".join(parts), hint=fix)
+
+
+def checked_streams(path: str | os.PathLike[str], model: onnx.ModelProto, order: str = "priority") -> str | None:
+    """For a rewrite whose copies run on a stream of their own (its ``offloadctl.streams`` metadata),
+    the path of its partition file, checked against it (`check_partition`: a check a CI job can run
+    without onnxruntime, through ``offloadctl simulate REWRITE``); None for any other model."""
+    recorded = metadata_json(model, KEY_STREAMS)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("partition_file"), str):
+        return None
+    partition_path = Path(path).resolve().parent / recorded["partition_file"]
+    check_partition(partition_path, model, str(path), order)
+    return str(partition_path)
 
 
 def streams_file(model_path: str | os.PathLike[str]) -> Path:

@@ -57,7 +57,7 @@ from offloadctl.rewriting.metadata import (
     planned_shapes,
     session_settings,
 )
-from offloadctl.rewriting.streams import PARTITION_KEY, check_partition, stream_order
+from offloadctl.rewriting.streams import PARTITION_KEY, checked_streams, stream_order
 from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
 from offloadctl.running.growth import MemoryGrowth, memory_growth
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
@@ -936,7 +936,7 @@ def run_model(
     ort = import_onnxruntime(device)
     settings = required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort, order=order)
-    streams = _copy_streams(settings, model, loaded.proto, config, order)
+    streams = _copy_streams(model, loaded.proto, config, order)
     warnings += _setup_warnings(settings, config, device, ep_options)
     feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
     with _original_refused_too(compare_to, feeds_all, device, opt_level, ep_options, ort):
@@ -980,27 +980,23 @@ def run_model(
     )
 
 
-def _copy_streams(
-    settings: Mapping[str, Any], model: str, proto: onnx.ModelProto, config: SessionConfig, order: str
-) -> dict[str, Any] | None:
+def _copy_streams(model: str, proto: onnx.ModelProto, config: SessionConfig, order: str) -> dict[str, Any] | None:
     """For a rewrite whose copies run on a stream of their own (``apply --copies streams``): check the
-    partition file its metadata names against the model and set it on the session (``config``, in
-    place); what the report says of it. None for any other model."""
-    recorded = settings.get("streams")
-    if not isinstance(recorded, Mapping) or not isinstance(recorded.get("partition_file"), str):
+    partition file its metadata names against the model (`offloadctl.rewriting.streams.checked_streams`)
+    and set it on the session (``config``, in place); what the report says of it. None for any other model."""
+    path = checked_streams(model, proto, order)
+    if path is None:
         return None
-    path = Path(model).resolve().parent / recorded["partition_file"]
     if config.opt_level != "disable":
         raise OffloadError(
             f"{model} runs its copies on a stream of their own, and its partition file names the nodes as they are "
             f"without graph optimizations; at --opt-level {config.opt_level} onnxruntime fuses and renames them",
             hint="run it with --opt-level disable (the default)",
         )
-    check_partition(path, proto, model, order)
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    config.entries[PARTITION_KEY] = str(path)
-    config.sess_options.add_session_config_entry(PARTITION_KEY, str(path))
-    return {"partition_file": str(path), "streams": len(doc["streams"]), "copy_stream_nodes": len(doc["streams"][0])}
+    streams = json.loads(Path(path).read_text(encoding="utf-8"))["streams"]
+    config.entries[PARTITION_KEY] = path
+    config.sess_options.add_session_config_entry(PARTITION_KEY, path)
+    return {"partition_file": path, "streams": len(streams), "copy_stream_nodes": len(streams[0])}
 
 
 def _growth(
