@@ -20,14 +20,13 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
-from bench_time import PLAN, SAMPLES, _third_party  # noqa: E402
+from bench_time import PLAN, SAMPLES, _third_party, _timed  # noqa: E402
 
 from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.cli.ui import foreign_stdout_aside  # noqa: E402
@@ -36,6 +35,7 @@ from offloadctl.planning.make import make_plan  # noqa: E402
 from offloadctl.rewriting.metadata import session_settings  # noqa: E402
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan, write_model  # noqa: E402
 from offloadctl.rewriting.streams import PARTITION_KEY, streams_file, with_events  # noqa: E402
+from offloadctl.running.profiler import alternate  # noqa: E402
 
 
 def _session(path: Path, ort, partition: Path | None = None):
@@ -66,13 +66,8 @@ def _row(label: str, model: Path, feeds: dict, folder: Path, rounds: int, ort) -
         sessions = [_session(model, ort), _session(inline, ort), _session(streams, ort, partition)]
     outputs = [s.run(None, feeds) for s in sessions]
     same = all(np.array_equal(a, b) for got in outputs[1:] for a, b in zip(outputs[0], got))
-    times: list[list[float]] = [[] for _ in sessions]
-    for _ in range(rounds):
-        for k, s in enumerate(sessions):
-            start = time.perf_counter()
-            s.run(None, feeds)
-            times[k].append(time.perf_counter() - start)
-    base, in_line, on_streams = (statistics.median(t) for t in times)
+    calls = [lambda s=s: _timed(s, feeds) for s in sessions]
+    base, in_line, on_streams = (statistics.median(t) for t in alternate(calls, rounds, min_seconds=0.0))
     return (
         f"{label:14s} {base * 1e3:9.3f} ms  streams/inline {on_streams / in_line:5.2f}  "
         f"inline/original {in_line / base:5.2f}  streams/original {on_streams / base:5.2f}  "

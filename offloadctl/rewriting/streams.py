@@ -96,18 +96,19 @@ class _Names:
         self.nodes = {n.name for n in graph.node}
 
     def tensor(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.tensors:
-            name, k = f"{base}_{k}", k + 1
-        self.tensors.add(name)
-        return name
+        return _fresh(base, self.tensors)
 
     def node(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.nodes:
-            name, k = f"{base}_{k}", k + 1
-        self.nodes.add(name)
-        return name
+        return _fresh(base, self.nodes)
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2``, ... the first not in ``taken``, which it joins."""
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
 
 
 def _is_event(node: onnx.NodeProto) -> bool:
