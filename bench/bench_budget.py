@@ -16,7 +16,7 @@ One run prints, side by side:
    solve times and the gap; with ``--exact-scale 1000,3000,10000``: on generated models of those
    sizes, whether the exact search proves the optimum within ``--time-limit`` seconds.
 4. Objectives (skip with ``--no-objectives``). On every case with weights and both copy modes
-   (copies in line; copies on streams, an estimate for a mode onnxruntime does not run yet), the
+   (copies in line; copies on streams, an estimate not yet timed on a device), the
    simulated time of the plan ``--objective time`` makes against the plan ``--objective bytes``
    makes at the same budget, on ``--profile`` (default ascend-910b): the time objective must never
    be slower (the run exits 1 otherwise), and the table says by how much it is faster. On streams

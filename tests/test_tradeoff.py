@@ -3,7 +3,7 @@
 - With a measured profile the budget strategy minimises time unless told otherwise; with a
   datasheet profile, bytes. The plan and the command line say which.
 - ``--copies streams`` prices a copy by what compute does not hide, places prefetches for a link
-  the copies share, and is labelled as an estimate for a mode onnxruntime does not run yet.
+  the copies share, and is labelled as an estimate not yet timed on a device.
 - At the same budget the time objective never gives a longer estimated time than the bytes
   objective, in either copy mode.
 - ``--max-slowdown 1.05`` stays within 5% of the baseline and cuts the peak below the HyperOffload
@@ -215,14 +215,12 @@ def test_streams_are_labelled_an_estimate_everywhere(run_cli, tmp_path):
     )
     assert result.exit_code == 0, result.stderr
     text = _words(result.stdout)
-    assert "copies on streams, an estimate for a mode onnxruntime does not run yet" in text
-    assert (
-        "est. slowdown" in text and "(copies on streams, an estimate for a mode onnxruntime does not run yet," in text
-    )
+    assert "copies on streams, an estimate not yet timed on a device" in text
+    assert "est. slowdown" in text and "(copies on streams, an estimate not yet timed on a device;" in text
     doc = read_plan(out)
     assert doc["options"]["filter"]["copies"] == "streams" and doc["budget"]["copies"] == "streams"
     assert doc["summary"]["estimate"]["copy_mode"] == "streams"
-    assert "copies on streams (an estimate for a mode onnxruntime does not run yet)" in report.read_text()
+    assert "copies on streams (an estimate not yet timed on a device" in report.read_text()
     got = run_cli("plan", model, "-o", out, "--budget", "600KiB", "--copies", "streams", "--json").json()
     assert got["copy_mode"] == "streams"
     applied = run_cli("apply", out, "-o", tmp_path / "m.onnx")
@@ -342,7 +340,10 @@ def test_frontier_json_and_plot(run_cli, tmp_path):
         assert points[0]["peak_bytes"] == peak and points[0]["slowdown"] == 1.0 and points[0]["bytes_moved"] == 0
         assert all(lb <= p["peak_bytes"] <= p["budget_bytes"] for p in points)
         assert all({"budget_bytes", "peak_bytes", "time_s", "bytes_moved", "dominated"} <= set(p) for p in points)
-    assert "only" not in doc["modes"]["streams"]["label"] and "does not run yet" in doc["modes"]["streams"]["label"]
+    assert (
+        "only" not in doc["modes"]["streams"]["label"]
+        and "not yet timed on a device" in doc["modes"]["streams"]["label"]
+    )
     assert doc["default_plan"]["peak_bytes"] == peak and doc["default_plan"]["offloads"] == 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result.stderr.strip().splitlines()[-1].startswith("PASSED | frontier")

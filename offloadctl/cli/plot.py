@@ -187,7 +187,7 @@ def plot_frontier(
     ax = fig.add_subplot()
     styles = {
         "inline": ("#1f77b4", "-", "o", "copies in line (onnxruntime today)"),
-        "streams": ("#ff7f0e", "--", "s", "copies on streams (estimate: onnxruntime does not run this yet)"),
+        "streams": ("#ff7f0e", "--", "s", "copies on streams (estimate, not yet timed on a device)"),
     }
     for mode, pts in frontier.items():
         if not pts:

@@ -8,8 +8,8 @@ after its last use) — so that the peak fits ``budget_bytes`` at the least cost
 The cost (``objective``, see `offloadctl.simulation.costs`) is a price per copy: the bytes moved (every byte
 crosses the host link; with copies in line on the compute stream every byte is time the model
 waits), or the estimated time the copy adds under the copy mode (``copies``): in line, ``latency +
-bytes / bandwidth`` of its direction from a device profile; on streams (an estimate for a mode
-onnxruntime does not run yet), what the compute in the copy's window does not hide. Offloading a
+bytes / bandwidth`` of its direction from a device profile; on streams (an estimate not yet
+timed on a device), what the compute in the copy's window does not hide. Offloading a
 tensor at all costs its *opening* copies (an activation's D2H, plus the H2D feeding it back as a
 graph output; a weight's first H2D), and each further interval one H2D. The number of offloads, by
 contrast, says nothing: one large tensor costs more than ten small ones. On streams an H2D is priced
