@@ -55,6 +55,7 @@ pinned.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -330,22 +331,31 @@ class _Sources:
         one still alive there (read at or after ``read``) where there is one, and the pin keeps no
         tensor alive longer. With ``ahead`` (a forward graph planned in the DEFAULT walk) the earliest
         such made from q - 1 on, before ``read`` (the walk explores it before it reaches the H2D);
-        then the latest such made before q (down to ``low``); else the last one made before q,
-        preferring one read at or after q."""
-        analysis, outputs = self.analysis, self.analysis.nodes
-        alive = functools.partial(_alive_at, analysis)
+        then the latest such made before q (down to ``low``); else `before`'s."""
         after = range(max(q - 1, 0), min(read, q - 1 + _LOOK_AHEAD) if ahead else q)
-        for s in after:
-            for j in self.outputs(s):
-                if alive(outputs[s].output[j], read):
-                    return (s, j)
-        fallback = None
-        s = self.last_at_or_before(q - 2)
+        return self._alive_at(after, read) or self._alive_at(self._back_from(q - 2, low), read) or self.before(q, low)
+
+    def _back_from(self, s: int, low: int) -> Iterator[int]:
+        """The positions at or before ``s``, down to ``low``, whose nodes make a viewable output."""
+        s = self.last_at_or_before(s)
         while s >= low:
-            for j in self.outputs(s):
-                if alive(outputs[s].output[j], read):
-                    return (s, j)
+            yield s
             s = self.last_at_or_before(s - 1)
+
+    def _alive_at(self, positions: Iterable[int], read: int) -> tuple[int, int] | None:
+        """The first (position, output) of ``positions`` whose viewable output is read at or after ``read``."""
+        nodes = self.analysis.nodes
+        for s in positions:
+            for j in self.outputs(s):
+                if _last_use(self.analysis, nodes[s].output[j]) >= read:
+                    return (s, j)
+        return None
+
+    def before(self, q: int, low: int) -> tuple[int, int] | None:
+        """The output an H2D before ``q`` waits for: of the last node before q that makes a viewable
+        one, preferring (down to position ``low``) one still read at or after q."""
+        analysis = self.analysis
+        fallback = None
         s = self.last_at_or_before(q - 1)
         while s >= 0:
             if fallback is not None and s < low:
@@ -353,7 +363,7 @@ class _Sources:
             for j in self.outputs(s):
                 if fallback is None:
                     fallback = (s, j)
-                if alive(outputs[s].output[j], q):
+                if _last_use(analysis, analysis.nodes[s].output[j]) >= q:
                     return (s, j)
             if s <= low:
                 break
@@ -363,11 +373,6 @@ class _Sources:
 
 #: how far after an H2D's planned point a pin may look for an output alive at its first reader
 _LOOK_AHEAD = 64
-
-
-def _alive_at(analysis: Analysis, name: str, position: int) -> bool:
-    """Whether ``name`` is read at or after ``position`` (or is a graph output)."""
-    return _last_use(analysis, name) >= position
 
 
 def _d2h_count(analysis: Analysis, p: int, tensors: list[str], opset: int, unpinned: list[str]) -> int:
