@@ -240,7 +240,8 @@ def simulate_cmd(
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
-    doc["copy_streams"] = checked_streams(model, analysis.loaded.proto, analysis.order)
+    streams = checked_streams(model, analysis.loaded.proto, analysis.order)
+    doc["copy_streams"] = streams[0] if streams is not None else None
     points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
     doc["shape_points"] = [p.to_json() for p in points]
     cpu, refusal = _cpu(analysis, plan, result, prof, doc)

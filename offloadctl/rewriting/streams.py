@@ -219,11 +219,13 @@ def _on_copy_stream(node: onnx.NodeProto) -> bool:
     return copy_kind(node) is not None or node.name.startswith((f"{EVENT_PREFIX}gate/", f"{EVENT_PREFIX}copied/"))
 
 
-def check_partition(path: str | os.PathLike[str], model: onnx.ModelProto, where: str, order: str = "priority") -> None:
-    """Refuse a partition file that does not fit ``model`` (``where``, its path): missing, not the JSON
-    `partition` writes, an empty stream, or a node it names that the session does not have or one it
-    leaves out. onnxruntime 1.32 would log a warning and silently run one stream; an empty stream
-    crashes it.
+def check_partition(
+    path: str | os.PathLike[str], model: onnx.ModelProto, where: str, order: str = "priority"
+) -> list[list[str]]:
+    """The streams of a partition file that fits ``model`` (``where``, its path); refused when it is
+    missing, not the JSON `partition` writes, has an empty stream, or names a node the session does
+    not have or leaves one out. onnxruntime 1.32 would log a warning and silently run one stream; an
+    empty stream crashes it.
 
     Raises:
         OffloadError: naming the file, what is wrong, and the fix.
@@ -254,18 +256,21 @@ def check_partition(path: str | os.PathLike[str], model: onnx.ModelProto, where:
         if twice:
             parts.append(f"{twice} node(s) are listed twice")
         raise OffloadError(f"the partition file {path} does not fit {where}: " + "; ".join(parts), hint=fix)
+    return [[str(n) for n in stream] for stream in streams]
 
 
-def checked_streams(path: str | os.PathLike[str], model: onnx.ModelProto, order: str = "priority") -> str | None:
+def checked_streams(
+    path: str | os.PathLike[str], model: onnx.ModelProto, order: str = "priority"
+) -> tuple[str, list[list[str]]] | None:
     """For a rewrite whose copies run on a stream of their own (its ``offloadctl.streams`` metadata),
-    the path of its partition file, checked against it (`check_partition`: a check a CI job can run
-    without onnxruntime, through ``offloadctl simulate REWRITE``); None for any other model."""
+    the path of its partition file and its streams, checked against it (`check_partition`: a check a
+    CI job can run without onnxruntime, through ``offloadctl simulate REWRITE``); None for any other
+    model."""
     recorded = metadata_json(model, KEY_STREAMS)
     if not isinstance(recorded, dict) or not isinstance(recorded.get("partition_file"), str):
         return None
     partition_path = Path(path).resolve().parent / recorded["partition_file"]
-    check_partition(partition_path, model, str(path), order)
-    return str(partition_path)
+    return str(partition_path), check_partition(partition_path, model, str(path), order)
 
 
 def streams_file(model_path: str | os.PathLike[str]) -> Path:

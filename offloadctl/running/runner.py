@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import json
 import logging
 import math
 import os
@@ -35,7 +34,6 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -984,16 +982,16 @@ def _copy_streams(model: str, proto: onnx.ModelProto, config: SessionConfig, ord
     """For a rewrite whose copies run on a stream of their own (``apply --copies streams``): check the
     partition file its metadata names against the model (`offloadctl.rewriting.streams.checked_streams`)
     and set it on the session (``config``, in place); what the report says of it. None for any other model."""
-    path = checked_streams(model, proto, order)
-    if path is None:
+    checked = checked_streams(model, proto, order)
+    if checked is None:
         return None
+    path, streams = checked
     if config.opt_level != "disable":
         raise OffloadError(
             f"{model} runs its copies on a stream of their own, and its partition file names the nodes as they are "
             f"without graph optimizations; at --opt-level {config.opt_level} onnxruntime fuses and renames them",
             hint="run it with --opt-level disable (the default)",
         )
-    streams = json.loads(Path(path).read_text(encoding="utf-8"))["streams"]
     config.entries[PARTITION_KEY] = path
     config.sess_options.add_session_config_entry(PARTITION_KEY, path)
     return {"partition_file": path, "streams": len(streams), "copy_stream_nodes": len(streams[0])}
