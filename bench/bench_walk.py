@@ -29,9 +29,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import onnxruntime as ort
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_device import _wheel_model  # noqa: E402
@@ -61,28 +58,9 @@ def _cli(*args: str | Path) -> dict:
     return doc
 
 
-def _profiled(model: Path, order: str, folder: Path) -> list[str]:
-    """The node names in the order a CPU session ran them (ConstantFolding off, no optimizations)."""
-    so = ort.SessionOptions()
-    so.execution_order = ort.ExecutionOrder.DEFAULT if order == "default" else ort.ExecutionOrder.PRIORITY_BASED
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.enable_profiling = True
-    so.profile_file_prefix = str(folder / "profile")
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(
-        str(model), so, providers=["CPUExecutionProvider"], disabled_optimizers=["ConstantFolding"]
-    )
-    feeds = {}
-    for i in sess.get_inputs():
-        shape = [d if isinstance(d, int) else 1 for d in i.shape]
-        dtype = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(float16)": np.float16}[i.type]
-        feeds[i.name] = np.zeros(shape, dtype)
-    sess.run(None, feeds)
-    events = json.loads(Path(sess.end_profiling()).read_text())
-    kernels = sorted(
-        (e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")), key=lambda e: e["ts"]
-    )
-    return [e["name"][: -len("_kernel_time")] for e in kernels]
+def _ran(model: Path, pins: list[str], order: str) -> list[str]:
+    """The node names in the order a CPU session ran them (``run --json``'s profiled ``ran``)."""
+    return _cli("run", model, *pins, "--device", "cpu", "--execution-order", order, "--repeat", "1").get("ran", [])
 
 
 def _replayed(rewrite: Path, shapes: dict, order: str, ran: list[str]) -> int:
@@ -124,9 +102,9 @@ def _row(label: str, source: Path, shapes: dict, order: str, kind: str, folder: 
     applied = _cli("apply", plan, "-o", rewrite)
     if not rewrite.exists():
         return {**row, "error": applied.get("error", "apply failed")}
-    ran = _profiled(rewrite, order, folder)
+    ran = _ran(rewrite, [], order)
     row["replayed"] = _replayed(rewrite, shapes, order, ran)
-    row["moved"] = _moved(_profiled(source, order, folder), ran)
+    row["moved"] = _moved(_ran(source, pins, order), ran)
     if order == "default":
         growth = _growth(rewrite, source, [])
         row["arena_before"], row["arena_after"] = growth.get("original_bytes"), growth.get("rewrite_bytes")
