@@ -146,3 +146,56 @@ def test_the_python_code_in_the_streams_page_runs_the_rewrite(run_cli, tmp_path,
     session = scope["session"]
     feeds = dict(np.load(SAMPLES / "mlp.inputs.npz"))
     assert session.run(None, feeds)
+
+
+def _default_streams_rewrite(run_cli, tmp_path: Path, name: str) -> Path:
+    plan, out = tmp_path / "default.plan.json", tmp_path / f"{name}.default.offload.onnx"
+    made = run_cli("plan", SAMPLES / f"{name}.onnx", "-o", plan, "--execution-order", "default", "--params",
+                   "--select-distance", "10")  # fmt: skip
+    assert made.exit_code in (0, 1), made.stderr
+    applied = run_cli("apply", plan, "-o", out, "--copies", "streams")
+    assert applied.exit_code == 0, applied.stderr
+    return out
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer", "training"])
+def test_simulate_replays_the_reuse_plan_onnxruntime_makes_for_two_streams(run_cli, tmp_path, name):
+    """The CPU arena figure of a streams rewrite is onnxruntime's own (C API MaxInUse, DEFAULT order) within
+    2%: two streams on one device get the multi-stream reuse plan, which one stream's replay misses by more."""
+    from offloadctl.analysis.graph import analyse
+    from offloadctl.loading.model import load_model
+    from offloadctl.simulation.ortcpu import cpu_peak, declared_shapes
+
+    out = _default_streams_rewrite(run_cli, tmp_path, name)
+    ran = run_cli("run", out, "--device", "cpu", "--inputs", SAMPLES / f"{name}.inputs.npz", "--execution-order",
+                  "default", "--measure-memory", "--repeat", "1", "--json")  # fmt: skip
+    assert ran.exit_code == 0, ran.stderr
+    (measured,) = [m["peak_bytes"] for m in ran.json()["measured_memory"] if m["method"] == "allocator-stats"]
+    simulated = run_cli("simulate", out, "--execution-order", "default", "--json")
+    assert simulated.exit_code == 0, simulated.stderr
+    replica = simulated.json()["cpu_peak_bytes"]["after"]
+    assert abs(replica / measured - 1) <= 0.02, (replica, measured)
+    proto = onnx.load(str(out), load_external_data=False)
+    one_stream = cpu_peak(analyse(load_model(out), order="default"), shapes=declared_shapes(proto)).peak_bytes
+    assert abs(one_stream / measured - 1) > 0.02, (one_stream, measured)  # the figure the streams replay replaces
+
+
+def test_a_default_order_streams_rewrite_holds_its_copies_at_their_pins(run_cli, tmp_path):
+    """Under DEFAULT a gate before a copy in the file is a leaf the walk reaches last: each H2D order pin's
+    Shape reads a gate on the copy stream instead, which comes right before the copy there and holds it
+    until the pinned node has run (without it, 10 of the transformer's copies ran early)."""
+    out = _default_streams_rewrite(run_cli, tmp_path, "transformer")
+    model = onnx.load(str(out), load_external_data=False)
+    gated = [n for n in model.graph.node if n.op_type == "Shape" and n.input[0].endswith("__event_gate")]
+    assert gated
+    copy_stream = set(json.loads(out.with_name(out.stem + ".streams.json").read_text())["streams"][0])
+    made = {o: n for n in model.graph.node for o in n.output}
+    assert all(made[n.input[0]].name in copy_stream for n in gated)
+    result = run_cli("run", out, "--device", "cpu", "--inputs", SAMPLES / "transformer.inputs.npz",
+                     "--execution-order", "default", "--compare-to", SAMPLES / "transformer.onnx", "--repeat", "1",
+                     "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["order"]["matches"] and doc["order_pins"]["checked"] > 0
+    assert doc["order_pins"]["holds"] and not doc["order_pins"]["violated"], doc["order_pins"]
+    assert all(c["identical"] for c in doc["comparison"].values())

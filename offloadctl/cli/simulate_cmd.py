@@ -140,12 +140,17 @@ def _print_cpu(cpu: CpuFigures) -> None:
 
 
 def _cpu(
-    analysis: Analysis, plan: Plan | None, result: SimResult, prof: Profile, doc: dict
+    analysis: Analysis,
+    plan: Plan | None,
+    result: SimResult,
+    prof: Profile,
+    doc: dict,
+    streams: list[list[str]] | None = None,
 ) -> tuple[CpuFigures | None, str | None]:
     """The CPU arena's figures (None, with the reason, for an onnxruntime the replica does not
-    model), written into ``doc``."""
+    model), written into ``doc``; ``streams``, a streams rewrite's partition."""
     refusal = replica_refusal()
-    cpu = None if refusal else cpu_figures(analysis, plan, rewritten=result.rewritten, profile=prof)
+    cpu = None if refusal else cpu_figures(analysis, plan, rewritten=result.rewritten, profile=prof, streams=streams)
     doc["execution_order"] = analysis.order
     doc["cpu_peak_bytes"] = {
         "before": cpu.before.peak_bytes if cpu is not None and cpu.before else None,
@@ -244,7 +249,7 @@ def simulate_cmd(
     doc["copy_streams"] = streams[0] if streams is not None else None
     points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
     doc["shape_points"] = [p.to_json() for p in points]
-    cpu, refusal = _cpu(analysis, plan, result, prof, doc)
+    cpu, refusal = _cpu(analysis, plan, result, prof, doc, streams[1] if streams is not None else None)
     if prof.measured is not None and result.times is not None and result.times.measured_nodes == 0:
         logger.warning(
             "profile %s was measured on %s: no node of %s matches its node times (name, op type and input "

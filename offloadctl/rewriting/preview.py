@@ -20,7 +20,7 @@ executor runs it (`offloadctl.analysis.order.executor_order`), counting only dev
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import onnx
@@ -31,6 +31,7 @@ from offloadctl.loading.placed import Placement, host_casts, placed
 from offloadctl.rewriting.metadata import KEY_PINS, PinCheck, check_pins, metadata_json
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
+from offloadctl.simulation.ortstreams import cpu_peak_on_streams
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 from offloadctl.simulation.timing import count_scratch
@@ -125,15 +126,28 @@ class CpuFigures:
         }
 
 
-def cpu_figures(analysis: Analysis, plan: Plan | None, *, rewritten: bool, profile: Profile | None) -> CpuFigures:
+def cpu_figures(
+    analysis: Analysis,
+    plan: Plan | None,
+    *,
+    rewritten: bool,
+    profile: Profile | None,
+    streams: Sequence[Sequence[str]] | None = None,
+) -> CpuFigures:
     """The CPU arena's peak of the model (``before``) and of it rewritten by ``plan`` (``after``; the
-    model itself without a plan), counting the kernel scratch ``profile`` measured.
+    model itself without a plan), counting the kernel scratch ``profile`` measured. ``streams``: the
+    logic streams of a rewrite whose copies run on a stream of their own (its checked partition
+    file, `offloadctl.rewriting.streams.checked_streams`), which onnxruntime plans apart
+    (`offloadctl.simulation.ortstreams`).
 
     Shapes the allocation planner compares are those of the model file and of its rewrite as written
     (symbolic dimensions kept), sizes those of the analysis (its pins)."""
     file_shapes = declared_shapes(onnx.load(str(analysis.loaded.path), load_external_data=False))
     count_scratch(analysis, profile)
-    here = cpu_peak(analysis, shapes=file_shapes)
+    if streams:
+        here = cpu_peak_on_streams(analysis, streams, shapes=file_shapes)
+    else:
+        here = cpu_peak(analysis, shapes=file_shapes)
     if plan is None:
         return CpuFigures(None if rewritten else here, here, analysis.order)
     after = rewritten_analysis(plan, analysis)

@@ -123,9 +123,10 @@ def _gate_source(node: onnx.NodeProto) -> str | None:
     return next((o for o in node.output if o), None)
 
 
-def add_event_nodes(model: onnx.ModelProto) -> tuple[int, int]:
+def add_event_nodes(model: onnx.ModelProto, order: str = "priority") -> tuple[int, int]:
     """Add the gates and fences of every copy of a rewritten model (in place, in file order; see the
-    module docstring), and name every node that has no name of its own. Returns (gates, fences)."""
+    module docstring), and name every node that has no name of its own; for a rewrite made for the
+    DEFAULT order, a gate in each H2D order pin too (`_gate_pins`). Returns (gates, fences)."""
     graph = model.graph
     names = _Names(graph)
     nodes = list(graph.node)
@@ -167,9 +168,49 @@ def add_event_nodes(model: onnx.ModelProto) -> tuple[int, int]:
         source = _gate_source(node)
         if source is not None:
             last_source = source
+    if order == "default":
+        out, pinned = _gate_pins(out, names)
+        gates += pinned
     del graph.node[:]
     graph.node.extend(out)
     return gates, fences
+
+
+def _gate_pins(nodes: list[onnx.NodeProto], names: _Names) -> tuple[list[onnx.NodeProto], int]:
+    """``nodes`` with a gate in each H2D order pin: its ``Shape(o)`` reads ``Identity(o)`` on the copy
+    stream instead. In the DEFAULT walk a gate before a copy in the file is a leaf, which the walk
+    reaches only after the rest of the graph, so it holds nothing there. The pin's view reads the
+    copy's output and a Concat that has the higher index (`offloadctl.rewriting.rewrite`), and the walk
+    explores the higher index first: the gate then comes right before the copy on the copy stream and
+    holds it until o is made, as the pin holds it in a one-stream walk. Returns the nodes and the
+    number of gates added."""
+    made = {o: n for n in nodes for o in n.output if o}
+    h2d_views = {n.input[1] for n in nodes if pin_view_source(n) and copy_kind(made.get(n.input[0], _NONE)) == "h2d"}
+    deps: set[str] = set()  # the outputs of the Shapes whose empty slice an H2D pin's Concat joins
+    for concat in (made[c] for c in h2d_views if c in made):
+        for empty in concat.input:
+            node = made.get(empty)
+            while node is not None and is_pin(node) and node.op_type == "Slice":
+                node = made.get(node.input[0])
+            if (
+                node is not None
+                and is_pin(node)
+                and node.op_type == "Shape"
+                and not is_pin(made.get(node.input[0], _NONE))
+            ):
+                deps.add(node.output[0])
+    out: list[onnx.NodeProto] = []
+    for node in nodes:
+        if node.output and node.output[0] in deps:
+            source = node.input[0]
+            gate = names.tensor(f"{source}__event_gate")
+            out.append(_identity(source, gate, names.node(f"{EVENT_PREFIX}gate/{node.name}"), like=node))
+            node.input[0] = gate
+        out.append(node)
+    return out, len(deps)
+
+
+_NONE = onnx.NodeProto()
 
 
 def _identity(source: str, out: str, name: str, *, like: onnx.NodeProto) -> onnx.NodeProto:
@@ -285,7 +326,7 @@ def with_events(model: onnx.ModelProto, partition_file: str, order: str = "prior
     needs to run them: ``offloadctl.streams`` (the partition file, relative to the model, and the
     session config entries), and in ``offloadctl.session`` the optimizers to disable and the file.
     Returns the partition to write to ``partition_file`` beside the model."""
-    add_event_nodes(model)
+    add_event_nodes(model, order)
     layout = partition(model, order)
     settings = session_settings(model) or {}
     disabled = list(dict.fromkeys([*settings.get("disabled_optimizers", []), *EVENT_OPTIMIZERS]))

@@ -44,8 +44,9 @@ than as one block while their node runs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import onnx
 
@@ -285,17 +286,17 @@ class _Planner:
             for name in [*[i for i in node.input if i], *implicit, *[o for o in node.output if o]]:
                 self._release(name)
 
-    def _root(self, name: str) -> str:
+    def root(self, name: str) -> str:
         return self.buffer.get(name, name)
 
     def _release(self, name: str) -> None:
-        root = self._root(name)
+        root = self.root(name)
         self.count[root] -= 1
         if self.count[root] == 0:
             self.freelist.append(root)
 
     def _reuse(self, reused: str, out: str) -> None:
-        root = self._root(reused)
+        root = self.root(reused)
         self.buffer[out] = root
         self.count[root] += self.count.get(out, 0)
         self.kind[out] = "reuse"
@@ -316,7 +317,7 @@ class _Planner:
             types = _INPLACE_TYPES.get(node.op_type)
             if types is not None and (self.shapes.get(name, (0, None))[0] not in types):
                 continue
-            if self.count.get(self._root(name)) == 1 and self._same_size(name, out):
+            if self.count.get(self.root(name)) == 1 and self._same_size(name, out):
                 self._reuse(name, out)
                 return
         info = self.analysis.infos.get(out)
@@ -376,32 +377,56 @@ def cpu_peak(
         shapes = declared_shapes(analysis.loaded.proto)
     planner = _Planner(analysis, shapes)
     planner.plan()
+    return replay(analysis, planner, range(len(planner.nodes)), config)
+
+
+class ReusePlan(Protocol):
+    """An allocation planner's decisions, as `replay` reads them."""
+
+    @property
+    def kind(self) -> Mapping[str, str]:
+        """node output -> "allocate", "output" (a graph output, held to the end), "reuse" or "nontensor"."""
+
+    @property
+    def consumed(self) -> set[str]:
+        """Every value some node reads (onnxruntime drops weights nobody reads)."""
+
+    def root(self, name: str) -> str:
+        """The value whose buffer ``name`` is (itself unless it shares another's)."""
+
+
+def replay(analysis: Analysis, plan: ReusePlan, ran: Iterable[int], config: ArenaConfig | None = None) -> CpuPeak:
+    """The arena through one run of ``plan`` with the nodes run in the order ``ran`` (positions of
+    ``analysis``): each allocated output is allocated when its node runs, each buffer freed after
+    the last node to read any value that shares it has run; one nobody reads is held to the end."""
+    nodes = analysis.nodes
+    ran = list(ran)
+    implicit = [sorted(subgraph_outer_names(n)) if n.attribute else [] for n in nodes]
     arena = Arena(config)
-    block, small = _weight_bytes(analysis, planner.consumed)
+    block, small = _weight_bytes(analysis, plan.consumed)
     arena.reserve(block)
     for s in small:
         arena.reserve(s)
     weights = arena.in_use
-    # the last node reading each buffer (directly or through a value that shares it)
-    last_reader: dict[str, int] = {}
-    for pos, (node, implicit) in enumerate(zip(planner.nodes, planner.implicit)):
-        for name in [*node.input, *implicit]:
+    last_reader: dict[str, int] = {}  # buffer -> the step of ``ran`` after which it is freed
+    for step, pos in enumerate(ran):
+        for name in [*nodes[pos].input, *implicit[pos]]:
             if name:
-                root = planner._root(name)
-                if planner.kind.get(root) == "allocate":
-                    last_reader[root] = pos
-    frees: list[list[str]] = [[] for _ in planner.nodes]
-    for root, pos in last_reader.items():
-        frees[pos].append(root)
+                root = plan.root(name)
+                if plan.kind.get(root) == "allocate":
+                    last_reader[root] = step
+    frees: list[list[str]] = [[] for _ in ran]
+    for root, step in last_reader.items():
+        frees[step].append(root)
     inner = subgraph_memory(analysis)
     chunks: dict[str, object] = {}
     unknown = 0
     top_scratch = 0
     peak_pos: int | None = None
     peak = arena.max_in_use
-    for pos, node in enumerate(planner.nodes):
-        for out in node.output:
-            if out and planner.kind.get(out) in ("allocate", "output"):
+    for step, pos in enumerate(ran):
+        for out in nodes[pos].output:
+            if out and plan.kind.get(out) in ("allocate", "output"):
                 info = analysis.infos.get(out)
                 size = info.bytes if info is not None else None
                 if size is None:
@@ -414,7 +439,7 @@ def cpu_peak(
             arena.free(arena.alloc(temp))
         if arena.max_in_use > peak:
             peak, peak_pos = arena.max_in_use, pos
-        for root in frees[pos]:
+        for root in frees[step]:
             arena.free(chunks.pop(root, None))  # type: ignore[arg-type]
     return CpuPeak(
         peak_bytes=arena.max_in_use,
