@@ -8,7 +8,8 @@ Per model, two parts:
 - ``cpu``: ``plan --execution-order default --params --select-distance 10``, written with
   ``apply --copies streams`` and run on the CPU provider with its partition file (two logic
   streams, onnxruntime's multi-stream executor and reuse planner). ``arena`` is onnxruntime's own
-  CPU arena peak (C API ``MaxInUse``, DEFAULT order, `run --measure-memory`), ``replica``
+  CPU arena peak (C API ``MaxInUse``, DEFAULT order, `run --measure-memory`; ``in line``, the same
+  plan written with its copies in line, on one stream), ``replica``
   offloadctl's replay of it (`simulate REWRITE`, with the kernel scratch `profile --device cpu`
   measured; with the sizes of one run, ``--sizes-from-run``, where shape inference cannot follow
   every shape of the rewrite), ``order`` whether the profiled order is the one `run` predicts,
@@ -88,13 +89,17 @@ def _on_cpu(source: Path, pins: list[str], folder: Path) -> dict:
     if not plan.exists():
         return {"error": made.get("error", "plan failed")}
     applied = _cli("apply", plan, "-o", rewrite, "--copies", "streams")
-    if not rewrite.exists():
+    inline = folder / "inline.onnx"
+    _cli("apply", plan, "-o", inline)
+    if not rewrite.exists() or not inline.exists():
         return {"error": applied.get("error", "apply failed")}
     ran = _cli(
         "run", rewrite, "--device", "cpu", "--execution-order", "default", "--compare-to", source,
         "--measure-memory", "--repeat", "1", *pins,
     )  # fmt: skip
     measured = next((m for m in ran.get("measured_memory") or [] if m.get("device") == "cpu"), {})
+    in_line = _cli("run", inline, "--device", "cpu", "--execution-order", "default", "--measure-memory", *pins)
+    in_line_arena = next((m for m in in_line.get("measured_memory") or [] if m.get("device") == "cpu"), {})
     profile = folder / "cpu.profile.json"  # the kernel scratch the arena holds (Conv's unfolded input)
     _cli("profile", source, *pins, "--device", "cpu", "--repeat", "2", "-o", profile)
     scratch = ["--profile", profile] if profile.exists() else []
@@ -105,6 +110,7 @@ def _on_cpu(source: Path, pins: list[str], folder: Path) -> dict:
     order = ran.get("order") or {}
     return {
         "arena": measured.get("peak_bytes"),
+        "inline_arena": in_line_arena.get("peak_bytes"),
         "replica": (simulated.get("cpu_peak_bytes") or {}).get("after"),
         "order": order.get("matches"),
         "sizes_from_run": bool(unknown),
@@ -149,7 +155,8 @@ def _print(r: dict) -> None:
     else:
         ratio = "-" if not cpu["arena"] or not cpu["replica"] else f"{cpu['replica'] / cpu['arena']:.4f}"
         tail = (
-            f"arena {_fmt(cpu['arena'])} replica {_fmt(cpu['replica'])} MiB, replica/arena {ratio}"
+            f"arena {_fmt(cpu['arena'])} (in line {_fmt(cpu['inline_arena'])}) replica {_fmt(cpu['replica'])} MiB, "
+            f"replica/arena {ratio}"
             f"{' (sizes from a run)' if cpu['sizes_from_run'] else ''}, "
             f"order {'as predicted' if cpu['order'] else 'DIFFERS'}, "
             f"outputs {'identical' if cpu['outputs'] else 'DIFFER'}"

@@ -199,3 +199,26 @@ def test_a_default_order_streams_rewrite_holds_its_copies_at_their_pins(run_cli,
     assert doc["order"]["matches"] and doc["order_pins"]["checked"] > 0
     assert doc["order_pins"]["holds"] and not doc["order_pins"]["violated"], doc["order_pins"]
     assert all(c["identical"] for c in doc["comparison"].values())
+
+
+def test_apply_warns_when_the_two_stream_reuse_plan_keeps_more_live_than_one_stream(run_cli, tmp_path):
+    """onnxruntime's reuse plan for two streams on one device shares each buffer at most once more: apply
+    --copies streams says what that costs against the same plan in line, and both figures are onnxruntime's
+    own (C API MaxInUse, DEFAULT order) within 2%."""
+    plan = tmp_path / "plan.json"
+    made = run_cli("plan", SAMPLES / "transformer.onnx", "-o", plan, "--execution-order", "default", "--params",
+                   "--select-distance", "10")  # fmt: skip
+    assert made.exit_code in (0, 1), made.stderr
+    streams, inline = tmp_path / "streams.onnx", tmp_path / "inline.onnx"
+    applied = run_cli("apply", plan, "-o", streams, "--copies", "streams", "--json")
+    assert applied.exit_code == 0, applied.stderr
+    cost = applied.json()["streams_cpu_peak"]
+    assert cost["streams_bytes"] > 1.1 * cost["inline_bytes"]
+    assert "reuse plan for two streams" in applied.stderr
+    assert run_cli("apply", plan, "-o", inline, "--json").json()["streams_cpu_peak"] is None
+    for rewrite, figure in ((streams, cost["streams_bytes"]), (inline, cost["inline_bytes"])):
+        ran = run_cli("run", rewrite, "--device", "cpu", "--inputs", SAMPLES / "transformer.inputs.npz",
+                      "--execution-order", "default", "--measure-memory", "--repeat", "1", "--json")  # fmt: skip
+        assert ran.exit_code == 0, ran.stderr
+        (measured,) = [m["peak_bytes"] for m in ran.json()["measured_memory"] if m["method"] == "allocator-stats"]
+        assert abs(figure / measured - 1) <= 0.02, (rewrite.name, figure, measured)

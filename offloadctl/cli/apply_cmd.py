@@ -20,7 +20,9 @@ from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
+from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job, genai_output_folder, plan_model
+from offloadctl.rewriting.preview import StreamsCost, streams_cost
 from offloadctl.rewriting.rewrite import COPY_MODES, TARGETS, ApplyResult, RewriteOptions, target_for
 from offloadctl.simulation.estimate import recorded_estimate
 
@@ -105,6 +107,7 @@ def apply(
             _, extra = job.write_rewrite(output, result=result, step=step, options=options)
     model_path = job.model_path
     figures = recorded_estimate(plan)
+    cost = streams_cost(plan, job.analysis) if copies == "streams" else None
     if not as_json:
         console = out_console()
         console.print(
@@ -127,6 +130,7 @@ def apply(
             console.print(f"placed {path} beside the rewritten model" + (f": {what}" if what else ""), soft_wrap=True)
         if figures is not None:
             print_estimate(figures, what="planned")
+    _warn_streams_cost(cost)
     if figures is not None:
         warn_broken_pins(figures, plan["model"].get("execution_order", "priority"))
     parts: list[str | None] = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
@@ -159,10 +163,29 @@ def apply(
             "target": target,
             "copy_mode": copies,
             "partition_file": next((str(p) for p in extra if p.suffix == ".json"), None),
+            "streams_cpu_peak": cost.to_json() if cost is not None else None,
             "offloaded": {"activations": result.activations, "parameters": result.parameters},
             "data_files": [str(p) for p in extra],
             "estimate": figures,  # recorded by `offloadctl plan`; None for a plan made otherwise
         },
+    )
+
+
+#: a streams rewrite whose CPU arena peaks this much above the same plan's in-line rewrite gets a warning
+STREAMS_COST_WARNING = 0.10
+
+
+def _warn_streams_cost(cost: StreamsCost | None) -> None:
+    """Warn when onnxruntime's reuse plan for two streams keeps much more live than one stream does."""
+    if cost is None or cost.extra_bytes <= STREAMS_COST_WARNING * cost.inline.peak_bytes:
+        return
+    logger.warning(
+        "onnxruntime's reuse plan for two streams on one device keeps more buffers live than one stream: the CPU "
+        "arena peaks at %s with the copies on their own stream against %s in line (+%.0f%%), and a device runs the "
+        "same planner; check the device with offloadctl run --measure-memory, or apply with --copies inline",
+        fmt_bytes(cost.streams.peak_bytes),
+        fmt_bytes(cost.inline.peak_bytes),
+        100 * cost.extra_bytes / cost.inline.peak_bytes,
     )
 
 

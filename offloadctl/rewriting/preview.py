@@ -30,6 +30,7 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.loading.placed import Placement, host_casts, placed
 from offloadctl.rewriting.metadata import KEY_PINS, PinCheck, check_pins, metadata_json
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
+from offloadctl.rewriting.streams import with_events
 from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
 from offloadctl.simulation.ortstreams import cpu_peak_on_streams
 from offloadctl.simulation.profiles import Profile
@@ -44,6 +45,9 @@ __all__ = [
     "placement_of",
     "rewritten_analysis",
     "run_order_result",
+    "STREAMS_REPLAY_MAX_NODES",
+    "StreamsCost",
+    "streams_cost",
 ]
 
 
@@ -163,3 +167,43 @@ def run_order_result(plan: Plan, analysis: Analysis, *, profile: Profile | str |
     """The simulation of ``plan``'s rewrite as onnxruntime runs it in ``analysis``'s order (its
     ``before`` is the model without copies, its ``after`` the rewrite)."""
     return simulate(rewritten_analysis(plan, analysis), None, profile=profile)
+
+
+#: Above this many nodes the two-stream reuse plan is not replayed: the replay keeps each node's
+#: upstream nodes as a bit set, which grows with the square of the node count.
+STREAMS_REPLAY_MAX_NODES = 20_000
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamsCost:
+    """The CPU arena's peak of one plan's rewrite with its copies on a stream of their own and in line."""
+
+    streams: CpuPeak
+    inline: CpuPeak
+
+    @property
+    def extra_bytes(self) -> int:
+        return self.streams.peak_bytes - self.inline.peak_bytes
+
+    def to_json(self) -> dict[str, object]:
+        return {"streams_bytes": self.streams.peak_bytes, "inline_bytes": self.inline.peak_bytes}
+
+
+def streams_cost(plan: Plan, analysis: Analysis, *, profile: Profile | None = None) -> StreamsCost | None:
+    """What onnxruntime's reuse plan for two streams on one device keeps live
+    (`offloadctl.simulation.ortstreams`) against one stream, for ``plan``'s rewrite written as
+    ``apply --copies streams`` and ``--copies inline`` write it, in the CPU arena (where device and host
+    are one memory; the planner is the same on a device). None above `STREAMS_REPLAY_MAX_NODES` nodes."""
+    if analysis.num_positions > STREAMS_REPLAY_MAX_NODES:
+        return None
+    pinned = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True))
+    layout = with_events(pinned, "preview.streams.json", analysis.order)
+    written = apply_plan(plan, analysis)
+    with_events(written, "preview.streams.json", analysis.order)
+    rewritten = analyse(dataclasses.replace(analysis.loaded, proto=pinned, sizes_from_run=None), order=analysis.order)
+    if analysis.infos.measured is not None:
+        rewritten.infos.use_measured(analysis.infos.measured)
+    count_scratch(rewritten, profile)
+    streams = [layout.copy_stream, layout.compute_stream]
+    on_streams = cpu_peak_on_streams(rewritten, streams, shapes=declared_shapes(written))
+    return StreamsCost(on_streams, cpu_figures(analysis, plan, rewritten=False, profile=profile).after)

@@ -7,5 +7,6 @@ copies in line or on streams), `result` (`simulate` and `SimResult`), `costs` (w
 bytes or time, the planners' objectives), `estimate` (a simulation's figures for verdicts and
 plans), `points` (one plan at several shapes), `arena`, `ortcpu` (onnxruntime's CPU allocation
 planner and BFC arena replayed), `ortstreams` (its reuse plan for several logic streams on one
-device) and `profiles` (device profiles: bundled datasheets and measured ones). It reads an `Analysis`, a plan and a profile; it never edits ONNX.
+device) and `profiles` (device profiles: bundled datasheets and measured ones). It reads an
+`Analysis`, a plan and a profile; it never edits ONNX.
 """

@@ -136,7 +136,8 @@ class StreamsPlanner:
                     self.readers.setdefault(name, set()).add(pos)
         self._ancestors = self._all_ancestors()
         self._made_from: dict[str, set[str]] = {}  # a value -> outputs of the nodes that read it
-        self._waiting: dict[tuple[int, Shape], list[tuple[tuple[int, int], str]]] = {}  # (itemsize, shape) -> (order, value)
+        # (itemsize, declared shape) -> the values waiting for a buffer, in the order their NodeArgs were made
+        self._waiting: dict[tuple[int, Shape], list[tuple[tuple[int, int], str]]] = {}
         self._taken: set[str] = set()
         for pos in self._walk():
             self._reuse_input(pos)
