@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -59,6 +60,7 @@ from offloadctl.rewriting.streams import PARTITION_KEY, checked_streams, stream_
 from offloadctl.running.allocator import AllocatorFigure, SessionSpec, measure_memory
 from offloadctl.running.growth import MemoryGrowth, memory_growth
 from offloadctl.running.inputs import InputSpec, generate_inputs, input_specs, load_inputs
+from offloadctl.running.pinned import PageLocked, hand_over, runtime_allocator, streamed_weights
 from offloadctl.running.placement import (
     PLUGINS,
     InsertedCopy,
@@ -818,6 +820,8 @@ class RunReport:
     ran_peak_bytes: int | None = None
     # a rewrite whose copies run on a stream of their own: its partition file (None: one stream)
     streams: dict[str, Any] | None = None
+    # on CUDA and CANN, the streamed weights handed over from page-locked memory (or why not)
+    page_locked: PageLocked = field(default_factory=PageLocked)
     # with --measure-memory and --compare-to, a rewrite's measured peak against the original's
     growth: MemoryGrowth | None = None
 
@@ -866,6 +870,7 @@ class RunReport:
             else [figure.to_json() for figure in self.measured_memory],
             "memory_growth": None if self.growth is None else self.growth.to_json(),
             "copy_streams": self.streams,
+            "page_locked_weights": self.page_locked.to_json() if self.page_locked.weights else None,
             "warnings": self.warnings,
         }
 
@@ -927,29 +932,25 @@ def run_model(
     """
     _check_run_options(repeat, rtol, atol, memory=memory, device=device)
     warnings: list[str] = []
-    # as onnxruntime reads it, pinned for generated inputs: as given, else at a rewrite's planned shapes
-    if not input_shapes and not dims and inputs is None:
-        input_shapes, dims = planned_shapes(model)
+    input_shapes, dims = _shapes_to_run(model, input_shapes, dims, inputs)
     loaded = load_model(model, input_shapes=input_shapes, dims=dims, normalize=False)
     ort = import_onnxruntime(device)
     settings = required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort, order=order)
     streams = _copy_streams(model, loaded.proto, config, order)
-    warnings += _setup_warnings(settings, config, device, ep_options)
+    locked = _page_locked(model, loaded.proto, config, device, ort)
+    warnings += _setup_warnings(settings, config, device, ep_options, locked)
     feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
     with _original_refused_too(compare_to, feeds_all, device, opt_level, ep_options, ort):
         timed = _timed_runs(model, config, device, ort, feeds_all, repeat)
     checked, pins = _order_checks(loaded, timed, order, opt_level == "disable", device, warnings)
     feeds = _session_feeds(loaded.proto, feeds_all)
     measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
-    comparison = unstable = original_inserted = None
-    if compare_to is not None:
-        rtol, atol = _tolerances(opt_level, rtol, atol)
-        comparison, unstable, original_inserted = _compare_with(
-            compare_to, model, timed.outputs, feeds_all, device, opt_level, ep_options, ort, rtol, atol
-        )
-        warnings += _unstable_warning(compare_to, unstable)
-    return RunReport(
+    rtol, atol = _tolerances(opt_level, rtol, atol) if compare_to is not None else (rtol, atol)
+    comparison, unstable, original_inserted = _compare_with(
+        compare_to, model, timed.outputs, feeds_all, device, opt_level, ep_options, ort, rtol, atol, warnings
+    )
+    report = RunReport(
         model=model,
         device=device,
         providers=timed.providers,
@@ -975,7 +976,32 @@ def run_model(
         ran_peak_bytes=timed.ran_peak,
         growth=_growth(loaded, compare_to, config, device, feeds_all, measured, timed.ran, order, ort),
         streams=streams,
+        page_locked=locked,
     )
+    locked.close()  # the sessions that read the buffers are gone
+    return report
+
+
+def _shapes_to_run(
+    model: str,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    dims: Mapping[str, int] | None,
+    inputs: str | os.PathLike[str] | None,
+) -> tuple[Mapping[str, Sequence[int]] | None, Mapping[str, int] | None]:
+    """The pins a model is read with, as onnxruntime reads it: as given; for generated inputs without
+    any, a rewrite's planned shapes (`offloadctl.rewriting.metadata.planned_shapes`)."""
+    if not input_shapes and not dims and inputs is None:
+        return planned_shapes(model)
+    return input_shapes, dims
+
+
+def _page_locked(model: str, proto: onnx.ModelProto, config: SessionConfig, device: str, ort: Any) -> PageLocked:
+    """On CUDA and CANN, the weights a rewrite streams in, handed to the session (``config``, in
+    place) from page-locked buffers so that their copies can overlap compute
+    (`offloadctl.running.pinned`); nothing elsewhere, where the copies run in line."""
+    if device not in ("cuda", "ascend") or not streamed_weights(proto):
+        return PageLocked()
+    return hand_over(proto, config.sess_options, runtime_allocator(device), ort=ort, base_dir=Path(model).parent)
 
 
 def _copy_streams(model: str, proto: onnx.ModelProto, config: SessionConfig, order: str) -> dict[str, Any] | None:
@@ -1112,10 +1138,15 @@ def _unstable_warning(compare_to: str, unstable: Mapping[str, OutputComparison])
 
 
 def _setup_warnings(
-    settings: Mapping[str, Any], config: SessionConfig, device: str, ep_options: Mapping[str, str] | None
+    settings: Mapping[str, Any],
+    config: SessionConfig,
+    device: str,
+    ep_options: Mapping[str, str] | None,
+    locked: PageLocked | None = None,
 ) -> list[str]:
-    """What in the session set-up may keep the run from being the one planned."""
-    warnings = []
+    """What in the session set-up may keep the run from being the one planned (``locked``: streamed
+    weights that could not be page-locked)."""
+    warnings = [locked.refused] if locked is not None and locked.refused else []
     if ep_options and device == "cpu":
         warnings.append("--ep-option is ignored with --device cpu (the CPU provider takes no such options)")
     warnings += settings_warnings(
@@ -1254,7 +1285,7 @@ def _original_config(
 
 
 def _compare_with(
-    compare_to: str,
+    compare_to: str | None,
     model: str,
     outputs: Mapping[str, Any],
     feeds_all: Mapping[str, np.ndarray],
@@ -1262,12 +1293,17 @@ def _compare_with(
     opt_level: str,
     ep_options: Mapping[str, str] | None,
     ort: Any,
-    rtol: float,
-    atol: float,
-) -> tuple[dict[str, OutputComparison], dict[str, OutputComparison], list[InsertedCopy] | None]:
+    rtol: float | None,
+    atol: float | None,
+    warnings: list[str],
+) -> tuple[dict[str, OutputComparison] | None, dict[str, OutputComparison] | None, list[InsertedCopy] | None]:
     """Run the original twice with the same inputs and settings: (each output of the model against
     the original's first run, the outputs in which the original's two runs differ, the copies
-    onnxruntime inserted into the original on a non-CPU device)."""
+    onnxruntime inserted into the original on a non-CPU device); Nones without ``compare_to``. A
+    warning on outputs the original itself does not repeat goes to ``warnings``."""
+    if compare_to is None:
+        return None, None, None
+    assert rtol is not None and atol is not None  # `_tolerances` gives them with compare_to
     original, config = _original_config(compare_to, device, opt_level, ep_options, ort)
     _check_same_inputs(input_specs(original.proto), feeds_all, compare_to, model)
     with tempfile.TemporaryDirectory(prefix="offloadctl-placed-") as tmp:
@@ -1283,6 +1319,7 @@ def _compare_with(
     for name in expected:
         if name not in outputs:
             comparison[name] = OutputComparison(False, None, None, False, f"{model} has no output of this name")
+    warnings += _unstable_warning(compare_to, unstable)
     return comparison, unstable, inserted
 
 
