@@ -3,7 +3,7 @@
 - With a measured profile the budget strategy minimises time unless told otherwise; with a
   datasheet profile, bytes. The plan and the command line say which.
 - ``--copies streams`` prices a copy by what compute does not hide, places prefetches for a link
-  the copies share, and is labelled as an estimate not yet timed on a device.
+  the copies share, and is labelled as the mode apply writes, not yet timed on a device.
 - At the same budget the time objective never gives a longer estimated time than the bytes
   objective, in either copy mode.
 - ``--max-slowdown 1.05`` stays within 5% of the baseline and cuts the peak below the HyperOffload
@@ -207,7 +207,7 @@ def test_optimal_takes_only_linear_objectives(run_cli, tmp_path, measured_profil
     assert ok.exit_code == 0, ok.stderr  # bytes stays linear on streams
 
 
-def test_streams_are_labelled_an_estimate_everywhere(run_cli, tmp_path):
+def test_streams_are_labelled_as_what_apply_writes_not_yet_timed_everywhere(run_cli, tmp_path):
     model = SAMPLES / "transformer.onnx"
     out, report = tmp_path / "plan.json", tmp_path / "plan.md"
     result = run_cli(
@@ -215,16 +215,17 @@ def test_streams_are_labelled_an_estimate_everywhere(run_cli, tmp_path):
     )
     assert result.exit_code == 0, result.stderr
     text = _words(result.stdout)
-    assert "copies on streams, an estimate not yet timed on a device" in text
-    assert "est. slowdown" in text and "(copies on streams, an estimate not yet timed on a device;" in text
+    label = "copies on streams, as apply --copies streams writes them, one copy stream and its event nodes"
+    assert f"{label}; not yet timed on a device" in text
+    assert "est. slowdown" in text and f"({label}; not yet timed on a device, profile" in text
     doc = read_plan(out)
     assert doc["options"]["filter"]["copies"] == "streams" and doc["budget"]["copies"] == "streams"
     assert doc["summary"]["estimate"]["copy_mode"] == "streams"
-    assert "copies on streams (an estimate not yet timed on a device" in report.read_text()
+    assert "copies on streams (as apply --copies streams writes them" in report.read_text()
     got = run_cli("plan", model, "-o", out, "--budget", "600KiB", "--copies", "streams", "--json").json()
     assert got["copy_mode"] == "streams"
     applied = run_cli("apply", out, "-o", tmp_path / "m.onnx")
-    assert applied.exit_code == 0 and "copies on streams, an estimate" in _words(applied.stdout)
+    assert applied.exit_code == 0 and f"{label}; not yet timed on a device" in _words(applied.stdout)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ it with the simulator (`offloadctl.simulation`) under a copy mode:
 
 - ``inline``: copies on the compute stream, what onnxruntime runs today (the simulator's
   "serialized" time);
-- ``streams``: copies on separate copy streams, hidden behind compute where the window allows
-  (the simulator's "overlapped" time): an estimate not yet timed on a device (`apply --copies
-  streams` writes the mode).
+- ``streams``: copies on the copy stream ``apply --copies streams`` writes, hidden behind compute
+  where the window allows, its event nodes priced (the simulator's "overlapped" time); not yet
+  timed on a device.
 
 The budgets are `budget_grid`: evenly spaced from the peak (nothing offloaded, the baseline) down to
 the lower bound; when the search cannot reach a budget, the sweep ends with the best peak it can

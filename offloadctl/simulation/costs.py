@@ -17,9 +17,11 @@ search (greedy and exact) only ever asks it that:
   where the compute stream waits for it before the buffer may be reused. So its price depends on
   *where* the copy is, and a D2H's on which of the tensor's gaps is offloaded first: the cost of a
   plan is no longer a sum of prices of sizes (``linear`` is False), and the exact search, which
-  needs one, does not take it. Copies on streams are an estimate not yet timed on a device
-  (`STREAMS_NOTE`). A hidden copy still costs `HIDDEN_SHARE` of its time: it occupies the
-  link, which other copies share, and among hidden copies the search should prefer the fewest.
+  needs one, does not take it. This price guides the search; the simulator's streams time, which
+  judges the plan, runs the copies as ``apply --copies streams`` writes them (one copy stream, its
+  event nodes), not yet timed on a device (`STREAMS_NOTE`). A hidden
+  copy still costs `HIDDEN_SHARE` of its time: it occupies the link, which other copies share, and
+  among hidden copies the search should prefer the fewest.
 
 Which objective a command uses when none is asked for: `default_objective` (time with a measured
 profile from ``offloadctl profile``, bytes otherwise). `plan_cost` prices a whole plan with any of
@@ -59,7 +61,7 @@ __all__ = [
 
 OBJECTIVES = ("bytes", "time")
 COPY_MODES = ("inline", "streams")
-STREAMS_NOTE = "an estimate not yet timed on a device; apply --copies streams writes this mode"
+STREAMS_NOTE = "as apply --copies streams writes them, one copy stream and its event nodes; not yet timed on a device"
 HIDDEN_SHARE = 1e-3
 
 

@@ -23,11 +23,14 @@ copy node, from the measured fit). Every figure includes the profile's
 
 - baseline: the nodes alone, no copies.
 - serialized: copies run in line on the compute stream (onnxruntime today): baseline + every copy.
-- overlapped: one copy stream per direction, FIFO. A copy is issued when the compute stream reaches
-  its place and starts when its stream is free (an H2D also waits for the D2H of its tensor); a
-  node waits for the copies whose outputs it reads; at each offloaded buffer's release point the
-  compute stream waits for that buffer's D2H (HyperOffload's release event). The run ends when the
-  compute stream and both copy streams are done.
+- overlapped: the copies on the one copy stream ``apply --copies streams`` writes (both directions
+  share it: onnxruntime's page-locked host arena is not stream-aware), FIFO. A copy is issued when
+  the compute stream reaches its place and starts when the copy stream is free (an H2D also waits
+  for the D2H of its tensor); a node waits for the copies whose outputs it reads; at each offloaded
+  buffer's release point the compute stream waits for that buffer's D2H (HyperOffload's release
+  event, the fence apply writes). Each event node apply writes costs ``kernel_launch_s`` on its
+  stream: the gate before each H2D and the one after each D2H on the copy stream, each fence on the
+  compute stream. The run ends when the compute stream and the copy stream are done.
 
 The same node table carries each measured node's kernel scratch; `count_scratch` puts it into the
 analysis, where every memory figure counts it.
@@ -289,7 +292,8 @@ def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
     busy = sorted({*copy_steps, *waits, *reading})
     end = [0.0] * steps
     compute = 0.0
-    stream_free = {"h2d": 0.0, "d2h": 0.0}
+    copy_free = 0.0  # when the copy stream is free
+    event = profile.kernel_launch_s  # one event node (gate or fence) of `offloadctl.rewriting.streams`
     baseline = serialized = 0.0
     node_seconds = costs.seconds
     done = 0  # the steps before this one are counted
@@ -315,12 +319,12 @@ def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
         else:
             cost = links[kind].time(program.sizes[program.reads[s][0]])
             serialized += cost
-            end[s] = max(compute, stream_free[kind], ready) + cost
-            stream_free[kind] = end[s]
+            end[s] = max(compute, copy_free, ready) + event + cost  # after its gate on the copy stream
+            copy_free = end[s]
             for t in program.writes[s]:
                 copy_of[t] = s
         for copy in waits.get(s, ()):
-            compute = max(compute, end[copy])
+            compute = max(compute, end[copy]) + event  # the fence: compute waits for the D2H
     # a model with copies runs without ConstantFolding (order pins and offloaded weights need it off):
     # what that costs the model, when a profile measured above --opt-level disable says
     unfolded = profile.measured.unfolded_s if profile.measured is not None and len(copy_of) else 0.0
@@ -328,7 +332,7 @@ def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
     # stream: each costs what one more trivial node adds to a run where the profile measured that
     if profile.measured is not None:
         unfolded += program.pin_nodes * profile.kernel_launch_s
-    overlapped = max([compute + unfolded, *stream_free.values()])
+    overlapped = max(compute + unfolded, copy_free)
     fixed = profile.run_overhead_s
     return TimeFigures(
         baseline=baseline + fixed,

@@ -429,7 +429,8 @@ class Planner:
         link, at most ``distance`` (or its cap) and at most the longest lead that keeps the budget.
 
         The link is shared: copies in one direction take turns on it, in the order they are issued
-        (one copy stream per direction, as the simulator runs them). D2Hs go first come first
+        (each direction apart here; the simulator that judges the plan runs both on the one copy
+        stream ``apply --copies streams`` writes, event nodes priced). D2Hs go first come first
         served from the end of their producers. H2Ds are scheduled backwards from their deadlines
         (the start of the group's first use, on the baseline's times), latest deadline first: each
         ends by its deadline and before the link time the later ones took, and starts no earlier
