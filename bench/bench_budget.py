@@ -224,7 +224,7 @@ def exact_scale(sizes: list[int], folder: Path, time_limit: float, progress: Con
 
 def objectives(models: list[str] | None, folder: Path, profile: str, progress: Console) -> list[dict[str, Any]]:
     """Simulated time of the time objective's plan against the bytes objective's, per case and copy mode."""
-    from offloadctl.planning.make import make_plan
+    from offloadctl.planning.make import scheduled_plan
     from offloadctl.simulation.profiles import load_profile
     from offloadctl.simulation.result import simulate
 
@@ -245,7 +245,9 @@ def objectives(models: list[str] | None, folder: Path, profile: str, progress: C
             found: dict[str, Any] = {}
             for objective in ("bytes", "time"):
                 t0 = time.perf_counter()
-                plan = make_plan(analysis, budget=budget, params=True, objective=objective, copies=copies, profile=prof)
+                plan = scheduled_plan(
+                    analysis, budget=budget, params=True, objective=objective, copies=copies, profile=prof
+                )
                 seconds = time.perf_counter() - t0
                 found[objective] = (getattr(simulate(analysis, plan, profile=prof).times, key), seconds, plan)
             row = {
@@ -269,7 +271,7 @@ def objectives(models: list[str] | None, folder: Path, profile: str, progress: C
             row["never_slower"] = row["time"]["time_s"] <= row["bytes"]["time_s"] * (1 + 1e-12)
             row["shorter"] = 1 - row["time"]["time_s"] / row["bytes"]["time_s"]
             if copies == "streams":  # the same choice (bytes) placed for copies in line
-                inline = make_plan(
+                inline = scheduled_plan(
                     analysis, budget=budget, params=True, objective="bytes", copies="inline", profile=prof
                 )
                 row["longest_lead_s"] = simulate(analysis, inline, profile=prof).times.overlapped

@@ -272,7 +272,10 @@ def _next_budget(plan_path: Path) -> str:
     thousands of tensors, so that apply writes thousands of copies and order pins."""
     # imported here, not at the top: the measured children run this file too, some with an older
     # revision's offloadctl, which may not have it
-    from offloadctl.job import suggested_budget
+    try:
+        from offloadctl.pipeline import suggested_budget
+    except ImportError:  # a revision before the pipeline module
+        from offloadctl.job import suggested_budget  # type: ignore[attr-defined,no-redef]
 
     estimate = json.loads(plan_path.read_text())["summary"]["estimate"]
     return f"{suggested_budget(estimate['lower_bound_bytes'], estimate['peak_bytes']['before']) // 1024}KiB"

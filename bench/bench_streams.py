@@ -31,7 +31,7 @@ from bench_time import PLAN, SAMPLES, _third_party, _timed  # noqa: E402
 from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.cli.ui import foreign_stdout_aside  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
-from offloadctl.planning.make import make_plan  # noqa: E402
+from offloadctl.planning.make import scheduled_plan  # noqa: E402
 from offloadctl.rewriting.metadata import session_settings  # noqa: E402
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan, write_model  # noqa: E402
 from offloadctl.rewriting.streams import PARTITION_KEY, streams_file, with_events  # noqa: E402
@@ -54,7 +54,7 @@ def _session(path: Path, ort, partition: Path | None = None):
 
 def _row(label: str, model: Path, feeds: dict, folder: Path, rounds: int, ort) -> str:
     analysis = analyse(load_model(model))
-    plan = make_plan(analysis, **PLAN)
+    plan = scheduled_plan(analysis, **PLAN)
     inline, streams = folder / f"{label}.inline.onnx", folder / f"{label}.streams.onnx"
     write_model(apply_plan(plan, analysis, options=RewriteOptions()), inline, source_dir=model.parent)
     proto = apply_plan(plan, analysis, options=RewriteOptions())

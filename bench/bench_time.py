@@ -47,7 +47,7 @@ import onnx  # noqa: E402
 from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.core.errors import OffloadError  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
-from offloadctl.planning.make import make_plan  # noqa: E402
+from offloadctl.planning.make import scheduled_plan  # noqa: E402
 from offloadctl.rewriting.rewrite import apply_plan, write_model  # noqa: E402
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs  # noqa: E402
 from offloadctl.running.profiler import alternate, measure_profile, write_profile  # noqa: E402
@@ -163,7 +163,7 @@ def _row(label: str, model: str, inputs: str | None, folder: Path, repeat: int, 
 
     analysis = analyse(load_model(model))
     # made with the measured profile: above --opt-level disable it keeps what onnxruntime's fusions take in
-    plan = make_plan(analysis, profile=measured, **PLAN)
+    plan = scheduled_plan(analysis, profile=measured, **PLAN)
     rewritten_path = folder / f"{label}.offload.onnx"
     write_model(apply_plan(plan, analysis), rewritten_path, source_dir=Path(model).parent)
     rewritten = analyse(load_model(rewritten_path))

@@ -31,9 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from offloadctl.analysis.graph import analyse
-from offloadctl.job import make_plan as planned_document
 from offloadctl.loading.model import load_model
-from offloadctl.planning.make import make_plan
+from offloadctl.pipeline import make_plan as planned_document
+from offloadctl.planning.make import scheduled_plan
 from offloadctl.rewriting.rewrite import apply_plan, write_model
 from offloadctl.running.allocator import measure_memory
 from offloadctl.running.profiler import measure_profile
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
             doc = measure_profile(str(model), device, inputs=str(inputs), repeat=5)
             profile = profile_from_dict(doc, origin=f"measured for {name}")
             analysis = analyse(load_model(model), order="default")
-            plan = make_plan(analysis, select_distance=2, params=True, profile=profile)
+            plan = scheduled_plan(analysis, select_distance=2, params=True, profile=profile)
             out = folder / f"{name}.offload.onnx"
             write_model(apply_plan(plan, analysis), out, source_dir=model.parent)
             rewritten = analyse(load_model(out), order="default")

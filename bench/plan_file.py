@@ -37,7 +37,7 @@ from offloadctl.core.bulk import keep_what_is_built, paused_gc  # noqa: E402
 from offloadctl.core.files import atomic_write  # noqa: E402
 from offloadctl.core.plantypes import Plan  # noqa: E402
 from offloadctl.job import Job  # noqa: E402
-from offloadctl.planning.make import plan_for  # noqa: E402
+from offloadctl.planning.make import scheduled_plan  # noqa: E402
 from offloadctl.planning.request import PlanRequest  # noqa: E402
 
 import gen_large  # noqa: E402
@@ -66,7 +66,7 @@ def _timed(runs: list[float], call: Callable[..., Any], *args: Any) -> None:
 def measure(model: Path, work: Path, repeat: int) -> dict[str, Any]:
     """Sizes and fastest write and read times of the plan's two forms."""
     keep_what_is_built()
-    plan = plan_for(Job.of_model(model).analysis, PlanRequest(params=True)).plan
+    plan = scheduled_plan.run(Job.of_model(model).analysis, PlanRequest(params=True))
     paths = {"table": work / "table.json", "entries": work / "entries.json"}
     writers = {"table": write_plan, "entries": write_entries}
     times: dict[str, dict[str, list[float]]] = {form: {"write": [], "read": []} for form in paths}

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import offloadctl.job  # noqa: E402
+import offloadctl.pipeline  # noqa: E402
 import offloadctl.planning.budget.strategy  # noqa: E402
 from offloadctl.contract.document import write_plan  # noqa: E402
 from offloadctl.core.bulk import keep_what_is_built, paused_gc  # noqa: E402
-from offloadctl.job import Job, next_step, run_order_figures  # noqa: E402
-from offloadctl.planning.make import plan_for  # noqa: E402
+from offloadctl.job import Job  # noqa: E402
+from offloadctl.pipeline import _budget_step, run_order_figures, suggested_budget  # noqa: E402
+from offloadctl.planning.make import scheduled_plan  # noqa: E402
 from offloadctl.planning.request import PlanRequest  # noqa: E402
 from offloadctl.simulation.result import simulate  # noqa: E402
 
@@ -49,7 +50,7 @@ NEXT_STEP_PARTS = [
     ("candidates", _strategy, "candidates"),
     ("search", _strategy, "solve"),
     ("building the plan", _strategy.BudgetSearch, "_build"),
-    ("simulating it", offloadctl.job, "simulate"),
+    ("simulating it", offloadctl.pipeline, "simulate"),
 ]
 
 
@@ -96,7 +97,7 @@ def phases(model: Path, out: Path) -> list[tuple[str, float]]:
     analysis.unknown_sizes()  # the command's first look at sizes, which waits for shape inference
     mark("load and analyse")
     request = PlanRequest(params=True)
-    plan = plan_for(analysis, request).plan
+    plan = scheduled_plan.run(analysis, request)
     mark("distance plan")
     result = simulate(analysis, plan, profile=request.device_profile)
     run_order_figures(plan, analysis, result, request)
@@ -105,7 +106,8 @@ def phases(model: Path, out: Path) -> list[tuple[str, float]]:
     mark("write the plan")
     parts: dict[str, float] = {}
     with timed_parts(NEXT_STEP_PARTS, parts), paused_gc():  # the command holds the collector here too
-        next_step(analysis, plan, result, request)
+        # the next step's budget plan (`offloadctl.pipeline.next_step` gives only its command on a graph this big)
+        _budget_step(analysis, suggested_budget(result.lower_bound_bytes, result.peak_before), request)
     mark("next step")
     return marks + [(f"  {label}", parts.get(label, 0.0)) for label, _, _ in NEXT_STEP_PARTS]
 

@@ -54,14 +54,14 @@ TASKS = ("floor", "plan", "plan-no-next-step", "plan-no-rejected", "apply", "app
 
 def _child(task: str, model: str, work: str) -> float:
     """Run one command (a plan or apply task) in this (fresh) process; its seconds after the imports."""
+    from offloadctl import pipeline
     from offloadctl._entry import main
     from offloadctl.cli import stages_cmd
     from offloadctl.contract import document
 
     plans = {t: os.path.join(work, f"{t}.json") for t in ("plan", "plan-no-next-step", "plan-no-rejected")}
     if task in ("plan-no-next-step", "plan-no-rejected"):
-        stages_cmd.next_step = lambda *args, **kwargs: None
-        stages_cmd.next_step_ahead = lambda *args, **kwargs: None
+        pipeline.next_step = lambda *args, **kwargs: None  # the next-step pass then gives none
     if task == "plan-no-rejected":
         write = document.write_plan
         stages_cmd.write_plan = lambda path, plan: write(path, {**plan, "rejected": []})

@@ -13,8 +13,9 @@ The library is usable without the command line. Its entry points, in pipeline or
 
 Each is a thin name over the module that owns the work, one subpackage per stage of the pipeline:
 `offloadctl.loading.model.load_model`, `offloadctl.analysis.graph.analyse`,
-`offloadctl.job.make_plan` (the plan document ``offloadctl plan`` writes, its figures included; the
-planner's plan alone is `offloadctl.planning.make.make_plan`, and the single stages are
+`offloadctl.pipeline.make_plan` (the plan document ``offloadctl plan`` writes, its figures included,
+made by the declared pipeline of passes there; the planner's plan alone is
+`offloadctl.planning.make.scheduled_plan`, and the single stages are
 `offloadctl.planning.select`, `~.filter` and `~.prefetch`),
 `offloadctl.rewriting.rewrite.apply_plan` with `~.write_model`, `offloadctl.simulation.result.simulate`
 and `offloadctl.running.runner.run_model`.
@@ -36,8 +37,8 @@ from offloadctl.core.plantypes import Plan
 
 if TYPE_CHECKING:
     from offloadctl.analysis.graph import Analysis
-    from offloadctl.job import make_plan
     from offloadctl.loading.model import LoadedModel
+    from offloadctl.pipeline import make_plan
     from offloadctl.planning.request import PlanRequest
     from offloadctl.rewriting.rewrite import ApplyResult
     from offloadctl.running.runner import RunReport
@@ -62,7 +63,7 @@ __all__ = [
 
 # names whose modules load on first use (so that importing the package stays light)
 _LAZY = {
-    "make_plan": "offloadctl.job",
+    "make_plan": "offloadctl.pipeline",
     "PlanRequest": "offloadctl.planning.request",
     "LoadedModel": "offloadctl.loading.model",
     "Analysis": "offloadctl.analysis.graph",

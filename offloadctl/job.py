@@ -8,9 +8,7 @@ another output of the same job (`guard`). The commands and the Python API (`offl
 the same jobs, so they find models, check outputs and rewrite models by the same rules
 (`write_rewrite`, the apply protocol).
 
-`make_plan` is the plan document `offloadctl plan` writes and `offloadctl.make_plan` returns: the
-planner's plan with the figures apply quotes (``summary.estimate``; under the DEFAULT order the peak
-of the rewrite as that walk runs it) and the order pins' layout (``summary.pins``).
+The plan itself is made by `offloadctl.pipeline`.
 """
 
 from __future__ import annotations
@@ -22,46 +20,28 @@ import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from shlex import quote
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.document import check_plan_model, read_plan
-from offloadctl.contract.order_pins import pin_layout, record_pins
-from offloadctl.core.ahead import Ahead
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write_text, check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.core.plantypes import Plan, SizesFromRun
-from offloadctl.core.units import fmt_bytes
-from offloadctl.loading.input_shapes import given_dims
 from offloadctl.loading.model import LoadedModel, load_model
-from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
-from offloadctl.planning.make import plan_for
-from offloadctl.planning.request import PlanRequest, evolve, taking
 from offloadctl.planning.select import candidate_uses
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
 from offloadctl.rewriting.metadata import session_settings
-from offloadctl.rewriting.preview import device_result, placement_of, run_order_result
 from offloadctl.rewriting.rewrite import (
     ApplyResult,
     RewriteOptions,
     apply_plan,
     check_model_outputs,
-    target_for,
     write_model,
 )
 from offloadctl.rewriting.streams import streams_file, with_events
 from offloadctl.running.sizes import measure_sizes
-from offloadctl.simulation.base import is_rewritten, plain_ids
-from offloadctl.simulation.estimate import (
-    estimate_figures,
-    record_estimate,
-    recorded_estimate,
-    with_device_peaks,
-    with_run_order_peak,
-)
-from offloadctl.simulation.result import SimResult, simulate
+from offloadctl.simulation.base import plain_ids
 
 __all__ = ["Job", "plan_model"]
 
@@ -314,241 +294,3 @@ def genai_output_folder(model: str | os.PathLike[str] | None, output: str | os.P
         if made and not any(folder.iterdir()):
             folder.rmdir()
         raise
-
-
-# --------------------------------------------------------------------------------------------------
-# The plan document
-
-
-@dataclass(frozen=True)
-class Planned:
-    """A finished plan document and the simulation its figures come from (None for a model that
-    already holds copies: simulate the rewritten model instead)."""
-
-    plan: Plan
-    result: SimResult | None
-
-
-def planned(analysis: Analysis, request: PlanRequest) -> Planned:
-    """Plan ``request`` for ``analysis`` (`offloadctl.planning.make.plan_for`), simulate it (unless the
-    planner did) and record in it the figures ``apply`` quotes and the pins' layout it builds from."""
-    try:
-        outcome = plan_for(analysis, request)
-    except BudgetUnreachable as exc:
-        if not request.host_device:
-            raise
-        raise _as_the_device_runs(exc, analysis, request) from None
-    plan = outcome.plan
-    if is_rewritten(analysis):
-        return Planned(plan, None)
-    request.report("simulating peak memory and time")
-    with paused_gc():
-        result = outcome.simulation or simulate(analysis, plan, profile=request.device_profile)
-    record_estimate(plan, run_order_figures(plan, analysis, result, request))  # apply quotes it
-    record_pins(plan, pin_layout(plan, analysis))  # and builds these pins without shape inference
-    return Planned(plan, result)
-
-
-def _as_the_device_runs(exc: BudgetUnreachable, analysis: Analysis, request: PlanRequest) -> BudgetUnreachable:
-    """``exc`` for a plan made for a device (``plan --device``), saying what its figures count: a budget
-    counts every node on the device, while the device runs some on the host, whose tensors are not in
-    its memory, so the model's peak as the device runs it is another figure."""
-    device = request.host_device.split()[0]
-    placement = placement_of(analysis, request.host_nodes, request.host_copies, request.host_casts)
-    with paused_gc():
-        as_run, _ = device_result(None, analysis, placement, target=target_for(device))
-    return BudgetUnreachable(
-        f"{exc.message}. A budget counts every node on the device; {device} runs {len(request.host_nodes)} of "
-        f"them on the host, whose tensors it keeps in host memory, so the model as {device} runs it peaks at "
-        f"{fmt_bytes(as_run.peak_after)}",
-        hint=exc.hint,
-        reachable=exc.reachable,
-    )
-
-
-@taking(PlanRequest)
-def make_plan(analysis: Analysis, request: PlanRequest) -> Plan:
-    """The plan document ``offloadctl plan`` writes for the same request: `planned`'s plan.
-
-    Takes a `PlanRequest`'s fields as keywords, as `offloadctl.planning.make.make_plan` does (which
-    returns the planner's plan alone, without the recorded figures).
-    """
-    return planned(analysis, request).plan
-
-
-def run_order_figures(plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest) -> dict[str, Any]:
-    """The plan's figures (`as_run_figures` of the simulation's, for the request's device)."""
-    return as_run_figures(
-        plan,
-        analysis,
-        estimate_figures(result, request.copies),
-        host_device=request.host_device,
-        host_nodes=request.host_nodes,
-        host_copies=request.host_copies,
-        host_casts=request.host_casts,
-        report=request.report,
-    )
-
-
-def as_run_figures(
-    plan: Plan,
-    analysis: Analysis,
-    figures: dict[str, Any],
-    *,
-    host_device: str = "",
-    host_nodes: Sequence[str] = (),
-    host_copies: Sequence[str] = (),
-    host_casts: Sequence[Any] = (),
-    report: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """``figures`` (`estimate_figures` of the plan's simulation) with the peaks of what runs: for a plan
-    made for a device (``plan --device``: ``host_device``, the nodes it runs on the host and the copies
-    and Casts onnxruntime inserts there), the model's and the rewrite's as that device runs them, in either order
-    (`device_figures`); else under the DEFAULT order the peak after of the rewrite as the walk over it
-    runs (`offloadctl.rewriting.preview`: pins and copies reorder it), not of the planned sequence.
-    PRIORITY_BASED on one device runs the planned sequence itself."""
-    if host_device:
-        return device_figures(plan, analysis, figures, host_device, host_nodes, host_copies, host_casts)
-    if analysis.order != "default" or not plan["offloads"]:
-        return figures
-    if report is not None:
-        report("replaying the rewrite in onnxruntime's DEFAULT order")
-    with paused_gc():
-        replayed = run_order_result(plan, analysis)
-    return with_run_order_peak(figures, replayed, analysis.order)
-
-
-def device_figures(
-    plan: Plan,
-    analysis: Analysis,
-    figures: dict[str, Any],
-    host_device: str,
-    host_nodes: Sequence[str] = (),
-    host_copies: Sequence[str] = (),
-    host_casts: Sequence[Any] = (),
-) -> dict[str, Any]:
-    """``figures`` with the peaks of the model and of ``plan``'s rewrite as the device the plan was made
-    for runs them (``plan --device``: ``host_device``, the nodes it runs on the host, the tensors
-    onnxruntime copies there and the Casts it inserts, as `SelectPart` records them), in the order its
-    executor runs the two providers' streams in (`offloadctl.rewriting.preview.device_result`)."""
-    device = host_device.split()[0]
-    placement = placement_of(analysis, host_nodes, host_copies, host_casts)
-    target = target_for(device)  # the pins `apply --target` writes for it
-    with paused_gc():
-        before, _ = device_result(None, analysis, placement, target=target)
-        after, pins = device_result(plan, analysis, placement, target=target) if plan["offloads"] else (before, None)
-    checked = None if pins is None else (pins.checked, len(pins.violated))
-    return with_device_peaks(figures, before, after, device, analysis.order, checked)
-
-
-#: a plan that lowers the peak by less than this fraction gets a computed next step
-HELPFUL_CUT = 0.05
-
-
-def suggested_budget(lower_bound: int, peak: int) -> int:
-    """The budget a weak plan's next step plans at: halfway between the lower bound and the peak, in
-    whole KiB (so the command it prints says what was planned)."""
-    budget = max(lower_bound, (lower_bound + peak) // 2)
-    return -(-budget // 1024) * 1024
-
-
-#: Graphs with fewer positions make a weak plan's next step in a fraction of a second: no child is
-#: worth forking for it (`next_step_ahead`).
-NEXT_STEP_AHEAD_MIN_POSITIONS = 20_000
-
-#: What the next step's budget plan gives (`_budget_step`): the budget it was made at, and its peak as
-#: the plan would say it and its estimated slowdown; the peak None when no budget plan can be made.
-_BudgetStep = tuple[int, int | None, float | None]
-
-
-def next_step_ahead(analysis: Analysis, request: PlanRequest) -> Ahead[_BudgetStep] | None:
-    """Start the budget plan of a weak plan's next step (`next_step`) in a forked child
-    (`offloadctl.core.ahead`), for a caller that makes, simulates and writes its plan meanwhile: on
-    a big model the next step takes about as long as the rest of planning.
-
-    The plan is not made yet, so the child may work for nothing: `next_step` cancels it when the
-    plan turns out not to be weak. Simulates the model without a plan first (its peak and lower
-    bound set the budget; the plan's simulation then reuses that work). None when no next step can
-    follow (a budget request, a rewritten model, a peak no budget lowers), for a small graph, or
-    where no child can be forked; `next_step` then works inline.
-    """
-    if request.uses_budget or analysis.num_positions < NEXT_STEP_AHEAD_MIN_POSITIONS or is_rewritten(analysis):
-        return None
-    try:
-        with paused_gc():
-            model = simulate(analysis, None, profile=request.device_profile)
-    except OffloadError:  # the plan's own simulation says what is wrong, where it did before
-        return None
-    budget = suggested_budget(model.lower_bound_bytes, model.peak_before)
-    if model.peak_before <= 0 or budget >= model.peak_before:
-        return None
-    return Ahead.start(_budget_step, analysis, budget, evolve(request, step=None))  # the child reports nothing
-
-
-@paused_gc()  # in a child too, where a collection would also copy every page it walks
-def _budget_step(analysis: Analysis, budget: int, request: PlanRequest) -> _BudgetStep:
-    """The budget plan at ``budget`` that a weak plan's next step gives, made and simulated: its
-    figures alone (nothing is written, so no rejections are listed)."""
-    try:
-        outcome = budget_figures(
-            analysis,
-            PlanRequest(
-                budget=budget,
-                params=True,
-                profile=request.device_profile,  # loaded once, by the request
-                host_nodes=request.host_nodes,
-                host_copies=request.host_copies,
-                host_casts=request.host_casts,
-                host_device=request.host_device,
-            ),
-        )
-    except OffloadError:
-        return budget, None, None
-    better = outcome.plan  # its figures only: no estimate or pins are recorded in it
-    sim = outcome.simulation or simulate(analysis, better, profile=request.device_profile, planned_here=True)
-    peak = run_order_figures(better, analysis, sim, request)["peak_bytes"]["after"]  # as the plan would say
-    return budget, peak, sim.times.slowdown["serialized"] if sim.times is not None else None
-
-
-def next_step(
-    analysis: Analysis,
-    plan: Plan,
-    result: SimResult,
-    request: PlanRequest,
-    *,
-    ahead: Ahead[_BudgetStep] | None = None,
-) -> dict[str, Any] | None:
-    """For a plan that lowers the peak by under 5% (not itself a budget plan): the budget plan halfway
-    between the lower bound and the peak, made and simulated here (or taken from ``ahead``, started
-    by `next_step_ahead`, which is cancelled when it is not needed), as a copy-pasteable command with
-    the figures it gives (the model's own pins and dims in it); None otherwise or when it does no better."""
-    recorded = (recorded_estimate(plan) or {}).get("peak_bytes") or {}
-    before, after = result.peak_before, recorded.get("after", result.peak_after)  # as the verdict says it
-    budget = suggested_budget(result.lower_bound_bytes, before)
-    if before <= 0 or before - after >= HELPFUL_CUT * before or request.uses_budget or budget >= before:
-        if ahead is not None:
-            ahead.cancel()
-        return None
-    request.report("finding a plan that helps")
-    found = ahead.result() if ahead is not None else None
-    if found is None or found[0] != budget:  # no child, or it delivered nothing: made here
-        found = _budget_step(analysis, budget, request)
-    _, peak, slowdown = found
-    if peak is None or peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help: below the plan's peak, and by 5%
-        return None
-    loaded = analysis.loaded
-    flags = [f"--input-shape {quote(f'{n}=' + ','.join(map(str, s)))}" for n, s in loaded.input_shapes.items()]
-    flags += [f"--dim {quote(f'{n}={v}')}" for n, v in given_dims(loaded.dims).items()]  # sums follow
-    if analysis.order != "priority":
-        flags.append(f"--execution-order {analysis.order}")
-    if request.host_device:
-        flags.append(f"--device {request.host_device.split()[0]}")
-    command = " ".join(
-        ["offloadctl plan", quote(str(loaded.path)), "--params", f"--budget {budget // 1024}KiB", *flags]
-    )
-    return {
-        "command": command + " -o PLAN.json",
-        "budget_bytes": budget,
-        "peak_bytes": {"before": before, "after": peak},
-        "slowdown": slowdown,
-    }

@@ -57,8 +57,9 @@ def test_the_readme_example_runs(tmp_path, monkeypatch):
 
 
 def _planned(plan: dict) -> dict:
-    """The planner's plan: a plan document less the figures `offloadctl plan` records for apply."""
-    summary = {k: v for k, v in plan.get("summary", {}).items() if k not in ("estimate", "pins")}
+    """The planner's plan: a plan document less what the pipeline's later passes record in it (the
+    events, the pins' layout, the figures apply quotes)."""
+    summary = {k: v for k, v in plan.get("summary", {}).items() if k not in ("estimate", "pins", "events")}
     rest = {k: v for k, v in plan.items() if k != "summary"}
     return {**rest, "summary": summary} if summary else rest
 
@@ -88,7 +89,14 @@ def test_make_plan_reports_its_stages_and_refuses_contradictions():
     seen: list[tuple[str, bool]] = []
     offloadctl.make_plan(analysis, budget=800 * 1024, step=lambda text, new=True: seen.append((text, new)))
     stages = [text for text, new in seen if new]
-    assert stages == ["selecting", "fitting the budget", "scheduling", "simulating peak memory and time"]
+    assert stages == [  # the pipeline's passes (the next step is the verdict's, not the document's)
+        "selecting",
+        "fitting the budget",
+        "scheduling",
+        "placing the events",
+        "pinning the copies",
+        "simulating peak memory and time",
+    ]
     assert any(not new for _, new in seen)  # news from the budget search
     with pytest.raises(OffloadError, match="need the budget strategy"):
         offloadctl.make_plan(analysis, strategy="distance", budget=1024)

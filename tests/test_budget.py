@@ -19,7 +19,7 @@ from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter, bytes_moved, plan_peak
 from offloadctl.planning.explain import explain_rows
 from offloadctl.planning.filter import filter_plan
-from offloadctl.planning.make import make_plan
+from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.select import select
 from offloadctl.rewriting.rewrite import apply_plan, write_model
@@ -95,7 +95,7 @@ def test_budget_beats_distance_with_the_same_number_of_offloads(write_model):
     best = min(
         peak_memory(
             analysis,
-            make_plan(analysis, select_distance=sd, select_num=1, prefetch_distance=pd),
+            scheduled_plan(analysis, select_distance=sd, select_num=1, prefetch_distance=pd),
         )[0]
         for sd in range(0, 12)
         for pd in (0, 1, 2, 50)
@@ -106,7 +106,7 @@ def test_budget_beats_distance_with_the_same_number_of_offloads(write_model):
 def test_budget_moves_fewer_bytes_than_offloading_everything(write_model):
     analysis = _analysis(write_model(TWO_CANDIDATES))
     _, scheduled = _budget_plan(analysis, 3100)
-    everything = make_plan(analysis, select_distance=0, prefetch_distance=0)
+    everything = scheduled_plan(analysis, select_distance=0, prefetch_distance=0)
     assert peak_memory(analysis, everything)[0] <= 3100
     assert bytes_moved(scheduled) < bytes_moved(everything)
     assert scheduled["budget"]["bytes_moved"] == bytes_moved(scheduled) == 2 * 1024
@@ -215,7 +215,7 @@ def test_strategy_option_conflicts_are_usage_errors(run_cli, write_model, tmp_pa
 
 def test_distance_stays_the_default(write_model):
     analysis = _analysis(write_model(TWO_CANDIDATES))
-    plan = make_plan(analysis, select_distance=2)
+    plan = scheduled_plan(analysis, select_distance=2)
     assert plan["strategy"] == "distance" and "budget" not in plan
     assert plan == prefetch(filter_plan(select(analysis, select_distance=2)))
 

@@ -15,7 +15,7 @@ import pytest
 from offloadctl.analysis.graph import analyse
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
-from offloadctl.planning.make import make_plan
+from offloadctl.planning.make import scheduled_plan
 from offloadctl.rewriting.genai import genai_folder
 
 from conftest import SAMPLES
@@ -140,12 +140,12 @@ def test_int4_weights_stay_packed_unless_forced():
             dims={"batch_size": 1, "sequence_length": 16, "past_sequence_length": 256, "total_sequence_length": 256},
         )
     )
-    plan = make_plan(analysis, select_distance=1, params=True, min_bytes=0)
+    plan = scheduled_plan(analysis, select_distance=1, params=True, min_bytes=0)
     packed = [r for r in plan["rejected"] if r["reason"] == "prepacked"]
     assert packed and all("MatMulNBits" in r["detail"] for r in packed)
     assert not any("weight_Q4" in o["tensor"] for o in plan["offloads"])
     name = packed[0]["tensor"]
-    forced = make_plan(analysis, select_distance=1, params=True, min_bytes=0, force=(name,))
+    forced = scheduled_plan(analysis, select_distance=1, params=True, min_bytes=0, force=(name,))
     assert name in {o["tensor"] for o in forced["offloads"]}
 
 

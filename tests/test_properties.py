@@ -27,7 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.document import validate_plan
 from offloadctl.loading.model import load_model
-from offloadctl.planning.make import make_plan
+from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.select import select
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan, write_model
 
@@ -301,7 +301,7 @@ def _analyse(random_model: RandomModel, folder: Path) -> Analysis:
 def test_random_plans_obey_the_rules(random_model: RandomModel, opts: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         analysis = _analyse(random_model, Path(tmp))
-    check_plan(analysis, make_plan(analysis, **opts), opts)
+    check_plan(analysis, scheduled_plan(analysis, **opts), opts)
 
 
 def _session(path: Path, *, profile_prefix: Path | None = None, prepacking: bool = True, order: str = "PRIORITY_BASED"):
@@ -332,7 +332,7 @@ def test_random_rewrites_check_run_identically_and_in_order(random_model: Random
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         analysis = _analyse(random_model, folder)
-        plan = make_plan(analysis, **opts)
+        plan = scheduled_plan(analysis, **opts)
         rewritten = apply_plan(plan, analysis, options=RewriteOptions(order_pins=False))  # the bare encoding
         event(f"offloads: {min(len(plan['offloads']), 3)}{'+' if len(plan['offloads']) >= 3 else ''}")
         event(f"weights offloaded: {any(o['kind'] == 'parameter' for o in plan['offloads'])}")
@@ -375,7 +375,7 @@ def test_random_pinned_rewrites_keep_the_plan_in_the_default_order(random_model:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         analysis = _analyse(random_model, folder)
-        plan = make_plan(analysis, **opts)
+        plan = scheduled_plan(analysis, **opts)
         rewritten = apply_plan(plan, analysis)
         onnx.checker.check_model(rewritten, full_check=True)
         out = folder / "model.offload.onnx"

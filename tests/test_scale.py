@@ -31,7 +31,7 @@ from offloadctl.contract.document import dump_plan, plan_document, plan_schema, 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import is_constant_node, subgraph_outer_names
 from offloadctl.loading.model import load_model
-from offloadctl.planning.make import make_plan
+from offloadctl.planning.make import scheduled_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ def test_generator_derives_layers_from_a_node_count(tmp_path):
 
 def test_planning_a_generated_model_gives_a_schema_valid_plan(small_model):
     analysis = analyse(load_model(small_model.path))
-    plan = make_plan(analysis, select_distance=10, params=True, prefetch_distance=3)
+    plan = scheduled_plan(analysis, select_distance=10, params=True, prefetch_distance=3)
     validate_plan(plan)
     assert not list(jsonschema.Draft202012Validator(plan_schema()).iter_errors(plan_document(plan)))
     assert plan["offloads"], "the shared memory tensor and the weights have gaps over 10 positions"
@@ -117,10 +117,10 @@ def test_planning_never_reads_the_weights_data_file(small_model, tmp_path, monke
     monkeypatch.setattr(builtins, "open", spy(real_open))
     monkeypatch.setattr(io, "open", spy(real_io_open))
     monkeypatch.setattr(os, "open", spy(real_os_open))
-    plan = make_plan(analyse(load_model(model)), select_distance=10, params=True)
+    plan = scheduled_plan(analyse(load_model(model)), select_distance=10, params=True)
     monkeypatch.undo()
     assert opened == []
-    reference = make_plan(analyse(load_model(small_model.path)), select_distance=10, params=True)
+    reference = scheduled_plan(analyse(load_model(small_model.path)), select_distance=10, params=True)
     for key in ("offloads", "rejected"):
         assert plan[key] == reference[key]
 
@@ -182,7 +182,7 @@ def _sample_plans() -> list[dict]:
     plans = []
     for name in ("seed", "unet", "transformer", "training"):
         analysis = analyse(load_model(ROOT / "sample_models" / f"{name}.onnx"))
-        plans.append(make_plan(analysis, select_distance=1, params=True, prefetch_distance=2))
+        plans.append(scheduled_plan(analysis, select_distance=1, params=True, prefetch_distance=2))
     return plans
 
 
@@ -419,7 +419,7 @@ def test_plan_copies_equal_deepcopy_and_keep_shared_objects_shared():
 
 def test_write_plan_streams_exactly_the_dumped_text(tmp_path):
     gen = gen_large.generate(tmp_path / "m.onnx", gen_large.LargeModelConfig(layers=200, hidden=4, seq=2))
-    plan = make_plan(analyse(load_model(gen.path)), select_distance=10, params=True, select_num=10**6)
+    plan = scheduled_plan(analyse(load_model(gen.path)), select_distance=10, params=True, select_num=10**6)
     text = dump_plan(plan)
     assert text.count("\n") > 1 << 16  # more pieces than one buffered write
     plan_module.write_plan(tmp_path / "plan.json", plan)
@@ -510,7 +510,7 @@ def test_write_model_given_the_locations_writes_what_it_writes_without_them(smal
     from offloadctl.rewriting.rewrite import apply_plan, write_model
 
     analysis = analyse(load_model(small_model.path))
-    proto = apply_plan(make_plan(analysis, select_distance=10, params=True), analysis)
+    proto = apply_plan(scheduled_plan(analysis, select_distance=10, params=True), analysis)
     written = {}
     for name, locations in (("looked-up", None), ("given", analysis.loaded.data_locations)):
         out = tmp_path / name / "out.onnx"
@@ -1151,80 +1151,39 @@ def _plan_json(run_cli, model, out, *args):
     return json.loads(res.stdout), out.read_text()
 
 
-def test_a_weak_plans_next_step_made_ahead_is_the_one_made_in_the_process(tmp_path, run_cli, monkeypatch):
-    """The next step's budget plan made in a child while the plan is made gives the command what the
-    process makes itself: the same document and plan file, and the process made no budget plan."""
-    from offloadctl import job
+def test_a_weak_plans_next_step_gives_its_figures_on_a_graph_up_to_the_size_limit(tmp_path, run_cli, monkeypatch):
+    """A weak plan's next step is a budget plan made and simulated in the process (no child is forked);
+    above `NEXT_STEP_FIGURES_MAX_POSITIONS` positions only its command is given, without figures."""
+    from offloadctl import pipeline
 
     # six plain layers: the distance plan lowers the peak by 2.3%, so the command makes a next step
     model = gen_large.generate(tmp_path / "model.onnx", gen_large.LargeModelConfig(layers=6, hidden=8)).path
-    inline, inline_plan = _plan_json(run_cli, model, tmp_path / "inline.json")
-    assert inline["next_step"] is not None
     made_here = []
-    real_step = job._budget_step
-    monkeypatch.setattr(job, "_budget_step", lambda *args: made_here.append(os.getpid()) or real_step(*args))
-    monkeypatch.setattr(job, "NEXT_STEP_AHEAD_MIN_POSITIONS", 0)
-    ahead, ahead_plan = _plan_json(run_cli, model, tmp_path / "ahead.json")
-    assert made_here == []  # the child made it (what it records stays in the child)
-    mine = ("plan", "files_written")  # the plan file's name
-    assert {**ahead, **dict.fromkeys(mine)} == {**inline, **dict.fromkeys(mine)} and ahead_plan == inline_plan
+    real_step = pipeline._budget_step
+    monkeypatch.setattr(pipeline, "_budget_step", lambda *args: made_here.append(os.getpid()) or real_step(*args))
+    full, full_plan = _plan_json(run_cli, model, tmp_path / "full.json")
+    step = full["next_step"]
+    assert made_here == [os.getpid()]
+    assert step is not None and step["peak_bytes"]["after"] < 0.95 * step["peak_bytes"]["before"]
+    assert step["slowdown"] is not None and "--budget" in step["command"]
+    monkeypatch.setattr(pipeline, "NEXT_STEP_FIGURES_MAX_POSITIONS", 10)
+    short, short_plan = _plan_json(run_cli, model, tmp_path / "short.json")
+    assert made_here == [os.getpid()]  # no budget plan this time
+    assert short["next_step"] == {**step, "peak_bytes": {**step["peak_bytes"], "after": None}, "slowdown": None}
+    assert short_plan.replace("short.json", "full.json") == full_plan.replace("short.json", "full.json")
+    result = run_cli("plan", model, "-o", tmp_path / "text.json", "--params")
+    assert "run it for its figures" in " ".join(result.stderr.split())
 
 
-def test_a_next_step_the_child_does_not_deliver_is_made_in_the_process(tmp_path, run_cli, monkeypatch):
-    from offloadctl import job
+def test_a_plan_that_helps_makes_no_next_step(small_model, tmp_path, run_cli, monkeypatch):
+    from offloadctl import pipeline
 
-    model = gen_large.generate(tmp_path / "model.onnx", gen_large.LargeModelConfig(layers=6, hidden=8)).path
-    inline, _ = _plan_json(run_cli, model, tmp_path / "inline.json")
-    parent = os.getpid()
-    made_here = []
-    real_step = job._budget_step
-
-    def in_the_process_only(*args):
-        if os.getpid() != parent:
-            raise RuntimeError("the child fails")
-        made_here.append(parent)
-        return real_step(*args)
-
-    monkeypatch.setattr(job, "_budget_step", in_the_process_only)
-    monkeypatch.setattr(job, "NEXT_STEP_AHEAD_MIN_POSITIONS", 0)
-    ahead, _ = _plan_json(run_cli, model, tmp_path / "ahead.json")
-    assert made_here == [parent]
-    assert ahead["next_step"] == inline["next_step"] is not None
-
-
-def test_a_next_step_ahead_whose_simulation_fails_is_left_to_the_plan(small_model, monkeypatch):
-    """The error of a simulation that fails is the plan's to report, where it reported it before: the
-    speculative start gives up quietly."""
-    from offloadctl import job
-    from offloadctl.planning.request import PlanRequest
-
-    analysis = analyse(load_model(small_model.path))
-    monkeypatch.setattr(job, "NEXT_STEP_AHEAD_MIN_POSITIONS", 0)
-
-    def fails(*args, **kwargs):
-        raise OffloadError("cannot simulate", hint="a hint")
-
-    monkeypatch.setattr(job, "simulate", fails)
-    assert job.next_step_ahead(analysis, PlanRequest(params=True)) is None
-
-
-def test_a_plan_that_helps_cancels_the_next_step_made_ahead(small_model, tmp_path, run_cli, monkeypatch):
-    from offloadctl import job
-    from offloadctl.core.ahead import Ahead
-
-    started, cancelled = [], []
-    real_start, real_cancel = Ahead.start, Ahead.cancel
-    monkeypatch.setattr(
-        Ahead, "start", classmethod(lambda cls, f, *a: started.append(f) or real_start.__func__(cls, f, *a))
-    )
-    monkeypatch.setattr(Ahead, "cancel", lambda self: cancelled.append(self) or real_cancel(self))
-    monkeypatch.setattr(job, "NEXT_STEP_AHEAD_MIN_POSITIONS", 0)
+    made = []
+    monkeypatch.setattr(pipeline, "_budget_step", lambda *args: made.append(args))
     doc, _ = _plan_json(run_cli, small_model.path, tmp_path / "p.json")  # lowers the peak by 16.6%
     assert doc["next_step"] is None and doc["peak_bytes"]["saved"] > 0.05 * doc["peak_bytes"]["before"]
-    assert job._budget_step in started and len(cancelled) == 1
-    started.clear()
     assert _plan_json(run_cli, small_model.path, tmp_path / "b.json", "--budget", "15KiB")[0]["next_step"] is None
-    assert job._budget_step not in started  # a budget plan has no next step: nothing is started
+    assert made == []  # nor does a budget plan
 
 
 def test_a_plan_scheduled_in_place_is_the_plan_the_prefetch_stage_copies():
@@ -1251,7 +1210,7 @@ def test_a_simulation_of_a_plan_made_here_skips_only_the_check_of_its_facts(monk
     from offloadctl.simulation.result import simulate
 
     analysis = analyse(load_model(ROOT / "sample_models" / "unet.onnx"))
-    plan = make_plan.run(analysis, PlanRequest(budget=400 * 1024, params=True))
+    plan = scheduled_plan.run(analysis, PlanRequest(budget=400 * 1024, params=True))
     checked = simulate(analysis, plan)
     calls = []
     monkeypatch.setattr(program, "check_plan_for_model", lambda *a: calls.append(a) or check.check_plan_for_model(*a))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from offloadctl.analysis.graph import analyse
 from offloadctl.loading.model import load_model
-from offloadctl.planning.make import make_plan
+from offloadctl.planning.make import scheduled_plan
 
 
 def _plan(path, **kw):
-    return make_plan(analyse(load_model(path)), **kw)
+    return scheduled_plan(analyse(load_model(path)), **kw)
 
 
 def test_select_distance_1_offloads_m1_with_h2d_before_sub(seed_path):

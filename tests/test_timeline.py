@@ -30,7 +30,7 @@ from offloadctl.analysis.timeline import WorkingSet, lower_bound, profile
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter
-from offloadctl.planning.make import make_plan
+from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.select import select
 from offloadctl.simulation.memory import lower_bound as simulator_lower_bound
@@ -152,8 +152,8 @@ def test_distance_plans_agree_with_the_naive_rules(
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         analysis = _analyse(random_model, Path(tmp))
-    assert _agree(analysis, make_plan(analysis, params=False), 0, 0) == max(naive_profile(analysis, None))
-    plan = make_plan(analysis, select_distance=sd, prefetch_distance=pd, release_distance=rd, params=params)
+    assert _agree(analysis, scheduled_plan(analysis, params=False), 0, 0) == max(naive_profile(analysis, None))
+    plan = scheduled_plan(analysis, select_distance=sd, prefetch_distance=pd, release_distance=rd, params=params)
     _agree(analysis, plan, pd, rd)
     assert lower_bound(analysis) == simulator_lower_bound(analysis)
     assert lower_bound(analysis)[0] == naive_lower_bound(analysis)

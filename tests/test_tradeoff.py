@@ -25,7 +25,7 @@ from offloadctl.contract.document import read_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter
-from offloadctl.planning.make import make_plan
+from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.request import PlanRequest
 from offloadctl.planning.select import select
@@ -240,8 +240,8 @@ def test_the_time_objective_is_never_slower_than_the_bytes_objective(name):
     shorter = 0
     for budget in (lb + (peak - lb) * k // 10 for k in (2, 5, 8)):
         for copies, key in (("inline", "serialized"), ("streams", "overlapped")):
-            by_bytes = make_plan(analysis, budget=budget, params=True, objective="bytes", copies=copies)
-            by_time = make_plan(analysis, budget=budget, params=True, objective="time", copies=copies)
+            by_bytes = scheduled_plan(analysis, budget=budget, params=True, objective="bytes", copies=copies)
+            by_time = scheduled_plan(analysis, budget=budget, params=True, objective="time", copies=copies)
             t_bytes = getattr(simulate(analysis, by_bytes).times, key)
             t_time = getattr(simulate(analysis, by_time).times, key)
             assert t_time <= t_bytes * (1 + 1e-12), (budget, copies)
@@ -264,10 +264,10 @@ def test_the_time_objective_is_never_slower_than_the_bytes_objective(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_max_slowdown_stays_within_and_beats_the_default_plan_where_the_frontier_can(name):
     analysis = _analysis(name)
-    default_peak = simulate(analysis, make_plan(analysis)).peak_after
+    default_peak = simulate(analysis, scheduled_plan(analysis)).peak_after
     frontier = Tradeoff(analysis, PlanRequest(strategy="frontier", params=True)).frontier()
     for copies, key in (("inline", "serialized"), ("streams", "overlapped")):
-        plan = make_plan(analysis, max_slowdown=1.05, params=True, copies=copies)
+        plan = scheduled_plan(analysis, max_slowdown=1.05, params=True, copies=copies)
         result = simulate(analysis, plan)
         assert getattr(result.times, key) <= 1.05 * result.times.baseline * (1 + 1e-9)
         within = [p for p in frontier[copies] if p.slowdown <= 1.05]

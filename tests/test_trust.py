@@ -415,9 +415,9 @@ def test_plans_built_in_memory_must_use_integers():
     )
     from offloadctl.analysis.graph import analyse
     from offloadctl.loading.model import load_model
-    from offloadctl.planning.make import make_plan
+    from offloadctl.planning.make import scheduled_plan
 
-    plan = make_plan(analyse(load_model(SAMPLES / "seed.onnx")), select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(analyse(load_model(SAMPLES / "seed.onnx")), select_distance=1, prefetch_distance=0)
     validate_plan(plan)
     plan["offloads"][0]["reload_groups"][0]["uses"][0]["position"] = 5.0
     with pytest.raises(OffloadError, match="uses/0/position is 5.0, not an integer"):
@@ -844,7 +844,7 @@ def test_the_advice_reads_the_simulation_it_is_given_and_says_the_same(tmp_path,
     from offloadctl.analysis.graph import analyse
     from offloadctl.loading.model import load_model
     from offloadctl.planning import advice
-    from offloadctl.planning.make import make_plan
+    from offloadctl.planning.make import scheduled_plan
     from offloadctl.simulation.result import simulate
 
     if name == "weak":  # a plan whose reloads come back before the idle stretch starts
@@ -864,7 +864,7 @@ def test_the_advice_reads_the_simulation_it_is_given_and_says_the_same(tmp_path,
         path = SAMPLES / f"{name}.onnx"
         options = {"select_distance": 2, "prefetch_distance": 1}
     analysis = analyse(load_model(path))
-    plan = make_plan(analysis, params=True, **options)
+    plan = scheduled_plan(analysis, params=True, **options)
     alone = advice.weak_plan_advice(analysis, plan)
     result = simulate(analysis, plan)
 

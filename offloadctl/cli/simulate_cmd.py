@@ -46,7 +46,7 @@ from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
-from offloadctl.job import as_run_figures
+from offloadctl.pipeline import as_run_figures
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.request import profile_for
 from offloadctl.rewriting.preview import CpuFigures, cpu_figures
@@ -304,7 +304,7 @@ def simulate_cmd(
 
 
 def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis) -> dict[str, Any]:
-    """The figures of the verdict: with a plan, those of what runs (`offloadctl.job.as_run_figures`)."""
+    """The figures of the verdict: with a plan, those of what runs (`offloadctl.pipeline.as_run_figures`)."""
     figures = estimate_figures(result)
     if plan is None or result.rewritten:
         return figures

@@ -51,17 +51,18 @@ from offloadctl.cli.options import (
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan, write_plan
-from offloadctl.core.ahead import Ahead
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import BudgetRecord, Plan
 from offloadctl.core.units import fmt_bytes
-from offloadctl.job import Job, next_step, next_step_ahead, planned
+from offloadctl.job import Job
+from offloadctl.pipeline import PIPELINE, next_step_text, planned
 from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.explain import explain_table
 from offloadctl.planning.filter import filter_plan
+from offloadctl.planning.passes import Planning
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.request import (
     BudgetPart,
@@ -375,9 +376,10 @@ def plan_cmd(
     points = [parse_point(p) for p in shape_points]
     if points and request.uses_budget:
         analysis, points = _largest_point(analysis, points, as_json)
-    ahead = next_step_ahead(analysis, request)  # a weak plan's next step, made in a child meanwhile
-    with steps(not as_json, total=5) as step:  # (forked before the progress display starts its thread)
-        plan, result, checked = _plan_and_simulate(analysis, evolve(request, step=step), output, step, points)
+    with steps(not as_json, total=len(PIPELINE) + 1) as step:  # its passes, and writing the plan
+        done, checked = _plan_and_simulate(analysis, evolve(request, step=step), output, step, points)
+    plan, result = done.plan, done.simulation
+    assert plan is not None
     written: list[str | Path] = [output]
     if report is not None and result is not None:
         written += write_report(report, result, plan)
@@ -400,7 +402,7 @@ def plan_cmd(
         print_points(analysis.loaded.dims, result, checked)
     budget = request.budget_bytes if request.uses_budget else None
     failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
-    _plan_verdict(analysis, plan, result, request, written, as_json, max_peak, search, failure, ahead)
+    _plan_verdict(analysis, plan, result, request, written, as_json, max_peak, search, failure, done.next_step)
 
 
 def _largest_point(
@@ -427,30 +429,20 @@ def _plan_and_simulate(
     output: str,
     step: Callable[..., None],
     points: list[dict[str, int]] | None = None,
-) -> tuple[Plan, SimResult | None, list[PointResult]]:
-    """Make the plan, simulate it (unless the planner did, or the model is already rewritten) and at
-    each shape point, record the estimate in it for apply to quote, and write it (a shape point that
+) -> tuple[Planning, list[PointResult]]:
+    """Make the plan by the pipeline (`offloadctl.pipeline`: its figures recorded for apply to quote,
+    and a weak plan's next step), simulate it at each shape point, and write it (a shape point that
     cannot be simulated is an error before anything is written)."""
     done = planned(analysis, request)
-    plan, result = done.plan, done.result
+    plan, result = done.plan, done.simulation
+    assert plan is not None
     checked = []
     if result is not None and points:
         step("simulating the shape points")
         checked = at_points(analysis, plan, points, profile=request.device_profile)
     step(f"writing {output}")
     write_plan(output, plan)
-    return plan, result, checked
-
-
-def next_step_text(step: dict[str, Any]) -> str:
-    """The line that gives a weak plan's computed next step."""
-    peak = step["peak_bytes"]
-    cut = 100.0 * (peak["before"] - peak["after"]) / peak["before"]
-    slow = f", est. slowdown {step['slowdown']:.2f}x" if step.get("slowdown") else ""
-    return (
-        f"this plan lowers the peak by under 5%; next: {step['command']} "
-        f"(peak {fmt_bytes(peak['before'])} -> {fmt_bytes(peak['after'])}, -{cut:.1f}%{slow})"
-    )
+    return done, checked
 
 
 def _plan_verdict(
@@ -463,11 +455,11 @@ def _plan_verdict(
     max_peak: int | None,
     search: dict[str, Any],
     point_failure: str | None = None,
-    ahead: Ahead[Any] | None = None,
+    step: dict[str, Any] | None = None,
 ) -> None:
-    """The plan command's last lines: the estimate, the advice on a weak plan, and the verdict
-    (``point_failure``: a shape point over the budget or --max-peak; ``ahead``: the next step's
-    budget plan, started by `offloadctl.job.next_step_ahead`)."""
+    """The plan command's last lines: the estimate, the advice on a weak plan (``step``: its next
+    step, `offloadctl.pipeline.next_step`), and the verdict (``point_failure``: a shape point over the
+    budget or --max-peak)."""
     model = str(analysis.loaded.path)
     if result is None:
         doc = {"model": model, "plan": written[0], **plan_figures(plan), **search}
@@ -480,7 +472,6 @@ def _plan_verdict(
         print_estimate(figures, where=where)
     with paused_gc():
         warning = weak_plan_advice(analysis, plan, result=result)
-        step = next_step(analysis, plan, result, request, ahead=ahead)
     if warning:
         logger.warning("%s", warning)
     if step is not None:

@@ -1,9 +1,11 @@
-"""Plan: the stages select -> filter -> prefetch, pure functions from plan to new plan.
+"""Plan: the stages select -> filter -> prefetch, and the passes that chain them.
 
 `request` is the one typed options object (`PlanRequest`, a part per stage, validated once);
 `select`, `filter` and `prefetch` are the single-rule stages; `budget` is the budget planner
-(candidates, greedy and exact searches, weight streaming); `planners` turns an analysis and a
-request into a scheduled plan with either planner, `make` is the one entry (`make_plan`) and
-`outcome` what a planner returns; `tradeoff` sits on top (the frontier, ``--max-slowdown``);
-`explain` and `advice` say why a plan is what it is. Nothing here edits ONNX.
+(candidates, greedy and exact searches, weight streaming); `planners` is the distance planner;
+`tradeoff` sits on top of both (the frontier, ``--max-slowdown``); `passes` are the planner's steps
+as declared passes over one state (select, filter, prefetch, events, pins), each saying what it
+reads and writes and whether it changes the plan in place; `make` runs them (`scheduled_plan`, the
+planner's plan alone; the plan document is `offloadctl.pipeline.make_plan`); `outcome` is what a
+planner returns; `explain` and `advice` say why a plan is what it is. Nothing here edits ONNX.
 """

@@ -64,7 +64,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write_text
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import load_model
-from offloadctl.planning.make import make_plan
+from offloadctl.planning.make import scheduled_plan
 from offloadctl.rewriting.rewrite import apply_plan, external_locations, write_model
 from offloadctl.running.allocator import measure_memory, read_node_scratch
 from offloadctl.running.fusions import attribute
@@ -552,7 +552,7 @@ def _offload_everything(analysis: Any, *, activations: bool, fused: Sequence[str
     ``fused``: what the optimizer takes in at the profile's level, kept as plans made with the
     profile keep it."""
     every = len(analysis.producer) + len(analysis.weights) + 1
-    return make_plan(
+    return scheduled_plan(
         analysis,
         select_distance=0,
         activations=activations,

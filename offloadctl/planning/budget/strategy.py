@@ -59,6 +59,7 @@ __all__ = [
     "BudgetResult",
     "BudgetSearch",
     "BudgetUnreachable",
+    "Found",
     "budget_figures",
     "budget_filter",
     "budget_plan",
@@ -200,7 +201,7 @@ class _Pricing:
 
 
 @dataclass
-class _Found:
+class Found:
     """A search's filtered plan, and the simulation of its scheduled plan when one was made; with
     copies on streams, which objective's plan was kept and both plans' stalls (time's, bytes')."""
 
@@ -341,7 +342,7 @@ class BudgetSearch:
             reachable=best,
         )
 
-    def _search(self, budget: int | None, copies: str, quiet: bool) -> _Found:
+    def _search(self, budget: int | None, copies: str, quiet: bool) -> Found:
         if self.options.optimal and not self._cost(copies).linear:
             raise OffloadError(
                 "the exact search (--optimal) supports only the linear objectives: bytes, "
@@ -354,19 +355,19 @@ class BudgetSearch:
         chosen, weights_added = self._fitting(budget, cost, copies, quiet)
         build = _Pricing(budget, cost, copies, weights_added)
         if cost.objective != "time" or budget is None or isinstance(self.options.search_objective, CopyCost):
-            return _Found(self._build(chosen, build))
+            return Found(self._build(chosen, build))
         # The time objective is priced copy by copy; the plan the bytes objective finds is checked too,
         # and the faster of the two (estimated as the chosen copy mode runs) is kept, so asking for time
         # never gives a longer estimate than asking for bytes.
         other = self._attempt(self.params or weights_added, budget, BytesMoved(), copies)
         if not other.outcome.fits:  # pragma: no cover - the same candidates fit under any price
-            return _Found(self._build(chosen, build))
+            return Found(self._build(chosen, build))
         if copies == "inline" and self.options.device_profile.measured is None:
             # the copies' time in line: a sum the planners' states give (a datasheet profile prices no pins)
             inline = InlineTime(self.options.device_profile)
             mine_s, theirs_s = chosen.outcome.planner.moved(inline), other.outcome.planner.moved(inline)
             kept = "bytes" if theirs_s < mine_s - 1e-12 * max(mine_s, 1e-30) else "time"
-            found = _Found(
+            found = Found(
                 self._build(chosen, build) if kept == "time" else self._build(other, build, searched=chosen.outcome)
             )
         else:
@@ -378,12 +379,12 @@ class BudgetSearch:
                 plan["budget"]["compared"] = compared
         return found
 
-    def _compare_simulated(self, chosen: _Attempt, other: _Attempt, build: _Pricing, key: str) -> _Found:
+    def _compare_simulated(self, chosen: _Attempt, other: _Attempt, build: _Pricing, key: str) -> Found:
         """Both plans simulated, the stall (``key``: ``overlapped`` or ``serialized``) the simulator's, the
         one kept handing its simulation back: with copies on streams a copy's price depends on the compute
         around it, and under a measured profile the time in line includes the order pins' nodes."""
-        mine = _Found(self._build(chosen, build))
-        theirs = _Found(self._build(other, build, searched=chosen.outcome))
+        mine = Found(self._build(chosen, build))
+        theirs = Found(self._build(other, build, searched=chosen.outcome))
         for found in (mine, theirs):
             found.scheduled = prefetch.run(found.filtered, self._prefetch_part())
             found.simulation = simulate(self.analysis, found.scheduled, profile=self.options.device_profile)
@@ -409,6 +410,16 @@ class BudgetSearch:
         """
         budget = self.options.budget_bytes if budget is None else budget
         return self._search(budget, copies or self.options.copies, quiet).filtered
+
+    def found(self, budget: int | None = None) -> Found:
+        """What the search at ``budget`` (default: the options') finds: the filtered plan, and where the
+        search placed the prefetches itself (copies on streams, the time objective), the scheduled plan
+        and its simulation.
+
+        Raises:
+            BudgetUnreachable: the budget is below the lower bound or cannot be reached.
+        """
+        return self._search(self.options.budget_bytes if budget is None else budget, self.options.copies, False)
 
     def plan(self, budget: int | None = None, *, copies: str | None = None, quiet: bool = False) -> PlanOutcome:
         """The scheduled plan whose peak fits ``budget`` at the least cost (see `filter`), and its

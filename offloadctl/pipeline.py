@@ -1,0 +1,322 @@
+"""The plan, made by one declared pipeline: HyperOffload's ``Run()``, pass by pass.
+
+MindSpore's ``HyperOffloadOptimizer::Run()`` calls, over one operations queue,
+``GenerateParameterOperations``, ``GenerateActivationOperations``, ``AdjustHyperOffloadNodePosition``,
+``AddEventNodes``, ``BuildExecutionOrder`` and ``AssignHyperOffloadIds``. offloadctl makes its plan
+by the same steps, each a `Pass` over one `Planning` state (`offloadctl.planning.passes`), in this
+order (`PIPELINE`):
+
+=========  ====================================================  =========================================
+pass       the seed's step                                       writes
+=========  ====================================================  =========================================
+select     GenerateParameterOperations, ...ActivationOperations  ``selection``: every tensor's verdict
+filter     OffloadInfoFilterByNumber (or a budget, a slowdown)   ``plan`` (new, "filtered"), ``simulation``
+prefetch   AdjustHyperOffloadNodePosition                        ``plan`` in place ("scheduled")
+events     AddEventNodes                                         ``plan`` in place: ``summary.events``
+pins       BuildExecutionOrder                                   ``plan`` in place: ``summary.pins``
+figures    (the simulation the verdict quotes)                   ``simulation``; ``plan``: ``summary.estimate``
+next step  (a weak plan's better command)                        ``next_step``
+=========  ====================================================  =========================================
+
+`make_plan` runs them all and returns the plan document: what ``offloadctl plan`` writes and
+``offloadctl.make_plan`` returns, one path for both. `planned` gives the whole state, for the
+command's verdict. (``AssignHyperOffloadIds`` has no pass: an offload's id is its number among the
+selected tensors, given by select.)
+
+The figures are those of what runs: under the DEFAULT order (every host but Python) the rewrite as
+the walk over it runs (pins and copies included, `offloadctl.rewriting.preview`); for a plan made
+for a device (``plan --device``), the model and its rewrite as that device places them. A weak plan
+(one that lowers the peak by under 5%, not itself a budget plan) gets as its next step the budget
+plan halfway between the lower bound and the peak, made and simulated here on graphs of up to
+`NEXT_STEP_FIGURES_MAX_POSITIONS` positions; above that the command is given without its figures
+(making them takes about as long as the plan itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from shlex import quote
+from typing import Any
+
+from offloadctl.analysis.graph import Analysis
+from offloadctl.core.bulk import paused_gc
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.plantypes import Plan
+from offloadctl.core.units import fmt_bytes
+from offloadctl.loading.input_shapes import given_dims
+from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
+from offloadctl.planning.make import run_passes
+from offloadctl.planning.passes import EVENTS, FILTER, PINS, PREFETCH, SELECT, Pass, Planning
+from offloadctl.planning.request import PlanRequest, taking
+from offloadctl.rewriting.preview import device_result, placement_of, run_order_result
+from offloadctl.rewriting.rewrite import target_for
+from offloadctl.simulation.base import is_rewritten
+from offloadctl.simulation.estimate import (
+    estimate_figures,
+    record_estimate,
+    recorded_estimate,
+    with_device_peaks,
+    with_run_order_peak,
+)
+from offloadctl.simulation.result import SimResult, simulate
+
+__all__ = [
+    "HELPFUL_CUT",
+    "NEXT_STEP_FIGURES_MAX_POSITIONS",
+    "PIPELINE",
+    "as_run_figures",
+    "device_figures",
+    "make_plan",
+    "next_step",
+    "planned",
+    "run_order_figures",
+    "suggested_budget",
+]
+
+#: a plan that lowers the peak by less than this fraction gets a computed next step
+HELPFUL_CUT = 0.05
+
+#: Above this many positions a weak plan's next step is given without its figures: its budget plan
+#: would take about as long again as the plan itself.
+NEXT_STEP_FIGURES_MAX_POSITIONS = 20_000
+
+
+# --------------------------------------------------------------------------------------------------
+# figures
+
+
+def _figures(state: Planning) -> Planning:
+    plan, analysis, request = state.plan, state.analysis, state.request
+    assert plan is not None
+    if is_rewritten(analysis):  # a model that holds copies: simulate the rewritten model instead
+        return state
+    with paused_gc():
+        result = state.simulation or simulate(analysis, plan, profile=request.device_profile)
+    record_estimate(plan, run_order_figures(plan, analysis, result, request))  # apply quotes it
+    return dataclasses.replace(state, simulation=result)
+
+
+def run_order_figures(plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest) -> dict[str, Any]:
+    """The plan's figures (`as_run_figures` of the simulation's, for the request's device)."""
+    return as_run_figures(
+        plan,
+        analysis,
+        estimate_figures(result, request.copies),
+        host_device=request.host_device,
+        host_nodes=request.host_nodes,
+        host_copies=request.host_copies,
+        host_casts=request.host_casts,
+        report=request.report,
+    )
+
+
+def as_run_figures(
+    plan: Plan,
+    analysis: Analysis,
+    figures: dict[str, Any],
+    *,
+    host_device: str = "",
+    host_nodes: Sequence[str] = (),
+    host_copies: Sequence[str] = (),
+    host_casts: Sequence[Any] = (),
+    report: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """``figures`` (`estimate_figures` of the plan's simulation) with the peaks of what runs: for a plan
+    made for a device (``plan --device``: ``host_device``, the nodes it runs on the host and the copies
+    and Casts onnxruntime inserts there), the model's and the rewrite's as that device runs them, in either order
+    (`device_figures`); else under the DEFAULT order the peak after of the rewrite as the walk over it
+    runs (`offloadctl.rewriting.preview`: pins and copies reorder it), not of the planned sequence.
+    PRIORITY_BASED on one device runs the planned sequence itself."""
+    if host_device:
+        return device_figures(plan, analysis, figures, host_device, host_nodes, host_copies, host_casts)
+    if analysis.order != "default" or not plan["offloads"]:
+        return figures
+    if report is not None:
+        report("replaying the rewrite in onnxruntime's DEFAULT order")
+    with paused_gc():
+        replayed = run_order_result(plan, analysis)
+    return with_run_order_peak(figures, replayed, analysis.order)
+
+
+def device_figures(
+    plan: Plan,
+    analysis: Analysis,
+    figures: dict[str, Any],
+    host_device: str,
+    host_nodes: Sequence[str] = (),
+    host_copies: Sequence[str] = (),
+    host_casts: Sequence[Any] = (),
+) -> dict[str, Any]:
+    """``figures`` with the peaks of the model and of ``plan``'s rewrite as the device the plan was made
+    for runs them (``plan --device``: ``host_device``, the nodes it runs on the host, the tensors
+    onnxruntime copies there and the Casts it inserts, as `SelectPart` records them), in the order its
+    executor runs the two providers' streams in (`offloadctl.rewriting.preview.device_result`)."""
+    device = host_device.split()[0]
+    placement = placement_of(analysis, host_nodes, host_copies, host_casts)
+    target = target_for(device)  # the pins `apply --target` writes for it
+    with paused_gc():
+        before, _ = device_result(None, analysis, placement, target=target)
+        after, pins = device_result(plan, analysis, placement, target=target) if plan["offloads"] else (before, None)
+    checked = None if pins is None else (pins.checked, len(pins.violated))
+    return with_device_peaks(figures, before, after, device, analysis.order, checked)
+
+
+# --------------------------------------------------------------------------------------------------
+# the next step
+
+
+def suggested_budget(lower_bound: int, peak: int) -> int:
+    """The budget a weak plan's next step plans at: halfway between the lower bound and the peak, in
+    whole KiB (so the command it prints says what was planned)."""
+    budget = max(lower_bound, (lower_bound + peak) // 2)
+    return -(-budget // 1024) * 1024
+
+
+def _next_step(state: Planning) -> Planning:
+    if state.simulation is None or state.plan is None:
+        return state
+    return dataclasses.replace(state, next_step=next_step(state.analysis, state.plan, state.simulation, state.request))
+
+
+@paused_gc()
+def _budget_step(analysis: Analysis, budget: int, request: PlanRequest) -> tuple[int | None, float | None]:
+    """The peak (as the plan would say it) and estimated slowdown of the budget plan at ``budget`` that a
+    weak plan's next step gives, made and simulated (nothing is written, so no rejections are listed);
+    (None, None) when no budget plan can be made."""
+    try:
+        outcome = budget_figures(
+            analysis,
+            PlanRequest(
+                budget=budget,
+                params=True,
+                profile=request.device_profile,  # loaded once, by the request
+                host_nodes=request.host_nodes,
+                host_copies=request.host_copies,
+                host_casts=request.host_casts,
+                host_device=request.host_device,
+            ),
+        )
+    except OffloadError:
+        return None, None
+    better = outcome.plan  # its figures only: no estimate or pins are recorded in it
+    sim = outcome.simulation or simulate(analysis, better, profile=request.device_profile, planned_here=True)
+    peak = run_order_figures(better, analysis, sim, request)["peak_bytes"]["after"]  # as the plan would say
+    return peak, sim.times.slowdown["serialized"] if sim.times is not None else None
+
+
+def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRequest) -> dict[str, Any] | None:
+    """For a plan that lowers the peak by under 5% (not itself a budget plan): the budget plan halfway
+    between the lower bound and the peak as a copy-pasteable command (the model's own pins and dims
+    in it), with the figures it gives, made and simulated here; None otherwise or when it does no
+    better. Above `NEXT_STEP_FIGURES_MAX_POSITIONS` positions the command comes without figures
+    (``peak_bytes.after`` and ``slowdown`` None): run it to see them."""
+    recorded = (recorded_estimate(plan) or {}).get("peak_bytes") or {}
+    before, after = result.peak_before, recorded.get("after", result.peak_after)  # as the verdict says it
+    budget = suggested_budget(result.lower_bound_bytes, before)
+    if before <= 0 or before - after >= HELPFUL_CUT * before or request.uses_budget or budget >= before:
+        return None
+    peak: int | None = None
+    slowdown: float | None = None
+    if analysis.num_positions <= NEXT_STEP_FIGURES_MAX_POSITIONS:
+        request.report("finding a plan that helps")
+        peak, slowdown = _budget_step(analysis, budget, request)
+        if peak is None or peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help, by 5%
+            return None
+    return {
+        "command": _budget_command(analysis, request, budget),
+        "budget_bytes": budget,
+        "peak_bytes": {"before": before, "after": peak},
+        "slowdown": slowdown,
+    }
+
+
+def _budget_command(analysis: Analysis, request: PlanRequest, budget: int) -> str:
+    loaded = analysis.loaded
+    flags = [f"--input-shape {quote(f'{n}=' + ','.join(map(str, s)))}" for n, s in loaded.input_shapes.items()]
+    flags += [f"--dim {quote(f'{n}={v}')}" for n, v in given_dims(loaded.dims).items()]  # sums follow
+    if analysis.order != "priority":
+        flags.append(f"--execution-order {analysis.order}")
+    if request.host_device:
+        flags.append(f"--device {request.host_device.split()[0]}")
+    parts = ["offloadctl plan", quote(str(loaded.path)), "--params", f"--budget {budget // 1024}KiB", *flags]
+    return " ".join(parts) + " -o PLAN.json"
+
+
+def next_step_text(step: dict[str, Any]) -> str:
+    """The line that gives a weak plan's next step."""
+    peak = step["peak_bytes"]
+    if peak["after"] is None:
+        return (
+            f"this plan lowers the peak by under 5%; next: {step['command']} (peak {fmt_bytes(peak['before'])} "
+            f"-> at most {fmt_bytes(step['budget_bytes'])}; run it for its figures)"
+        )
+    cut = 100.0 * (peak["before"] - peak["after"]) / peak["before"]
+    slow = f", est. slowdown {step['slowdown']:.2f}x" if step.get("slowdown") else ""
+    return (
+        f"this plan lowers the peak by under 5%; next: {step['command']} "
+        f"(peak {fmt_bytes(peak['before'])} -> {fmt_bytes(peak['after'])}, -{cut:.1f}%{slow})"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# the pipeline
+
+FIGURES = Pass(
+    "simulating peak memory and time", "(the simulation the verdict quotes)", ("analysis", "request", "plan"),
+    ("simulation", "plan"), True, _figures,
+)  # fmt: skip
+NEXT_STEP = Pass(
+    "the next step", "(a weak plan's better command)", ("analysis", "request", "plan", "simulation"),
+    ("next_step",), False, _next_step,
+)  # fmt: skip
+
+#: the plan's passes, in the order they run
+PIPELINE: tuple[Pass, ...] = (SELECT, FILTER, PREFETCH, EVENTS, PINS, FIGURES, NEXT_STEP)
+
+
+def planned(analysis: Analysis, request: PlanRequest, passes: Sequence[Pass] = PIPELINE) -> Planning:
+    """The state `PIPELINE` (or ``passes``) leaves for ``request`` on ``analysis``: the plan document,
+    its simulation (None for a model that already holds copies) and a weak plan's next step.
+
+    Raises:
+        OffloadError: contradictory options, or a budget out of reach (for a plan made for a device,
+            the message also gives the model's peak as that device runs it).
+    """
+    try:
+        return run_passes(analysis, request, passes)
+    except BudgetUnreachable as exc:
+        if not request.host_device:
+            raise
+        raise _as_the_device_runs(exc, analysis, request) from None
+
+
+def _as_the_device_runs(exc: BudgetUnreachable, analysis: Analysis, request: PlanRequest) -> BudgetUnreachable:
+    """``exc`` for a plan made for a device (``plan --device``), saying what its figures count: a budget
+    counts every node on the device, while the device runs some on the host, whose tensors are not in
+    its memory, so the model's peak as the device runs it is another figure."""
+    device = request.host_device.split()[0]
+    placement = placement_of(analysis, request.host_nodes, request.host_copies, request.host_casts)
+    with paused_gc():
+        as_run, _ = device_result(None, analysis, placement, target=target_for(device))
+    return BudgetUnreachable(
+        f"{exc.message}. A budget counts every node on the device; {device} runs {len(request.host_nodes)} of "
+        f"them on the host, whose tensors it keeps in host memory, so the model as {device} runs it peaks at "
+        f"{fmt_bytes(as_run.peak_after)}",
+        hint=exc.hint,
+        reachable=exc.reachable,
+    )
+
+
+@taking(PlanRequest)
+def make_plan(analysis: Analysis, request: PlanRequest) -> Plan:
+    """The plan document ``offloadctl plan`` writes for the same request: `PIPELINE`'s plan, with the
+    figures ``apply`` quotes (``summary.estimate``), the events (``summary.events``) and the order
+    pins' layout (``summary.pins``).
+
+    Takes a `PlanRequest`'s fields as keywords (each documented there; as
+    `offloadctl.planning.make.scheduled_plan`, which gives the planner's plan alone).
+    """
+    plan = planned(analysis, request, PIPELINE[:-1]).plan  # the next step is the verdict's, not the document's
+    assert plan is not None
+    return plan

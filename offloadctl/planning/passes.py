@@ -1,0 +1,159 @@
+"""The planner's passes: each a named step over one `Planning` state that declares what it reads and
+writes, and whether it changes the plan it is given in place (as onnx-ir's passes declare
+``in_place`` and return a ``PassResult``). `offloadctl.pipeline` runs them in HyperOffload's order,
+with the passes that need the rewrite (figures, the next step) after them.
+
+- `SELECT` (the seed's ``GenerateParameterOperations`` and ``GenerateActivationOperations``): every
+  tensor's verdict, once per analysis and options (`offloadctl.planning.select.selection_for`).
+- `FILTER` (``OffloadInfoFilterByNumber``; or the budget planner, or the trade-off): the offloads
+  kept, a new "filtered" plan. A planner that places its own prefetches (the budget search with
+  copies on streams, the trade-off) gives a "scheduled" plan, and the simulation it made.
+- `PREFETCH` (``AdjustHyperOffloadNodePosition``): each H2D's place and each release point, on the
+  filtered plan in place (the pipeline owns it).
+- `EVENTS` (``AddEventNodes``): how the copies run, in line or on a copy stream with their gates and
+  fences (`offloadctl.rewriting.streams` writes them), recorded in the plan's summary.
+- `PINS` (``BuildExecutionOrder``): where the order pins go that hold each copy in place in the
+  DEFAULT order, recorded in the plan (`offloadctl.contract.order_pins`).
+
+`Pass.__call__` checks each declaration as it runs: a pass that writes a field it does not declare,
+or that declares ``in_place`` and hands back another plan (or the other way round), is a bug.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from offloadctl.analysis.graph import Analysis
+from offloadctl.contract.order_pins import pin_layout, record_pins
+from offloadctl.core.bulk import paused_gc
+from offloadctl.core.plantypes import Plan
+from offloadctl.planning.budget.strategy import BudgetSearch
+from offloadctl.planning.planners import filtered_by_number
+from offloadctl.planning.prefetch import prefetch_own
+from offloadctl.planning.request import PlanRequest
+from offloadctl.planning.select import Selection, selection_for
+from offloadctl.planning.tradeoff import plan_within_slowdown
+from offloadctl.simulation.base import is_rewritten
+from offloadctl.simulation.result import SimResult
+
+__all__ = ["EVENTS", "FILTER", "PINS", "PLANNER_PASSES", "PREFETCH", "SELECT", "Pass", "Planning", "copy_mode"]
+
+
+@dataclass(frozen=True)
+class Planning:
+    """What the passes share: the analysis and the request every pass reads, and what they write."""
+
+    analysis: Analysis
+    request: PlanRequest
+    selection: Selection | None = None  # SELECT: every tensor's verdict
+    plan: Plan | None = None  # FILTER: "filtered" (or "scheduled"); PREFETCH: "scheduled"
+    simulation: SimResult | None = None  # a planner's own simulation of the plan, or the figures'
+    next_step: dict[str, Any] | None = None  # a weak plan's better command (`offloadctl.pipeline`)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Planning))
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One step of the plan: its name, the seed's step it mirrors, the fields of `Planning` it reads
+    and writes, and whether it changes the plan in place."""
+
+    name: str
+    seed: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    in_place: bool
+    run: Callable[[Planning], Planning]
+    #: what the progress display says while it runs, when it says more than the name
+    describe: Callable[[Planning], str] | None = None
+
+    def __call__(self, state: Planning) -> Planning:
+        state.request.report(self.describe(state) if self.describe is not None else self.name)
+        done = self.run(state)
+        for name in _FIELDS:
+            if name not in self.writes and getattr(done, name) is not getattr(state, name):
+                raise AssertionError(f"pass {self.name!r} wrote {name!r}, which it does not declare")
+        if "plan" in self.writes and state.plan is not None and done.plan is not None:
+            if (done.plan is state.plan) != self.in_place:
+                how = "hands back another plan" if self.in_place else "changed the plan it was given"
+                raise AssertionError(f"pass {self.name!r} {how}, against its declaration")
+        return done
+
+
+@paused_gc()
+def _select(state: Planning) -> Planning:
+    return dataclasses.replace(state, selection=selection_for(state.analysis, state.request))
+
+
+def _filter(state: Planning) -> Planning:
+    analysis, request = state.analysis, state.request
+    if request.max_slowdown is not None:
+        outcome = plan_within_slowdown(analysis, request)
+        return dataclasses.replace(state, plan=outcome.plan, simulation=outcome.simulation)
+    if request.uses_budget:
+        found = BudgetSearch(analysis, request, request).found()
+        return dataclasses.replace(state, plan=found.scheduled or found.filtered, simulation=found.simulation)
+    assert state.selection is not None  # SELECT ran
+    return dataclasses.replace(state, plan=filtered_by_number(analysis, request, state.selection))
+
+
+def _filtering(request: PlanRequest) -> str:
+    if request.max_slowdown is not None:
+        return "fitting the slowdown"
+    return "fitting the budget" if request.uses_budget else "filtering"
+
+
+def _prefetch(state: Planning) -> Planning:
+    plan = state.plan
+    assert plan is not None  # FILTER ran
+    if plan["stage"] == "filtered":  # a planner that placed its own prefetches gave a scheduled plan
+        prefetch_own(plan, state.request)
+    return state
+
+
+def copy_mode(request: PlanRequest) -> str:
+    """How the plan's copies run: the request's mode, in line on a provider without streams (WebGPU)."""
+    if request.copies == "streams" and request.host_device.split()[:1] == ["webgpu"]:
+        return "inline"
+    return request.copies
+
+
+def _events(state: Planning) -> Planning:
+    plan = state.plan
+    assert plan is not None
+    mode = copy_mode(state.request)
+    events: dict[str, Any] = {"copies": mode}
+    if mode == "streams":  # a gate before each H2D, and after each D2H a gate and the fence compute waits at
+        d2hs = sum(off["kind"] == "activation" for off in plan["offloads"])
+        events["gates"] = sum(len(off["reload_groups"]) for off in plan["offloads"]) + d2hs
+        events["fences"] = d2hs
+    plan.setdefault("summary", {})["events"] = events
+    return state
+
+
+def _pins(state: Planning) -> Planning:
+    plan = state.plan
+    assert plan is not None
+    if not is_rewritten(state.analysis):  # (a model with copies already gets none)
+        record_pins(plan, pin_layout(plan, state.analysis))  # apply builds them without shape inference
+    return state
+
+
+SELECT = Pass(
+    "selecting", "GenerateParameterOperations, GenerateActivationOperations", ("analysis", "request"),
+    ("selection",), False, _select,
+)  # fmt: skip
+FILTER = Pass(
+    "filtering", "OffloadInfoFilterByNumber (or a budget, or a slowdown)", ("analysis", "request", "selection"),
+    ("plan", "simulation"), False, _filter, lambda state: _filtering(state.request),
+)  # fmt: skip
+PREFETCH = Pass("scheduling", "AdjustHyperOffloadNodePosition", ("request", "plan"), ("plan",), True, _prefetch)
+EVENTS = Pass("placing the events", "AddEventNodes", ("request", "plan"), ("plan",), True, _events)
+PINS = Pass("pinning the copies", "BuildExecutionOrder", ("analysis", "plan"), ("plan",), True, _pins)
+
+#: the passes that make the scheduled plan, in order
+PLANNER_PASSES: tuple[Pass, ...] = (SELECT, FILTER, PREFETCH)
