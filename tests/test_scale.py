@@ -1145,6 +1145,41 @@ def test_plan_with_inference_ahead_writes_the_plan_it_writes_without(small_model
     assert (tmp_path / "ahead.json").read_text() == (tmp_path / "inline.json").read_text()
 
 
+def test_inference_ahead_forks_beside_a_live_progress_display(small_model, tmp_path, run_cli, monkeypatch):
+    """On a terminal, onnx's shape inference forks its child while the progress display's refresh
+    thread runs: the child delivers its types, and the plan is the one made without either."""
+    import threading
+
+    from rich.live import _RefreshThread
+
+    from offloadctl.cli import ui
+    from offloadctl.core.ahead import Ahead
+    from offloadctl.loading import inference
+
+    args = ("--params", "--select-distance", "3")
+    assert run_cli("plan", small_model.path, "-o", tmp_path / "plain.json", *args).exit_code == 0
+    monkeypatch.setattr(ui, "_interactive", lambda: True)  # the display draws, as on a terminal
+    monkeypatch.setattr(inference, "AHEAD_MIN_NODES", 0)
+    beside_display, delivered = [], []
+    real_start, real_result = Ahead.start, Ahead.result
+
+    def start(cls, function, *a):
+        beside_display.append(any(isinstance(t, _RefreshThread) for t in threading.enumerate()))
+        return real_start.__func__(cls, function, *a)
+
+    def result(self):
+        found = real_result(self)
+        delivered.append(found is not None)
+        return found
+
+    monkeypatch.setattr(Ahead, "start", classmethod(start))
+    monkeypatch.setattr(Ahead, "result", result)
+    done = run_cli("plan", small_model.path, "-o", tmp_path / "display.json", *args)
+    assert done.exit_code == 0, done.stderr
+    assert beside_display == [True] and delivered == [True]
+    assert (tmp_path / "display.json").read_text() == (tmp_path / "plain.json").read_text()
+
+
 def _plan_json(run_cli, model, out, *args):
     res = run_cli("plan", model, "-o", out, "--params", "--json", *args)
     assert res.exit_code == 0, res.stderr
