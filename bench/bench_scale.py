@@ -144,7 +144,9 @@ def _child(task: str, args: list[str]) -> dict:
         model_path, out_path, params = args
         loaded = offloadctl.loading.model.load_model(model_path)
         analysis = offloadctl.analysis.graph.analyse(loaded)
-        plan = offloadctl.planning.make.make_plan(analysis, params=params == "params")
+        make = offloadctl.planning.make  # the planner's plan alone (make_plan in a revision before the pipeline)
+        scheduled = getattr(make, "scheduled_plan", None) or make.make_plan
+        plan = scheduled(analysis, params=params == "params")
         offloadctl.contract.document.write_plan(out_path, plan)
     elif task == "plan-cli":
         model_path, out_path = args

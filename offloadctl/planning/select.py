@@ -7,6 +7,11 @@ the device tensor. A weight (initializer or Constant node) stays on the host and
 one host-to-device copy per reload group; the first group starts at its first use, and it is
 selected when it sits idle for more than ``select_distance`` positions before its first use, after
 its last use, or between two uses. Every tensor not selected is listed with its reason.
+
+Every reason is one `Rule` of `RULES`, stated once: its check gives one tensor's verdict (the first
+rule that applies wins), and its screen marks, over all candidates at once, every tensor the check
+could reject. The pass over a big model (`_Selector.consider_all`) chooses what no screen marks and
+sends every other tensor through the checks, so a new reason is a new rule, screen and check together.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import fnmatch
 import itertools
 import logging
 import operator
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -424,54 +430,65 @@ class _Selector:
         return self._feeders
 
     def consider(self, name: str, kind: Kind) -> None:
-        """Offload ``name`` or reject it with the first reason that applies."""
+        """Offload ``name`` or reject it with the first reason of `RULES` that applies."""
         analysis, options = self.analysis, self.options
-        uses = analysis.uses.get(name)
-        if not uses:
-            why = "no node reads it" + (" (graph output only)" if name in self.outputs else "")
-            self.reject(name, kind, [], "unused", why)
-            return
+        uses = analysis.uses.get(name) or []
         is_act = kind == "activation"
         start = analysis.producer[name] if is_act else 0
-        max_gap = self.gaps[name] = _max_gap(start, uses, None if is_act else max(self.n - 1, uses[-1][0]))
+        max_gap = 0
+        if uses:
+            max_gap = self.gaps[name] = _max_gap(start, uses, None if is_act else max(self.n - 1, uses[-1][0]))
         forced = bool(options.force) and _matches(name, options.force)
         if forced:
             self.forced.add(name)
-        verdict = self._by_options(name, kind, forced, max_gap, uses)
-        info = None
-        if verdict is None:
-            info = analysis.infos.get(name)
-            verdict = self._by_tensor(name, kind, uses, forced, info)
+        case = _Case(name, kind, uses, forced, max_gap)
+        verdict, info = self._verdict(case)
         if verdict is not None:
-            self.reject(name, kind, uses, *verdict, max_gap, info)
+            self.reject(name, kind, uses, *verdict, max_gap if uses else None, info)
             return
-        assert info is not None  # _by_tensor rejects a tensor without one
-        if forced:
-            kept = self._by_tensor(name, kind, uses, False, info)
+        assert info is not None  # a rule rejects a tensor without one
+        if forced:  # offloaded though a host read would have kept it: the selection warns
+            kept, _ = self._verdict(case._replace(forced=False, info=info), tensor_only=True)
             if kept is not None and kept[0] in _HOST_REASONS:
                 self.forced_on_host[name] = kept[1].removesuffix(_FORCE_ADVICE)
         key = (_sort_key(uses[0]), self.index.setdefault(name, len(self.index)))
         # Chosen(...) without the NamedTuple's Python-level __new__ (a big model chooses hundreds of thousands)
         self.chosen.append((key, tuple.__new__(Chosen, (name, kind, start, forced, info))))
 
+    def _verdict(
+        self, case: _Case, *, tensor_only: bool = False
+    ) -> tuple[tuple[RejectionReason, str] | None, TensorInfo | None]:
+        """(the verdict of the first rule of `RULES` that applies, or None; the tensor's info, looked up
+        once the rules that need none have passed). ``tensor_only``: the rules that read the tensor alone."""
+        info = case.info
+        for rule in RULES:
+            if rule.reads_tensor:
+                if info is None:
+                    info = self.analysis.infos.get(case.name)
+                    case = case._replace(info=info)
+            elif tensor_only:
+                continue
+            verdict = rule.check(self, case)
+            if verdict is not None:
+                return verdict, info
+        return None, info
+
     def consider_all(self, activations: list[str], weights: list[str], arrays: _UseArrays | None = None) -> None:
         """`consider` each of ``activations`` and then of ``weights``, in that order, as one pass.
 
-        What a big model's candidates have in common is decided for all of them at once: a candidate no
-        reason can apply to (read by some node, switched on, matching no pattern, with an idle stretch
-        longer than the select distance, a known size and a copyable type that is not index or shape
-        arithmetic, read by no node at an input kept in host memory, packed or inside a subgraph, not
-        fused and not a weight that is an output) is chosen as `consider` would choose it; every other
-        goes through `consider`, whose checks give the reason. The records are those `consider` makes.
-        ``arrays``: the candidates' uses as arrays (`candidate_uses`), when the caller has them.
+        What a big model's candidates have in common is decided for all of them at once, from the same
+        `RULES`: each rule's ``may_apply`` marks every candidate its check could reject, and a candidate
+        no rule marks (and that matches no --force pattern) is chosen as `consider` would choose it;
+        every other goes through `consider`, whose checks give the reason. The records are those
+        `consider` makes. ``arrays``: the candidates' uses as arrays (`candidate_uses`), when the caller
+        has them.
         """
         analysis, options = self.analysis, self.options
         names = [*activations, *weights]
         acts = len(activations)
         self.index.update(zip(names, range(len(self.index), len(self.index) + len(names))))
-        uses = analysis.uses
         if arrays is None:
-            arrays = _UseArrays.of([uses.get(name) or [] for name in names])
+            arrays = _UseArrays.of([analysis.uses.get(name) or [] for name in names])
         has = arrays.counts > 0
         starts = np.zeros(len(names), dtype=np.int64)
         starts[:acts] = np.fromiter(map(analysis.producer.__getitem__, activations), dtype=np.int64, count=acts)
@@ -480,40 +497,12 @@ class _Selector:
         steps = arrays.steps(starts)
         gaps = arrays.max_gaps(steps, ends)
         self.use_steps = (arrays, steps)
-        plain = has & (gaps > options.select_distance)
-        plain[:acts] &= options.activations
-        plain[acts:] &= options.params
-        if options.force or options.never:
-            plain &= np.array(
-                [not _matches(name, options.force) and not _matches(name, options.never) for name in names], dtype=bool
-            )
-        if self.host_nodes:  # a plan for a device: placement decides, tensor by tensor
-            plain[:] = False
         # every candidate looked up in order, as `consider` looks each up (a size it refuses is refused first)
-        infos = list(map(analysis.infos.get, names))
-        plain &= np.array(
-            [
-                info is not None
-                and info.copyable
-                and info.bytes is not None
-                and info.elem_type not in _SHAPE_TYPES
-                and not (info.elem_type in _INDEX_TYPES and info.bytes <= SMALL_INDEX_BYTES)
-                for info in infos
-            ],
-            dtype=bool,
-        )
-        special = self.fused | self.outputs | analysis.sparse_weights
-        if special:
-            plain &= np.array([name not in special for name in names], dtype=bool)
-        at_host = arrays.indices < 0  # inside a subgraph: its body decides
-        if self.host_inputs:
-            bits = _input_bits(self.n, self.host_inputs)[arrays.positions]
-            at_host |= ((bits >> np.clip(arrays.indices, 0, 63)) & 1).astype(bool) & (arrays.indices >= 0)
-        plain &= ~arrays.any(at_host)
-        if self.packing and len(names) > acts:
-            bits = _input_bits(self.n, self.packing)[arrays.positions]
-            packed = ((bits >> np.clip(arrays.indices, 0, 63)) & 1).astype(bool) & (arrays.indices >= 0)
-            plain[acts:] &= ~arrays.any(packed)[acts:]
+        screen = _Screen(names, acts, has, gaps, list(map(analysis.infos.get, names)), arrays)
+        plain = np.ones(len(names), dtype=bool)
+        for rule in RULES:
+            plain &= ~rule.may_apply(self, screen)
+        plain &= ~_where(screen, options.force)  # a forced candidate is judged by the rules one by one
         self.gaps.update(zip(itertools.compress(names, has), gaps[has].tolist()))
         self.subgraph_only.update(itertools.compress(names, has & ~arrays.any(arrays.indices >= 0)))
         # (first-use key, candidate number) of each, as `consider` keys it (`_sort_key` of its first use)
@@ -524,27 +513,29 @@ class _Selector:
             itertools.compress(map(self.index.__getitem__, names), plain),
         )
         kinds = itertools.chain(itertools.repeat("activation", acts), itertools.repeat("parameter"))
-        fields = itertools.compress(zip(names, kinds, starts.tolist(), itertools.repeat(False), infos), plain)
+        fields = itertools.compress(zip(names, kinds, starts.tolist(), itertools.repeat(False), screen.infos), plain)
         # Chosen(...) without the NamedTuple's Python-level __new__ (a big model chooses hundreds of thousands)
         self.chosen += zip(keys, map(tuple.__new__, itertools.repeat(Chosen), fields))
         for k in np.flatnonzero(~plain).tolist():
             self.consider(names[k], "activation" if k < acts else "parameter")
 
-    def _by_options(
-        self, name: str, kind: Kind, forced: bool, max_gap: int, uses: list[Use]
-    ) -> tuple[RejectionReason, str] | None:
-        """Reasons the options give: disabled, never, short gaps."""
-        options = self.options
-        is_act = kind == "activation"
-        enabled = options.activations if is_act else options.params
-        if not enabled and not forced:
-            return "disabled", f"{kind} offload is switched off (--{'activations' if is_act else 'params'})"
-        if options.never and _matches(name, options.never):
-            return "never", "matches a --never pattern"
-        if max_gap > options.select_distance or forced:
-            return None
-        # checked before size and placement: no idle stretch qualifies, whatever else holds
-        return self.gap_verdict(uses, max_gap, options.select_distance)
+    def host_read_uses(self, screen: _Screen) -> np.ndarray:
+        """For each candidate, whether a node reads it at an input kept in host memory, or inside a subgraph."""
+        arrays = screen.arrays
+        at_host = arrays.indices < 0  # inside a subgraph: its body decides
+        if self.host_inputs:
+            bits = _input_bits(self.n, self.host_inputs)[arrays.positions]
+            at_host |= ((bits >> np.clip(arrays.indices, 0, 63)) & 1).astype(bool) & (arrays.indices >= 0)
+        return arrays.any(at_host)
+
+    def packed_uses(self, screen: _Screen) -> np.ndarray:
+        """For each candidate, whether a node that prepacks an input reads it there."""
+        arrays = screen.arrays
+        if not self.packing:
+            return np.zeros(len(screen.names), dtype=bool)
+        bits = _input_bits(self.n, self.packing)[arrays.positions]
+        packed = ((bits >> np.clip(arrays.indices, 0, 63)) & 1).astype(bool) & (arrays.indices >= 0)
+        return arrays.any(packed)
 
     def gap_verdict(self, uses: list[Use], max_gap: int, distance: int) -> tuple[RejectionReason, str]:
         """Why a tensor whose longest idle stretch is ``max_gap`` (at most ``distance``) is not offloaded."""
@@ -570,58 +561,6 @@ class _Selector:
                 f"largest idle stretch {max_gap} <= select distance {distance}"
             )
         return detail
-
-    def _by_tensor(
-        self, name: str, kind: Kind, uses: list[Use], forced: bool, info: TensorInfo | None
-    ) -> tuple[RejectionReason, str] | None:
-        """Reasons the tensor (``info``: what the analysis knows of it) gives: not copyable, unknown
-        size, read on the host, a weight output."""
-        analysis = self.analysis
-        if name in analysis.sparse_weights:
-            return (
-                "not-copyable",
-                "a sparse weight (onnxruntime makes it dense when it loads the model); offloadctl copies dense "
-                "tensors only",
-            )
-        if info is not None and not info.copyable:
-            why = (
-                info.why_unknown()
-                if info.bytes is None
-                else f"type {info.dtype} cannot be copied by onnxruntime's MemcpyToHost/MemcpyFromHost on every "
-                "provider"
-            )
-            return "not-copyable", why
-        if info is None or info.bytes is None:
-            why = info.why_unknown() if info is not None else "shape inference could not find its type"
-            return "unknown-size", f"size unknown: {why}; pin dynamic inputs with --input-shape NAME=D0,D1,..."
-        if not forced:
-            host = self._host_reason(name, uses, info.elem_type)
-            if host is not None:
-                return "host-input", host
-            if info.elem_type in _INDEX_TYPES and info.bytes <= SMALL_INDEX_BYTES:
-                return (
-                    "host-input",
-                    f"a small {info.dtype} tensor ({info.bytes} B): index and shape arithmetic, which device providers "
-                    "run on the CPU where they have no kernel for it, so its copy from the host is copied again (on "
-                    "WebGPU such a rewrite did not load)" + _FORCE_ADVICE,
-                )
-            if kind != "activation" and self.packing:
-                packed = _prepacked_use(analysis, uses, self.packing)
-                if packed is not None:
-                    return "prepacked", packed
-            if self.host_nodes:
-                resident = self._resident_reason(name, kind, uses)
-                if resident is not None:
-                    return "host-resident", resident
-            if name in self.fused:
-                return (
-                    "fused",
-                    "onnxruntime's graph optimizations at the level of the measured profile take it into a fused node "
-                    "or a folded constant; a copy would read it and undo that rewrite",
-                )
-        if kind != "activation" and name in self.outputs:
-            return "graph-output-weight", "a weight that is also a graph output stays on the device"
-        return None
 
     def _resident_reason(self, name: str, kind: Kind, uses: list[Use]) -> str | None:
         """Why a tensor stays where it is on the plan's device: a node the device runs on the CPU
@@ -671,6 +610,203 @@ class _Selector:
             f"feeds only shape computations ending at input {end.input_index} of {op} {end.node!r}, "
             "which onnxruntime keeps in host memory"
         )
+
+
+class _Case(NamedTuple):
+    """One candidate as a rule's check sees it (``info`` looked up once the rules that need none pass)."""
+
+    name: str
+    kind: Kind
+    uses: list[Use]
+    forced: bool
+    max_gap: int
+    info: TensorInfo | None = None
+
+
+class _Screen(NamedTuple):
+    """Every candidate at once, as `_Selector.consider_all` knows them, for the rules' ``may_apply``:
+    the first ``acts`` are activations, the rest weights."""
+
+    names: list[str]
+    acts: int
+    has: np.ndarray  # read by some node
+    gaps: np.ndarray  # the longest idle stretch
+    infos: list[TensorInfo | None]
+    arrays: _UseArrays
+
+    def each(self, predicate: Callable[[str], bool]) -> np.ndarray:
+        return np.fromiter(map(predicate, self.names), dtype=bool, count=len(self.names))
+
+    def each_info(self, predicate: Callable[[TensorInfo | None], bool]) -> np.ndarray:
+        return np.fromiter(map(predicate, self.infos), dtype=bool, count=len(self.infos))
+
+    def weights(self) -> np.ndarray:
+        found = np.zeros(len(self.names), dtype=bool)
+        found[self.acts :] = True
+        return found
+
+
+_Verdict = tuple[RejectionReason, str] | None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One reason the select stage keeps a tensor on the device, stated once: ``check`` gives one
+    candidate's verdict by it; ``may_apply`` marks, for all candidates at once, every candidate the
+    check could reject (a superset: those are checked one by one, the others chosen outright);
+    ``reads_tensor``: the check reads the tensor's type and size, looked up only once the rules before
+    it have passed. The first rule of `RULES` whose check gives a verdict wins."""
+
+    name: str
+    check: Callable[[_Selector, _Case], _Verdict]
+    may_apply: Callable[[_Selector, _Screen], np.ndarray]
+    reads_tensor: bool = False
+
+
+def _unused(sel: _Selector, c: _Case) -> _Verdict:
+    if c.uses:
+        return None
+    return "unused", "no node reads it" + (" (graph output only)" if c.name in sel.outputs else "")
+
+
+def _disabled(sel: _Selector, c: _Case) -> _Verdict:
+    is_act = c.kind == "activation"
+    if (sel.options.activations if is_act else sel.options.params) or c.forced:
+        return None
+    return "disabled", f"{c.kind} offload is switched off (--{'activations' if is_act else 'params'})"
+
+
+def _switched_off(sel: _Selector, screen: _Screen) -> np.ndarray:
+    return np.where(screen.weights(), not sel.options.params, not sel.options.activations)
+
+
+def _never(sel: _Selector, c: _Case) -> _Verdict:
+    return ("never", "matches a --never pattern") if _matches(c.name, sel.options.never) else None
+
+
+def _short(sel: _Selector, c: _Case) -> _Verdict:
+    # checked before size and placement: no idle stretch qualifies, whatever else holds
+    if c.forced or c.max_gap > sel.options.select_distance:
+        return None
+    return sel.gap_verdict(c.uses, c.max_gap, sel.options.select_distance)
+
+
+def _sparse(sel: _Selector, c: _Case) -> _Verdict:
+    if c.name not in sel.analysis.sparse_weights:
+        return None
+    return (
+        "not-copyable",
+        "a sparse weight (onnxruntime makes it dense when it loads the model); offloadctl copies dense tensors only",
+    )
+
+
+def _not_copyable(sel: _Selector, c: _Case) -> _Verdict:
+    info = c.info
+    if info is None or info.copyable:
+        return None
+    if info.bytes is None:
+        return "not-copyable", info.why_unknown()
+    return (
+        "not-copyable",
+        f"type {info.dtype} cannot be copied by onnxruntime's MemcpyToHost/MemcpyFromHost on every provider",
+    )
+
+
+def _unknown_size(sel: _Selector, c: _Case) -> _Verdict:
+    if c.info is not None and c.info.bytes is not None:
+        return None
+    why = c.info.why_unknown() if c.info is not None else "shape inference could not find its type"
+    return "unknown-size", f"size unknown: {why}; pin dynamic inputs with --input-shape NAME=D0,D1,..."
+
+
+def _host_input(sel: _Selector, c: _Case) -> _Verdict:
+    assert c.info is not None  # the rules before it reject a tensor without one
+    host = None if c.forced else sel._host_reason(c.name, c.uses, c.info.elem_type)
+    return None if host is None else ("host-input", host)
+
+
+def _small_index(sel: _Selector, c: _Case) -> _Verdict:
+    info = c.info
+    assert info is not None and info.bytes is not None
+    if c.forced or not _is_small_index(info):
+        return None
+    return (
+        "host-input",
+        f"a small {info.dtype} tensor ({info.bytes} B): index and shape arithmetic, which device providers run on "
+        "the CPU where they have no kernel for it, so its copy from the host is copied again (on WebGPU such a "
+        "rewrite did not load)" + _FORCE_ADVICE,
+    )
+
+
+def _is_small_index(info: TensorInfo | None) -> bool:
+    return info is not None and info.elem_type in _INDEX_TYPES and (info.bytes or 0) <= SMALL_INDEX_BYTES
+
+
+def _prepacked(sel: _Selector, c: _Case) -> _Verdict:
+    if c.forced or c.kind == "activation" or not sel.packing:
+        return None
+    packed = _prepacked_use(sel.analysis, c.uses, sel.packing)
+    return None if packed is None else ("prepacked", packed)
+
+
+def _host_resident(sel: _Selector, c: _Case) -> _Verdict:
+    if c.forced or not sel.host_nodes:
+        return None
+    resident = sel._resident_reason(c.name, c.kind, c.uses)
+    return None if resident is None else ("host-resident", resident)
+
+
+def _fused(sel: _Selector, c: _Case) -> _Verdict:
+    if c.forced or c.name not in sel.fused:
+        return None
+    return (
+        "fused",
+        "onnxruntime's graph optimizations at the level of the measured profile take it into a fused node or a "
+        "folded constant; a copy would read it and undo that rewrite",
+    )
+
+
+def _output_weight(sel: _Selector, c: _Case) -> _Verdict:
+    if c.kind == "activation" or c.name not in sel.outputs:
+        return None
+    return "graph-output-weight", "a weight that is also a graph output stays on the device"
+
+
+def _none(screen: _Screen) -> np.ndarray:
+    return np.zeros(len(screen.names), dtype=bool)
+
+
+def _where(screen: _Screen, patterns: Iterable[str]) -> np.ndarray:
+    """The candidates whose name matches one of ``patterns``."""
+    return screen.each(lambda name: _matches(name, patterns)) if patterns else _none(screen)
+
+
+#: Every reason a tensor stays, in the order they are checked.
+RULES: tuple[Rule, ...] = (
+    Rule("unused", _unused, lambda sel, s: ~s.has),
+    Rule("disabled", _disabled, _switched_off),
+    Rule("never", _never, lambda sel, s: _where(s, sel.options.never)),
+    Rule("short gaps", _short, lambda sel, s: s.gaps <= sel.options.select_distance),
+    Rule("sparse", _sparse, lambda sel, s: s.each(sel.analysis.sparse_weights.__contains__), reads_tensor=True),
+    Rule("not copyable", _not_copyable, lambda sel, s: s.each_info(lambda i: i is None or not i.copyable), True),
+    Rule("unknown size", _unknown_size, lambda sel, s: s.each_info(lambda i: i is None or i.bytes is None), True),
+    Rule(
+        "read on the host",
+        _host_input,
+        lambda sel, s: sel.host_read_uses(s) | s.each_info(lambda i: i is not None and i.elem_type in _SHAPE_TYPES),
+        True,
+    ),
+    Rule("small index", _small_index, lambda sel, s: s.each_info(_is_small_index), True),
+    Rule("prepacked", _prepacked, lambda sel, s: sel.packed_uses(s) & s.weights(), True),
+    Rule(
+        "host resident",
+        _host_resident,
+        lambda sel, s: np.full(len(s.names), bool(sel.host_nodes)),
+        True,
+    ),
+    Rule("fused", _fused, lambda sel, s: s.each(sel.fused.__contains__) if sel.fused else _none(s), True),
+    Rule("output weight", _output_weight, lambda sel, s: s.each(sel.outputs.__contains__) & s.weights(), True),
+)
 
 
 def _entry(analysis: Analysis, chosen: Chosen, distance: int) -> Offload:
