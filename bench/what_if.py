@@ -56,7 +56,7 @@ def _child(task: str, model: str, work: str) -> float:
     """Run one command (a plan or apply task) in this (fresh) process; its seconds after the imports."""
     from offloadctl import pipeline
     from offloadctl._entry import main
-    from offloadctl.cli import stages_cmd
+    from offloadctl.cli import plan_cmd
     from offloadctl.contract import document
 
     plans = {t: os.path.join(work, f"{t}.json") for t in ("plan", "plan-no-next-step", "plan-no-rejected")}
@@ -64,7 +64,7 @@ def _child(task: str, model: str, work: str) -> float:
         pipeline.next_step = lambda *args, **kwargs: None  # the next-step pass then gives none
     if task == "plan-no-rejected":
         write = document.write_plan
-        stages_cmd.write_plan = lambda path, plan: write(path, {**plan, "rejected": []})
+        plan_cmd.write_plan = lambda path, plan: write(path, {**plan, "rejected": []})
     if task.startswith("plan"):
         argv = ["plan", model, "-o", plans[task], "--params", "--json"]
     else:

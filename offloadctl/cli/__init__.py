@@ -1,6 +1,6 @@
 """The `offloadctl` command line: a thin layer of click commands over the library.
 
-One module per group of subcommands: `stages_cmd` (select, filter, prefetch, plan), `apply_cmd`,
+One module per group of subcommands: `stages_cmd` (select, filter, prefetch), `plan_cmd`, `apply_cmd`,
 `run_cmd`, `simulate_cmd`, `profile_cmd`, `frontier_cmd`, `inspect_cmd`; `options` holds the
 option groups they share, `common` what they do alike (open a model, warnings, verdicts), `ui` the
 consoles and progress, `report` the Markdown report and `plot` the timeline and frontier plots.
@@ -46,10 +46,19 @@ def cli(verbose: bool) -> None:
 
 
 def _register() -> None:
-    from offloadctl.cli import apply_cmd, frontier_cmd, inspect_cmd, profile_cmd, run_cmd, simulate_cmd, stages_cmd
+    from offloadctl.cli import (
+        apply_cmd,
+        frontier_cmd,
+        inspect_cmd,
+        plan_cmd,
+        profile_cmd,
+        run_cmd,
+        simulate_cmd,
+        stages_cmd,
+    )
 
     cli.add_command(inspect_cmd.inspect)
-    for module in (stages_cmd, apply_cmd, run_cmd, simulate_cmd, profile_cmd, frontier_cmd):
+    for module in (stages_cmd, plan_cmd, apply_cmd, run_cmd, simulate_cmd, profile_cmd, frontier_cmd):
         for command in module.COMMANDS:
             cli.add_command(command)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -109,27 +111,7 @@ def apply(
     figures = recorded_estimate(plan)
     cost = streams_cost(plan, job.analysis) if copies == "streams" else None
     if not as_json:
-        console = out_console()
-        console.print(
-            f"inserted {result.d2h} device-to-host and {result.h2d} host-to-device copies "
-            f"({result.activations} activation(s), {result.parameters} weight(s) offloaded)",
-            soft_wrap=True,
-        )
-        if result.pins:
-            console.print(f"held the copies in place with {result.pins} order pin(s) (no-op views)", soft_wrap=True)
-        if result.across:
-            console.print(
-                f"wrote {result.across} copy(ies) between host and device where the plan's device needs them "
-                "(onnxruntime would append them after every node)",
-                soft_wrap=True,
-            )
-        for reason in result.unpinned:
-            console.print(f"[yellow]not pinned (holds under PRIORITY_BASED only)[/]: {reason}", soft_wrap=True)
-        for path in extra:
-            what = "the partition file that puts the copies on a stream of their own" if path.suffix == ".json" else ""
-            console.print(f"placed {path} beside the rewritten model" + (f": {what}" if what else ""), soft_wrap=True)
-        if figures is not None:
-            print_estimate(figures, what="planned")
+        _print_apply(result, extra, figures)
     _warn_streams_cost(cost)
     if figures is not None:
         warn_broken_pins(figures, plan["model"].get("execution_order", "priority"))
@@ -169,6 +151,31 @@ def apply(
             "estimate": figures,  # recorded by `offloadctl plan`; None for a plan made otherwise
         },
     )
+
+
+def _print_apply(result: ApplyResult, extra: list[Path], figures: dict[str, Any] | None) -> None:
+    """What apply wrote, for a person: the copies and pins, the files beside the model, the plan's figures."""
+    console = out_console()
+    console.print(
+        f"inserted {result.d2h} device-to-host and {result.h2d} host-to-device copies "
+        f"({result.activations} activation(s), {result.parameters} weight(s) offloaded)",
+        soft_wrap=True,
+    )
+    if result.pins:
+        console.print(f"held the copies in place with {result.pins} order pin(s) (no-op views)", soft_wrap=True)
+    if result.across:
+        console.print(
+            f"wrote {result.across} copy(ies) between host and device where the plan's device needs them "
+            "(onnxruntime would append them after every node)",
+            soft_wrap=True,
+        )
+    for reason in result.unpinned:
+        console.print(f"[yellow]not pinned (holds under PRIORITY_BASED only)[/]: {reason}", soft_wrap=True)
+    for path in extra:
+        what = "the partition file that puts the copies on a stream of their own" if path.suffix == ".json" else ""
+        console.print(f"placed {path} beside the rewritten model" + (f": {what}" if what else ""), soft_wrap=True)
+    if figures is not None:
+        print_estimate(figures, what="planned")
 
 
 #: a streams rewrite whose CPU arena peaks this much above the same plan's in-line rewrite gets a warning

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
@@ -23,12 +25,14 @@ from offloadctl.cli.plot import plot_frontier
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
+from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.planning.request import PlanRequest, profile_for
 from offloadctl.planning.tradeoff import DEFAULT_POINTS, Point, Tradeoff, dominated, point_of
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import COPY_MODES, STREAMS_NOTE, copy_mode_label
 from offloadctl.simulation.profiles import load_profile
+from offloadctl.simulation.result import SimResult
 
 __all__ = ["COMMANDS", "frontier_cmd"]
 
@@ -87,6 +91,53 @@ def _print_frontier(
         f"{fmt_bytes(d.peak_bytes)} ({_pct(trade.peak_bytes, d.peak_bytes)}), estimated {times}",
         soft_wrap=True,
     )
+
+
+def _verdict(
+    model: str,
+    profile: str,
+    params: bool,
+    trade: Tradeoff,
+    frontier: dict[str, list[Point]],
+    modes: Sequence[str],
+    default_plan: Plan,
+    default_result: SimResult,
+    default: dict[str, Point],
+) -> tuple[list[str], dict[str, Any]]:
+    """The verdict's parts (each mode's lowest peak) and the --json document."""
+    parts = []
+    for mode in modes:
+        pts = frontier[mode]
+        if pts:
+            low = min(pts, key=lambda p: (p.peak_bytes, p.time_s))
+            parts.append(f"{copy_mode_label(mode)}: lowest peak {fmt_bytes(low.peak_bytes)} at {low.slowdown:.2f}x")
+    doc = {
+        "model": model,
+        "profile": profile,
+        "objective": trade.objective,
+        "params": params,
+        "peak_bytes": trade.peak_bytes,
+        "lower_bound_bytes": trade.lower_bound_bytes,
+        "baseline_s": trade.baseline_s,
+        "modes": {
+            mode: {
+                "label": _TITLES[mode],
+                "points": [
+                    {**p.to_json(), "dominated": worse} for p, worse in zip(frontier[mode], dominated(frontier[mode]))
+                ],
+            }
+            for mode in modes
+        },
+        "default_plan": {
+            "command": "offloadctl plan MODEL",
+            "offloads": len(default_plan["offloads"]),
+            "peak_bytes": default_result.peak_after,
+            "bytes_moved": sum(default_result.transfer_bytes.values()),
+            "time_s": {mode: default[mode].time_s for mode in modes},
+            "slowdown": {mode: default[mode].slowdown for mode in modes},
+        },
+    }
+    return parts, doc
 
 
 @click.command("frontier")
@@ -173,38 +224,7 @@ def frontier_cmd(
         written.append(plot)
     if not as_json:
         _print_frontier(model, trade, frontier, default, modes, params)
-    parts = []
-    for mode in modes:
-        pts = frontier[mode]
-        if pts:
-            low = min(pts, key=lambda p: (p.peak_bytes, p.time_s))
-            parts.append(f"{copy_mode_label(mode)}: lowest peak {fmt_bytes(low.peak_bytes)} at {low.slowdown:.2f}x")
-    doc = {
-        "model": model,
-        "profile": prof.name,
-        "objective": trade.objective,
-        "params": params,
-        "peak_bytes": trade.peak_bytes,
-        "lower_bound_bytes": trade.lower_bound_bytes,
-        "baseline_s": trade.baseline_s,
-        "modes": {
-            mode: {
-                "label": _TITLES[mode],
-                "points": [
-                    {**p.to_json(), "dominated": worse} for p, worse in zip(frontier[mode], dominated(frontier[mode]))
-                ],
-            }
-            for mode in modes
-        },
-        "default_plan": {
-            "command": "offloadctl plan MODEL",
-            "offloads": len(default_plan["offloads"]),
-            "peak_bytes": default_result.peak_after,
-            "bytes_moved": sum(default_result.transfer_bytes.values()),
-            "time_s": {mode: default[mode].time_s for mode in modes},
-            "slowdown": {mode: default[mode].slowdown for mode in modes},
-        },
-    }
+    parts, doc = _verdict(model, prof.name, params, trade, frontier, modes, default_plan, default_result, default)
     finish("frontier", model, parts, written, as_json=as_json, doc=doc)
 
 

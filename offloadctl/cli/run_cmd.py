@@ -193,6 +193,12 @@ def run(
             f"{model}: nodes did not run in the planned (file) order",
             hint="run with PRIORITY_BASED order and --opt-level disable, or drop --strict-order",
         )
+    subject = f"{model} on {device} ({report.providers[0]})"
+    finish("run", subject, _verdict_parts(report, order, compare_to), written, as_json=as_json, doc=report.to_json())
+
+
+def _verdict_parts(report: RunReport, order: str, compare_to: str | None) -> list[str]:
+    """The verdict line's parts: latency, the order, the copies' stream, the arena, the comparison."""
     parts = [
         f"median {report.latency_median * 1e3:.3f} ms",
         ("order as planned" if report.order.matches else "order differs from the plan")
@@ -201,20 +207,15 @@ def run(
     ]
     if report.streams is not None:
         parts.append("copies on their own stream")
+    if report.page_locked.weights:
+        parts.append(f"{report.page_locked.weights} streamed weight(s) page-locked")
     for figure in report.measured_memory or []:
-        if figure.device == device:
+        if figure.device == report.device:
             parts.append(f"{figure.allocator} arena peak {fmt_bytes(figure.peak_bytes)}")
     if report.comparison is not None:
         identical = all(c.identical for c in report.comparison.values())
         parts.append(f"outputs {'bit-identical to' if identical else 'within tolerance of'} {compare_to}")
-    finish(
-        "run",
-        f"{model} on {device} ({report.providers[0]})",
-        parts,
-        written,
-        as_json=as_json,
-        doc=report.to_json(),
-    )
+    return parts
 
 
 def _undone_error(model: str, device: str, undone: list[InsertedCopy]) -> OffloadError:

@@ -54,7 +54,7 @@ from offloadctl.rewriting.streams import checked_streams
 from offloadctl.simulation.costs import STREAMS_NOTE
 from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.ortcpu import MODELLED_RELEASE, replica_refusal
-from offloadctl.simulation.points import at_points, parse_point
+from offloadctl.simulation.points import PointResult, at_points, parse_point
 from offloadctl.simulation.profiles import Profile, load_profile
 from offloadctl.simulation.result import SimResult, simulate
 
@@ -250,15 +250,7 @@ def simulate_cmd(
     points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
     doc["shape_points"] = [p.to_json() for p in points]
     cpu, refusal = _cpu(analysis, plan, result, prof, doc, streams[1] if streams is not None else None)
-    if prof.measured is not None and result.times is not None and result.times.measured_nodes == 0:
-        logger.warning(
-            "profile %s was measured on %s: no node of %s matches its node times (name, op type and input "
-            "shapes), so every node is estimated from FLOPs and bytes",
-            profile,
-            prof.measured.model_path,
-            model,
-        )
-    _warn_undone_fusions(plan, prof, profile)
+    _warn_profile(model, plan, result, prof, profile)
     written: list[str | Path] = []
     if plot:
         plot_timeline(result, plot)
@@ -276,6 +268,38 @@ def simulate_cmd(
         else:
             logger.warning("no CPU arena peak: %s", refusal)
         print_points(analysis.loaded.dims, result, points)
+    unknown = len(result.unknown_tensors)
+    parts, failure = _verdict(result, plan, analysis, doc, max_peak, points)
+    subject = model + (f" with plan {plan_path}" if plan_path else "")
+    if as_json:
+        doc["max_peak_bytes"] = max_peak
+        doc["figures_low"] = bool(unknown)
+    finish("simulate", subject, parts, written, as_json=as_json, doc=doc, failure=failure)
+
+
+def _warn_profile(model: str, plan: Plan | None, result: SimResult, prof: Profile, profile: str) -> None:
+    """Warn when a measured profile matches no node of the model, or the plan undoes its fusions."""
+    if prof.measured is not None and result.times is not None and result.times.measured_nodes == 0:
+        logger.warning(
+            "profile %s was measured on %s: no node of %s matches its node times (name, op type and input "
+            "shapes), so every node is estimated from FLOPs and bytes",
+            profile,
+            prof.measured.model_path,
+            model,
+        )
+    _warn_undone_fusions(plan, prof, profile)
+
+
+def _verdict(
+    result: SimResult,
+    plan: Plan | None,
+    analysis: Analysis,
+    doc: dict[str, Any],
+    max_peak: int | None,
+    points: list[PointResult],
+) -> tuple[list[str | None], str | None]:
+    """The verdict's parts and its failure (a peak over --max-peak, at the model's shape or a point); the
+    figures of what runs go into ``doc``."""
     planned = plan is not None or result.rewritten
     unknown = len(result.unknown_tensors)
     figures = _run_figures(result, plan, analysis)
@@ -296,11 +320,7 @@ def simulate_cmd(
         if plan is not None and after > result.peak_before:
             parts[1] = "the plan raises the peak"
     parts.append(low_figures_text(unknown))
-    subject = model + (f" with plan {plan_path}" if plan_path else "")
-    if as_json:
-        doc["max_peak_bytes"] = max_peak
-        doc["figures_low"] = bool(unknown)
-    finish("simulate", subject, parts, written, as_json=as_json, doc=doc, failure=failure)
+    return parts, failure
 
 
 def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis) -> dict[str, Any]:

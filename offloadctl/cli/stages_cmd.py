@@ -1,68 +1,46 @@
-"""`offloadctl select | filter | prefetch | plan`: the planning stages, each writing a plan file."""
+"""`offloadctl select | filter | prefetch`: the planning stages one by one, each writing a plan file (and
+the helpers `offloadctl plan`, `offloadctl.cli.plan_cmd`, shares with them)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import click
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import (
-    check_report_paths,
-    check_unknown_sizes,
     finish,
-    gate_failure,
-    low_figures_text,
     open_model,
-    peak_text,
-    plan_effect,
     plan_figures,
-    points_failure,
-    print_estimate,
     print_plan_summary,
-    print_points,
-    slowdown_text,
-    warn_broken_pins,
-    warn_slowdown,
 )
 from offloadctl.cli.options import (
     ShapeOptions,
     SizesOptions,
-    budget_options,
     execution_order_option,
     explain_option,
     filter_budget_options,
     filter_options,
     json_option,
-    max_peak_option,
     model_argument,
     output_option,
     plan_device_option,
     prefetch_options,
-    report_option,
     select_options,
-    shape_point_option,
     sizes_option,
-    strict_option,
 )
-from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan, write_plan
-from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import BudgetRecord, Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job
-from offloadctl.pipeline import PIPELINE, next_step_text, planned
-from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.explain import explain_table
 from offloadctl.planning.filter import filter_plan
-from offloadctl.planning.passes import Planning
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.request import (
     BudgetPart,
@@ -74,11 +52,7 @@ from offloadctl.planning.request import (
     evolve,
 )
 from offloadctl.planning.select import select
-from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import copy_mode_label
-from offloadctl.simulation.estimate import estimate_figures, recorded_estimate
-from offloadctl.simulation.points import PointResult, at_points, parse_point, point_analysis
-from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = ["COMMANDS"]
 
@@ -105,7 +79,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-4 else f"{seconds * 1e6:.2f} us"
 
 
-def _print_search(plan: Plan, defaulted: bool | None = None) -> None:
+def print_search(plan: Plan, defaulted: bool | None = None) -> None:
     """What the budget plan costs, the proven bound and the gap (or that it is optimal), and the objective
     used; with --max-slowdown, the budget it chose."""
     info = plan.get("budget")
@@ -175,7 +149,7 @@ def _print_search(plan: Plan, defaulted: bool | None = None) -> None:
             )
 
 
-def _for_device(part: S, analysis: Analysis, device: str | None, as_json: bool) -> S:
+def for_device(part: S, analysis: Analysis, device: str | None, as_json: bool) -> S:
     """``part`` with the nodes ``device`` runs on the host (`offloadctl.running.residency`)."""
     if device is None:
         return part
@@ -220,7 +194,7 @@ def _stage_end(
     figures = plan_figures(plan)
     if not as_json:
         print_plan_summary(plan)
-        _print_search(plan, defaulted)
+        print_search(plan, defaulted)
         if explain:
             out_console().print(explain_table(plan))
     off = figures["offloads"]
@@ -258,7 +232,7 @@ def select_cmd(
     job = open_model(model, shapes, sizes, show_progress=not as_json, order=order)
     job.guard("the plan", output)
     analysis = job.analysis
-    selecting = _for_device(selecting, analysis, device, as_json)
+    selecting = for_device(selecting, analysis, device, as_json)
     with steps(not as_json) as step:
         step("selecting")
         plan = select.run(analysis, selecting)
@@ -317,194 +291,4 @@ def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchPart, as_json:
     _stage_end("prefetch", filtered, plan, output, as_json)
 
 
-@click.command("plan")
-@model_argument
-@output_option("the scheduled plan")
-@select_options
-@sizes_option
-@execution_order_option
-@plan_device_option
-@shape_point_option
-@filter_options
-@budget_options
-@explain_option
-@prefetch_options
-@strict_option
-@max_peak_option
-@report_option
-@json_option
-def plan_cmd(
-    model: str,
-    output: str,
-    selecting: SelectPart,
-    shapes: ShapeOptions,
-    sizes: SizesOptions,
-    order: str | None,
-    device: str | None,
-    shape_points: tuple[str, ...],
-    filtering: FilterPart,
-    budgeting: BudgetPart,
-    explain: bool,
-    prefetching: PrefetchPart,
-    strict: bool,
-    max_peak: int | None,
-    report: str | None,
-    as_json: bool,
-) -> None:
-    """select + filter + prefetch in one call; same document as chaining the three.
-
-    Ends with the simulated peak before and after and the estimated slowdown (--profile, --copies);
-    with --max-peak it exits 1 when the peak after the plan is above it (the plan is still written).
-    --max-slowdown X, instead of --budget, finds the largest cut in peak memory whose estimated time
-    stays within X times the baseline.
-    """
-    check_output_path(output, model)
-    check_report_paths(report, model, others=[("the plan", output)])
-    request = PlanRequest.of(selecting, filtering, budgeting.for_device(device), prefetching)
-    job = open_model(model, shapes, sizes, show_progress=not as_json, order=order)
-    job.guard("the plan", output)
-    analysis = job.analysis
-    if report is not None:
-        check_report_paths(report, *job.reads, others=[("the plan", output)])
-    check_unknown_sizes(analysis, strict=strict)
-    request = _for_device(request, analysis, device, as_json)
-    if (max_peak is not None or report is not None) and is_rewritten(analysis):
-        raise OffloadError(
-            f"{model} already contains copies: --max-peak and --report need the original model",
-            hint="check the rewritten model with offloadctl simulate MODEL --max-peak BYTES --report FILE.md",
-        )
-    points = [parse_point(p) for p in shape_points]
-    if points and request.uses_budget:
-        analysis, points = _largest_point(analysis, points, as_json)
-    with steps(not as_json, total=len(PIPELINE) + 1) as step:  # its passes, and writing the plan
-        done, checked = _plan_and_simulate(analysis, evolve(request, step=step), output, step, points)
-    plan, result = done.plan, done.simulation
-    assert plan is not None
-    written: list[str | Path] = [output]
-    if report is not None and result is not None:
-        written += write_report(report, result, plan)
-    defaulted = request.objective_defaulted if request.uses_budget else None
-    bodies = unreached_bodies(analysis)
-    if not as_json:
-        print_plan_summary(plan)
-        _print_search(plan, defaulted)
-        if explain:
-            out_console().print(explain_table(plan, bodies))
-        if result is None:
-            out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
-    search = {
-        "objective": request.objective_name if request.uses_budget else None,
-        "objective_default": defaulted,
-        "copy_mode": request.copies,
-        "shape_points": [p.to_json() for p in checked],
-    }
-    if checked and not as_json and result is not None:
-        print_points(analysis.loaded.dims, result, checked)
-    budget = request.budget_bytes if request.uses_budget else None
-    failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
-    _plan_verdict(analysis, plan, result, request, written, as_json, max_peak, search, failure, done.next_step)
-
-
-def _largest_point(
-    analysis: Analysis, points: list[dict[str, int]], as_json: bool
-) -> tuple[Analysis, list[dict[str, int]]]:
-    """The analysis at the shape point with the largest peak (the one given or one of ``points``),
-    and the points left to check: a budget plan made at the largest fits the smaller ones too,
-    which the plan command then checks."""
-    base = simulate(analysis, None, profile=None).peak_before
-    found = at_points(analysis, None, points, profile=None)
-    k = max(range(len(found)), key=lambda i: found[i].result.peak_before)
-    worst = found[k]
-    if worst.result.peak_before <= base:
-        return analysis, points
-    if not as_json:
-        dims = ", ".join(f"{d}={v}" for d, v in worst.dims.items())
-        out_console().print(f"planning at the largest shape point, {dims} (peak {fmt_bytes(worst.result.peak_before)})")
-    return point_analysis(analysis, points[k]), [dict(analysis.loaded.dims), *points[:k], *points[k + 1 :]]
-
-
-def _plan_and_simulate(
-    analysis: Analysis,
-    request: PlanRequest,
-    output: str,
-    step: Callable[..., None],
-    points: list[dict[str, int]] | None = None,
-) -> tuple[Planning, list[PointResult]]:
-    """Make the plan by the pipeline (`offloadctl.pipeline`: its figures recorded for apply to quote,
-    and a weak plan's next step), simulate it at each shape point, and write it (a shape point that
-    cannot be simulated is an error before anything is written)."""
-    done = planned(analysis, request)
-    plan, result = done.plan, done.simulation
-    assert plan is not None
-    checked = []
-    if result is not None and points:
-        step("simulating the shape points")
-        checked = at_points(analysis, plan, points, profile=request.device_profile)
-    step(f"writing {output}")
-    write_plan(output, plan)
-    return done, checked
-
-
-def _plan_verdict(
-    analysis: Analysis,
-    plan: Plan,
-    result: SimResult | None,
-    request: PlanRequest,
-    written: list[str | Path],
-    as_json: bool,
-    max_peak: int | None,
-    search: dict[str, Any],
-    point_failure: str | None = None,
-    step: dict[str, Any] | None = None,
-) -> None:
-    """The plan command's last lines: the estimate, the advice on a weak plan (``step``: its next
-    step, `offloadctl.pipeline.next_step`), and the verdict (``point_failure``: a shape point over the
-    budget or --max-peak)."""
-    model = str(analysis.loaded.path)
-    if result is None:
-        doc = {"model": model, "plan": written[0], **plan_figures(plan), **search}
-        finish("plan", model, [], written, as_json=as_json, doc=doc)
-        return
-    figures = recorded_estimate(plan) or estimate_figures(result, request.copies)
-    if not as_json:
-        at = result.after.at(result.after.peak_step)
-        where = f", at #{at['position']} {at['node']}" if at["step"] is not None and at["kind"] == "node" else ""
-        print_estimate(figures, where=where)
-    with paused_gc():
-        warning = weak_plan_advice(analysis, plan, result=result)
-    if warning:
-        logger.warning("%s", warning)
-    if step is not None:
-        logger.warning("%s", next_step_text(step))
-    bodies = unreached_bodies(analysis)
-    if (text := unreached_text(bodies)) is not None:
-        logger.warning("%s", text)
-    warn_slowdown(figures)
-    warn_broken_pins(figures, analysis.order)
-    unknown = figures["unknown_size_tensors"]
-    words, raised = plan_effect(figures, plan, bodies)
-    finish(
-        "plan",
-        model,
-        [peak_text(figures), words, slowdown_text(figures), low_figures_text(unknown)],
-        written,
-        as_json=as_json,
-        failure=raised
-        or gate_failure(max_peak, figures["peak_bytes"]["after"], "peak after the plan", unknown=unknown)
-        or point_failure,
-        doc={
-            "next_step": step,
-            "unreached_bodies": bodies,
-            "model": model,
-            "plan": str(written[0]),
-            **plan_figures(plan),
-            **figures,
-            **search,
-            "max_peak_bytes": max_peak,
-            "figures_low": bool(unknown),
-            "peak_lowered": figures["peak_bytes"]["after"] < figures["peak_bytes"]["before"],
-        },
-    )
-
-
-COMMANDS = [select_cmd, filter_cmd, prefetch_cmd, plan_cmd]
+COMMANDS = [select_cmd, filter_cmd, prefetch_cmd]
