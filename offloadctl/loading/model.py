@@ -107,6 +107,44 @@ def load_model(
             not a dimension of any input (or contradicts ``input_shapes``).
     """
     p = Path(path)
+    proto = _read_onnx(p)
+    pinned = expand_patterns(proto, {k: list(v) for k, v in (input_shapes or {}).items()}, p, input_shapes_from)
+    named = dict(dims or {})
+    declared = None
+    if pinned or named:
+        graph = proto.graph
+        declared = {vi.name: vi.type.SerializeToString() for vi in [*graph.input, *graph.output, *graph.value_info]}
+    if named:
+        check_dims(proto, named, pinned, p)
+    if pinned:
+        pin_input_shapes(proto, pinned, p, input_shapes_from)
+    if named:
+        pin_dims(proto, named)
+    if normalize:
+        _normalize(proto, p)
+    inference = start_inference(proto) if infer_ahead else None  # stopped when dropped unused
+    data_files, data_locations = _checked_data_files(proto, p)
+    loaded = LoadedModel(
+        proto=proto,
+        path=p,
+        sha256=sha256_file(p),
+        input_shapes=pinned,
+        data_files=data_files,
+        dims=named,
+        data_locations=data_locations,
+        sizes_from_run=None if sizes_from_run is None else {**sizes_from_run},
+        declared_types=declared,
+    )
+    object.__setattr__(loaded, "inference", inference)
+    return loaded
+
+
+def _read_onnx(p: Path) -> onnx.ModelProto:
+    """The ONNX file at ``p`` without its external data, or one clear error saying what is wrong.
+
+    Raises:
+        OffloadError: the file is missing, a folder, empty, a plan, not ONNX, truncated or unreadable.
+    """
     if not p.exists():
         raise OffloadError(f"model file {p} does not exist", hint="check the path")
     if p.is_dir():
@@ -143,35 +181,7 @@ def load_model(
             f"model file {p} is not a valid ONNX model (no IR version, opset or graph)",
             hint="check that the file is a complete .onnx export (not truncated, not another format)",
         )
-    pinned = expand_patterns(proto, {k: list(v) for k, v in (input_shapes or {}).items()}, p, input_shapes_from)
-    named = dict(dims or {})
-    declared = None
-    if pinned or named:
-        graph = proto.graph
-        declared = {vi.name: vi.type.SerializeToString() for vi in [*graph.input, *graph.output, *graph.value_info]}
-    if named:
-        check_dims(proto, named, pinned, p)
-    if pinned:
-        pin_input_shapes(proto, pinned, p, input_shapes_from)
-    if named:
-        pin_dims(proto, named)
-    if normalize:
-        _normalize(proto, p)
-    inference = start_inference(proto) if infer_ahead else None  # stopped when dropped unused
-    data_files, data_locations = _checked_data_files(proto, p)
-    loaded = LoadedModel(
-        proto=proto,
-        path=p,
-        sha256=sha256_file(p),
-        input_shapes=pinned,
-        data_files=data_files,
-        dims=named,
-        data_locations=data_locations,
-        sizes_from_run=None if sizes_from_run is None else {**sizes_from_run},
-        declared_types=declared,
-    )
-    object.__setattr__(loaded, "inference", inference)
-    return loaded
+    return proto
 
 
 def _normalize(proto: onnx.ModelProto, path: Path) -> None:

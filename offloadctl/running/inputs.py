@@ -238,6 +238,64 @@ def parse_value_ranges(specs: Sequence[str]) -> dict[str, tuple[float, float]]:
     return ranges
 
 
+def _generated_shape(spec: InputSpec) -> list[int]:
+    """The shape an input is generated at: every dimension known.
+
+    Raises:
+        OffloadError: the input's type or rank is unknown, or a dimension is dynamic.
+    """
+    dtype = spec.dtype
+    if dtype is None or spec.shape is None or dtype.kind not in "fiub":
+        why = "its rank is unknown" if spec.shape is None and dtype is not None else f"its type is {spec.describe()}"
+        raise OffloadError(
+            f"cannot generate input {spec.name!r}: {why}",
+            hint="give the inputs with --inputs FILE.npz (or a folder of .npy files, or input_0.pb ...)",
+        )
+    dynamic = [(i, d) for i, d in enumerate(spec.shape) if not isinstance(d, int)]
+    if dynamic:
+        which = ", ".join(f"{i} ({d or '?'})" for i, d in dynamic)
+        example = ",".join(str(d) if isinstance(d, int) else (d or f"D{i}") for i, d in enumerate(spec.shape))
+        named = [d for _, d in dynamic if d]
+        raise OffloadError(
+            f"cannot generate input {spec.name!r} ({spec.describe()}): dimension(s) {which} are dynamic, "
+            "and offloadctl does not invent sizes",
+            hint=f"give the sizes to run with: --input-shape {spec.name}={example} with numbers for "
+            f"{', '.join(str(d or f'D{i}') for i, d in dynamic)}"
+            + (f", or --dim {named[0]}=SIZE" if named else "")
+            + "; or give real inputs with --inputs",
+        )
+    return [int(d) for d in spec.shape]  # type: ignore[arg-type]
+
+
+def _random_values(
+    rng: np.random.Generator, dtype: np.dtype, shape: list[int], low_high: tuple[float, float] | None, name: str
+) -> np.ndarray:
+    """Random values of ``dtype`` and ``shape``: within ``low_high`` when given (see `generate_inputs`).
+
+    Raises:
+        OffloadError: a range that holds no integer of ``dtype``.
+    """
+    if low_high is None:
+        if dtype.kind == "f":
+            return rng.standard_normal(shape)
+        if dtype.kind in "iu":
+            return rng.integers(0, 4, size=shape)
+        return rng.random(shape) < 0.5
+    low, high = low_high
+    if dtype.kind == "f":
+        return rng.uniform(low, high, size=shape)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        lo, hi = max(math.ceil(low), int(info.min)), min(math.floor(high), int(info.max))
+        if lo > hi:
+            raise OffloadError(
+                f"--value-range {low:g},{high:g} holds no {dtype} value for input {name!r}",
+                hint="give a range that contains an integer the type can hold",
+            )
+        return rng.integers(lo, hi, size=shape, endpoint=True)
+    return rng.random(shape) < 0.5
+
+
 def generate_inputs(
     specs: Sequence[InputSpec],
     *,
@@ -272,53 +330,10 @@ def generate_inputs(
     inputs: dict[str, np.ndarray] = {}
     shapes: dict[str, list[int]] = {}
     for spec in specs:
+        shapes[spec.name] = shape = _generated_shape(spec)
         dtype = spec.dtype
-        if dtype is None or spec.shape is None or dtype.kind not in "fiub":
-            why = (
-                "its rank is unknown" if spec.shape is None and dtype is not None else f"its type is {spec.describe()}"
-            )
-            raise OffloadError(
-                f"cannot generate input {spec.name!r}: {why}",
-                hint="give the inputs with --inputs FILE.npz (or a folder of .npy files, or input_0.pb ...)",
-            )
-        dynamic = [(i, d) for i, d in enumerate(spec.shape) if not isinstance(d, int)]
-        if dynamic:
-            which = ", ".join(f"{i} ({d or '?'})" for i, d in dynamic)
-            example = ",".join(str(d) if isinstance(d, int) else (d or f"D{i}") for i, d in enumerate(spec.shape))
-            named = [d for _, d in dynamic if d]
-            raise OffloadError(
-                f"cannot generate input {spec.name!r} ({spec.describe()}): dimension(s) {which} are dynamic, "
-                "and offloadctl does not invent sizes",
-                hint=f"give the sizes to run with: --input-shape {spec.name}={example} with numbers for "
-                f"{', '.join(str(d or f'D{i}') for i, d in dynamic)}"
-                + (f", or --dim {named[0]}=SIZE" if named else "")
-                + "; or give real inputs with --inputs",
-            )
-        shapes[spec.name] = shape = [int(d) for d in spec.shape]  # type: ignore[arg-type]
-        low_high = ranges.get(spec.name, ranges.get(""))
-        value: np.ndarray
-        if low_high is None:
-            if dtype.kind == "f":
-                value = rng.standard_normal(shape)
-            elif dtype.kind in "iu":
-                value = rng.integers(0, 4, size=shape)
-            else:
-                value = rng.random(shape) < 0.5
-        else:
-            low, high = low_high
-            if dtype.kind == "f":
-                value = rng.uniform(low, high, size=shape)
-            elif dtype.kind in "iu":
-                info = np.iinfo(dtype)
-                lo, hi = max(math.ceil(low), int(info.min)), min(math.floor(high), int(info.max))
-                if lo > hi:
-                    raise OffloadError(
-                        f"--value-range {low:g},{high:g} holds no {dtype} value for input {spec.name!r}",
-                        hint="give a range that contains an integer the type can hold",
-                    )
-                value = rng.integers(lo, hi, size=shape, endpoint=True)
-            else:
-                value = rng.random(shape) < 0.5
+        assert dtype is not None  # `_generated_shape` refuses an input without one
+        value = _random_values(rng, dtype, shape, ranges.get(spec.name, ranges.get("")), spec.name)
         inputs[spec.name] = np.asarray(value).astype(dtype)  # rank 0 gives a scalar: keep an array
     for name, value in llm_values(shapes).items():
         if name not in ranges:  # a range the user gave for this input wins

@@ -577,6 +577,46 @@ def _external_bytes(model: str, proto: onnx.ModelProto) -> int:
     return sum((folder / name).stat().st_size for name in external_locations(proto) if (folder / name).is_file())
 
 
+def _scaled(
+    direction: str,
+    plan: Plan,
+    added: float,
+    unfolded: float,
+    fits: dict[str, LinkFit],
+    scale: dict[str, float],
+    model: str,
+) -> dict[str, Any]:
+    """The record of one rewrite's copies timed inside the model (``added``: the seconds it adds over the
+    model, ``unfolded`` of them what running without ConstantFolding costs), setting
+    ``scale[direction]`` when the factor over the sweep's fit is plausible (`_SCALE_RANGE`)."""
+    copies = _plan_copies(plan)
+    others = sum(fits["h2d"].time(b) * scale["h2d"] for b in copies["h2d"]) if direction == "d2h" else 0.0
+    predicted = sum(fits[direction].time(b) for b in copies[direction])
+    cost = added - others - unfolded
+    factor = cost / predicted if predicted > 0 else 0.0
+    entry: dict[str, Any] = {
+        "copies": len(copies[direction]),
+        "bytes": sum(copies[direction]),
+        "rewrite_copies": sum(len(v) for v in copies.values()),
+        "added_s": added,
+        "sweep_fit_s": predicted + others,
+        "scale": None,
+    }
+    if _SCALE_RANGE[0] <= factor <= _SCALE_RANGE[1]:
+        scale[direction] = factor
+        entry["scale"] = factor
+    else:
+        logger.warning(
+            "timing %s copies inside %s: they added %.1f us against %.1f us predicted by the sweep; "
+            "the sweep's fit is kept (measure on a quiet machine)",
+            direction.upper(),
+            model,
+            cost * 1e6,
+            predicted * 1e6,
+        )
+    return entry
+
+
 def _copies_in_model(
     dev: _Device,
     analysis: Any,
@@ -645,35 +685,11 @@ def _copies_in_model(
     record["latency_s"] = base
     if level != "disable":
         record["unfolded_s"] = unfolded
-    for direction in ("h2d", "d2h"):
-        if direction not in added:
-            continue
-        copies = _plan_copies(plans[direction])
-        others = sum(fits["h2d"].time(b) * scale["h2d"] for b in copies["h2d"]) if direction == "d2h" else 0.0
-        predicted = sum(fits[direction].time(b) for b in copies[direction])
-        cost = added[direction] - base - others - unfolded
-        factor = cost / predicted if predicted > 0 else 0.0
-        entry = {
-            "copies": len(copies[direction]),
-            "bytes": sum(copies[direction]),
-            "rewrite_copies": sum(len(v) for v in copies.values()),
-            "added_s": added[direction] - base,
-            "sweep_fit_s": predicted + others,
-            "scale": None,
-        }
-        if _SCALE_RANGE[0] <= factor <= _SCALE_RANGE[1]:
-            scale[direction] = factor
-            entry["scale"] = factor
-        else:
-            logger.warning(
-                "timing %s copies inside %s: they added %.1f us against %.1f us predicted by the sweep; "
-                "the sweep's fit is kept (measure on a quiet machine)",
-                direction.upper(),
-                model,
-                cost * 1e6,
-                predicted * 1e6,
+    for direction in ("h2d", "d2h"):  # H2D first: the D2H rewrite's H2Ds are priced with its scale
+        if direction in added:
+            record[direction] = _scaled(
+                direction, plans[direction], added[direction] - base, unfolded, fits, scale, model
             )
-        record[direction] = entry
     return scale, record
 
 
@@ -1014,14 +1030,7 @@ def _profile_doc(
         "source": _profile_sources(name, len(times.runs), copies),
         "measured": {
             "tool": {"name": "offloadctl", "version": __version__},
-            "device": {
-                "device": ctx.device,
-                "provider": times.providers[0] if times.providers else provider,
-                "providers": times.providers,
-                "onnxruntime": ort_version,
-                "name": device_name,
-                "host": {"platform": platform.platform(), "cpu_count": os.cpu_count() or 0},
-            },
+            "device": _device_doc(ctx, times, device_name),
             "session": {
                 "execution_order": EXECUTION_ORDERS["priority"],
                 "opt_level": times.opt_level,
@@ -1054,16 +1063,33 @@ def _profile_doc(
             "link": {d: _fit_doc(fits[d], copies.points[d], copies.fitted) for d in ("d2h", "h2d")},
             "copy_sweep": copies.doc,
             "copies_in_model": in_model,
-            "calibration": {
-                "trivial_chain": {
-                    "nodes": [1, _CHAIN_NODES + 1],
-                    "latency_s": [executor.short, executor.long],
-                    "runs": _CHAIN_REPEAT,
-                },
-                "matmul": {"n": _MATMUL_N, "seconds": roof_times["matmul"]["seconds"], "flops": matmul_flops},
-                "add": {"bytes": add_bytes, "seconds": roof_times["add"]["seconds"]},
-            },
+            "calibration": _calibration_doc(executor, roof_times),
         },
+    }
+
+
+def _device_doc(ctx: _ProfileContext, times: _ModelTimes, device_name: str) -> dict[str, Any]:
+    """What the profile was measured on: the device, the providers in use, onnxruntime, the host."""
+    return {
+        "device": ctx.device,
+        "provider": times.providers[0] if times.providers else DEVICES[ctx.device],
+        "providers": times.providers,
+        "onnxruntime": ctx.dev.ort.__version__,
+        "name": device_name,
+        "host": {"platform": platform.platform(), "cpu_count": os.cpu_count() or 0},
+    }
+
+
+def _calibration_doc(executor: _Executor, roof_times: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The calibration runs: the trivial chain (the executor's overheads), a MatMul and an Add (the roofs)."""
+    return {
+        "trivial_chain": {
+            "nodes": [1, _CHAIN_NODES + 1],
+            "latency_s": [executor.short, executor.long],
+            "runs": _CHAIN_REPEAT,
+        },
+        "matmul": {"n": _MATMUL_N, "seconds": roof_times["matmul"]["seconds"], "flops": 2 * _MATMUL_N**3},
+        "add": {"bytes": 3 * 4 * _ADD_ELEMENTS, "seconds": roof_times["add"]["seconds"]},
     }
 
 

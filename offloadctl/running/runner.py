@@ -923,8 +923,7 @@ def run_model(
             (`offloadctl.running.allocator.measure_memory`), and the original's too with ``compare_to``.
 
     Returns:
-        The report; it does not raise when outputs differ or the order does not match (see
-        `RunReport.outputs_differ` and `RunReport.order`).
+        The report: no error when outputs differ or the order does not match (`RunReport.outputs_differ`).
 
     Raises:
         OffloadError: bad files or inputs, onnxruntime missing, the device not really in use, or a
@@ -937,8 +936,7 @@ def run_model(
     ort = import_onnxruntime(device)
     settings = required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort, order=order)
-    streams = _copy_streams(model, loaded.proto, config, order)
-    locked = _page_locked(model, loaded.proto, config, device, ort)
+    streams, locked = _session_extras(model, loaded.proto, config, device, order, ort)
     warnings += _setup_warnings(settings, config, device, ep_options, locked)
     feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
     with _original_refused_too(compare_to, feeds_all, device, opt_level, ep_options, ort):
@@ -980,6 +978,15 @@ def run_model(
     )
     locked.close()  # the sessions that read the buffers are gone
     return report
+
+
+def _session_extras(
+    model: str, proto: onnx.ModelProto, config: SessionConfig, device: str, order: str, ort: Any
+) -> tuple[dict[str, Any] | None, PageLocked]:
+    """What a rewrite adds to its session (``config``, in place): its partition file when its copies run
+    on a stream of their own (`_copy_streams`), and its streamed weights from page-locked memory on
+    CUDA and CANN (`_page_locked`)."""
+    return _copy_streams(model, proto, config, order), _page_locked(model, proto, config, device, ort)
 
 
 def _shapes_to_run(
