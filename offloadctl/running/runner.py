@@ -902,37 +902,31 @@ def run_model(
     """Run ``model`` on ``device``: one profiled warm-up run, then ``repeat`` timed runs.
 
     Args:
-        model: the model to run.
-        device: ``ascend``, ``cpu``, ``cuda`` or ``webgpu``.
+        model, device: the model to run, and on ``ascend``, ``cpu``, ``cuda`` or ``webgpu``.
         inputs: every input, as an .npz file, a folder of .npy files or an onnx test-data folder
             (`load_inputs`); generated (`generate_inputs`) when None.
         compare_to: an original model to run with the same inputs and settings and compare.
         ep_options: provider options overriding the defaults (CANN and CUDA).
         repeat: timed runs after the warm-up (at least 1).
-        opt_level: ``disable`` (then the order must match exactly and outputs be bit-identical by
-            default), ``basic``, ``extended`` or ``all``.
+        opt_level: ``disable`` (the order exact, outputs bit-identical), ``basic``, ``extended``, ``all``.
         rtol, atol: tolerances for the comparison; default 1e-5 / 1e-6 with optimizations on,
             0 / 0 (bit equality) with ``disable``. Finite and >= 0.
         input_shapes, dims: pins for dynamic input dimensions (as for `load_model`): generated inputs
             take these sizes (an unpinned dynamic one is an error), given ones are checked against them.
-        seed: seed of the generated inputs.
-        value_ranges: ranges of the generated inputs (`parse_value_ranges`).
-        order: ``priority`` (PRIORITY_BASED: the plan is the file order) or ``default`` (DEFAULT,
-            what other hosts run); the profiled order is checked against the one predicted for it.
+        seed, value_ranges: the generated inputs' seed and ranges (`parse_value_ranges`).
+        order: ``priority`` or ``default`` (what other hosts run); the profiled order is checked.
         memory: also measure what onnxruntime's allocators hold for one run of a fresh session
             (`offloadctl.running.allocator.measure_memory`), and the original's too with ``compare_to``.
 
-    Returns:
-        The report: no error when outputs differ or the order does not match (`RunReport.outputs_differ`).
+    Returns the report, without raising when outputs differ or the order does not match (see
+    `RunReport.outputs_differ`).
 
     Raises:
-        OffloadError: bad files or inputs, onnxruntime missing, the device not really in use, or a
-            model onnxruntime refuses.
+        OffloadError: bad files or inputs, no onnxruntime, the device not in use, a model it refuses.
     """
     _check_run_options(repeat, rtol, atol, memory=memory, device=device)
     warnings: list[str] = []
-    input_shapes, dims = _shapes_to_run(model, input_shapes, dims, inputs)
-    loaded = load_model(model, input_shapes=input_shapes, dims=dims, normalize=False)
+    loaded = load_model(model, **_shapes_to_run(model, input_shapes, dims, inputs), normalize=False)
     ort = import_onnxruntime(device)
     settings = required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort, order=order)
@@ -944,37 +938,26 @@ def run_model(
     checked, pins = _order_checks(loaded, timed, order, opt_level == "disable", device, warnings)
     feeds = _session_feeds(loaded.proto, feeds_all)
     measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
-    rtol, atol = _tolerances(opt_level, rtol, atol) if compare_to is not None else (rtol, atol)
-    comparison, unstable, original_inserted = _compare_with(
+    compared = _compare_with(
         compare_to, model, timed.outputs, feeds_all, device, opt_level, ep_options, ort, rtol, atol, warnings
     )
     report = RunReport(
         model=model,
         device=device,
-        providers=timed.providers,
         opt_level=opt_level,
         session=_session_doc(config, settings),
         inputs={n: {**_describe_value(a), "source": source} for n, a in feeds_all.items()},
-        latency_runs=timed.runs,
         order=checked,
-        outputs={n: _describe_value(v) for n, v in timed.outputs.items()},
         compare_to=compare_to,
-        comparison=comparison,
-        rtol=rtol,
-        atol=atol,
         warnings=warnings,
-        output_values=timed.outputs,
-        original_unstable=unstable or {},
         execution_order=order,
         measured_memory=measured,
         pins=pins,
-        inserted=timed.inserted,
-        original_inserted=original_inserted,
-        ran=timed.ran,
-        ran_peak_bytes=timed.ran_peak,
         growth=_growth(loaded, compare_to, config, device, feeds_all, measured, timed.ran, order, ort),
         streams=streams,
         page_locked=locked,
+        **timed.report_fields(),
+        **compared._asdict(),
     )
     locked.close()  # the sessions that read the buffers are gone
     return report
@@ -994,12 +977,13 @@ def _shapes_to_run(
     input_shapes: Mapping[str, Sequence[int]] | None,
     dims: Mapping[str, int] | None,
     inputs: str | os.PathLike[str] | None,
-) -> tuple[Mapping[str, Sequence[int]] | None, Mapping[str, int] | None]:
-    """The pins a model is read with, as onnxruntime reads it: as given; for generated inputs without
-    any, a rewrite's planned shapes (`offloadctl.rewriting.metadata.planned_shapes`)."""
+) -> dict[str, Any]:
+    """The pins a model is read with (`load_model`'s ``input_shapes`` and ``dims``), as onnxruntime
+    reads it: as given; for generated inputs without any, a rewrite's planned shapes
+    (`offloadctl.rewriting.metadata.planned_shapes`)."""
     if not input_shapes and not dims and inputs is None:
-        return planned_shapes(model)
-    return input_shapes, dims
+        input_shapes, dims = planned_shapes(model)
+    return {"input_shapes": input_shapes, "dims": dims}
 
 
 def _page_locked(model: str, proto: onnx.ModelProto, config: SessionConfig, device: str, ort: Any) -> PageLocked:
@@ -1213,6 +1197,18 @@ class _Timed:
         """Node names in the order they ran."""
         return [n.name for n in self.nodes]
 
+    def report_fields(self) -> dict[str, Any]:
+        """What `RunReport` holds of the timed runs."""
+        return {
+            "providers": self.providers,
+            "latency_runs": self.runs,
+            "outputs": {n: _describe_value(v) for n, v in self.outputs.items()},
+            "output_values": self.outputs,
+            "inserted": self.inserted,
+            "ran": self.ran,
+            "ran_peak_bytes": self.ran_peak,
+        }
+
 
 def _timed_runs(
     model: str, config: SessionConfig, device: str, ort: Any, feeds_all: Mapping[str, np.ndarray], repeat: int
@@ -1303,14 +1299,15 @@ def _compare_with(
     rtol: float | None,
     atol: float | None,
     warnings: list[str],
-) -> tuple[dict[str, OutputComparison] | None, dict[str, OutputComparison] | None, list[InsertedCopy] | None]:
+) -> _Compared:
     """Run the original twice with the same inputs and settings: (each output of the model against
     the original's first run, the outputs in which the original's two runs differ, the copies
-    onnxruntime inserted into the original on a non-CPU device); Nones without ``compare_to``. A
-    warning on outputs the original itself does not repeat goes to ``warnings``."""
+    onnxruntime inserted into the original on a non-CPU device), with the tolerances (`_tolerances`);
+    no comparison without ``compare_to``. A warning on outputs the original itself does not repeat
+    goes to ``warnings``."""
     if compare_to is None:
-        return None, None, None
-    assert rtol is not None and atol is not None  # `_tolerances` gives them with compare_to
+        return _Compared(None, {}, None, rtol, atol)
+    rtol, atol = _tolerances(opt_level, rtol, atol)
     original, config = _original_config(compare_to, device, opt_level, ep_options, ort)
     _check_same_inputs(input_specs(original.proto), feeds_all, compare_to, model)
     with tempfile.TemporaryDirectory(prefix="offloadctl-placed-") as tmp:
@@ -1327,7 +1324,18 @@ def _compare_with(
         if name not in outputs:
             comparison[name] = OutputComparison(False, None, None, False, f"{model} has no output of this name")
     warnings += _unstable_warning(compare_to, unstable)
-    return comparison, unstable, inserted
+    return _Compared(comparison, unstable, inserted, rtol, atol)
+
+
+class _Compared(NamedTuple):
+    """The comparison with the original and its tolerances, as `RunReport` holds them (without
+    ``--compare-to``: no comparison, the tolerances as given)."""
+
+    comparison: dict[str, OutputComparison] | None
+    original_unstable: dict[str, OutputComparison]
+    original_inserted: list[InsertedCopy] | None
+    rtol: float | None
+    atol: float | None
 
 
 def _order_warning(order: OrderCheck, kind: str = "priority") -> str:
