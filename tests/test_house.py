@@ -117,3 +117,14 @@ def test_every_option_of_a_request_part_is_written_once_in_the_part():
         if "shown" in f.metadata:  # a default the request picks (the profile): shown, not given
             assert param.show_default == f.metadata["shown"], f.name
         assert "--" + f.name.replace("_", "-") in param.opts, f.name
+
+
+def test_the_index_of_tests_by_module_is_current_and_reaches_every_module():
+    """tests/INDEX.md (`python tests/index.py > tests/INDEX.md`) names, for every module, the tests that
+    exercise it: a newcomer finds a module's tests from its name."""
+    from tests.index import index
+
+    text = index()
+    committed = (Path(__file__).resolve().parent / "INDEX.md").read_text()
+    assert committed == text, "run python tests/index.py > tests/INDEX.md"
+    assert "| (none) |" not in text

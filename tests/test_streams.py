@@ -222,3 +222,21 @@ def test_apply_warns_when_the_two_stream_reuse_plan_keeps_more_live_than_one_str
         assert ran.exit_code == 0, ran.stderr
         (measured,) = [m["peak_bytes"] for m in ran.json()["measured_memory"] if m["method"] == "allocator-stats"]
         assert abs(figure / measured - 1) <= 0.02, (rewrite.name, figure, measured)
+
+
+def test_the_two_stream_replay_is_the_figure_simulate_reports(run_cli, tmp_path):
+    """`offloadctl.simulation.ortstreams.cpu_peak_on_streams` over a streams rewrite and its partition is
+    the figure `simulate` gives it, and the one-stream replay of the same file is another."""
+    from offloadctl.analysis.graph import analyse
+    from offloadctl.loading.model import load_model
+    from offloadctl.rewriting.streams import checked_streams
+    from offloadctl.simulation.ortcpu import cpu_peak, declared_shapes
+    from offloadctl.simulation.ortstreams import cpu_peak_on_streams
+
+    out = _default_streams_rewrite(run_cli, tmp_path, "mlp")
+    proto = onnx.load(str(out), load_external_data=False)
+    _, streams = checked_streams(out, proto, "default")
+    analysis = analyse(load_model(out), order="default")
+    replayed = cpu_peak_on_streams(analysis, streams, shapes=declared_shapes(proto)).peak_bytes
+    simulated = run_cli("simulate", out, "--execution-order", "default", "--json").json()["cpu_peak_bytes"]["after"]
+    assert replayed == simulated != cpu_peak(analysis, shapes=declared_shapes(proto)).peak_bytes
