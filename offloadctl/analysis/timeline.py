@@ -287,14 +287,19 @@ def _weight_bytes(graph: onnx.GraphProto) -> tuple[int, int, set[str]]:
         if is_constant_node(node) and node.output:
             count += 1
             names.add(node.output[0])
-            for attr in node.attribute:
-                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-                    total += _bytes_of(attr.t.data_type, attr.t.dims) or 0
-                elif attr.name in ("value_floats", "value_ints"):
-                    total += 4 * len(attr.floats) if attr.name == "value_floats" else 8 * len(attr.ints)
-                elif attr.name in ("value_float", "value_int"):
-                    total += 4 if attr.name == "value_float" else 8
+            total += sum(map(_constant_bytes, node.attribute))
     return count, total, names
+
+
+def _constant_bytes(attr: onnx.AttributeProto) -> int:
+    """The bytes of a Constant node's value attribute (0 for its other attributes)."""
+    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+        return _bytes_of(attr.t.data_type, attr.t.dims) or 0
+    if attr.name in ("value_floats", "value_ints"):
+        return 4 * len(attr.floats) if attr.name == "value_floats" else 8 * len(attr.ints)
+    if attr.name in ("value_float", "value_int"):
+        return 4 if attr.name == "value_float" else 8
+    return 0
 
 
 class _BodyWalker:
@@ -318,50 +323,65 @@ class _BodyWalker:
         return max(peaks, default=0)
 
     def body_peak(self, graph: onnx.GraphProto, label: str, key: tuple[str, ...] = ()) -> int:
+        """The body's working set at its largest: its own tensors alive from where they are made (an
+        input: from the start) to their last read, and at a node with bodies of its own, theirs."""
         count, total, weights = _weight_bytes(graph)
         self.weight_count += count
         self.weight_bytes += total
+        nodes = [node for node in graph.node if not is_constant_node(node)]
+        sizes = self._body_sizes(graph, nodes, weights, label, key)
+        if not nodes:
+            return sum(sizes[i.name] for i in graph.input if i.name in sizes)
+        live = _body_live(graph, nodes, sizes)
+        for k, node in enumerate(nodes):
+            if has_subgraphs(node):
+                live[k] += self.node_inner(node, f"{label}/{node.name or node.op_type}", key)
+        return int(live.max())
+
+    def _body_sizes(
+        self, graph: onnx.GraphProto, nodes: list[onnx.NodeProto], weights: set[str], label: str, key: tuple[str, ...]
+    ) -> dict[str, int]:
+        """The size of each of the body's own tensors (its inputs and what its nodes make, less its outputs
+        and weights), in the body's own order so that the unknown ones (counted as 0, and listed) are
+        listed the same way on every run: measured, else from the types the body declares or the
+        fallback's."""
         types = {vi.name: vi.type for vi in (*graph.value_info, *graph.input, *graph.output)}
         for name, typed in self.fallback.get(key, {}).items():
             if _type_bytes(typed) is not None and (name not in types or _type_bytes(types[name]) is None):
                 types[name] = typed
         outputs = {o.name for o in graph.output}
-        nodes = [node for node in graph.node if not is_constant_node(node)]
-        # in the body's own order (inputs, then each node's outputs), so that the unknown ones are listed
-        # the same way on every run
         named = dict.fromkeys([*(i.name for i in graph.input), *(o for node in nodes for o in node.output if o)])
-        inside = [name for name in named if name not in outputs and name not in weights]
         sizes: dict[str, int] = {}
-        for name in inside:
+        for name in (n for n in named if n not in outputs and n not in weights):
             found = self.measured.get(name) if self.measured is not None else None
-            if found is not None:
-                size = _bytes_of(found[0], found[1])
-            else:
-                size = _type_bytes(types[name]) if name in types else None
+            size = (
+                _bytes_of(found[0], found[1])
+                if found is not None
+                else _type_bytes(types[name])
+                if name in types
+                else None
+            )
             if size is None:
                 self.unknown.append(f"{label}/{name}")
             sizes[name] = size or 0
-        last_read: dict[str, int] = {}
-        for k, node in enumerate(nodes):
-            for name in node_reads(node):
-                if name in sizes:
-                    last_read[name] = k
-        steps = len(nodes)
-        if not steps:
-            return sum(sizes[i.name] for i in graph.input if i.name in sizes)
-        spans = []
-        inputs = {i.name for i in graph.input}
-        produced_at = {o: k for k, node in enumerate(nodes) for o in node.output if o}
-        for name, size in sizes.items():
-            if not size:
-                continue
+        return sizes
+
+
+def _body_live(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], sizes: Mapping[str, int]) -> np.ndarray:
+    """Bytes of the body's own tensors alive at each of its nodes."""
+    last_read: dict[str, int] = {}
+    for k, node in enumerate(nodes):
+        for name in node_reads(node):
+            if name in sizes:
+                last_read[name] = k
+    inputs = {i.name for i in graph.input}
+    produced_at = {o: k for k, node in enumerate(nodes) for o in node.output if o}
+    spans = []
+    for name, size in sizes.items():
+        if size:
             start = 0 if name in inputs else produced_at[name]
             spans.append((start, max(start, last_read.get(name, start)), size))
-        live = sweep(steps, [s for s, _, _ in spans], [e for _, e, _ in spans], [b for _, _, b in spans])
-        for k, node in enumerate(nodes):
-            if has_subgraphs(node):
-                live[k] += self.node_inner(node, f"{label}/{node.name or node.op_type}", key)
-        return int(live.max())
+    return sweep(len(nodes), [s for s, _, _ in spans], [e for _, e, _ in spans], [b for _, _, b in spans])
 
 
 def _inferred_nodes(analysis: Analysis) -> list[onnx.NodeProto]:

@@ -79,33 +79,39 @@ def check_output_path(output: str | os.PathLike[str], *inputs: str | os.PathLike
                     f"output {out} is the same file as the input {src}",
                     hint="write the result to a new path; inputs are never modified",
                 )
-        if out.is_dir():
-            raise OffloadError(f"output {out} is a directory", hint="give a file path for the output")
-        parent = out.parent if str(out.parent) else Path(".")
-        blocking = next((a for a in (parent, *parent.parents) if a.exists() and not a.is_dir()), None)
-        if blocking is not None:
-            raise OffloadError(
-                f"cannot write {out}: {blocking} is a file, not a folder",
-                hint="choose an output path inside an existing folder",
-            )
-        if not parent.is_dir():
-            raise OffloadError(
-                f"cannot write {out}: folder {parent} does not exist",
-                hint=f"create it first (mkdir -p {parent}) or choose another output path",
-            )
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise OffloadError(
-                f"cannot write {out}: folder {parent} is not writable",
-                hint="choose an output path in a folder you can write to",
-            )
-        if out.exists() and not os.access(out, os.W_OK):
-            raise OffloadError(f"cannot write {out}: file is read-only", hint="choose another output path")
+        _check_writable(out)
         _check_name_length(out)
     except OSError as exc:  # e.g. a name longer than the file system allows
         raise OffloadError(
             f"cannot write {out}: {exc.strerror or exc}", hint="choose a shorter or valid output path"
         ) from None
     return out
+
+
+def _check_writable(out: Path) -> None:
+    """Refuse an output that is a folder, or lies in a folder that does not exist or cannot be written,
+    or is a read-only file."""
+    if out.is_dir():
+        raise OffloadError(f"output {out} is a directory", hint="give a file path for the output")
+    parent = out.parent if str(out.parent) else Path(".")
+    blocking = next((a for a in (parent, *parent.parents) if a.exists() and not a.is_dir()), None)
+    if blocking is not None:
+        raise OffloadError(
+            f"cannot write {out}: {blocking} is a file, not a folder",
+            hint="choose an output path inside an existing folder",
+        )
+    if not parent.is_dir():
+        raise OffloadError(
+            f"cannot write {out}: folder {parent} does not exist",
+            hint=f"create it first (mkdir -p {parent}) or choose another output path",
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OffloadError(
+            f"cannot write {out}: folder {parent} is not writable",
+            hint="choose an output path in a folder you can write to",
+        )
+    if out.exists() and not os.access(out, os.W_OK):
+        raise OffloadError(f"cannot write {out}: file is read-only", hint="choose another output path")
 
 
 def _check_name_length(out: Path) -> None:

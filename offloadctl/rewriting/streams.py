@@ -184,21 +184,7 @@ def _gate_pins(nodes: list[onnx.NodeProto], names: _Names) -> tuple[list[onnx.No
     explores the higher index first: the gate then comes right before the copy on the copy stream and
     holds it until o is made, as the pin holds it in a one-stream walk. Returns the nodes and the
     number of gates added."""
-    made = {o: n for n in nodes for o in n.output if o}
-    h2d_views = {n.input[1] for n in nodes if pin_view_source(n) and copy_kind(made.get(n.input[0], _NONE)) == "h2d"}
-    deps: set[str] = set()  # the outputs of the Shapes whose empty slice an H2D pin's Concat joins
-    for concat in (made[c] for c in h2d_views if c in made):
-        for empty in concat.input:
-            node = made.get(empty)
-            while node is not None and is_pin(node) and node.op_type == "Slice":
-                node = made.get(node.input[0])
-            if (
-                node is not None
-                and is_pin(node)
-                and node.op_type == "Shape"
-                and not is_pin(made.get(node.input[0], _NONE))
-            ):
-                deps.add(node.output[0])
+    deps = _h2d_pin_shapes(nodes)
     out: list[onnx.NodeProto] = []
     for node in nodes:
         if node.output and node.output[0] in deps:
@@ -208,6 +194,22 @@ def _gate_pins(nodes: list[onnx.NodeProto], names: _Names) -> tuple[list[onnx.No
             node.input[0] = gate
         out.append(node)
     return out, len(deps)
+
+
+def _h2d_pin_shapes(nodes: list[onnx.NodeProto]) -> set[str]:
+    """The outputs of the H2D order pins' ``Shape(o)`` nodes: those whose (sliced) empty shape joins the
+    Concat of a view of an H2D's output, ``o`` an activation of the model's own."""
+    made = {o: n for n in nodes for o in n.output if o}
+    views = [n for n in nodes if pin_view_source(n) and copy_kind(made.get(n.input[0], _NONE)) == "h2d"]
+    found: set[str] = set()
+    for concat in (made[v.input[1]] for v in views if v.input[1] in made):
+        for empty in concat.input:
+            node = made.get(empty, _NONE)
+            while is_pin(node) and node.op_type == "Slice":
+                node = made.get(node.input[0], _NONE)
+            if is_pin(node) and node.op_type == "Shape" and not is_pin(made.get(node.input[0], _NONE)):
+                found.add(node.output[0])
+    return found
 
 
 _NONE = onnx.NodeProto()

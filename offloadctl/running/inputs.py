@@ -253,18 +253,24 @@ def _generated_shape(spec: InputSpec) -> list[int]:
         )
     dynamic = [(i, d) for i, d in enumerate(spec.shape) if not isinstance(d, int)]
     if dynamic:
-        which = ", ".join(f"{i} ({d or '?'})" for i, d in dynamic)
-        example = ",".join(str(d) if isinstance(d, int) else (d or f"D{i}") for i, d in enumerate(spec.shape))
-        named = [d for _, d in dynamic if d]
-        raise OffloadError(
-            f"cannot generate input {spec.name!r} ({spec.describe()}): dimension(s) {which} are dynamic, "
-            "and offloadctl does not invent sizes",
-            hint=f"give the sizes to run with: --input-shape {spec.name}={example} with numbers for "
-            f"{', '.join(str(d or f'D{i}') for i, d in dynamic)}"
-            + (f", or --dim {named[0]}=SIZE" if named else "")
-            + "; or give real inputs with --inputs",
-        )
+        raise _dynamic_error(spec, dynamic)
     return [int(d) for d in spec.shape]  # type: ignore[arg-type]
+
+
+def _dynamic_error(spec: InputSpec, dynamic: list[tuple[int, Any]]) -> OffloadError:
+    """The error for an input to generate whose ``dynamic`` dimensions ((index, name or None)) have no size."""
+    assert spec.shape is not None
+    which = ", ".join(f"{i} ({d or '?'})" for i, d in dynamic)
+    example = ",".join(str(d) if isinstance(d, int) else (d or f"D{i}") for i, d in enumerate(spec.shape))
+    named = [d for _, d in dynamic if d]
+    return OffloadError(
+        f"cannot generate input {spec.name!r} ({spec.describe()}): dimension(s) {which} are dynamic, "
+        "and offloadctl does not invent sizes",
+        hint=f"give the sizes to run with: --input-shape {spec.name}={example} with numbers for "
+        f"{', '.join(str(d or f'D{i}') for i, d in dynamic)}"
+        + (f", or --dim {named[0]}=SIZE" if named else "")
+        + "; or give real inputs with --inputs",
+    )
 
 
 def _random_values(

@@ -615,15 +615,16 @@ def _compare_one(got: Any, want: Any, rtol: float, atol: float) -> OutputCompari
     return OutputComparison(False, _finite_or_none(max_abs), _finite_or_none(max_rel), ok, note)
 
 
+def _equal_arrays(a: Any, b: Any) -> bool:
+    """Two arrays of the same shape, type and bytes (strings and objects compared as values)."""
+    if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)) or a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return a.tobytes() == b.tobytes() if a.dtype.kind not in "OSUV" else bool(np.array_equal(a, b))
+
+
 def _equal_values(a: Any, b: Any) -> bool:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return (
-            isinstance(a, np.ndarray)
-            and isinstance(b, np.ndarray)
-            and a.shape == b.shape
-            and a.dtype == b.dtype
-            and (a.tobytes() == b.tobytes() if a.dtype.kind not in "OSUV" else bool(np.array_equal(a, b)))
-        )
+        return _equal_arrays(a, b)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_equal_values(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):

@@ -395,6 +395,22 @@ class ReusePlan(Protocol):
         """The value whose buffer ``name`` is (itself unless it shares another's)."""
 
 
+def _frees(plan: ReusePlan, reads: list[list[str]]) -> list[list[str]]:
+    """For each step (``reads``: what its node reads), the buffers freed after it: those whose last
+    reader, of any value sharing them, it is."""
+    last_reader: dict[str, int] = {}
+    for step, names in enumerate(reads):
+        for name in names:
+            if name:
+                root = plan.root(name)
+                if plan.kind.get(root) == "allocate":
+                    last_reader[root] = step
+    frees: list[list[str]] = [[] for _ in reads]
+    for root, step in last_reader.items():
+        frees[step].append(root)
+    return frees
+
+
 def replay(analysis: Analysis, plan: ReusePlan, ran: Iterable[int], config: ArenaConfig | None = None) -> CpuPeak:
     """The arena through one run of ``plan`` with the nodes run in the order ``ran`` (positions of
     ``analysis``): each allocated output is allocated when its node runs, each buffer freed after
@@ -408,16 +424,7 @@ def replay(analysis: Analysis, plan: ReusePlan, ran: Iterable[int], config: Aren
     for s in small:
         arena.reserve(s)
     weights = arena.in_use
-    last_reader: dict[str, int] = {}  # buffer -> the step of ``ran`` after which it is freed
-    for step, pos in enumerate(ran):
-        for name in [*nodes[pos].input, *implicit[pos]]:
-            if name:
-                root = plan.root(name)
-                if plan.kind.get(root) == "allocate":
-                    last_reader[root] = step
-    frees: list[list[str]] = [[] for _ in ran]
-    for root, step in last_reader.items():
-        frees[step].append(root)
+    frees = _frees(plan, [[*nodes[pos].input, *implicit[pos]] for pos in ran])
     inner = subgraph_memory(analysis)
     chunks: dict[str, object] = {}
     unknown = 0

@@ -97,18 +97,21 @@ class StreamsPlanner:
         self.kind: dict[str, str] = {}
         self.buffer: dict[str, str] = {}
         self.producer: dict[str, int] = {out: pos for pos, node in enumerate(nodes) for out in node.output if out}
+        self.upstream = self._dependences(streams)
+
+    def _dependences(self, streams: Sequence[Sequence[str]]) -> list[set[int]]:
+        """Each node's upstream nodes as onnxruntime's planner takes them: the producers of what it reads,
+        and the node listed before it in its stream (each stream in the session's order; a node the
+        partition leaves out, which a check refuses before, on the last stream)."""
         stream_of = {name: s for s, names in enumerate(streams) for name in names}
-        # each stream's nodes in the session's order; a node the partition leaves out (a check refuses
-        # that before) runs on the last stream
         members: list[list[int]] = [[] for _ in streams]
-        for pos, name in enumerate(analysis.node_names):
+        for pos, name in enumerate(self.analysis.node_names):
             members[stream_of.get(name, len(streams) - 1)].append(pos)
-        self.upstream: list[set[int]] = [set() for _ in nodes]
-        for pos, reads in enumerate(self.reads):
-            self.upstream[pos].update(self.producer[i] for i in reads if i in self.producer)
+        upstream = [{self.producer[i] for i in reads if i in self.producer} for reads in self.reads]
         for stream in members:
             for before, pos in zip(stream, stream[1:]):
-                self.upstream[pos].add(before)
+                upstream[pos].add(before)
+        return upstream
 
     def root(self, name: str) -> str:
         return self.buffer.get(name, name)
@@ -205,15 +208,18 @@ class StreamsPlanner:
                 self._share(alias[0], out)
                 continue
             for i, o in INPLACE_OPS.get(key, ()):
-                if o != k or i >= len(node.input) or not node.input[i]:
-                    continue
-                name = node.input[i]
-                types = _INPLACE_TYPES.get(node.op_type)
-                if types is not None and self.shapes.get(name, (0, None))[0] not in types:
-                    continue
-                if self.kind.get(name) in _OWN and len(self.readers.get(name, ())) == 1:
-                    if self._same_size(name, out):
-                        self._share(name, out)
+                if o == k and i < len(node.input) and self._overwritable(node, node.input[i], out):
+                    self._share(node.input[i], out)
+
+    def _overwritable(self, node: onnx.NodeProto, name: str, out: str) -> bool:
+        """Whether ``out`` may overwrite input ``name`` in place (``MayInplace``): a buffer of its own
+        with one reader, of a type the kernel overwrites, and the same declared size."""
+        if not name:
+            return False
+        types = _INPLACE_TYPES.get(node.op_type)
+        if types is not None and self.shapes.get(name, (0, None))[0] not in types:
+            return False
+        return self.kind.get(name) in _OWN and len(self.readers.get(name, ())) == 1 and self._same_size(name, out)
 
     def _offer_outputs(self, pos: int) -> None:
         node = self.analysis.nodes[pos]
