@@ -280,18 +280,7 @@ class BudgetPart:
     _objective: str | CopyCost | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.budget is not None:
-            _set(self, "budget", _bytes("budget", self.budget))
-        if self.strategy not in (None, "distance", "budget", "frontier"):
-            raise RequestError(f"unknown strategy {self.strategy!r}", hint="use 'distance' or 'budget'")
-        if self.copies not in COPY_MODES:
-            raise RequestError(f"unknown copy mode {self.copies!r}", hint=f"use one of {', '.join(COPY_MODES)}")
-        _at_least("stream_depth", self.stream_depth, 0)
-        if not (math.isfinite(self.time_limit) and self.time_limit > 0):
-            raise RequestError(
-                f"the exact search's time limit {self.time_limit} is not a finite number of seconds above 0",
-                hint="for example --time-limit 60",
-            )
+        self._check_values()
         self._check_alternatives()
         profile = self.profile if isinstance(self.profile, Profile) else load_profile(self.profile or DEFAULT_PROFILE)
         _set(self, "_profile", profile)
@@ -307,6 +296,22 @@ class BudgetPart:
                 f"streams the time objective{because} prices each copy by the compute around it, which the exact "
                 "program cannot state",
                 hint="drop --optimal, or give --objective bytes or --copies inline",
+            )
+
+    def _check_values(self) -> None:
+        """Each option's value on its own: the budget in bytes, a known strategy and copy mode, a depth
+        and a time limit in range."""
+        if self.budget is not None:
+            _set(self, "budget", _bytes("budget", self.budget))
+        if self.strategy not in (None, "distance", "budget", "frontier"):
+            raise RequestError(f"unknown strategy {self.strategy!r}", hint="use 'distance' or 'budget'")
+        if self.copies not in COPY_MODES:
+            raise RequestError(f"unknown copy mode {self.copies!r}", hint=f"use one of {', '.join(COPY_MODES)}")
+        _at_least("stream_depth", self.stream_depth, 0)
+        if not (math.isfinite(self.time_limit) and self.time_limit > 0):
+            raise RequestError(
+                f"the exact search's time limit {self.time_limit} is not a finite number of seconds above 0",
+                hint="for example --time-limit 60",
             )
 
     def for_device(self, device: str | None) -> BudgetPart:

@@ -276,26 +276,44 @@ class Tradeoff:
         # bisect between the best budget and the next one down, which did not qualify
         below = [p.budget_bytes for p, _ in tried if p.budget_bytes is not None and p.budget_bytes < best_budget]
         if below:
-            lo, hi = max(below), best_budget
-            for _ in range(REFINE_STEPS):
-                if hi - lo <= 1:
-                    break
-                mid = (lo + hi) // 2
-                if step is not None:
-                    step(f"{copy_mode_label(copies).split(',')[0]}: budget {mid} bytes")
-                count += 1
-                try:
-                    candidate, plan = self.point(mid, copies)
-                except BudgetUnreachable:
-                    lo = mid
-                    continue
-                if candidate.slowdown <= limit:
-                    hi = mid
-                    if candidate.peak_bytes < best_point.peak_bytes:
-                        best_point, best_plan = candidate, plan
-                else:
-                    lo = mid
+            refined, best_plan, best_point = self._refine(
+                max(below), best_budget, limit, copies, best_plan, best_point, step
+            )
+            count += refined
         return best_plan, best_point, count
+
+    def _refine(
+        self,
+        lo: int,
+        hi: int,
+        limit: float,
+        copies: str,
+        best_plan: Plan,
+        best_point: Point,
+        step: Callable[[str], None] | None,
+    ) -> tuple[int, Plan, Point]:
+        """Bisect budgets between ``lo`` (over the limit) and ``hi`` (within it) for a lower peak within
+        ``limit``: (budgets tried, the best plan, its point)."""
+        count = 0
+        for _ in range(REFINE_STEPS):
+            if hi - lo <= 1:
+                break
+            mid = (lo + hi) // 2
+            if step is not None:
+                step(f"{copy_mode_label(copies).split(',')[0]}: budget {mid} bytes")
+            count += 1
+            try:
+                candidate, plan = self.point(mid, copies)
+            except BudgetUnreachable:
+                lo = mid
+                continue
+            if candidate.slowdown > limit:
+                lo = mid
+                continue
+            hi = mid
+            if candidate.peak_bytes < best_point.peak_bytes:
+                best_point, best_plan = candidate, plan
+        return count, best_plan, best_point
 
 
 def plan_within_slowdown(analysis: Analysis, request: PlanRequest, points: int = DEFAULT_POINTS) -> PlanOutcome:

@@ -201,15 +201,20 @@ def _h2d_pin_shapes(nodes: list[onnx.NodeProto]) -> set[str]:
     Concat of a view of an H2D's output, ``o`` an activation of the model's own."""
     made = {o: n for n in nodes for o in n.output if o}
     views = [n for n in nodes if pin_view_source(n) and copy_kind(made.get(n.input[0], _NONE)) == "h2d"]
-    found: set[str] = set()
-    for concat in (made[v.input[1]] for v in views if v.input[1] in made):
-        for empty in concat.input:
-            node = made.get(empty, _NONE)
-            while is_pin(node) and node.op_type == "Slice":
-                node = made.get(node.input[0], _NONE)
-            if is_pin(node) and node.op_type == "Shape" and not is_pin(made.get(node.input[0], _NONE)):
-                found.add(node.output[0])
-    return found
+    concats = [made[v.input[1]] for v in views if v.input[1] in made]
+    shapes = (_pin_shape(made, empty) for concat in concats for empty in concat.input)
+    return {node.output[0] for node in shapes if node is not None}
+
+
+def _pin_shape(made: dict[str, onnx.NodeProto], empty: str) -> onnx.NodeProto | None:
+    """The pin's ``Shape(o)`` node an empty shape ``empty`` comes from (through its Slice), ``o`` an
+    activation of the model's own; None for anything else."""
+    node = made.get(empty, _NONE)
+    while is_pin(node) and node.op_type == "Slice":
+        node = made.get(node.input[0], _NONE)
+    if is_pin(node) and node.op_type == "Shape" and not is_pin(made.get(node.input[0], _NONE)):
+        return node
+    return None
 
 
 _NONE = onnx.NodeProto()
@@ -286,20 +291,25 @@ def check_partition(
             f"the partition file {path} has no streams, or an empty one (onnxruntime crashes on it)", hint=fix
         )
     listed = [str(n) for s in streams for n in s]
-    session = expected_run_order(model, order)
+    misfits = _misfits(listed, expected_run_order(model, order))
+    if misfits:
+        raise OffloadError(f"the partition file {path} does not fit {where}: " + "; ".join(misfits), hint=fix)
+    return [[str(n) for n in stream] for stream in streams]
+
+
+def _misfits(listed: list[str], session: list[str]) -> list[str]:
+    """What is wrong with a partition listing ``listed`` for a session that has the nodes ``session``."""
     missing = sorted(set(session) - set(listed))
     unknown = sorted(set(listed) - set(session))
     twice = len(listed) - len(set(listed))
-    if missing or unknown or twice:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} node(s) of the model are not in it (first: {', '.join(missing[:3])})")
-        if unknown:
-            parts.append(f"{len(unknown)} node(s) it names are not in the model (first: {', '.join(unknown[:3])})")
-        if twice:
-            parts.append(f"{twice} node(s) are listed twice")
-        raise OffloadError(f"the partition file {path} does not fit {where}: " + "; ".join(parts), hint=fix)
-    return [[str(n) for n in stream] for stream in streams]
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} node(s) of the model are not in it (first: {', '.join(missing[:3])})")
+    if unknown:
+        parts.append(f"{len(unknown)} node(s) it names are not in the model (first: {', '.join(unknown[:3])})")
+    if twice:
+        parts.append(f"{twice} node(s) are listed twice")
+    return parts
 
 
 def checked_streams(

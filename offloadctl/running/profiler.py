@@ -243,26 +243,26 @@ def kernel_runs(profile_path: str | os.PathLike[str], *, skip: int = 1) -> list[
         start, end = run.get("ts", 0), run.get("ts", 0) + run.get("dur", 0)
         while k < len(nodes) and nodes[k].get("ts", 0) < start:
             k += 1
-        top: list[KernelEvent] = []
-        covered = -1
+        first = k
         while k < len(nodes) and nodes[k].get("ts", 0) <= end:
-            e = nodes[k]
             k += 1
-            ts, dur = e.get("ts", 0), e.get("dur", 0)
-            if ts < covered:
-                continue  # inside the previous top-level event
-            covered = ts + dur
-            args = e.get("args") or {}
-            top.append(
-                KernelEvent(
-                    e["name"][: -len(_KERNEL_SUFFIX)],
-                    str(args.get("op_name", "")),
-                    dur * 1e-6,
-                    _shapes(args.get("input_type_shape")),
-                )
-            )
-        result.append(top)
+        result.append(_top_level(nodes[first:k]))
     return result[skip:]
+
+
+def _top_level(events: list[dict[str, Any]]) -> list[KernelEvent]:
+    """The kernel events of one run (in start order) that no other event covers."""
+    top: list[KernelEvent] = []
+    covered = -1
+    for e in events:
+        ts, dur = e.get("ts", 0), e.get("dur", 0)
+        if ts < covered:
+            continue  # inside the previous top-level event
+        covered = ts + dur
+        args = e.get("args") or {}
+        name = e["name"][: -len(_KERNEL_SUFFIX)]
+        top.append(KernelEvent(name, str(args.get("op_name", "")), dur * 1e-6, _shapes(args.get("input_type_shape"))))
+    return top
 
 
 def _node_medians(runs: list[list[KernelEvent]]) -> dict[str, dict[str, Any]]:

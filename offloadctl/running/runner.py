@@ -842,6 +842,7 @@ class RunReport:
         return [n for n, c in (self.comparison or {}).items() if not c.within_tolerance]
 
     def to_json(self) -> dict[str, Any]:
+        compared = self.comparison is not None
         return {
             "model": self.model,
             "device": self.device,
@@ -853,27 +854,36 @@ class RunReport:
             "order": self.order.to_json(),
             "outputs": self.outputs,
             "compare_to": self.compare_to,
-            "tolerance": None if self.comparison is None else {"rtol": self.rtol, "atol": self.atol},
-            "comparison": None if self.comparison is None else {n: c.to_json() for n, c in self.comparison.items()},
-            "original_deterministic": None if self.comparison is None else not self.original_unstable,
-            "original_unstable": {n: c.to_json() for n, c in self.original_unstable.items()},
+            "tolerance": {"rtol": self.rtol, "atol": self.atol} if compared else None,
+            "comparison": _each_json(self.comparison),
+            "original_deterministic": not self.original_unstable if compared else None,
+            "original_unstable": _each_json(self.original_unstable),
             "execution_order": self.execution_order,
-            "order_pins": None if self.pins is None else self.pins.to_json(),
-            "inserted_copies": None if self.inserted is None else [c.to_json() for c in self.inserted],
-            "original_inserted_copies": None
-            if self.original_inserted is None
-            else [c.to_json() for c in self.original_inserted],
-            "plan_undone_by": [c.to_json() for c in self.undone_copies],
+            "order_pins": _json(self.pins),
+            "inserted_copies": _json_list(self.inserted),
+            "original_inserted_copies": _json_list(self.original_inserted),
+            "plan_undone_by": _json_list(self.undone_copies),
             "ran": self.ran,
             "ran_peak_bytes": self.ran_peak_bytes,
-            "measured_memory": None
-            if self.measured_memory is None
-            else [figure.to_json() for figure in self.measured_memory],
-            "memory_growth": None if self.growth is None else self.growth.to_json(),
+            "measured_memory": _json_list(self.measured_memory),
+            "memory_growth": _json(self.growth),
             "copy_streams": self.streams,
             "page_locked_weights": self.page_locked.to_json() if self.page_locked.weights else None,
             "warnings": self.warnings,
         }
+
+
+def _json(value: Any) -> Any:
+    """``value.to_json()``, or None for None."""
+    return None if value is None else value.to_json()
+
+
+def _json_list(values: Sequence[Any] | None) -> list[Any] | None:
+    return None if values is None else [v.to_json() for v in values]
+
+
+def _each_json(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return None if values is None else {name: v.to_json() for name, v in values.items()}
 
 
 def _describe_value(value: Any) -> dict[str, Any]:

@@ -200,9 +200,8 @@ class StreamsPlanner:
         for k, out in enumerate(node.output):
             if not out or self.kind.get(out) not in _OWN:
                 continue
-            for name in node.input:
-                if name:
-                    self._made_from.setdefault(name, set()).add(out)
+            for name in filter(None, node.input):
+                self._made_from.setdefault(name, set()).add(out)
             alias = [node.input[i] for i, o in ALIAS_OPS.get(key, ()) if o == k and i < len(node.input)]
             if alias and alias[0]:
                 self._share(alias[0], out)

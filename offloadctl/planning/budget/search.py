@@ -295,11 +295,7 @@ class Planner:
             if change is None:
                 continue
             new, rows = change
-            if (
-                self._fast(i, new)
-                and peak + self.cands[i].size > budget
-                and any(s <= at <= e for j in rows[1] for s, e in self._row_ranges(j))
-            ):
+            if self._takes_back_the_peak(i, new, rows, peak, at, budget):
                 continue  # it would take back the peak step, which has no room for it
             if self._fits(i, new, budget, rows):
                 self.set(i, new, rows)
@@ -308,6 +304,15 @@ class Planner:
                     self._push_removal(heap, i, next(iter(new.cuts)), last=True)
                 if new.offloaded and not new.cuts:
                     self._push_removal(heap, i, -1, last=True)
+
+    def _takes_back_the_peak(
+        self, i: int, new: State, rows: tuple[list[int], list[int]], peak: int, at: int, budget: int
+    ) -> bool:
+        """Whether removing candidate ``i``'s interval (to ``new``, changing ``rows``) surely puts it back on
+        the peak step ``at``, which has no room for it: a quick no before the full check."""
+        if not self._fast(i, new) or peak + self.cands[i].size <= budget:
+            return False
+        return any(s <= at <= e for j in rows[1] for s, e in self._row_ranges(j))
 
     def _removal(self, i: int, k: int) -> tuple[State, tuple[list[int], list[int]]] | None:
         """The state without cut ``k`` (k = -1: without offloading at all), and the rows it takes back;
