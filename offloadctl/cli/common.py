@@ -30,6 +30,7 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job
 from offloadctl.loading.input_shapes import follows_from, parse_dims, parse_input_shapes
+from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import STREAMS_NOTE, copy_mode_label
 
 __all__ = [
@@ -70,22 +71,10 @@ def open_model(
     PRIORITY_BASED; an order that contradicts the plan's is an error.
     """
     order = plan_order(plan, plan_path, order)
-    input_shapes = parse_input_shapes(shapes.input_shape)
-    dims = parse_dims(shapes.dim)
-    source = "--input-shape"
+    input_shapes, dims, source = _pins(model, shapes, plan, plan_path)
     requested = sizes.request() if sizes is not None else None
     if plan is not None:
-        if not input_shapes and not dims:
-            input_shapes, dims = dict(plan["model"]["input_shapes"]), dict(plan["model"].get("dims") or {})
-            source = f"model.input_shapes of plan {plan_path}"
         requested = requested or plan["model"].get("sizes_from_run")
-    elif not input_shapes and not dims:
-        # a rewritten model records the shapes its plan was made at (offloadctl.planned_at), as `run` reads them
-        from offloadctl.rewriting.metadata import planned_shapes
-
-        input_shapes, dims = planned_shapes(model)
-        if input_shapes or dims:
-            source = f"offloadctl.planned_at of {model}"
     with steps(show_progress, total=2) as step:
         job = Job.of_model(
             model,
@@ -97,9 +86,34 @@ def open_model(
             order=order,
             infer_ahead=True,  # every command that opens a model here looks up sizes
         )
-    if plan is not None:
+    if plan is not None and is_rewritten(job.analysis):  # refused by what reads the plan, with the reason
         job.plan, job.plan_path = plan, Path(plan_path) if plan_path else None
-    analysis = job.analysis
+    elif plan is not None:
+        job.with_plan(plan, plan_path)  # a plan made for another model is refused here
+    _warn_dynamic(job.analysis)
+    return job
+
+
+def _pins(
+    model: str, shapes: ShapeOptions, plan: Plan | None, plan_path: str | None
+) -> tuple[dict[str, list[int]], dict[str, int], str]:
+    """(input shapes, dims, where they come from) a model is opened with: ``--input-shape`` and ``--dim``,
+    else the plan's, else those a rewritten model records it was planned at."""
+    input_shapes, dims = parse_input_shapes(shapes.input_shape), parse_dims(shapes.dim)
+    if input_shapes or dims:
+        return input_shapes, dims, "--input-shape"
+    if plan is not None:
+        pinned, named = dict(plan["model"]["input_shapes"]), dict(plan["model"].get("dims") or {})
+        return pinned, named, f"model.input_shapes of plan {plan_path}"
+    # a rewritten model records the shapes its plan was made at (offloadctl.planned_at), as `run` reads them
+    from offloadctl.rewriting.metadata import planned_shapes
+
+    planned, named = planned_shapes(model)
+    return planned, named, f"offloadctl.planned_at of {model}" if planned or named else "--input-shape"
+
+
+def _warn_dynamic(analysis: Analysis) -> None:
+    """Warn about graph inputs of unknown size: what depends on them is not offloaded."""
     dynamic = [
         name
         for name in analysis.graph_inputs
@@ -112,7 +126,6 @@ def open_model(
             ", ".join(dynamic),
             pin_arguments(analysis, dynamic),
         )
-    return job
 
 
 def pin_arguments(analysis: Analysis, names: Sequence[str]) -> str:

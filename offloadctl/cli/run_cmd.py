@@ -31,6 +31,8 @@ from offloadctl.running.inputs import save_outputs as save_outputs_file
 from offloadctl.running.placement import InsertedCopy
 from offloadctl.running.runner import (
     DEVICES,
+    OrderCheck,
+    OutputComparison,
     RunReport,
     parse_ep_options,
     quiet_onnxruntime,
@@ -168,33 +170,52 @@ def run(
             order=order,
             memory=measure_memory,
         )
-    written = []
-    if save_outputs is not None:
-        skipped = save_outputs_file(save_outputs, report.output_values)
-        if skipped:
-            report.warnings.append(f"--save-outputs: left out {', '.join(skipped)} (not tensors)")
-        written.append(save_outputs)
+    written = _save_outputs(report, save_outputs)
     for warning in report.warnings:
         logger.warning("%s", warning)
-    undone = report.undone_copies
-    grown = report.growth is not None and report.growth.explained is False
-    if as_json and (report.outputs_differ or undone or grown or (strict_order and not report.order.matches)):
+    failed = (
+        report.outputs_differ or report.undone_copies or _grown(report) or (strict_order and not report.order.matches)
+    )
+    if as_json and failed:
         print_json({"command": "run", "passed": False, **report.to_json(), "files_written": written})
     if not as_json:
         _print_report(report)
         _print_memory(report)
+    _fail(report, model, device, compare_to, opt_level, strict_order)
+    subject = f"{model} on {device} ({report.providers[0]})"
+    finish("run", subject, _verdict_parts(report, order, compare_to), written, as_json=as_json, doc=report.to_json())
+
+
+def _save_outputs(report: RunReport, save_outputs: str | None) -> list[str]:
+    """Write the outputs to ``save_outputs`` (--save-outputs), warning about those that are not tensors;
+    the files written."""
+    if save_outputs is None:
+        return []
+    skipped = save_outputs_file(save_outputs, report.output_values)
+    if skipped:
+        report.warnings.append(f"--save-outputs: left out {', '.join(skipped)} (not tensors)")
+    return [save_outputs]
+
+
+def _grown(report: RunReport) -> bool:
+    return report.growth is not None and report.growth.explained is False
+
+
+def _fail(
+    report: RunReport, model: str, device: str, compare_to: str | None, opt_level: str, strict_order: bool
+) -> None:
+    """Raise the run's failure, if any: outputs that differ, copies onnxruntime added, memory the copies do
+    not explain, or (--strict-order) nodes out of the planned order."""
     _check_outputs(report, model, compare_to, opt_level)
-    if undone:
-        raise _undone_error(model, device, undone)
-    if grown:
+    if report.undone_copies:
+        raise _undone_error(model, device, report.undone_copies)
+    if _grown(report):
         raise _growth_error(model, compare_to, report)
     if strict_order and not report.order.matches:
         raise OffloadError(
             f"{model}: nodes did not run in the planned (file) order",
             hint="run with PRIORITY_BASED order and --opt-level disable, or drop --strict-order",
         )
-    subject = f"{model} on {device} ({report.providers[0]})"
-    finish("run", subject, _verdict_parts(report, order, compare_to), written, as_json=as_json, doc=report.to_json())
 
 
 def _verdict_parts(report: RunReport, order: str, compare_to: str | None) -> list[str]:
@@ -355,16 +376,26 @@ def _print_report(report: RunReport) -> None:
     _copy_rows(setup, report)
     console.print(setup)
     if not order.matches:
-        diffs = Table(title="first order differences", show_edge=False)
-        for col in ("step", "planned", "ran"):
-            diffs.add_column(col)
-        for d in order.first_differences:
-            diffs.add_row(str(d["index"]), escape(d["planned"]), escape(d["ran"]))
-        if order.exact and order.missing:
-            diffs.add_row(
-                "-", escape(", ".join(order.missing[:5])) + (" …" if len(order.missing) > 5 else ""), "(did not run)"
-            )
-        console.print(diffs)
+        console.print(_order_table(order))
+    console.print(_outputs_table(report))
+
+
+def _order_table(order: OrderCheck) -> Table:
+    """The first differences between the planned order and the one that ran."""
+    diffs = Table(title="first order differences", show_edge=False)
+    for col in ("step", "planned", "ran"):
+        diffs.add_column(col)
+    for d in order.first_differences:
+        diffs.add_row(str(d["index"]), escape(d["planned"]), escape(d["ran"]))
+    if order.exact and order.missing:
+        diffs.add_row(
+            "-", escape(", ".join(order.missing[:5])) + (" …" if len(order.missing) > 5 else ""), "(did not run)"
+        )
+    return diffs
+
+
+def _outputs_table(report: RunReport) -> Table:
+    """Each output's shape and type, and with a comparison how it compares with the original's."""
     outputs = Table(
         title="outputs" if report.comparison is None else f"outputs vs {escape(str(report.compare_to))}",
         show_edge=False,
@@ -377,15 +408,18 @@ def _print_report(report: RunReport) -> None:
     for name, desc in report.outputs.items():
         row = [escape(name), str(desc["shape"]), desc["dtype"]]
         if report.comparison is not None:
-            c = report.comparison[name]
-            row += [
-                "yes" if c.identical else "no",
-                "?" if c.max_abs is None else f"{c.max_abs:.3g}",
-                "?" if c.max_rel is None else f"{c.max_rel:.3g}",
-                "yes" if c.within_tolerance else "[bold red]no[/]" + (f" ({escape(c.note)})" if c.note else ""),
-            ]
+            row += _compared_cells(report.comparison[name])
         outputs.add_row(*row)
-    console.print(outputs)
+    return outputs
+
+
+def _compared_cells(c: OutputComparison) -> list[str]:
+    return [
+        "yes" if c.identical else "no",
+        "?" if c.max_abs is None else f"{c.max_abs:.3g}",
+        "?" if c.max_rel is None else f"{c.max_rel:.3g}",
+        "yes" if c.within_tolerance else "[bold red]no[/]" + (f" ({escape(c.note)})" if c.note else ""),
+    ]
 
 
 COMMANDS = [run]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -245,29 +246,16 @@ def simulate_cmd(
     result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
-    streams = checked_streams(model, analysis.loaded.proto, analysis.order)
-    doc["copy_streams"] = streams[0] if streams is not None else None
+    streams = _copy_streams(model, analysis, doc)
     points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
     doc["shape_points"] = [p.to_json() for p in points]
-    cpu, refusal = _cpu(analysis, plan, result, prof, doc, streams[1] if streams is not None else None)
+    cpu, refusal = _cpu(analysis, plan, result, prof, doc, streams)
     _warn_profile(model, plan, result, prof, profile)
-    written: list[str | Path] = []
-    if plot:
-        plot_timeline(result, plot)
-        written.append(plot)
-    if report:
-        written += write_report(report, result, plan, plot=plot)
-    if plan is not None and not result.rewritten:
-        warning = weak_plan_advice(analysis, plan, result=result)
-        if warning:
-            logger.warning("%s", warning)
+    written = _write_extras(result, plan, plot, report)
+    if plan is not None and not result.rewritten and (warning := weak_plan_advice(analysis, plan, result=result)):
+        logger.warning("%s", warning)
     if not as_json:
-        _print_report(result, doc)
-        if cpu is not None:
-            _print_cpu(cpu)
-        else:
-            logger.warning("no CPU arena peak: %s", refusal)
-        print_points(analysis.loaded.dims, result, points)
+        _print_all(result, doc, cpu, refusal, analysis.loaded.dims, points)
     unknown = len(result.unknown_tensors)
     parts, failure = _verdict(result, plan, analysis, doc, max_peak, points)
     subject = model + (f" with plan {plan_path}" if plan_path else "")
@@ -275,6 +263,42 @@ def simulate_cmd(
         doc["max_peak_bytes"] = max_peak
         doc["figures_low"] = bool(unknown)
     finish("simulate", subject, parts, written, as_json=as_json, doc=doc, failure=failure)
+
+
+def _copy_streams(model: str, analysis: Analysis, doc: dict[str, Any]) -> list[list[str]] | None:
+    """A streams rewrite's partition, checked (`offloadctl.rewriting.streams.checked_streams`), its file
+    recorded in ``doc``; None for any other model."""
+    checked = checked_streams(model, analysis.loaded.proto, analysis.order)
+    doc["copy_streams"] = checked[0] if checked is not None else None
+    return checked[1] if checked is not None else None
+
+
+def _write_extras(result: SimResult, plan: Plan | None, plot: str | None, report: str | None) -> list[str | Path]:
+    """Write the timeline plot (--plot) and the report (--report); the files written."""
+    written: list[str | Path] = []
+    if plot:
+        plot_timeline(result, plot)
+        written.append(plot)
+    if report:
+        written += write_report(report, result, plan, plot=plot)
+    return written
+
+
+def _print_all(
+    result: SimResult,
+    doc: dict[str, Any],
+    cpu: CpuFigures | None,
+    refusal: str | None,
+    dims: Mapping[str, int],
+    points: list[PointResult],
+) -> None:
+    """The tables for a person: memory and time, the CPU arena (or why there is no figure), the shape points."""
+    _print_report(result, doc)
+    if cpu is not None:
+        _print_cpu(cpu)
+    else:
+        logger.warning("no CPU arena peak: %s", refusal)
+    print_points(dims, result, points)
 
 
 def _warn_profile(model: str, plan: Plan | None, result: SimResult, prof: Profile, profile: str) -> None:
