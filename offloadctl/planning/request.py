@@ -19,7 +19,7 @@ import dataclasses
 import inspect
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -202,6 +202,13 @@ class PrefetchPart:
         _at_least("release_distance", self.release_distance, 0)
 
 
+def _refuse_any(checks: Sequence[tuple[bool, str]], hint: str) -> None:
+    """Raise the first of ``checks`` ((given, why)) that is given."""
+    for given, why in checks:
+        if given:
+            raise RequestError(why, hint=hint)
+
+
 @dataclass(frozen=True, kw_only=True)
 class BudgetPart:
     """The budget planner's options (and the trade-off's, ``max_slowdown``).
@@ -323,14 +330,15 @@ class BudgetPart:
 
     def _check_alternatives(self) -> None:
         if self.strategy == "frontier":
-            for given, why in (
-                (self.budget is not None, "a frontier sweeps every budget: drop --budget"),
-                (self.stream_weights, "a frontier sweeps budget plans: drop --stream-weights"),
-                (self.optimal, "a frontier sweeps budgets with the greedy: drop --optimal"),
-                (self.max_slowdown is not None, "a frontier shows every slowdown: drop --max-slowdown"),
-            ):
-                if given:
-                    raise RequestError(why, hint="offloadctl frontier MODEL [--objective ...] [--params]")
+            _refuse_any(
+                (
+                    (self.budget is not None, "a frontier sweeps every budget: drop --budget"),
+                    (self.stream_weights, "a frontier sweeps budget plans: drop --stream-weights"),
+                    (self.optimal, "a frontier sweeps budgets with the greedy: drop --optimal"),
+                    (self.max_slowdown is not None, "a frontier shows every slowdown: drop --max-slowdown"),
+                ),
+                "offloadctl frontier MODEL [--objective ...] [--params]",
+            )
             return
         if self.max_slowdown is not None:
             if not (math.isfinite(self.max_slowdown) and self.max_slowdown >= 1):
@@ -338,15 +346,23 @@ class BudgetPart:
                     f"--max-slowdown {self.max_slowdown} is not a finite number of at least 1",
                     hint="give 1.05 for at most 5% slower",
                 )
-            for given, why in (
-                (self.budget is not None, "--max-slowdown and --budget are alternatives: give one of them"),
-                (self.stream_weights, "--max-slowdown chooses what to offload itself: drop --stream-weights"),
-                (self.strategy == "distance", "--max-slowdown needs the budget strategy, not --strategy distance"),
-                (self.optimal, "--optimal needs --budget BYTES; --max-slowdown searches many budgets with the greedy"),
-            ):
-                if given:
-                    raise RequestError(why, hint="give either --max-slowdown X or --budget BYTES")
+            _refuse_any(
+                (
+                    (self.budget is not None, "--max-slowdown and --budget are alternatives: give one of them"),
+                    (self.stream_weights, "--max-slowdown chooses what to offload itself: drop --stream-weights"),
+                    (self.strategy == "distance", "--max-slowdown needs the budget strategy, not --strategy distance"),
+                    (
+                        self.optimal,
+                        "--optimal needs --budget BYTES; --max-slowdown searches many budgets with the greedy",
+                    ),
+                ),
+                "give either --max-slowdown X or --budget BYTES",
+            )
             return
+        self._check_budget_options()
+
+    def _check_budget_options(self) -> None:
+        """The options of a budget (or distance) request that need one another."""
         if self.strategy == "distance" and (self.budget is not None or self.stream_weights):
             raise RequestError(
                 "--budget and --stream-weights need the budget strategy, not --strategy distance",

@@ -235,13 +235,9 @@ def planned_shapes(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]],
     """The input shapes and dims a rewritten model's plan was made at (its ``offloadctl.planned_at``
     metadata), for generated inputs; empty for any other model."""
     header, recorded = _planned_at(model)
-    if header is None:
-        return {}, {}
-    if not isinstance(recorded, dict):
-        return {}, {}
-    shapes: dict[str, Any] = recorded.get("input_shapes") or {}
-    dims: dict[str, Any] = recorded.get("dims") or {}
-    if not isinstance(shapes, dict) or not isinstance(dims, dict):
+    shapes: Any = recorded.get("input_shapes") or {} if isinstance(recorded, dict) else None
+    dims: Any = recorded.get("dims") or {} if isinstance(recorded, dict) else None
+    if header is None or not isinstance(shapes, dict) or not isinstance(dims, dict):
         return {}, {}
     known = {i.name for i in header.graph.input}
     names = {d.dim_param for i in header.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}

@@ -261,30 +261,25 @@ class _Planner:
         self.count[name] = self.count.get(name, 0) + n
 
     def plan(self) -> None:
-        a = self.analysis
-        for name in a.graph_inputs:
-            self._use(name)
-        for name in a.weights:
-            self._use(name)
-        for node, implicit in zip(self.nodes, self.implicit):
-            for name in node.input:
-                if name:
-                    self._use(name)
-                    self.consumed.add(name)
-            for name in implicit:
-                self._use(name)
-                self.consumed.add(name)
-            for name in node.output:
-                if name:
-                    self._use(name)
-        for name in a.graph_outputs:
-            self._use(name)
+        self._count_uses()
         for node, implicit in zip(self.nodes, self.implicit):
             for k, out in enumerate(node.output):
                 if out:
                     self._plan_output(node, k, out)
             for name in [*[i for i in node.input if i], *implicit, *[o for o in node.output if o]]:
                 self._release(name)
+
+    def _count_uses(self) -> None:
+        """Use counts: one per graph input, weight, graph output, node input, subgraph read and node output."""
+        a = self.analysis
+        for name in [*a.graph_inputs, *a.weights, *a.graph_outputs]:
+            self._use(name)
+        for node, implicit in zip(self.nodes, self.implicit):
+            for name in [*filter(None, node.input), *implicit]:
+                self._use(name)
+                self.consumed.add(name)
+            for name in filter(None, node.output):
+                self._use(name)
 
     def root(self, name: str) -> str:
         return self.buffer.get(name, name)
@@ -311,14 +306,8 @@ class _Planner:
                 self._reuse(node.input[i], out)
                 return
         for i, o in INPLACE_OPS.get(key, ()):
-            if o != k or i >= len(node.input) or not node.input[i]:
-                continue
-            name = node.input[i]
-            types = _INPLACE_TYPES.get(node.op_type)
-            if types is not None and (self.shapes.get(name, (0, None))[0] not in types):
-                continue
-            if self.count.get(self.root(name)) == 1 and self._same_size(name, out):
-                self._reuse(name, out)
+            if o == k and i < len(node.input) and self._overwritable(node, node.input[i], out):
+                self._reuse(node.input[i], out)
                 return
         info = self.analysis.infos.get(out)
         if info is not None and info.type_kind is not None:
@@ -327,6 +316,16 @@ class _Planner:
         if out in self.consumed and self._from_freelist(out):
             return
         self.kind[out] = "allocate"
+
+    def _overwritable(self, node: onnx.NodeProto, name: str, out: str) -> bool:
+        """Whether ``out`` may overwrite input ``name`` (``MayInplace``): its last use, of a type the kernel
+        overwrites, and the same declared size."""
+        if not name:
+            return False
+        types = _INPLACE_TYPES.get(node.op_type)
+        if types is not None and self.shapes.get(name, (0, None))[0] not in types:
+            return False
+        return self.count.get(self.root(name)) == 1 and self._same_size(name, out)
 
     def _from_freelist(self, out: str) -> bool:
         want = self.shapes.get(out)
