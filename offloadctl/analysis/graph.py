@@ -16,7 +16,7 @@ order (`offloadctl.analysis.order` names a cycle, with networkx, when there is o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -200,13 +200,18 @@ def _definitions(loaded: LoadedModel) -> _Definitions:
             if any(a.name == "sparse_value" for a in node.attribute):
                 sparse.add(outputs[0])
     defined.pop("", None)
-    for out in graph.output:
+    _check_outputs_defined(loaded, defined)
+    return found
+
+
+def _check_outputs_defined(loaded: LoadedModel, defined: Mapping[str, object]) -> None:
+    """Refuse a graph output that no node, graph input or weight defines."""
+    for out in loaded.proto.graph.output:
         if out.name not in defined:
             raise OffloadError(
                 f"graph output {out.name!r} of {loaded.path} is not produced by any node, graph input or weight",
                 hint="the model is malformed; re-export it or fix the output name",
             )
-    return found
 
 
 def _defined_twice(loaded: LoadedModel, found: _Definitions, out: str, node: onnx.NodeProto, idx: int) -> None:

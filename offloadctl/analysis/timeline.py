@@ -345,26 +345,31 @@ class _BodyWalker:
         and weights), in the body's own order so that the unknown ones (counted as 0, and listed) are
         listed the same way on every run: measured, else from the types the body declares or the
         fallback's."""
-        types = {vi.name: vi.type for vi in (*graph.value_info, *graph.input, *graph.output)}
-        for name, typed in self.fallback.get(key, {}).items():
-            if _type_bytes(typed) is not None and (name not in types or _type_bytes(types[name]) is None):
-                types[name] = typed
+        types = self._body_types(graph, key)
         outputs = {o.name for o in graph.output}
         named = dict.fromkeys([*(i.name for i in graph.input), *(o for node in nodes for o in node.output if o)])
         sizes: dict[str, int] = {}
         for name in (n for n in named if n not in outputs and n not in weights):
-            found = self.measured.get(name) if self.measured is not None else None
-            size = (
-                _bytes_of(found[0], found[1])
-                if found is not None
-                else _type_bytes(types[name])
-                if name in types
-                else None
-            )
+            size = self._size(name, types.get(name))
             if size is None:
                 self.unknown.append(f"{label}/{name}")
             sizes[name] = size or 0
         return sizes
+
+    def _body_types(self, graph: onnx.GraphProto, key: tuple[str, ...]) -> dict[str, onnx.TypeProto]:
+        """The types the body declares, with the fallback's where a declared one gives no size."""
+        types = {vi.name: vi.type for vi in (*graph.value_info, *graph.input, *graph.output)}
+        for name, typed in self.fallback.get(key, {}).items():
+            if _type_bytes(typed) is not None and (name not in types or _type_bytes(types[name]) is None):
+                types[name] = typed
+        return types
+
+    def _size(self, name: str, typed: onnx.TypeProto | None) -> int | None:
+        """A body tensor's size: measured, else from its type (None: unknown)."""
+        found = self.measured.get(name) if self.measured is not None else None
+        if found is not None:
+            return _bytes_of(found[0], found[1])
+        return _type_bytes(typed) if typed is not None else None
 
 
 def _body_live(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], sizes: Mapping[str, int]) -> np.ndarray:

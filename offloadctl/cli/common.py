@@ -128,6 +128,12 @@ def _warn_dynamic(analysis: Analysis) -> None:
         )
 
 
+def _unnamed(dim: Any) -> bool:
+    """A dynamic dimension without a name: no name and no size, or a negative size (PaddleOCR's exports
+    write -1)."""
+    return not dim.dim_param and (not dim.HasField("dim_value") or dim.dim_value < 0)
+
+
 def pin_arguments(analysis: Analysis, names: Sequence[str]) -> str:
     """The options that pin the dynamic dimensions of the graph inputs ``names``, to paste after the
     command: ``--dim NAME=1`` for each named dimension (in the order the inputs declare them), and
@@ -140,8 +146,7 @@ def pin_arguments(analysis: Analysis, names: Sequence[str]) -> str:
         if value is None or not value.type.HasField("tensor_type"):
             continue
         dims = list(value.type.tensor_type.shape.dim)
-        # unnamed: no name and no size, or a negative size (PaddleOCR's exports write -1)
-        if any(not d.dim_param and (not d.HasField("dim_value") or d.dim_value < 0) for d in dims):
+        if any(map(_unnamed, dims)):
             sizes = ",".join(str(max(d.dim_value, 0) or 1) for d in dims)
             shapes.append("--input-shape " + shlex.quote(f"{name}={sizes}"))
             continue

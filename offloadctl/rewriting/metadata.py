@@ -239,8 +239,15 @@ def planned_shapes(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]],
     dims: Any = recorded.get("dims") or {} if isinstance(recorded, dict) else None
     if header is None or not isinstance(shapes, dict) or not isinstance(dims, dict):
         return {}, {}
-    known = {i.name for i in header.graph.input}
-    names = {d.dim_param for i in header.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+    return _pins_of_inputs(header.graph, shapes, dims)
+
+
+def _pins_of_inputs(
+    graph: onnx.GraphProto, shapes: dict[str, Any], dims: dict[str, Any]
+) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """The recorded ``shapes`` of the graph's inputs and ``dims`` of their dimensions, as numbers."""
+    known = {i.name for i in graph.input}
+    names = {d.dim_param for i in graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
     return (
         {k: [int(x) for x in v] for k, v in shapes.items() if k in known and isinstance(v, list)},
         {k: int(v) for k, v in dims.items() if k in names and isinstance(v, int)},
