@@ -126,13 +126,7 @@ def expand_patterns(
     for pattern, dims in shapes.items():
         if pattern in exact:
             continue
-        matched = [name for name in inputs if fnmatch.fnmatchcase(name, pattern)]
-        if not matched:
-            raise OffloadError(
-                f"{source} pattern {pattern!r} matches no input of {path}",
-                hint=f"inputs are: {', '.join(inputs) or '(none)'}",
-            )
-        for name in matched:
+        for name in _matched(pattern, inputs, path, source):
             if name in exact:
                 continue
             if name in expanded and expanded[name] != dims:
@@ -144,6 +138,17 @@ def expand_patterns(
             expanded[name] = list(dims)
             given_by[name] = pattern
     return expanded
+
+
+def _matched(pattern: str, inputs: list[str], path: Path, source: str) -> list[str]:
+    """The inputs ``pattern`` matches; refused when it matches none."""
+    matched = [name for name in inputs if fnmatch.fnmatchcase(name, pattern)]
+    if not matched:
+        raise OffloadError(
+            f"{source} pattern {pattern!r} matches no input of {path}",
+            hint=f"inputs are: {', '.join(inputs) or '(none)'}",
+        )
+    return matched
 
 
 def pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path: Path, source: str) -> None:
@@ -163,27 +168,33 @@ def pin_input_shapes(proto: onnx.ModelProto, shapes: dict[str, list[int]], path:
                 f"input {name!r} of {path} is not a tensor; --input-shape cannot pin it",
                 hint=f"drop {name} from {source}",
             )
-        old = tensor_type.shape.dim if tensor_type.HasField("shape") else []
-        if tensor_type.HasField("shape") and len(old) != len(dims):
-            raise OffloadError(
-                f"{source} {name}: gave {len(dims)} dimensions, the model declares {len(old)}",
-                hint=f"give exactly {len(old)} comma-separated dimensions",
-            )
-        for i, d in enumerate(dims):
-            if d > MAX_DIM:
-                raise OffloadError(
-                    f"{source} {name}: dimension {i} is {d}, larger than onnx allows (at most {MAX_DIM})",
-                    hint="give the real size of that dimension",
-                )
-        for i, d in enumerate(old):
-            if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != dims[i]:
-                raise OffloadError(
-                    f"{source} {name}: dimension {i} is fixed to {d.dim_value} in the model, not {dims[i]}",
-                    hint="pin only the dynamic dimensions to other values",
-                )
+        _check_pinned_dims(tensor_type, dims, f"{source} {name}")
         tensor_type.ClearField("shape")
         for d in dims:
             tensor_type.shape.dim.add().dim_value = d
+
+
+def _check_pinned_dims(tensor_type: onnx.TypeProto.Tensor, dims: list[int], where: str) -> None:
+    """Refuse pinned ``dims`` whose rank is not the declared one, that onnx cannot hold, or that change a
+    dimension the model fixes (``where``: the option and the input, for messages)."""
+    old = tensor_type.shape.dim if tensor_type.HasField("shape") else []
+    if tensor_type.HasField("shape") and len(old) != len(dims):
+        raise OffloadError(
+            f"{where}: gave {len(dims)} dimensions, the model declares {len(old)}",
+            hint=f"give exactly {len(old)} comma-separated dimensions",
+        )
+    for i, d in enumerate(dims):
+        if d > MAX_DIM:
+            raise OffloadError(
+                f"{where}: dimension {i} is {d}, larger than onnx allows (at most {MAX_DIM})",
+                hint="give the real size of that dimension",
+            )
+    for i, d in enumerate(old):
+        if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != dims[i]:
+            raise OffloadError(
+                f"{where}: dimension {i} is fixed to {d.dim_value} in the model, not {dims[i]}",
+                hint="pin only the dynamic dimensions to other values",
+            )
 
 
 def _feed_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

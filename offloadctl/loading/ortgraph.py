@@ -384,9 +384,13 @@ class _CastRemover:
                 self.rewire(out, src_name)
                 count += 1
         if self.removed:
-            kept = [onnx.NodeProto() for i in range(len(self.nodes)) if i not in self.removed]
-            for dst_node, src_node in zip(kept, (n for i, n in enumerate(self.nodes) if i not in self.removed)):
-                dst_node.CopyFrom(src_node)
-            del self.graph.node[:]
-            self.graph.node.extend(kept)
+            self._drop_removed()
         return count
+
+    def _drop_removed(self) -> None:
+        """Write the graph's nodes again without the removed ones."""
+        kept = [onnx.NodeProto() for i in range(len(self.nodes)) if i not in self.removed]
+        for dst_node, src_node in zip(kept, (n for i, n in enumerate(self.nodes) if i not in self.removed)):
+            dst_node.CopyFrom(src_node)
+        del self.graph.node[:]
+        self.graph.node.extend(kept)

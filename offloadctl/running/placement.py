@@ -397,7 +397,7 @@ class _Float16Fallback:
     def _isolated(self, node: onnx.NodeProto, cast: set[int]) -> bool:
         """onnxruntime's ``IsIsolatedFp16NodeOnCpu``: a host node whose float16 inputs all come from
         nodes that run in float32 and whose float16 outputs only such nodes read."""
-        if not self.on_host(node) or id(node) in cast or has_subgraphs(node) or set(node.output) & self.outputs:
+        if not self._may_be_isolated(node, cast):
             return False
         half_in, outs = self.half(node.input), self.half(node.output)
         if not half_in or not outs or not any(n in self.made_by for n in node.input if n):
@@ -405,6 +405,15 @@ class _Float16Fallback:
         makers = [self.made_by[n] for n in half_in if n in self.made_by]  # weights and graph inputs: no edge
         readers = [r for o in outs for r in self.readers.get(o, ())]
         return all(id(m) in cast for m in makers) and all(id(r) in cast for r in readers)
+
+    def _may_be_isolated(self, node: onnx.NodeProto, cast: set[int]) -> bool:
+        """A host node not run in float32 already, without bodies, that makes no graph output."""
+        return (
+            self.on_host(node)
+            and id(node) not in cast
+            and not has_subgraphs(node)
+            and not set(node.output) & self.outputs
+        )
 
     def only_wrapped_read(self, tensor: str, wrapped: set[int]) -> bool:
         readers = self.readers.get(tensor, [])

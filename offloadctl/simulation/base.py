@@ -208,15 +208,7 @@ def _new_base(analysis: Analysis) -> Base:
         }
     names = list(index)
     count = len(names)
-    sizes = [0] * count
-    unknown: list[str] = []
-    for t, name in enumerate(names):
-        info = analysis.infos.get(name)
-        size = info.bytes if info is not None else None
-        if size is None:
-            unknown.append(name)
-        else:
-            sizes[t] = size
+    sizes, unknown = _sizes(analysis, names)
     weight = _flags(count, canonical, analysis.weights)
     graph_output = _flags(count, canonical, analysis.graph_outputs)
     read = {t for lst in reads for t in lst}
@@ -241,6 +233,20 @@ def _new_base(analysis: Analysis) -> Base:
         subgraph_weights=sub.weight_bytes,
         rewritten=bool(copy_nodes),
     )
+
+
+def _sizes(analysis: Analysis, names: list[str]) -> tuple[list[int], list[str]]:
+    """(each tensor's size, 0 when unknown; the names of those of unknown size)."""
+    sizes = [0] * len(names)
+    unknown: list[str] = []
+    for t, name in enumerate(names):
+        info = analysis.infos.get(name)
+        size = info.bytes if info is not None else None
+        if size is None:
+            unknown.append(name)
+        else:
+            sizes[t] = size
+    return sizes, unknown
 
 
 _BASE = "simulation base"  # its key among what is derived from an analysis

@@ -99,12 +99,7 @@ def solve_exact(
     if solution.values is None:
         report.answer = "no solution found in the time limit: the greedy's plan is kept"
         return report, None
-    chosen = list(p.state)
-    for i, y in program.y_of.items():
-        cuts = frozenset(
-            int(p.iv.gap[j]) for j in p.rows[i] if j in program.x_of and solution.values[program.x_of[j]] > 0.5
-        )
-        chosen[i] = State(True, cuts) if solution.values[y] > 0.5 else State()
+    chosen = _solved_states(p, program, solution.values)
     peak = _exact_peak(p, base, chosen, pinned)
     if peak > budget:
         report.answer = (
@@ -116,6 +111,15 @@ def solve_exact(
         return report, None
     report.answer = "accepted"
     return report, chosen
+
+
+def _solved_states(p: Planner, program: _Program, values: Any) -> list[State]:
+    """Each candidate's state as the solver's ``values`` choose it (the greedy's for those not in the program)."""
+    chosen = list(p.state)
+    for i, y in program.y_of.items():
+        cuts = frozenset(int(p.iv.gap[j]) for j in p.rows[i] if j in program.x_of and values[program.x_of[j]] > 0.5)
+        chosen[i] = State(True, cuts) if values[y] > 0.5 else State()
+    return chosen
 
 
 def _add_candidate(program: _Program, p: Planner, i: int, c: Any) -> None:
