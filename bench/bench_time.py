@@ -51,7 +51,7 @@ from offloadctl.planning.make import scheduled_plan  # noqa: E402
 from offloadctl.rewriting.rewrite import apply_plan, write_model  # noqa: E402
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs  # noqa: E402
 from offloadctl.running.profiler import alternate, measure_profile, write_profile  # noqa: E402
-from offloadctl.running.runner import create_session, feeds_for, import_onnxruntime, required_settings, session_config
+from offloadctl.running.sessions import create_session, feeds_for, import_onnxruntime, required_settings, session_config
 from offloadctl.simulation.profiles import load_profile  # noqa: E402
 from offloadctl.simulation.result import simulate  # noqa: E402
 

@@ -38,7 +38,8 @@ from offloadctl.rewriting.rewrite import apply_plan, write_model
 from offloadctl.running.allocator import measure_memory
 from offloadctl.running.profiler import measure_profile
 from offloadctl.running.residency import host_nodes
-from offloadctl.running.runner import create_session, import_onnxruntime, required_settings, run_model, session_config
+from offloadctl.running.runner import run_model
+from offloadctl.running.sessions import create_session, import_onnxruntime, required_settings, session_config
 from offloadctl.simulation.profiles import profile_from_dict
 from offloadctl.simulation.result import simulate
 

@@ -20,8 +20,8 @@ from offloadctl.rewriting.preview import cpu_figures, rewritten_analysis
 from offloadctl.rewriting.rewrite import apply_plan
 from offloadctl.running import allocator
 from offloadctl.running.allocator import SessionSpec, measure_by_limit, measure_by_stats, node_scratch
+from offloadctl.running.checks import order_from_profile
 from offloadctl.running.inputs import generate_inputs, input_specs
-from offloadctl.running.runner import order_from_profile
 from offloadctl.simulation.arena import Arena, ArenaConfig
 from offloadctl.simulation.ortcpu import cpu_peak, declared_shapes
 from offloadctl.simulation.timing import count_scratch_by_name

@@ -12,10 +12,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from offloadctl.core.errors import OffloadError
-from offloadctl.running.runner import (
+from offloadctl.running.checks import compare_order
+from offloadctl.running.sessions import (
     SESSION_METADATA_KEY,
     check_session_settings,
-    compare_order,
     import_onnxruntime,
     read_session_settings,
     session_config,
@@ -300,12 +300,12 @@ def test_order_check_detects_a_different_order(run_cli, tmp_path, monkeypatch):
     """When onnxruntime runs another order than predicted, run warns, and fails with --strict-order."""
     import onnx
 
-    import offloadctl.running.runner
+    import offloadctl.running.checks
 
     path = _non_topological_model(tmp_path)
     file_order = [n.name for n in onnx.load(str(path)).graph.node]
     monkeypatch.setattr(
-        offloadctl.running.runner, "expected_run_order", lambda proto, order="priority": file_order
+        offloadctl.running.checks, "expected_run_order", lambda proto, order="priority": file_order
     )  # a wrong prediction
     result = run_cli("run", path, "--device", "cpu", "--opt-level", "disable", "--repeat", "1", "--json")
     assert result.exit_code == 0  # a warning, not a failure

@@ -28,7 +28,7 @@ from offloadctl.planning.request import (
     RequestError,
     SelectPart,
 )
-from offloadctl.running.runner import OPT_LEVELS
+from offloadctl.running.sessions import OPT_LEVELS
 
 __all__ = [
     "ep_option",

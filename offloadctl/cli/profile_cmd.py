@@ -25,7 +25,7 @@ from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.input_shapes import parse_dims, parse_input_shapes
 from offloadctl.running.profiler import DEFAULT_REPEAT, measure_profile, write_profile
-from offloadctl.running.runner import DEVICES, parse_ep_options
+from offloadctl.running.sessions import DEVICES, parse_ep_options
 
 __all__ = ["COMMANDS", "profile_cmd", "summary"]
 

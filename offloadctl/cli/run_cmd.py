@@ -26,18 +26,12 @@ from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.input_shapes import parse_dims, parse_input_shapes
 from offloadctl.rewriting.metadata import planned_execution_order
+from offloadctl.running.checks import OrderCheck, OutputComparison
 from offloadctl.running.inputs import parse_value_ranges
 from offloadctl.running.inputs import save_outputs as save_outputs_file
 from offloadctl.running.placement import InsertedCopy
-from offloadctl.running.runner import (
-    DEVICES,
-    OrderCheck,
-    OutputComparison,
-    RunReport,
-    parse_ep_options,
-    quiet_onnxruntime,
-    run_model,
-)
+from offloadctl.running.runner import RunReport, run_model
+from offloadctl.running.sessions import DEVICES, parse_ep_options, quiet_onnxruntime
 
 __all__ = ["COMMANDS", "run"]
 

@@ -1,13 +1,13 @@
 """Run: onnxruntime sessions on a device.
 
-`runner` runs a model (settings, the device check, the order check, the comparison with its
+`runner` runs a model and reports (`run_model`); `sessions` makes its sessions (settings, the
+device check); `checks` holds what a run is checked by (the order, the comparison with its
 original); `placement` loads plugin providers (WebGPU), reads the copies onnxruntime inserted into
 the graph it runs, and replicates CUDA's and CANN's CPU fallback; `residency` finds the nodes a
 device runs on the host (`plan --device`); `inputs` reads or generates what a model is fed; `sizes`
 reads every tensor's size from one run; `allocator` reads onnxruntime's own memory figures, and
-`growth` checks a rewrite's against its original's; `pinned` hands streamed weights to a session from
-page-locked memory;
-`fusions` maps an optimized graph back to the original; `profiler` measures a device profile
-(`offloadctl profile`); `replay` simulates a device run as it ran (placed as onnxruntime placed it,
-in the profiled order).
+`growth` checks a rewrite's against its original's; `pinned` hands streamed weights to a session
+from page-locked memory; `fusions` maps an optimized graph back to the original; `profiler`
+measures a device profile (`offloadctl profile`); `replay` simulates a device run as it ran
+(placed as onnxruntime placed it, in the profiled order).
 """

@@ -2,8 +2,8 @@
 
 This module owns the measurements behind a *measured* profile (format: ``schemas/profile.schema.json``,
 loader: `offloadctl.simulation.profiles`). It runs sessions configured exactly as `offloadctl run` does
-(`offloadctl.running.runner.session_config` with ``--opt-level disable``: PRIORITY_BASED order, no graph
-optimizations; `offloadctl.running.runner.create_session` checks that the device's provider is really in
+(`offloadctl.running.sessions.session_config` with ``--opt-level disable``: PRIORITY_BASED order, no graph
+optimizations; `offloadctl.running.sessions.create_session` checks that the device's provider is really in
 use) and measures:
 
 * the model: its wall-clock latency without profiling (median of ``repeat`` runs after a warm-up),
@@ -69,7 +69,7 @@ from offloadctl.rewriting.rewrite import apply_plan, external_locations, write_m
 from offloadctl.running.allocator import measure_memory, read_node_scratch
 from offloadctl.running.fusions import attribute
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs
-from offloadctl.running.runner import (
+from offloadctl.running.sessions import (
     DEVICES,
     OPT_LEVELS,
     create_session,

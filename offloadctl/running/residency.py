@@ -34,14 +34,7 @@ from offloadctl.running.placement import (
     save_placed_graph,
 )
 from offloadctl.running.replay import RanNode, ran_nodes
-from offloadctl.running.runner import (
-    DEVICES,
-    create_session,
-    feeds_for,
-    import_onnxruntime,
-    run_once,
-    session_config,
-)
+from offloadctl.running.sessions import DEVICES, create_session, feeds_for, import_onnxruntime, run_once, session_config
 
 __all__ = ["HOST_DEVICES", "HostNodes", "host_nodes"]
 

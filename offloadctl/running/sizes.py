@@ -51,7 +51,7 @@ def measure_sizes(
             dimension not pinned), or the run fails.
     """
     from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs
-    from offloadctl.running.runner import (
+    from offloadctl.running.sessions import (
         create_session,
         feeds_for,
         import_onnxruntime,
