@@ -28,7 +28,8 @@ from bench_time import PLAN, SAMPLES, _third_party  # noqa: E402
 from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
 from offloadctl.planning.make import scheduled_plan  # noqa: E402
-from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan, write_model  # noqa: E402
+from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan  # noqa: E402
+from offloadctl.rewriting.writing import write_model  # noqa: E402
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "all": "ORT_ENABLE_ALL"}
 

@@ -33,8 +33,9 @@ from offloadctl.cli.ui import foreign_stdout_aside  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
 from offloadctl.planning.make import scheduled_plan  # noqa: E402
 from offloadctl.rewriting.metadata import session_settings  # noqa: E402
-from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan, write_model  # noqa: E402
+from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan  # noqa: E402
 from offloadctl.rewriting.streams import PARTITION_KEY, streams_file, with_events  # noqa: E402
+from offloadctl.rewriting.writing import write_model  # noqa: E402
 from offloadctl.running.profiler import alternate  # noqa: E402
 
 

@@ -48,7 +48,8 @@ from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.core.errors import OffloadError  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
 from offloadctl.planning.make import scheduled_plan  # noqa: E402
-from offloadctl.rewriting.rewrite import apply_plan, write_model  # noqa: E402
+from offloadctl.rewriting.rewrite import apply_plan  # noqa: E402
+from offloadctl.rewriting.writing import write_model  # noqa: E402
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs  # noqa: E402
 from offloadctl.running.profiler import alternate, measure_profile, write_profile  # noqa: E402
 from offloadctl.running.sessions import create_session, feeds_for, import_onnxruntime, required_settings, session_config

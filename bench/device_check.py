@@ -34,7 +34,8 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.loading.model import load_model
 from offloadctl.pipeline import make_plan as planned_document
 from offloadctl.planning.make import scheduled_plan
-from offloadctl.rewriting.rewrite import apply_plan, write_model
+from offloadctl.rewriting.rewrite import apply_plan
+from offloadctl.rewriting.writing import write_model
 from offloadctl.running.allocator import measure_memory
 from offloadctl.running.profiler import measure_profile
 from offloadctl.running.residency import host_nodes

@@ -17,7 +17,8 @@ Each is a thin name over the module that owns the work, one subpackage per stage
 made by the declared pipeline of passes there; the planner's plan alone is
 `offloadctl.planning.make.scheduled_plan`, and the single stages are
 `offloadctl.planning.select`, `~.filter` and `~.prefetch`),
-`offloadctl.rewriting.rewrite.apply_plan` with `~.write_model`, `offloadctl.simulation.result.simulate`
+`offloadctl.rewriting.rewrite.apply_plan` with `offloadctl.rewriting.writing.write_model`,
+`offloadctl.simulation.result.simulate`
 and `offloadctl.running.runner.run_model`.
 User errors raise `OffloadError` (a message naming the file or tensor, and a hint).
 
@@ -123,7 +124,7 @@ def apply(
 
     Returns the rewritten ``onnx.ModelProto``. With ``output`` the model is also written there
     atomically, its external data files copied beside it when it goes to another folder (see
-    `offloadctl.rewriting.rewrite.write_model`); no file the model or plan reads is ever overwritten.
+    `offloadctl.rewriting.writing.write_model`); no file the model or plan reads is ever overwritten.
     ``result`` (an `ApplyResult`) is filled with what was inserted.
     """
     from offloadctl.job import Job

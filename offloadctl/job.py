@@ -32,14 +32,9 @@ from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.planning.select import candidate_uses
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
 from offloadctl.rewriting.metadata import session_settings
-from offloadctl.rewriting.rewrite import (
-    ApplyResult,
-    RewriteOptions,
-    apply_plan,
-    check_model_outputs,
-    write_model,
-)
+from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
 from offloadctl.rewriting.streams import streams_file, with_events
+from offloadctl.rewriting.writing import check_model_outputs, write_model
 from offloadctl.running.sizes import measure_sizes
 from offloadctl.simulation.base import plain_ids
 

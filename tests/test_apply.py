@@ -20,7 +20,8 @@ from offloadctl.core.files import sha256_file
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.rewriting.metadata import session_settings
-from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, write_model
+from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
+from offloadctl.rewriting.writing import write_model
 
 from models import idle_typed_model
 

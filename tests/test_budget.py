@@ -22,7 +22,8 @@ from offloadctl.planning.filter import filter_plan
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.select import select
-from offloadctl.rewriting.rewrite import apply_plan, write_model
+from offloadctl.rewriting.rewrite import apply_plan
+from offloadctl.rewriting.writing import write_model
 from offloadctl.simulation.memory import peak_memory
 from offloadctl.simulation.result import simulate
 

@@ -318,7 +318,7 @@ def test_a_plans_cpu_figure_is_its_rewrite_as_written_with_symbolic_dimensions(t
     of a session compares the shapes the rewrite declares as written (symbolic), so the replica of the
     plan's rewrite is that of the written file, not of the rewrite at its pinned shapes (which shares
     more buffers: PP-OCRv4 det's DEFAULT rewrite read 57.77 MB there, 61.03 MB measured)."""
-    from offloadctl.rewriting.rewrite import write_model
+    from offloadctl.rewriting.writing import write_model
 
     model = onnx.load(str(SAMPLES / "unet.onnx"))
     del model.graph.value_info[:]

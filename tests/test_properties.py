@@ -29,7 +29,8 @@ from offloadctl.contract.document import validate_plan
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.select import select
-from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan, write_model
+from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
+from offloadctl.rewriting.writing import write_model
 
 from models import make_model, tensor
 

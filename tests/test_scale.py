@@ -481,7 +481,7 @@ def test_apply_walks_the_models_tensors_once_and_its_output_reads_the_same_data_
     small_model, tmp_path, run_cli, monkeypatch
 ):
     from offloadctl.loading import model as model_module
-    from offloadctl.rewriting.rewrite import external_locations
+    from offloadctl.rewriting.writing import external_locations
 
     plan = tmp_path / "plan.json"
     assert run_cli("plan", small_model.path, "-o", plan, "--params", "--select-distance", "10").exit_code == 0
@@ -507,7 +507,8 @@ def test_apply_walks_the_models_tensors_once_and_its_output_reads_the_same_data_
 
 
 def test_write_model_given_the_locations_writes_what_it_writes_without_them(small_model, tmp_path):
-    from offloadctl.rewriting.rewrite import apply_plan, write_model
+    from offloadctl.rewriting.rewrite import apply_plan
+    from offloadctl.rewriting.writing import write_model
 
     analysis = analyse(load_model(small_model.path))
     proto = apply_plan(scheduled_plan(analysis, select_distance=10, params=True), analysis)

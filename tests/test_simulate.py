@@ -18,7 +18,8 @@ from offloadctl.contract.document import write_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
-from offloadctl.rewriting.rewrite import apply_plan, write_model
+from offloadctl.rewriting.rewrite import apply_plan
+from offloadctl.rewriting.writing import write_model
 from offloadctl.simulation.memory import peak_memory
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, list_profiles, load_profile, profile_from_dict
 from offloadctl.simulation.result import simulate

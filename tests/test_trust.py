@@ -207,7 +207,7 @@ def test_a_rewritten_model_keeps_the_permissions_of_its_source(run_cli, tmp_path
 
 
 def test_a_model_over_2_gib_keeps_the_permissions_of_its_source_in_both_files(tmp_path):
-    from offloadctl.rewriting.rewrite import write_model
+    from offloadctl.rewriting.writing import write_model
 
     weight = numpy_helper.from_array(np.ones((32, 32), np.float32), "w")  # above onnx's 1 KiB external threshold
     proto = make_model([helper.make_node("Neg", ["w"], ["y"])], [], [tensor("y", (32, 32))], initializers=[weight])

@@ -1,8 +1,8 @@
 """Rewriting a model by a scheduled plan: the only code that edits ONNX.
 
 `apply_plan` returns a new model in which every offload of the plan is encoded with onnxruntime's
-own copy operators (`offloadctl.core.memcpy`); `write_model` writes it atomically, next to the external
-data files it refers to. The source model is never modified.
+own copy operators (`offloadctl.core.memcpy`); `offloadctl.rewriting.writing.write_model` writes it
+atomically, next to the external data files it refers to. The source model is never modified.
 
 Encoding:
 
@@ -50,19 +50,12 @@ time (``model.input_shapes`` of the plan) stay pinned: the plan's sizes hold for
 
 from __future__ import annotations
 
-import contextlib
-import filecmp
 import functools
 import json
 import logging
-import os
-import shutil
-import stat
-import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Container, Sequence
+from collections.abc import Container
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -82,7 +75,6 @@ from offloadctl.contract.order_pins import (
 )
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import atomic_write, check_distinct_outputs, same_file
 from offloadctl.core.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, register_schemas
 from offloadctl.core.onnxutil import (
     BACKWARD_ATTR,
@@ -95,7 +87,6 @@ from offloadctl.core.onnxutil import (
     subgraphs,
 )
 from offloadctl.core.plantypes import Offload, Plan, Use
-from offloadctl.loading.model import external_data_entries
 from offloadctl.loading.placed import reads_host_memory, writes_host_memory
 from offloadctl.loading.tensors import TensorInfo
 from offloadctl.rewriting.metadata import (
@@ -115,19 +106,13 @@ __all__ = [
     "COPY_MODES",
     "ApplyResult",
     "RewriteOptions",
-    "MAX_EMBEDDED_BYTES",
     "TARGETS",
     "apply_plan",
-    "check_model_outputs",
-    "data_copies",
-    "external_locations",
     "target_for",
-    "write_model",
 ]
 
 logger = logging.getLogger(__name__)
 
-MAX_EMBEDDED_BYTES = 2**31 - 1  # protobuf's limit for one serialized message
 _COPY_ATTR = "__offload"  # the copy's own name: keeps copies of one tensor distinct (see module docstring)
 
 register_schemas()  # so onnx.checker accepts the models this module produces
@@ -797,186 +782,3 @@ def _restore_symbolic_types(model: onnx.ModelProto, declared: dict[str, bytes], 
         for dim in vi.type.tensor_type.shape.dim:
             if dim.HasField("dim_param") and dim.dim_param.startswith("unk__"):
                 dim.ClearField("dim_param")
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing
-
-
-def external_locations(model: onnx.ModelProto) -> list[str]:
-    """The distinct external data files (``location`` values) the model's tensors refer to."""
-    return sorted({location for _, location in external_data_entries(model)})
-
-
-def data_copies(
-    model: onnx.ModelProto,
-    out_path: str | os.PathLike[str],
-    source_dir: str | os.PathLike[str],
-    *,
-    locations: Sequence[str] | None = None,
-) -> list[Path]:
-    """Where `write_model` copies the model's external data files (none when the output goes to
-    the source's folder). ``locations``: the model's `external_locations`, when the caller has them."""
-    out = Path(out_path)
-    out_dir = out.parent if str(out.parent) else Path(".")
-    if Path(source_dir).resolve() == out_dir.resolve():
-        return []
-    return [out_dir / location for location in (external_locations(model) if locations is None else locations)]
-
-
-def check_model_outputs(
-    model: onnx.ModelProto,
-    out_path: str | os.PathLike[str],
-    source_dir: str | os.PathLike[str],
-    protected: Sequence[str | os.PathLike[str]] = (),
-    *,
-    big: bool = False,
-    locations: Sequence[str] | None = None,
-) -> None:
-    """Refuse a write of ``model`` to ``out_path`` whose files (the model, the copies of its data
-    files, with ``big`` the data file of a model over 2 GiB) collide with each other or with a
-    ``protected`` file (one the command reads). ``locations``: the model's `external_locations`,
-    when the caller has them."""
-    out = Path(out_path)
-    out_dir = out.parent if str(out.parent) else Path(".")
-    outputs = [("the rewritten model", out)]
-    copies = data_copies(model, out, source_dir, locations=locations)
-    outputs += [(f"the copy of external data file {p.name}", p) for p in copies]
-    if big:
-        outputs.append((f"the weights of the rewritten model ({out.name}.data)", out_dir / f"{out.name}.data"))
-    check_distinct_outputs(outputs)
-    for what, path in outputs:
-        for src in protected:
-            if same_file(path, src):
-                raise OffloadError(
-                    f"{what} would overwrite {src}, which the command reads",
-                    hint="write the output to another path or folder; inputs are never modified",
-                )
-
-
-def _provide_external_data(locations: list[str], source_dir: Path, out_dir: Path) -> list[Path]:
-    """Copy each data file beside the output (streamed, never read into memory, keeping its
-    permission bits); return the new files."""
-    created: list[Path] = []
-    if source_dir.resolve() == out_dir.resolve():
-        return created
-    try:
-        for location in locations:
-            src = source_dir / location
-            dst = out_dir / location
-            if Path(location).is_absolute() or not src.resolve().is_relative_to(source_dir.resolve()):
-                raise OffloadError(
-                    f"external data file {location!r} lies outside the model's folder {source_dir}",
-                    hint="keep the model's data files inside its folder (no absolute paths, no '..', no symlinks to "
-                    "elsewhere)",
-                )
-            if not dst.resolve().is_relative_to(out_dir.resolve()):
-                raise OffloadError(
-                    f"external data file {location!r} would be placed outside the output folder {out_dir}",
-                    hint=f"write the output into the model's folder {source_dir}",
-                )
-            if dst.exists():
-                if os.path.samefile(src, dst) or filecmp.cmp(src, dst, shallow=False):
-                    continue
-                raise OffloadError(
-                    f"{dst} already exists and differs from the model's external data file {src}",
-                    hint="write the output into another folder, or remove that file",
-                )
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            # A copy, not a hard link: onnx >= 1.23 refuses to load external data files with more
-            # than one link (a "hardlink attack" guard), which would break the source model too.
-            mode = stat.S_IMODE(src.stat().st_mode)
-            atomic_write(dst, functools.partial(shutil.copyfile, src), mode=mode)
-            created.append(dst)
-    except BaseException:
-        _remove(created)
-        raise
-    return created
-
-
-def _remove(paths: list[Path]) -> None:
-    for path in paths:
-        with contextlib.suppress(OSError):
-            path.unlink()
-
-
-def write_model(
-    model: onnx.ModelProto,
-    out_path: str | os.PathLike[str],
-    *,
-    source_dir: str | os.PathLike[str],
-    max_embedded_bytes: int = MAX_EMBEDDED_BYTES,
-    protected: Sequence[str | os.PathLike[str]] = (),
-    locations: Sequence[str] | None = None,
-    mode: int | None = None,
-) -> list[Path]:
-    """Write ``model`` atomically to ``out_path``; return the data files written beside it.
-
-    ``mode`` gives the written model (and the data file of a model over 2 GiB) those permission bits,
-    as `apply` gives a rewrite its source model's; None: the usual bits of a new file.
-
-    External data files the model refers to (relative to ``source_dir``, the source model's
-    folder) are copied beside the output when it goes to another folder (not hard-linked: onnx
-    refuses to load external data files that have several links). A model larger than
-    ``max_embedded_bytes`` (protobuf cannot serialize more than 2 GiB) is written with its
-    embedded weights in one external file ``OUT.name + ".data"``.
-
-    ``protected`` are files that must not be written (the inputs of the command): the output, the
-    copied data files and the data file of a model over 2 GiB are checked against them and against
-    each other before anything is written.
-
-    ``locations`` are the model's `external_locations` when the caller knows them (a model from
-    `apply_plan` refers to the data files of its source, `LoadedModel.data_locations`): a big
-    model's tensors are then not walked again.
-
-    Raises:
-        OffloadError: the output cannot be written, an output would overwrite a protected file or
-            another output, or a data file of that name exists and differs.
-    """
-    out = Path(out_path)
-    out_dir = out.parent if str(out.parent) else Path(".")
-    locations = external_locations(model) if locations is None else sorted(locations)
-    big = model.ByteSize() > max_embedded_bytes  # a walk over the whole proto: once
-    check_model_outputs(model, out, source_dir, protected, big=big, locations=locations)
-    created = _provide_external_data(locations, Path(source_dir), out_dir)
-    try:
-        if not big:
-            data = model.SerializeToString()
-            atomic_write(out, lambda tmp: tmp.write_bytes(data), mode=mode)
-            return created
-        data_name = out.name + ".data"
-        if data_name in locations:
-            raise OffloadError(
-                f"cannot write the weights of {out} to {data_name}: the model already refers to a file of that name",
-                hint="choose another output name",
-            )
-        try:
-            with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out_dir) as tmp_dir:
-                copy = onnx.ModelProto()
-                copy.CopyFrom(model)
-                onnx.save_model(
-                    copy,
-                    os.path.join(tmp_dir, out.name),
-                    save_as_external_data=True,
-                    all_tensors_to_one_file=True,
-                    location=data_name,
-                    size_threshold=1024,
-                )
-                for name in (data_name, out.name):
-                    if mode is not None:
-                        os.chmod(os.path.join(tmp_dir, name), mode)
-                    else:  # tempfile's folder is private; its files get the usual bits of a new file
-                        umask = os.umask(0)
-                        os.umask(umask)
-                        os.chmod(os.path.join(tmp_dir, name), 0o666 & ~umask)
-                os.replace(os.path.join(tmp_dir, data_name), out_dir / data_name)
-                created.append(out_dir / data_name)
-                os.replace(os.path.join(tmp_dir, out.name), out)
-        except OSError as exc:
-            raise OffloadError(
-                f"cannot write {out}: {exc.strerror or exc}", hint="check the path and free disk space"
-            ) from exc
-        return created
-    except BaseException:
-        _remove(created)
-        raise

@@ -65,7 +65,8 @@ from offloadctl.core.files import atomic_write_text
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
-from offloadctl.rewriting.rewrite import apply_plan, external_locations, write_model
+from offloadctl.rewriting.rewrite import apply_plan
+from offloadctl.rewriting.writing import external_locations, write_model
 from offloadctl.running.allocator import measure_memory, read_node_scratch
 from offloadctl.running.fusions import attribute
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs
