@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from offloadctl.planning.request import SelectPart
-from offloadctl.planning.select import RULES, _Case, _matches, _max_gap, _Screen, _Selector, _UseArrays
+from offloadctl.planning.select import RULES, UseArrays, _Case, _matches, _Screen, _Selector, longest_gap
 from tests.test_planning import _analysis, _selection_models
 
 
@@ -15,7 +15,7 @@ def _screen(selector: _Selector, analysis) -> tuple[_Screen, list[str]]:
     activations = list(analysis.producer)
     weights = [name for name in analysis.sorted_weights if name in analysis.uses]
     names = [*activations, *weights]
-    arrays = _UseArrays.of([analysis.uses.get(name) or [] for name in names])
+    arrays = UseArrays.of([analysis.uses.get(name) or [] for name in names])
     starts = np.zeros(len(names), dtype=np.int64)
     starts[: len(activations)] = [analysis.producer[n] for n in activations]
     ends = np.full(len(names), -1, dtype=np.int64)
@@ -46,7 +46,7 @@ def test_every_rules_screen_marks_every_tensor_its_check_rejects(write_model):
                 uses = analysis.uses.get(name) or []
                 start = analysis.producer[name] if kind == "activation" else 0
                 gap = (
-                    _max_gap(start, uses, None if kind == "activation" else max(selector.n - 1, uses[-1][0]))
+                    longest_gap(start, uses, None if kind == "activation" else max(selector.n - 1, uses[-1][0]))
                     if uses
                     else 0
                 )

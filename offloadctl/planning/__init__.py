@@ -1,7 +1,8 @@
 """Plan: the stages select -> filter -> prefetch, and the passes that chain them.
 
 `request` is the one typed options object (`PlanRequest`, a part per stage, validated once);
-`select`, `filter` and `prefetch` are the single-rule stages; `budget` is the budget planner
+`select`, `filter` and `prefetch` are the single-rule stages (select reads a tensor's uses through
+`uses` and where onnxruntime reads it in host memory through `host_reads`); `budget` is the budget planner
 (candidates, greedy and exact searches, weight streaming); `planners` is the distance planner;
 `tradeoff` sits on top of both (the frontier, ``--max-slowdown``); `passes` are the planner's steps
 as declared passes over one state (select, filter, prefetch, events, pins), each saying what it

@@ -25,14 +25,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-import onnx
-from onnx import TensorProto
 
 from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis, Use, derived
 from offloadctl.contract.document import SCHEMA_VERSION
 from offloadctl.core.bulk import paused_gc
-from offloadctl.core.onnxutil import iter_graphs, subgraphs
 from offloadctl.core.plantypes import (
     Kind,
     ModelInfo,
@@ -47,7 +44,20 @@ from offloadctl.core.plantypes import (
 )
 from offloadctl.core.plantypes import Use as PlanUse
 from offloadctl.loading.tensors import TensorInfo
+from offloadctl.planning.host_reads import (
+    FORCE_ADVICE,
+    HOST_INPUTS,
+    HOST_REASONS,
+    INDEX_TYPES,
+    SHAPE_TYPES,
+    SMALL_INDEX_BYTES,
+    packing_nodes,
+    prepacked_use,
+    reads_on_host,
+    shape_feeders,
+)
 from offloadctl.planning.request import SelectPart, recorded, taking
+from offloadctl.planning.uses import UseArrays, input_bits, longest_gap, sort_key, split_reload_groups
 
 __all__ = [
     "Chosen",
@@ -55,322 +65,15 @@ __all__ = [
     "select",
     "selected_plan",
     "selection_for",
-    "split_reload_groups",
 ]
 
 logger = logging.getLogger(__name__)
-
-# Inputs that onnxruntime's kernels read from host memory (shapes, axes, indices of shape ops).
-# Tensors read there are small and already host-side on every execution provider: copying them to
-# the device would only add a copy back. (op type -> input indices)
-HOST_INPUTS: dict[str, frozenset[int]] = {
-    op: frozenset(idx)
-    for op, idx in {
-        "Reshape": (1,),
-        "Expand": (1,),
-        "Tile": (1,),
-        "Slice": (1, 2, 3, 4),
-        "Resize": (1, 2, 3),
-        "Upsample": (1,),
-        "ConstantOfShape": (0,),
-        "Range": (0, 1, 2),
-        "TopK": (1,),
-        "Pad": (1, 2, 3),
-        "Unsqueeze": (1,),
-        "Squeeze": (1,),
-        "Split": (1,),
-        "OneHot": (1,),
-        "CumSum": (1,),
-        "ReduceSum": (1,),
-        "ReduceMean": (1,),
-        "ReduceMax": (1,),
-        "ReduceMin": (1,),
-        "ReduceProd": (1,),
-        "ReduceL1": (1,),
-        "ReduceL2": (1,),
-        "ReduceLogSum": (1,),
-        "ReduceLogSumExp": (1,),
-        "ReduceSumSquare": (1,),
-        "NonMaxSuppression": (2, 3, 4),
-        # min and max: CUDA and WebGPU read them in host memory (a copied-in bound made PP-OCR's
-        # rewrite define the H2D's output twice on WebGPU)
-        "Clip": (1, 2),
-        "Trilu": (1,),
-        # com.microsoft: seqlens_k and total_sequence_length (the genai builder's Casts of the mask's
-        # sums and width). On WebGPU a copy of the first failed to run (a host-to-host MemcpyToHost),
-        # of the second made onnxruntime define the H2D's output twice
-        "GroupQueryAttention": (5, 6),
-    }.items()
-}
-
-
-def split_reload_groups(
-    start: int, uses: list[Use], select_distance: int, *, first_group_at_start: bool = False
-) -> tuple[list[Use], list[tuple[int, list[Use]]]]:
-    """Split ``uses`` (sorted) by gaps larger than ``select_distance``.
-
-    Args:
-        start: position of the producer (activations) or of the run's start (weights: 0).
-        uses: the tensor's uses in execution order.
-        select_distance: a gap must be strictly larger to open a reload group.
-        first_group_at_start: weights: the first use always opens a group.
-
-    Returns:
-        (device_uses, groups): the uses before the first qualifying gap, and each reload group as
-        (gap before it, its uses).
-    """
-    device: list[Use] = []
-    groups: list[tuple[int, list[Use]]] = []
-    prev = start
-    for k, use in enumerate(uses):
-        gap = use.position - prev
-        if (first_group_at_start and k == 0) or gap > select_distance:
-            groups.append((gap, [use]))
-        elif groups:
-            groups[-1][1].append(use)
-        else:
-            device.append(use)
-        prev = use.position
-    return device, groups
-
-
-#: Kernels whose weights onnxruntime packs into their own layout when the session is made, and the
-#: inputs it packs. A weight that arrives through MemcpyFromHost is not constant and is not packed:
-#: the kernel takes another path. For MatMulNBits that path changed the logits of an int4 builder
-#: model at ORT_ENABLE_ALL (by 0.0039 on the tiny sample, 0.246 on a 1B model) and ran a 128-token
-#: prefill 3.3x slower on the 1B; the quantized kernels below pack their weights the same way.
-#: (fp32 MatMul/Gemm/Conv weights are packed too, but their unpacked path gives the same results
-#: within allclose at a similar speed: they are offloaded.)
-PREPACKED_WEIGHTS: dict[tuple[str, str], frozenset[int]] = {
-    ("com.microsoft", "MatMulNBits"): frozenset({1, 2, 3}),
-    ("com.microsoft", "QAttention"): frozenset({1}),
-    ("com.microsoft", "DynamicQuantizeMatMul"): frozenset({1}),
-    ("com.microsoft", "MatMulIntegerToFloat"): frozenset({1}),
-    ("com.microsoft", "DynamicQuantizeLSTM"): frozenset({1, 2}),
-    ("", "QLinearMatMul"): frozenset({3}),
-    ("", "QLinearConv"): frozenset({3}),
-    ("", "MatMulInteger"): frozenset({1}),
-}
-
-
-def _packing_nodes(analysis: Analysis) -> dict[int, frozenset[int]]:
-    """Position -> the inputs its node packs (`PREPACKED_WEIGHTS`), for the nodes that pack any."""
-    ops = {op for _, op in PREPACKED_WEIGHTS}
-    found = {}
-    for p, node in enumerate(analysis.nodes):
-        if node.op_type in ops:
-            domain = "" if node.domain in ("", "ai.onnx") else node.domain
-            packed = PREPACKED_WEIGHTS.get((domain, node.op_type))
-            if packed is not None:
-                found[p] = packed
-    return found
-
-
-def _prepacked_use(analysis: Analysis, uses: list[Use], packing: dict[int, frozenset[int]]) -> str | None:
-    """Why a weight should stay resident: a kernel packs it (``packing``: `_packing_nodes`); None otherwise."""
-    for use in uses:
-        packed = packing.get(use[0])
-        if packed is not None and use.input_index in packed:
-            node = analysis.nodes[use.position]
-            return (
-                f"input {use.input_index} of {node.op_type} {use.node!r}, which onnxruntime packs when the session is "
-                "made; copied in, it is not packed and the kernel takes another path (other results, slower)"
-                + _FORCE_ADVICE
-            )
-    return None
-
-
-def _reads_on_host(
-    analysis: Analysis, use: Use, name: str | None = None, cache: dict[int, frozenset[str]] | None = None
-) -> bool:
-    """True when ``use`` reads at an input onnxruntime keeps in host memory.
-
-    A read inside a subgraph (``input_index`` None) counts when the body reads ``name`` at such an
-    input (an If branch's Unsqueeze axes, a Loop body's Reshape shape).
-    """
-    node = analysis.nodes[use.position]
-    if use.input_index is not None:
-        return use.input_index in HOST_INPUTS.get(node.op_type, frozenset())
-    if name is None or cache is None:
-        return False
-    reads = cache.get(use.position)
-    if reads is None:
-        reads = cache[use.position] = _subgraph_host_reads(node)
-    return name in reads
-
-
-def _subgraph_host_reads(node: onnx.NodeProto) -> frozenset[str]:
-    """Names a node's subgraphs (at any depth) read at inputs onnxruntime keeps in host memory."""
-    found: set[str] = set()
-    for body in subgraphs(node):
-        for graph in iter_graphs(body):
-            for inner in graph.node:
-                for k in HOST_INPUTS.get(inner.op_type, ()):
-                    if k < len(inner.input) and inner.input[k]:
-                        found.add(inner.input[k])
-    return frozenset(found)
-
-
-#: Reasons a tensor is where the device provider cannot use a copy of it: onnxruntime keeps it in host
-#: memory, so a copy from the host is copied straight back (or, on WebGPU, the rewrite does not load)
-_HOST_REASONS = frozenset({"host-input", "host-resident"})
-
-#: How a rejection's detail ends where --force would override it (left out of the warning for a forced one)
-_FORCE_ADVICE = "; --force it to offload it anyway"
-
-# Element types of shape arithmetic (Shape's output, Gather/Concat/Unsqueeze of dimensions).
-_SHAPE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
-#: Integer and bool tensors at most this large are not offloaded: index, mask and shape arithmetic
-#: (token type ids, sequence lengths), kept on the host by providers without kernels for them.
-SMALL_INDEX_BYTES = 4096
-_INDEX_TYPES = frozenset(
-    {
-        TensorProto.INT64,
-        TensorProto.INT32,
-        TensorProto.INT16,
-        TensorProto.INT8,
-        TensorProto.UINT64,
-        TensorProto.UINT32,
-        TensorProto.UINT16,
-        TensorProto.UINT8,
-        TensorProto.BOOL,
-    }
-)
-
-
-def _shape_feeders(analysis: Analysis, cache: dict[int, frozenset[str]]) -> dict[str, Use]:
-    """Integer tensors that only feed shape computations, each with one host read it ends in.
-
-    An integer tensor whose every read is by a node all of whose outputs end, directly or through
-    more such nodes, at inputs onnxruntime keeps in host memory (a Concat of dimensions that becomes
-    an Expand's shape, a Gather index on a Shape output). onnxruntime places these small shape
-    computations on the host; copying their inputs to the device only adds copies back and hides
-    the shape values from shape inference. Computed in reverse execution order, so a node's outputs
-    are decided before its inputs.
-    """
-    outputs = set(analysis.graph_outputs)
-    ends: dict[str, Use] = {}  # tensor -> a host read it (eventually) feeds
-
-    def end_of(name: str) -> Use | None:
-        if name in outputs:
-            return None
-        info = analysis.infos.get(name)
-        if info is None or info.elem_type not in _SHAPE_TYPES:
-            return None
-        uses = analysis.uses.get(name)
-        if not uses:
-            return None
-        found: Use | None = None
-        for use in uses:
-            if _reads_on_host(analysis, use, name, cache):
-                found = found or use
-                continue
-            if use.input_index is None:
-                return None
-            node_outputs = [o for o in analysis.nodes[use.position].output if o]
-            if not node_outputs or any(o not in ends for o in node_outputs):
-                return None
-            found = found or ends[node_outputs[0]]
-        return found
-
-    for position in range(analysis.num_positions - 1, -1, -1):
-        for name in analysis.nodes[position].output:
-            if name:
-                end = end_of(name)
-                if end is not None:
-                    ends[name] = end
-    for name in analysis.weights:
-        end = end_of(name)
-        if end is not None:
-            ends[name] = end
-    return ends
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
     if not patterns:  # the usual case, for every tensor of a big graph
         return False
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-def _sort_key(use: Use) -> tuple[int, int]:
-    """`Use.sort_key`, without the property call (once per candidate of a big graph)."""
-    index = use[1]
-    return (use[0], index if index is not None else 1 << 30)
-
-
-class _UseArrays(NamedTuple):
-    """The uses of a list of tensors as flat arrays, tensor after tensor (each tensor's in execution order)."""
-
-    counts: np.ndarray  # uses per tensor
-    offsets: np.ndarray  # where each tensor's uses start in the flat arrays
-    positions: np.ndarray  # each use's position
-    indices: np.ndarray  # each use's input index; -1 for a read inside a subgraph
-
-    @classmethod
-    def of(cls, lists: list[list[Use]]) -> _UseArrays:
-        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-        flat = list(itertools.chain.from_iterable(lists))
-        positions = np.fromiter(map(operator.itemgetter(0), flat), dtype=np.int64, count=len(flat))
-        indices = np.fromiter(
-            (-1 if i is None else i for i in map(operator.itemgetter(1), flat)), dtype=np.int64, count=len(flat)
-        )
-        return cls(counts, np.cumsum(counts) - counts, positions, indices)
-
-    def steps(self, starts: np.ndarray) -> np.ndarray:
-        """The distance from each use back to the one before it, or for a tensor's first use back to
-        its start (``starts``: one per tensor)."""
-        has = self.counts > 0
-        before = np.empty_like(self.positions)
-        before[1:] = self.positions[:-1]
-        before[self.offsets[has]] = starts[has]
-        return self.positions - before
-
-    def last(self) -> np.ndarray:
-        """The position of each tensor's last use (-1: none)."""
-        found = np.full(len(self.counts), -1, dtype=np.int64)
-        has = self.counts > 0
-        found[has] = self.positions[self.offsets[has] + self.counts[has] - 1]
-        return found
-
-    def max_gaps(self, steps: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """`_max_gap` of each tensor (``steps``: `steps`; ``ends``: its end, or -1 for none); 0 for a
-        tensor without uses."""
-        has = self.counts > 0
-        gaps = np.zeros(len(self.counts), dtype=np.int64)
-        if has.any():
-            gaps[has] = np.maximum.reduceat(steps, self.offsets[has])
-        tail = np.where(ends >= 0, ends - self.last(), 0)
-        return np.maximum(np.maximum(gaps, tail), 0) * has
-
-    def any(self, flags: np.ndarray) -> np.ndarray:
-        """For each tensor, whether the flag of any of its uses is set (``flags``: one per use)."""
-        found = np.zeros(len(self.counts), dtype=bool)
-        has = self.counts > 0
-        if has.any():
-            found[has] = np.logical_or.reduceat(flags, self.offsets[has])
-        return found
-
-
-def _input_bits(n: int, table: dict[int, frozenset[int]]) -> np.ndarray:
-    """Per position, the input indices ``table`` gives it, as bits (indices above 62 are never listed)."""
-    bits = np.zeros(n, dtype=np.int64)
-    for position, indices in table.items():
-        bits[position] = sum(1 << i for i in indices if i < 63)
-    return bits
-
-
-def _max_gap(start: int, uses: list[Use], end: int | None = None) -> int:
-    """The largest distance between consecutive entries of [start] + use positions (+ [end])."""
-    best = 0
-    prev = start
-    for use in uses:
-        position = use[0]
-        if position - prev > best:
-            best = position - prev
-        prev = position
-    if end is not None and end - prev > best:
-        best = end - prev
-    return best
 
 
 class _Selector:
@@ -393,15 +96,15 @@ class _Selector:
         self.forced_on_host: dict[str, str] = {}
         self._feeders: dict[str, Use] | None = None  # computed on the first candidate that needs it
         self.subgraph_only: set[str] = set()  # candidates read only inside subgraphs (`consider_all`'s)
-        # `consider_all`'s candidates' uses, and the step back from each (`_UseArrays.steps`)
-        self.use_steps: tuple[_UseArrays, np.ndarray] | None = None
+        # `consider_all`'s candidates' uses, and the step back from each (`UseArrays.steps`)
+        self.use_steps: tuple[UseArrays, np.ndarray] | None = None
         self._short_details: dict[tuple[int, int], str] = {}  # (max gap, distance) -> the short-gaps detail
         self.host_reads: dict[int, frozenset[str]] = {}  # position -> names its subgraphs read on the host
         # position -> the inputs its node reads in host memory, for the nodes that have any
         self.host_inputs = {
             p: HOST_INPUTS[op] for p, op in enumerate(node.op_type for node in analysis.nodes) if op in HOST_INPUTS
         }
-        self.packing = _packing_nodes(analysis)  # position -> the inputs its node packs, for those that pack any
+        self.packing = packing_nodes(analysis)  # position -> the inputs its node packs, for those that pack any
         self.fused = frozenset(options.fused)
         self.host_nodes = frozenset(options.host_nodes)
         self.host_device = options.host_device
@@ -417,7 +120,7 @@ class _Selector:
         info: TensorInfo | None = None,
     ) -> None:
         """List ``name`` as rejected (``info``: its size's source when the caller has it)."""
-        first = _sort_key(uses[0]) if uses else (self.n, 0)
+        first = sort_key(uses[0]) if uses else (self.n, 0)
         if info is None:
             info = self.analysis.infos.get(name)
         size = info.bytes if info is not None else None
@@ -426,7 +129,7 @@ class _Selector:
 
     def shape_feeders(self) -> dict[str, Use]:
         if self._feeders is None:
-            self._feeders = _shape_feeders(self.analysis, self.host_reads)
+            self._feeders = shape_feeders(self.analysis, self.host_reads)
         return self._feeders
 
     def consider(self, name: str, kind: Kind) -> None:
@@ -437,7 +140,7 @@ class _Selector:
         start = analysis.producer[name] if is_act else 0
         max_gap = 0
         if uses:
-            max_gap = self.gaps[name] = _max_gap(start, uses, None if is_act else max(self.n - 1, uses[-1][0]))
+            max_gap = self.gaps[name] = longest_gap(start, uses, None if is_act else max(self.n - 1, uses[-1][0]))
         forced = bool(options.force) and _matches(name, options.force)
         if forced:
             self.forced.add(name)
@@ -449,9 +152,9 @@ class _Selector:
         assert info is not None  # a rule rejects a tensor without one
         if forced:  # offloaded though a host read would have kept it: the selection warns
             kept, _ = self._verdict(case._replace(forced=False, info=info), tensor_only=True)
-            if kept is not None and kept[0] in _HOST_REASONS:
-                self.forced_on_host[name] = kept[1].removesuffix(_FORCE_ADVICE)
-        key = (_sort_key(uses[0]), self.index.setdefault(name, len(self.index)))
+            if kept is not None and kept[0] in HOST_REASONS:
+                self.forced_on_host[name] = kept[1].removesuffix(FORCE_ADVICE)
+        key = (sort_key(uses[0]), self.index.setdefault(name, len(self.index)))
         # Chosen(...) without the NamedTuple's Python-level __new__ (a big model chooses hundreds of thousands)
         self.chosen.append((key, tuple.__new__(Chosen, (name, kind, start, forced, info))))
 
@@ -473,7 +176,7 @@ class _Selector:
                 return verdict, info
         return None, info
 
-    def consider_all(self, activations: list[str], weights: list[str], arrays: _UseArrays | None = None) -> None:
+    def consider_all(self, activations: list[str], weights: list[str], arrays: UseArrays | None = None) -> None:
         """`consider` each of ``activations`` and then of ``weights``, in that order, as one pass.
 
         What a big model's candidates have in common is decided for all of them at once, from the same
@@ -488,7 +191,7 @@ class _Selector:
         acts = len(activations)
         self.index.update(zip(names, range(len(self.index), len(self.index) + len(names))))
         if arrays is None:
-            arrays = _UseArrays.of([analysis.uses.get(name) or [] for name in names])
+            arrays = UseArrays.of([analysis.uses.get(name) or [] for name in names])
         has = arrays.counts > 0
         starts = np.zeros(len(names), dtype=np.int64)
         starts[:acts] = np.fromiter(map(analysis.producer.__getitem__, activations), dtype=np.int64, count=acts)
@@ -505,7 +208,7 @@ class _Selector:
         plain &= ~_where(screen, options.force)  # a forced candidate is judged by the rules one by one
         self.gaps.update(zip(itertools.compress(names, has), gaps[has].tolist()))
         self.subgraph_only.update(itertools.compress(names, has & ~arrays.any(arrays.indices >= 0)))
-        # (first-use key, candidate number) of each, as `consider` keys it (`_sort_key` of its first use)
+        # (first-use key, candidate number) of each, as `consider` keys it (`sort_key` of its first use)
         first = arrays.offsets[plain]
         indices = arrays.indices[first]
         keys = zip(
@@ -524,7 +227,7 @@ class _Selector:
         arrays = screen.arrays
         at_host = arrays.indices < 0  # inside a subgraph: its body decides
         if self.host_inputs:
-            bits = _input_bits(self.n, self.host_inputs)[arrays.positions]
+            bits = input_bits(self.n, self.host_inputs)[arrays.positions]
             at_host |= ((bits >> np.clip(arrays.indices, 0, 63)) & 1).astype(bool) & (arrays.indices >= 0)
         return arrays.any(at_host)
 
@@ -533,7 +236,7 @@ class _Selector:
         arrays = screen.arrays
         if not self.packing:
             return np.zeros(len(screen.names), dtype=bool)
-        bits = _input_bits(self.n, self.packing)[arrays.positions]
+        bits = input_bits(self.n, self.packing)[arrays.positions]
         packed = ((bits >> np.clip(arrays.indices, 0, 63)) & 1).astype(bool) & (arrays.indices >= 0)
         return arrays.any(packed)
 
@@ -583,10 +286,10 @@ class _Selector:
         analysis = self.analysis
         host_inputs = self.host_inputs
         host_use = None
-        for use in uses:  # `_reads_on_host`, with the node's host inputs from the table
+        for use in uses:  # `reads_on_host`, with the node's host inputs from the table
             index = use[1]
             if index is None:
-                if _reads_on_host(analysis, use, name, self.host_reads):
+                if reads_on_host(analysis, use, name, self.host_reads):
                     host_use = use
                     break
             elif host_inputs and index in host_inputs.get(use[0], ()):
@@ -600,7 +303,7 @@ class _Selector:
                 else f"read inside a subgraph of {op} {host_use.node!r} at an input"
             )
             return f"{where}, which onnxruntime keeps in host memory"
-        if elem_type not in _SHAPE_TYPES:  # only integer tensors feed shape computations
+        if elem_type not in SHAPE_TYPES:  # only integer tensors feed shape computations
             return None
         end = self.shape_feeders().get(name)
         if end is None:
@@ -632,7 +335,7 @@ class _Screen(NamedTuple):
     has: np.ndarray  # read by some node
     gaps: np.ndarray  # the longest idle stretch
     infos: list[TensorInfo | None]
-    arrays: _UseArrays
+    arrays: UseArrays
 
     def each(self, predicate: Callable[[str], bool]) -> np.ndarray:
         return np.fromiter(map(predicate, self.names), dtype=bool, count=len(self.names))
@@ -734,18 +437,18 @@ def _small_index(sel: _Selector, c: _Case) -> _Verdict:
         "host-input",
         f"a small {info.dtype} tensor ({info.bytes} B): index and shape arithmetic, which device providers run on "
         "the CPU where they have no kernel for it, so its copy from the host is copied again (on WebGPU such a "
-        "rewrite did not load)" + _FORCE_ADVICE,
+        "rewrite did not load)" + FORCE_ADVICE,
     )
 
 
 def _is_small_index(info: TensorInfo | None) -> bool:
-    return info is not None and info.elem_type in _INDEX_TYPES and (info.bytes or 0) <= SMALL_INDEX_BYTES
+    return info is not None and info.elem_type in INDEX_TYPES and (info.bytes or 0) <= SMALL_INDEX_BYTES
 
 
 def _prepacked(sel: _Selector, c: _Case) -> _Verdict:
     if c.forced or c.kind == "activation" or not sel.packing:
         return None
-    packed = _prepacked_use(sel.analysis, c.uses, sel.packing)
+    packed = prepacked_use(sel.analysis, c.uses, sel.packing)
     return None if packed is None else ("prepacked", packed)
 
 
@@ -793,7 +496,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "read on the host",
         _host_input,
-        lambda sel, s: sel.host_read_uses(s) | s.each_info(lambda i: i is not None and i.elem_type in _SHAPE_TYPES),
+        lambda sel, s: sel.host_read_uses(s) | s.each_info(lambda i: i is not None and i.elem_type in SHAPE_TYPES),
         True,
     ),
     Rule("small index", _small_index, lambda sel, s: s.each_info(_is_small_index), True),
@@ -984,7 +687,7 @@ class Selection:
         at select distance ``distance``, for a tensor with uses. That is its largest step longer than
         the distance, or with none its first step (a weight's first group, a forced tensor's only
         group: a first step that opens a group without being longer is never the largest)."""
-        arrays, steps = self._selector.use_steps or (_UseArrays.of([]), np.zeros(0, dtype=np.int64))
+        arrays, steps = self._selector.use_steps or (UseArrays.of([]), np.zeros(0, dtype=np.int64))
         has = arrays.counts > 0
         largest = np.full(len(arrays.counts), -1, dtype=np.int64)
         if has.any():
@@ -1053,25 +756,25 @@ class Selection:
     def _disable(self, name: str, rejected: list[tuple[_Key, Rejection]]) -> None:
         uses = self.analysis.uses[name]
         info = self.analysis.infos.get(name)
-        max_gap = _max_gap(0, uses, max(self.analysis.num_positions - 1, uses[-1].position))
+        max_gap = longest_gap(0, uses, max(self.analysis.num_positions - 1, uses[-1].position))
         size = info.bytes if info is not None else None
         why = "parameter offload is switched off (--params)"
         key = (uses[0].sort_key, self._selector.index[name])
         rejected.append((key, rejection(name, "parameter", size, "select", "disabled", why, max_gap)))
 
 
-def candidate_uses(analysis: Analysis) -> tuple[list[str], list[str], _UseArrays]:
+def candidate_uses(analysis: Analysis) -> tuple[list[str], list[str], UseArrays]:
     """The select stage's candidates, every activation and then every weight some node reads, and
     their uses as arrays: the graph alone decides them, so they are made once per analysis (while
     onnx infers the sizes, for a command that opens a big model: `offloadctl.job.Job.of_model`)."""
     return derived(analysis, "select candidates", _candidate_uses)
 
 
-def _candidate_uses(analysis: Analysis) -> tuple[list[str], list[str], _UseArrays]:
+def _candidate_uses(analysis: Analysis) -> tuple[list[str], list[str], UseArrays]:
     activations = list(analysis.producer)
     weights = [t for t in analysis.sorted_weights if t in analysis.uses]
     uses = analysis.uses
-    return activations, weights, _UseArrays.of([uses.get(name) or [] for name in (*activations, *weights)])
+    return activations, weights, UseArrays.of([uses.get(name) or [] for name in (*activations, *weights)])
 
 
 def selection_for(analysis: Analysis, options: SelectPart) -> Selection:
