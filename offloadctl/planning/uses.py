@@ -1,5 +1,5 @@
 """A tensor's uses as the select stage reads them: its reload groups at a select distance
-(`split_reload_groups`), its longest idle stretch (`max_gap`), and, for a big model's candidates at
+(`split_reload_groups`), its longest idle stretch (`longest_gap`), and, for a big model's candidates at
 once, its uses as flat arrays (`UseArrays`).
 """
 
@@ -87,7 +87,7 @@ class UseArrays(NamedTuple):
         return found
 
     def max_gaps(self, steps: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """`max_gap` of each tensor (``steps``: `steps`; ``ends``: its end, or -1 for none); 0 for a
+        """`longest_gap` of each tensor (``steps``: `steps`; ``ends``: its end, or -1 for none); 0 for a
         tensor without uses."""
         has = self.counts > 0
         gaps = np.zeros(len(self.counts), dtype=np.int64)

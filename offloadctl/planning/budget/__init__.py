@@ -8,8 +8,8 @@ after its last use) — so that the peak fits ``budget_bytes`` at the least cost
 The cost (``objective``, see `offloadctl.simulation.costs`) is a price per copy: the bytes moved (every byte
 crosses the host link; with copies in line on the compute stream every byte is time the model
 waits), or the estimated time the copy adds under the copy mode (``copies``): in line, ``latency +
-bytes / bandwidth`` of its direction from a device profile; on streams (an estimate not yet
-timed on a device), what the compute in the copy's window does not hide. Offloading a
+bytes / bandwidth`` of its direction from a device profile; on streams (not yet timed on a device),
+what the compute in the copy's window does not hide. Offloading a
 tensor at all costs its *opening* copies (an activation's D2H, plus the H2D feeding it back as a
 graph output; a weight's first H2D), and each further interval one H2D. The number of offloads, by
 contrast, says nothing: one large tensor costs more than ten small ones. On streams an H2D is priced
@@ -80,7 +80,8 @@ tensors of unknown size count 0 bytes.
 
 Rooms: `candidates` (candidate tensors, their states, the intervals, the spans and prices of a
 state, and their plan entries), `search` (the greedy, pruning, prefetch placement and the cost
-bound), `exact` and `optimal` (the exact search, its covering program, HiGHS in a child process),
-`streaming` (weight streaming by layer group) and `strategy` (the entry points: `BudgetSearch`,
-`budget_plan`, `budget_filter`, and the plan's ``budget`` object).
+bound, on a `Planner`), `solve` (one search start to end, over a planner), `exact` and `optimal`
+(the exact search, its covering program, HiGHS in a child process), `streaming` (weight streaming
+by layer group) and `strategy` (the entry points: `BudgetSearch`, `budget_plan`, `budget_filter`,
+and the plan's ``budget`` object).
 """

@@ -26,7 +26,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.plantypes import BudgetRecord, Compared, Offload, Plan, Rejection
 from offloadctl.core.units import byte_arg, fmt_bytes
 from offloadctl.planning.budget.candidates import Cand, candidates, plan_entry, reject
-from offloadctl.planning.budget.search import Outcome, solve
+from offloadctl.planning.budget.solve import Outcome, solve
 from offloadctl.planning.budget.streaming import stream_states
 from offloadctl.planning.filter import first_use_key
 from offloadctl.planning.outcome import PlanOutcome
