@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,15 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from bench_device import _wheel_model  # noqa: E402
+from bench_walk import WHEELS as WALK_WHEELS  # noqa: E402
+from bench_walk import _cli  # noqa: E402  (a command's --json document, or its error)
 
 SAMPLES = ROOT / "sample_models"
-#: (wheel, member, input shapes)
-WHEELS = [
-    ("rapidocr-onnxruntime==1.4.4", "ch_PP-OCRv4_det_infer.onnx", {"x": [1, 3, 640, 640]}),
-    ("rapidocr-onnxruntime==1.4.4", "ch_PP-OCRv4_rec_infer.onnx", {"x": [1, 3, 48, 320]}),
-    ("rapidocr-onnxruntime==1.4.4", "ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [1, 3, 48, 192]}),
-    ("ddddocr==1.6.1", "common_det.onnx", {"images": [1, 3, 416, 416]}),
-]
+#: (wheel, member, input shapes): bench_walk's, and the PP-OCR classifier
+WHEELS = [*WALK_WHEELS, ("rapidocr-onnxruntime==1.4.4", "ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [1, 3, 48, 192]})]
 #: prefill of 16 tokens into a shared 256-token KV buffer, as tests/test_llm.py runs it
 LLAMA_DIMS = {
     "batch_size": 1,
@@ -49,16 +45,6 @@ LLAMA_DIMS = {
     "kv_cache_dim": 16,
 }
 MIB = 1 << 20
-
-
-def _cli(*args: str | Path) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "offloadctl", *map(str, args), "--json"], capture_output=True, text=True
-    )
-    try:
-        return json.loads(done.stdout)
-    except json.JSONDecodeError:
-        return {"passed": False, "error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
 
 
 def _planned(source: Path, pins: list[str], folder: Path) -> dict:
