@@ -72,6 +72,7 @@ __all__ = [
     "planned",
     "run_order_figures",
     "suggested_budget",
+    "verdict_figures",
 ]
 
 #: a plan that lowers the peak by less than this fraction gets a computed next step
@@ -95,6 +96,13 @@ def _figures(state: Planning) -> Planning:
         result = state.simulation or simulate(analysis, plan, profile=request.device_profile)
     record_estimate(plan, run_order_figures(plan, analysis, result, request))  # apply quotes it
     return dataclasses.replace(state, simulation=result)
+
+
+def verdict_figures(state: Planning) -> dict[str, Any]:
+    """The figures a plan's verdict quotes: those the figures pass recorded in it (the peaks of what
+    runs), else its simulation's."""
+    assert state.plan is not None and state.simulation is not None
+    return recorded_estimate(state.plan) or estimate_figures(state.simulation, state.request.copies)
 
 
 def run_order_figures(plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest) -> dict[str, Any]:

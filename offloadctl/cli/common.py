@@ -94,6 +94,12 @@ def open_model(
     return job
 
 
+def check_original(analysis: Analysis, what: str, hint: str) -> None:
+    """Refuse a model that already holds copies where the original is needed (``what`` needs it)."""
+    if is_rewritten(analysis):
+        raise OffloadError(f"{analysis.loaded.path} already contains copies: {what} need the original model", hint=hint)
+
+
 def _pins(
     model: str, shapes: ShapeOptions, plan: Plan | None, plan_path: str | None
 ) -> tuple[dict[str, list[int]], dict[str, int], str]:

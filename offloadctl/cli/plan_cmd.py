@@ -12,6 +12,7 @@ import click
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import (
+    check_original,
     check_report_paths,
     check_unknown_sizes,
     finish,
@@ -48,16 +49,13 @@ from offloadctl.cli.options import (
     sizes_option,
     strict_option,
 )
+from offloadctl.cli.plan_lines import for_device, print_search
 from offloadctl.cli.report import write_report
-from offloadctl.cli.stages_cmd import for_device, print_search
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import write_plan
-from offloadctl.core.bulk import paused_gc
-from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path
-from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
-from offloadctl.pipeline import PIPELINE, next_step_text, planned
+from offloadctl.pipeline import PIPELINE, next_step_text, planned, verdict_figures
 from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice
 from offloadctl.planning.explain import explain_table
 from offloadctl.planning.passes import Planning
@@ -69,10 +67,7 @@ from offloadctl.planning.request import (
     SelectPart,
     evolve,
 )
-from offloadctl.simulation.base import is_rewritten
-from offloadctl.simulation.estimate import estimate_figures, recorded_estimate
-from offloadctl.simulation.points import PointResult, at_points, parse_point, point_analysis
-from offloadctl.simulation.result import SimResult, simulate
+from offloadctl.simulation.points import PointResult, at_points, largest_point, parse_point
 
 __all__ = ["COMMANDS"]
 
@@ -130,11 +125,9 @@ def plan_cmd(
         check_report_paths(report, *job.reads, others=[("the plan", output)])
     check_unknown_sizes(analysis, strict=strict)
     request = for_device(request, analysis, device, as_json)
-    if (max_peak is not None or report is not None) and is_rewritten(analysis):
-        raise OffloadError(
-            f"{model} already contains copies: --max-peak and --report need the original model",
-            hint="check the rewritten model with offloadctl simulate MODEL --max-peak BYTES --report FILE.md",
-        )
+    if max_peak is not None or report is not None:
+        hint = "check the rewritten model with offloadctl simulate MODEL --max-peak BYTES --report FILE.md"
+        check_original(analysis, "--max-peak and --report", hint)
     points = [parse_point(p) for p in shape_points]
     if points and request.uses_budget:
         analysis, points = _largest_point(analysis, points, as_json)
@@ -164,25 +157,18 @@ def plan_cmd(
         print_points(analysis.loaded.dims, result, checked)
     budget = request.budget_bytes if request.uses_budget else None
     failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
-    _plan_verdict(analysis, plan, result, request, written, as_json, max_peak, search, failure, done.next_step)
+    _plan_verdict(done, written, as_json, max_peak, search, failure)
 
 
 def _largest_point(
     analysis: Analysis, points: list[dict[str, int]], as_json: bool
 ) -> tuple[Analysis, list[dict[str, int]]]:
-    """The analysis at the shape point with the largest peak (the one given or one of ``points``),
-    and the points left to check: a budget plan made at the largest fits the smaller ones too,
-    which the plan command then checks."""
-    base = simulate(analysis, None, profile=None).peak_before
-    found = at_points(analysis, None, points, profile=None)
-    k = max(range(len(found)), key=lambda i: found[i].result.peak_before)
-    worst = found[k]
-    if worst.result.peak_before <= base:
-        return analysis, points
-    if not as_json:
+    """`offloadctl.simulation.points.largest_point`, saying so when the plan is made at another point."""
+    analysis, points, worst = largest_point(analysis, points)
+    if worst is not None and not as_json:
         dims = ", ".join(f"{d}={v}" for d, v in worst.dims.items())
         out_console().print(f"planning at the largest shape point, {dims} (peak {fmt_bytes(worst.result.peak_before)})")
-    return point_analysis(analysis, points[k]), [dict(analysis.loaded.dims), *points[:k], *points[k + 1 :]]
+    return analysis, points
 
 
 def _plan_and_simulate(
@@ -208,32 +194,29 @@ def _plan_and_simulate(
 
 
 def _plan_verdict(
-    analysis: Analysis,
-    plan: Plan,
-    result: SimResult | None,
-    request: PlanRequest,
+    done: Planning,
     written: list[str | Path],
     as_json: bool,
     max_peak: int | None,
     search: dict[str, Any],
     point_failure: str | None = None,
-    step: dict[str, Any] | None = None,
 ) -> None:
-    """The plan command's last lines: the estimate, the advice on a weak plan (``step``: its next
-    step, `offloadctl.pipeline.next_step`), and the verdict (``point_failure``: a shape point over the
+    """The plan command's last lines: the estimate, the advice on a weak plan (its next step,
+    `offloadctl.pipeline.next_step`), and the verdict (``point_failure``: a shape point over the
     budget or --max-peak)."""
+    analysis, plan, result, step = done.analysis, done.plan, done.simulation, done.next_step
+    assert plan is not None
     model = str(analysis.loaded.path)
     if result is None:
         doc = {"model": model, "plan": written[0], **plan_figures(plan), **search}
         finish("plan", model, [], written, as_json=as_json, doc=doc)
         return
-    figures = recorded_estimate(plan) or estimate_figures(result, request.copies)
+    figures = verdict_figures(done)
     if not as_json:
         at = result.after.at(result.after.peak_step)
         where = f", at #{at['position']} {at['node']}" if at["step"] is not None and at["kind"] == "node" else ""
         print_estimate(figures, where=where)
-    with paused_gc():
-        warning = weak_plan_advice(analysis, plan, result=result)
+    warning = weak_plan_advice(analysis, plan, result=result)
     if warning:
         logger.warning("%s", warning)
     if step is not None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory
+from offloadctl.core.bulk import paused_gc
 from offloadctl.core.onnxutil import subgraph_outer_names
 from offloadctl.core.plantypes import Offload, Plan, ReloadGroup
 from offloadctl.core.units import fmt_bytes
@@ -49,6 +50,7 @@ def _peaks(result: SimResult) -> tuple[int, int, int | None]:
     return result.peak_before, result.peak_after, None if step is None else result.after.positions[step]
 
 
+@paused_gc()
 def weak_plan_advice(analysis: Analysis, plan: Plan, *, result: SimResult | None = None) -> str | None:
     """The warning for a scheduled plan that moves bytes but barely lowers the peak, else None.
 

@@ -23,7 +23,7 @@ from offloadctl.loading.model import load_model
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 
-__all__ = ["PointResult", "at_points", "parse_point", "point_analysis", "resized"]
+__all__ = ["largest_point", "PointResult", "at_points", "parse_point", "point_analysis", "resized"]
 
 
 @dataclass(frozen=True)
@@ -109,3 +109,18 @@ def at_points(
             )
         )
     return found
+
+
+def largest_point(
+    analysis: Analysis, points: list[dict[str, int]]
+) -> tuple[Analysis, list[dict[str, int]], PointResult | None]:
+    """The analysis at the shape point with the largest peak (the model's own or one of ``points``), the
+    points left to check, and that point's result when it is not the model's own: a budget plan made at
+    the largest point fits the smaller ones too, which the plan command then checks."""
+    base = simulate(analysis, None, profile=None).peak_before
+    found = at_points(analysis, None, points, profile=None)
+    k = max(range(len(found)), key=lambda i: found[i].result.peak_before)
+    worst = found[k]
+    if worst.result.peak_before <= base:
+        return analysis, points, None
+    return point_analysis(analysis, points[k]), [dict(analysis.loaded.dims), *points[:k], *points[k + 1 :]], worst
