@@ -513,7 +513,7 @@ class _Rewriter:
         graph = self.graph
         if analysis.order == "default":
             del graph.node[:]
-            graph.node.extend(constants + planned)
+            graph.node.extend(constants + _after_their_copies(planned, self.h2d_pins))
             return self._finish()
         # The planned order is topological by construction; without a backward node (so without a
         # backward copy) onnxruntime's priority order is the file order with each Shape/Size (an order
