@@ -251,18 +251,27 @@ def _growth_error(model: str, compare_to: str | None, report: RunReport) -> Offl
     growth = report.growth
     assert growth is not None and growth.copy_bytes is not None and growth.excess_bytes is not None
     moved = growth.moved
-    cause = (
-        f"{len(moved)} original node(s) ran at another place than in the original's {report.execution_order.upper()} "
-        f"order (first: {', '.join(moved[:5])}), so more of them are alive at once"
-        if moved
-        else f"the order that ran keeps more alive than the original's {report.execution_order.upper()} order"
-    )
+    order = report.execution_order.upper()
+    if report.streams is not None:
+        cause = "onnxruntime's reuse plan for two streams keeps more buffers alive than for one (apply --json's "
+        cause += "streams_cpu_peak predicts it)"
+        hint = "apply the plan with --copies inline"
+    else:
+        cause = (
+            f"{len(moved)} original node(s) ran at another place than in the original's {order} order (first: "
+            f"{', '.join(moved[:5])}), so more of them are alive at once"
+            if moved
+            else f"the order that ran keeps more alive than the original's {order} order"
+        )
+        hint = (
+            f"plan with --execution-order {report.execution_order} (its figures count the walk that runs), or apply "
+            "the plan with --no-order-pins"
+        )
     return OffloadError(
         f"{model}: onnxruntime's arena peaks at {fmt_bytes(growth.rewrite_bytes)}, "
         f"{fmt_bytes(growth.excess_bytes)} above {compare_to}'s {fmt_bytes(growth.original_bytes)} beyond what the "
         f"rewrite's copies account for ({fmt_bytes(growth.copy_bytes)}): {cause}",
-        hint=f"plan with --execution-order {report.execution_order} (its figures count the walk that runs), or apply "
-        "the plan with --no-order-pins",
+        hint=hint,
     )
 
 
