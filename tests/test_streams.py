@@ -201,6 +201,23 @@ def test_a_default_order_streams_rewrite_holds_its_copies_at_their_pins(run_cli,
     assert all(c["identical"] for c in doc["comparison"].values())
 
 
+def test_an_exported_bert_streams_rewrite_holds_its_pins_in_the_default_order(run_cli, tmp_path):
+    """An exported BERT's DEFAULT plan pins an H2D whose pin node came before the copy in the planned
+    order: the file puts it after the copy, so its gate follows the copy in the DEFAULT walk and every
+    pin holds on onnxruntime's two-stream executor (before, one copy ran on the wrong side)."""
+    bert = SAMPLES / "bert" / "model.onnx"
+    plan, out = tmp_path / "bert.plan.json", tmp_path / "bert.offload.onnx"
+    made = run_cli("plan", bert, "-o", plan, "--execution-order", "default", "--params", "--select-distance", "10")
+    assert made.exit_code in (0, 1), made.stderr
+    assert run_cli("apply", plan, "-o", out, "--copies", "streams").exit_code == 0
+    result = run_cli("run", out, "--device", "cpu", "--execution-order", "default", "--compare-to", bert,
+                     "--repeat", "1", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["order_pins"]["checked"] > 0 and doc["order_pins"]["holds"], doc["order_pins"]
+    assert not doc["order_pins"]["violated"] and all(c["identical"] for c in doc["comparison"].values())
+
+
 def test_apply_warns_when_the_two_stream_reuse_plan_keeps_more_live_than_one_stream(run_cli, tmp_path):
     """onnxruntime's reuse plan for two streams on one device shares each buffer at most once more: apply
     --copies streams says what that costs against the same plan in line, and both figures are onnxruntime's
