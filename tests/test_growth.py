@@ -63,3 +63,17 @@ def test_run_fails_a_rewrite_whose_arena_grows_beyond_its_copies(run_cli, tmp_pa
     doc = _run(run_cli, worse, "--json")
     assert doc.exit_code == 1 and doc.json()["passed"] is False
     assert doc.json()["memory_growth"]["explained"] is False
+
+
+def test_a_streams_rewrite_that_grows_is_blamed_on_the_two_stream_reuse_plan():
+    """On two streams the growth comes from onnxruntime's reuse plan, not from the order (as on
+    PP-OCRv4's detector, 57.60 -> 318.55 MiB): the fix is copies in line, not an order flag."""
+    from types import SimpleNamespace
+
+    from offloadctl.cli.run_cmd import _growth_error
+
+    report = SimpleNamespace(growth=MemoryGrowth(1000, 5000, 100), execution_order="default", streams=object())
+    error = _growth_error("m.onnx", "orig.onnx", report)
+    assert "reuse plan for two streams" in str(error) and error.hint == "apply the plan with --copies inline"
+    error = _growth_error("m.onnx", "orig.onnx", SimpleNamespace(**{**vars(report), "streams": None}))
+    assert "--execution-order default" in error.hint and "reuse plan" not in str(error)
