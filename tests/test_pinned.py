@@ -109,3 +109,30 @@ def test_run_on_the_cpu_hands_nothing_over(run_cli, rewrite):
     result = run_cli("run", out, "--device", "cpu", "--inputs", SAMPLES / "mlp.inputs.npz", "--repeat", "1", "--json")
     assert result.exit_code == 0, result.stderr
     assert result.json()["page_locked_weights"] is None
+
+
+def test_run_gives_the_buffers_back_after_its_sessions_and_when_it_fails(rewrite, monkeypatch):
+    """`run_model` frees every page-locked buffer it made, on success and when the run fails after the
+    hand-over (here the CPU stands in for CUDA, with libc's allocator in place of cudaHostAlloc)."""
+    from offloadctl.core.errors import OffloadError
+    from offloadctl.running import runner
+
+    out, _ = rewrite
+    allocator, freed = _libc_allocator()
+    handed = []
+
+    def page_locked(model, proto, config, device, ort):
+        handed.append(hand_over(proto, config.sess_options, allocator, ort=ort, base_dir=out.parent))
+        return handed[-1]
+
+    monkeypatch.setattr(runner, "_page_locked", page_locked)
+    report = runner.run_model(str(out), "cpu", inputs=str(SAMPLES / "mlp.inputs.npz"), repeat=1)
+    assert report.page_locked.weights > 0 and len(freed) == report.page_locked.weights
+
+    def fails(*args, **kwargs):
+        raise OffloadError("the session could not be made")
+
+    monkeypatch.setattr(runner, "_timed_runs", fails)
+    with pytest.raises(OffloadError):
+        runner.run_model(str(out), "cpu", inputs=str(SAMPLES / "mlp.inputs.npz"), repeat=1)
+    assert len(handed) == 2 and len(freed) == 2 * handed[1].weights

@@ -237,36 +237,35 @@ def run_model(
     settings = required_settings(loaded.proto, model)
     config = session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort, order=order)
     streams, locked = _session_extras(model, loaded.proto, config, device, order, ort)
-    warnings += _setup_warnings(settings, config, device, ep_options, locked)
-    feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
-    with _original_refused_too(compare_to, feeds_all, device, opt_level, ep_options, ort):
-        timed = _timed_runs(model, config, device, ort, feeds_all, repeat)
-    checked, pins = _order_checks(loaded, timed, order, opt_level == "disable", device, warnings)
-    feeds = _session_feeds(loaded.proto, feeds_all)
-    measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
-    compared = _compare_with(
-        compare_to, model, timed.outputs, feeds_all, device, opt_level, ep_options, ort, rtol, atol, warnings
-    )
-    report = RunReport(
-        model=model,
-        device=device,
-        opt_level=opt_level,
-        session=_session_doc(config, settings),
-        inputs={n: {**_describe_value(a), "source": source} for n, a in feeds_all.items()},
-        order=checked,
-        compare_to=compare_to,
-        warnings=warnings,
-        execution_order=order,
-        measured_memory=measured,
-        pins=pins,
-        growth=_growth(loaded, compare_to, config, device, feeds_all, measured, timed.ran, order, ort),
-        streams=streams,
-        page_locked=locked,
-        **timed.report_fields(),
-        **compared._asdict(),
-    )
-    locked.close()  # the sessions that read the buffers are gone
-    return report
+    with contextlib.closing(locked):  # the buffers go back after the sessions that read them, or on a failure
+        warnings += _setup_warnings(settings, config, device, ep_options, locked)
+        feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
+        with _original_refused_too(compare_to, feeds_all, device, opt_level, ep_options, ort):
+            timed = _timed_runs(model, config, device, ort, feeds_all, repeat)
+        checked, pins = _order_checks(loaded, timed, order, opt_level == "disable", device, warnings)
+        feeds = _session_feeds(loaded.proto, feeds_all)
+        measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
+        compared = _compare_with(
+            compare_to, model, timed.outputs, feeds_all, device, opt_level, ep_options, ort, rtol, atol, warnings
+        )
+        return RunReport(
+            model=model,
+            device=device,
+            opt_level=opt_level,
+            session=_session_doc(config, settings),
+            inputs={n: {**_describe_value(a), "source": source} for n, a in feeds_all.items()},
+            order=checked,
+            compare_to=compare_to,
+            warnings=warnings,
+            execution_order=order,
+            measured_memory=measured,
+            pins=pins,
+            growth=_growth(loaded, compare_to, config, device, feeds_all, measured, timed.ran, order, ort),
+            streams=streams,
+            page_locked=locked,
+            **timed.report_fields(),
+            **compared._asdict(),
+        )
 
 
 def _session_extras(
