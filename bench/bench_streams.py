@@ -36,7 +36,7 @@ from offloadctl.rewriting.metadata import session_settings  # noqa: E402
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan  # noqa: E402
 from offloadctl.rewriting.streams import PARTITION_KEY, streams_file, with_events  # noqa: E402
 from offloadctl.rewriting.writing import write_model  # noqa: E402
-from offloadctl.running.profiler import alternate  # noqa: E402
+from offloadctl.running.timed import alternate  # noqa: E402
 
 
 def _session(path: Path, ort, partition: Path | None = None):

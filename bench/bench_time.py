@@ -51,9 +51,10 @@ from offloadctl.planning.make import scheduled_plan  # noqa: E402
 from offloadctl.rewriting.rewrite import apply_plan  # noqa: E402
 from offloadctl.rewriting.writing import write_model  # noqa: E402
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs  # noqa: E402
-from offloadctl.running.profiler import alternate, measure_profile, write_profile  # noqa: E402
+from offloadctl.running.profiler import measure_profile  # noqa: E402
 from offloadctl.running.sessions import create_session, feeds_for, import_onnxruntime, required_settings, session_config
-from offloadctl.simulation.profiles import load_profile  # noqa: E402
+from offloadctl.running.timed import alternate  # noqa: E402
+from offloadctl.simulation.profiles import load_profile, write_profile  # noqa: E402
 from offloadctl.simulation.result import simulate  # noqa: E402
 
 from gen_large import LargeModelConfig, generate  # noqa: E402
@@ -82,7 +83,7 @@ def _session(path: str, ort, threads: int):
 def _latencies(
     paths: list[str], feeds: dict, repeat: int, ort, threads: int, *, min_seconds: float = 2.0
 ) -> list[float]:
-    """Median wall-clock latency of each model, timed side by side (`offloadctl.running.profiler.alternate`)."""
+    """Median wall-clock latency of each model, timed side by side (`offloadctl.running.timed.alternate`)."""
     calls = []
     for path in paths:
         session = _session(path, ort, threads)

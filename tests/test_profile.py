@@ -1,4 +1,4 @@
-"""Measured profiles: `offloadctl profile`, the copy-cost fit, and their use by simulate and plan (CPU only).
+"""Measured profiles: `offloadctl profile` and their use by simulate and plan (CPU only).
 
 No test here checks a timing against a number: measurements only have to exist, be recorded with
 what they belong to, and be used (or not) by the simulator as documented.
@@ -23,33 +23,25 @@ from offloadctl.core.files import sha256_file
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.rewriting.rewrite import apply_plan
-from offloadctl.running import profiler
+from offloadctl.running import copies_in_model, profiler, timed
 from offloadctl.running.fusions import attribute
-from offloadctl.running.profiler import (
-    fit_link,
-    fit_range,
-    kernel_runs,
-    measure_profile,
-    node_overhead_for,
-    write_profile,
-)
-from offloadctl.simulation.profiles import list_profiles, load_profile, profile_from_dict, profile_schema
+from offloadctl.running.profiler import measure_profile
+from offloadctl.simulation.profiles import list_profiles, load_profile, profile_from_dict, profile_schema, write_profile
 from offloadctl.simulation.result import simulate
 
-from conftest import FAST_PROFILER, SAMPLES
+from conftest import FAST_PROFILER, SAMPLES, fast_profiler
 from models import long_reuse_model, save
 
 SEED = SAMPLES / "seed.onnx"
 SEED_INPUTS = SAMPLES / "seed.inputs.npz"
 
-FAST = FAST_PROFILER
+FAST = FAST_PROFILER["offloadctl.running.profiler"]
 
 
 @pytest.fixture(scope="module")
 def fast():
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in FAST.items():
-            mp.setattr(profiler, name, value)
+        fast_profiler(mp)
         yield
 
 
@@ -67,115 +59,6 @@ def seed_profile_file(seed_doc, tmp_path):
 
 def _analysis(path):
     return analyse(load_model(path))
-
-
-# ---------------------------------------------------------------------------------------------
-# The copy-cost fit
-
-
-SIZES = [4096 * 4**k for k in range(8)]
-
-
-def test_fit_recovers_latency_and_bandwidth_from_exact_points():
-    fit = fit_link([(b, 3e-6 + b / 8e9) for b in SIZES])
-    assert fit.latency_s == pytest.approx(3e-6, rel=1e-9)
-    assert fit.bandwidth == pytest.approx(8e9, rel=1e-9)
-    assert fit.max_relative_error < 1e-9
-
-
-def test_fit_recovers_latency_and_bandwidth_from_noisy_points():
-    rng = np.random.default_rng(0)
-    points = [(b, (2e-6 + b / 1.2e10) * (1 + rng.uniform(-0.02, 0.02))) for b in SIZES for _ in range(3)]
-    fit = fit_link(points)
-    assert fit.latency_s == pytest.approx(2e-6, rel=0.05)
-    assert fit.bandwidth == pytest.approx(1.2e10, rel=0.05)
-    assert 0 < fit.max_relative_error <= 0.05
-
-
-def test_fit_never_gives_a_negative_latency():
-    fit = fit_link([(b, b / 1e10 - 1e-7) for b in SIZES[2:]])
-    assert fit.latency_s == 0.0
-    assert fit.bandwidth == pytest.approx(1e10, rel=0.02)
-
-
-@pytest.mark.parametrize(
-    "points, words",
-    [
-        ([(4096, 1e-6)], "at least two sizes"),
-        ([(4096, 1e-6), (4096, 2e-6)], "at least two sizes"),
-        ([(4096, 2e-5), (1 << 20, 1e-5), (1 << 24, 5e-6)], "do not grow"),
-    ],
-)
-def test_fit_refuses_points_without_a_bandwidth(points, words):
-    with pytest.raises(OffloadError, match=words):
-        fit_link(points)
-
-
-@pytest.mark.parametrize(
-    "tensors, expected",
-    [
-        ([100, 20_000], (4096, 65536)),  # spans the tensors, rounded down and up to the grid, up to 64 KiB
-        ([5000, 6000], (4096, 65536)),
-        ([5000, 100_000], (4096, 262144)),
-        ([1 << 30], (16384, 262144)),  # beyond the sweep: the last three sizes
-        ([], (4096, 262144)),  # no sizes known: all of it
-    ],
-)
-def test_fit_range_spans_the_model_tensors(tensors, expected):
-    assert fit_range([4096, 16384, 65536, 262144], tensors) == expected
-    assert fit_range([256, 1024, 4096, 16384, 65536], [64]) == (256, 65536)  # small tensors: up to 64 KiB
-
-
-@pytest.mark.parametrize(
-    "durations, total, expected",
-    [
-        ([1.0, 2.0, 3.0], 9.0, 1.0),  # every node gets 1 more
-        ([1.0, 2.0, 3.0], 3.0, -1.0),  # 0 + 1 + 2
-        ([1.0, 2.0, 3.0], 1.0, -2.0),  # only the longest node keeps time
-        ([1.0, 2.0, 3.0], 0.0, -3.0),
-        ([], 5.0, 0.0),
-    ],
-)
-def test_node_overhead_makes_the_nodes_add_up_to_the_latency(durations, total, expected):
-    offset = node_overhead_for(durations, total)
-    assert offset == pytest.approx(expected, abs=1e-9)
-    if durations:
-        assert sum(max(t + offset, 0) for t in durations) == pytest.approx(max(total, 0), abs=1e-9)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading onnxruntime's profiling
-
-
-def _event(name, ts, dur, op="Relu", shapes=((4,),)):
-    return {
-        "cat": "Node",
-        "name": f"{name}_kernel_time",
-        "ts": ts,
-        "dur": dur,
-        "ph": "X",
-        "args": {"op_name": op, "input_type_shape": [{"float": list(s)} for s in shapes]},
-    }
-
-
-def test_kernel_runs_groups_by_run_drops_warmup_and_nested_events(tmp_path):
-    events = [
-        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 100},
-        _event("a", 10, 5),
-        {"cat": "Session", "name": "model_run", "ts": 200, "dur": 300},
-        _event("a", 210, 7),
-        _event("if", 220, 100, op="If", shapes=((),)),
-        _event("then_branch_node", 230, 40),  # runs inside the If: its time is the If's
-        _event("b", 330, 9, op="Add", shapes=((4,), (4,))),
-        {"cat": "Session", "name": "SequentialExecutor::Execute", "ts": 205, "dur": 290},
-    ]
-    path = tmp_path / "profile.json"
-    path.write_text(json.dumps(events))
-    (run,) = kernel_runs(path)
-    assert [e.name for e in run] == ["a", "if", "b"]
-    assert [e.seconds for e in run] == pytest.approx([7e-6, 100e-6, 9e-6])
-    assert run[2].op_type == "Add" and run[2].input_shapes == ((4,), (4,))
-    assert [e.name for e in kernel_runs(path, skip=0)[0]] == ["a"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -592,14 +475,14 @@ def test_profile_cli_at_opt_level_all_and_an_unsaveable_graph(run_cli, fast, tmp
     assert run_cli("plan", MLP, "-o", kept, "--params", "--select-distance", "1", "--profile", out).exit_code == 0
     assert "fusions take in" not in run_cli("simulate", MLP, "--plan", kept, "--profile", out).stderr
     # a provider whose optimized graph onnxruntime cannot save (CANN graph mode): one error, nothing written
-    real = profiler._Device.runner
+    real = timed.Device.runner
 
     def refuse(self, *args, **kwargs):
         if kwargs.get("optimized") is not None:
             raise OffloadError("Unable to serialize model as it contains compiled nodes", hint="-")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(profiler._Device, "runner", refuse)
+    monkeypatch.setattr(timed.Device, "runner", refuse)
     out.write_text("previous")
     failed = run_cli("profile", MLP, "--device", "cpu", "--repeat", "1", "--opt-level", "all", "-o", out)
     assert failed.exit_code == 1 and "Traceback" not in failed.stderr
@@ -610,7 +493,7 @@ def test_profile_cli_at_opt_level_all_and_an_unsaveable_graph(run_cli, fast, tmp
 def test_a_model_too_big_to_rewrite_still_times_constant_folding_off(fast, monkeypatch):
     """Over the external-data limit the in-model rewrites are skipped, but above --opt-level disable the
     model alone is still timed with ConstantFolding off, which every rewrite of it runs with."""
-    monkeypatch.setattr(profiler, "_IN_MODEL_DATA_MAX", -1)
+    monkeypatch.setattr(copies_in_model, "IN_MODEL_DATA_MAX", -1)
     doc = measure_profile(str(MLP), "cpu", inputs=MLP_INPUTS, repeat=2, opt_level="all")
     in_model = doc["measured"]["copies_in_model"]
     assert "not copied to time rewrites" in in_model["note"] and in_model["unfolded_s"] >= 0.0

@@ -33,10 +33,10 @@ from offloadctl.planning.tradeoff import Tradeoff, budget_grid, dominated
 from offloadctl.running import profiler
 from offloadctl.simulation.costs import CopyTiming, StreamStall, default_objective, make_cost
 from offloadctl.simulation.memory import peak_memory
-from offloadctl.simulation.profiles import load_profile, profile_from_dict
+from offloadctl.simulation.profiles import load_profile, profile_from_dict, write_profile
 from offloadctl.simulation.result import simulate
 
-from conftest import FAST_PROFILER, SAMPLES
+from conftest import SAMPLES, fast_profiler
 from models import make_model, save, tensor
 
 MODELS = ["unet", "transformer", "training", "mlp"]
@@ -86,13 +86,12 @@ def _words(text: str) -> str:
 def measured_profile(tmp_path_factory):
     """A profile measured on CPU for the training sample, with the measurement sizes cut short."""
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in FAST_PROFILER.items():
-            mp.setattr(profiler, name, value)
+        fast_profiler(mp)
         doc = profiler.measure_profile(
             str(SAMPLES / "training.onnx"), "cpu", inputs=SAMPLES / "training.inputs.npz", repeat=2
         )
     path = tmp_path_factory.mktemp("profile") / "training.profile.json"
-    profiler.write_profile(path, doc)
+    write_profile(path, doc)
     return path
 
 

@@ -24,8 +24,9 @@ from offloadctl.cli.ui import out_console, steps
 from offloadctl.core.files import check_output_path
 from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.input_shapes import parse_dims, parse_input_shapes
-from offloadctl.running.profiler import DEFAULT_REPEAT, measure_profile, write_profile
+from offloadctl.running.profiler import DEFAULT_REPEAT, measure_profile
 from offloadctl.running.sessions import DEVICES, parse_ep_options
+from offloadctl.simulation.profiles import write_profile
 
 __all__ = ["COMMANDS", "profile_cmd", "summary"]
 

@@ -13,12 +13,12 @@ use) and measures:
 * the executor: what kernel events do not cover. A run costs ``run_overhead_s`` (measured as the
   intercept of the latency of chains of 1 and 65 trivial nodes) plus, per node, its kernel time plus
   ``node_overhead_s`` (never below 0 in all), the offset that makes the nodes and the run's cost add
-  up to the latency (`node_overhead_for`). On a CPU ``node_overhead_s`` is negative: onnxruntime's
-  profiler spends more inside each event (thread-pool statistics, shape strings) than the executor
-  spends between nodes; the figure corrects both.
+  up to the latency (`offloadctl.running.fits.node_overhead_for`). On a CPU ``node_overhead_s`` is
+  negative: onnxruntime's profiler spends more inside each event (thread-pool statistics, shape
+  strings) than the executor spends between nodes; the figure corrects both.
 * copies: the latency one more ``MemcpyToHost`` (D2H) or ``MemcpyFromHost`` (H2D) node adds to a
   run, without profiling (models with 1 and with many copies, runs interleaved), over a sweep of
-  sizes (``SWEEP_BYTES``), fitted as ``latency_s + bytes / bandwidth`` (`fit_link`); this is the
+  sizes (``SWEEP_BYTES``), fitted as ``latency_s + bytes / bandwidth`` (`offloadctl.running.fits.fit_link`); this is the
   profile's top-level ``link``. The cache decides the cost of a small copy, so each direction is
   timed as a model uses it: a D2H reads the tensor its producer has just written (warm: the copies
   read one tensor again and again); an H2D reads a host tensor written long before (as cold as
@@ -27,7 +27,7 @@ use) and measures:
   ``_COLD_BYTES_MAX``). A copy inside a model still costs otherwise (the cache holds the model's
   data, neighbours compete for memory bandwidth): two rewrites of the model, every weight and
   every activation offloaded, are timed against it, and the fits are scaled to what their copies
-  added (`_copies_in_model`). On the CPU execution provider both copies are real memcpys;
+  added (`offloadctl.running.copies_in_model`). On the CPU execution provider both copies are real memcpys;
 * the roofline figures for nodes a profile has no time for: ``peak_flops`` from a 512x512x512
   float32 MatMul, ``mem_bandwidth`` from an Add of two 16 MiB tensors, ``kernel_launch_s`` as the
   latency one more trivial node adds to a run.
@@ -39,7 +39,6 @@ latency and ``node_overhead_s`` still come from whole runs, which end when the d
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import platform
@@ -47,8 +46,7 @@ import re
 import statistics
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,333 +59,36 @@ from offloadctl._version import __version__
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.analysis.order import EXECUTION_ORDERS
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import atomic_write_text
-from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import load_model
-from offloadctl.planning.make import scheduled_plan
-from offloadctl.rewriting.rewrite import apply_plan
-from offloadctl.rewriting.writing import external_locations, write_model
 from offloadctl.running.allocator import measure_memory, read_node_scratch
+from offloadctl.running.copies_in_model import copies_in_model
+from offloadctl.running.fits import LinkFit, fit_link, fit_range, node_overhead_for
 from offloadctl.running.fusions import attribute
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs
-from offloadctl.running.sessions import (
-    DEVICES,
-    OPT_LEVELS,
-    create_session,
-    feeds_for,
-    import_onnxruntime,
-    required_settings,
-    run_once,
-    session_config,
-)
-from offloadctl.simulation.base import is_rewritten
+from offloadctl.running.kernels import KernelEvent, node_medians
+from offloadctl.running.sessions import DEVICES, OPT_LEVELS, required_settings, session_config
+from offloadctl.running.timed import Device, alternate_runners
 from offloadctl.simulation.memory import peak_memory
 from offloadctl.simulation.profiles import PROFILE_SCHEMA_VERSION, profile_from_dict, validate_profile
 
-__all__ = [
-    "DEFAULT_REPEAT",
-    "SWEEP_BYTES",
-    "LinkFit",
-    "fit_link",
-    "fit_range",
-    "node_overhead_for",
-    "alternate",
-    "KernelEvent",
-    "kernel_runs",
-    "measure_profile",
-    "write_profile",
-]
+__all__ = ["DEFAULT_REPEAT", "SWEEP_BYTES", "measure_profile"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_REPEAT = 20
 #: Sizes of the copy sweep: 256 bytes to 64 MiB, x4 per step.
 SWEEP_BYTES: tuple[int, ...] = tuple(256 * 4**k for k in range(10))
-_KERNEL_SUFFIX = "_kernel_time"
 _CHAIN_NODES = 64  # trivial nodes in the long calibration chain (the short one has 1)
 _CHAIN_REPEAT = 200  # runs per chain: a run takes microseconds
 _MATMUL_N = 512
 _ADD_ELEMENTS = 1 << 22  # 16 MiB of float32 per operand
 _CALIBRATION_REPEAT = 10
-_MIN_SECONDS = 0.5  # fast models get more runs than --repeat, until this much time has passed
-_MAX_ROUNDS_FACTOR = 20
-_BLOCK_SECONDS = 0.05  # sessions timed side by side take turns in blocks this long
 _SWEEP_BUDGET = 32 << 20  # bytes copied per run when timing copies of one size
 _COPIES_MAX = 256  # copies per run at most (small sizes)
 _COLD_BYTES_MAX = 64 << 20  # distinct H2D sources per run at most (memory, and the model file)
 _SWEEP_SECONDS = 0.2  # each size is timed for at least this long
-_FIT_LARGE = 64 << 10  # a copy fit reaches this size at least
-_IN_MODEL_DATA_MAX = 512 << 20  # rewrites of a model with more external data are not timed
-_SCALE_RANGE = (0.1, 10.0)  # a sweep fit scaled beyond this by the copies in the model is kept as it is
 _IR_VERSION = 10
 _OPSET = 17
-
-
-# --------------------------------------------------------------------------------------------- fit
-
-
-@dataclass(frozen=True)
-class LinkFit:
-    """``seconds = latency_s + bytes / bandwidth`` fitted to measured (bytes, seconds) points."""
-
-    latency_s: float
-    bandwidth: float
-    max_relative_error: float
-
-    def time(self, nbytes: int) -> float:
-        return self.latency_s + nbytes / self.bandwidth
-
-
-def fit_link(points: Sequence[tuple[int, float]]) -> LinkFit:
-    """Least-squares fit of ``latency + bytes / bandwidth`` on the relative error of each point.
-
-    Weighting by 1/seconds lets the small copies decide the latency and the large ones the
-    bandwidth (plain least squares would let the largest copy decide both). A negative latency is
-    refitted as 0.
-
-    Raises:
-        OffloadError: fewer than two distinct sizes, or times that do not grow with size.
-    """
-    pts = [(float(b), float(t)) for b, t in points if t > 0]
-    if len({b for b, _ in pts}) < 2:
-        raise OffloadError(
-            f"cannot fit a copy cost to {len(pts)} point(s): need times for at least two sizes",
-            hint="time copies of at least two different sizes",
-        )
-    x = np.array([b for b, _ in pts])
-    t = np.array([s for _, s in pts])
-    w = 1.0 / t
-    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
-    (latency, per_byte), *_ = np.linalg.lstsq(design, t * w, rcond=None)
-    if latency < 0:
-        latency = 0.0
-        per_byte = float(np.sum(w * w * x * t) / np.sum(w * w * x * x))
-    if per_byte <= 0:
-        raise OffloadError(
-            "measured copy times do not grow with the number of bytes copied: no bandwidth can be fitted",
-            hint="measure again on a quiet machine (other work may have disturbed the timings)",
-        )
-    predicted = latency + per_byte * x
-    return LinkFit(float(latency), float(1.0 / per_byte), float(np.max(np.abs(predicted - t) / t)))
-
-
-def node_overhead_for(durations: Sequence[float], total: float) -> float:
-    """The offset d such that ``sum(max(t + d, 0) for t in durations) == total``.
-
-    A node's simulated time is its duration in profiling plus this offset, never below 0; the
-    offset makes the nodes add up to the latency measured without profiling (``total``: the latency
-    less the run's fixed cost). It is negative when the profiler's cost inside each event exceeds
-    the executor's between nodes. With no time left (``total <= 0``) every node takes 0.
-    """
-    if not durations:
-        return 0.0
-    if total <= 0:
-        return -max(durations)
-
-    def covered(offset: float) -> float:
-        return sum(max(t + offset, 0.0) for t in durations)
-
-    low, high = -max(durations), max(total, 0.0)  # covered(low) = 0 <= total <= covered(high)
-    for _ in range(200):
-        mid = (low + high) / 2
-        if covered(mid) < total:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
-
-
-# ---------------------------------------------------------------------------------------- profiling
-
-
-@dataclass(frozen=True)
-class KernelEvent:
-    """One node's kernel event of one run."""
-
-    name: str
-    op_type: str
-    seconds: float
-    input_shapes: tuple[tuple[int, ...], ...]
-
-
-def _shapes(arg: Any) -> tuple[tuple[int, ...], ...]:
-    shapes = []
-    for entry in arg or []:
-        dims: Iterable[Any] = next(iter(entry.values()), []) if isinstance(entry, dict) else []
-        shapes.append(tuple(int(d) for d in dims))
-    return tuple(shapes)
-
-
-def kernel_runs(profile_path: str | os.PathLike[str], *, skip: int = 1) -> list[list[KernelEvent]]:
-    """The top-level kernel events of each run in an onnxruntime profiling file, in run order.
-
-    Events nested inside another node's event (nodes of an If/Loop/Scan body, run by their parent)
-    are left out: the parent's duration covers them. The first ``skip`` runs (warm-up) are dropped.
-    """
-    with open(profile_path, encoding="utf-8") as f:
-        events = json.load(f)
-    runs = sorted(
-        (e for e in events if isinstance(e, dict) and e.get("cat") == "Session" and e.get("name") == "model_run"),
-        key=lambda e: e.get("ts", 0),
-    )
-    nodes = sorted(
-        (
-            e
-            for e in events
-            if isinstance(e, dict) and e.get("cat") == "Node" and str(e.get("name", "")).endswith(_KERNEL_SUFFIX)
-        ),
-        key=lambda e: (e.get("ts", 0), -e.get("dur", 0)),
-    )
-    result: list[list[KernelEvent]] = []
-    k = 0
-    for run in runs:
-        start, end = run.get("ts", 0), run.get("ts", 0) + run.get("dur", 0)
-        while k < len(nodes) and nodes[k].get("ts", 0) < start:
-            k += 1
-        first = k
-        while k < len(nodes) and nodes[k].get("ts", 0) <= end:
-            k += 1
-        result.append(_top_level(nodes[first:k]))
-    return result[skip:]
-
-
-def _top_level(events: list[dict[str, Any]]) -> list[KernelEvent]:
-    """The kernel events of one run (in start order) that no other event covers."""
-    top: list[KernelEvent] = []
-    covered = -1
-    for e in events:
-        ts, dur = e.get("ts", 0), e.get("dur", 0)
-        if ts < covered:
-            continue  # inside the previous top-level event
-        covered = ts + dur
-        args = e.get("args") or {}
-        name = e["name"][: -len(_KERNEL_SUFFIX)]
-        top.append(KernelEvent(name, str(args.get("op_name", "")), dur * 1e-6, _shapes(args.get("input_type_shape"))))
-    return top
-
-
-def _node_medians(runs: list[list[KernelEvent]]) -> dict[str, dict[str, Any]]:
-    """Node name -> {op_type, seconds (median over runs), input_shapes}, in the order nodes ran."""
-    times: dict[str, list[float]] = {}
-    first: dict[str, KernelEvent] = {}
-    for run in runs:
-        for e in run:
-            times.setdefault(e.name, []).append(e.seconds)
-            first.setdefault(e.name, e)
-    return {
-        name: {
-            "op_type": first[name].op_type or "unknown",
-            "seconds": statistics.median(values),
-            "input_shapes": [list(s) for s in first[name].input_shapes],
-        }
-        for name, values in times.items()
-    }
-
-
-# ------------------------------------------------------------------------------------------ sessions
-
-
-class _Device:
-    """Sessions on one device, configured as `offloadctl run --opt-level disable` configures them."""
-
-    def __init__(self, device: str, ep_options: Mapping[str, str] | None, folder: Path, threads: int = 0) -> None:
-        self.device = device
-        self.ort = import_onnxruntime(device)
-        self.ep_options = dict(ep_options or {})
-        self.folder = folder
-        self.threads = threads
-        self.profiles = 0
-
-    def runner(
-        self,
-        path: str,
-        feeds: Mapping[str, np.ndarray],
-        settings: Mapping[str, Any] | None = None,
-        *,
-        profiled: bool,
-        node_stats: Path | None = None,
-        opt_level: str = "disable",
-        optimized: Path | None = None,
-    ) -> _Runner:
-        config = session_config(
-            settings or {}, self.device, opt_level=opt_level, ep_options=self.ep_options, ort=self.ort
-        )
-        config.sess_options.intra_op_num_threads = self.threads
-        if optimized is not None:  # the graph onnxruntime runs, saved as it creates the session
-            config.sess_options.optimized_model_filepath = str(optimized)
-            config.sess_options.add_session_config_entry(
-                "session.optimized_model_external_initializers_file_name", optimized.name + ".data"
-            )
-        if node_stats is not None:  # kernel scratch per node, written when the session ends
-            config.sess_options.add_session_config_entry("session.collect_node_memory_stats_to_file", str(node_stats))
-        if profiled:
-            self.profiles += 1
-            config.sess_options.enable_profiling = True
-            config.sess_options.profile_file_prefix = str(self.folder / f"profile{self.profiles}")
-        session = create_session(path, config, self.device, ort=self.ort)
-        return _Runner(session, feeds_for(session, feeds, path, "the inputs"), path, self.ort)
-
-
-class _Runner:
-    """One session with its feeds: ``run()`` runs it once and returns the wall-clock seconds."""
-
-    def __init__(self, session: Any, feeds: dict[str, np.ndarray], path: str, ort: Any) -> None:
-        self.session, self.feeds, self.path, self.ort = session, feeds, path, ort
-
-    def run(self) -> float:
-        start = time.perf_counter()
-        run_once(self.session, self.feeds, self.path, self.ort)
-        return time.perf_counter() - start
-
-    def kernels(self) -> list[list[KernelEvent]]:
-        """Kernel events of every run but the first (the warm-up), from the session's profiling file."""
-        profile_file = self.session.end_profiling()
-        if not profile_file:  # pragma: no cover - onnxruntime always writes one when asked
-            raise OffloadError(
-                f"onnxruntime wrote no profile for {self.path}", hint="check the onnxruntime installation"
-            )
-        return kernel_runs(profile_file)
-
-
-def alternate(
-    calls: Sequence[Callable[[], float]],
-    repeat: int,
-    *,
-    min_seconds: float | None = None,
-    block_seconds: float | None = None,
-) -> list[list[float]]:
-    """Time several sessions side by side: each call runs one session once and returns its seconds.
-
-    After one warm-up run each, the sessions take turns in blocks of about ``block_seconds``, so
-    that all see the same machine load, until each has ``repeat`` timed
-    runs and ``min_seconds`` have passed (fast models get more runs, at most
-    ``_MAX_ROUNDS_FACTOR * repeat``). Blocks, not single runs: a session's thread pool spins for a
-    while after its run, and would slow the next session's run if turns were run by run; the first
-    run of each block (after another session's block) is not timed.
-
-    Returns:
-        The seconds of every timed run, per session.
-    """
-    min_seconds = _MIN_SECONDS if min_seconds is None else min_seconds
-    block_seconds = _BLOCK_SECONDS if block_seconds is None else block_seconds
-    warm = [call() for call in calls]
-    limit = _MAX_ROUNDS_FACTOR * repeat
-    blocks = [max(1, min(limit, int(block_seconds / max(t, 1e-9)))) for t in warm]
-    times: list[list[float]] = [[] for _ in calls]
-    start = time.perf_counter()
-    while any(len(t) < repeat for t in times) or (
-        time.perf_counter() - start < min_seconds and all(len(t) < limit for t in times)
-    ):
-        for k, call in enumerate(calls):
-            if len(calls) > 1:
-                call()
-            for _ in range(blocks[k]):
-                times[k].append(call())
-    return times
-
-
-def _alternate(runners: Sequence[_Runner], repeat: int, *, min_seconds: float | None = None) -> list[list[float]]:
-    return alternate([r.run for r in runners], repeat, min_seconds=min_seconds)
 
 
 def _save(model: onnx.ModelProto, folder: Path, name: str) -> str:
@@ -450,28 +151,6 @@ def _tensor_bytes(analysis: Any) -> list[int]:
     return sizes
 
 
-def fit_range(sweep: Sequence[int], tensor_bytes: Sequence[int]) -> tuple[int, int]:
-    """The sweep sizes a copy fit uses: from the largest one at or below the model's smallest tensor to
-    the smallest one at or above its largest (or ``_FIT_LARGE``), widened to at least three sizes
-    (the whole sweep for a model without sizes).
-
-    The cost of a copy per byte falls as copies outgrow the caches, so no one line fits 4 KiB and
-    64 MiB; a profile's fit is made for the sizes its model can copy.
-    """
-    grid = sorted(set(sweep))
-    if not tensor_bytes:
-        return grid[0], grid[-1]
-    # up to _FIT_LARGE at least: below it every copy costs about its latency, and noise decides the slope
-    small, large = min(tensor_bytes), max(max(tensor_bytes), _FIT_LARGE)
-    lo = max((g for g in grid if g <= small), default=grid[0])
-    hi = min((g for g in grid if g >= large), default=grid[-1])
-    inside = [g for g in grid if lo <= g <= hi]
-    while len(inside) < min(3, len(grid)):  # at least three sizes: a line through two is at noise's mercy
-        first, last = grid.index(inside[0]), grid.index(inside[-1])
-        inside = grid[first : last + 2] if last + 1 < len(grid) else grid[max(first - 1, 0) : last + 1]
-    return inside[0], inside[-1]
-
-
 def _elements(size: int) -> int:
     return max(1, size // 4)
 
@@ -525,173 +204,6 @@ def _device_name(device: str, ep_options: Mapping[str, str]) -> str:
     except (OSError, subprocess.SubprocessError, ValueError):
         pass
     return "unknown"
-
-
-# ------------------------------------------------------------------------------- copies in the model
-
-
-def _unfolding(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` with onnxruntime's ConstantFolding off, as every rewrite with pins or offloaded weights runs."""
-    return {**settings, "disabled_optimizers": [*settings.get("disabled_optimizers", []), "ConstantFolding"]}
-
-
-def _unfolded(
-    dev: _Device, model: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any], repeat: int, level: str
-) -> float:
-    """What a run of ``model`` at ``level`` takes longer with ConstantFolding off (timed side by side)."""
-    runners = [
-        dev.runner(model, feeds, settings, profiled=False, opt_level=level),
-        dev.runner(model, feeds, _unfolding(settings), profiled=False, opt_level=level),
-    ]
-    on, off = (statistics.median(t) for t in _alternate(runners, repeat, min_seconds=3 * _MIN_SECONDS))
-    return max(off - on, 0.0)
-
-
-def _offload_everything(analysis: Any, *, activations: bool, fused: Sequence[str] = ()) -> Plan:
-    """A plan that offloads every activation (or every weight) it can, reloaded for each use at the
-    default prefetch distance (where a plan's reloads usually run: early, the copy then waits);
-    ``fused``: what the optimizer takes in at the profile's level, kept as plans made with the
-    profile keep it."""
-    every = len(analysis.producer) + len(analysis.weights) + 1
-    return scheduled_plan(
-        analysis,
-        select_distance=0,
-        activations=activations,
-        params=not activations,
-        select_num=every,
-        fused=tuple(fused),
-    )
-
-
-def _plan_copies(plan: Plan) -> dict[str, list[int]]:
-    """Bytes of every copy a plan makes, per direction."""
-    copies: dict[str, list[int]] = {"d2h": [], "h2d": []}
-    for off in plan["offloads"]:
-        if off["kind"] == "activation":
-            copies["d2h"].append(off["bytes"])
-        copies["h2d"] += [off["bytes"]] * (len(off["reload_groups"]) + (off["output_h2d_before"] is not None))
-    return copies
-
-
-def _external_bytes(model: str, proto: onnx.ModelProto) -> int:
-    folder = Path(model).parent
-    return sum((folder / name).stat().st_size for name in external_locations(proto) if (folder / name).is_file())
-
-
-def _scaled(
-    direction: str,
-    plan: Plan,
-    added: float,
-    unfolded: float,
-    fits: dict[str, LinkFit],
-    scale: dict[str, float],
-    model: str,
-) -> dict[str, Any]:
-    """The record of one rewrite's copies timed inside the model (``added``: the seconds it adds over the
-    model, ``unfolded`` of them what running without ConstantFolding costs), setting
-    ``scale[direction]`` when the factor over the sweep's fit is plausible (`_SCALE_RANGE`)."""
-    copies = _plan_copies(plan)
-    others = sum(fits["h2d"].time(b) * scale["h2d"] for b in copies["h2d"]) if direction == "d2h" else 0.0
-    predicted = sum(fits[direction].time(b) for b in copies[direction])
-    cost = added - others - unfolded
-    factor = cost / predicted if predicted > 0 else 0.0
-    entry: dict[str, Any] = {
-        "copies": len(copies[direction]),
-        "bytes": sum(copies[direction]),
-        "rewrite_copies": sum(len(v) for v in copies.values()),
-        "added_s": added,
-        "sweep_fit_s": predicted + others,
-        "scale": None,
-    }
-    if _SCALE_RANGE[0] <= factor <= _SCALE_RANGE[1]:
-        scale[direction] = factor
-        entry["scale"] = factor
-    else:
-        logger.warning(
-            "timing %s copies inside %s: they added %.1f us against %.1f us predicted by the sweep; "
-            "the sweep's fit is kept (measure on a quiet machine)",
-            direction.upper(),
-            model,
-            cost * 1e6,
-            predicted * 1e6,
-        )
-    return entry
-
-
-def _copies_in_model(
-    dev: _Device,
-    analysis: Any,
-    model: str,
-    feeds: Mapping[str, np.ndarray],
-    settings: Mapping[str, Any],
-    fits: dict[str, LinkFit],
-    repeat: int,
-    folder: Path,
-    times: _ModelTimes,
-) -> tuple[dict[str, float], dict[str, Any]]:
-    """Scale the sweep's fits to what copies cost inside the model; returns (scale per direction, record).
-
-    Two rewrites of the model are timed against it side by side: every weight offloaded (H2D only),
-    and every activation offloaded (a D2H after its producer, an H2D before each use). The time
-    each adds, over what the sweep's fits predict for its copies, scales the fits: the H2D fit from
-    the first, then the D2H fit from the second (its H2Ds counted with the scaled H2D fit). A copy
-    in a model is not a copy in a loop of copies: the cache holds other things, and the copy's
-    neighbours compete for memory bandwidth.
-
-    The rewrites run at the optimization level of the model's timed runs (``times``), keeping what
-    that level's fusions take in: above ``disable`` what a rewrite adds there besides its copies (its
-    order pins' nodes, the constants no longer folded, kernels whose weights arrive by copy and are
-    not prepacked) is priced into the copies too.
-    """
-    scale = {"d2h": 1.0, "h2d": 1.0}
-    record: dict[str, Any] = {"d2h": None, "h2d": None}
-    if is_rewritten(analysis):
-        record["note"] = "the model already contains copies: the sweep's fits are used as measured"
-        return scale, record
-    if _external_bytes(model, analysis.loaded.proto) > _IN_MODEL_DATA_MAX:
-        record["note"] = (
-            f"the model's external data exceed {_IN_MODEL_DATA_MAX >> 20} MiB: not copied to time rewrites of it; "
-            "the sweep's fits are used as measured"
-        )
-        if times.opt_level != "disable":  # the model alone, with ConstantFolding off and on
-            record["unfolded_s"] = _unfolded(dev, model, feeds, settings, repeat, times.opt_level)
-        return scale, record
-    plans = {
-        "h2d": _offload_everything(analysis, activations=False, fused=times.fused),
-        "d2h": _offload_everything(analysis, activations=True, fused=times.fused),
-    }
-    paths = {}
-    for direction, plan in plans.items():
-        if not plan["offloads"]:
-            continue
-        path = folder / f"everything_{direction}.onnx"
-        write_model(apply_plan(plan, analysis), path, source_dir=Path(model).parent)
-        paths[direction] = str(path)
-    if not paths:
-        record["note"] = "nothing in the model can be offloaded: the sweep's fits are used as measured"
-        return scale, record
-    level = times.opt_level
-    runners = [dev.runner(model, feeds, settings, profiled=False, opt_level=level)]
-    for written in paths.values():
-        settings_written = required_settings(load_model(written).proto, written)
-        runners.append(dev.runner(written, feeds, settings_written, profiled=False, opt_level=level))
-    if level != "disable":  # the rewrites run without ConstantFolding: what that costs the model itself
-        runners.append(dev.runner(model, feeds, _unfolding(settings), profiled=False, opt_level=level))
-    # the difference of two latencies is what counts: time them three times as long as the model alone
-    medians = [statistics.median(t) for t in _alternate(runners, repeat, min_seconds=3 * _MIN_SECONDS)]
-    del runners
-    base = medians[0]
-    added = dict(zip(paths, medians[1 : 1 + len(paths)]))
-    unfolded = max(medians[-1] - base, 0.0) if level != "disable" else 0.0
-    record["latency_s"] = base
-    if level != "disable":
-        record["unfolded_s"] = unfolded
-    for direction in ("h2d", "d2h"):  # H2D first: the D2H rewrite's H2Ds are priced with its scale
-        if direction in added:
-            record[direction] = _scaled(
-                direction, plans[direction], added[direction] - base, unfolded, fits, scale, model
-            )
-    return scale, record
 
 
 # ---------------------------------------------------------------------------------------- measuring
@@ -766,7 +278,7 @@ def _check_profile_options(
 
 
 def _time_model(
-    dev: _Device,
+    dev: Device,
     model: str,
     feeds: dict[str, Any],
     settings: Mapping[str, Any],
@@ -787,14 +299,14 @@ def _time_model(
             hint="profile at --opt-level disable (with CANN graph mode, onnxruntime cannot save a compiled graph)",
         ) from exc
     profiled = dev.runner(model, feeds, settings, profiled=True, node_stats=stats, opt_level=opt_level)
-    latency, _ = _alternate([plain, profiled], repeat)
+    latency, _ = alternate_runners([plain, profiled], repeat)
     runs = profiled.kernels()
     providers = list(plain.session.get_providers())
     del plain, profiled
     gc.collect()
     kernel_sum = statistics.median(sum(e.seconds for e in run) for run in runs) if runs else 0.0
     nodes_ran = round(statistics.median(len(run) for run in runs)) if runs else 0
-    nodes = _node_medians(runs)
+    nodes = node_medians(runs)
     for name, scratch in read_node_scratch(stats).items():
         if scratch and name in nodes:
             nodes[name]["scratch_bytes"] = scratch
@@ -810,18 +322,18 @@ def _time_model(
     return _ModelTimes(latency, runs, providers, fusions.nodes, kernel_sum, nodes_ran, opt_level, fusions.fused)
 
 
-def _time_executor(dev: _Device, folder: Path) -> _Executor:
+def _time_executor(dev: Device, folder: Path) -> _Executor:
     one = {"t0": np.ones(1, np.float32)}
     chains = [
         dev.runner(_save(_chain_model(k), folder, f"chain{k}.onnx"), one, profiled=False) for k in (1, _CHAIN_NODES + 1)
     ]
-    short, long = (statistics.median(t) for t in _alternate(chains, _CHAIN_REPEAT))
+    short, long = (statistics.median(t) for t in alternate_runners(chains, _CHAIN_REPEAT))
     del chains
     per_trivial = max((long - short) / _CHAIN_NODES, 0.0)
     return _Executor(short, long, per_trivial, max(short - per_trivial, 0.0))
 
 
-def _time_copies(dev: _Device, folder: Path, analysis: Analysis, sweep: Sequence[int], repeat: int) -> _Sweep:
+def _time_copies(dev: Device, folder: Path, analysis: Analysis, sweep: Sequence[int], repeat: int) -> _Sweep:
     tensor_bytes = _tensor_bytes(analysis)
     footprint = peak_memory(analysis)[0]  # the memory a run cycles through (freed buffers are reused)
     sizes = sorted(set(sweep))
@@ -843,7 +355,7 @@ def _time_copies(dev: _Device, folder: Path, analysis: Analysis, sweep: Sequence
                 )
                 for k in (1, copies)
             ]
-            few, many = (statistics.median(t) for t in _alternate(runners, repeat, min_seconds=_SWEEP_SECONDS))
+            few, many = (statistics.median(t) for t in alternate_runners(runners, repeat, min_seconds=_SWEEP_SECONDS))
             del runners, feeds_copy
             seconds = max(many - few, 0.0) / (copies - 1)
             result.points[direction].append((_elements(size) * 4, seconds))
@@ -867,11 +379,11 @@ def _time_copies(dev: _Device, folder: Path, analysis: Analysis, sweep: Sequence
     return result
 
 
-def _time_roofline(dev: _Device, folder: Path) -> dict[str, dict[str, Any]]:
+def _time_roofline(dev: Device, folder: Path) -> dict[str, dict[str, Any]]:
     roof = _roofline_model()
     roof_runner = dev.runner(_save(roof, folder, "roofline.onnx"), _random_feeds(roof), profiled=True)
-    _alternate([roof_runner], _CALIBRATION_REPEAT, min_seconds=0.0)
-    times = _node_medians(roof_runner.kernels())
+    alternate_runners([roof_runner], _CALIBRATION_REPEAT, min_seconds=0.0)
+    times = node_medians(roof_runner.kernels())
     del roof_runner
     return times
 
@@ -935,7 +447,7 @@ def measure_profile(
         source = "generated"
     with tempfile.TemporaryDirectory(prefix="offloadctl-profile-") as tmp:
         folder = Path(tmp)
-        dev = _Device(device, ep_options, folder, threads)
+        dev = Device(device, ep_options, folder, threads)
         step(f"timing and profiling {model}")
         times = _time_model(dev, model, feeds, settings, repeat, analysis, opt_level)
         step("timing the executor (chains of trivial nodes)")
@@ -943,7 +455,9 @@ def measure_profile(
         step("timing copies over a sweep of sizes")
         copies = _time_copies(dev, folder, analysis, sweep, repeat)
         step("timing copies in the model (every weight, then every activation offloaded)")
-        scale, in_model = _copies_in_model(dev, analysis, model, feeds, settings, copies.fits, repeat, folder, times)
+        scale, in_model = copies_in_model(
+            dev, analysis, model, feeds, settings, copies.fits, repeat, folder, times.opt_level, times.fused
+        )
         step("timing a MatMul and an Add (roofline figures)")
         roof_times = _time_roofline(dev, folder)
     step("measuring memory (onnxruntime's allocator statistics, one run)")
@@ -957,7 +471,7 @@ def measure_profile(
 
 
 def _measured_memory(
-    dev: _Device, model: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any]
+    dev: Device, model: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any]
 ) -> list[dict[str, Any]] | None:
     """What onnxruntime's allocators held for one run of a fresh session (DEFAULT order, statistics);
     None, with a warning, where this onnxruntime cannot say."""
@@ -985,7 +499,7 @@ class _ProfileContext:
     settings: Mapping[str, Any]
     sha256: str
     analysis: Analysis
-    dev: _Device
+    dev: Device
 
 
 def _profile_doc(
@@ -1116,34 +630,3 @@ def _profile_sources(name: str, runs: int, copies: _Sweep) -> dict[str, str]:
         "nodes": f"measured: onnxruntime profiling of {name}, median of {runs} runs per node "
         "(measured.nodes), plus measured.executor.node_overhead_s per node",
     }
-
-
-def write_profile(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
-    """Validate a profile document and write it atomically.
-
-    Indented JSON, except that each node of ``measured.nodes`` and each list of numbers (the runs,
-    the sweep's points) takes one line: a big model has one entry per node.
-    """
-    validate_profile(doc, origin="being written")
-    compact: dict[str, str] = {}
-
-    def slot(value: Any) -> str:
-        key = f"\u0000{len(compact)}"
-        compact[key] = json.dumps(value)
-        return key
-
-    def shrink(value: Any, nodes: bool = False) -> Any:
-        if isinstance(value, dict):
-            if nodes:
-                return {k: slot(v) for k, v in value.items()}
-            return {k: shrink(v, nodes=k == "nodes" and isinstance(v, dict)) for k, v in value.items()}
-        if isinstance(value, list):
-            if all(isinstance(v, (int, float)) or isinstance(v, list) for v in value) and value:
-                return slot(value)
-            return [shrink(v) for v in value]
-        return value
-
-    text = json.dumps(shrink(dict(doc)), indent=1)
-    for key, value in compact.items():
-        text = text.replace(json.dumps(key), value, 1)
-    atomic_write_text(path, text + "\n")

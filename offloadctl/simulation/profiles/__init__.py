@@ -1,4 +1,4 @@
-"""Device profiles for the simulator's time model: bundled JSON data files and their loader.
+"""Device profiles for the simulator's time model: bundled JSON data files, their loader and writer.
 
 A profile is a JSON object (bundled here as ``<name>.json``, or a user's own file)::
 
@@ -36,7 +36,7 @@ from typing import Any
 import jsonschema
 
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import read_json
+from offloadctl.core.files import atomic_write_text, read_json
 from offloadctl.core.schemas import load_schema
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "profile_from_dict",
     "profile_schema",
     "validate_profile",
+    "write_profile",
 ]
 
 DEFAULT_PROFILE = "ascend-910b"
@@ -295,3 +296,34 @@ def load_profile(name_or_path: str | os.PathLike[str] = DEFAULT_PROFILE) -> Prof
         fix="see a bundled profile (offloadctl/simulation/profiles/*.json) for the format, or measure one",
     )
     return profile_from_dict(data, origin=f"file {path}")
+
+
+def write_profile(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
+    """Validate a profile document and write it atomically.
+
+    Indented JSON, except that each node of ``measured.nodes`` and each list of numbers (the runs,
+    the sweep's points) takes one line: a big model has one entry per node.
+    """
+    validate_profile(doc, origin="being written")
+    compact: dict[str, str] = {}
+
+    def slot(value: Any) -> str:
+        key = f"\u0000{len(compact)}"
+        compact[key] = json.dumps(value)
+        return key
+
+    def shrink(value: Any, nodes: bool = False) -> Any:
+        if isinstance(value, dict):
+            if nodes:
+                return {k: slot(v) for k, v in value.items()}
+            return {k: shrink(v, nodes=k == "nodes" and isinstance(v, dict)) for k, v in value.items()}
+        if isinstance(value, list):
+            if all(isinstance(v, (int, float)) or isinstance(v, list) for v in value) and value:
+                return slot(value)
+            return [shrink(v) for v in value]
+        return value
+
+    text = json.dumps(shrink(dict(doc)), indent=1)
+    for key, value in compact.items():
+        text = text.replace(json.dumps(key), value, 1)
+    atomic_write_text(path, text + "\n")
