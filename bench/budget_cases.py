@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offloadctl.analysis.graph import Analysis, analyse  # noqa: E402
 from offloadctl.core.errors import OffloadError  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
-from offloadctl.planning.budget.strategy import budget_filter, bytes_moved  # noqa: E402
+from offloadctl.planning.budget.build import bytes_moved  # noqa: E402
+from offloadctl.planning.budget.strategy import budget_filter  # noqa: E402
 from offloadctl.planning.prefetch import prefetch  # noqa: E402
 from offloadctl.planning.select import select  # noqa: E402
 from offloadctl.simulation.memory import lower_bound, peak_memory  # noqa: E402

@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import offloadctl.pipeline  # noqa: E402
+import offloadctl.planning.budget.prepared  # noqa: E402
 import offloadctl.planning.budget.strategy  # noqa: E402
 from offloadctl.contract.document import write_plan  # noqa: E402
 from offloadctl.core.bulk import keep_what_is_built, paused_gc  # noqa: E402
@@ -42,14 +43,15 @@ import gen_large  # noqa: E402
 __all__ = ["main"]
 
 
+_prepared = offloadctl.planning.budget.prepared
 _strategy = offloadctl.planning.budget.strategy
 #: the next step's parts: (label, the object holding the function, its name)
 NEXT_STEP_PARTS = [
-    ("selection", _strategy, "selection_for"),
-    ("baseline profile", _strategy, "resident_profile"),
-    ("candidates", _strategy, "candidates"),
+    ("selection", _prepared, "selection_for"),
+    ("baseline profile", _prepared, "resident_profile"),
+    ("candidates", _prepared, "candidates"),
     ("search", _strategy, "solve"),
-    ("building the plan", _strategy.BudgetSearch, "_build"),
+    ("building the plan", _strategy, "build_plan"),
     ("simulating it", offloadctl.pipeline, "simulate"),
 ]
 

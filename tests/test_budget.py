@@ -16,7 +16,8 @@ from offloadctl.contract.document import read_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.units import parse_bytes
 from offloadctl.loading.model import load_model
-from offloadctl.planning.budget.strategy import budget_filter, bytes_moved, plan_peak
+from offloadctl.planning.budget.build import bytes_moved
+from offloadctl.planning.budget.strategy import budget_filter, plan_peak
 from offloadctl.planning.explain import explain_rows
 from offloadctl.planning.filter import filter_plan
 from offloadctl.planning.make import scheduled_plan

@@ -21,7 +21,8 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.analysis.timeline import lower_bound
 from offloadctl.loading.model import load_model
 from offloadctl.planning.budget import optimal as optimal_module
-from offloadctl.planning.budget.strategy import budget_filter, bytes_moved
+from offloadctl.planning.budget.build import bytes_moved
+from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.prefetch import prefetch
 from offloadctl.planning.select import select
 from offloadctl.simulation.costs import BytesMoved, InlineTime, make_cost, plan_cost

@@ -19,7 +19,7 @@ from offloadctl.core.bulk import paused_gc
 from offloadctl.core.onnxutil import subgraph_outer_names
 from offloadctl.core.plantypes import Offload, Plan, ReloadGroup
 from offloadctl.core.units import fmt_bytes
-from offloadctl.planning.budget.strategy import bytes_moved
+from offloadctl.planning.budget.build import bytes_moved
 from offloadctl.simulation.memory import lower_bound, peak_memory
 from offloadctl.simulation.result import SimResult
 

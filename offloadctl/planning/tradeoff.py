@@ -168,8 +168,8 @@ class Tradeoff:
         self.profile = self.request.device_profile
         self.objective = self.request.objective_name
         self.search = BudgetSearch(analysis, self.request, self.request)
-        self.peak_bytes = self.search.peak_before
-        self.lower_bound_bytes = self.search.lower_bound
+        self.peak_bytes = self.search.prepared.peak_before
+        self.lower_bound_bytes = self.search.prepared.lower_bound
         base = simulate(analysis, None, profile=self.profile).times
         assert base is not None
         self.baseline_s = base.baseline

@@ -82,6 +82,7 @@ Rooms: `candidates` (candidate tensors, their states, the intervals, the spans a
 state, and their plan entries), `search` (the greedy, pruning, prefetch placement and the cost
 bound, on a `Planner`), `solve` (one search start to end, over a planner), `exact` and `optimal`
 (the exact search, its covering program, HiGHS in a child process), `streaming` (weight streaming
-by layer group) and `strategy` (the entry points: `BudgetSearch`, `budget_plan`, `budget_filter`,
-and the plan's ``budget`` object).
+by layer group), `prepared` (what does not depend on the budget, done once), `build` (the plan one
+search makes and its ``budget`` object) and `strategy` (the entry points: `BudgetSearch`,
+`budget_plan`, `budget_filter`).
 """

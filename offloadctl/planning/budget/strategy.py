@@ -1,7 +1,8 @@
-"""The budget planner's entry points: `BudgetSearch` (prepared once, run at any budget and copy mode),
-`budget_plan` (an analysis and a request to a scheduled plan), `budget_filter` (the filter stage
-with a budget: a selected plan to a filtered one), the plan's ``budget`` record (`BudgetResult`) and
-the memory figures of a plan (`memory_profile`, `plan_peak`, `bytes_moved`).
+"""The budget planner's entry points: `BudgetSearch` (prepared once, `offloadctl.planning.budget.prepared`,
+and run at any budget and copy mode), `budget_plan` (an analysis and a request to a scheduled plan),
+`budget_filter` (the filter stage with a budget: a selected plan to a filtered one) and the memory
+figures of a plan (`memory_profile`, `plan_peak`). The plan a search makes, with its ``budget``
+record, is built in `offloadctl.planning.budget.build`.
 
 The planner selects once (`offloadctl.planning.select.Selection`, at select distance 0, weights
 looked at in the same pass in case activations alone cannot fit), searches, and schedules the plan
@@ -13,22 +14,20 @@ objectives' plans with copies on streams, and hands that simulation back.
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
-from offloadctl.contract.document import check_plan_model, record_stage, require_stage
+from offloadctl.contract.document import check_plan_model, require_stage
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.plantypes import BudgetRecord, Compared, Offload, Plan, Rejection
+from offloadctl.core.plantypes import Compared, Plan
 from offloadctl.core.units import byte_arg, fmt_bytes
-from offloadctl.planning.budget.candidates import Cand, candidates, plan_entry, reject
-from offloadctl.planning.budget.solve import Outcome, solve
-from offloadctl.planning.budget.streaming import stream_states
-from offloadctl.planning.filter import first_use_key
+from offloadctl.planning.budget.build import Attempt, Pricing, build_plan
+from offloadctl.planning.budget.prepared import Prepared
+from offloadctl.planning.budget.solve import solve
 from offloadctl.planning.outcome import PlanOutcome
 from offloadctl.planning.prefetch import prefetch, prefetch_own
 from offloadctl.planning.request import (
@@ -39,31 +38,16 @@ from offloadctl.planning.request import (
     SelectPart,
     taking2,
 )
-from offloadctl.planning.select import selection_for
-from offloadctl.simulation.costs import (
-    BytesMoved,
-    CopyCost,
-    CopyTiming,
-    InlineTime,
-    StreamStall,
-    copy_timing,
-    make_cost,
-    plan_cost,
-)
-from offloadctl.simulation.memory import lower_bound, resident_profile
-from offloadctl.simulation.profiles import Profile
+from offloadctl.simulation.costs import BytesMoved, CopyCost, InlineTime, StreamStall, make_cost
 from offloadctl.simulation.result import SimResult, simulate
-from offloadctl.simulation.timing import count_scratch
 
 __all__ = [
-    "BudgetResult",
     "BudgetSearch",
     "BudgetUnreachable",
     "Found",
     "budget_figures",
     "budget_filter",
     "budget_plan",
-    "bytes_moved",
     "memory_profile",
     "plan_peak",
 ]
@@ -106,98 +90,12 @@ def plan_peak(
     )
 
 
-def bytes_moved(plan: Plan) -> int:
-    """Bytes a plan copies per run: one D2H per activation, one H2D per reload group and output."""
-    return int(plan_cost(plan, BytesMoved()))
-
-
-@dataclass
-class BudgetResult:
-    """What the planner found, besides the plan (its ``budget`` record, `to_json`)."""
-
-    requested: int | None
-    lower_bound: int
-    lower_bound_position: int | None
-    peak_before: int
-    peak: int
-    peak_position: int
-    moved: int
-    weights_added: bool = False
-    stream: dict[str, Any] | None = None
-    chosen: dict[str, str] = field(default_factory=dict)
-    objective: dict[str, Any] = field(default_factory=lambda: BytesMoved().to_json())
-    cost: float = 0.0
-    cost_bound: float | None = None
-    bound_source: str | None = None  # "steps" (the cheapest cover of the worst steps) or "solver"
-    optimal: bool = False
-    search: str = "greedy"
-    solver: dict[str, Any] | None = None
-    copies: str = "inline"
-
-    @property
-    def gap(self) -> float | None:
-        """(cost - proven bound) / cost; 0 for a plan that costs nothing."""
-        if self.cost_bound is None:
-            return None
-        if self.cost <= 0:
-            return 0.0
-        return max(0.0, (self.cost - self.cost_bound) / self.cost)
-
-    def to_json(self, prefetch_distance: int, release_distance: int) -> BudgetRecord:
-        doc: BudgetRecord = {
-            "requested_bytes": self.requested,
-            "lower_bound_bytes": self.lower_bound,
-            "lower_bound_position": self.lower_bound_position,
-            "peak_before_bytes": self.peak_before,
-            "predicted_peak_bytes": self.peak,
-            "predicted_peak_position": self.peak_position,
-            "bytes_moved": self.moved,
-            "assumed_prefetch_distance": prefetch_distance,
-            "assumed_release_distance": release_distance,
-            "weights_added_by_budget": self.weights_added,
-            "search": self.search,
-            "objective": self.objective,
-            "copies": self.copies,
-            "cost": self.cost,
-            "cost_bound": self.cost_bound,
-            "gap": self.gap,
-            "bound_source": self.bound_source,
-            "optimal": self.optimal,
-            "solver": self.solver,
-            "chosen": self.chosen,
-        }
-        if self.stream is not None:
-            doc["stream_weights"] = self.stream
-        return doc
-
-
 class BudgetUnreachable(OffloadError):
     """No plan of the budget strategy fits the budget; ``reachable`` is the best peak it can reach."""
 
     def __init__(self, message: str, *, hint: str | None = None, reachable: int) -> None:
         super().__init__(message, hint=hint)
         self.reachable = reachable
-
-
-@dataclass
-class _Attempt:
-    """One search over one candidate set."""
-
-    rejected: list[Rejection]  # the rejections of the selection the candidates come from
-    cands: list[Cand]
-    small: list  # rejections for --min-bytes
-    stream_info: dict[str, Any] | None
-    outcome: Outcome
-
-
-@dataclass(frozen=True)
-class _Pricing:
-    """What one search fits and how its plan is priced."""
-
-    budget: int | None
-    cost: CopyCost
-    copies: str
-    weights_added: bool
 
 
 @dataclass
@@ -241,83 +139,45 @@ class BudgetSearch:
         base: Plan | None = None,
         listed: bool = True,
     ) -> None:
-        dynamic = [
-            name
-            for name in analysis.graph_inputs
-            if (info := analysis.infos.get(name)) is not None and info.copyable and info.bytes is None
-        ]
-        if dynamic:
-            raise OffloadError(
-                f"a budget cannot be checked for {analysis.loaded.path}: input(s) {', '.join(dynamic)} have dynamic "
-                "dimensions, so the sizes of the tensors computed from them are unknown",
-                hint="pin them with --input-shape NAME=D0,D1,... (on select or plan)",
-            )
+        self.prepared = Prepared(analysis, options, select, base=base, listed=listed)
         self.analysis = analysis
         self.options = options
-        # the kernel scratch a measured profile records is part of every step's memory, as simulate counts it
-        count_scratch(analysis, options.device_profile)
-        self.params = select.params or options.stream_weights
-        self.listed = listed
-        self.selection = selection_for(analysis, select)  # a distance plan made before shares it
-        self.base = base if base is not None else self.selection.header(weights=select.params)
-        # the bound and the peak from the simulation's base, which a simulation of the plan reuses
-        self.lower_bound, self.lower_bound_position = lower_bound(analysis)
-        self.peak_before = timeline.peak_of(resident_profile(analysis))[0]
-        self._prepared: dict[bool, tuple] = {}
-        self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
 
-    def _prepare(self, with_params: bool) -> tuple:
-        """(the selection's rejections, candidates, candidates too small, streamed states, streaming info),
-        once each."""
-        if with_params not in self._prepared:
-            rejected = self.selection.rejected(weights=with_params) if self.listed else []
-            cands, small = candidates(self.analysis, self.selection, with_params, self.options.min_size)
-            stream = info = None
-            if self.options.stream_weights:
-                stream, info = stream_states(cands, self.options.stream_depth)
-            self._prepared[with_params] = (rejected, cands, small, stream, info)
-        return self._prepared[with_params]
-
-    def timing(self, profile: Profile) -> CopyTiming:
-        """When each node runs on ``profile``, computed once per profile."""
-        hit = self._timing.get(id(profile))
-        if hit is None or hit[0] is not profile:
-            hit = self._timing[id(profile)] = (profile, copy_timing(self.analysis, profile))
-        return hit[1]
-
-    def _attempt(self, with_params: bool, budget: int | None, cost: CopyCost, copies: str) -> _Attempt:
-        rejected, cands, small, stream, info = self._prepare(with_params)
-        timing = self.timing(self.options.device_profile) if copies == "streams" else None
-        outcome = solve(self.analysis, cands, self.options, budget=budget, stream=stream, cost=cost, timing=timing)
-        return _Attempt(rejected, cands, small, info, outcome)
+    def _attempt(self, with_params: bool, budget: int | None, cost: CopyCost, copies: str) -> Attempt:
+        found = self.prepared.candidates(with_params)
+        timing = self.prepared.timing(self.options.device_profile) if copies == "streams" else None
+        outcome = solve(
+            self.analysis, found.cands, self.options, budget=budget, stream=found.stream, cost=cost, timing=timing
+        )
+        return Attempt(found, outcome)
 
     def _cost(self, copies: str) -> CopyCost:
         objective, prof = self.options.search_objective, self.options.device_profile
         if isinstance(objective, CopyCost):
             return objective
         if objective == "time" and copies == "streams":
-            return StreamStall(self.timing(prof))
+            return StreamStall(self.prepared.timing(prof))
         assert isinstance(objective, str)
         return make_cost(objective, prof)
 
     def _check_budget(self, budget: int | None) -> None:
-        lb, pos = self.lower_bound, self.lower_bound_position
+        lb, pos = self.prepared.lower_bound, self.prepared.lower_bound_position
         if budget is not None and budget < lb:
             raise BudgetUnreachable(
                 f"budget {fmt_bytes(budget)} is below the lower bound {fmt_bytes(lb)} ({lb} bytes) of "
                 f"{self.analysis.loaded.path} ({_where(self.analysis, pos)}); the peak is "
-                f"{fmt_bytes(self.peak_before)} without offload",
+                f"{fmt_bytes(self.prepared.peak_before)} without offload",
                 hint=f"give --budget {byte_arg(lb)} or more",
                 reachable=lb,
             )
 
-    def _fitting(self, budget: int | None, cost: CopyCost, copies: str, quiet: bool) -> tuple[_Attempt, bool]:
+    def _fitting(self, budget: int | None, cost: CopyCost, copies: str, quiet: bool) -> tuple[Attempt, bool]:
         """The attempt that fits, and whether weights had to join the candidates."""
-        first = self._attempt(self.params, budget, cost, copies)
+        first = self._attempt(self.prepared.params, budget, cost, copies)
         if first.outcome.fits:
             return first, False
         retry = None
-        if not self.params:
+        if not self.prepared.params:
             retry = self._attempt(True, budget, cost, copies)
             if retry.outcome.fits:
                 if not quiet:
@@ -326,17 +186,18 @@ class BudgetSearch:
                     )
                 return retry, True
         best = min(a.outcome.reachable for a in (first, retry) if a is not None and a.outcome.reachable is not None)
-        fused = self.selection.options.fused
+        fused = self.prepared.selection.options.fused
         kept = (
             f"; {len(fused)} tensors stay on the device for onnxruntime's fusions at the measured profile's "
             "optimization level (reason fused): a profile at a lower --opt-level keeps none"
             if fused
             else ""
         )
+        bound, before = self.prepared.lower_bound, self.prepared.peak_before
         raise BudgetUnreachable(
             f"the budget strategy cannot fit {self.analysis.loaded.path} into {fmt_bytes(budget)}: the best peak "
-            f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(self.lower_bound)}, peak without "
-            f"offload {fmt_bytes(self.peak_before)})",
+            f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(bound)}, peak without "
+            f"offload {fmt_bytes(before)})",
             hint=f"raise --budget to at least {byte_arg(best)}, "
             f"or allow more candidates (--params, fewer --never patterns){kept}",
             reachable=best,
@@ -353,22 +214,24 @@ class BudgetSearch:
         self._check_budget(budget)
         cost = self._cost(copies)
         chosen, weights_added = self._fitting(budget, cost, copies, quiet)
-        build = _Pricing(budget, cost, copies, weights_added)
+        build = Pricing(budget, cost, copies, weights_added)
         if cost.objective != "time" or budget is None or isinstance(self.options.search_objective, CopyCost):
-            return Found(self._build(chosen, build))
+            return Found(build_plan(self.prepared, chosen, build))
         # The time objective is priced copy by copy; the plan the bytes objective finds is checked too,
         # and the faster of the two (estimated as the chosen copy mode runs) is kept, so asking for time
         # never gives a longer estimate than asking for bytes.
-        other = self._attempt(self.params or weights_added, budget, BytesMoved(), copies)
+        other = self._attempt(self.prepared.params or weights_added, budget, BytesMoved(), copies)
         if not other.outcome.fits:  # pragma: no cover - the same candidates fit under any price
-            return Found(self._build(chosen, build))
+            return Found(build_plan(self.prepared, chosen, build))
         if copies == "inline" and self.options.device_profile.measured is None:
             # the copies' time in line: a sum the planners' states give (a datasheet profile prices no pins)
             inline = InlineTime(self.options.device_profile)
             mine_s, theirs_s = chosen.outcome.planner.moved(inline), other.outcome.planner.moved(inline)
             kept = "bytes" if theirs_s < mine_s - 1e-12 * max(mine_s, 1e-30) else "time"
             found = Found(
-                self._build(chosen, build) if kept == "time" else self._build(other, build, searched=chosen.outcome)
+                build_plan(self.prepared, chosen, build)
+                if kept == "time"
+                else build_plan(self.prepared, other, build, searched=chosen.outcome)
             )
         else:
             found = self._compare_simulated(chosen, other, build, "overlapped" if copies == "streams" else "serialized")
@@ -379,12 +242,12 @@ class BudgetSearch:
                 plan["budget"]["compared"] = compared
         return found
 
-    def _compare_simulated(self, chosen: _Attempt, other: _Attempt, build: _Pricing, key: str) -> Found:
+    def _compare_simulated(self, chosen: Attempt, other: Attempt, build: Pricing, key: str) -> Found:
         """Both plans simulated, the stall (``key``: ``overlapped`` or ``serialized``) the simulator's, the
         one kept handing its simulation back: with copies on streams a copy's price depends on the compute
         around it, and under a measured profile the time in line includes the order pins' nodes."""
-        mine = Found(self._build(chosen, build))
-        theirs = Found(self._build(other, build, searched=chosen.outcome))
+        mine = Found(build_plan(self.prepared, chosen, build))
+        theirs = Found(build_plan(self.prepared, other, build, searched=chosen.outcome))
         for found in (mine, theirs):
             found.scheduled = prefetch.run(found.filtered, self._prefetch_part())
             found.simulation = simulate(self.analysis, found.scheduled, profile=self.options.device_profile)
@@ -430,119 +293,12 @@ class BudgetSearch:
         scheduled = found.scheduled or prefetch_own(found.filtered, self._prefetch_part())
         return PlanOutcome(scheduled, found.simulation)
 
-    def _build(self, attempt: _Attempt, pricing: _Pricing, *, searched: Outcome | None = None) -> Plan:
-        """The filtered plan of one search's outcome, priced by ``pricing.cost``.
-
-        ``searched``: the search whose bound (and solver) the plan reports, when its plan is another
-        search's (the plan the bytes objective found, kept for the time objective).
-        """
-        options = self.options
-        budget, cost, copies = pricing.budget, pricing.cost, pricing.copies
-        new = record_stage(  # only the chosen offloads go into the new plan: the selected ones are not copied
-            {**self.base, "offloads": []}, "filtered", "filter", self._recorded(cost, copies, budget)
-        )
-        new["strategy"] = "budget"
-        offloads, rejected, chosen = self._entries(attempt, budget)
-        new["offloads"] = offloads
-        new["rejected"] = rejected
-        planner = attempt.outcome.planner
-        peak, pos = planner.peak()
-        total = planner.moved(cost)
-        result = BudgetResult(
-            requested=budget,
-            lower_bound=self.lower_bound,
-            lower_bound_position=self.lower_bound_position,
-            peak_before=self.peak_before,
-            peak=int(peak),
-            peak_position=pos,
-            moved=bytes_moved(new),
-            weights_added=pricing.weights_added,
-            stream=attempt.stream_info,
-            chosen=chosen,
-            objective=cost.to_json(),
-            cost=_round_cost(total, cost),
-            copies=copies,
-        )
-        _record_bound(result, attempt.outcome if searched is None else searched, total, cost, budget, searched)
-        new["budget"] = result.to_json(options.prefetch_distance, options.release_distance)
-        return new
-
-    def _recorded(self, cost: CopyCost, copies: str, budget: int | None) -> dict[str, Any]:
-        options = self.options
-        return {
-            "select_num": options.select_num,
-            "min_bytes": options.min_size,
-            "strategy": "budget",
-            "budget_bytes": budget,
-            "profile": options.device_profile.name if cost.objective == "time" or copies == "streams" else None,
-            "objective": cost.objective,
-            "copies": copies,
-            "optimal": options.optimal,
-            "time_limit_s": float(options.time_limit) if options.optimal else None,
-        }
-
-    def _entries(self, attempt: _Attempt, budget: int | None) -> tuple[list[Offload], list, dict[str, str]]:
-        """The plan's offloads (in first-use order), its rejections (none unless `listed`), and why each
-        offload was chosen."""
-        planner = attempt.outcome.planner
-        offloads: list[Offload] = []
-        rejected = []
-        if self.listed:
-            handled = {c.name for c in attempt.cands} | {r["tensor"] for r in attempt.small}
-            rejected = [dict(r) for r in attempt.rejected if r["tensor"] not in handled] + attempt.small
-        chosen: dict[str, str] = {}
-        for i, c in enumerate(attempt.cands):
-            st = planner.state[i]
-            if st.offloaded:
-                offloads.append(plan_entry(c, st, self.analysis))
-                if planner.fixed[i]:
-                    chosen[c.name] = "streamed weight (layer group)"
-                elif c.forced:
-                    chosen[c.name] = "forced (--force)"
-                else:
-                    chosen[c.name] = "needed to fit the budget"
-            elif self.listed:
-                why = "the peak fits the budget without it" if budget is not None else "no budget given"
-                rejected.append(reject(c.name, c.kind, c.size, "budget-not-needed", why, c.entries))
-        offloads.sort(key=first_use_key)
-        for i, e in enumerate(offloads):
-            e["id"] = i
-        return offloads, rejected, chosen
-
 
 def _stall(result: SimResult | None, key: str) -> float:
     """The time a scheduled plan's copies (and pins) add to the baseline, as the simulator runs them
     (``key``: ``overlapped``, copies on streams, or ``serialized``, in line)."""
     assert result is not None and result.times is not None  # a simulation with a profile has its times
     return float(getattr(result.times, key)) - result.times.baseline
-
-
-def _record_bound(
-    result: BudgetResult, outcome: Outcome, total: float, cost: CopyCost, budget: int | None, searched: Outcome | None
-) -> None:
-    """The proven bound on the cost (the steps', or the solver's when it proved more), and whether the
-    plan is proven optimal."""
-    bound, source = (outcome.bound, "steps") if outcome.bound is not None else (None, None)
-    if budget is None:
-        bound, source = total, "steps"  # nothing to choose: the fixed choices are the only plan
-    if outcome.exact is not None:
-        result.search = "exact"
-        result.solver = outcome.exact.to_json()
-        solver_bound = outcome.exact.bound
-        if solver_bound is not None and (bound is None or solver_bound > bound):
-            bound, source = solver_bound, "solver"
-        if (
-            searched is None
-            and outcome.exact.status == "optimal"
-            and outcome.exact.answer in ("accepted", "no cheaper than the greedy's plan, which is kept")
-        ):
-            result.optimal = True
-            bound, source = total, "solver"
-    if bound is not None and cost.linear:
-        if cost.integral:
-            bound = math.ceil(bound - 1e-6)
-        result.cost_bound = _round_cost(min(bound, total), cost)
-        result.bound_source = source
 
 
 def budget_figures(analysis: Analysis, request: Any) -> PlanOutcome:
@@ -595,7 +351,3 @@ def budget_filter(plan: Plan, analysis: Analysis, options: FilterRequest) -> Pla
     select = SelectPart(**{**recorded_select, "select_distance": 0})
     options.report("fitting the budget")
     return BudgetSearch(analysis, options, select, base=plan).filter()
-
-
-def _round_cost(value: float, cost: CopyCost) -> float | int:
-    return int(round(value)) if cost.integral else float(value)

@@ -1,0 +1,101 @@
+"""What the budget planner prepares once per model and options, whatever the budget (`Prepared`): the
+check that every input has a size, the selection (weights looked at too), the lower bound and the peak
+without offload, the candidates with and without weights (`Candidates`), and the device timing of
+copies on streams, once per profile.
+
+`offloadctl.planning.budget.strategy.BudgetSearch` searches over it at any number of budgets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from offloadctl.analysis import timeline
+from offloadctl.analysis.graph import Analysis
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.plantypes import Plan, Rejection
+from offloadctl.planning.budget.candidates import Cand, candidates
+from offloadctl.planning.budget.streaming import stream_states
+from offloadctl.planning.request import FilterRequest, SelectPart
+from offloadctl.planning.select import selection_for
+from offloadctl.simulation.costs import CopyTiming, copy_timing
+from offloadctl.simulation.memory import lower_bound, resident_profile
+from offloadctl.simulation.profiles import Profile
+from offloadctl.simulation.timing import count_scratch
+
+__all__ = ["Candidates", "Prepared"]
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """One candidate set: with or without weights."""
+
+    rejected: list[Rejection]  # the selection's rejections (none for a plan made for its figures alone)
+    cands: list[Cand]
+    small: list  # rejections for --min-bytes
+    stream: Any  # the streamed weights' fixed states (`stream_states`), None without weight streaming
+    stream_info: dict[str, Any] | None
+
+
+class Prepared:
+    """The budget planner's work that does not depend on the budget, done once.
+
+    Args:
+        analysis: the analysed model.
+        options: the budget planner's options (`FilterRequest`, or a whole `PlanRequest`).
+        select: the candidates' select options (their select distance is not used: the planner
+            weighs every idle stretch).
+        base: the selected plan whose model, options and history the plans extend (None: the
+            planner's own selection at select distance 0).
+        listed: False for plans made for their figures alone: the same offloads, no ``rejected`` list.
+
+    Raises:
+        OffloadError: an input has dynamic dimensions, so the sizes computed from it are unknown.
+    """
+
+    def __init__(
+        self, analysis: Analysis, options: FilterRequest, select: SelectPart, *, base: Plan | None, listed: bool
+    ) -> None:
+        dynamic = [
+            name
+            for name in analysis.graph_inputs
+            if (info := analysis.infos.get(name)) is not None and info.copyable and info.bytes is None
+        ]
+        if dynamic:
+            raise OffloadError(
+                f"a budget cannot be checked for {analysis.loaded.path}: input(s) {', '.join(dynamic)} have dynamic "
+                "dimensions, so the sizes of the tensors computed from them are unknown",
+                hint="pin them with --input-shape NAME=D0,D1,... (on select or plan)",
+            )
+        self.analysis = analysis
+        self.options = options
+        # the kernel scratch a measured profile records is part of every step's memory, as simulate counts it
+        count_scratch(analysis, options.device_profile)
+        self.params = select.params or options.stream_weights
+        self.listed = listed
+        self.selection = selection_for(analysis, select)  # a distance plan made before shares it
+        self.base = base if base is not None else self.selection.header(weights=select.params)
+        # the bound and the peak from the simulation's base, which a simulation of the plan reuses
+        self.lower_bound, self.lower_bound_position = lower_bound(analysis)
+        self.peak_before = timeline.peak_of(resident_profile(analysis))[0]
+        self._candidates: dict[bool, Candidates] = {}
+        self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
+
+    def candidates(self, with_params: bool) -> Candidates:
+        """The candidate set with weights or without, made once each."""
+        if with_params not in self._candidates:
+            rejected = self.selection.rejected(weights=with_params) if self.listed else []
+            cands, small = candidates(self.analysis, self.selection, with_params, self.options.min_size)
+            stream = info = None
+            if self.options.stream_weights:
+                stream, info = stream_states(cands, self.options.stream_depth)
+            self._candidates[with_params] = Candidates(rejected, cands, small, stream, info)
+        return self._candidates[with_params]
+
+    def timing(self, profile: Profile) -> CopyTiming:
+        """When each node runs on ``profile``, computed once per profile."""
+        hit = self._timing.get(id(profile))
+        if hit is None or hit[0] is not profile:
+            hit = self._timing[id(profile)] = (profile, copy_timing(self.analysis, profile))
+        return hit[1]
