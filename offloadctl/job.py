@@ -217,7 +217,7 @@ class Job:
         events = None
         if options is not None and options.copies == "streams":
             partition_path = self.guard("the partition file", streams_file(output))
-            events = with_events(proto, partition_path.name, self.analysis.order)
+            events = with_events(proto, partition_path.name, self.analysis.order, options.target)
         if genai is not None:
             check_genai_output(genai, Path(output))
         step(f"writing {output}")

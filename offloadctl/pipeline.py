@@ -49,7 +49,7 @@ from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figure
 from offloadctl.planning.make import run_passes
 from offloadctl.planning.passes import EVENTS, FILTER, PINS, PREFETCH, SELECT, Pass, Planning
 from offloadctl.planning.request import PlanRequest, taking
-from offloadctl.rewriting.preview import device_result, placement_of, run_order_result
+from offloadctl.rewriting.preview import device_result, placement_of, run_order_result, streams_run_result
 from offloadctl.rewriting.rewrite import target_for
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.estimate import (
@@ -116,6 +116,7 @@ def run_order_figures(plan: Plan, analysis: Analysis, result: SimResult, request
         host_copies=request.host_copies,
         host_casts=request.host_casts,
         report=request.report,
+        copies=request.copies,
     )
 
 
@@ -129,16 +130,27 @@ def as_run_figures(
     host_copies: Sequence[str] = (),
     host_casts: Sequence[Any] = (),
     report: Callable[[str], None] | None = None,
+    copies: str = "inline",
 ) -> dict[str, Any]:
     """``figures`` (`estimate_figures` of the plan's simulation) with the peaks of what runs: for a plan
     made for a device (``plan --device``: ``host_device``, the nodes it runs on the host and the copies
     and Casts onnxruntime inserts there), the model's and the rewrite's as that device runs them, in either order
-    (`device_figures`); else under the DEFAULT order the peak after of the rewrite as the walk over it
-    runs (`offloadctl.rewriting.preview`: pins and copies reorder it), not of the planned sequence.
-    PRIORITY_BASED on one device runs the planned sequence itself."""
+    (`device_figures`); else with ``copies`` on streams the peak after of the rewrite as
+    ``apply --copies streams`` writes it, in the order the executor runs its two streams (the copy stream
+    runs ahead of compute until a gate stops it), in either order; else under the DEFAULT order the peak
+    after of the rewrite as the walk over it runs (`offloadctl.rewriting.preview`: pins and copies reorder
+    it), not of the planned sequence. PRIORITY_BASED on one stream runs the planned sequence itself."""
     if host_device:
         return device_figures(plan, analysis, figures, host_device, host_nodes, host_copies, host_casts)
-    if analysis.order != "default" or not plan["offloads"]:
+    if not plan["offloads"]:
+        return figures
+    if copies == "streams":
+        if report is not None:
+            report("replaying the rewrite as onnxruntime's executor runs its two streams")
+        with paused_gc():
+            replayed = streams_run_result(plan, analysis)
+        return with_run_order_peak(figures, replayed, analysis.order, streams=True)
+    if analysis.order != "default":
         return figures
     if report is not None:
         report("replaying the rewrite in onnxruntime's DEFAULT order")

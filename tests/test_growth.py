@@ -65,15 +65,15 @@ def test_run_fails_a_rewrite_whose_arena_grows_beyond_its_copies(run_cli, tmp_pa
     assert doc.json()["memory_growth"]["explained"] is False
 
 
-def test_a_streams_rewrite_that_grows_is_blamed_on_the_two_stream_reuse_plan():
-    """On two streams the growth comes from onnxruntime's reuse plan, not from the order (as on
-    PP-OCRv4's detector, 57.60 -> 318.55 MiB): the fix is copies in line, not an order flag."""
+def test_a_streams_rewrite_that_grows_is_blamed_on_its_copy_stream():
+    """On two streams the growth comes from the copy stream (copies issued as their gates open, buffers
+    planned apart), not from the order: the fix is copies in line, not an order flag."""
     from types import SimpleNamespace
 
     from offloadctl.cli.run_cmd import _growth_error
 
     report = SimpleNamespace(growth=MemoryGrowth(1000, 5000, 100), execution_order="default", streams=object())
     error = _growth_error("m.onnx", "orig.onnx", report)
-    assert "reuse plan for two streams" in str(error) and error.hint == "apply the plan with --copies inline"
+    assert "the copy stream issues each copy" in str(error) and error.hint == "apply the plan with --copies inline"
     error = _growth_error("m.onnx", "orig.onnx", SimpleNamespace(**{**vars(report), "streams": None}))
-    assert "--execution-order default" in error.hint and "reuse plan" not in str(error)
+    assert "--execution-order default" in error.hint and "copy stream" not in str(error)

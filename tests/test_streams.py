@@ -158,10 +158,11 @@ def _default_streams_rewrite(run_cli, tmp_path: Path, name: str) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer", "training"])
-def test_simulate_replays_the_reuse_plan_onnxruntime_makes_for_two_streams(run_cli, tmp_path, name):
+@pytest.mark.parametrize("name, planner_matters", [("mlp", True), ("transformer", True), ("training", False)])
+def test_simulate_replays_the_reuse_plan_onnxruntime_makes_for_two_streams(run_cli, tmp_path, name, planner_matters):
     """The CPU arena figure of a streams rewrite is onnxruntime's own (C API MaxInUse, DEFAULT order) within
-    2%: two streams on one device get the multi-stream reuse plan, which one stream's replay misses by more."""
+    2%: two streams on one device get the multi-stream reuse plan, which one stream's replay misses by more
+    on the mlp and the transformer (on the training step the two plans come within 2% of each other)."""
     from offloadctl.analysis.graph import analyse
     from offloadctl.loading.model import load_model
     from offloadctl.simulation.ortcpu import cpu_peak, declared_shapes
@@ -177,7 +178,7 @@ def test_simulate_replays_the_reuse_plan_onnxruntime_makes_for_two_streams(run_c
     assert abs(replica / measured - 1) <= 0.02, (replica, measured)
     proto = onnx.load(str(out), load_external_data=False)
     one_stream = cpu_peak(analyse(load_model(out), order="default"), shapes=declared_shapes(proto)).peak_bytes
-    assert abs(one_stream / measured - 1) > 0.02, (one_stream, measured)  # the figure the streams replay replaces
+    assert (abs(one_stream / measured - 1) > 0.02) == planner_matters, (one_stream, measured)
 
 
 def test_a_default_order_streams_rewrite_holds_its_copies_at_their_pins(run_cli, tmp_path):
@@ -218,12 +219,13 @@ def test_an_exported_bert_streams_rewrite_holds_its_pins_in_the_default_order(ru
     assert not doc["order_pins"]["violated"] and all(c["identical"] for c in doc["comparison"].values())
 
 
-def test_apply_warns_when_the_two_stream_reuse_plan_keeps_more_live_than_one_stream(run_cli, tmp_path):
-    """onnxruntime's reuse plan for two streams on one device shares each buffer at most once more: apply
-    --copies streams says what that costs against the same plan in line, and both figures are onnxruntime's
-    own (C API MaxInUse, DEFAULT order) within 2%."""
+def test_apply_warns_when_the_streams_rewrite_keeps_more_live_than_in_line(run_cli, tmp_path):
+    """The mlp's DEFAULT plan loads its weights at the start: in line the DEFAULT walk runs those copies
+    right before their readers, the copy stream as their gates open, as planned. apply --copies streams
+    says what that costs against the same plan in line, and both figures are onnxruntime's own (C API
+    MaxInUse, DEFAULT order) within 2%."""
     plan = tmp_path / "plan.json"
-    made = run_cli("plan", SAMPLES / "transformer.onnx", "-o", plan, "--execution-order", "default", "--params",
+    made = run_cli("plan", SAMPLES / "mlp.onnx", "-o", plan, "--execution-order", "default", "--params",
                    "--select-distance", "10")  # fmt: skip
     assert made.exit_code in (0, 1), made.stderr
     streams, inline = tmp_path / "streams.onnx", tmp_path / "inline.onnx"
@@ -231,10 +233,10 @@ def test_apply_warns_when_the_two_stream_reuse_plan_keeps_more_live_than_one_str
     assert applied.exit_code == 0, applied.stderr
     cost = applied.json()["streams_cpu_peak"]
     assert cost["streams_bytes"] > 1.1 * cost["inline_bytes"]
-    assert "reuse plan for two streams" in applied.stderr
+    assert "the copy stream issues each copy as its gate opens" in " ".join(applied.stderr.split())
     assert run_cli("apply", plan, "-o", inline, "--json").json()["streams_cpu_peak"] is None
     for rewrite, figure in ((streams, cost["streams_bytes"]), (inline, cost["inline_bytes"])):
-        ran = run_cli("run", rewrite, "--device", "cpu", "--inputs", SAMPLES / "transformer.inputs.npz",
+        ran = run_cli("run", rewrite, "--device", "cpu", "--inputs", SAMPLES / "mlp.inputs.npz",
                       "--execution-order", "default", "--measure-memory", "--repeat", "1", "--json")  # fmt: skip
         assert ran.exit_code == 0, ran.stderr
         (measured,) = [m["peak_bytes"] for m in ran.json()["measured_memory"] if m["method"] == "allocator-stats"]
@@ -257,3 +259,71 @@ def test_the_two_stream_replay_is_the_figure_simulate_reports(run_cli, tmp_path)
     replayed = cpu_peak_on_streams(analysis, streams, shapes=declared_shapes(proto)).peak_bytes
     simulated = run_cli("simulate", out, "--execution-order", "default", "--json").json()["cpu_peak_bytes"]["after"]
     assert replayed == simulated != cpu_peak(analysis, shapes=declared_shapes(proto)).peak_bytes
+
+
+def test_a_default_order_streams_rewrite_has_no_event_the_walk_reaches_last(run_cli, tmp_path):
+    """Under DEFAULT a node nobody reads runs after the rest of the graph: a gate there holds nothing and
+    a fence keeps its tensor on the device to the end of the run. Every event is read by a pin instead,
+    and onnxruntime's own arena for the streams rewrite is no larger than for the same plan in line (it
+    was 22% larger with the events as leaves)."""
+    out = _default_streams_rewrite(run_cli, tmp_path, "transformer")
+    model = onnx.load(str(out), load_external_data=False)
+    read = {name for node in model.graph.node for name in node.input}
+    events = [n for n in model.graph.node if n.name.startswith("offload/event/")]
+    assert {n.name.split("/")[2] for n in events} == {"gate", "copied", "fence"}
+    assert [n.name for n in events if n.output[0] not in read] == []
+    inline = tmp_path / "inline.onnx"
+    assert run_cli("apply", tmp_path / "default.plan.json", "-o", inline).exit_code == 0
+    measured = {}
+    for rewrite in (out, inline):
+        ran = run_cli("run", rewrite, "--device", "cpu", "--inputs", SAMPLES / "transformer.inputs.npz",
+                      "--execution-order", "default", "--measure-memory", "--repeat", "1", "--json",
+                      "--compare-to", SAMPLES / "transformer.onnx")  # fmt: skip
+        assert ran.exit_code == 0, ran.stderr
+        doc = ran.json()
+        assert doc["order"]["matches"] and all(c["identical"] for c in doc["comparison"].values())
+        (measured[rewrite],) = [m["peak_bytes"] for m in doc["measured_memory"] if m["method"] == "allocator-stats"]
+    assert measured[out] <= measured[inline], measured
+
+
+def test_a_fence_in_a_file_out_of_order_is_held_without_a_cycle(run_cli, tmp_path):
+    """The training sample's file is not in a topological order: the node after a fence in the file can
+    lead to the fenced tensor. The fence's pin goes on a node the walk runs after it instead."""
+    out = _default_streams_rewrite(run_cli, tmp_path, "training")
+    model = onnx.load(str(out), load_external_data=False)
+    read = {name for node in model.graph.node for name in node.input}
+    fences = [n for n in model.graph.node if n.name.startswith("offload/event/fence/")]
+    assert fences and all(f.output[0] in read for f in fences)
+
+
+def test_simulate_counts_a_streams_rewrite_as_its_executor_runs_the_two_streams(run_cli, tmp_path):
+    """The device figures of a streams rewrite follow the order onnxruntime's executor runs its streams in
+    (the order `run` checks the profile against), an event's output is the tensor it reads (no buffer of
+    its own), and plan, apply and simulate quote the same peak."""
+    from offloadctl.analysis.graph import analyse
+    from offloadctl.loading.model import load_model
+    from offloadctl.rewriting.streams import checked_streams, stream_order
+    from offloadctl.simulation.base import base_of
+    from offloadctl.simulation.ortstreams import executor_analysis
+    from offloadctl.simulation.program import program_for
+
+    plan, out = tmp_path / "plan.json", tmp_path / "transformer.offload.onnx"
+    made = run_cli("plan", SAMPLES / "transformer.onnx", "-o", plan, "--execution-order", "default", "--params",
+                   "--select-distance", "10", "--copies", "streams", "--json")  # fmt: skip
+    assert made.exit_code in (0, 1), made.stderr
+    planned = made.json()["peak_bytes"]
+    assert planned["run_by"] == "the two-stream executor" and planned["after"] != planned["planned_after"]
+    applied = run_cli("apply", plan, "-o", out, "--copies", "streams")
+    assert applied.exit_code == 0 and "as the two-stream executor runs it" in " ".join(applied.stdout.split())
+    simulated = run_cli("simulate", out, "--execution-order", "default", "--json")
+    assert simulated.exit_code == 0, simulated.stderr
+    assert simulated.json()["peak_bytes"]["after"] == planned["after"]
+    analysis = analyse(load_model(out), order="default")
+    _, streams = checked_streams(out, analysis.loaded.proto, "default")
+    ran = executor_analysis(analysis, streams)
+    assert ran.node_names == stream_order(analysis.loaded.proto, "default")
+    assert ran.node_names != analysis.node_names  # the copy stream runs ahead: not the DEFAULT walk
+    _, program = program_for(ran, None, "the rewrite")
+    events = {n.output[0] for n in ran.nodes if n.name.startswith("offload/event/")}
+    assert events and not events & set(program.names)  # no event output is a tensor of its own
+    assert base_of(ran).n == base_of(analysis).n

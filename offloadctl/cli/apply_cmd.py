@@ -109,7 +109,7 @@ def apply(
             _, extra = job.write_rewrite(output, result=result, step=step, options=options)
     model_path = job.model_path
     figures = recorded_estimate(plan)
-    cost = streams_cost(plan, job.analysis) if copies == "streams" else None
+    cost = streams_cost(plan, job.analysis, target=options.target) if copies == "streams" else None
     if not as_json:
         _print_apply(result, extra, figures)
     _warn_streams_cost(cost)
@@ -183,13 +183,14 @@ STREAMS_COST_WARNING = 0.10
 
 
 def _warn_streams_cost(cost: StreamsCost | None) -> None:
-    """Warn when onnxruntime's reuse plan for two streams keeps much more live than one stream does."""
+    """Warn when the rewrite with its copies on their own stream keeps much more live than in line."""
     if cost is None or cost.extra_bytes <= STREAMS_COST_WARNING * cost.inline.peak_bytes:
         return
     logger.warning(
-        "onnxruntime's reuse plan for two streams on one device keeps more buffers live than one stream: the CPU "
-        "arena peaks at %s with the copies on their own stream against %s in line (+%.0f%%), and a device runs the "
-        "same planner; check the device with offloadctl run --measure-memory, or apply with --copies inline",
+        "with its copies on their own stream the rewrite keeps more alive than in line: the CPU arena peaks at %s "
+        "against %s (+%.0f%%; the copy stream issues each copy as its gate opens, where in line a copy may run "
+        "later, and onnxruntime plans the two streams' buffers apart), and a device runs the same executor; check "
+        "the device with offloadctl run --measure-memory, or apply with --copies inline",
         fmt_bytes(cost.streams.peak_bytes),
         fmt_bytes(cost.inline.peak_bytes),
         100 * cost.extra_bytes / cost.inline.peak_bytes,

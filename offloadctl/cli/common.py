@@ -275,7 +275,8 @@ def peak_text(figures: Mapping[str, Any]) -> str:
     if peak.get("device"):
         run = f" as {peak['device']} runs it; planned {fmt_bytes(peak['planned_before'])} -> {fmt_bytes(planned)}"
     else:
-        run = f" as the DEFAULT walk runs it; planned {fmt_bytes(planned)}" if planned not in (None, after) else ""
+        by = peak.get("run_by", "the DEFAULT walk")
+        run = f" as {by} runs it; planned {fmt_bytes(planned)}" if planned not in (None, after) else ""
     return f"peak {fmt_bytes(before)} -> {fmt_bytes(after)}{change}{run}"
 
 

@@ -253,8 +253,8 @@ def _growth_error(model: str, compare_to: str | None, report: RunReport) -> Offl
     moved = growth.moved
     order = report.execution_order.upper()
     if report.streams is not None:
-        cause = "onnxruntime's reuse plan for two streams keeps more buffers alive than for one (apply --json's "
-        cause += "streams_cpu_peak predicts it)"
+        cause = "the copy stream issues each copy as its gate opens and onnxruntime plans the two streams' buffers "
+        cause += "apart, which keeps more alive than the copies in line (apply --json's streams_cpu_peak predicts it)"
         hint = "apply the plan with --copies inline"
     else:
         cause = (

@@ -45,6 +45,7 @@ from offloadctl.pipeline import as_run_figures
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.request import profile_for
 from offloadctl.simulation.estimate import estimate_figures
+from offloadctl.simulation.ortstreams import executor_analysis
 from offloadctl.simulation.points import PointResult, at_points, parse_point
 from offloadctl.simulation.profiles import load_profile
 from offloadctl.simulation.result import SimResult, simulate
@@ -116,13 +117,16 @@ def simulate_cmd(
     if plot:
         job.guard("the plot", plot)
     check_report_paths(report, *job.reads, plot=plot)
-    result = simulate(analysis, plan, profile=prof, plan_source=f"plan file {plan_path}")
+    streams = copy_streams(model, analysis)
+    # a streams rewrite's device memory follows the order the executor runs its two streams in
+    ran = executor_analysis(analysis, streams[1]) if streams is not None else analysis
+    result = simulate(ran, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
-    streams = copy_streams(model, analysis, doc)
+    doc["copy_streams"] = streams[0] if streams is not None else None
     points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
     doc["shape_points"] = [p.to_json() for p in points]
-    cpu, refusal = cpu_doc(analysis, plan, result, prof, doc, streams)
+    cpu, refusal = cpu_doc(analysis, plan, result, prof, doc, streams[1] if streams is not None else None)
     warn_profile(model, plan, result, prof, profile)
     written = write_extras(result, plan, plot, report)
     if plan is not None and not result.rewritten and (warning := weak_plan_advice(analysis, plan, result=result)):
@@ -130,7 +134,8 @@ def simulate_cmd(
     if not as_json:
         print_all(result, doc, cpu, refusal, analysis.loaded.dims, points)
     unknown = len(result.unknown_tensors)
-    parts, failure = _verdict(result, plan, analysis, doc, max_peak, points)
+    copies = "streams" if streams is not None else planned_copies(plan)
+    parts, failure = _verdict(result, plan, analysis, doc, max_peak, points, copies)
     subject = model + (f" with plan {plan_path}" if plan_path else "")
     if as_json:
         doc["max_peak_bytes"] = max_peak
@@ -145,12 +150,13 @@ def _verdict(
     doc: dict[str, Any],
     max_peak: int | None,
     points: list[PointResult],
+    copies: str,
 ) -> tuple[list[str | None], str | None]:
     """The verdict's parts and its failure (a peak over --max-peak, at the model's shape or a point); the
-    figures of what runs go into ``doc``."""
+    figures of what runs, with its copies run as ``copies`` says, go into ``doc``."""
     planned = plan is not None or result.rewritten
     unknown = len(result.unknown_tensors)
-    figures = _run_figures(result, plan, analysis)
+    figures = _run_figures(result, plan, analysis, copies)
     if plan is not None and "planned_after" in figures["peak_bytes"]:
         doc["peak_bytes"] = figures["peak_bytes"]
     if plan is not None:
@@ -171,9 +177,9 @@ def _verdict(
     return parts, failure
 
 
-def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis) -> dict[str, Any]:
+def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis, copies: str) -> dict[str, Any]:
     """The figures of the verdict: with a plan, those of what runs (`offloadctl.pipeline.as_run_figures`)."""
-    figures = estimate_figures(result)
+    figures = estimate_figures(result, copies)
     if plan is None or result.rewritten:
         return figures
     select = plan["options"].get("select", {})
@@ -185,7 +191,15 @@ def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis) -> di
         host_nodes=select.get("host_nodes", ()),
         host_copies=select.get("host_copies", ()),
         host_casts=select.get("host_casts", ()),
+        copies=copies,
     )
+
+
+def planned_copies(plan: Plan | None) -> str:
+    """How a plan's figures run its copies (``summary.events.copies``, which the plan records): in line
+    unless it says streams."""
+    summary: dict[str, Any] = (plan.get("summary") or {}) if plan is not None else {}
+    return "streams" if (summary.get("events") or {}).get("copies") == "streams" else "inline"
 
 
 COMMANDS = [simulate_cmd]

@@ -160,12 +160,10 @@ def warn_undone_fusions(plan: Plan | None, prof: Profile, profile: str) -> None:
         )
 
 
-def copy_streams(model: str, analysis: Analysis, doc: dict[str, Any]) -> list[list[str]] | None:
-    """A streams rewrite's partition, checked (`offloadctl.rewriting.streams.checked_streams`), its file
-    recorded in ``doc``; None for any other model."""
-    checked = checked_streams(model, analysis.loaded.proto, analysis.order)
-    doc["copy_streams"] = checked[0] if checked is not None else None
-    return checked[1] if checked is not None else None
+def copy_streams(model: str, analysis: Analysis) -> tuple[str, list[list[str]]] | None:
+    """A streams rewrite's partition file and its streams, checked
+    (`offloadctl.rewriting.streams.checked_streams`); None for any other model."""
+    return checked_streams(model, analysis.loaded.proto, analysis.order)
 
 
 def print_all(

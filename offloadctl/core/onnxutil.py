@@ -21,9 +21,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "BACKWARD_ATTR",
+    "EVENT_PREFIX",
     "ONNX_DOMAINS",
     "PIN_ATTR",
     "copy_kind",
+    "is_event",
     "is_pin",
     "pin_view_source",
     "defined_names",
@@ -63,6 +65,17 @@ def is_backward(node: onnx.NodeProto) -> bool:
 #: `offloadctl.rewriting.rewrite`): 1 on the view (a Reshape to its input's own shape), 0 on the
 #: Shape/Slice/Concat nodes that compute that shape.
 PIN_ATTR = "__offload_pin"
+
+
+#: The names of the event nodes `offloadctl apply --copies streams` writes start with this (see
+#: `offloadctl.rewriting.streams`).
+EVENT_PREFIX = "offload/event/"
+
+
+def is_event(node: onnx.NodeProto) -> bool:
+    """An event node of a rewrite whose copies run on a stream of their own: an ``Identity`` that only
+    orders the streams (onnxruntime gives its output its input's buffer)."""
+    return node.op_type == "Identity" and node.name.startswith(EVENT_PREFIX)
 
 
 def is_pin(node: onnx.NodeProto) -> bool:

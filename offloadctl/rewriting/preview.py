@@ -30,9 +30,9 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.loading.placed import Placement, host_casts, placed
 from offloadctl.rewriting.metadata import KEY_PINS, PinCheck, check_pins, metadata_json
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
-from offloadctl.rewriting.streams import with_events
+from offloadctl.rewriting.streams import StreamLayout, with_events
 from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
-from offloadctl.simulation.ortstreams import cpu_peak_on_streams
+from offloadctl.simulation.ortstreams import cpu_peak_on_streams, executor_analysis
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 from offloadctl.simulation.timing import count_scratch
@@ -48,6 +48,7 @@ __all__ = [
     "STREAMS_REPLAY_MAX_NODES",
     "StreamsCost",
     "streams_cost",
+    "streams_run_result",
 ]
 
 
@@ -189,20 +190,41 @@ class StreamsCost:
         return {"streams_bytes": self.streams.peak_bytes, "inline_bytes": self.inline.peak_bytes}
 
 
-def streams_cost(plan: Plan, analysis: Analysis, *, profile: Profile | None = None) -> StreamsCost | None:
+def _streams_rewrite(plan: Plan, analysis: Analysis, *, target: str) -> tuple[Analysis, onnx.ModelProto, StreamLayout]:
+    """``plan``'s rewrite as ``apply --copies streams`` writes it, in memory: its analysis in
+    ``analysis``'s order at the shapes it was planned at (sizes as ``analysis`` has them), the file as
+    written (symbolic dimensions kept, the shapes the allocation planner compares) and its streams."""
+    pinned = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True, target=target))
+    layout = with_events(pinned, "preview.streams.json", analysis.order, target)
+    written = apply_plan(plan, analysis, options=RewriteOptions(target=target))
+    with_events(written, "preview.streams.json", analysis.order, target)
+    rewritten = analyse(dataclasses.replace(analysis.loaded, proto=pinned, sizes_from_run=None), order=analysis.order)
+    if analysis.infos.measured is not None:
+        rewritten.infos.use_measured(analysis.infos.measured)
+    return rewritten, written, layout
+
+
+def streams_run_result(
+    plan: Plan, analysis: Analysis, *, target: str = "gpu", profile: Profile | str | None = None
+) -> SimResult:
+    """The simulation of ``plan``'s rewrite as ``apply --copies streams`` writes it, in the order
+    onnxruntime's executor runs its two streams (`offloadctl.simulation.ortstreams.executor_analysis`):
+    its ``after`` counts the device memory of copies issued as their gates open."""
+    rewritten, _, layout = _streams_rewrite(plan, analysis, target=target)
+    ran = executor_analysis(rewritten, [layout.copy_stream, layout.compute_stream])
+    return simulate(ran, None, profile=profile)
+
+
+def streams_cost(
+    plan: Plan, analysis: Analysis, *, profile: Profile | None = None, target: str = "gpu"
+) -> StreamsCost | None:
     """What onnxruntime's reuse plan for two streams on one device keeps live
     (`offloadctl.simulation.ortstreams`) against one stream, for ``plan``'s rewrite written as
     ``apply --copies streams`` and ``--copies inline`` write it, in the CPU arena (where device and host
     are one memory; the planner is the same on a device). None above `STREAMS_REPLAY_MAX_NODES` nodes."""
     if analysis.num_positions > STREAMS_REPLAY_MAX_NODES:
         return None
-    pinned = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True))
-    layout = with_events(pinned, "preview.streams.json", analysis.order)
-    written = apply_plan(plan, analysis)
-    with_events(written, "preview.streams.json", analysis.order)
-    rewritten = analyse(dataclasses.replace(analysis.loaded, proto=pinned, sizes_from_run=None), order=analysis.order)
-    if analysis.infos.measured is not None:
-        rewritten.infos.use_measured(analysis.infos.measured)
+    rewritten, written, layout = _streams_rewrite(plan, analysis, target=target)
     count_scratch(rewritten, profile)
     streams = [layout.copy_stream, layout.compute_stream]
     on_streams = cpu_peak_on_streams(rewritten, streams, shapes=declared_shapes(written))

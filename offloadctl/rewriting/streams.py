@@ -39,18 +39,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
-from offloadctl.analysis.order import executor_order, expected_run_order
+from offloadctl.analysis.order import default_order, executor_order, expected_run_order
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.onnxutil import BACKWARD_ATTR, copy_kind, is_backward, is_pin, pin_view_source
+from offloadctl.core.onnxutil import (
+    BACKWARD_ATTR,
+    EVENT_PREFIX,
+    PIN_ATTR,
+    copy_kind,
+    is_backward,
+    is_event,
+    is_pin,
+    pin_view_source,
+)
 from offloadctl.loading.ortgraph import inlined_calls
 from offloadctl.rewriting.metadata import KEY_SESSION, KEY_STREAMS, metadata_json, session_settings, set_metadata
 
 __all__ = [
     "EVENT_OPTIMIZERS",
-    "EVENT_PREFIX",
     "PARTITION_KEY",
     "StreamLayout",
     "add_event_nodes",
@@ -66,8 +75,6 @@ __all__ = [
 EVENT_OPTIMIZERS = ("ConstantFolding", "EliminateIdentity", "CommonSubexpressionElimination")
 #: the session config entry that names the partition file
 PARTITION_KEY = "session.node_partition_config_file"
-#: the names of the event nodes start with this
-EVENT_PREFIX = "offload/event/"
 #: outputs a gate must not read: made on the host by every provider
 _HOST_OUTPUT_OPS = frozenset({"Shape", "Size", "Constant"})
 
@@ -111,22 +118,25 @@ def _fresh(base: str, taken: set[str]) -> str:
     return name
 
 
-def _is_event(node: onnx.NodeProto) -> bool:
-    return node.name.startswith(EVENT_PREFIX)
-
-
 def _gate_source(node: onnx.NodeProto) -> str | None:
     """The output of a compute node a gate can read: a device tensor (not a copy's, a pin's or a
     Shape's, which live on the host)."""
-    if copy_kind(node) is not None or is_pin(node) or _is_event(node) or node.op_type in _HOST_OUTPUT_OPS:
+    if copy_kind(node) is not None or is_pin(node) or is_event(node) or node.op_type in _HOST_OUTPUT_OPS:
         return None
     return next((o for o in node.output if o), None)
 
 
-def add_event_nodes(model: onnx.ModelProto, order: str = "priority") -> tuple[int, int]:
+def add_event_nodes(model: onnx.ModelProto, order: str = "priority", target: str = "gpu") -> tuple[int, int]:
     """Add the gates and fences of every copy of a rewritten model (in place, in file order; see the
-    module docstring), and name every node that has no name of its own; for a rewrite made for the
-    DEFAULT order, a gate in each H2D order pin too (`_gate_pins`). Returns (gates, fences)."""
+    module docstring), and name every node that has no name of its own. Returns (gates, fences).
+
+    For a rewrite made for the DEFAULT order every event must lie on the walk's paths: the walk
+    reaches a node nobody reads (a leaf) only after the rest of the graph, where an event holds
+    nothing and keeps the tensor it reads on the device to the end of the run. So a pinned H2D gets
+    its gate inside its order pin (`_gate_pins`), and the other events are read by order pins of
+    their own (`_hold_events`). On ``target`` ascend no pin may read a device tensor (its Shape
+    would run on the CPU and copy the tensor): there an H2D's gate is left out and a fence stays a
+    leaf, which holds under PRIORITY_BASED only."""
     graph = model.graph
     names = _Names(graph)
     nodes = list(graph.node)
@@ -144,13 +154,16 @@ def add_event_nodes(model: onnx.ModelProto, order: str = "priority") -> tuple[in
         if copy_kind(node) is None:
             for name in node.input:
                 readers[views.get(name, name)] = k
+    default = order == "default"
+    in_pins = _pinned_h2ds(nodes) if default else set()
     fences_after: dict[int, list[onnx.NodeProto]] = {}
     out: list[onnx.NodeProto] = []
     gates = fences = 0
     last_source: str | None = None
     for k, node in enumerate(nodes):
         kind = copy_kind(node)
-        if kind == "h2d" and last_source is not None:
+        held_here = not default or (node.output[0] not in in_pins and target != "ascend")
+        if kind == "h2d" and last_source is not None and held_here:
             gate = names.tensor(f"{last_source}__event_gate")
             out.append(_identity(last_source, gate, names.node(f"{EVENT_PREFIX}gate/{node.name}"), like=node))
             gates += 1
@@ -168,12 +181,25 @@ def add_event_nodes(model: onnx.ModelProto, order: str = "priority") -> tuple[in
         source = _gate_source(node)
         if source is not None:
             last_source = source
-    if order == "default":
+    if default:
         out, pinned = _gate_pins(out, names)
         gates += pinned
+        if target != "ascend":
+            available = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+            zero = _zero_for_slices(model, names)
+            out, dropped = _hold_events(out, names, zero, available)
+            gates -= dropped
+            if zero is not None and not any(zero in n.input for n in out):
+                graph.initializer.pop()  # no pin needed it
     del graph.node[:]
     graph.node.extend(out)
     return gates, fences
+
+
+def _pinned_h2ds(nodes: list[onnx.NodeProto]) -> set[str]:
+    """The outputs of the H2Ds an order pin's view reads."""
+    made = {o: n for n in nodes for o in n.output if o}
+    return {n.input[0] for n in nodes if pin_view_source(n) and copy_kind(made.get(n.input[0], _NONE)) == "h2d"}
 
 
 def _gate_pins(nodes: list[onnx.NodeProto], names: _Names) -> tuple[list[onnx.NodeProto], int]:
@@ -218,6 +244,120 @@ def _pin_shape(made: dict[str, onnx.NodeProto], empty: str) -> onnx.NodeProto | 
 
 
 _NONE = onnx.NodeProto()
+
+
+def _zero_for_slices(model: onnx.ModelProto, names: _Names) -> str | None:
+    """Below opset 15, where Shape has no start and end, an int64 ``[0]`` initializer for the pins' empty
+    slices (added to ``model``); None from opset 15 on."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset >= 15:
+        return None
+    zero = names.tensor("offload_fence_zero")
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.int64), zero))
+    return zero
+
+
+def _hold_events(
+    nodes: list[onnx.NodeProto], names: _Names, zero: str | None, available: set[str]
+) -> tuple[list[onnx.NodeProto], int]:
+    """``nodes`` with every event that nobody reads (a gate before an H2D, a fence) read by an order pin,
+    so that the DEFAULT walk meets it in place; returns the nodes and the number of gates left out.
+
+    The pin is a view on one input t of a node the event must come before, the input the node reads
+    from the node latest in the file (which the walk explores first anyway): the node reads
+    ``Reshape(t, Concat(Shape(t), empty, ...))``, each ``empty`` an event's empty shape
+    (`offloadctl.rewriting.rewrite` builds its pins so; one view per node, a view of a view being
+    what onnxruntime's fusions merge wrongly). A gate is held by the first node that reads its H2D's
+    output, so the copy stream meets the gate right before the copy and the copy waits for the
+    gate's tensor; a fence by the next node in the file after it, so that compute waits for the copy
+    to host there. The node must read an activation, and the walk must run it after the event's own
+    input is made (a file need not be in a topological order: an earlier node may lead to it). A
+    gate no node can hold is left out (a leaf would hold nothing); a fence stays a leaf, which the
+    walk reaches at the end of the run, keeping its tensor to then."""
+    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    rank = [0] * len(nodes)
+    for r, k in enumerate(default_order(nodes, available)):
+        rank[k] = r
+    first_reader: dict[str, list[int]] = {}
+    for k, node in enumerate(nodes):
+        for t in node.input:
+            first_reader.setdefault(t, []).append(k)
+
+    def activation_input(k: int) -> int | None:
+        inputs = [(made[t], i) for i, t in enumerate(nodes[k].input) if t in made and _is_compute(nodes[made[t]])]
+        return max(inputs)[1] if inputs else None
+
+    def after(source: str) -> int:
+        return rank[made[source]] if source in made else -1
+
+    holds: dict[int, list[str]] = {}
+    dropped: set[int] = set()
+    for k, node in enumerate(nodes):
+        if node.name.startswith(f"{EVENT_PREFIX}gate/") and node.output[0] not in first_reader:
+            h2d = nodes[k + 1]  # a gate is written right before its copy
+            made_at = after(node.input[0])
+            readers = [j for j in first_reader.get(h2d.output[0], []) if _is_compute(nodes[j])]
+            target = next((j for j in readers if rank[j] > made_at and activation_input(j) is not None), None)
+            if target is None:
+                dropped.add(k)
+            else:
+                holds.setdefault(target, []).append(node.output[0])
+        elif node.name.startswith(f"{EVENT_PREFIX}fence/"):
+            made_at = after(nodes[made[node.input[0]]].input[0])  # the fence reads Identity(x)
+            target = next(
+                (
+                    j
+                    for j in range(k + 1, len(nodes))
+                    if _is_compute(nodes[j]) and rank[j] > made_at and activation_input(j) is not None
+                ),
+                None,
+            )
+            if target is not None:
+                holds.setdefault(target, []).append(node.output[0])
+    out: list[onnx.NodeProto] = []
+    for k, node in enumerate(nodes):
+        if k in dropped:
+            continue
+        if k in holds:
+            i = activation_input(k)
+            assert i is not None  # chosen so
+            out.extend(_event_pin(node, i, holds[k], names, zero))
+        out.append(node)
+    return out, len(dropped)
+
+
+def _is_compute(node: onnx.NodeProto) -> bool:
+    """A node of the model's own that makes a device tensor: not a copy, an event, a pin or a host op."""
+    return _gate_source(node) is not None
+
+
+def _event_pin(
+    node: onnx.NodeProto, k: int, events: list[str], names: _Names, zero: str | None
+) -> list[onnx.NodeProto]:
+    """The pin nodes that make ``node`` read its input ``k`` through a view that waits for the event
+    outputs ``events`` (``node.input[k]`` is rewired to the view)."""
+    tensor = node.input[k]
+    label = f"offload/pin/events@{node.name}"
+    pins: list[onnx.NodeProto] = []
+
+    def add(op: str, inputs: list[str], base: str, **attrs: int) -> str:
+        pin = helper.make_node(op, inputs, [names.tensor(f"{tensor}__{base}")], name=names.node(f"{label}/{base}"))
+        pin.attribute.extend(helper.make_attribute(key, attrs[key]) for key in sorted(attrs))
+        pin.attribute.append(helper.make_attribute(PIN_ATTR, 1 if op == "Reshape" else 0))
+        if is_backward(node):
+            pin.attribute.append(helper.make_attribute(BACKWARD_ATTR, 1))
+        pins.append(pin)
+        return pin.output[0]
+
+    empties = []
+    for event in events:
+        if zero is None:
+            empties.append(add("Shape", [event], "event_dep", start=0, end=0))
+        else:  # Shape has no start and end before opset 15: an empty slice of the whole shape
+            empties.append(add("Slice", [add("Shape", [event], "event_shape"), zero, zero], "event_dep"))
+    joined = add("Concat", [add("Shape", [tensor], "view_shape"), *empties], "events_concat", axis=0)
+    node.input[k] = add("Reshape", [tensor, joined], "events_view")
+    return pins
 
 
 def _identity(source: str, out: str, name: str, *, like: onnx.NodeProto) -> onnx.NodeProto:
@@ -333,12 +473,14 @@ def streams_file(model_path: str | os.PathLike[str]) -> Path:
     return path.with_name(f"{path.stem}.streams.json")
 
 
-def with_events(model: onnx.ModelProto, partition_file: str, order: str = "priority") -> StreamLayout:
+def with_events(
+    model: onnx.ModelProto, partition_file: str, order: str = "priority", target: str = "gpu"
+) -> StreamLayout:
     """Add the events to a rewritten model (`add_event_nodes`) and record in its metadata what a session
     needs to run them: ``offloadctl.streams`` (the partition file, relative to the model, and the
     session config entries), and in ``offloadctl.session`` the optimizers to disable and the file.
     Returns the partition to write to ``partition_file`` beside the model."""
-    add_event_nodes(model, order)
+    add_event_nodes(model, order, target)
     layout = partition(model, order)
     settings = session_settings(model) or {}
     disabled = list(dict.fromkeys([*settings.get("disabled_optimizers", []), *EVENT_OPTIMIZERS]))

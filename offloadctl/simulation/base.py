@@ -20,7 +20,7 @@ import onnx
 from offloadctl.analysis.graph import Analysis, derived
 from offloadctl.analysis.timeline import subgraph_memory, weight_is_resident
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
+from offloadctl.core.onnxutil import copy_kind, is_event, is_pin, pin_view_source
 from offloadctl.loading.tensors import TensorInfo
 
 __all__ = ["Base", "base_of", "interner", "is_rewritten", "step_ids"]
@@ -82,14 +82,17 @@ def interner() -> tuple[list[str], dict[str, int], Callable[[str], int]]:
 
 
 def _copy_sources(analysis: Analysis) -> tuple[set[int], dict[str, str]]:
-    """The positions of the model's copy and order-pin nodes (neither is one of the model's own), and
-    what each copy's output copies (a pin's view: what it views)."""
+    """The positions of the model's copy, order-pin and event nodes (none is one of the model's own), and
+    what each copy's output copies (a pin's view, an event: what it stands for)."""
     nodes = analysis.nodes
-    copy_nodes = {p for p, node in enumerate(nodes) if copy_kind(node) is not None}
+    copy_nodes = {p for p, node in enumerate(nodes) if copy_kind(node) is not None or is_event(node)}
     copy_nodes.update(p for p in analysis.with_attributes() if is_pin(nodes[p]))
     source: dict[str, str] = {}
     for p in sorted(copy_nodes):
         node = analysis.nodes[p]
+        if is_event(node):
+            source[node.output[0]] = node.input[0]
+            continue
         if is_pin(node):
             viewed = pin_view_source(node)
             if viewed is not None and node.output:

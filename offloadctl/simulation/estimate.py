@@ -23,7 +23,8 @@ def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any
     """Peak, lower bound, bytes moved and estimated time of a simulation, as plain JSON values.
 
     ``copy_mode`` says which time the command quotes: ``inline`` (the simulator's serialized time,
-    what onnxruntime runs) or ``streams`` (its overlapped time, an estimate for copy streams).
+    what onnxruntime runs in line) or ``streams`` (its overlapped time: the copies on a stream of their own,
+    as ``apply --copies streams`` writes them).
     """
     doc = result.to_json(timeline_limit=0)
     return {
@@ -41,15 +42,23 @@ def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any
     }
 
 
-def with_run_order_peak(figures: dict[str, Any], replayed: SimResult, order: str) -> dict[str, Any]:
-    """``figures`` with the peak after taken from ``replayed`` (`offloadctl.rewriting.replay`: the
-    rewrite simulated in the order onnxruntime runs it, ``order``); the planned sequence's own peak
-    stays beside it as ``planned_after``."""
+def with_run_order_peak(
+    figures: dict[str, Any], replayed: SimResult, order: str, *, streams: bool = False
+) -> dict[str, Any]:
+    """``figures`` with the peak after taken from ``replayed`` (`offloadctl.rewriting.preview`: the
+    rewrite simulated in the order onnxruntime runs it, ``order``; with ``streams``, as its executor runs
+    the two streams of a rewrite whose copies have their own); the planned sequence's own peak stays
+    beside it as ``planned_after``, and ``run_by`` says what ran it."""
     peak = dict(figures["peak_bytes"])
     peak["planned_after"] = peak["after"]
     peak["after"] = replayed.peak_after
     peak["saved"] = peak["before"] - replayed.peak_after
-    peak["of"] = f"the rewrite in onnxruntime's {order.upper()} order"
+    if streams:
+        peak["of"] = f"the rewrite with its copies on their own stream, in onnxruntime's {order.upper()} order"
+        peak["run_by"] = "the two-stream executor"
+    else:
+        peak["of"] = f"the rewrite in onnxruntime's {order.upper()} order"
+        peak["run_by"] = f"the {order.upper()} walk"
     return {**figures, "peak_bytes": peak}
 
 

@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
-from offloadctl.analysis.graph import Analysis
+from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.analysis.order import executor_order
 from offloadctl.core.onnxutil import ONNX_DOMAINS, subgraph_outer_names
 from offloadctl.simulation.arena import ArenaConfig
@@ -56,7 +56,7 @@ from offloadctl.simulation.ortcpu import (
     replay,
 )
 
-__all__ = ["StreamsPlanner", "cpu_peak_on_streams", "ran_on_streams"]
+__all__ = ["StreamsPlanner", "cpu_peak_on_streams", "executor_analysis", "ran_on_streams"]
 
 
 def ran_on_streams(analysis: Analysis, first_stream: Sequence[str]) -> list[int]:
@@ -68,6 +68,20 @@ def ran_on_streams(analysis: Analysis, first_stream: Sequence[str]) -> list[int]
     preds = [{made[i] for i in _reads(node) if i in made} for node in analysis.nodes]
     first = [name in on_first for name in analysis.node_names]
     return executor_order(list(range(len(analysis.nodes))), preds, first, first=True)
+
+
+def executor_analysis(analysis: Analysis, streams: Sequence[Sequence[str]]) -> Analysis:
+    """``analysis``'s model with its positions in the order onnxruntime's executor runs the logic streams
+    of the partition ``streams`` (`ran_on_streams`; the first stream runs first), its sizes as
+    ``analysis`` has them: the order the device's memory follows. The copy stream runs ahead of compute
+    until a gate stops it, so a copy no gate holds is issued early and its buffer lives from then."""
+    ran = ran_on_streams(analysis, streams[0])
+    if ran == list(range(analysis.num_positions)):
+        return analysis
+    ordered = analyse(analysis.loaded, order=analysis.order, sequence=[analysis.file_index[p] for p in ran])
+    if analysis.infos.measured is not None:
+        ordered.infos.use_measured(analysis.infos.measured)
+    return ordered
 
 
 def _reads(node: onnx.NodeProto) -> list[str]:

@@ -29,7 +29,7 @@ from offloadctl.contract.check import check_plan_for_model
 from offloadctl.contract.document import check_plan_model
 from offloadctl.contract.order_pins import pin_layout
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.onnxutil import copy_kind, is_pin, pin_view_source
+from offloadctl.core.onnxutil import copy_kind, is_event, is_pin, pin_view_source
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.placed import CPU_OUTPUT_OPS
 from offloadctl.simulation.base import Base, base_of, interner
@@ -234,13 +234,14 @@ def _plan_program(base: Base, plan: Plan) -> Program:
 def _copy_steps(analysis: Analysis) -> tuple[list[str], list[int], list[int]]:
     """Each step's kind (node, d2h, h2d), the original position it is anchored to (a D2H: the node it
     follows; an H2D: the node it precedes) and the analysis position it is. An order pin's node is
-    not a step: it moves no data (its time is counted apart, `Program.pin_nodes`)."""
+    not a step, nor is an event node of a streams rewrite: neither moves data (their time is counted
+    apart, `Program.pin_nodes`)."""
     kinds: list[str] = []
     positions: list[int] = []
     steps: list[int] = []
     originals = 0
     for p, node in enumerate(analysis.nodes):
-        if is_pin(node):
+        if is_pin(node) or is_event(node):
             continue
         steps.append(p)
         kind = copy_kind(node) or "node"
@@ -357,8 +358,9 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
         tid(name)
     for name in analysis.sorted_weights:
         tid(name)
-    # an order pin's view is the tensor it views: no buffer of its own, its readers read that tensor
-    views = {node.output[0]: src for node in analysis.nodes if (src := pin_view_source(node)) and node.output}
+    # an order pin's view is the tensor it views, and an event's output the tensor it reads: no buffer of
+    # their own, their readers read that tensor
+    views = _aliases(analysis)
     reads: list[list[int]] = [[] for _ in kinds]
     readers: set[int] = set()
     pin_reads: list[tuple[int, int]] = []  # (tensor, position of the pin node reading it)
@@ -403,6 +405,22 @@ def _rewritten_program(analysis: Analysis, base: Base) -> Program:
     )
     program.waits.extend(_d2h_waits(kinds, reads, writes))
     return program
+
+
+def _aliases(analysis: Analysis) -> dict[str, str]:
+    """Each order-pin view's and event output's name -> the tensor it stands for (chains followed)."""
+    direct: dict[str, str] = {}
+    for node in analysis.nodes:
+        source = pin_view_source(node) or (node.input[0] if is_event(node) else None)
+        if source and node.output:
+            direct[node.output[0]] = source
+    resolved = {}
+    for name, source in direct.items():
+        seen = 0
+        while source in direct and seen <= len(direct):
+            source, seen = direct[source], seen + 1
+        resolved[name] = source
+    return resolved
 
 
 def program_for(analysis: Analysis, plan: Plan | None, source: str, *, checked: bool = False) -> tuple[Base, Program]:
