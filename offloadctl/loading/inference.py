@@ -15,6 +15,7 @@ import onnx
 from offloadctl.core.ahead import Ahead
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.memcpy import COPY_OPS
+from offloadctl.core.onnxutil import pin_view_source
 
 __all__ = ["AHEAD_MIN_NODES", "inference_proto", "inferred_types", "start_inference", "types_by_name"]
 
@@ -111,6 +112,13 @@ def _has_inference(op_type: str, domain: str) -> bool:
         return False
 
 
+def _inferred_by_onnx(node: onnx.NodeProto) -> bool:
+    """True when onnx's shape inference computes this node's outputs: an op it knows, but not an order
+    pin's view, whose shape comes from a Concat of computed shapes inference cannot follow (the
+    rewrite declares the view's type: its source's)."""
+    return _has_inference(node.op_type, node.domain) and pin_view_source(node) is None
+
+
 def _inferable_outputs(
     graph: onnx.GraphProto, names: set[str], producers: Mapping[str, int | str] | None = None
 ) -> set[str]:
@@ -126,14 +134,14 @@ def _inferable_outputs(
     if producers is not None:
         for name in names:
             index = producers.get(name)
-            if type(index) is int and _has_inference(nodes[index].op_type, nodes[index].domain):
+            if type(index) is int and _inferred_by_onnx(nodes[index]):
                 found.add(name)
         return found
     left = set(names)
     for node in reversed(nodes):
         made = left.intersection(node.output)
         if made:
-            if _has_inference(node.op_type, node.domain):
+            if _inferred_by_onnx(node):
                 found |= made
             left -= made
             if not left:
