@@ -327,3 +327,18 @@ def test_simulate_counts_a_streams_rewrite_as_its_executor_runs_the_two_streams(
     events = {n.output[0] for n in ran.nodes if n.name.startswith("offload/event/")}
     assert events and not events & set(program.names)  # no event output is a tensor of its own
     assert base_of(ran).n == base_of(analysis).n
+
+
+def test_a_default_order_streams_rewrite_comes_with_the_check_to_run(run_cli, tmp_path):
+    """onnxruntime's two-stream executor has given wrong outputs under DEFAULT (silero-vad, with no copy
+    at all): apply says how to check the rewrite on the CPU provider, which runs the same executor;
+    under PRIORITY_BASED it has no reason to."""
+    out = _default_streams_rewrite(run_cli, tmp_path, "mlp")
+    applied = run_cli("apply", tmp_path / "default.plan.json", "-o", tmp_path / "again.onnx", "--copies", "streams")
+    said = " ".join(applied.stderr.split())
+    assert applied.exit_code == 0 and "gives wrong outputs under the DEFAULT order for some models" in said
+    assert f"offloadctl run {tmp_path / 'again.onnx'} --device cpu --execution-order default --compare-to" in said
+    assert out.exists()
+    _streams_rewrite(run_cli, tmp_path, "mlp")  # its plan.json is made for PRIORITY_BASED
+    made = run_cli("apply", tmp_path / "plan.json", "-o", tmp_path / "p.onnx", "--copies", "streams")
+    assert made.exit_code == 0 and "DEFAULT order for some models" not in made.stderr

@@ -113,6 +113,8 @@ def apply(
     if not as_json:
         _print_apply(result, extra, figures)
     _warn_streams_cost(cost)
+    if copies == "streams" and job.analysis.order == "default":
+        _warn_default_streams(output, job.model_path)
     if figures is not None:
         warn_broken_pins(figures, plan["model"].get("execution_order", "priority"))
     parts: list[str | None] = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
@@ -194,6 +196,18 @@ def _warn_streams_cost(cost: StreamsCost | None) -> None:
         fmt_bytes(cost.streams.peak_bytes),
         fmt_bytes(cost.inline.peak_bytes),
         100 * cost.extra_bytes / cost.inline.peak_bytes,
+    )
+
+
+def _warn_default_streams(output: str, model: Any) -> None:
+    """Say how to check a DEFAULT-order streams rewrite: onnxruntime's two-stream executor has been seen
+    to give wrong outputs under DEFAULT where one stream gives the right ones (docs/streams.md)."""
+    logger.warning(
+        "onnxruntime's two-stream executor gives wrong outputs under the DEFAULT order for some models, with or "
+        "without copies (silero-vad, onnxruntime 1.24.4 to 1.32.0); the CPU provider runs the same executor: check "
+        "this rewrite with offloadctl run %s --device cpu --execution-order default --compare-to %s before serving it",
+        output,
+        model,
     )
 
 
