@@ -45,7 +45,6 @@ from offloadctl.pipeline import as_run_figures
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.request import profile_for
 from offloadctl.simulation.estimate import estimate_figures
-from offloadctl.simulation.ortstreams import executor_analysis
 from offloadctl.simulation.points import PointResult, at_points, parse_point
 from offloadctl.simulation.profiles import load_profile
 from offloadctl.simulation.result import SimResult, simulate
@@ -117,16 +116,14 @@ def simulate_cmd(
     if plot:
         job.guard("the plot", plot)
     check_report_paths(report, *job.reads, plot=plot)
-    streams = copy_streams(model, analysis)
-    # a streams rewrite's device memory follows the order the executor runs its two streams in
-    ran = executor_analysis(analysis, streams[1]) if streams is not None else analysis
+    ran, partition, streams = copy_streams(model, analysis)  # a streams rewrite's device memory: as it runs
     result = simulate(ran, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
-    doc["copy_streams"] = streams[0] if streams is not None else None
+    doc["copy_streams"] = partition
     points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
     doc["shape_points"] = [p.to_json() for p in points]
-    cpu, refusal = cpu_doc(analysis, plan, result, prof, doc, streams[1] if streams is not None else None)
+    cpu, refusal = cpu_doc(analysis, plan, result, prof, doc, streams)
     warn_profile(model, plan, result, prof, profile)
     written = write_extras(result, plan, plot, report)
     if plan is not None and not result.rewritten and (warning := weak_plan_advice(analysis, plan, result=result)):

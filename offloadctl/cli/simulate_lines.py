@@ -25,6 +25,7 @@ from offloadctl.rewriting.preview import CpuFigures, cpu_figures
 from offloadctl.rewriting.streams import checked_streams
 from offloadctl.simulation.costs import STREAMS_NOTE
 from offloadctl.simulation.ortcpu import MODELLED_RELEASE, replica_refusal
+from offloadctl.simulation.ortstreams import executor_analysis
 from offloadctl.simulation.points import PointResult
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult
@@ -160,10 +161,15 @@ def warn_undone_fusions(plan: Plan | None, prof: Profile, profile: str) -> None:
         )
 
 
-def copy_streams(model: str, analysis: Analysis) -> tuple[str, list[list[str]]] | None:
-    """A streams rewrite's partition file and its streams, checked
-    (`offloadctl.rewriting.streams.checked_streams`); None for any other model."""
-    return checked_streams(model, analysis.loaded.proto, analysis.order)
+def copy_streams(model: str, analysis: Analysis) -> tuple[Analysis, str | None, list[list[str]] | None]:
+    """The analysis device memory follows, and a streams rewrite's partition file and streams, checked
+    (`offloadctl.rewriting.streams.checked_streams`): for a streams rewrite the analysis in the order the
+    executor runs its two streams (`offloadctl.simulation.ortstreams.executor_analysis`); for any other
+    model ``analysis`` itself, and None."""
+    checked = checked_streams(model, analysis.loaded.proto, analysis.order)
+    if checked is None:
+        return analysis, None, None
+    return executor_analysis(analysis, checked[1]), checked[0], checked[1]
 
 
 def print_all(

@@ -145,15 +145,7 @@ def add_event_nodes(model: onnx.ModelProto, order: str = "priority", target: str
         if not node.name or node.name in seen:
             node.name = names.node(f"{node.op_type}_{k}")
         seen.add(node.name)
-    readers: dict[str, int] = {}  # tensor -> index (in nodes) of its last compute reader, or of its views'
-    views: dict[str, str] = {}  # an order pin's view -> the tensor it views (the same buffer)
-    for k, node in enumerate(nodes):
-        source = pin_view_source(node)
-        if source:
-            views[node.output[0]] = views.get(source, source)
-        if copy_kind(node) is None:
-            for name in node.input:
-                readers[views.get(name, name)] = k
+    readers = _last_readers(nodes)
     default = order == "default"
     in_pins = _pinned_h2ds(nodes) if default else set()
     fences_after: dict[int, list[onnx.NodeProto]] = {}
@@ -182,18 +174,43 @@ def add_event_nodes(model: onnx.ModelProto, order: str = "priority", target: str
         if source is not None:
             last_source = source
     if default:
-        out, pinned = _gate_pins(out, names)
-        gates += pinned
-        if target != "ascend":
-            available = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-            zero = _zero_for_slices(model, names)
-            out, dropped = _hold_events(out, names, zero, available)
-            gates -= dropped
-            if zero is not None and not any(zero in n.input for n in out):
-                graph.initializer.pop()  # no pin needed it
+        out, added = _pin_default_events(model, out, names, target)
+        gates += added
     del graph.node[:]
     graph.node.extend(out)
     return gates, fences
+
+
+def _last_readers(nodes: list[onnx.NodeProto]) -> dict[str, int]:
+    """Each tensor -> the index (in ``nodes``) of its last compute reader, or of its order pins' views'."""
+    readers: dict[str, int] = {}
+    views: dict[str, str] = {}  # an order pin's view -> the tensor it views (the same buffer)
+    for k, node in enumerate(nodes):
+        source = pin_view_source(node)
+        if source:
+            views[node.output[0]] = views.get(source, source)
+        if copy_kind(node) is None:
+            for name in node.input:
+                readers[views.get(name, name)] = k
+    return readers
+
+
+def _pin_default_events(
+    model: onnx.ModelProto, nodes: list[onnx.NodeProto], names: _Names, target: str
+) -> tuple[list[onnx.NodeProto], int]:
+    """The events of a rewrite made for DEFAULT put on the walk's paths (`add_event_nodes`): ``nodes``
+    with a gate in each H2D order pin and, but on ascend, every other event read by a pin of its own.
+    Returns the nodes and the gates added (less those left out)."""
+    graph = model.graph
+    nodes, added = _gate_pins(nodes, names)
+    if target == "ascend":
+        return nodes, added
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    zero = _zero_for_slices(model, names)
+    nodes, dropped = _hold_events(nodes, names, zero, available)
+    if zero is not None and not any(zero in n.input for n in nodes):
+        graph.initializer.pop()  # no pin needed it
+    return nodes, added - dropped
 
 
 def _pinned_h2ds(nodes: list[onnx.NodeProto]) -> set[str]:
@@ -274,44 +291,18 @@ def _hold_events(
     input is made (a file need not be in a topological order: an earlier node may lead to it). A
     gate no node can hold is left out (a leaf would hold nothing); a fence stays a leaf, which the
     walk reaches at the end of the run, keeping its tensor to then."""
-    made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    rank = [0] * len(nodes)
-    for r, k in enumerate(default_order(nodes, available)):
-        rank[k] = r
-    first_reader: dict[str, list[int]] = {}
-    for k, node in enumerate(nodes):
-        for t in node.input:
-            first_reader.setdefault(t, []).append(k)
-
-    def activation_input(k: int) -> int | None:
-        inputs = [(made[t], i) for i, t in enumerate(nodes[k].input) if t in made and _is_compute(nodes[made[t]])]
-        return max(inputs)[1] if inputs else None
-
-    def after(source: str) -> int:
-        return rank[made[source]] if source in made else -1
-
-    holds: dict[int, list[str]] = {}
+    walk = _Walk(nodes, available)
+    holds: dict[int, list[str]] = {}  # node index -> the events its view waits for
     dropped: set[int] = set()
     for k, node in enumerate(nodes):
-        if node.name.startswith(f"{EVENT_PREFIX}gate/") and node.output[0] not in first_reader:
-            h2d = nodes[k + 1]  # a gate is written right before its copy
-            made_at = after(node.input[0])
-            readers = [j for j in first_reader.get(h2d.output[0], []) if _is_compute(nodes[j])]
-            target = next((j for j in readers if rank[j] > made_at and activation_input(j) is not None), None)
+        if node.name.startswith(f"{EVENT_PREFIX}gate/") and node.output[0] not in walk.readers:
+            target = walk.gate_target(k)
             if target is None:
                 dropped.add(k)
             else:
                 holds.setdefault(target, []).append(node.output[0])
         elif node.name.startswith(f"{EVENT_PREFIX}fence/"):
-            made_at = after(nodes[made[node.input[0]]].input[0])  # the fence reads Identity(x)
-            target = next(
-                (
-                    j
-                    for j in range(k + 1, len(nodes))
-                    if _is_compute(nodes[j]) and rank[j] > made_at and activation_input(j) is not None
-                ),
-                None,
-            )
+            target = walk.fence_target(k)
             if target is not None:
                 holds.setdefault(target, []).append(node.output[0])
     out: list[onnx.NodeProto] = []
@@ -319,11 +310,52 @@ def _hold_events(
         if k in dropped:
             continue
         if k in holds:
-            i = activation_input(k)
+            i = walk.activation_input(k)
             assert i is not None  # chosen so
             out.extend(_event_pin(node, i, holds[k], names, zero))
         out.append(node)
     return out, len(dropped)
+
+
+class _Walk:
+    """The nodes of a rewrite with events, with where the DEFAULT walk runs each (its rank) and who reads
+    what: where an event's pin can go."""
+
+    def __init__(self, nodes: list[onnx.NodeProto], available: set[str]) -> None:
+        self.nodes = nodes
+        self.made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+        self.rank = [0] * len(nodes)
+        for r, k in enumerate(default_order(nodes, available)):
+            self.rank[k] = r
+        self.readers: dict[str, list[int]] = {}
+        for k, node in enumerate(nodes):
+            for t in node.input:
+                self.readers.setdefault(t, []).append(k)
+
+    def activation_input(self, k: int) -> int | None:
+        """The input of node ``k`` a view can stand in for: an activation, the one made latest in the file."""
+        made, nodes = self.made, self.nodes
+        inputs = [(made[t], i) for i, t in enumerate(nodes[k].input) if t in made and _is_compute(nodes[made[t]])]
+        return max(inputs)[1] if inputs else None
+
+    def _holds(self, k: int, source: str) -> bool:
+        """Node ``k`` can hold an event that reads ``source``: a compute node with an activation input, run
+        by the walk after ``source`` is made (so that it cannot lead to it)."""
+        made_at = self.rank[self.made[source]] if source in self.made else -1
+        node = self.nodes[k]
+        return _is_compute(node) and self.rank[k] > made_at and self.activation_input(k) is not None
+
+    def gate_target(self, k: int) -> int | None:
+        """The node that holds gate ``k``: the first that reads its copy's output (the gate is written right
+        before its copy)."""
+        copy = self.nodes[k + 1]
+        source = self.nodes[k].input[0]
+        return next((j for j in self.readers.get(copy.output[0], []) if self._holds(j, source)), None)
+
+    def fence_target(self, k: int) -> int | None:
+        """The node that holds fence ``k``: the next in the file after it (the fence reads Identity(x))."""
+        x = self.nodes[self.made[self.nodes[k].input[0]]].input[0]
+        return next((j for j in range(k + 1, len(self.nodes)) if self._holds(j, x)), None)
 
 
 def _is_compute(node: onnx.NodeProto) -> bool:
