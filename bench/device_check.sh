@@ -3,13 +3,18 @@
 #
 #   1. installs onnxruntime-gpu (and any other wheel) from the folder $WHEELS (default: .whl beside
 #      the repository root), with no index: a GPU machine that cannot reach a registry can run it;
-#   2. for each sample, original and rewritten (a distance plan with weights, order pins on), on CUDA:
-#      the measured CUDA arena peak (onnxruntime's allocator statistics, DEFAULT order) against the
+#   2. CHECK=streams (the default): copies on a stream of their own (bench/streams_check.py), five
+#      setups of a generated fp16 model whose copies take about as long as its compute, and the race
+#      check of the fences;
+#   3. CHECK=samples: for each sample, original and rewritten (a distance plan with weights, order pins
+#      on), on CUDA: the measured CUDA arena peak (onnxruntime's allocator statistics, DEFAULT order) against the
 #      simulated device peak in the same order, and the slowdown timed side by side (PRIORITY_BASED)
 #      against the estimate under a profile measured there (offloadctl profile --device cuda).
 #
 # Usage, on the GPU machine, from the repository root:
 #   WHEELS=.whl bash bench/device_check.sh            # wheels: onnxruntime-gpu and its CUDA/cuDNN needs
+#   WHEELS=.whl CHECK=samples bash bench/device_check.sh
+# A dry run here: python bench/streams_check.py --device cpu --small
 # Fetch the wheels where pip works (Python and platform of the GPU machine), e.g.
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 #       -d .whl onnxruntime-gpu==1.24.4
@@ -25,4 +30,8 @@ else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1
-timeout 480 python3 bench/device_check.py "$@"
+case "${CHECK:-streams}" in
+  streams) timeout 480 python3 bench/streams_check.py --device cuda "$@" ;;
+  samples) timeout 480 python3 bench/device_check.py "$@" ;;
+  *) echo "CHECK is streams or samples" >&2; exit 2 ;;
+esac

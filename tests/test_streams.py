@@ -342,3 +342,42 @@ def test_a_default_order_streams_rewrite_comes_with_the_check_to_run(run_cli, tm
     _streams_rewrite(run_cli, tmp_path, "mlp")  # its plan.json is made for PRIORITY_BASED
     made = run_cli("apply", tmp_path / "plan.json", "-o", tmp_path / "p.onnx", "--copies", "streams")
     assert made.exit_code == 0 and "DEFAULT order for some models" not in made.stderr
+
+
+def test_a_float16_streams_rewrite_on_a_provider_without_float16_kernels_is_one_clear_error(run_cli, tmp_path):
+    """The CPU provider has no float16 MatMul: onnxruntime casts around it with nodes of its own, which no
+    partition file can list, and refuses the file. `run` says so and how to go on."""
+    from models import to_fp16
+
+    source = tmp_path / "mlp16.onnx"
+    onnx.save(to_fp16(onnx.load(str(SAMPLES / "mlp.onnx"))), str(source))
+    plan, out = tmp_path / "plan.json", tmp_path / "mlp16.offload.onnx"
+    assert run_cli("plan", source, "-o", plan, "--params", "--select-distance", "2").exit_code in (0, 1)
+    assert run_cli("apply", plan, "-o", out, "--copies", "streams").exit_code == 0
+    ran = run_cli("run", out, "--device", "cpu")
+    message = " ".join(ran.stderr.split())
+    assert ran.exit_code == 1 and "Traceback" not in ran.stderr
+    assert "with its partition file: it inserted node 'InsertedPrecisionFreeCast_" in message
+    assert "fix: apply the plan with --copies inline" in message
+
+
+def test_the_gpu_streams_check_dry_runs_on_the_cpu(capsys):
+    """bench/streams_check.py, the five setups and the race check a GPU run of bench/device_check.sh makes,
+    runs here on the CPU provider at small sizes: every setup gives the resident model's outputs, the
+    page-locked one hands its weights over, and the race check counts its runs."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "streams_check.py"
+    spec = importlib.util.spec_from_file_location("streams_check", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--device", "cpu", "--small", "--repeat", "2", "--race-runs", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if " wall " in line]
+    assert [r.split(" wall ")[0].strip() for r in rows] == [
+        "weights resident", "copies in line", "streams, pageable", "streams, page-locked", "streams, compute first",
+    ]  # fmt: skip
+    assert all(r.endswith("max diff 0") for r in rows), rows
+    assert "handed to onnxruntime from page-locked memory" in out
+    assert "race check: " in out and "of 2 runs wrong without the fences" in out

@@ -520,6 +520,15 @@ def create_session(model_path: str | os.PathLike[str], config: SessionConfig, de
         hint = "check the model with onnx.checker.check_model(onnx.load(path), full_check=True)"
         if device != "cpu" and re.search(r"Duplicate definition of name \(\S*__offload\d+_", first):
             hint = _HOST_RESIDENT_HINT
+        inserted = _UNLISTED_RE.search(text)
+        if inserted:
+            raise OffloadError(
+                f"onnxruntime cannot load {path} with its partition file: it inserted node {inserted.group(1)!r}, "
+                f"which the file does not list ({device} has no kernel of that type for some node, so onnxruntime "
+                "casts around it, and copies on their own stream need every node listed)",
+                hint="apply the plan with --copies inline, or run on a device with kernels of the model's element "
+                "type (CUDA's for float16)",
+            ) from None
         raise ModelRefused(f"onnxruntime cannot load {path}", first, hint=hint) from None
     in_use = list(session.get_providers())
     if not in_use or in_use[0] != provider:
@@ -542,6 +551,10 @@ def run_once(session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any
 
 
 #: What to do when a rewrite copies a tensor its device keeps on the host
+#: onnxruntime's refusal of a partition file that does not list a node it inserted itself (a Cast around a
+#: node whose element type the provider has no kernel for: InsertCastTransformer)
+_UNLISTED_RE = re.compile(r'Failed to find node "([^"]+)" in node-stream map')
+
 _HOST_RESIDENT_HINT = (
     "the rewrite copies a tensor that this device keeps on the host (a node it runs on the CPU makes or reads it): "
     "plan again with --device DEVICE, which keeps those tensors, and leave them out of --force (the plan warned "
