@@ -504,36 +504,41 @@ def create_session(model_path: str | os.PathLike[str], config: SessionConfig, de
         providers = None if config.plugin else config.providers
         session = ort.InferenceSession(path, config.sess_options, providers=providers, **config.kwargs)
     except _ort_errors(ort) as exc:
-        text = str(exc)
-        ir = _IR_RE.search(text)
-        if ir:
-            version, supported = ir.groups()
-            raise OffloadError(
-                f"{path} has IR version {version}, newer than this onnxruntime ({ort.__version__}) supports "
-                f"(at most {supported})",
-                hint=f"re-export the model with IR version {supported} or lower, or set it and save a copy: "
-                f"m = onnx.load({path!r}); m.ir_version = {supported}; onnx.save(m, 'model.ir{supported}.onnx')",
-            ) from None
-        if device != "cpu" and re.search(r"create \w+ ExecutionProvider fail|Failed to load library", text):
-            raise _device_error(device, "creating the provider failed") from None
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        hint = "check the model with onnx.checker.check_model(onnx.load(path), full_check=True)"
-        if device != "cpu" and re.search(r"Duplicate definition of name \(\S*__offload\d+_", first):
-            hint = _HOST_RESIDENT_HINT
-        inserted = _UNLISTED_RE.search(text)
-        if inserted:
-            raise OffloadError(
-                f"onnxruntime cannot load {path} with its partition file: it inserted node {inserted.group(1)!r}, "
-                f"which the file does not list ({device} has no kernel of that type for some node, so onnxruntime "
-                "casts around it, and copies on their own stream need every node listed)",
-                hint="apply the plan with --copies inline, or run on a device with kernels of the model's element "
-                "type (CUDA's for float16)",
-            ) from None
-        raise ModelRefused(f"onnxruntime cannot load {path}", first, hint=hint) from None
+        raise _load_refusal(exc, path, device, ort) from None
     in_use = list(session.get_providers())
     if not in_use or in_use[0] != provider:
         raise _device_error(device, f"in use: {', '.join(in_use) or 'none'}")
     return session
+
+
+def _load_refusal(exc: BaseException, path: str, device: str, ort: Any) -> OffloadError:
+    """The one clear error for a session onnxruntime would not make: what it said, and the fix."""
+    text = str(exc)
+    ir = _IR_RE.search(text)
+    if ir:
+        version, supported = ir.groups()
+        return OffloadError(
+            f"{path} has IR version {version}, newer than this onnxruntime ({ort.__version__}) supports "
+            f"(at most {supported})",
+            hint=f"re-export the model with IR version {supported} or lower, or set it and save a copy: "
+            f"m = onnx.load({path!r}); m.ir_version = {supported}; onnx.save(m, 'model.ir{supported}.onnx')",
+        )
+    if device != "cpu" and re.search(r"create \w+ ExecutionProvider fail|Failed to load library", text):
+        return _device_error(device, "creating the provider failed")
+    inserted = _UNLISTED_RE.search(text)
+    if inserted:
+        return OffloadError(
+            f"onnxruntime cannot load {path} with its partition file: it inserted node {inserted.group(1)!r}, "
+            f"which the file does not list ({device} has no kernel of that type for some node, so onnxruntime "
+            "casts around it, and copies on their own stream need every node listed)",
+            hint="apply the plan with --copies inline, or run on a device with kernels of the model's element "
+            "type (CUDA's for float16)",
+        )
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    hint = "check the model with onnx.checker.check_model(onnx.load(path), full_check=True)"
+    if device != "cpu" and re.search(r"Duplicate definition of name \(\S*__offload\d+_", first):
+        hint = _HOST_RESIDENT_HINT
+    return ModelRefused(f"onnxruntime cannot load {path}", first, hint=hint)
 
 
 def run_once(session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any) -> dict[str, Any]:
