@@ -190,18 +190,16 @@ class StreamsCost:
         return {"streams_bytes": self.streams.peak_bytes, "inline_bytes": self.inline.peak_bytes}
 
 
-def _streams_rewrite(plan: Plan, analysis: Analysis, *, target: str) -> tuple[Analysis, onnx.ModelProto, StreamLayout]:
+def _streams_rewrite(plan: Plan, analysis: Analysis, *, target: str) -> tuple[Analysis, StreamLayout]:
     """``plan``'s rewrite as ``apply --copies streams`` writes it, in memory: its analysis in
-    ``analysis``'s order at the shapes it was planned at (sizes as ``analysis`` has them), the file as
-    written (symbolic dimensions kept, the shapes the allocation planner compares) and its streams."""
+    ``analysis``'s order at the shapes it was planned at (sizes as ``analysis`` has them), and its
+    streams."""
     pinned = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True, target=target))
     layout = with_events(pinned, "preview.streams.json", analysis.order, target)
-    written = apply_plan(plan, analysis, options=RewriteOptions(target=target))
-    with_events(written, "preview.streams.json", analysis.order, target)
     rewritten = analyse(dataclasses.replace(analysis.loaded, proto=pinned, sizes_from_run=None), order=analysis.order)
     if analysis.infos.measured is not None:
         rewritten.infos.use_measured(analysis.infos.measured)
-    return rewritten, written, layout
+    return rewritten, layout
 
 
 def streams_run_result(
@@ -210,7 +208,7 @@ def streams_run_result(
     """The simulation of ``plan``'s rewrite as ``apply --copies streams`` writes it, in the order
     onnxruntime's executor runs its two streams (`offloadctl.simulation.ortstreams.executor_analysis`):
     its ``after`` counts the device memory of copies issued as their gates open."""
-    rewritten, _, layout = _streams_rewrite(plan, analysis, target=target)
+    rewritten, layout = _streams_rewrite(plan, analysis, target=target)
     ran = executor_analysis(rewritten, [layout.copy_stream, layout.compute_stream])
     return simulate(ran, None, profile=profile)
 
@@ -218,13 +216,18 @@ def streams_run_result(
 def streams_cost(
     plan: Plan, analysis: Analysis, *, profile: Profile | None = None, target: str = "gpu"
 ) -> StreamsCost | None:
-    """What onnxruntime's reuse plan for two streams on one device keeps live
-    (`offloadctl.simulation.ortstreams`) against one stream, for ``plan``'s rewrite written as
-    ``apply --copies streams`` and ``--copies inline`` write it, in the CPU arena (where device and host
-    are one memory; the planner is the same on a device). None above `STREAMS_REPLAY_MAX_NODES` nodes."""
+    """The CPU arena's peak (where device and host are one memory; a device runs the same executor) of
+    ``plan``'s rewrite as ``apply --copies streams`` writes it, replayed with onnxruntime's reuse plan
+    for two streams (`offloadctl.simulation.ortstreams`), against the same plan's rewrite written in
+    line. None above `STREAMS_REPLAY_MAX_NODES` nodes.
+
+    The planner compares the shapes the file declares, so they are those of the rewrite as written
+    (symbolic dimensions kept), the sizes those of the analysis (its pins)."""
     if analysis.num_positions > STREAMS_REPLAY_MAX_NODES:
         return None
-    rewritten, written, layout = _streams_rewrite(plan, analysis, target=target)
+    rewritten, layout = _streams_rewrite(plan, analysis, target=target)
+    written = apply_plan(plan, analysis, options=RewriteOptions(target=target))
+    with_events(written, "preview.streams.json", analysis.order, target)
     count_scratch(rewritten, profile)
     streams = [layout.copy_stream, layout.compute_stream]
     on_streams = cpu_peak_on_streams(rewritten, streams, shapes=declared_shapes(written))

@@ -23,7 +23,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_event, is_pin, pin_view_source
 from offloadctl.loading.tensors import TensorInfo
 
-__all__ = ["Base", "base_of", "interner", "is_rewritten", "step_ids"]
+__all__ = ["Base", "base_of", "canonical_names", "interner", "is_rewritten", "step_ids"]
 
 
 def is_rewritten(analysis: Analysis) -> bool:
@@ -108,8 +108,9 @@ def _copy_sources(analysis: Analysis) -> tuple[set[int], dict[str, str]]:
     return copy_nodes, source
 
 
-def _canonical(source: dict[str, str]) -> Callable[[str], str]:
-    """``canon(name)``: the tensor a name stands for, following copies back to what they copy."""
+def canonical_names(source: dict[str, str]) -> Callable[[str], str]:
+    """``canon(name)``: the tensor a name stands for, following ``source`` (a name -> what it stands for:
+    what a copy copies, what a view views) to its end."""
 
     def canon(name: str) -> str:
         seen = 0
@@ -193,7 +194,7 @@ def _flags(count: int, ids: dict[str, int], names: Iterable[str]) -> list[bool]:
 
 def _new_base(analysis: Analysis) -> Base:
     copy_nodes, source = _copy_sources(analysis)
-    canon = _canonical(source)
+    canon = canonical_names(source)
     # Ids in first-seen order: graph inputs, weights (sorted), what the nodes read, what they write,
     # graph outputs.
     positions = [p for p in range(analysis.num_positions) if p not in copy_nodes]

@@ -32,7 +32,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import copy_kind, is_event, is_pin, pin_view_source
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.placed import CPU_OUTPUT_OPS
-from offloadctl.simulation.base import Base, base_of, interner
+from offloadctl.simulation.base import Base, base_of, canonical_names, interner
 
 __all__ = ["DEVICE", "HOST", "Program", "before_program", "program_for"]
 
@@ -414,13 +414,8 @@ def _aliases(analysis: Analysis) -> dict[str, str]:
         source = pin_view_source(node) or (node.input[0] if is_event(node) else None)
         if source and node.output:
             direct[node.output[0]] = source
-    resolved = {}
-    for name, source in direct.items():
-        seen = 0
-        while source in direct and seen <= len(direct):
-            source, seen = direct[source], seen + 1
-        resolved[name] = source
-    return resolved
+    canon = canonical_names(direct)
+    return {name: canon(name) for name in direct}
 
 
 def program_for(analysis: Analysis, plan: Plan | None, source: str, *, checked: bool = False) -> tuple[Base, Program]:

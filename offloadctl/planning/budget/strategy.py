@@ -119,15 +119,8 @@ class BudgetSearch:
     the filtered plan the filter stage writes. The trade-off (`offloadctl.planning.tradeoff`) runs
     many.
 
-    Args:
-        analysis: the analysed model.
-        options: the budget planner's options (`FilterRequest`, or a whole `PlanRequest`).
-        select: the candidates' select options (their select distance is not used: the planner
-            weighs every idle stretch).
-        base: the selected plan whose model, options and history the plans extend (None: the
-            planner's own selection at select distance 0).
-        listed: False for plans made for their figures alone (`budget_figures`): the same offloads,
-            an empty ``rejected`` list.
+    Its arguments are `offloadctl.planning.budget.prepared.Prepared`'s (``listed`` False for
+    `budget_figures`).
     """
 
     def __init__(
