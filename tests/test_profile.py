@@ -534,3 +534,31 @@ def test_under_a_measured_profile_the_time_objective_compares_plans_with_their_p
     assert t_time.serialized <= t_bytes.serialized * (1 + 1e-12)
     compared = by_time["budget"]["compared"]
     assert min(compared["stall_s"].values()) == pytest.approx(t_time.serialized - t_time.baseline, abs=1e-12)
+
+
+def test_copies_noise_hid_are_timed_once_more_and_then_refused(fast, monkeypatch):
+    """A sweep whose larger copies timed no slower (noise on a loaded machine) is timed again, twice as
+    long; noise both times is one clear error."""
+    real = profiler._sweep
+    calls: list[tuple[str, float]] = []
+
+    def noisy_once(dev, folder, direction, sizes, footprint, repeat, min_seconds, rng):
+        calls.append((direction, min_seconds))
+        points, doc = real(dev, folder, direction, sizes, footprint, repeat, min_seconds, rng)
+        if sum(d == direction for d, _ in calls) == 1:
+            points = [(b, 0.0) for b, _ in points]  # what noise looks like: no copy cost anything
+        return points, doc
+
+    monkeypatch.setattr(profiler, "_sweep", noisy_once)
+    doc = measure_profile(str(MLP), "cpu", inputs=MLP_INPUTS, repeat=2)
+    assert [d for d, _ in calls] == ["d2h", "d2h", "h2d", "h2d"]
+    assert calls[1][1] == 2 * calls[0][1]
+    assert doc["link"]["d2h"]["bandwidth"] > 0
+
+    def always_noisy(dev, folder, direction, sizes, footprint, repeat, min_seconds, rng):
+        points, doc = real(dev, folder, direction, sizes, footprint, repeat, min_seconds, rng)
+        return [(b, 0.0) for b, _ in points], doc
+
+    monkeypatch.setattr(profiler, "_sweep", always_noisy)
+    with pytest.raises(OffloadError, match="noise exceeded what the copies cost"):
+        measure_profile(str(MLP), "cpu", inputs=MLP_INPUTS, repeat=2)
