@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 EXTRA  ?= cann
 OUT    ?= build/demo
 # the Python sources ruff checks and formats (mypy checks offloadctl/)
-LINT   := offloadctl tests bench sample_models
+LINT   := offloadctl _offloadctl.py tests bench sample_models
 
 .PHONY: install demo lint format test test-install test-genai test-device bench samples clean
 

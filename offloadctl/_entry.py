@@ -9,6 +9,7 @@ walks (`offloadctl.core.bulk.keep_what_is_built`).
 
 from __future__ import annotations
 
+import signal
 import sys
 
 __all__ = ["main", "INTERRUPTED_EXIT"]
@@ -21,9 +22,13 @@ def _interrupted() -> int:
     return INTERRUPTED_EXIT
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the command line and exit with its status (130 when interrupted)."""
+def main(argv: list[str] | None = None, *, restore_interrupt: bool = False) -> None:
+    """Run the command line and exit with its status (130 when interrupted). ``restore_interrupt``: the
+    console script (`_offloadctl`) held Ctrl-C while the package loaded; from here it raises
+    ``KeyboardInterrupt`` again, so that an interrupted command cleans up as it unwinds."""
     try:
+        if restore_interrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         import click
 
         from offloadctl.cli import cli

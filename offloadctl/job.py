@@ -26,13 +26,28 @@ from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.document import check_plan_model, read_plan
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import atomic_write_text, check_distinct_outputs, check_output_path, sha256_file
+from offloadctl.core.files import (
+    atomic_write_text,
+    check_distinct_outputs,
+    check_output_path,
+    output_target,
+    sha256_file,
+    written_through,
+)
 from offloadctl.core.plantypes import Plan, SizesFromRun
 from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.planning.select import candidate_uses
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
+from offloadctl.rewriting.guards import GUARD_PREFIX
 from offloadctl.rewriting.metadata import session_settings
-from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
+from offloadctl.rewriting.rewrite import (
+    ApplyResult,
+    RewriteOptions,
+    apply_plan,
+    choose_copy_mode,
+    plan_device,
+    target_for,
+)
 from offloadctl.rewriting.streams import streams_file, with_events
 from offloadctl.rewriting.writing import check_model_outputs, write_model
 from offloadctl.running.sizes import measure_sizes
@@ -209,15 +224,24 @@ class Job:
         options: RewriteOptions | None,
     ) -> tuple[Any, list[Path]]:
         assert self.plan is not None
+        if options is None:  # the plan decides how its copies run, and the pins' target
+            options = RewriteOptions(copies=choose_copy_mode(self.plan).mode, target=target_for(plan_device(self.plan)))
         source = loaded.path.parent
         self.guard("the rewritten model", output)
         check_model_outputs(loaded.proto, output, source, self.reads, locations=loaded.data_locations)
         step(f"rewriting {loaded.path}")
         proto = apply_plan(self.plan, self.analysis, result=result, options=options)
         events = None
-        if options is not None and options.copies == "streams":
-            partition_path = self.guard("the partition file", streams_file(output))
+        if options.copies == "streams":
+            if written_through(output):
+                raise OffloadError(
+                    f"{output} is not a file, and copies on streams need their partition file beside the model",
+                    hint="write the rewrite to a file, or apply with --copies inline",
+                )
+            partition_path = self.guard("the partition file", streams_file(output_target(output)))
             events = with_events(proto, partition_path.name, self.analysis.order, options.target)
+            if result is not None:
+                result.guards = [n.name for n in proto.graph.node if n.name.startswith(GUARD_PREFIX)]
         if genai is not None:
             check_genai_output(genai, Path(output))
         step(f"writing {output}")

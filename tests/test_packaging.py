@@ -20,6 +20,7 @@ from tests.conftest import ROOT
 
 PROJECT_TOP = {
     "offloadctl",
+    "_offloadctl.py",
     "schemas",
     "tests",
     "sample_models",
@@ -55,6 +56,11 @@ def _checkout_copy(tmp_path):
     return src
 
 
+def whl_text(wheel: str, suffix: str) -> str:
+    with zipfile.ZipFile(wheel) as whl:
+        return whl.read(next(n for n in whl.namelist() if n.endswith(suffix))).decode()
+
+
 def test_sdist_carries_only_the_project_and_builds_a_complete_wheel(tmp_path):
     src = _checkout_copy(tmp_path)
     (sdist,) = SdistBuilder(str(src)).build(directory=str(tmp_path / "dist"))
@@ -80,6 +86,9 @@ def test_sdist_carries_only_the_project_and_builds_a_complete_wheel(tmp_path):
         files = whl.namelist()
         metadata = whl.read(next(n for n in files if n.endswith(".dist-info/METADATA"))).decode()
     assert "offloadctl/py.typed" in files and "offloadctl/_schemas/plan.schema.json" in files
+    assert "_offloadctl.py" in files  # the console script's entry point, beside the package
+    entry_points = whl_text(wheel, ".dist-info/entry_points.txt")
+    assert "offloadctl = _offloadctl:main" in entry_points
     assert "offloadctl/_schemas/profile.schema.json" in files
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in files)
     assert "License-Expression: Apache-2.0" in metadata

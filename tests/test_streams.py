@@ -114,7 +114,8 @@ def test_a_stale_missing_or_broken_partition_file_is_one_clear_error(run_cli, tm
 
 def test_apply_never_writes_the_partition_file_over_an_input(run_cli, tmp_path):
     plan = tmp_path / "m.offload.streams.json"  # the name the partition file of m.offload.onnx would take
-    assert run_cli("plan", SAMPLES / "mlp.onnx", "-o", plan, "--select-distance", "2").exit_code in (0, 1)
+    made = run_cli("plan", SAMPLES / "mlp.onnx", "-o", plan, "--select-distance", "2", "--params", "--json")
+    assert made.exit_code in (0, 1) and made.json()["offloads"]  # copies: a partition file to write
     before = plan.read_bytes()
     result = run_cli("apply", plan, "-o", tmp_path / "m.offload.onnx", "--copies", "streams")
     assert result.exit_code == 1 and "Traceback" not in result.stderr
@@ -139,7 +140,7 @@ def test_the_python_code_in_the_streams_page_runs_the_rewrite(run_cli, tmp_path,
     out, _ = _streams_rewrite(run_cli, tmp_path, "mlp")
     assert out.name == "mlp.offload.onnx"  # the name the page uses
     page = (Path(__file__).resolve().parent.parent / "docs" / "streams.md").read_text()
-    (code,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", page, flags=re.S) if "mlp.offload.onnx" in block]
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(code, "docs/streams.md", "exec"), scope)  # noqa: S102 - the page's own example
@@ -329,19 +330,26 @@ def test_simulate_counts_a_streams_rewrite_as_its_executor_runs_the_two_streams(
     assert base_of(ran).n == base_of(analysis).n
 
 
-def test_a_default_order_streams_rewrite_comes_with_the_check_to_run(run_cli, tmp_path):
-    """onnxruntime's two-stream executor has given wrong outputs under DEFAULT (silero-vad, with no copy
-    at all): apply says how to check the rewrite on the CPU provider, which runs the same executor;
-    under PRIORITY_BASED it has no reason to."""
-    out = _default_streams_rewrite(run_cli, tmp_path, "mlp")
-    applied = run_cli("apply", tmp_path / "default.plan.json", "-o", tmp_path / "again.onnx", "--copies", "streams")
-    said = " ".join(applied.stderr.split())
-    assert applied.exit_code == 0 and "gives wrong outputs under the DEFAULT order for some models" in said
-    assert f"offloadctl run {tmp_path / 'again.onnx'} --device cpu --execution-order default --compare-to" in said
-    assert out.exists()
-    _streams_rewrite(run_cli, tmp_path, "mlp")  # its plan.json is made for PRIORITY_BASED
-    made = run_cli("apply", tmp_path / "plan.json", "-o", tmp_path / "p.onnx", "--copies", "streams")
-    assert made.exit_code == 0 and "DEFAULT order for some models" not in made.stderr
+def test_apply_guards_what_onnxruntimes_multi_stream_planner_would_overwrite_and_says_so(run_cli, tmp_path):
+    """The training step's Relus read pin views of tensors their copies still read: with two streams
+    onnxruntime's planner would let them write in place (`offloadctl.rewriting.guards`). apply guards each,
+    says how many, and the rewrite runs bit-identical in both orders (no warning about DEFAULT left)."""
+    for order in ("priority", "default"):
+        plan, out = tmp_path / f"{order}.plan.json", tmp_path / f"{order}.offload.onnx"
+        made = run_cli("plan", SAMPLES / "training.onnx", "-o", plan, "--execution-order", order, "--params",
+                       "--select-distance", "10", "--copies", "streams")  # fmt: skip
+        assert made.exit_code in (0, 1), made.stderr
+        applied = run_cli("apply", plan, "-o", out, "--json")
+        assert applied.exit_code == 0 and "DEFAULT order for some models" not in applied.stderr
+        guards = applied.json()["guards"]
+        assert guards and all(g.startswith("offload/event/guard/") for g in guards)
+        shown = run_cli("apply", plan, "-o", tmp_path / f"{order}.again.onnx")
+        assert f"guarded {len(guards)} node(s) that onnxruntime's multi-stream planner" in " ".join(
+            shown.stdout.split()
+        )
+        ran = run_cli("run", out, "--device", "cpu", "--execution-order", order, "--compare-to",
+                      SAMPLES / "training.onnx", "--inputs", SAMPLES / "training.inputs.npz")  # fmt: skip
+        assert ran.exit_code == 0 and "outputs bit-identical" in ran.stdout, ran.stderr
 
 
 def test_a_float16_streams_rewrite_on_a_provider_without_float16_kernels_is_one_clear_error(run_cli, tmp_path):

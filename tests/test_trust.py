@@ -602,6 +602,33 @@ def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path, module):
     assert res.stdout == ""
 
 
+_INTERRUPT_WHILE_THE_PACKAGE_LOADS = """
+import builtins, os, signal, sys
+sys.argv = ["offloadctl", "inspect", {model!r}]
+from _offloadctl import main  # the console script's first instruction
+real = builtins.__import__
+def interrupting(name, *args, **kwargs):
+    if name == "typing":  # the first thing the offloadctl package imports
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(name, *args, **kwargs)
+builtins.__import__ = interrupting
+main()
+"""
+
+
+def test_ctrl_c_from_the_console_scripts_first_instruction_exits_130_with_one_line(tmp_path):
+    """A real SIGINT while the package loads, before any of offloadctl's code could catch an exception:
+    the console script's entry point (`_offloadctl`) holds Ctrl-C to the one line from its first
+    instruction on."""
+    import subprocess
+    import sys
+
+    code = _INTERRUPT_WHILE_THE_PACKAGE_LOADS.format(model=str(SAMPLES / "seed.onnx"))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert res.returncode == 130, res.stderr
+    assert res.stderr == "offloadctl: interrupted\n" and res.stdout == ""
+
+
 def test_ctrl_c_while_working_exits_130_and_leaves_no_file(tmp_path):
     import subprocess
     import sys

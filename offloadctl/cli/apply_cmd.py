@@ -25,7 +25,14 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job, genai_output_folder, plan_model
 from offloadctl.rewriting.preview import StreamsCost, streams_cost
-from offloadctl.rewriting.rewrite import COPY_MODES, TARGETS, ApplyResult, RewriteOptions, target_for
+from offloadctl.rewriting.rewrite import (
+    COPY_MODES,
+    TARGETS,
+    ApplyResult,
+    RewriteOptions,
+    choose_copy_mode,
+    target_for,
+)
 from offloadctl.simulation.estimate import recorded_estimate
 
 __all__ = ["COMMANDS"]
@@ -68,9 +75,10 @@ logger = logging.getLogger(__name__)
 @click.option(
     "--copies",
     type=click.Choice(list(COPY_MODES)),
-    default="inline",
-    show_default=True,
-    help="inline: the copies run on the compute stream, each paid in full time. streams: on a stream of their own, "
+    default=None,
+    help="How the copies run (default: as the plan was made, plan --copies; given, it overrides the plan with a "
+    "warning). inline: the copies run on the compute stream, each paid in full time. streams: on a stream of their "
+    "own, "
     "beside compute, on CUDA and CANN (onnxruntime's multi-stream executor): gates and fences are added as Identity "
     "nodes and a partition file is written beside OUT (OUT's stem + .streams.json), which the model's metadata "
     "names (offloadctl.streams) and offloadctl run loads. WebGPU and the CPU run the copies in line either way.",
@@ -83,7 +91,7 @@ def apply(
     order_pins: bool,
     pin_shapes: bool,
     target: str,
-    copies: str,
+    copies: str | None,
     as_json: bool,
 ) -> None:
     """Insert the copies of a scheduled plan into its model and write OUT.onnx.
@@ -104,20 +112,28 @@ def apply(
         check_output_path(output, plan_path, source)  # before the model loads
         with steps(not as_json, total=4) as step:
             job = Job.of_plan(plan_path, stages=("scheduled",), model=model, step=step, plan=plan)
-            copies = _copy_mode(plan, copies)
+            choice = choose_copy_mode(plan, copies)
+            if choice.why is not None:
+                logger.warning("%s", choice.why)
+            copies = choice.mode
             options = RewriteOptions(order_pins=order_pins, pin_shapes=pin_shapes, target=target, copies=copies)
             _, extra = job.write_rewrite(output, result=result, step=step, options=options)
     model_path = job.model_path
-    figures = recorded_estimate(plan)
+    # the plan's figures count the mode it was made for: quoted only for a rewrite written so
+    figures = None if choice.overridden and plan["offloads"] else recorded_estimate(plan)
     cost = streams_cost(plan, job.analysis, target=options.target) if copies == "streams" else None
     if not as_json:
         _print_apply(result, extra, figures)
     _warn_streams_cost(cost)
-    if copies == "streams" and job.analysis.order == "default":
-        _warn_default_streams(output, job.model_path)
     if figures is not None:
         warn_broken_pins(figures, plan["model"].get("execution_order", "priority"))
     parts: list[str | None] = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
+    if choice.overridden:
+        parts.append(
+            f"copies written {copies}, planned {choice.planned}"
+            if plan["offloads"]
+            else "no copies: nothing to overlap, no partition file"
+        )
     if result.unpinned and order_pins:
         parts.append(f"{len(result.unpinned)} unpinned group(s) hold under PRIORITY_BASED only")
     if figures is not None:
@@ -146,7 +162,9 @@ def apply(
             "unpinned": result.unpinned,
             "target": target,
             "copy_mode": copies,
+            "planned_copy_mode": choice.planned,
             "partition_file": next((str(p) for p in extra if p.suffix == ".json"), None),
+            "guards": result.guards,
             "streams_cpu_peak": cost.to_json() if cost is not None else None,
             "offloaded": {"activations": result.activations, "parameters": result.parameters},
             "data_files": [str(p) for p in extra],
@@ -169,6 +187,12 @@ def _print_apply(result: ApplyResult, extra: list[Path], figures: dict[str, Any]
         console.print(
             f"wrote {result.across} copy(ies) between host and device where the plan's device needs them "
             "(onnxruntime would append them after every node)",
+            soft_wrap=True,
+        )
+    if result.guards:
+        console.print(
+            f"guarded {len(result.guards)} node(s) that onnxruntime's multi-stream planner would let overwrite a "
+            "buffer other nodes still read (an Identity each: docs/streams.md)",
             soft_wrap=True,
         )
     for reason in result.unpinned:
@@ -197,27 +221,6 @@ def _warn_streams_cost(cost: StreamsCost | None) -> None:
         fmt_bytes(cost.inline.peak_bytes),
         100 * cost.extra_bytes / cost.inline.peak_bytes,
     )
-
-
-def _warn_default_streams(output: str, model: Any) -> None:
-    """Say how to check a DEFAULT-order streams rewrite: onnxruntime's two-stream executor has been seen
-    to give wrong outputs under DEFAULT where one stream gives the right ones (docs/streams.md)."""
-    logger.warning(
-        "onnxruntime's two-stream executor gives wrong outputs under the DEFAULT order for some models, with or "
-        "without copies (silero-vad, onnxruntime 1.24.4 to 1.32.0); the CPU provider runs the same executor: check "
-        "this rewrite with offloadctl run %s --device cpu --execution-order default --compare-to %s before serving it",
-        output,
-        model,
-    )
-
-
-def _copy_mode(plan: Plan, copies: str) -> str:
-    """``copies``, except for a plan made for WebGPU, which registers no streams: its copies run in line."""
-    device = plan["options"].get("select", {}).get("host_device", "")
-    if copies == "streams" and device.split()[:1] == ["webgpu"]:
-        logger.warning("WebGPU registers no streams: its copies run in line, and no partition file is written")
-        return "inline"
-    return copies
 
 
 def _warn_target(plan: Plan, target: str, order_pins: bool) -> None:

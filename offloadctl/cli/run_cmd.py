@@ -30,7 +30,7 @@ from offloadctl.running.checks import OrderCheck, OutputComparison
 from offloadctl.running.inputs import parse_value_ranges
 from offloadctl.running.inputs import save_outputs as save_outputs_file
 from offloadctl.running.placement import InsertedCopy
-from offloadctl.running.runner import RunReport, run_model
+from offloadctl.running.runner import STREAMS_DEFECT_HINT, RunReport, run_model
 from offloadctl.running.sessions import DEVICES, parse_ep_options, quiet_onnxruntime
 
 __all__ = ["COMMANDS", "run"]
@@ -282,11 +282,15 @@ def _check_outputs(report: RunReport, model: str, compare_to: str | None, opt_le
     unstable = report.original_unstable
     blamed = [name for name in differ if name not in unstable]
     if blamed:
+        hint = "the rewrite changed the results; check the plan and the session settings" + (
+            "" if opt_level == "disable" else ", or compare with --opt-level disable"
+        )
+        if report.streams is not None:  # a possible cause of its own (docs/streams.md)
+            hint = f"the rewrite changed the results: {STREAMS_DEFECT_HINT}; else {hint.split('; ', 1)[1]}"
         raise OffloadError(
             f"outputs of {model} differ from {compare_to} beyond tolerance (rtol={report.rtol}, atol={report.atol}): "
             f"{', '.join(blamed)}",
-            hint="the rewrite changed the results; check the plan and the session settings"
-            + ("" if opt_level == "disable" else ", or compare with --opt-level disable"),
+            hint=hint,
         )
     if differ:
         worst = ", ".join(

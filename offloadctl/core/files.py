@@ -3,6 +3,12 @@
 Every output offloadctl writes goes through `atomic_write`: the bytes land in a temporary file in
 the destination folder and are renamed over the destination only when complete, so a failure never
 leaves a half-written or clobbered file behind. Inputs are only ever read.
+
+An output path is taken as the user means it (`output_target`): a symlink is written through to the
+file it points to (atomically, beside that file, and the link stays), and a character device or a
+FIFO (``-o /dev/null``, ``-o /dev/stdout``, a named pipe) is written through once the whole output
+is ready. Nothing else that is not a regular file (a block device, a socket) is ever written or
+replaced: such an output is refused before any work starts.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import hashlib
 import json
 import math
 import os
+import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -24,6 +32,8 @@ __all__ = [
     "json_sha256",
     "same_file",
     "check_output_path",
+    "output_target",
+    "written_through",
     "check_distinct_outputs",
     "atomic_write",
     "atomic_write_text",
@@ -63,14 +73,52 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return os.path.abspath(pa) == os.path.abspath(pb)
 
 
+def output_target(output: str | os.PathLike[str]) -> Path:
+    """The path writing ``output`` writes: the file a symlink points to (at the end of a chain, and
+    whether it exists yet or not), else ``output`` itself."""
+    out = Path(output)
+    return Path(os.path.realpath(out)) if out.is_symlink() else out
+
+
+def written_through(output: str | os.PathLike[str]) -> bool:
+    """Whether ``output`` (through symlinks) is a character device or a FIFO, which an output is written
+    into as it is (``-o /dev/null`` discards it), not replaced by a new file."""
+    try:
+        mode = output_target(output).stat().st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def _check_kind(out: Path) -> None:
+    """Refuse an output that exists and is neither a regular file nor written through (a block device, a
+    socket): offloadctl never replaces or writes into one."""
+    target = output_target(out)
+    try:
+        mode = target.stat().st_mode
+    except OSError:
+        return  # not there yet (or a dangling link): a new file
+    if stat.S_ISREG(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISDIR(mode):
+        return
+    kind = "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+    where = out if target == out else f"{out} (which points to {target})"
+    raise OffloadError(
+        f"output {where} is {kind}: offloadctl writes files, and writes through character devices and FIFOs "
+        "(-o /dev/null discards), but never into or over anything else",
+        hint="give the path of a file to write",
+    )
+
+
 def check_output_path(output: str | os.PathLike[str], *inputs: str | os.PathLike[str] | None) -> Path:
     """Refuse an output that would overwrite an input or cannot be written; return it as a Path.
 
     ``inputs`` are every file the command reads (a model's external data files included): an
-    output equal to one of them, through symlinks or as a hard link, is refused.
+    output equal to one of them, through symlinks or as a hard link, is refused. So is an output that
+    is neither a file nor written through (`output_target`, `written_through`).
     """
     out = Path(output)
     try:
+        _check_kind(out)
         for src in dict.fromkeys(inputs):  # each distinct input once: a model may name one data file per weight
             if src is None:
                 continue
@@ -79,8 +127,10 @@ def check_output_path(output: str | os.PathLike[str], *inputs: str | os.PathLike
                     f"output {out} is the same file as the input {src}",
                     hint="write the result to a new path; inputs are never modified",
                 )
-        _check_writable(out)
-        _check_name_length(out)
+        if not written_through(out):
+            target = output_target(out)
+            _check_writable(target)
+            _check_name_length(target)
     except OSError as exc:  # e.g. a name longer than the file system allows
         raise OffloadError(
             f"cannot write {out}: {exc.strerror or exc}", hint="choose a shorter or valid output path"
@@ -162,8 +212,11 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object], 
     The result gets permission bits ``mode`` (a copy of a file keeps its source's), by default
     the usual ones for a new file (0666 less the umask).
     """
-    out = Path(path)
+    out = output_target(path)  # a symlink keeps pointing to the file, which is replaced
     try:
+        if written_through(out):
+            _write_through(out, write)
+            return
         with _temporary_beside(out) as tmp:
             write(tmp)
             if mode is None:  # mkstemp creates 0600 files
@@ -176,6 +229,16 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object], 
         raise OffloadError(
             f"cannot write {out}: {exc.strerror or exc}", hint="check the path and free disk space"
         ) from exc
+
+
+def _write_through(out: Path, write: Callable[[Path], object]) -> None:
+    """Fill a private temporary file, then copy it into the character device or FIFO ``out``: whoever reads
+    there gets the whole output or, when writing fails, nothing."""
+    with tempfile.TemporaryDirectory(prefix="offloadctl-") as folder:
+        tmp = Path(folder) / out.name
+        write(tmp)
+        with open(tmp, "rb") as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

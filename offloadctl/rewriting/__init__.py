@@ -5,5 +5,6 @@ next to its data; `metadata` is the settings record a rewritten model carries fo
 `genai` writes a complete onnxruntime-genai folder around a rewrite; `preview` builds the rewrite
 in memory to read its figures as it will run (the CPU arena's, and the device peak of the DEFAULT
 walk over the rewrite); `streams` adds the event nodes and the partition file that put the copies
-on a stream of their own (``apply --copies streams``).
+on a stream of their own (``apply --copies streams``), and `guards` finds where onnxruntime's
+multi-stream planner would let a node overwrite a buffer others still read and guards it.
 """

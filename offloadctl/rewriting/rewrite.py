@@ -105,6 +105,10 @@ from offloadctl.rewriting.metadata import (
 __all__ = [
     "COPY_MODES",
     "ApplyResult",
+    "CopyChoice",
+    "choose_copy_mode",
+    "plan_device",
+    "planned_copy_mode",
     "RewriteOptions",
     "TARGETS",
     "apply_plan",
@@ -132,6 +136,8 @@ class ApplyResult:
     unpinned: list[str] = field(default_factory=list)  # copies no pin could hold (and why)
     # the copies onnxruntime would insert between host and device on the plan's device, written in place
     across: int = 0
+    # with copies on streams: the guards against onnxruntime's multi-stream in-place defect (`guards`)
+    guards: list[str] = field(default_factory=list)
 
 
 #: the providers a rewrite's order pins are built for (`RewriteOptions.target`)
@@ -142,11 +148,68 @@ TARGETS: dict[str, str] = {
 
 #: how the copies run: on the compute stream, or on a stream of their own (`offloadctl.rewriting.streams`)
 COPY_MODES = ("inline", "streams")
+_MODE_WORDS = {"inline": "in line", "streams": "on streams"}
 
 
 def target_for(device: str) -> str:
     """The pins' target (`TARGETS`) for the device a plan was made for (``plan --device``)."""
     return "ascend" if device.split()[:1] == ["ascend"] else "gpu"
+
+
+def plan_device(plan: Plan) -> str:
+    """The device a plan was made for (``plan --device``: ``ascend``, ``cuda``, ``webgpu``), or ""."""
+    return str(plan["options"].get("select", {}).get("host_device", "")).split(" ")[0]
+
+
+def planned_copy_mode(plan: Plan) -> str:
+    """How a plan's copies were planned to run (`COPY_MODES`): the mode its events pass recorded
+    (``plan --copies``), ``inline`` for a plan made by the stage commands."""
+    mode = (plan.get("summary") or {}).get("events", {}).get("copies")
+    return mode if mode in COPY_MODES else "inline"
+
+
+@dataclass(frozen=True)
+class CopyChoice:
+    """The copy mode a rewrite is written with (`choose_copy_mode`).
+
+    Attributes:
+        mode: what is written.
+        planned: what the plan was made for (`planned_copy_mode`).
+        why: when ``mode`` is not what was asked for (or planned), why, for a warning; None otherwise.
+    """
+
+    mode: str
+    planned: str
+    why: str | None = None
+
+    @property
+    def overridden(self) -> bool:
+        """The rewrite is written in another mode than the plan's figures count."""
+        return self.mode != self.planned
+
+
+def choose_copy_mode(plan: Plan, requested: str | None = None) -> CopyChoice:
+    """The copy mode to write ``plan`` with: ``requested`` when given (it overrides the plan's, with a
+    reason to warn of: the plan's figures then count the other mode), else the plan's own. A provider
+    without streams (WebGPU) and a plan that moves nothing get their copies in line: there is no stream to
+    put them on, or nothing to overlap."""
+    planned = planned_copy_mode(plan)
+    if requested is not None and requested not in COPY_MODES:
+        raise OffloadError(f"unknown copy mode {requested!r}", hint=f"use one of: {', '.join(COPY_MODES)}")
+    mode = requested or planned
+    why = None
+    if mode != planned:
+        why = (
+            f"the plan was made for copies {_MODE_WORDS[planned]} and is written with copies {_MODE_WORDS[mode]}, as "
+            f"asked: its recorded figures are those of copies {_MODE_WORDS[planned]} (simulate the rewrite for its own)"
+        )
+    if mode == "streams" and plan_device(plan) == "webgpu":
+        return CopyChoice("inline", planned, "WebGPU registers no streams: its copies run in line, and no partition "
+                          "file is written")  # fmt: skip
+    if mode == "streams" and not plan["offloads"]:
+        return CopyChoice("inline", planned, "the plan moves nothing, so there is nothing to overlap: the model is "
+                          "written without events and without a partition file")  # fmt: skip
+    return CopyChoice(mode, planned, why)
 
 
 @dataclass(frozen=True)

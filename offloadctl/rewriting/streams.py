@@ -20,7 +20,9 @@ waits for it at once.
   ``g = Identity(x)``, and a **fence** on the compute stream right after x's last reader there (of
   x or of an order pin's view of it), ``Identity(g)``: compute waits for the copy before x's buffer
   can go to another tensor (the device arena is freed by the host, and it knows which stream
-  allocated a chunk, not which stream still reads it).
+  allocated a chunk, not which stream still reads it);
+- a **guard**, ``Identity(v)``, before each node onnxruntime's multi-stream planner would otherwise
+  let overwrite a buffer other nodes still read (`offloadctl.rewriting.guards`): a second reader of v.
 
 `partition` lists the copy stream (copies and gates) first, then compute. The copy stream first
 makes the executor issue each copy as soon as its gate opens; compute first would issue a copy only
@@ -56,6 +58,7 @@ from offloadctl.core.onnxutil import (
     pin_view_source,
 )
 from offloadctl.loading.ortgraph import inlined_calls
+from offloadctl.rewriting.guards import GUARD_PREFIX, in_place_hazards, insert_guards, may_overwrite
 from offloadctl.rewriting.metadata import KEY_SESSION, KEY_STREAMS, metadata_json, session_settings, set_metadata
 
 __all__ = [
@@ -87,6 +90,7 @@ class StreamLayout:
     compute_stream: list[str]
     gates: int  # before MemcpyFromHost nodes
     fences: int  # MemcpyToHost copies the compute stream waits for
+    guards: int = 0  # second readers that keep onnxruntime from overwriting a shared buffer (`guards`)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +112,13 @@ class _Names:
     def node(self, base: str) -> str:
         return _fresh(base, self.nodes)
 
+    def any(self, base: str) -> str:
+        """A name neither a tensor nor a node has (for a node and its output alike)."""
+        name = _fresh(base, self.tensors | self.nodes)
+        self.tensors.add(name)
+        self.nodes.add(name)
+        return name
+
 
 def _fresh(base: str, taken: set[str]) -> str:
     """``base``, or ``base_1``, ``base_2``, ... the first not in ``taken``, which it joins."""
@@ -126,9 +137,11 @@ def _gate_source(node: onnx.NodeProto) -> str | None:
     return next((o for o in node.output if o), None)
 
 
-def add_event_nodes(model: onnx.ModelProto, order: str = "priority", target: str = "gpu") -> tuple[int, int]:
+def add_event_nodes(model: onnx.ModelProto, order: str = "priority", target: str = "gpu") -> tuple[int, int, int]:
     """Add the gates and fences of every copy of a rewritten model (in place, in file order; see the
-    module docstring), and name every node that has no name of its own. Returns (gates, fences).
+    module docstring), the guards against onnxruntime's multi-stream in-place defect
+    (`offloadctl.rewriting.guards`), and name every node that has no name of its own. Returns (gates,
+    fences, guards).
 
     For a rewrite made for the DEFAULT order every event must lie on the walk's paths: the walk
     reaches a node nobody reads (a leaf) only after the rest of the graph, where an event holds
@@ -174,11 +187,12 @@ def add_event_nodes(model: onnx.ModelProto, order: str = "priority", target: str
         if source is not None:
             last_source = source
     if default:
-        out, added = _pin_default_events(model, out, names, target)
+        out, added = _gate_pins(out, names)
         gates += added
+    out, dropped, guards = _guard_and_hold(model, out, names, hold=default and target != "ascend")
     del graph.node[:]
     graph.node.extend(out)
-    return gates, fences
+    return gates - dropped, fences, guards
 
 
 def _last_readers(nodes: list[onnx.NodeProto]) -> dict[str, int]:
@@ -195,22 +209,37 @@ def _last_readers(nodes: list[onnx.NodeProto]) -> dict[str, int]:
     return readers
 
 
-def _pin_default_events(
-    model: onnx.ModelProto, nodes: list[onnx.NodeProto], names: _Names, target: str
-) -> tuple[list[onnx.NodeProto], int]:
-    """The events of a rewrite made for DEFAULT put on the walk's paths (`add_event_nodes`): ``nodes``
-    with a gate in each H2D order pin and, but on ascend, every other event read by a pin of its own.
-    Returns the nodes and the gates added (less those left out)."""
+def _guard_and_hold(
+    model: onnx.ModelProto, nodes: list[onnx.NodeProto], names: _Names, *, hold: bool
+) -> tuple[list[onnx.NodeProto], int, int]:
+    """``nodes`` with a guard before every node onnxruntime's multi-stream planner may let overwrite a
+    buffer others still read (`offloadctl.rewriting.guards`), and, with ``hold`` (DEFAULT, but on ascend),
+    every event nobody reads held by an order pin (`_hold_events`). A pin's view is an alias too, so the
+    views the holds add are checked again: their guards are held only by nodes that overwrite nothing,
+    which adds no hazard, so the second round is the last. Returns the nodes, the gates left out and the
+    guards added."""
     graph = model.graph
-    nodes, added = _gate_pins(nodes, names)
-    if target == "ascend":
-        return nodes, added
+    zero = _zero_for_slices(model, names) if hold else None
     available = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    zero = _zero_for_slices(model, names)
-    nodes, dropped = _hold_events(nodes, names, zero, available)
+    guards = dropped = 0
+    held = False
+    for _ in range(3):
+        hazards = in_place_hazards(nodes, graph)
+        if hazards:
+            nodes = insert_guards(nodes, hazards, names.any)
+            guards += len(hazards)
+        if not hold or (held and not hazards):
+            break
+        nodes, left_out = _hold_events(nodes, names, zero, available)
+        dropped += left_out
+        held = True
+    else:  # not expected (see above): what is left keeps a guard of its own, read by nobody
+        hazards = in_place_hazards(nodes, graph)
+        nodes = insert_guards(nodes, hazards, names.any)
+        guards += len(hazards)
     if zero is not None and not any(zero in n.input for n in nodes):
         graph.initializer.pop()  # no pin needed it
-    return nodes, added - dropped
+    return nodes, dropped, guards
 
 
 def _pinned_h2ds(nodes: list[onnx.NodeProto]) -> set[str]:
@@ -293,9 +322,12 @@ def _hold_events(
     walk reaches at the end of the run, keeping its tensor to then."""
     walk = _Walk(nodes, available)
     holds: dict[int, list[str]] = {}  # node index -> the events its view waits for
+    joins: dict[int, list[str]] = {}  # an order pin's Concat -> the events its view waits for as well
     dropped: set[int] = set()
     for k, node in enumerate(nodes):
-        if node.name.startswith(f"{EVENT_PREFIX}gate/") and node.output[0] not in walk.readers:
+        if not is_event(node) or node.output[0] in walk.readers:  # (held already)
+            continue
+        if node.name.startswith(f"{EVENT_PREFIX}gate/"):
             target = walk.gate_target(k)
             if target is None:
                 dropped.add(k)
@@ -305,6 +337,10 @@ def _hold_events(
             target = walk.fence_target(k)
             if target is not None:
                 holds.setdefault(target, []).append(node.output[0])
+        elif node.name.startswith(GUARD_PREFIX):
+            found = walk.guard_target(k)
+            if found is not None:
+                (joins if found[1] else holds).setdefault(found[0], []).append(node.output[0])
     out: list[onnx.NodeProto] = []
     for k, node in enumerate(nodes):
         if k in dropped:
@@ -313,6 +349,8 @@ def _hold_events(
             i = walk.activation_input(k)
             assert i is not None  # chosen so
             out.extend(_event_pin(node, i, holds[k], names, zero))
+        if k in joins:  # an order pin's Concat: its view waits for these events too
+            out.extend(_event_empties(node, joins[k], names, zero))
         out.append(node)
     return out, len(dropped)
 
@@ -341,9 +379,38 @@ class _Walk:
     def _holds(self, k: int, source: str) -> bool:
         """Node ``k`` can hold an event that reads ``source``: a compute node with an activation input, run
         by the walk after ``source`` is made (so that it cannot lead to it)."""
+        return self._after(k, source) and self.activation_input(k) is not None
+
+    def _after(self, k: int, source: str) -> bool:
+        """Node ``k`` is a compute node the walk runs after ``source`` is made."""
         made_at = self.rank[self.made[source]] if source in self.made else -1
-        node = self.nodes[k]
-        return _is_compute(node) and self.rank[k] > made_at and self.activation_input(k) is not None
+        return _is_compute(self.nodes[k]) and self.rank[k] > made_at
+
+    def joinable_concat(self, k: int, event: int, source: str) -> int | None:
+        """For a node ``k`` that reads an order pin's view of an activation (and no activation itself), the
+        pin's Concat that event ``event`` (which reads ``source``) can join: the view then waits for the
+        event too, with no view of a view. It must come after the event in the file and must not lead to
+        ``source`` (a cycle)."""
+        for t in self.nodes[k].input:
+            view = self.nodes[self.made[t]] if t in self.made else _NONE
+            concat = self.made.get(view.input[1], -1) if pin_view_source(view) and len(view.input) > 1 else -1
+            if concat > event and self.nodes[concat].op_type == "Concat" and not self._leads_to(concat, source):
+                return concat
+        return None
+
+    def _leads_to(self, k: int, value: str) -> bool:
+        """Whether ``value`` is made from node ``k``'s output, at any distance."""
+        seen, todo = set(), [value]
+        while todo:
+            name = todo.pop()
+            j = self.made.get(name)
+            if j is None or j in seen:
+                continue
+            if j == k:
+                return True
+            seen.add(j)
+            todo.extend(self.nodes[j].input)
+        return False
 
     def gate_target(self, k: int) -> int | None:
         """The node that holds gate ``k``: the first that reads its copy's output (the gate is written right
@@ -357,6 +424,21 @@ class _Walk:
         x = self.nodes[self.made[self.nodes[k].input[0]]].input[0]
         return next((j for j in range(k + 1, len(self.nodes)) if self._holds(j, x)), None)
 
+    def guard_target(self, k: int) -> tuple[int, bool] | None:
+        """The node that holds guard ``k`` (it reads v), and whether through its pin's Concat
+        (`joinable_concat`): the next in the file after it that overwrites none of its inputs in place, so
+        that its view needs no guard of its own (`offloadctl.rewriting.guards`)."""
+        v = self.nodes[k].input[0]
+        for j in range(k + 1, len(self.nodes)):
+            if not self._after(j, v) or may_overwrite(self.nodes[j]):
+                continue
+            if self.activation_input(j) is not None:
+                return j, False
+            concat = self.joinable_concat(j, k, v)
+            if concat is not None:
+                return concat, True
+        return None
+
 
 def _is_compute(node: onnx.NodeProto) -> bool:
     """A node of the model's own that makes a device tensor: not a copy, an event, a pin or a host op."""
@@ -369,27 +451,48 @@ def _event_pin(
     """The pin nodes that make ``node`` read its input ``k`` through a view that waits for the event
     outputs ``events`` (``node.input[k]`` is rewired to the view)."""
     tensor = node.input[k]
-    label = f"offload/pin/events@{node.name}"
-    pins: list[onnx.NodeProto] = []
+    pins = _PinNodes(f"offload/pin/events@{node.name}", tensor, names, like=node)
+    empties = pins.empties(events, zero)
+    joined = pins.add("Concat", [pins.add("Shape", [tensor], "view_shape"), *empties], "events_concat", axis=0)
+    node.input[k] = pins.add("Reshape", [tensor, joined], "events_view")
+    return pins.nodes
 
-    def add(op: str, inputs: list[str], base: str, **attrs: int) -> str:
-        pin = helper.make_node(op, inputs, [names.tensor(f"{tensor}__{base}")], name=names.node(f"{label}/{base}"))
+
+def _event_empties(concat: onnx.NodeProto, events: list[str], names: _Names, zero: str | None) -> list[onnx.NodeProto]:
+    """The pin nodes that make an order pin's ``concat`` wait for the event outputs ``events`` too: an empty
+    shape of each, appended to its inputs (the view it shapes keeps its shape)."""
+    pins = _PinNodes(concat.name, concat.output[0], names, like=concat)
+    concat.input.extend(pins.empties(events, zero))
+    return pins.nodes
+
+
+class _PinNodes:
+    """The nodes of one order pin, named after ``label`` and ``base``, of the backward pass where ``like`` is."""
+
+    def __init__(self, label: str, base: str, names: _Names, *, like: onnx.NodeProto) -> None:
+        self.label, self.base, self.names, self.backward = label, base, names, is_backward(like)
+        self.nodes: list[onnx.NodeProto] = []
+
+    def add(self, op: str, inputs: list[str], what: str, **attrs: int) -> str:
+        names = self.names
+        pin = helper.make_node(
+            op, inputs, [names.tensor(f"{self.base}__{what}")], name=names.node(f"{self.label}/{what}")
+        )
         pin.attribute.extend(helper.make_attribute(key, attrs[key]) for key in sorted(attrs))
         pin.attribute.append(helper.make_attribute(PIN_ATTR, 1 if op == "Reshape" else 0))
-        if is_backward(node):
+        if self.backward:
             pin.attribute.append(helper.make_attribute(BACKWARD_ATTR, 1))
-        pins.append(pin)
+        self.nodes.append(pin)
         return pin.output[0]
 
-    empties = []
-    for event in events:
+    def empties(self, events: list[str], zero: str | None) -> list[str]:
+        """An empty int64 shape made from each event's output: what a Concat joins to wait for it."""
         if zero is None:
-            empties.append(add("Shape", [event], "event_dep", start=0, end=0))
-        else:  # Shape has no start and end before opset 15: an empty slice of the whole shape
-            empties.append(add("Slice", [add("Shape", [event], "event_shape"), zero, zero], "event_dep"))
-    joined = add("Concat", [add("Shape", [tensor], "view_shape"), *empties], "events_concat", axis=0)
-    node.input[k] = add("Reshape", [tensor, joined], "events_view")
-    return pins
+            return [self.add("Shape", [event], "event_dep", start=0, end=0) for event in events]
+        # Shape has no start and end before opset 15: an empty slice of the whole shape
+        return [
+            self.add("Slice", [self.add("Shape", [event], "event_shape"), zero, zero], "event_dep") for event in events
+        ]
 
 
 def _identity(source: str, out: str, name: str, *, like: onnx.NodeProto) -> onnx.NodeProto:
@@ -418,7 +521,8 @@ def partition(model: onnx.ModelProto, order: str = "priority") -> StreamLayout:
     compute = [n for n in names if n not in on_copy_stream]
     gates = sum(n.startswith(f"{EVENT_PREFIX}gate/") for n in copy_stream)
     fences = sum(n.startswith(f"{EVENT_PREFIX}fence/") for n in compute)
-    return StreamLayout(copy_stream, compute, gates, fences)
+    guards = sum(n.startswith(GUARD_PREFIX) for n in compute)
+    return StreamLayout(copy_stream, compute, gates, fences, guards)
 
 
 def stream_order(model: onnx.ModelProto, order: str = "priority") -> list[str]:
@@ -524,6 +628,7 @@ def with_events(
         "copy_stream_nodes": len(layout.copy_stream),
         "gates": layout.gates,
         "fences": layout.fences,
+        "guards": layout.guards,
         "session_config": {
             PARTITION_KEY: partition_file,
             "optimization.disable_specified_optimizers": ";".join(disabled),

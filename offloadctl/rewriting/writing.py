@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import atomic_write, check_distinct_outputs, same_file
+from offloadctl.core.files import atomic_write, check_distinct_outputs, output_target, same_file, written_through
 from offloadctl.loading.model import external_data_entries
 
 #: protobuf's limit for one serialized message: a bigger model keeps its weights in data files
@@ -40,8 +40,9 @@ def data_copies(
     locations: Sequence[str] | None = None,
 ) -> list[Path]:
     """Where `write_model` copies the model's external data files (none when the output goes to
-    the source's folder). ``locations``: the model's `external_locations`, when the caller has them."""
-    out = Path(out_path)
+    the source's folder; beside the file a symlinked output points to). ``locations``: the model's
+    `external_locations`, when the caller has them."""
+    out = output_target(out_path)
     out_dir = out.parent if str(out.parent) else Path(".")
     if Path(source_dir).resolve() == out_dir.resolve():
         return []
@@ -60,11 +61,17 @@ def check_model_outputs(
     """Refuse a write of ``model`` to ``out_path`` whose files (the model, the copies of its data
     files, with ``big`` the data file of a model over 2 GiB) collide with each other or with a
     ``protected`` file (one the command reads). ``locations``: the model's `external_locations`,
-    when the caller has them."""
-    out = Path(out_path)
+    when the caller has them. A model written through a character device or a FIFO (``-o /dev/null``)
+    can have no file beside it."""
+    out = output_target(out_path)
     out_dir = out.parent if str(out.parent) else Path(".")
     outputs = [("the rewritten model", out)]
     copies = data_copies(model, out, source_dir, locations=locations)
+    if written_through(out) and (copies or big):
+        raise OffloadError(
+            f"{out_path} is not a file, and the rewritten model needs its weights in data files beside it",
+            hint="write the rewrite to a file in a folder of its own",
+        )
     outputs += [(f"the copy of external data file {p.name}", p) for p in copies]
     if big:
         outputs.append((f"the weights of the rewritten model ({out.name}.data)", out_dir / f"{out.name}.data"))
@@ -157,7 +164,7 @@ def write_model(
         OffloadError: the output cannot be written, an output would overwrite a protected file or
             another output, or a data file of that name exists and differs.
     """
-    out = Path(out_path)
+    out = output_target(out_path)  # a symlinked output: the file it points to, and its data beside that
     out_dir = out.parent if str(out.parent) else Path(".")
     locations = external_locations(model) if locations is None else sorted(locations)
     big = model.ByteSize() > max_embedded_bytes  # a walk over the whole proto: once

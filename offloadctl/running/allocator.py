@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 
 from offloadctl.core.errors import OffloadError
+from offloadctl.running.inputs import own_copies
 
 __all__ = [
     "AllocatorFigure",
@@ -192,7 +193,7 @@ def node_scratch(
         so.add_session_config_entry("session.collect_node_memory_stats_to_file", stats)
         so.add_session_config_entry("session.disable_prepacking", "1")
         session = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
-        session.run(None, dict(feeds))
+        session.run(None, own_copies(feeds))
         del session  # the statistics are written when the session ends
         return read_node_scratch(stats)
 
@@ -472,7 +473,7 @@ def measure_by_stats(spec: SessionSpec, feeds: Mapping[str, np.ndarray], *, ort:
         raise _failed(spec, exc) from None
     try:
         before = {name: session.stats(alloc) for name, _, alloc in session.allocators}
-        session.run(feeds, outputs)
+        session.run(own_copies(feeds), outputs)
         figures = []
         for name, where, alloc in session.allocators:
             after = session.stats(alloc)
@@ -652,4 +653,4 @@ class _Probe:
         kwargs = {"disabled_optimizers": list(spec.disabled_optimizers)} if spec.disabled_optimizers else {}
         session = ort.InferenceSession(spec.model, so, providers=providers, **kwargs)
         if run:
-            session.run(None, dict(self.feeds))
+            session.run(None, own_copies(self.feeds))

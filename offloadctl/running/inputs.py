@@ -33,6 +33,7 @@ __all__ = [
     "llm_values",
     "LLM_INPUTS",
     "save_outputs",
+    "own_copies",
 ]
 
 logger = logging.getLogger(__name__)
@@ -414,3 +415,9 @@ def save_outputs(path: str | os.PathLike[str], outputs: Mapping[str, Any]) -> li
 
     atomic_write(path, write)
     return skipped
+
+
+def own_copies(feeds: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of every input array (other values as they are): what one run is given, so that a run that
+    writes into its inputs changes no array another run or another model reads."""
+    return {name: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for name, v in feeds.items()}

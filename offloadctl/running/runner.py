@@ -14,7 +14,6 @@ import math
 import os
 import statistics
 import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,9 +69,18 @@ from offloadctl.running.sessions import (
     run_once,
     session_config,
     settings_warnings,
+    timed_run,
 )
 
-__all__ = ["RunReport", "run_model"]
+__all__ = ["STREAMS_DEFECT_HINT", "RunReport", "run_model"]
+
+#: The fix when a rewrite with a partition file changes its inputs or its results: onnxruntime's multi-stream
+#: planner lets a node overwrite a buffer others still read (`offloadctl.rewriting.guards`).
+STREAMS_DEFECT_HINT = (
+    "with its partition file onnxruntime's multi-stream planner can let a node overwrite a buffer other nodes "
+    "still read (docs/streams.md); apply the plan again with this offloadctl, whose guards prevent it, or with "
+    "--copies inline"
+)
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +249,7 @@ def run_model(
         warnings += _setup_warnings(settings, config, device, ep_options, locked)
         feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
         with _original_refused_too(compare_to, feeds_all, device, opt_level, ep_options, ort):
-            timed = _timed_runs(model, config, device, ort, feeds_all, repeat)
+            timed = _timed_runs(model, config, device, ort, feeds_all, repeat, STREAMS_DEFECT_HINT if streams else None)
         checked, pins = _order_checks(loaded, timed, order, opt_level == "disable", device, warnings)
         feeds = _session_feeds(loaded.proto, feeds_all)
         measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
@@ -516,10 +524,17 @@ class _Timed:
 
 
 def _timed_runs(
-    model: str, config: SessionConfig, device: str, ort: Any, feeds_all: Mapping[str, np.ndarray], repeat: int
+    model: str,
+    config: SessionConfig,
+    device: str,
+    ort: Any,
+    feeds_all: Mapping[str, np.ndarray],
+    repeat: int,
+    hint: str | None = None,
 ) -> _Timed:
-    """One profiled warm-up run and ``repeat`` timed runs; the session is gone when this returns, so
-    that a model to compare with can run next without both being held at once."""
+    """One profiled warm-up run and ``repeat`` timed runs, each on its own copy of the inputs (one that
+    changes them fails, ``hint`` its fix); the session is gone when this returns, so that a model to
+    compare with can run next without both being held at once."""
     with tempfile.TemporaryDirectory(prefix="offloadctl-profile-") as tmp:
         config.sess_options.enable_profiling = True
         config.sess_options.profile_file_prefix = os.path.join(tmp, "profile")
@@ -527,15 +542,11 @@ def _timed_runs(
         session = create_session(model, config, device, ort=ort)
         providers = list(session.get_providers())
         feeds = feeds_for(session, feeds_all, model, "the inputs")
-        outputs = run_once(session, feeds, model, ort)  # warm-up, profiled
+        outputs = run_once(session, feeds, model, ort, overwritten_hint=hint)  # warm-up, profiled
         profile = session.end_profiling()
         nodes = ran_nodes(profile) if profile else []
         inserted, casts = _inserted(placed, model, nodes)
-    runs = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run_once(session, feeds, model, ort)
-        runs.append(time.perf_counter() - start)
+    runs = [timed_run(session, feeds, model, ort, overwritten_hint=hint) for _ in range(repeat)]
     del session, feeds
     gc.collect()
     return _Timed(providers, outputs, nodes, runs, inserted, casts=casts)

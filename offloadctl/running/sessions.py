@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -32,7 +33,7 @@ from offloadctl.rewriting.metadata import (
     session_settings,
 )
 from offloadctl.running.allocator import SessionSpec
-from offloadctl.running.inputs import InputSpec
+from offloadctl.running.inputs import InputSpec, own_copies
 from offloadctl.running.placement import (
     PLUGINS,
     add_plugin_provider,
@@ -41,11 +42,13 @@ from offloadctl.running.placement import (
 __all__ = [
     "CANN_DEFAULT_OPTIONS",
     "DEVICES",
+    "InputOverwritten",
     "ModelRefused",
     "OPT_LEVELS",
     "SESSION_METADATA_KEY",
     "SessionConfig",
     "WEBGPU_DEFAULT_OPTIONS",
+    "check_inputs_kept",
     "check_session_settings",
     "create_session",
     "feeds_for",
@@ -57,6 +60,7 @@ __all__ = [
     "run_once",
     "session_config",
     "settings_warnings",
+    "timed_run",
 ]
 
 logger = logging.getLogger(__name__)
@@ -541,8 +545,56 @@ def _load_refusal(exc: BaseException, path: str, device: str, ort: Any) -> Offlo
     return ModelRefused(f"onnxruntime cannot load {path}", first, hint=hint)
 
 
-def run_once(session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any) -> dict[str, Any]:
-    """One run of ``session``: its outputs by name; a failed run is one clear error naming ``model``."""
+def run_once(
+    session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any, *, overwritten_hint: str | None = None
+) -> dict[str, Any]:
+    """One run of ``session`` on copies of ``feeds`` (so that no two runs, and no two models, share an
+    array a run could write into): its outputs by name. A failed run is one clear error naming ``model``,
+    and so is a run that changed an input array (`check_inputs_kept`; ``overwritten_hint``, the fix)."""
+    fed = own_copies(feeds)
+    outputs = _run(session, fed, model, ort)
+    check_inputs_kept(fed, feeds, model, hint=overwritten_hint)
+    return outputs
+
+
+def timed_run(
+    session: Any, feeds: Mapping[str, np.ndarray], model: str, ort: Any, *, overwritten_hint: str | None = None
+) -> float:
+    """`run_once`, timed: the seconds the run itself took (the inputs are copied before the clock starts
+    and checked after it stops)."""
+    fed = own_copies(feeds)
+    start = time.perf_counter()
+    _run(session, fed, model, ort)
+    seconds = time.perf_counter() - start
+    check_inputs_kept(fed, feeds, model, hint=overwritten_hint)
+    return seconds
+
+
+def check_inputs_kept(fed: Mapping[str, Any], feeds: Mapping[str, Any], model: str, *, hint: str | None = None) -> None:
+    """Refuse a run that wrote into an input array it was given (``fed``, copies of ``feeds``), naming the
+    input: a host that reuses its arrays, or hands the same one to another model, would read the change.
+
+    Raises:
+        InputOverwritten: naming the input and ``model``; ``hint`` is the fix (a generic one without it).
+    """
+    for name, value in fed.items():
+        given = feeds.get(name)
+        if not isinstance(value, np.ndarray) or not isinstance(given, np.ndarray) or value.dtype == object:
+            continue
+        if value.shape != given.shape or value.tobytes() != given.tobytes():
+            raise InputOverwritten(
+                f"running {model} changed its input {name!r}: onnxruntime wrote into the caller's array",
+                hint=hint
+                or "copy the inputs before each run in your own host; a rewrite with a partition file may hit "
+                "onnxruntime's multi-stream in-place defect (docs/streams.md): apply the plan again",
+            )
+
+
+class InputOverwritten(OffloadError):
+    """A run wrote into an array it was given as an input."""
+
+
+def _run(session: Any, feeds: Mapping[str, Any], model: str, ort: Any) -> dict[str, Any]:
     names = [o.name for o in session.get_outputs()]
     try:
         values = session.run(names, dict(feeds))

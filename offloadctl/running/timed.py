@@ -14,7 +14,7 @@ import numpy as np
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.running.kernels import KernelEvent, kernel_runs
-from offloadctl.running.sessions import create_session, feeds_for, import_onnxruntime, run_once, session_config
+from offloadctl.running.sessions import create_session, feeds_for, import_onnxruntime, session_config, timed_run
 
 __all__ = ["MIN_SECONDS", "Device", "Runner", "alternate", "alternate_runners"]
 
@@ -71,9 +71,7 @@ class Runner:
         self.session, self.feeds, self.path, self.ort = session, feeds, path, ort
 
     def run(self) -> float:
-        start = time.perf_counter()
-        run_once(self.session, self.feeds, self.path, self.ort)
-        return time.perf_counter() - start
+        return timed_run(self.session, self.feeds, self.path, self.ort)
 
     def kernels(self) -> list[list[KernelEvent]]:
         """Kernel events of every run but the first (the warm-up), from the session's profiling file."""
