@@ -455,3 +455,40 @@ def test_the_budget_planners_selection_is_the_select_stage_at_distance_0_without
     assert plan["rejected"] == selected["rejected"] == selection.rejected(weights=weights)
     header = selection.header(weights=weights)
     assert header == {**plan, "offloads": [], "rejected": []}
+
+
+def test_budget_plans_copy_no_tensor_too_small_to_be_worth_a_copy(run_cli, tmp_path):
+    """A copy costs a launch and a wait whatever its size: the BERT sample's plan at 65 KiB once copied
+    eight 4-byte scalars to reach the budget. Now every copy is at least the floor (the lesser of the
+    link's bytes in one copy's fixed time and 0.1% of the peak), the smaller ones are rejected as
+    too-small, and --min-bytes 0 gives the exact search back."""
+    from offloadctl.planning.budget.candidates import copy_floor
+    from offloadctl.simulation.profiles import load_profile
+
+    bert = SAMPLES / "bert" / "model.onnx"
+    made = run_cli("plan", bert, "--params", "--budget", "65KiB", "-o", tmp_path / "p.json", "--json")
+    assert made.exit_code == 0, made.stderr
+    plan = read_plan(tmp_path / "p.json")
+    peak = made.json()["peak_bytes"]["before"]
+    floor = copy_floor(load_profile("ascend-910b"), peak)
+    assert floor == peak // 1000 == plan["options"]["filter"]["min_bytes"]  # 0.1% of the peak: below 250,000
+    assert plan["offloads"] and min(o["bytes"] for o in plan["offloads"]) >= floor
+    assert made.json()["peak_bytes"]["after"] <= 65 * 1024
+    small = [r for r in plan["rejected"] if r["reason"] == "too-small"]
+    assert small and all(r["bytes"] < floor for r in small)
+    assert any(r["tensor"].endswith("intermediate_act_fn/Constant_2_output_0") for r in small)
+    exact = run_cli("plan", bert, "--params", "--budget", "65KiB", "--min-bytes", "0", "-o", tmp_path / "e.json")
+    assert exact.exit_code == 0
+    assert min(o["bytes"] for o in json.loads((tmp_path / "e.json").read_text())["offloads"]) == 4
+    distance = run_cli("plan", bert, "--params", "--select-distance", "2", "-o", tmp_path / "d.json")
+    assert distance.exit_code == 0  # HyperOffload's exact semantics: no size threshold by default
+    assert min(o["bytes"] for o in json.loads((tmp_path / "d.json").read_text())["offloads"]) == 4
+
+
+def test_the_copy_floor_is_the_links_own_on_a_big_model():
+    from offloadctl.planning.budget.candidates import copy_floor
+    from offloadctl.simulation.profiles import load_profile
+
+    assert copy_floor(load_profile("ascend-910b"), 64 << 30) == 250_000  # 10 us at 25 GB/s
+    assert copy_floor(load_profile("pcie-gen5-x16"), 64 << 30) == 500_000
+    assert copy_floor(load_profile("ascend-910b"), 50_000) == 50

@@ -360,6 +360,13 @@ def low_figures_text(unknown: int) -> str | None:
     return f"figures low: {unknown} tensor(s) of unknown size count as 0 B"
 
 
+def limits_text(budget: int | None = None, max_peak: int | None = None) -> str | None:
+    """The limits a verdict was reached against, in the bytes they were understood as: ``budget 7.63 MiB
+    (8,000,000 B)``, ``--max-peak ...``; None without either."""
+    parts = [f"{name} {fmt_bytes(n)} ({n:,} B)" for name, n in (("budget", budget), ("--max-peak", max_peak)) if n]
+    return ", ".join(parts) or None
+
+
 def gate_failure(max_peak: int | None, peak: int, what: str, *, unknown: int = 0) -> str | None:
     """The one-line reason a ``--max-peak`` gate fails, or None when it passes (or is not set).
 

@@ -239,7 +239,7 @@ def _kind(kind: str, f: dataclasses.Field[Any]) -> dict[str, Any]:
     if kind == "count":
         return {"type": click.IntRange(min=0), "show_default": True}
     if kind == "bytes":
-        return {"type": BytesParam(), "show_default": f.default is not None}
+        return {"type": BytesParam(), "show_default": f.metadata.get("shown", f.default is not None)}
     if kind in ("switch", "flag"):
         return {"show_default": kind == "switch"} if kind == "switch" else {"is_flag": True}
     if kind == "patterns":

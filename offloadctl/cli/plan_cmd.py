@@ -17,6 +17,7 @@ from offloadctl.cli.common import (
     check_unknown_sizes,
     finish,
     gate_failure,
+    limits_text,
     low_figures_text,
     open_model,
     peak_text,
@@ -157,7 +158,7 @@ def plan_cmd(
         print_points(analysis.loaded.dims, result, checked)
     budget = request.budget_bytes if request.uses_budget else None
     failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
-    _plan_verdict(done, written, as_json, max_peak, search, failure)
+    _plan_verdict(done, written, as_json, max_peak, search, failure, budget=budget)
 
 
 def _largest_point(
@@ -200,10 +201,12 @@ def _plan_verdict(
     max_peak: int | None,
     search: dict[str, Any],
     point_failure: str | None = None,
+    *,
+    budget: int | None = None,
 ) -> None:
     """The plan command's last lines: the estimate, the advice on a weak plan (its next step,
     `offloadctl.pipeline.next_step`), and the verdict (``point_failure``: a shape point over the
-    budget or --max-peak)."""
+    budget or --max-peak; the budget and --max-peak quoted in the bytes they were read as)."""
     analysis, plan, result, step = done.analysis, done.plan, done.simulation, done.next_step
     assert plan is not None
     model = str(analysis.loaded.path)
@@ -231,7 +234,7 @@ def _plan_verdict(
     finish(
         "plan",
         model,
-        [peak_text(figures), words, slowdown_text(figures), low_figures_text(unknown)],
+        [peak_text(figures), limits_text(budget, max_peak), words, slowdown_text(figures), low_figures_text(unknown)],
         written,
         as_json=as_json,
         failure=raised
@@ -246,6 +249,7 @@ def _plan_verdict(
             **figures,
             **search,
             "max_peak_bytes": max_peak,
+            "budget_bytes": budget,
             "figures_low": bool(unknown),
             "peak_lowered": figures["peak_bytes"]["after"] < figures["peak_bytes"]["before"],
         },

@@ -14,6 +14,7 @@ from offloadctl.cli.common import (
     check_unknown_sizes,
     finish,
     gate_failure,
+    limits_text,
     low_figures_text,
     open_model,
     peak_text,
@@ -170,7 +171,7 @@ def _verdict(
         ]
         if plan is not None and after > result.peak_before:
             parts[1] = "the plan raises the peak"
-    parts.append(low_figures_text(unknown))
+    parts += [limits_text(max_peak=max_peak), low_figures_text(unknown)]
     return parts, failure
 
 

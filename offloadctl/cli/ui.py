@@ -140,7 +140,7 @@ class BytesParam(click.ParamType):
         try:
             return parse_bytes(str(value))
         except OffloadError as exc:
-            self.fail(exc.message, param, ctx)
+            self.fail(f"{exc.message}; {exc.hint}" if exc.hint else exc.message, param, ctx)
 
 
 class FiniteFloatRange(click.FloatRange):

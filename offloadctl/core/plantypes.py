@@ -53,6 +53,7 @@ RejectionReason = Literal[
     "graph-output-weight",
     "select-num",
     "min-bytes",
+    "too-small",
     "budget-not-needed",
     "subgraph-only",
 ]

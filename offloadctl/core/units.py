@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+from typing import NoReturn
 
 from offloadctl.core.errors import OffloadError
 
@@ -21,25 +22,21 @@ MAX_BYTES = 2**63 - 1  # sizes are 64-bit integers everywhere (onnxruntime, nump
 
 _BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "p": 1000**5,
-    "pb": 1000**5,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-    "pib": 1024**5,
-}
+#: the units a size may carry, spelled as the standards write them: SI (kB or KB, MB, GB, TB, PB: powers of
+#: 1000) and IEC (KiB, MiB, GiB, TiB, PiB: powers of 1024, in any case: the i says binary)
+_SI = {"B": 1, "kB": 1000, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4, "PB": 1000**5}
+_IEC = {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5}
+#: the prefixes a bare or lower-case unit is taken for (``8M``, ``8mb``, ``8k``): ambiguous, refused
+_PREFIXES = {"k": "k", "m": "M", "g": "G", "t": "T", "p": "P"}
+
+
+def _unit(unit: str) -> int | None:
+    """The bytes one ``unit`` stands for, or None for a unit this module does not take."""
+    if unit == "":
+        return 1
+    if unit in _SI:
+        return _SI[unit]
+    return _IEC.get(unit.lower())
 
 
 def _scaled(n: float) -> tuple[float, str]:
@@ -81,18 +78,38 @@ def byte_arg(n: int) -> str:
 def parse_bytes(text: str) -> int:
     """Parse ``'1.5GiB'``, ``'800MB'``, ``'4096'`` into bytes, exactly (no floating-point rounding).
 
-    KB/MB/GB/TB/PB are powers of 1000, KiB/MiB/GiB/TiB/PiB powers of 1024.
+    kB (or KB), MB, GB, TB, PB are powers of 1000 (SI); KiB, MiB, GiB, TiB, PiB powers of 1024 (IEC).
+    A unit that could mean either (``8M``, ``8mb``, ``8k``, ``8Gb``) is refused with both readings.
 
     Raises:
-        OffloadError: the text is not a byte size, or more than `MAX_BYTES`.
+        OffloadError: the text is not a byte size, its unit is ambiguous, or it is more than `MAX_BYTES`.
     """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
+    if not match:
         raise OffloadError(f"{text!r} is not a byte size", hint="write it like 4096, 800MB or 1.5GiB")
-    value = int(Fraction(match.group(1)) * _UNITS[match.group(2).lower()])
+    number, unit = match.groups()
+    scale = _unit(unit)
+    if scale is None:
+        _refuse_unit(text, number, unit)
+    value = int(Fraction(number) * scale)
     if value > MAX_BYTES:
         raise OffloadError(
             f"{text!r} is more bytes than any device has (at most {MAX_BYTES} bytes, 8 EiB)",
             hint="write it like 4096, 800MB or 1.5GiB",
         )
     return value
+
+
+def _refuse_unit(text: str, number: str, unit: str) -> NoReturn:
+    """Refuse an unknown unit, and an ambiguous one (a bare prefix, or a prefix and a b in the wrong
+    case: ``M``, ``mb``, ``Gb``) with both of its readings."""
+    bare = unit.lower() in _PREFIXES or (len(unit) == 2 and unit[0].lower() in _PREFIXES and unit[1] in "bB")
+    if not bare:
+        raise OffloadError(f"{text!r} is not a byte size", hint="write it like 4096, 800MB or 1.5GiB")
+    prefix = _PREFIXES[unit[0].lower()]
+    si, iec = f"{prefix}B", f"{prefix.upper()}iB"
+    decimal, binary = int(Fraction(number) * _SI[si]), int(Fraction(number) * _IEC[iec.lower()])
+    raise OffloadError(
+        f"{text!r} is ambiguous: {unit} could mean {si} (powers of 1000) or {iec} (powers of 1024)",
+        hint=f"write {number}{si} for {decimal:,} bytes or {number}{iec} for {binary:,} bytes",
+    )

@@ -64,7 +64,7 @@ def verdicts(
 def filtered(selected: Plan, dropped: list[Rejection], options: FilterPart) -> Plan:
     """The "filtered" plan of a "selected" plan that holds only the offloads the filter keeps, and of
     the rejections of those it dropped (listed after the select stage's)."""
-    new = record_stage(selected, "filtered", "filter", recorded(FilterPart, options))
+    new = record_stage(selected, "filtered", "filter", {**recorded(FilterPart, options), "min_bytes": options.min_size})
     new["rejected"] += dropped
     return new
 

@@ -161,22 +161,30 @@ class FilterPart:
 
     Attributes:
         select_num: keep at most this many offloads, in first-use order (the distance planner).
-        min_bytes: drop candidates smaller than this (bytes, or text such as ``"64KiB"``).
+        min_bytes: drop candidates smaller than this (bytes, or text such as ``"64KiB"``). None: none
+            for the distance plan (HyperOffload's exact semantics), and for a budget or a slowdown the
+            smallest copy worth its cost (`offloadctl.planning.budget.candidates.copy_floor`).
     """
 
     select_num: int = option(DEFAULT_SELECT_NUM, "Keep at most this many offloads, in first-use order.", "count")
-    min_bytes: int | str = option(
-        DEFAULT_MIN_BYTES, "Drop candidates smaller than this (accepts 4096, 64KiB, 1MB).", "bytes"
+    min_bytes: int | str | None = option(
+        None,
+        "Drop candidates smaller than this (accepts 4096, 64KiB, 1MB). Default: none for the distance plan "
+        "(HyperOffload's exact semantics); with --budget or --max-slowdown, the smallest copy worth its cost "
+        "(the lesser of what the profile's link moves in one copy's fixed time and 0.1% of the peak).",
+        "bytes",
+        shown="auto",
     )
 
     def __post_init__(self) -> None:
         _at_least("select_num", self.select_num, 0)
-        _set(self, "min_bytes", _bytes("min_bytes", self.min_bytes))
+        if self.min_bytes is not None:
+            _set(self, "min_bytes", _bytes("min_bytes", self.min_bytes))
 
     @property
     def min_size(self) -> int:
-        """``min_bytes`` in bytes."""
-        return int(self.min_bytes)
+        """``min_bytes`` in bytes (0 when it was not given)."""
+        return int(self.min_bytes or 0)
 
 
 @dataclass(frozen=True, kw_only=True)

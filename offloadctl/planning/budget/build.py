@@ -148,7 +148,7 @@ def _recorded(prepared: Prepared, cost: CopyCost, copies: str, budget: int | Non
     options = prepared.options
     return {
         "select_num": options.select_num,
-        "min_bytes": options.min_size,
+        "min_bytes": prepared.floor.bytes,
         "strategy": "budget",
         "budget_bytes": budget,
         "profile": options.device_profile.name if cost.objective == "time" or copies == "streams" else None,

@@ -21,13 +21,17 @@ from offloadctl.analysis.graph import Analysis, Use
 from offloadctl.core.plantypes import Kind, Offload, Rejection, RejectionReason, rejection, reload_group
 from offloadctl.planning.select import Chosen, Selection, chosen_entry
 from offloadctl.simulation.costs import CopyCost
+from offloadctl.simulation.profiles import Profile
 
 __all__ = [
+    "FLOOR_SHARE_OF_PEAK",
     "Cand",
+    "Floor",
     "Intervals",
     "Layout",
     "State",
     "candidates",
+    "copy_floor",
     "cost_in_state",
     "group_firsts",
     "layout",
@@ -172,11 +176,42 @@ def group_firsts(c: Cand, st: State) -> list[int]:
     return sorted(starts)
 
 
+#: A budget plan's copies free at least this share of the model's peak (unless the link's own floor is lower)
+FLOOR_SHARE_OF_PEAK = 1000
+
+
+def copy_floor(profile: Profile, peak_before: int) -> int:
+    """The smallest tensor a budget or slowdown plan copies when ``--min-bytes`` is not given: the lesser
+    of what the profile's link moves in the fixed time one copy costs anyway (``latency_s x bandwidth``,
+    the slower direction's; 250,000 bytes on ascend-910b), so that no copy costs more in overhead than in
+    bytes, and 0.1% of the model's peak, so that a small model keeps copies that matter to it. A 4-byte
+    scalar is below both on any model worth planning."""
+    link = min((profile.h2d, profile.d2h), key=lambda d: d.latency_s * d.bandwidth)
+    return max(1, min(int(link.latency_s * link.bandwidth), peak_before // FLOOR_SHARE_OF_PEAK))
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The smallest tensor a plan copies: ``bytes``, and whether ``--min-bytes`` gave it (else `copy_floor`)."""
+
+    bytes: int
+    given: bool = True
+
+    def rejection(self, name: str, kind: Kind, size: int, entries: list[int]) -> Rejection:
+        if self.given:
+            return reject(name, kind, size, "min-bytes", f"{size} bytes < --min-bytes {self.bytes}", entries)
+        detail = (
+            f"{size} bytes: smaller than a copy is worth here ({self.bytes} bytes, the lesser of what the link moves "
+            "in one copy's fixed time and 0.1% of the peak; --min-bytes sets another)"
+        )
+        return reject(name, kind, size, "too-small", detail, entries)
+
+
 def candidates(
-    analysis: Analysis, selection: Selection, weights: bool, min_bytes: int
+    analysis: Analysis, selection: Selection, weights: bool, floor: Floor
 ) -> tuple[list[Cand], list[Rejection]]:
-    """The candidates of ``selection``'s plan with or without weights, and those under ``min_bytes``
-    as rejections."""
+    """The candidates of ``selection``'s plan with or without weights, and those under ``floor`` as
+    rejections."""
     outputs = analysis.graph_output_set
     cands: list[Cand] = []
     small: list[Rejection] = []
@@ -189,17 +224,15 @@ def candidates(
         # uses are in execution order; a node reading a tensor twice gives one entry
         positions = [uses[0][0]] if len(uses) == 1 else list(dict.fromkeys([u[0] for u in uses]))
         entries = [start] + positions if is_act else positions
-        if size < min_bytes and not chosen.forced:
-            small.append(
-                reject(name, chosen.kind, size, "min-bytes", f"{size} bytes < --min-bytes {min_bytes}", entries)
-            )
+        if size < floor.bytes and not chosen.forced:
+            small.append(floor.rejection(name, chosen.kind, size, entries))
             continue
         cands.append(Cand(name, is_act, size, start, uses, entries, is_act and name in outputs, chosen.forced, chosen))
-    cands.extend(_unread_outputs(analysis, selection, min_bytes, small))
+    cands.extend(_unread_outputs(analysis, selection, floor, small))
     return cands, small
 
 
-def _unread_outputs(analysis: Analysis, selection: Selection, min_bytes: int, small: list[Rejection]) -> list[Cand]:
+def _unread_outputs(analysis: Analysis, selection: Selection, floor: Floor, small: list[Rejection]) -> list[Cand]:
     """Graph outputs no node reads (e.g. gradients): offloadable over their trailing stretch only.
 
     ``select`` rejects them as unused (HyperOffload offloads by uses); here a D2H right after the
@@ -217,17 +250,8 @@ def _unread_outputs(analysis: Analysis, selection: Selection, min_bytes: int, sm
         if info is None or info.bytes is None:
             continue
         start = analysis.producer[name]
-        if info.bytes < min_bytes and not forced:
-            small.append(
-                reject(
-                    name,
-                    "activation",
-                    info.bytes,
-                    "min-bytes",
-                    f"{info.bytes} bytes < --min-bytes {min_bytes}",
-                    [start],
-                )
-            )
+        if info.bytes < floor.bytes and not forced:
+            small.append(floor.rejection(name, "activation", info.bytes, [start]))
             continue
         chosen = Chosen(name, "activation", start, forced, info)
         found.append(Cand(name, True, info.bytes, start, [], [start], True, forced, chosen))

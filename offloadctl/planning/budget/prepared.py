@@ -15,7 +15,7 @@ from offloadctl.analysis import timeline
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.plantypes import Plan, Rejection
-from offloadctl.planning.budget.candidates import Cand, candidates
+from offloadctl.planning.budget.candidates import Cand, Floor, candidates, copy_floor
 from offloadctl.planning.budget.streaming import stream_states
 from offloadctl.planning.request import FilterRequest, SelectPart
 from offloadctl.planning.select import selection_for
@@ -79,6 +79,8 @@ class Prepared:
         # the bound and the peak from the simulation's base, which a simulation of the plan reuses
         self.lower_bound, self.lower_bound_position = lower_bound(analysis)
         self.peak_before = timeline.peak_of(resident_profile(analysis))[0]
+        given = options.min_bytes is not None
+        self.floor = Floor(options.min_size if given else copy_floor(options.device_profile, self.peak_before), given)
         self._candidates: dict[bool, Candidates] = {}
         self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
 
@@ -86,7 +88,7 @@ class Prepared:
         """The candidate set with weights or without, made once each."""
         if with_params not in self._candidates:
             rejected = self.selection.rejected(weights=with_params) if self.listed else []
-            cands, small = candidates(self.analysis, self.selection, with_params, self.options.min_size)
+            cands, small = candidates(self.analysis, self.selection, with_params, self.floor)
             stream = info = None
             if self.options.stream_weights:
                 stream, info = stream_states(cands, self.options.stream_depth)
