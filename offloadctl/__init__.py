@@ -28,12 +28,14 @@ an interrupt during start-up into one line.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from offloadctl._version import __version__
-from offloadctl.core.errors import OffloadError
+from offloadctl.core.errors import OffloadError, UnknownOption
 from offloadctl.core.plantypes import Plan
 
 if TYPE_CHECKING:
@@ -80,9 +82,83 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'offloadctl' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    found = getattr(importlib.import_module(module), name)
+    if name == "make_plan":  # its errors in keywords, not flags
+        found = _in_python_terms(found, takes=_request_keywords)
+    return found
 
 
+R = TypeVar("R")
+
+
+def _request_keywords() -> list[str]:
+    import dataclasses
+
+    from offloadctl.planning.request import PlanRequest
+
+    return [f.name for f in dataclasses.fields(PlanRequest) if "kind" in f.metadata]  # its options
+
+
+def _in_python_terms(
+    function: Callable[..., R], *, takes: Callable[[], Sequence[str]] | None = None
+) -> Callable[..., R]:
+    """``function`` with its user errors said in the Python API's terms (`offloadctl.core.terms`): keywords
+    where the library wrote the command line's options, and a keyword it does not take refused as
+    `offloadctl.core.errors.UnknownOption`, naming the close ones (``takes`` gives those it takes)."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> R:
+        try:
+            return function(*args, **kwargs)
+        except OffloadError as exc:
+            from offloadctl.core.terms import in_python_terms
+
+            flags = _flag_options()
+            hint = None if exc.hint is None else in_python_terms(exc.hint, flags)
+            exc.restate(in_python_terms(exc.message, flags), hint)
+            raise
+        except TypeError as exc:
+            unknown = re.search(r"unexpected keyword argument '([^']+)'", str(exc))
+            if unknown is None or unknown[1] not in kwargs:  # not the caller's keyword: a bug, as it is
+                raise
+            raise _unknown_option(function.__name__, unknown[1], takes() if takes else _keywords(function)) from None
+
+    return call
+
+
+def _keywords(function: Callable[..., Any]) -> list[str]:
+    """The keywords ``function`` takes."""
+    import inspect
+
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [name for name, p in inspect.signature(function).parameters.items() if p.kind in kinds]
+
+
+def _unknown_option(name: str, keyword: str, takes: Sequence[str]) -> UnknownOption:
+    import difflib
+
+    close = difflib.get_close_matches(keyword, takes, n=3)
+    hint = f"did you mean {' or '.join(close)}?" if close else None
+    if takes:
+        hint = (hint + " " if hint else "") + f"{name} takes: {', '.join(takes)}"
+    return UnknownOption(f"{name}() got an unknown keyword {keyword!r}", hint=hint)
+
+
+def _flag_options() -> set[str]:
+    """The command line's options that take no value (``--params``, ``--optimal``): True in Python."""
+    import dataclasses
+
+    from offloadctl.planning.request import PlanRequest
+
+    flags = {"strict", "pin-shapes", "sizes-from-run", "measure-memory", "explain"}
+    return flags | {
+        f.name.replace("_", "-")
+        for f in dataclasses.fields(PlanRequest)
+        if f.metadata.get("kind") in ("switch", "flag")
+    }
+
+
+@_in_python_terms
 def load(
     path: str | os.PathLike[str],
     *,
@@ -100,6 +176,7 @@ def load(
     return load_model(path, input_shapes=input_shapes, dims=dims)
 
 
+@_in_python_terms
 def analyse(model: LoadedModel | str | os.PathLike[str]) -> Analysis:
     """The read-only analysis every stage works from: execution order, uses, sizes.
 
@@ -113,6 +190,7 @@ def analyse(model: LoadedModel | str | os.PathLike[str]) -> Analysis:
     return analysed(model)
 
 
+@_in_python_terms
 def apply(
     plan: Plan,
     analysis: Analysis,
@@ -138,6 +216,7 @@ def apply(
     return model
 
 
+@_in_python_terms
 def simulate(analysis: Analysis, plan: Plan | None = None, *, profile: Any = "ascend-910b") -> SimResult:
     """Peak device memory before and after ``plan`` and its estimated time under a device profile.
 
@@ -162,6 +241,15 @@ def _check_plan(plan: Plan, analysis: Analysis, step: str) -> None:
     check_plan_model(plan, analysis.loaded.sha256, analysis.loaded.path)
 
 
+def _run_keywords() -> list[str]:
+    import inspect
+
+    from offloadctl.running.runner import run_model
+
+    return [name for name, p in inspect.signature(run_model).parameters.items() if p.kind == p.KEYWORD_ONLY]
+
+
+@functools.partial(_in_python_terms, takes=_run_keywords)
 def run(model: str | os.PathLike[str], device: str = "cpu", **options: Any) -> RunReport:
     """Run a model with onnxruntime on ``device`` and check it (see `offloadctl.running.runner.run_model`:
     ``inputs``, ``compare_to``, ``repeat``, ``opt_level``, ``input_shapes``, ``dims``, ...)."""

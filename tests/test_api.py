@@ -149,3 +149,32 @@ def test_the_api_and_the_command_line_make_the_same_plan(run_cli, tmp_path, orde
     for key in written:
         assert made[key] == written[key], key
     assert made["summary"]["estimate"] and made["summary"]["pins"]
+
+
+def test_api_errors_are_said_in_keywords_not_flags(tmp_path):
+    """A caller of the library reads keywords: a misspelt one is refused with the close ones (a TypeError
+    too, as Python raises), and a hint the command line words with flags names the keywords instead."""
+    import onnx
+
+    import offloadctl
+    from offloadctl.core.errors import UnknownOption
+
+    analysis = offloadctl.analyse(SAMPLES / "transformer.onnx")
+    with pytest.raises(UnknownOption, match="make_plan\\(\\) got an unknown keyword 'budjet'") as caught:
+        offloadctl.make_plan(analysis, budjet="800KiB")
+    assert isinstance(caught.value, TypeError) and caught.value.hint.startswith("did you mean budget?")
+    with pytest.raises(TypeError, match="did you mean input_shapes"):
+        offloadctl.load(SAMPLES / "mlp.onnx", input_shape={"x": [1, 4]})
+    with pytest.raises(TypeError, match="did you mean repeat"):
+        offloadctl.run(SAMPLES / "mlp.onnx", "cpu", repeats=3)
+    with pytest.raises(offloadctl.OffloadError) as low:
+        offloadctl.make_plan(analysis, budget="1B", params=True)
+    assert low.value.hint.startswith("give budget='144.00KiB' or more") and "--" not in low.value.hint
+    dynamic = onnx.parser.parse_model(
+        """<ir_version: 10, opset_import: ["" : 17]>
+        g (float[N, 4] x) => (float[N, 4] y) { a = Relu(x) b = Sin(a) y = Add(b, a) }"""
+    )
+    onnx.save(dynamic, str(tmp_path / "dyn.onnx"))
+    with pytest.raises(offloadctl.OffloadError) as pins:
+        offloadctl.make_plan(offloadctl.analyse(tmp_path / "dyn.onnx"), budget="1KiB")
+    assert "pin them with input_shapes={'NAME': [D0, D1, ...]} where the model is loaded" in str(pins.value)

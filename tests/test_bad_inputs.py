@@ -526,7 +526,7 @@ def test_dynamic_dimensions_without_input_shape_plan_and_warn(run_cli, tmp_path)
     out = tmp_path / "plan.json"
     res = run_cli("plan", path, "-o", out, "--select-distance", "0")
     assert res.exit_code == 0, res.stderr
-    assert _warned(res.stderr, "unknown dimensions: x", "--dim N=1")  # the option to paste, by the dim's name
+    assert _warned(res.stderr, "unknown dimensions: x", "--dim N=SIZE")  # the option to fill in, by the dim's name
     plan = read_plan(out)
     validate_plan(plan)
     assert plan["offloads"] == []

@@ -149,3 +149,35 @@ def test_the_pages_device_blocks_run_on_the_device_provider(page, tmp_path):
 
 def test_device_blocks_exist():
     assert DEVICE_PAGES, "the devices page shows a run on the device provider"
+
+
+def test_the_synopses_list_every_option_of_every_command():
+    """docs/commands.md's synopsis of each command names each of its options (``-o`` for ``--output``),
+    so that no option a warning tells a user to take is missing there."""
+    import click
+
+    from offloadctl.cli import cli
+
+    text = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    block = re.search(r"```text\n(offloadctl inspect.*?)```", text, flags=re.S)
+    assert block, "the synopses block"
+    synopses: dict[str, str] = {}
+    name = None
+    for line in block[1].splitlines():
+        start = re.match(r"offloadctl (\w+)\s+(.*)", line)
+        if start:
+            name = start[1]
+            synopses[name] = start[2]
+        elif name:
+            synopses[name] += " " + line.strip()
+    context = click.Context(cli)
+    for command_name in cli.list_commands(context):
+        command = cli.get_command(context, command_name)
+        assert command is not None and command_name in synopses, command_name
+        synopsis = synopses[command_name]
+        for param in command.params:
+            flags = [o for o in param.opts if o.startswith("-")] if isinstance(param, click.Option) else []
+            if flags and flags != ["-h", "--help"]:
+                assert any(re.search(rf"(^|[\s\[]){re.escape(f)}($|[\s=\]/])", synopsis) for f in flags), (
+                    f"{command_name}: {flags[-1]} is not in its synopsis in docs/commands.md"
+                )

@@ -565,3 +565,25 @@ def test_a_refused_rewrite_blames_the_model_only_when_onnxruntime_refuses_the_or
         assert caught.value.hint != "own hint"
     else:
         assert caught.value is refusal
+
+
+def test_a_rewrite_run_at_shapes_other_than_planned_says_its_figures_are_the_planned_ones(
+    run_cli, write_model, tmp_path
+):
+    """Planned at N=8 and run at N=2: the figures its plan quotes are those of N=8, and run says so with the
+    pins that plan for this run; at the planned shapes (its own, generated) it says nothing."""
+    path = write_model(
+        """<ir_version: 10, opset_import: ["" : 17]>
+        g (float[N, 64] x) => (float[N, 64] y)
+        { a = Relu(x) b = Sin(a) c = Cos(b) d = Sin(c) e = Cos(d) y = Add(e, a) }"""
+    )
+    plan, out = tmp_path / "plan.json", tmp_path / "m.offload.onnx"
+    assert run_cli("plan", path, "-o", plan, "--dim", "N=8", "--select-distance", "1").exit_code == 0
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+    same = run_cli("run", out, "--device", "cpu", "--repeat", "1", "--json")
+    assert same.exit_code == 0 and not [w for w in same.json()["warnings"] if "was planned at" in w]
+    other = run_cli("run", out, "--device", "cpu", "--repeat", "1", "--input-shape", "x=2,64", "--json")
+    assert other.exit_code == 0, other.stderr
+    [warning] = [w for w in other.json()["warnings"] if "was planned at" in w]
+    assert f"{out} was planned at x=8,64 and runs at x=2,64 here" in warning
+    assert "plan again with --input-shape x=2,64" in warning

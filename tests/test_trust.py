@@ -974,10 +974,13 @@ def test_the_dynamic_dimensions_hint_is_a_command_to_paste_with_the_models_own_n
     assert found, text
     pins = found[1].split()
     assert pins == [
-        *("--dim", "batch_size=1", "--dim", "sequence_length=1", "--dim", "total_sequence_length=1"),
-        *("--dim", "past_sequence_length=1", "--dim", "kv_cache_dim=1"),
-    ]
-    res = run_cli("simulate", model, *pins)  # pasted as printed: every input is known
+        *("--dim", "batch_size=SIZE", "--dim", "sequence_length=SIZE", "--dim", "total_sequence_length=SIZE"),
+        *("--dim", "past_sequence_length=SIZE", "--dim", "kv_cache_dim=SIZE"),
+    ]  # no size made up: a detector planned on a 1x1 image has figures that mean nothing
+    pasted = run_cli("simulate", model, *pins)  # as printed: SIZE is the user's to give
+    said = " ".join(pasted.stderr.split())
+    assert pasted.exit_code == 1 and "replace SIZE with the size batch_size has where the model runs" in said
+    res = run_cli("simulate", model, *[p.replace("SIZE", "4") for p in pins])  # with sizes: every input known
     assert res.exit_code == 0 and "inputs with unknown dimensions" not in res.stderr
     # an input with an unnamed dimension is pinned by its shape, its fixed dimensions kept
     unnamed = onnx.parser.parse_model(
@@ -986,13 +989,15 @@ def test_the_dynamic_dimensions_hint_is_a_command_to_paste_with_the_models_own_n
     )
     path = save(unnamed, tmp_path / "unnamed.onnx")
     text = " ".join(run_cli("inspect", path).stderr.split())
-    assert "--input-shape x=1,4" in text
+    assert "--input-shape x=SIZE,4" in text
+    pasted = run_cli("simulate", path, "--input-shape", "x=SIZE,4")
+    assert pasted.exit_code == 1 and "replace each SIZE with the size that dimension has" in pasted.stderr
     # so is one with a negative size (PaddleOCR's exports write -1), whatever its other dimensions are named
     unnamed.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -1
     unnamed.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "?"
     path = save(unnamed, tmp_path / "negative.onnx")
     text = " ".join(run_cli("inspect", path).stderr.split())
-    assert "--input-shape x=1,1" in text and "--dim" not in text
+    assert "--input-shape x=SIZE,SIZE" in text and "--dim" not in text
     res = run_cli("simulate", path, "--input-shape", "x=1,1")
     assert res.exit_code == 0 and "inputs with unknown dimensions" not in res.stderr, res.stderr
 
@@ -1012,8 +1017,8 @@ def test_the_hint_pins_every_dimension_that_does_not_follow_from_the_others(run_
     found = re.search(r"by the model's own dimension names: (.*?)\)", text)
     assert found, text
     pins = shlex.split(found[1])
-    assert pins == ["--dim", "batch-size=1", "--dim", "n=1", "--dim", "n / 2=1"]
-    res = run_cli("simulate", path, *pins)  # pasted as printed: every input is known
+    assert pins == ["--dim", "batch-size=SIZE", "--dim", "n=SIZE", "--dim", "n / 2=SIZE"]
+    res = run_cli("simulate", path, *[p.replace("SIZE", "2") for p in pins])  # with sizes: every input known
     assert res.exit_code == 0 and "inputs with unknown dimensions" not in res.stderr, res.stderr
 
 
@@ -1078,7 +1083,7 @@ def test_the_library_refuses_numbers_that_are_not_finite():
 
     analysis = offloadctl.analyse(offloadctl.load(SAMPLES / "unet.onnx"))
     for value in (float("nan"), float("inf")):
-        with pytest.raises(offloadctl.OffloadError, match="max-slowdown"):
+        with pytest.raises(offloadctl.OffloadError, match="max_slowdown=float"):  # in the caller's terms
             offloadctl.make_plan(analysis, max_slowdown=value)
         with pytest.raises(offloadctl.OffloadError, match="time limit"):
             offloadctl.make_plan(analysis, budget="300KiB", optimal=True, time_limit=value)

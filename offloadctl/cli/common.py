@@ -24,8 +24,9 @@ from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.options import ShapeOptions, SizesOptions
 from offloadctl.cli.report import SLOWDOWN_WARNING, report_plot_path
 from offloadctl.cli.ui import err_console, out_console, print_json, steps
+from offloadctl.contract.document import check_plan_model
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import check_distinct_outputs, check_output_path
+from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job
@@ -76,16 +77,21 @@ def open_model(
     if plan is not None:
         requested = requested or plan["model"].get("sizes_from_run")
     with steps(show_progress, total=2) as step:
-        job = Job.of_model(
-            model,
-            input_shapes=input_shapes,
-            dims=dims,
-            sizes=requested,
-            pins_from=source,
-            step=step,
-            order=order,
-            infer_ahead=True,  # every command that opens a model here looks up sizes
-        )
+        try:
+            job = Job.of_model(
+                model,
+                input_shapes=input_shapes,
+                dims=dims,
+                sizes=requested,
+                pins_from=source,
+                step=step,
+                order=order,
+                infer_ahead=True,  # every command that opens a model here looks up sizes
+            )
+        except OffloadError:
+            if plan is not None and source.endswith(f"of plan {plan_path}") and Path(model).is_file():
+                check_plan_model(plan, sha256_file(model), model)  # the plan's pins fail: another model's plan
+            raise
     if plan is not None and is_rewritten(job.analysis):  # refused by what reads the plan, with the reason
         job.plan, job.plan_path = plan, Path(plan_path) if plan_path else None
     elif plan is not None:
@@ -142,8 +148,11 @@ def _unnamed(dim: Any) -> bool:
 
 def pin_arguments(analysis: Analysis, names: Sequence[str]) -> str:
     """The options that pin the dynamic dimensions of the graph inputs ``names``, to paste after the
-    command: ``--dim NAME=1`` for each named dimension (in the order the inputs declare them), and
-    ``--input-shape 'INPUT=D0,...'`` for an input with an unnamed one (its fixed dimensions kept)."""
+    command with ``SIZE`` replaced by the sizes the model runs at: ``--dim NAME=SIZE`` for each named
+    dimension (in the order the inputs declare them), and ``--input-shape 'INPUT=D0,...'`` for an input
+    with an unnamed one (its fixed dimensions kept, ``SIZE`` for the others). No size is made up: a
+    detector planned on a 1x1 image has figures that mean nothing, and ``SIZE`` pasted as it is is a usage
+    error that names the option."""
     declared = {v.name: v for v in analysis.loaded.proto.graph.input}
     named: dict[str, None] = {}
     shapes: list[str] = []
@@ -153,14 +162,14 @@ def pin_arguments(analysis: Analysis, names: Sequence[str]) -> str:
             continue
         dims = list(value.type.tensor_type.shape.dim)
         if any(map(_unnamed, dims)):
-            sizes = ",".join(str(max(d.dim_value, 0) or 1) for d in dims)
+            sizes = ",".join(str(d.dim_value) if d.dim_value > 0 else "SIZE" for d in dims)
             shapes.append("--input-shape " + shlex.quote(f"{name}={sizes}"))
             continue
         named.update((d.dim_param, None) for d in dims if d.dim_param)
     # a sum such as Optimum's "past_sequence_length + sequence_length" follows from its parts
     ones = dict.fromkeys(named, 1)
     given = [d for d in named if not follows_from(d, ones)]
-    pins = [*(f"--dim {shlex.quote(f'{d}=1')}" for d in given), *shapes]
+    pins = [*(f"--dim {shlex.quote(f'{d}=SIZE')}" for d in given), *shapes]
     return " ".join(pins) or "--input-shape NAME=D0,D1,... or --dim NAME=VALUE"
 
 

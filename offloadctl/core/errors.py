@@ -7,7 +7,7 @@ bug and keeps its traceback.
 
 from __future__ import annotations
 
-__all__ = ["OffloadError"]
+__all__ = ["OffloadError", "UnknownOption"]
 
 
 class OffloadError(Exception):
@@ -17,3 +17,12 @@ class OffloadError(Exception):
         self.message = message
         self.hint = hint
         super().__init__(message if hint is None else f"{message}\n  fix: {hint}")
+
+    def restate(self, message: str, hint: str | None) -> None:
+        """Say the same failure in other words (the Python API's keywords for the command line's options)."""
+        self.message, self.hint = message, hint
+        self.args = (message if hint is None else f"{message}\n  fix: {hint}",)
+
+
+class UnknownOption(OffloadError, TypeError):
+    """A keyword a library call does not take (a ``TypeError`` too, as Python raises for one)."""

@@ -62,7 +62,10 @@ def parse_input_shapes(specs: Sequence[str]) -> dict[str, list[int]]:
             except ValueError:
                 negative = False
             rule = "must be >= 0" if negative else "must be integers"
-            raise OffloadError(f"--input-shape {spec!r}: dimensions {rule}", hint=_SHAPE_EXAMPLE)
+            hint = _SHAPE_EXAMPLE
+            if "SIZE" in dims:  # pasted from a hint: the sizes are the user's to give
+                hint = "replace each SIZE with the size that dimension has where the model runs"
+            raise OffloadError(f"--input-shape {spec!r}: dimensions {rule}", hint=hint)
         name, dims = match.group("name"), match.group("dims").strip()
         if dims.startswith("[") != dims.endswith("]"):
             raise OffloadError(f"--input-shape {spec!r}: unbalanced brackets", hint=_SHAPE_EXAMPLE)
@@ -98,9 +101,10 @@ def parse_dims(specs: Sequence[str]) -> dict[str, int]:
         except ValueError:
             number = -1
         if number < 0 or number > MAX_DIM:
-            raise OffloadError(
-                f"--dim {spec!r}: the value must be an integer >= 0, not {value!r}", hint="for example --dim batch=1"
-            )
+            hint = "for example --dim batch=1"
+            if value.strip() == "SIZE":  # pasted from a hint: the size is the user's to give
+                hint = f"replace SIZE with the size {name} has where the model runs: --dim {name}=512, say"
+            raise OffloadError(f"--dim {spec!r}: the value must be an integer >= 0, not {value!r}", hint=hint)
         if name in dims and dims[name] != number:
             raise OffloadError(f"--dim gives {name!r} twice", hint=f"keep one --dim {name}=VALUE")
         dims[name] = number

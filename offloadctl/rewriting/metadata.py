@@ -67,6 +67,7 @@ __all__ = [
     "metadata_json",
     "plan_sha256",
     "planned_execution_order",
+    "planned_input_shapes",
     "planned_shapes",
     "make_session_settings",
     "set_metadata",
@@ -240,6 +241,24 @@ def planned_shapes(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]],
     if header is None or not isinstance(shapes, dict) or not isinstance(dims, dict):
         return {}, {}
     return _pins_of_inputs(header.graph, shapes, dims)
+
+
+def planned_input_shapes(model: str | os.PathLike[str]) -> dict[str, list[int | None]]:
+    """Each graph input's shape at the point a rewritten model's plan was made (its ``offloadctl.planned_at``
+    pins on the dimensions it declares; None where neither pins nor declares a size); empty for any other
+    model."""
+    header, recorded = _planned_at(model)
+    if header is None or not isinstance(recorded, dict):
+        return {}
+    shapes, dims = _pins_of_inputs(header.graph, recorded.get("input_shapes") or {}, recorded.get("dims") or {})
+    planned: dict[str, list[int | None]] = {}
+    for value in header.graph.input:
+        if value.name in shapes:
+            planned[value.name] = list(shapes[value.name])
+        elif value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            declared = value.type.tensor_type.shape.dim
+            planned[value.name] = [dims.get(d.dim_param) if d.dim_param else (d.dim_value or None) for d in declared]
+    return planned
 
 
 def _pins_of_inputs(

@@ -33,6 +33,7 @@ from offloadctl.rewriting.metadata import (
     PinCheck,
     check_pins,
     metadata_json,
+    planned_input_shapes,
     planned_shapes,
 )
 from offloadctl.rewriting.streams import PARTITION_KEY, checked_streams, stream_order
@@ -248,6 +249,7 @@ def run_model(
     with contextlib.closing(locked):  # the buffers go back after the sessions that read them, or on a failure
         warnings += _setup_warnings(settings, config, device, ep_options, locked)
         feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
+        warnings += _other_shapes(model, feeds_all)
         with _original_refused_too(compare_to, feeds_all, device, opt_level, ep_options, ort):
             timed = _timed_runs(model, config, device, ort, feeds_all, repeat, STREAMS_DEFECT_HINT if streams else None)
         checked, pins = _order_checks(loaded, timed, order, opt_level == "disable", device, warnings)
@@ -433,6 +435,31 @@ def _all_feeds(
     feeds, input_warnings = generate_inputs(specs, seed=seed, value_ranges=value_ranges)
     warnings += input_warnings
     return feeds, "generated"
+
+
+def _other_shapes(model: str, feeds: Mapping[str, Any]) -> list[str]:
+    """A warning when a rewrite runs at shapes other than those its plan was made at (its
+    ``offloadctl.planned_at``): the figures its plan quotes are those of the planned shapes."""
+    differ = {
+        name: want
+        for name, want in planned_input_shapes(model).items()
+        if isinstance(array := feeds.get(name), np.ndarray)
+        and len(want) == array.ndim
+        and any(w is not None and w != n for w, n in zip(want, array.shape))
+    }
+    if not differ:
+        return []
+
+    def shape(dims: Sequence[Any]) -> str:
+        return ",".join("?" if d is None else str(d) for d in dims)
+
+    made = ", ".join(f"{name}={shape(want)}" for name, want in differ.items())
+    ran = ", ".join(f"{name}={shape(feeds[name].shape)}" for name in differ)
+    pins = " ".join(f"--input-shape {name}={shape(feeds[name].shape)}" for name in differ)
+    return [
+        f"{model} was planned at {made} and runs at {ran} here: the peak and time its plan quotes are those of the "
+        f"planned shapes; plan again with {pins} for the figures of this run"
+    ]
 
 
 def _unstable_warning(compare_to: str, unstable: Mapping[str, OutputComparison]) -> list[str]:

@@ -66,7 +66,7 @@ class Prepared:
             raise OffloadError(
                 f"a budget cannot be checked for {analysis.loaded.path}: input(s) {', '.join(dynamic)} have dynamic "
                 "dimensions, so the sizes of the tensors computed from them are unknown",
-                hint="pin them with --input-shape NAME=D0,D1,... (on select or plan)",
+                hint="pin them with --input-shape NAME=D0,D1,... where the model is loaded",
             )
         self.analysis = analysis
         self.options = options
