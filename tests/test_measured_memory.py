@@ -337,3 +337,24 @@ def test_a_plans_cpu_figure_is_its_rewrite_as_written_with_symbolic_dimensions(t
     written = analyse(load_model(out, input_shapes=pins), order="default")
     assert figures.after.peak_bytes == cpu_figures(written, None, rewritten=True, profile=None).after.peak_bytes
     assert figures.after.peak_bytes != cpu_peak(rewritten_analysis(plan, analysis)).peak_bytes
+
+
+def test_under_priority_simulate_quotes_the_arena_limit_run_measures_there(run_cli):
+    """At PRIORITY_BASED `run --measure-memory` finds the smallest arena limit a run fits in (regions of the
+    requested size), not MaxInUse: simulate gives that figure beside the peak in use, and it is within 2%."""
+    for name in ("unet", "transformer"):
+        model = SAMPLES / f"{name}.onnx"
+        simulated = run_cli("simulate", model, "--json").json()["cpu_memory"]
+        limit = simulated["after_limit_bytes"]
+        assert limit is not None and limit >= simulated["after"]["peak_bytes"]
+        ran = run_cli("run", model, "--device", "cpu", "--measure-memory", "--repeat", "1",
+                      "--inputs", SAMPLES / f"{name}.inputs.npz", "--json")  # fmt: skip
+        assert ran.exit_code == 0, ran.stderr
+        [measured] = [m for m in ran.json()["measured_memory"] if m["device"] == "cpu"]
+        assert measured["method"] != "allocator-stats" and abs(limit / measured["peak_bytes"] - 1) <= 0.02, name
+        assert (
+            run_cli("simulate", model, "--execution-order", "default", "--json").json()["cpu_memory"][
+                "after_limit_bytes"
+            ]
+            is None
+        )  # DEFAULT: MaxInUse, which the peak is

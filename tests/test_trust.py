@@ -1087,3 +1087,43 @@ def test_the_library_refuses_numbers_that_are_not_finite():
             offloadctl.make_plan(analysis, max_slowdown=value)
         with pytest.raises(offloadctl.OffloadError, match="time limit"):
             offloadctl.make_plan(analysis, budget="300KiB", optimal=True, time_limit=value)
+
+
+def test_simulate_and_run_take_a_rewrites_order_from_the_rewrite(run_cli, tmp_path):
+    """A rewrite planned for DEFAULT is simulated in DEFAULT without the flag (its CPU line says so); a
+    rewrite planned for PRIORITY_BASED run in DEFAULT says so in run's verdict and quotes what it costs."""
+    plan, out = tmp_path / "plan.json", tmp_path / "t.onnx"
+    made = run_cli("plan", SAMPLES / "transformer.onnx", "-o", plan, "--params", "--select-distance", "10",
+                   "--execution-order", "default", "--json")  # fmt: skip
+    assert made.exit_code in (0, 1), made.stderr
+    assert run_cli("apply", plan, "-o", out).exit_code == 0
+    plain = run_cli("simulate", out, "--json").json()
+    flagged = run_cli("simulate", out, "--execution-order", "default", "--json").json()
+    assert plain["peak_bytes"]["after"] == flagged["peak_bytes"]["after"] == made.json()["peak_bytes"]["after"]
+    assert "CPU arena peak (default order" in run_cli("simulate", out).stdout
+    plan2, out2 = tmp_path / "p2.json", tmp_path / "u.onnx"
+    assert run_cli("plan", SAMPLES / "unet.onnx", "-o", plan2, "--params", "--select-distance", "10").exit_code == 0
+    assert run_cli("apply", plan2, "-o", out2).exit_code == 0
+    ran = run_cli("run", out2, "--device", "cpu", "--execution-order", "default", "--repeat", "1",
+                  "--inputs", SAMPLES / "unet.inputs.npz")  # fmt: skip
+    said = " ".join(ran.stderr.split())
+    assert ran.exit_code == 0 and "| planned for PRIORITY_BASED, run in DEFAULT" in ran.stdout
+    assert (
+        f"{out2} was planned for the PRIORITY_BASED order and runs in DEFAULT here: its simulated device peak" in said
+    )
+    assert "plan again with --execution-order default" in said
+    same = run_cli("run", out2, "--device", "cpu", "--repeat", "1", "--inputs", SAMPLES / "unet.inputs.npz")
+    assert (
+        same.exit_code == 0 and "was planned for the" not in same.stderr and "planned for PRIORITY" not in same.stdout
+    )
+
+
+def test_a_plan_that_barely_lowers_the_peak_says_so_in_its_verdict():
+    from offloadctl.cli.common import plan_effect
+
+    def effect(before: int, after: int) -> str | None:
+        return plan_effect({"peak_bytes": {"before": before, "after": after}})[0]
+
+    assert effect(1000, 1000) == "the plan does not lower the peak"
+    assert effect(100_000, 99_900) == "the plan barely lowers the peak (100 B, under 1%)"
+    assert effect(100_000, 98_000) is None  # a cut of 2% speaks for itself in the peak figures

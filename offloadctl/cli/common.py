@@ -71,8 +71,8 @@ def open_model(
     or when the plan's did. Positions count in ``order`` (``--execution-order``), else the plan's, else
     PRIORITY_BASED; an order that contradicts the plan's is an error.
     """
-    order = plan_order(plan, plan_path, order)
-    input_shapes, dims, source = _pins(model, shapes, plan, plan_path)
+    input_shapes, dims, source, recorded = _pins(model, shapes, plan, plan_path, order)
+    order = plan_order(plan, plan_path, order, recorded)
     requested = sizes.request() if sizes is not None else None
     if plan is not None:
         requested = requested or plan["model"].get("sizes_from_run")
@@ -107,21 +107,26 @@ def check_original(analysis: Analysis, what: str, hint: str) -> None:
 
 
 def _pins(
-    model: str, shapes: ShapeOptions, plan: Plan | None, plan_path: str | None
-) -> tuple[dict[str, list[int]], dict[str, int], str]:
-    """(input shapes, dims, where they come from) a model is opened with: ``--input-shape`` and ``--dim``,
-    else the plan's, else those a rewritten model records it was planned at."""
+    model: str, shapes: ShapeOptions, plan: Plan | None, plan_path: str | None, order: str | None
+) -> tuple[dict[str, list[int]], dict[str, int], str, str | None]:
+    """(input shapes, dims, where they come from, the order a rewrite was planned for) a model is opened
+    with: ``--input-shape`` and ``--dim``, else the plan's, else those a rewritten model records it was
+    planned at (read once, and only when the pins or the ``order`` are not given)."""
     input_shapes, dims = parse_input_shapes(shapes.input_shape), parse_dims(shapes.dim)
-    if input_shapes or dims:
-        return input_shapes, dims, "--input-shape"
     if plan is not None:
+        if input_shapes or dims:
+            return input_shapes, dims, "--input-shape", None
         pinned, named = dict(plan["model"]["input_shapes"]), dict(plan["model"].get("dims") or {})
-        return pinned, named, f"model.input_shapes of plan {plan_path}"
-    # a rewritten model records the shapes its plan was made at (offloadctl.planned_at), as `run` reads them
-    from offloadctl.rewriting.metadata import planned_shapes
+        return pinned, named, f"model.input_shapes of plan {plan_path}", None
+    if (input_shapes or dims) and order is not None:
+        return input_shapes, dims, "--input-shape", None
+    # a rewritten model records the shapes and the order its plan was made at (offloadctl.planned_at)
+    from offloadctl.rewriting.metadata import planned_at
 
-    planned, named = planned_shapes(model)
-    return planned, named, f"offloadctl.planned_at of {model}" if planned or named else "--input-shape"
+    planned, named, recorded = planned_at(model)
+    if input_shapes or dims:
+        return input_shapes, dims, "--input-shape", recorded
+    return planned, named, f"offloadctl.planned_at of {model}" if planned or named else "--input-shape", recorded
 
 
 def _warn_dynamic(analysis: Analysis) -> None:
@@ -207,16 +212,18 @@ def points_failure(points: Sequence[Any], limit: int | None, what: str) -> str |
     )
 
 
-def plan_order(plan: Plan | None, plan_path: str | None, order: str | None) -> str:
-    """The execution order a command works in: ``order`` (``--execution-order``), else the plan's,
-    else ``priority``. A plan's positions count in its own order, so another one is refused."""
+def plan_order(plan: Plan | None, plan_path: str | None, order: str | None, rewrite: str | None = None) -> str:
+    """The execution order a command works in: ``order`` (``--execution-order``), else the plan's, else
+    ``rewrite``, the one a rewritten model was planned for (its ``offloadctl.planned_at``), else
+    ``priority``. A plan's positions count in its own order, so another one is refused; a rewrite looked
+    at in another order than its plan's is what the command is asked for (what the rewrite costs there)."""
     recorded = plan["model"].get("execution_order", "priority") if plan is not None else None
     if order is not None and recorded is not None and order != recorded:
         raise OffloadError(
             f"plan {plan_path} counts positions in the {recorded} execution order, not {order}",
             hint=f"drop --execution-order, or plan again with --execution-order {order}",
         )
-    return order or recorded or "priority"
+    return order or recorded or rewrite or "priority"
 
 
 def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
@@ -426,7 +433,13 @@ def plan_effect(
         return None, f"the plan raises the peak: {peak_text(figures).removeprefix('peak ')}{inside}{walk}"
     if after == before:
         return "the plan does not lower the peak" + inside, None
+    if before and (before - after) < BARELY * before:  # what it costs in time, for next to nothing
+        return f"the plan barely lowers the peak ({fmt_bytes(before - after)}, under {BARELY:.0%})" + inside, None
     return None, None
+
+
+#: a plan whose cut is under this share of the peak says so in its verdict, as one that cuts nothing does
+BARELY = 0.01
 
 
 def finish(

@@ -9,6 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from offloadctl.analysis.order import EXECUTION_ORDERS
 from offloadctl.cli.common import finish
 from offloadctl.cli.options import (
     ShapeOptions,
@@ -177,7 +178,11 @@ def run(
         _print_memory(report)
     _fail(report, model, device, compare_to, opt_level, strict_order)
     subject = f"{model} on {device} ({report.providers[0]})"
-    finish("run", subject, _verdict_parts(report, order, compare_to), written, as_json=as_json, doc=report.to_json())
+    parts = _verdict_parts(report, order, compare_to)
+    planned = planned_execution_order(model)
+    if planned is not None and planned != order:  # the run's warning says what that costs
+        parts.insert(2, f"planned for {EXECUTION_ORDERS[planned]}, run in {EXECUTION_ORDERS[order]}")
+    finish("run", subject, parts, written, as_json=as_json, doc=report.to_json())
 
 
 def _save_outputs(report: RunReport, save_outputs: str | None) -> list[str]:
@@ -226,7 +231,8 @@ def _verdict_parts(report: RunReport, order: str, compare_to: str | None) -> lis
         parts.append(f"{report.page_locked.weights} streamed weight(s) page-locked")
     for figure in report.measured_memory or []:
         if figure.device == report.device:
-            parts.append(f"{figure.allocator} arena peak {fmt_bytes(figure.peak_bytes)}")
+            what = "arena peak" if figure.method == "allocator-stats" else "smallest arena limit that runs"
+            parts.append(f"{figure.allocator} {what} {fmt_bytes(figure.peak_bytes)}")
     if report.comparison is not None:
         identical = all(c.identical for c in report.comparison.values())
         parts.append(f"outputs {'bit-identical to' if identical else 'within tolerance of'} {compare_to}")
@@ -323,9 +329,21 @@ def _print_memory(report: RunReport) -> None:
     if growth is not None:
         copies = "unknown" if growth.copy_bytes is None else fmt_bytes(growth.copy_bytes)
         verdict = {True: "explained by the copies", False: "[bold red]more than the copies explain[/]", None: "-"}
+        rounding = ""
+        if growth.rounding_bytes:
+            rounding = f", the arena's rounding {fmt_bytes(growth.rounding_bytes)}"
+            verdict[True] = "explained by the copies and the arena's rounding"
         out_console().print(
             f"against the original: {fmt_bytes(growth.original_bytes)} -> {fmt_bytes(growth.rewrite_bytes)}, the "
-            f"rewrite's copies {copies}: {verdict[growth.explained]}",
+            f"rewrite's copies {copies}{rounding}: {verdict[growth.explained]}",
+            soft_wrap=True,
+        )
+    if growth is not None and growth.rounding_bytes:
+        out_console().print(
+            f"onnxruntime's arena rounds the rewrite's buffers up by {fmt_bytes(growth.rounding_bytes)} more than the "
+            "original's (kNextPowerOfTwo regions: a large copy can take a region twice its size); a device arena "
+            "does the same unless its provider is given arena_extend_strategy=kSameAsRequested (run's default on "
+            "CANN; --ep-option arena_extend_strategy=kSameAsRequested on CUDA)",
             soft_wrap=True,
         )
     if any(f.device == "cpu" for f in report.measured_memory):

@@ -117,6 +117,11 @@ def print_cpu(cpu: CpuFigures) -> None:
         + (f", kernel scratch up to {fmt_bytes(after.scratch_bytes)}" if after.scratch_bytes else "")
         + ")"
     )
+    if cpu.limit_bytes is not None:  # what run --measure-memory measures at this order
+        text += (
+            f"; the smallest arena limit it runs in, which run --measure-memory measures at priority: "
+            f"{fmt_bytes(cpu.limit_bytes)}"
+        )
     out_console().print(text)
 
 

@@ -66,6 +66,7 @@ __all__ = [
     "check_pins",
     "metadata_json",
     "plan_sha256",
+    "planned_at",
     "planned_execution_order",
     "planned_input_shapes",
     "planned_shapes",
@@ -230,6 +231,21 @@ def planned_execution_order(model: str | os.PathLike[str]) -> str | None:
     _, recorded = _planned_at(model)
     order = recorded.get("execution_order") if isinstance(recorded, dict) else None
     return order if order in EXECUTION_ORDERS else None
+
+
+def planned_at(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]], dict[str, int], str | None]:
+    """What a rewritten model records of its plan (``offloadctl.planned_at``), read once: the input shapes
+    and dims it was made at (`planned_shapes`) and its execution order (`planned_execution_order`); empty
+    and None for any other model."""
+    header, recorded = _planned_at(model)
+    if header is None or not isinstance(recorded, dict):
+        return {}, {}, None
+    shapes, dims = recorded.get("input_shapes") or {}, recorded.get("dims") or {}
+    order = recorded.get("execution_order")
+    pins = (
+        _pins_of_inputs(header.graph, shapes, dims) if isinstance(shapes, dict) and isinstance(dims, dict) else ({}, {})
+    )
+    return pins[0], pins[1], order if order in EXECUTION_ORDERS else None
 
 
 def planned_shapes(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]], dict[str, int]]:

@@ -20,7 +20,7 @@ executor runs it (`offloadctl.analysis.order.executor_order`), counting only dev
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -31,6 +31,7 @@ from offloadctl.loading.placed import Placement, host_casts, placed
 from offloadctl.rewriting.metadata import KEY_PINS, PinCheck, check_pins, metadata_json
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.rewriting.streams import StreamLayout, with_events
+from offloadctl.simulation.arena import ArenaConfig
 from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
 from offloadctl.simulation.ortstreams import cpu_peak_on_streams, executor_analysis
 from offloadctl.simulation.profiles import Profile
@@ -122,12 +123,16 @@ class CpuFigures:
     before: CpuPeak | None
     after: CpuPeak
     execution_order: str
+    # under PRIORITY_BASED, the smallest arena limit ``after`` runs in: what `run --measure-memory` measures
+    # there (a bisection of an arena with kSameAsRequested regions; the C API's MaxInUse runs DEFAULT only)
+    limit_bytes: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
             "execution_order": self.execution_order,
             "before": None if self.before is None else self.before.to_json(),
             "after": self.after.to_json(),
+            "after_limit_bytes": self.limit_bytes,
         }
 
 
@@ -154,14 +159,22 @@ def cpu_figures(
     else:
         here = cpu_peak(analysis, shapes=file_shapes)
     if plan is None:
-        return CpuFigures(None if rewritten else here, here, analysis.order)
+        return CpuFigures(None if rewritten else here, here, analysis.order, _limit(analysis, file_shapes, streams))
     after = rewritten_analysis(plan, analysis)
     count_scratch(after, profile)
     # the planner compares the shapes the rewrite declares as apply writes it (symbolic dimensions
     # kept), not the pinned ones its sizes come from: a pinned copy was credited with reuse onnxruntime
     # does not find (PP-OCRv4 det's DEFAULT rewrite: 57.77 MB replayed, 61.03 MB measured)
     written = declared_shapes(apply_plan(plan, analysis))
-    return CpuFigures(here, cpu_peak(after, shapes=written), analysis.order)
+    return CpuFigures(here, cpu_peak(after, shapes=written), analysis.order, _limit(after, written, None))
+
+
+def _limit(analysis: Analysis, shapes: Mapping[str, Any], streams: Sequence[Sequence[str]] | None) -> int | None:
+    """Under PRIORITY_BASED, the smallest arena limit one run fits in (an arena of kSameAsRequested regions,
+    as `offloadctl.running.allocator.measure_by_limit` sets one up): what is measured there."""
+    if analysis.order != "priority" or streams:
+        return None
+    return cpu_peak(analysis, shapes=shapes, config=ArenaConfig(extend_strategy="kSameAsRequested")).arena_bytes
 
 
 def run_order_result(plan: Plan, analysis: Analysis, *, profile: Profile | str | None = None) -> SimResult:

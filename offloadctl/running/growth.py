@@ -3,10 +3,13 @@
 
 On the CPU provider device and host are one memory: the arena of a rewrite holds its host copies as
 well as what stays on the device, so it may stand above the original's by up to the bytes its copies
-write. More than that is memory the plan never counted: the order that ran keeps more alive than the
-original's (pins that moved the DEFAULT walk, a ``Shape`` of a pin run late), and the rewrite does
-not keep its promise. `memory_growth` compares the two figures and names the original nodes whose
-place in the order that ran differs from the original's.
+write. The arena also rounds buffers up, as the replica counts it (`arena_rounding`): with onnxruntime's
+default ``kNextPowerOfTwo`` regions a large copy can take a region twice its size (ddddocr's 32 MiB
+weight copy took one of 64 MiB), which ``arena_extend_strategy=kSameAsRequested`` avoids. More than
+both is memory the plan never counted: the order that ran keeps more alive than the original's (pins
+that moved the DEFAULT walk, a ``Shape`` of a pin run late), and the rewrite does not keep its
+promise. `memory_growth` compares the two figures and names the original nodes whose place in the
+order that ran differs from the original's.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.onnxutil import copy_kind
 
-__all__ = ["MemoryGrowth", "copy_bytes", "memory_growth", "moved_nodes"]
+__all__ = ["SLACK", "MemoryGrowth", "arena_rounding", "copy_bytes", "memory_growth", "moved_nodes"]
 
 #: the share of the original's peak the arena may stand above what the copies explain (its 256-byte
 #: rounding and the order of frees make a few kilobytes either way)
@@ -33,13 +36,16 @@ class MemoryGrowth:
     rewrite_bytes: int
     copy_bytes: int | None  # the buffers the rewrite's copies write (None: a size is unknown)
     moved: list[str] = field(default_factory=list)  # original nodes that ran elsewhere among the original nodes
+    # what the arena's rounding adds to the rewrite beyond the original's, as the replica counts it (`arena_rounding`)
+    rounding_bytes: int = 0
 
     @property
     def excess_bytes(self) -> int | None:
-        """Bytes above the original's peak that the copies do not account for (None: unknown)."""
+        """Bytes above the original's peak that neither the copies nor the arena's rounding account for (None:
+        unknown)."""
         if self.copy_bytes is None:
             return None
-        return self.rewrite_bytes - self.original_bytes - self.copy_bytes
+        return self.rewrite_bytes - self.original_bytes - self.copy_bytes - self.rounding_bytes
 
     @property
     def explained(self) -> bool | None:
@@ -52,6 +58,7 @@ class MemoryGrowth:
             "original_bytes": self.original_bytes,
             "rewrite_bytes": self.rewrite_bytes,
             "copy_bytes": self.copy_bytes,
+            "rounding_bytes": self.rounding_bytes,
             "excess_bytes": self.excess_bytes,
             "explained": self.explained,
             "moved_nodes": len(self.moved),
@@ -81,9 +88,33 @@ def moved_nodes(original: Sequence[str], ran: Sequence[str]) -> list[str]:
     return [b for a, b in zip(original, kept) if a != b]
 
 
+def arena_rounding(rewrite: Analysis, original: Analysis) -> int:
+    """What onnxruntime's CPU arena adds to the rewrite's peak by rounding its buffers up beyond what it adds
+    to the original's (`offloadctl.simulation.ortcpu.cpu_peak` with the default ``kNextPowerOfTwo`` regions
+    against ``kSameAsRequested``); 0 when it adds nothing more."""
+    from offloadctl.simulation.arena import ArenaConfig
+    from offloadctl.simulation.ortcpu import cpu_peak
+
+    exact = ArenaConfig(extend_strategy="kSameAsRequested")
+
+    def rounding(analysis: Analysis) -> int:
+        return cpu_peak(analysis).peak_bytes - cpu_peak(analysis, config=exact).peak_bytes
+
+    return max(0, rounding(rewrite) - rounding(original))
+
+
 def memory_growth(
-    original_bytes: int, rewrite_bytes: int, analysis: Analysis, original: Sequence[str], ran: Sequence[str]
+    original_bytes: int,
+    rewrite_bytes: int,
+    analysis: Analysis,
+    original: Sequence[str],
+    ran: Sequence[str],
+    *,
+    rounding_bytes: int = 0,
 ) -> MemoryGrowth:
     """The `MemoryGrowth` of a rewrite (``analysis``) measured at ``rewrite_bytes`` against its original at
-    ``original_bytes``; ``original`` and ``ran`` the orders the two ran their nodes in."""
-    return MemoryGrowth(original_bytes, rewrite_bytes, copy_bytes(analysis), moved_nodes(original, ran))
+    ``original_bytes``; ``original`` and ``ran`` the orders the two ran their nodes in; ``rounding_bytes``
+    what the arena's rounding adds (`arena_rounding`)."""
+    return MemoryGrowth(
+        original_bytes, rewrite_bytes, copy_bytes(analysis), moved_nodes(original, ran), rounding_bytes=rounding_bytes
+    )
