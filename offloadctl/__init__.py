@@ -207,12 +207,14 @@ def apply(
     """
     from offloadctl.job import Job
     from offloadctl.rewriting.rewrite import apply_plan
+    from offloadctl.rewriting.writing import fill_shared_weights, shared_weights
 
     _check_plan(plan, analysis, "apply")
     if output is None:
         return apply_plan(plan, analysis, result=result)
     job = Job(analysis).with_plan(plan)
     model, _ = job.write_rewrite(output, result=result)
+    fill_shared_weights(model, shared_weights(model, analysis.loaded.proto))  # the rewrite as written, whole
     return model
 
 

@@ -18,7 +18,7 @@ import json
 import os
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +230,8 @@ class Job:
         self.guard("the rewritten model", output)
         check_model_outputs(loaded.proto, output, source, self.reads, locations=loaded.data_locations)
         step(f"rewriting {loaded.path}")
-        proto = apply_plan(self.plan, self.analysis, result=result, options=options)
+        # the rewrite refers to the source's large weights, which the writer takes from there
+        proto = apply_plan(self.plan, self.analysis, result=result, options=replace(options, share_weights=True))
         events = None
         if options.copies == "streams":
             if written_through(output):
@@ -252,6 +253,7 @@ class Job:
             protected=self.reads,
             locations=loaded.data_locations,
             mode=stat.S_IMODE(loaded.path.stat().st_mode),  # a rewrite is as private as its source
+            weights_from=loaded.proto,
         )
         if events is not None:
             try:

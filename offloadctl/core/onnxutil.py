@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import onnx
 from onnx import TensorProto
@@ -30,7 +31,12 @@ __all__ = [
     "pin_view_source",
     "defined_names",
     "has_subgraphs",
+    "SHARED_WEIGHT_BYTES",
+    "copy_fields",
+    "data_unread_by_inference",
+    "held_elsewhere",
     "inferred_copy",
+    "shape_only_copy",
     "is_backward",
     "is_constant_node",
     "iter_graphs",
@@ -223,15 +229,58 @@ def rename_outer(graph: onnx.GraphProto, old: str, new: str) -> int:
     return count
 
 
+def shape_only_copy(model: onnx.ModelProto, heavy: Callable[[onnx.TensorProto], bool]) -> onnx.ModelProto:
+    """A copy of ``model`` whose main-graph weights ``heavy`` picks hold their name, type and dimensions but no
+    data: what shape inference needs of them. The weights' bytes are never copied (onnx's inference
+    serializes the model it is given and parses what it gives back: a model of 100 MB of weights would
+    cost four copies of them)."""
+    work = onnx.ModelProto()
+    copy_fields(model, work, leave_out="graph")
+    copy_fields(model.graph, work.graph, leave_out="initializer")
+    for tensor in model.graph.initializer:
+        if heavy(tensor):
+            shaped = work.graph.initializer.add(name=tensor.name, data_type=tensor.data_type)
+            shaped.dims.extend(tensor.dims)
+        else:
+            work.graph.initializer.append(tensor)
+    return work
+
+
+def copy_fields(source: Any, target: Any, *, leave_out: str) -> None:
+    """Copy every field of the message ``source`` that is set into ``target``, but ``leave_out``."""
+    for field, value in source.ListFields():
+        if field.name == leave_out:
+            continue
+        if hasattr(value, "append"):  # a repeated field
+            getattr(target, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(target, field.name).CopyFrom(value)
+        else:
+            setattr(target, field.name, value)
+
+
+#: A weight this large is shared by a rewrite with its source rather than copied (`held_elsewhere`)
+SHARED_WEIGHT_BYTES = 64 << 10
+
+
+def held_elsewhere(tensor: onnx.TensorProto) -> bool:
+    """A weight whose bytes a rewrite refers to in its source model instead of copying them: embedded in the
+    file (not external data) and over `SHARED_WEIGHT_BYTES`."""
+    return tensor.data_location != onnx.TensorProto.EXTERNAL and tensor.ByteSize() > SHARED_WEIGHT_BYTES
+
+
+def data_unread_by_inference(tensor: onnx.TensorProto) -> bool:
+    """Weight data inference without data propagation does not read: anything but small integer tensors."""
+    small_int = tensor.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) or len(tensor.raw_data) <= 4096
+    return not small_int and tensor.data_location != onnx.TensorProto.EXTERNAL
+
+
 def inferred_copy(model: onnx.ModelProto, edit: Callable[[onnx.ModelProto], None] | None = None) -> onnx.ModelProto:
     """A copy of ``model`` (``edit`` applied to it) with onnx's type and shape inference run over it,
     no data propagation; the copy as it is when onnx's inference fails. Weight data inference does
-    not read (anything but small integer tensors: shapes, axes) is left out of the copy."""
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    for init in work.graph.initializer:
-        if init.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and len(init.raw_data) > 4096:
-            init.ClearField("raw_data")
+    not read (anything but small integer tensors: shapes, axes) is left out of the copy
+    (`shape_only_copy`)."""
+    work = shape_only_copy(model, data_unread_by_inference)
     if edit is not None:
         edit(work)
     try:

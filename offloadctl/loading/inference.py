@@ -15,7 +15,7 @@ import onnx
 from offloadctl.core.ahead import Ahead
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.memcpy import COPY_OPS
-from offloadctl.core.onnxutil import pin_view_source
+from offloadctl.core.onnxutil import pin_view_source, shape_only_copy
 
 __all__ = ["AHEAD_MIN_NODES", "inference_proto", "inferred_types", "start_inference", "types_by_name"]
 
@@ -45,13 +45,16 @@ def inference_proto(
     inferable = _inferable_outputs(graph, declared, producers)
     stale_values = any(vi.name in inferable for vi in graph.value_info)
     stale_outputs = any(o.name in inferable and o.type.tensor_type.HasField("shape") for o in graph.output)
-    if node_order is None and not stale_values and not stale_outputs:
+    heavy = any(_heavy(t) for t in graph.initializer)
+    if node_order is None and not stale_values and not stale_outputs and not heavy:
         return proto
     if in_place and node_order is None:
         work = proto
+        for tensor in graph.initializer:
+            if _heavy(tensor):
+                _clear_data(tensor)
     else:
-        work = onnx.ModelProto()
-        work.CopyFrom(proto)
+        work = shape_only_copy(proto, _heavy)
     if node_order is not None:
         del work.graph.node[:]
         work.graph.node.extend(proto.graph.node[i] for i in node_order)
@@ -63,6 +66,23 @@ def inference_proto(
         if out.name in inferable and out.type.HasField("tensor_type"):
             out.type.tensor_type.ClearField("shape")
     return work
+
+
+#: Weights with more elements than this go to shape inference without their data: it needs their type and
+#: dimensions, and the values only of the small ones (shapes, axes, indices) data propagation reads.
+SHAPE_ONLY_ABOVE = 4096
+
+
+def _clear_data(tensor: onnx.TensorProto) -> None:
+    for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+        tensor.ClearField(field)
+
+
+def _heavy(tensor: onnx.TensorProto) -> bool:
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return count > SHAPE_ONLY_ABOVE and tensor.data_location != onnx.TensorProto.EXTERNAL
 
 
 def inferred_types(proto: onnx.ModelProto) -> dict[str, list[bytes]]:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import onnx
 from google.protobuf import json_format, text_format
@@ -23,7 +23,7 @@ from onnx import TensorProto
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import sha256_file
-from offloadctl.core.onnxutil import iter_tensor_protos
+from offloadctl.core.onnxutil import data_unread_by_inference, iter_tensor_protos, shape_only_copy
 from offloadctl.loading.inference import start_inference
 from offloadctl.loading.input_shapes import check_dims, expand_patterns, pin_dims, pin_input_shapes
 from offloadctl.loading.ortgraph import normalize as normalize_graph
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LoadedModel",
+    "declared_model",
     "load_model",
     "external_data_files",
     "external_location",
@@ -72,6 +73,18 @@ class LoadedModel:
     def files(self) -> tuple[Path, ...]:
         """Every file the model is read from: the model file and its external data files."""
         return (self.path, *self.data_files)
+
+
+def declared_model(loaded: LoadedModel) -> onnx.ModelProto:
+    """``loaded``'s model with the types its file declares (those before its pins) and no weight data shape
+    inference does not read: what onnxruntime's allocation planner compares, without reading the file
+    again."""
+    work = shape_only_copy(loaded.proto, data_unread_by_inference)
+    declared = loaded.declared_types or {}
+    for vi in [*work.graph.input, *work.graph.output, *work.graph.value_info]:
+        if vi.name in declared:
+            vi.type.ParseFromString(declared[vi.name])
+    return work
 
 
 def load_model(
@@ -139,6 +152,91 @@ def load_model(
     return loaded
 
 
+#: Files from this size on are read weight by weight (`_read_binary`)
+STREAMED_FROM_BYTES = 16 << 20
+_TEXT_SUFFIXES = (".json", ".txt", ".onnxtxt", ".textproto", ".prototxt")
+
+
+def _read_binary(p: Path) -> onnx.ModelProto | None:
+    """A binary ONNX file of `STREAMED_FROM_BYTES` or more, parsed as it is read: every field but the main
+    graph's weights whole, each weight on its own, so the file's bytes and the parsed model are never in
+    memory together (onnx.load holds both: twice the model). None for a smaller file, a text format, or
+    bytes that are not protobuf's wire format (onnx.load then reads it, and says what is wrong)."""
+    if p.suffix.lower() in _TEXT_SUFFIXES or p.stat().st_size < STREAMED_FROM_BYTES:
+        return None
+    model = onnx.ModelProto()
+    head, graph = bytearray(), bytearray()
+    try:
+        with open(p, "rb") as f:
+            end = os.fstat(f.fileno()).st_size
+            while f.tell() < end:
+                field, wire, raw = _tag(f)
+                if field == 7 and wire == 2:  # ModelProto.graph
+                    length, _ = _varint(f)
+                    _read_graph(f, f.tell() + length, graph, model.graph)
+                else:
+                    head += raw + _value(f, wire)
+        model.MergeFromString(bytes(head))
+        model.graph.MergeFromString(bytes(graph))
+    except (DecodeError, ValueError, EOFError):
+        return None
+    return model
+
+
+def _read_graph(f: BinaryIO, end: int, rest: bytearray, graph: onnx.GraphProto) -> None:
+    """Read a GraphProto's fields up to ``end``: each initializer parsed into ``graph`` as it is read, every
+    other field's bytes onto ``rest``."""
+    while f.tell() < end:
+        field, wire, raw = _tag(f)
+        if field == 5 and wire == 2:  # GraphProto.initializer
+            length, _ = _varint(f)
+            graph.initializer.add().ParseFromString(_exactly(f, length))
+        else:
+            rest += raw + _value(f, wire)
+    if f.tell() != end:
+        raise ValueError("a graph's fields run past its length")
+
+
+def _varint(f: BinaryIO) -> tuple[int, bytes]:
+    raw = bytearray()
+    while True:
+        byte = f.read(1)
+        if not byte:
+            raise EOFError
+        raw += byte
+        if not byte[0] & 0x80:
+            break
+        if len(raw) > 10:
+            raise ValueError("a varint longer than 10 bytes")
+    return sum((b & 0x7F) << (7 * k) for k, b in enumerate(raw)), bytes(raw)
+
+
+def _tag(f: BinaryIO) -> tuple[int, int, bytes]:
+    tag, raw = _varint(f)
+    return tag >> 3, tag & 7, raw
+
+
+def _value(f: BinaryIO, wire: int) -> bytes:
+    """A field's encoded value after its tag, as read."""
+    if wire == 0:
+        return _varint(f)[1]
+    if wire == 1:
+        return _exactly(f, 8)
+    if wire == 5:
+        return _exactly(f, 4)
+    if wire == 2:
+        length, raw = _varint(f)
+        return raw + _exactly(f, length)
+    raise ValueError(f"wire type {wire} is not one onnx writes")
+
+
+def _exactly(f: BinaryIO, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise EOFError
+    return data
+
+
 def _read_onnx(p: Path) -> onnx.ModelProto:
     """The ONNX file at ``p`` without its external data, or one clear error saying what is wrong.
 
@@ -157,7 +255,7 @@ def _read_onnx(p: Path) -> onnx.ModelProto:
             hint="pass the .onnx model here; plans go to offloadctl filter, prefetch or apply",
         )
     try:
-        proto = onnx.load(str(p), load_external_data=False)
+        proto = _read_binary(p) or onnx.load(str(p), load_external_data=False)
     except (
         DecodeError,
         json_format.ParseError,

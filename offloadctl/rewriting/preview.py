@@ -23,10 +23,9 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import onnx
-
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.core.plantypes import Plan
+from offloadctl.loading.model import declared_model
 from offloadctl.loading.placed import Placement, host_casts, placed
 from offloadctl.rewriting.metadata import KEY_PINS, PinCheck, check_pins, metadata_json
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
@@ -64,7 +63,7 @@ def rewritten_analysis(
     if plan is None:
         proto = analysis.loaded.proto
     else:
-        proto = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True, target=target))
+        proto = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True, target=target, share_weights=True))
     host: frozenset[int] | None = None
     if placement is not None:
         proto, host = placed(proto, placement)
@@ -152,7 +151,7 @@ def cpu_figures(
 
     Shapes the allocation planner compares are those of the model file and of its rewrite as written
     (symbolic dimensions kept), sizes those of the analysis (its pins)."""
-    file_shapes = declared_shapes(onnx.load(str(analysis.loaded.path), load_external_data=False))
+    file_shapes = declared_shapes(declared_model(analysis.loaded))
     count_scratch(analysis, profile)
     if streams:
         here = cpu_peak_on_streams(analysis, streams, shapes=file_shapes)
@@ -165,7 +164,7 @@ def cpu_figures(
     # the planner compares the shapes the rewrite declares as apply writes it (symbolic dimensions
     # kept), not the pinned ones its sizes come from: a pinned copy was credited with reuse onnxruntime
     # does not find (PP-OCRv4 det's DEFAULT rewrite: 57.77 MB replayed, 61.03 MB measured)
-    written = declared_shapes(apply_plan(plan, analysis))
+    written = declared_shapes(apply_plan(plan, analysis, options=RewriteOptions(share_weights=True)))
     return CpuFigures(here, cpu_peak(after, shapes=written), analysis.order, _limit(after, written, None))
 
 
@@ -207,7 +206,7 @@ def _streams_rewrite(plan: Plan, analysis: Analysis, *, target: str) -> tuple[An
     """``plan``'s rewrite as ``apply --copies streams`` writes it, in memory: its analysis in
     ``analysis``'s order at the shapes it was planned at (sizes as ``analysis`` has them), and its
     streams."""
-    pinned = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True, target=target))
+    pinned = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True, target=target, share_weights=True))
     layout = with_events(pinned, "preview.streams.json", analysis.order, target)
     rewritten = analyse(dataclasses.replace(analysis.loaded, proto=pinned, sizes_from_run=None), order=analysis.order)
     if analysis.infos.measured is not None:
@@ -239,7 +238,7 @@ def streams_cost(
     if analysis.num_positions > STREAMS_REPLAY_MAX_NODES:
         return None
     rewritten, layout = _streams_rewrite(plan, analysis, target=target)
-    written = apply_plan(plan, analysis, options=RewriteOptions(target=target))
+    written = apply_plan(plan, analysis, options=RewriteOptions(target=target, share_weights=True))
     with_events(written, "preview.streams.json", analysis.order, target)
     count_scratch(rewritten, profile)
     streams = [layout.copy_stream, layout.compute_stream]

@@ -79,11 +79,13 @@ from offloadctl.core.memcpy import MEMCPY_FROM_HOST, MEMCPY_TO_HOST, register_sc
 from offloadctl.core.onnxutil import (
     BACKWARD_ATTR,
     PIN_ATTR,
+    held_elsewhere,
     inferred_copy,
     is_backward,
     is_constant_node,
     iter_graphs,
     rename_outer,
+    shape_only_copy,
     subgraphs,
 )
 from offloadctl.core.plantypes import Offload, Plan, Use
@@ -228,12 +230,17 @@ class RewriteOptions:
         copies: ``inline`` (on the compute stream) or ``streams`` (``apply --copies streams``: on a
             stream of their own, with the events and the partition file of
             `offloadctl.rewriting.streams`; the job adds them to the rewrite and writes the file).
+        share_weights: leave the data of the source's large embedded weights out of the rewrite
+            (`offloadctl.core.onnxutil.held_elsewhere`): the rewrite is written with
+            `offloadctl.rewriting.writing.write_model` and ``weights_from`` the source, which takes them
+            from there, so a model of 100 MB of weights is never copied in memory.
     """
 
     order_pins: bool = True
     pin_shapes: bool = False
     target: str = "gpu"
     copies: str = "inline"
+    share_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -389,8 +396,11 @@ class _Rewriter:
         self.sources: dict[str, str] = {}  # value_info written here -> the tensor whose type it has
         self.constraints: list[dict[str, str]] = []  # {"copy": name, "before"|"after": original node}
         source = analysis.loaded.proto
-        self.model = onnx.ModelProto()
-        self.model.CopyFrom(source)
+        if options.share_weights:  # large weights stay the source's: the writer takes them from there
+            self.model = shape_only_copy(source, held_elsewhere)
+        else:
+            self.model = onnx.ModelProto()
+            self.model.CopyFrom(source)
         self.graph = self.model.graph
         # The copy's own nodes, edited in place; the graph's node list is rebuilt from them at the
         # end (protobuf keeps these references valid after they are removed from the list).

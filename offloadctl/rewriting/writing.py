@@ -12,19 +12,28 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import onnx
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write, check_distinct_outputs, output_target, same_file, written_through
+from offloadctl.core.onnxutil import copy_fields
 from offloadctl.loading.model import external_data_entries
 
 #: protobuf's limit for one serialized message: a bigger model keeps its weights in data files
 MAX_EMBEDDED_BYTES = 2**31 - 1
 
-__all__ = ["MAX_EMBEDDED_BYTES", "check_model_outputs", "data_copies", "external_locations", "write_model"]
+__all__ = [
+    "MAX_EMBEDDED_BYTES",
+    "check_model_outputs",
+    "data_copies",
+    "external_locations",
+    "fill_shared_weights",
+    "shared_weights",
+    "write_model",
+]
 
 
 def external_locations(model: onnx.ModelProto) -> list[str]:
@@ -125,6 +134,67 @@ def _provide_external_data(locations: list[str], source_dir: Path, out_dir: Path
     return created
 
 
+def shared_weights(model: onnx.ModelProto, source: onnx.ModelProto | None) -> dict[str, onnx.TensorProto]:
+    """The weights of ``model`` that hold no data but their type and dimensions, by name, each the source's
+    weight of that name (the one to write)."""
+    if source is None:
+        return {}
+    empty = {t.name for t in model.graph.initializer if not _holds_data(t)}
+    return {t.name: t for t in source.graph.initializer if t.name in empty and _holds_data(t)}
+
+
+_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data")
+
+
+def _holds_data(tensor: onnx.TensorProto) -> bool:
+    """A weight with its data (in the proto or in external data), not only its type and dimensions."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.HasField("raw_data"):
+        return True
+    return any(len(getattr(tensor, name)) for name in _DATA_FIELDS[1:])
+
+
+def fill_shared_weights(model: onnx.ModelProto, shared: Mapping[str, onnx.TensorProto]) -> None:
+    """Give each weight of ``model`` named in ``shared`` (`shared_weights`) its data back, in place: a rewrite
+    made with ``share_weights`` made whole, for a caller that holds it rather than writes it."""
+    for tensor in model.graph.initializer:
+        if tensor.name in shared:
+            tensor.CopyFrom(shared[tensor.name])
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+_GRAPH_TAG = _varint(7 << 3 | 2)  # ModelProto.graph, length-delimited
+_INITIALIZER_TAG = _varint(5 << 3 | 2)  # GraphProto.initializer
+
+
+def _serialize(model: onnx.ModelProto, shared: Mapping[str, onnx.TensorProto], path: Path) -> None:
+    """Write ``model`` in protobuf's wire format to ``path``, its graph's weights one at a time (those in
+    ``shared`` taken from there): the model's bytes are never in memory all at once. Protobuf reads a
+    message's fields in any order, so the graph comes after the model's other fields and its weights
+    after the graph's."""
+    head, graph = onnx.ModelProto(), onnx.GraphProto()
+    copy_fields(model, head, leave_out="graph")
+    copy_fields(model.graph, graph, leave_out="initializer")
+    weights = [shared.get(t.name, t) for t in model.graph.initializer]
+    sizes = [t.ByteSize() for t in weights]
+    body = graph.SerializeToString()
+    length = len(body) + sum(len(_INITIALIZER_TAG) + len(_varint(n)) + n for n in sizes)
+    with open(path, "wb") as f:
+        f.write(head.SerializeToString())
+        if model.HasField("graph"):
+            f.write(_GRAPH_TAG + _varint(length) + body)
+            for tensor, n in zip(weights, sizes):
+                f.write(_INITIALIZER_TAG + _varint(n))
+                f.write(tensor.SerializeToString())
+
+
 def _remove(paths: list[Path]) -> None:
     for path in paths:
         with contextlib.suppress(OSError):
@@ -140,8 +210,14 @@ def write_model(
     protected: Sequence[str | os.PathLike[str]] = (),
     locations: Sequence[str] | None = None,
     mode: int | None = None,
+    weights_from: onnx.ModelProto | None = None,
 ) -> list[Path]:
     """Write ``model`` atomically to ``out_path``; return the data files written beside it.
+
+    ``weights_from``: the source of a rewrite made with ``share_weights``
+    (`offloadctl.rewriting.rewrite.RewriteOptions`): the data of each weight ``model`` holds only the
+    type and dimensions of is taken from the source's weight of that name as the file is written, one
+    weight at a time, so the model's bytes are never held in memory twice.
 
     ``mode`` gives the written model (and the data file of a model over 2 GiB) those permission bits,
     as `apply` gives a rewrite its source model's; None: the usual bits of a new file.
@@ -167,14 +243,15 @@ def write_model(
     out = output_target(out_path)  # a symlinked output: the file it points to, and its data beside that
     out_dir = out.parent if str(out.parent) else Path(".")
     locations = external_locations(model) if locations is None else sorted(locations)
-    big = model.ByteSize() > max_embedded_bytes  # a walk over the whole proto: once
+    shared = shared_weights(model, weights_from)
+    big = model.ByteSize() + sum(t.ByteSize() for t in shared.values()) > max_embedded_bytes  # a walk: once
     check_model_outputs(model, out, source_dir, protected, big=big, locations=locations)
     created = _provide_external_data(locations, Path(source_dir), out_dir)
     try:
         if not big:
-            data = model.SerializeToString()
-            atomic_write(out, lambda tmp: tmp.write_bytes(data), mode=mode)
+            atomic_write(out, lambda tmp: _serialize(model, shared, tmp), mode=mode)
             return created
+        fill_shared_weights(model, shared)  # (a model over 2 GiB: its weights go to one data file)
         data_name = out.name + ".data"
         if data_name in locations:
             raise OffloadError(

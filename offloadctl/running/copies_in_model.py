@@ -20,7 +20,7 @@ import onnx
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
-from offloadctl.rewriting.rewrite import apply_plan
+from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.rewriting.writing import external_locations, write_model
 from offloadctl.running import timed
 from offloadctl.running.fits import LinkFit
@@ -172,7 +172,8 @@ def copies_in_model(
         if not plan["offloads"]:
             continue
         path = folder / f"everything_{direction}.onnx"
-        write_model(apply_plan(plan, analysis), path, source_dir=Path(model).parent)
+        shared = apply_plan(plan, analysis, options=RewriteOptions(share_weights=True))
+        write_model(shared, path, source_dir=Path(model).parent, weights_from=analysis.loaded.proto)
         paths[direction] = str(path)
     if not paths:
         record["note"] = "nothing in the model can be offloaded: the sweep's fits are used as measured"
