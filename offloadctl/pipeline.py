@@ -141,7 +141,7 @@ def as_run_figures(
     after of the rewrite as the walk over it runs (`offloadctl.rewriting.preview`: pins and copies reorder
     it), not of the planned sequence. PRIORITY_BASED on one stream runs the planned sequence itself."""
     if host_device:
-        return device_figures(plan, analysis, figures, host_device, host_nodes, host_copies, host_casts)
+        return device_figures(plan, analysis, figures, host_device, host_nodes, host_copies, host_casts, copies)
     if not plan["offloads"]:
         return figures
     if copies == "streams":
@@ -167,19 +167,27 @@ def device_figures(
     host_nodes: Sequence[str] = (),
     host_copies: Sequence[str] = (),
     host_casts: Sequence[Any] = (),
+    copies: str = "inline",
 ) -> dict[str, Any]:
     """``figures`` with the peaks of the model and of ``plan``'s rewrite as the device the plan was made
     for runs them (``plan --device``: ``host_device``, the nodes it runs on the host, the tensors
     onnxruntime copies there and the Casts it inserts, as `SelectPart` records them), in the order its
-    executor runs the two providers' streams in (`offloadctl.rewriting.preview.device_result`)."""
+    executor runs the two providers' streams in (`offloadctl.rewriting.preview.device_result`); with
+    ``copies`` on streams, the rewrite as ``apply --copies streams`` writes it, its copy stream run
+    ahead of compute until a gate stops it (`offloadctl.rewriting.preview.streams_run_result`)."""
     device = host_device.split()[0]
     placement = placement_of(analysis, host_nodes, host_copies, host_casts)
     target = target_for(device)  # the pins `apply --target` writes for it
     with paused_gc():
         before, _ = device_result(None, analysis, placement, target=target)
-        after, pins = device_result(plan, analysis, placement, target=target) if plan["offloads"] else (before, None)
+        if not plan["offloads"]:
+            after, pins = before, None
+        elif copies == "streams" and device != "webgpu":  # (WebGPU registers no streams: its copies run in line)
+            after, pins = streams_run_result(plan, analysis, target=target, placement=placement), None
+        else:
+            after, pins = device_result(plan, analysis, placement, target=target)
     checked = None if pins is None else (pins.checked, len(pins.violated))
-    return with_device_peaks(figures, before, after, device, analysis.order, checked)
+    return with_device_peaks(figures, before, after, device, analysis.order, checked, streams=copies == "streams")
 
 
 # --------------------------------------------------------------------------------------------------

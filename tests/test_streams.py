@@ -389,3 +389,27 @@ def test_the_gpu_streams_check_dry_runs_on_the_cpu(capsys):
     assert all(r.endswith("max diff 0") for r in rows), rows
     assert "handed to onnxruntime from page-locked memory" in out
     assert "race check: " in out and "of 2 runs wrong without the fences" in out
+
+
+@pytest.mark.parametrize("device", [None, "cuda", "ascend"])
+@pytest.mark.parametrize("order", ["priority", "default"])
+def test_plan_apply_and_simulate_of_the_rewrite_quote_one_device_peak(run_cli, tmp_path, device, order):
+    """For copies on streams, on every device setting and in both orders, the peak plan and apply quote is the
+    one simulate gives of the rewrite apply wrote (the device's placement recorded in it, the copy stream run
+    as the executor runs it)."""
+    for name in ("unet", "transformer"):
+        plan, out = tmp_path / f"{name}.plan.json", tmp_path / f"{name}.offload.onnx"
+        extra = ("--device", device) if device else ()
+        made = run_cli("plan", SAMPLES / f"{name}.onnx", "-o", plan, "--params", "--select-distance", "10",
+                       "--copies", "streams", "--execution-order", order, *extra, "--json")  # fmt: skip
+        if made.exit_code != 0:  # a plan that raises the peak (written, refused): nothing to apply
+            assert made.json()["passed"] is False
+            continue
+        planned = made.json()["peak_bytes"]["after"]
+        target = ("--target", "ascend") if device == "ascend" else ()
+        applied = run_cli("apply", plan, "-o", out, *target, "--json")
+        assert applied.exit_code == 0, applied.stderr
+        assert applied.json()["estimate"]["peak_bytes"]["after"] == planned
+        simulated = run_cli("simulate", out, "--json").json()
+        assert abs(simulated["peak_bytes"]["after"] - planned) <= 0.02 * planned, (name, planned, simulated)
+        assert simulated.get("device") == device

@@ -117,7 +117,7 @@ def simulate_cmd(
     if plot:
         job.guard("the plot", plot)
     check_report_paths(report, *job.reads, plot=plot)
-    ran, partition, streams = copy_streams(model, analysis)  # a streams rewrite's device memory: as it runs
+    ran, partition, streams, runs_on = copy_streams(model, analysis)  # a rewrite's device memory: as it runs
     result = simulate(ran, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)
@@ -134,6 +134,10 @@ def simulate_cmd(
     unknown = len(result.unknown_tensors)
     copies = "streams" if streams is not None else planned_copies(plan)
     parts, failure = _verdict(result, plan, analysis, doc, max_peak, points, copies)
+    if runs_on and plan is None:  # a rewrite of a plan made for a device: as that device runs it (its
+        # original as the device runs it is simulate ORIGINAL --plan PLAN's)
+        parts[0] = f"peak {fmt_bytes(result.peak_after)} as {runs_on} runs it"
+        doc["device"] = runs_on
     subject = model + (f" with plan {plan_path}" if plan_path else "")
     if as_json:
         doc["max_peak_bytes"] = max_peak

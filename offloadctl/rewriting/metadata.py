@@ -67,6 +67,7 @@ __all__ = [
     "metadata_json",
     "plan_sha256",
     "planned_at",
+    "planned_device",
     "planned_execution_order",
     "planned_input_shapes",
     "planned_shapes",
@@ -231,6 +232,15 @@ def planned_execution_order(model: str | os.PathLike[str]) -> str | None:
     _, recorded = _planned_at(model)
     order = recorded.get("execution_order") if isinstance(recorded, dict) else None
     return order if order in EXECUTION_ORDERS else None
+
+
+def planned_device(proto: onnx.ModelProto) -> dict[str, Any] | None:
+    """The device a rewritten model's plan was made for (``plan --device``), as its ``offloadctl.planned_at``
+    records it: ``host_device``, ``host_nodes``, ``host_copies``, ``host_casts``; None for a plan made for no
+    device, or any other model."""
+    recorded = metadata_json(proto, KEY_PLANNED_AT)
+    device = recorded.get("device") if isinstance(recorded, dict) else None
+    return device if isinstance(device, dict) and isinstance(device.get("host_device"), str) else None
 
 
 def planned_at(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]], dict[str, int], str | None]:

@@ -38,6 +38,7 @@ from offloadctl.simulation.result import SimResult, simulate
 from offloadctl.simulation.timing import count_scratch
 
 __all__ = [
+    "as_device_runs",
     "CpuFigures",
     "cpu_figures",
     "device_result",
@@ -73,6 +74,21 @@ def rewritten_analysis(
     if measured is not None:
         rewritten.infos.use_measured(measured)
     return rewritten
+
+
+def as_device_runs(analysis: Analysis, device: Mapping[str, Any]) -> Analysis:
+    """A rewritten model's analysis as the device its plan was made for runs it (its recorded ``device``,
+    `offloadctl.rewriting.metadata.planned_device`): the copies onnxruntime inserts there, the nodes it
+    runs on the host, its executor's order."""
+    placement = placement_of(
+        analysis, device.get("host_nodes", ()), device.get("host_copies", ()), device.get("host_casts", ())
+    )
+    proto, host = placed(analysis.loaded.proto, placement)
+    loaded = dataclasses.replace(analysis.loaded, proto=proto, sizes_from_run=None)
+    ran = analyse(loaded, order=analysis.order, host=host)
+    if analysis.infos.measured is not None:
+        ran.infos.use_measured(analysis.infos.measured)
+    return ran
 
 
 def placement_of(
@@ -202,25 +218,39 @@ class StreamsCost:
         return {"streams_bytes": self.streams.peak_bytes, "inline_bytes": self.inline.peak_bytes}
 
 
-def _streams_rewrite(plan: Plan, analysis: Analysis, *, target: str) -> tuple[Analysis, StreamLayout]:
+def _streams_rewrite(
+    plan: Plan, analysis: Analysis, *, target: str, placement: Placement | None = None
+) -> tuple[Analysis, StreamLayout]:
     """``plan``'s rewrite as ``apply --copies streams`` writes it, in memory: its analysis in
     ``analysis``'s order at the shapes it was planned at (sizes as ``analysis`` has them), and its
-    streams."""
+    streams; with ``placement``, as onnxruntime places it on that device (its copies inserted, the host
+    nodes known: they run on the compute stream's side of the partition)."""
     pinned = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True, target=target, share_weights=True))
     layout = with_events(pinned, "preview.streams.json", analysis.order, target)
-    rewritten = analyse(dataclasses.replace(analysis.loaded, proto=pinned, sizes_from_run=None), order=analysis.order)
+    host: frozenset[int] | None = None
+    if placement is not None:
+        pinned, host = placed(pinned, placement)
+    loaded = dataclasses.replace(analysis.loaded, proto=pinned, sizes_from_run=None)
+    rewritten = analyse(loaded, order=analysis.order, host=host)
     if analysis.infos.measured is not None:
         rewritten.infos.use_measured(analysis.infos.measured)
     return rewritten, layout
 
 
 def streams_run_result(
-    plan: Plan, analysis: Analysis, *, target: str = "gpu", profile: Profile | str | None = None
+    plan: Plan,
+    analysis: Analysis,
+    *,
+    target: str = "gpu",
+    profile: Profile | str | None = None,
+    placement: Placement | None = None,
 ) -> SimResult:
     """The simulation of ``plan``'s rewrite as ``apply --copies streams`` writes it, in the order
     onnxruntime's executor runs its two streams (`offloadctl.simulation.ortstreams.executor_analysis`):
-    its ``after`` counts the device memory of copies issued as their gates open."""
-    rewritten, layout = _streams_rewrite(plan, analysis, target=target)
+    its ``after`` counts the device memory of copies issued as their gates open. With ``placement``, on
+    the device it holds for (`device_result`'s placement: the nodes it runs on the host, the copies
+    onnxruntime inserts)."""
+    rewritten, layout = _streams_rewrite(plan, analysis, target=target, placement=placement)
     ran = executor_analysis(rewritten, [layout.copy_stream, layout.compute_stream])
     return simulate(ran, None, profile=profile)
 

@@ -56,6 +56,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Container
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -644,7 +645,12 @@ class _Rewriter:
             KEY_OFFLOADS: str(len(self.plan["offloads"])),
             KEY_SESSION: json.dumps(settings, sort_keys=False),
             KEY_PLANNED_AT: json.dumps(
-                {"input_shapes": loaded.input_shapes, "dims": loaded.dims, "execution_order": analysis.order}
+                {
+                    "input_shapes": loaded.input_shapes,
+                    "dims": loaded.dims,
+                    "execution_order": analysis.order,
+                    **_device_record(self.plan),
+                }
             ),
         }
         if self.constraints:
@@ -653,6 +659,18 @@ class _Rewriter:
             values[KEY_UNPINNED] = json.dumps(self.result.unpinned, separators=(",", ":"))
         set_metadata(self.model, values)
         return self.model
+
+
+def _device_record(plan: Plan) -> dict[str, Any]:
+    """What a plan made for a device (``plan --device``) knows of it, for the rewrite's
+    ``offloadctl.planned_at``: the device and how, the nodes it runs on the host, the tensors onnxruntime
+    copies there and the Casts it inserts (`simulate REWRITE` counts the rewrite as that device runs it).
+    Empty for any other plan."""
+    select = plan["options"].get("select", {})
+    if not select.get("host_device"):
+        return {}
+    keys = ("host_device", "host_nodes", "host_copies", "host_casts")
+    return {"device": {key: select[key] for key in keys if key in select}}
 
 
 class _Pins:

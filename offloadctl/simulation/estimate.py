@@ -69,19 +69,25 @@ def with_device_peaks(
     device: str,
     order: str,
     pins: tuple[int, int] | None = None,
+    *,
+    streams: bool = False,
 ) -> dict[str, Any]:
     """``figures`` with the peaks before and after taken from the model and its rewrite as ``device``
     runs them (`offloadctl.rewriting.preview.device_result`: its inserted copies, the nodes it runs
     on the host, its executor's order); the planned figures stay beside them as ``planned_before`` and
     ``planned_after``. ``pins``, (checked, broken): the rewrite's order pins checked against that
     order and those it breaks (copies on the wrong side of the node their pin names), are recorded as
-    ``peak_bytes.pins_checked`` and ``pins_broken``."""
+    ``peak_bytes.pins_checked`` and ``pins_broken``. ``streams``: ``after`` is the rewrite with its
+    copies on a stream of their own, as the two-stream executor runs it (``run_by`` says so)."""
     peak = dict(figures["peak_bytes"])
     peak["planned_before"], peak["planned_after"] = peak["before"], peak["after"]
     peak["before"], peak["after"] = before.peak_after, after.peak_after
     peak["saved"] = before.peak_after - after.peak_after
     peak["device"] = device
     peak["of"] = f"the model and its rewrite as {device} runs them, in onnxruntime's {order.upper()} order"
+    if streams:  # the rewrite with its copies on a stream of their own (``streams``)
+        peak["of"] += ", the rewrite's copies on a stream of their own"
+        peak["run_by"] = "the two-stream executor"
     if pins is not None:
         peak["pins_checked"], peak["pins_broken"] = pins
     return {**figures, "peak_bytes": peak}

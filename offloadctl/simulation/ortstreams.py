@@ -78,7 +78,8 @@ def executor_analysis(analysis: Analysis, streams: Sequence[Sequence[str]]) -> A
     ran = ran_on_streams(analysis, streams[0])
     if ran == list(range(analysis.num_positions)):
         return analysis
-    ordered = analyse(analysis.loaded, order=analysis.order, sequence=[analysis.file_index[p] for p in ran])
+    host = [analysis.file_index[p] for p in analysis.host] or None  # the nodes a device runs on the host stay there
+    ordered = analyse(analysis.loaded, order=analysis.order, sequence=[analysis.file_index[p] for p in ran], host=host)
     if analysis.infos.measured is not None:
         ordered.infos.use_measured(analysis.infos.measured)
     return ordered
