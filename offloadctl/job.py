@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -35,11 +36,13 @@ from offloadctl.core.files import (
     written_through,
 )
 from offloadctl.core.plantypes import Plan, SizesFromRun
+from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.planning.select import candidate_uses
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
 from offloadctl.rewriting.guards import GUARD_PREFIX
 from offloadctl.rewriting.metadata import session_settings
+from offloadctl.rewriting.preview import loads_in_line, plan_placement
 from offloadctl.rewriting.rewrite import (
     ApplyResult,
     RewriteOptions,
@@ -54,6 +57,8 @@ from offloadctl.running.sizes import measure_sizes
 from offloadctl.simulation.base import plain_ids
 
 __all__ = ["Job", "plan_model"]
+
+logger = logging.getLogger(__name__)
 
 Step = Callable[..., None]
 
@@ -240,9 +245,31 @@ class Job:
                     hint="write the rewrite to a file, or apply with --copies inline",
                 )
             partition_path = self.guard("the partition file", streams_file(output_target(output)))
-            events = with_events(proto, partition_path.name, self.analysis.order, options.target)
+            placement = plan_placement(self.plan, self.analysis)
+            decided = loads_in_line(self.plan, self.analysis, target=options.target, placement=placement)
+            events = with_events(proto, partition_path.name, self.analysis.order, options.target, in_line=decided.loads)
+            if decided.above:  # what no load put in line brings down: said, not hidden
+                logger.warning(
+                    "with its copies on a stream of their own the rewrite peaks at %s on the device as onnxruntime's "
+                    "executor runs the two streams, %s above the same plan in line (%s): its events move the walk "
+                    "so that loads run earlier; plan with --copies streams (its figures count this), or apply with "
+                    "--copies inline",
+                    fmt_bytes(decided.streams_peak),
+                    fmt_bytes(decided.above),
+                    fmt_bytes(decided.inline_peak),
+                )
+            if not events.copy_stream:  # no copy a gate holds: nothing to overlap, and an empty stream crashes
+                logger.warning(
+                    "no copy of this plan can be held on a stream of its own (every load runs before any compute "
+                    "node, or no gate holds it): the copies are written in line, without a partition file"
+                )
+                proto = apply_plan(self.plan, self.analysis, options=replace(options, share_weights=True))
+                events = None
+                self.outputs = [o for o in self.outputs if o[0] != "the partition file"]
             if result is not None:
                 result.guards = [n.name for n in proto.graph.node if n.name.startswith(GUARD_PREFIX)]
+                result.copy_mode = "streams" if events is not None else "inline"
+                result.in_line = [] if events is None else list(events.in_line)
         if genai is not None:
             check_genai_output(genai, Path(output))
         step(f"writing {output}")

@@ -40,12 +40,16 @@ def test_apply_writes_the_events_and_a_partition_file_naming_every_node_once(run
     names = [n.name for n in model.graph.node if n.op_type != "Constant"]
     assert sorted(copy_stream + compute) == sorted(names)  # every node once
     copies = [n for n in model.graph.node if n.op_type in COPY_OPS]
-    assert copies and {n.name for n in copies} <= set(copy_stream)  # every copy on the copy stream, listed first
     gates = [n for n in model.graph.node if n.name.startswith("offload/event/gate/")]
     fences = [n for n in model.graph.node if n.name.startswith("offload/event/fence/")]
+    held = {g.name.removeprefix("offload/event/gate/") for g in gates}
+    in_line = {n.name for n in copies if n.op_type == "MemcpyFromHost"} - held
+    # every copy a gate holds, and every copy to host, on the copy stream, listed first; a load no gate holds
+    # (one before any compute node, or one issued early that would raise the peak) in line, on compute
+    assert copies and {n.name for n in copies} - in_line <= set(copy_stream) and in_line <= set(compute)
     first = next(k for k, n in enumerate(model.graph.node) if n.op_type not in (*COPY_OPS, "Constant"))
-    at_start = sum(n.op_type == "MemcpyFromHost" for n in model.graph.node[:first])  # issued at once: no gate
-    assert len(gates) == sum(n.op_type == "MemcpyFromHost" for n in copies) - at_start
+    at_start = {n.name for n in model.graph.node[:first] if n.op_type == "MemcpyFromHost"}  # issued at once
+    assert at_start <= in_line and held <= {n.name for n in copies}
     assert len(fences) == sum(n.op_type == "MemcpyToHost" for n in copies) > 0
     assert all(n.op_type == "Identity" for n in gates + fences) and {n.name for n in fences} <= set(compute)
     index = {n.name: k for k, n in enumerate(model.graph.node)}
@@ -159,11 +163,12 @@ def _default_streams_rewrite(run_cli, tmp_path: Path, name: str) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name, planner_matters", [("mlp", True), ("transformer", True), ("training", False)])
+@pytest.mark.parametrize("name, planner_matters", [("transformer", True), ("training", False)])
 def test_simulate_replays_the_reuse_plan_onnxruntime_makes_for_two_streams(run_cli, tmp_path, name, planner_matters):
     """The CPU arena figure of a streams rewrite is onnxruntime's own (C API MaxInUse, DEFAULT order) within
     2%: two streams on one device get the multi-stream reuse plan, which one stream's replay misses by more
-    on the mlp and the transformer (on the training step the two plans come within 2% of each other)."""
+    on the transformer (on the training step the two plans come within 2% of each other). (The unet's
+    convolutions take kernel scratch the replica counts from a measured profile only.)"""
     from offloadctl.analysis.graph import analyse
     from offloadctl.loading.model import load_model
     from offloadctl.simulation.ortcpu import cpu_peak, declared_shapes
@@ -220,28 +225,42 @@ def test_an_exported_bert_streams_rewrite_holds_its_pins_in_the_default_order(ru
     assert not doc["order_pins"]["violated"] and all(c["identical"] for c in doc["comparison"].values())
 
 
-def test_apply_warns_when_the_streams_rewrite_keeps_more_live_than_in_line(run_cli, tmp_path):
-    """The mlp's DEFAULT plan loads its weights at the start: in line the DEFAULT walk runs those copies
-    right before their readers, the copy stream as their gates open, as planned. apply --copies streams
-    says what that costs against the same plan in line, and both figures are onnxruntime's own (C API
-    MaxInUse, DEFAULT order) within 2%."""
-    plan = tmp_path / "plan.json"
+def test_a_streams_rewrite_is_never_worse_than_the_same_plan_in_line(run_cli, tmp_path):
+    """Under DEFAULT the walk runs a load in line right before its reader, and the copy stream as its gate
+    opens: the loads that would be alive, issued so early, where the streams rewrite holds more than in line
+    go in line too (apply names them), so that the device peak is the in-line rewrite's. The CPU figures of
+    both are onnxruntime's own (C API MaxInUse, DEFAULT order) within 2%. The mlp's DEFAULT plan loads every
+    weight before any compute node: no gate can hold one, so apply writes it in line and says so."""
+    for name in ("unet", "transformer"):
+        plan = tmp_path / f"{name}.plan.json"
+        made = run_cli("plan", SAMPLES / f"{name}.onnx", "-o", plan, "--execution-order", "default", "--params",
+                       "--select-distance", "10")  # fmt: skip
+        assert made.exit_code in (0, 1), made.stderr
+        streams, inline = tmp_path / f"{name}.streams.onnx", tmp_path / f"{name}.inline.onnx"
+        applied = run_cli("apply", plan, "-o", streams, "--copies", "streams", "--json")
+        assert applied.exit_code == 0, applied.stderr
+        doc = applied.json()
+        assert doc["copy_mode"] == "streams" and doc["loads_in_line"]
+        assert run_cli("apply", plan, "-o", inline, "--copies", "inline").exit_code == 0
+        peaks = {r: run_cli("simulate", r, "--json").json()["peak_bytes"]["after"] for r in (streams, inline)}
+        assert peaks[streams] <= peaks[inline], peaks
+        cost = doc["streams_cpu_peak"]
+        if name == "unet":  # its convolutions' kernel scratch: the replica counts it from a measured profile
+            continue
+        for rewrite, figure in ((streams, cost["streams_bytes"]), (inline, cost["inline_bytes"])):
+            ran = run_cli("run", rewrite, "--device", "cpu", "--inputs", SAMPLES / f"{name}.inputs.npz",
+                          "--execution-order", "default", "--measure-memory", "--repeat", "1", "--json")  # fmt: skip
+            assert ran.exit_code == 0, ran.stderr
+            (measured,) = [m["peak_bytes"] for m in ran.json()["measured_memory"] if m["method"] == "allocator-stats"]
+            assert abs(figure / measured - 1) <= 0.02, (rewrite.name, figure, measured)
+    plan, out = tmp_path / "mlp.plan.json", tmp_path / "mlp.offload.onnx"
     made = run_cli("plan", SAMPLES / "mlp.onnx", "-o", plan, "--execution-order", "default", "--params",
                    "--select-distance", "10")  # fmt: skip
     assert made.exit_code in (0, 1), made.stderr
-    streams, inline = tmp_path / "streams.onnx", tmp_path / "inline.onnx"
-    applied = run_cli("apply", plan, "-o", streams, "--copies", "streams", "--json")
-    assert applied.exit_code == 0, applied.stderr
-    cost = applied.json()["streams_cpu_peak"]
-    assert cost["streams_bytes"] > 1.1 * cost["inline_bytes"]
-    assert "the copy stream issues each copy as its gate opens" in " ".join(applied.stderr.split())
-    assert run_cli("apply", plan, "-o", inline, "--json").json()["streams_cpu_peak"] is None
-    for rewrite, figure in ((streams, cost["streams_bytes"]), (inline, cost["inline_bytes"])):
-        ran = run_cli("run", rewrite, "--device", "cpu", "--inputs", SAMPLES / "mlp.inputs.npz",
-                      "--execution-order", "default", "--measure-memory", "--repeat", "1", "--json")  # fmt: skip
-        assert ran.exit_code == 0, ran.stderr
-        (measured,) = [m["peak_bytes"] for m in ran.json()["measured_memory"] if m["method"] == "allocator-stats"]
-        assert abs(figure / measured - 1) <= 0.02, (rewrite.name, figure, measured)
+    applied = run_cli("apply", plan, "-o", out, "--copies", "streams")
+    said = " ".join(applied.stderr.split()) + " ".join(applied.stdout.split())
+    assert applied.exit_code == 0 and "copies written inline: no copy a gate holds" in said
+    assert not out.with_name("mlp.offload.streams.json").exists()
 
 
 def test_the_two_stream_replay_is_the_figure_simulate_reports(run_cli, tmp_path):
@@ -253,7 +272,7 @@ def test_the_two_stream_replay_is_the_figure_simulate_reports(run_cli, tmp_path)
     from offloadctl.simulation.ortcpu import cpu_peak, declared_shapes
     from offloadctl.simulation.ortstreams import cpu_peak_on_streams
 
-    out = _default_streams_rewrite(run_cli, tmp_path, "mlp")
+    out = _default_streams_rewrite(run_cli, tmp_path, "unet")
     proto = onnx.load(str(out), load_external_data=False)
     _, streams = checked_streams(out, proto, "default")
     analysis = analyse(load_model(out), order="default")
@@ -360,7 +379,8 @@ def test_a_float16_streams_rewrite_on_a_provider_without_float16_kernels_is_one_
     source = tmp_path / "mlp16.onnx"
     onnx.save(to_fp16(onnx.load(str(SAMPLES / "mlp.onnx"))), str(source))
     plan, out = tmp_path / "plan.json", tmp_path / "mlp16.offload.onnx"
-    assert run_cli("plan", source, "-o", plan, "--params", "--select-distance", "2").exit_code in (0, 1)
+    made = run_cli("plan", source, "-o", plan, "--params", "--select-distance", "2", "--prefetch-distance", "2")
+    assert made.exit_code in (0, 1)  # (loads a gate holds: there is a partition file)
     assert run_cli("apply", plan, "-o", out, "--copies", "streams").exit_code == 0
     ran = run_cli("run", out, "--device", "cpu")
     message = " ".join(ran.stderr.split())

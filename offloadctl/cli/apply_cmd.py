@@ -119,8 +119,10 @@ def apply(
             options = RewriteOptions(order_pins=order_pins, pin_shapes=pin_shapes, target=target, copies=copies)
             _, extra = job.write_rewrite(output, result=result, step=step, options=options)
     model_path = job.model_path
+    fell_back = copies == "streams" and result.copy_mode == "inline"  # no copy a gate holds: written in line
+    copies = result.copy_mode
     # the plan's figures count the mode it was made for: quoted only for a rewrite written so
-    figures = None if choice.overridden and plan["offloads"] else recorded_estimate(plan)
+    figures = None if (choice.overridden or fell_back) and plan["offloads"] else recorded_estimate(plan)
     cost = streams_cost(plan, job.analysis, target=options.target) if copies == "streams" else None
     if not as_json:
         _print_apply(result, extra, figures)
@@ -134,6 +136,10 @@ def apply(
             if plan["offloads"]
             else "no copies: nothing to overlap, no partition file"
         )
+    if fell_back:
+        parts.append("copies written inline: no copy a gate holds")
+    if result.in_line and copies == "streams":
+        parts.append(f"{len(result.in_line)} load(s) in line")
     if result.unpinned and order_pins:
         parts.append(f"{len(result.unpinned)} unpinned group(s) hold under PRIORITY_BASED only")
     if figures is not None:
@@ -162,6 +168,7 @@ def apply(
             "unpinned": result.unpinned,
             "target": target,
             "copy_mode": copies,
+            "loads_in_line": result.in_line,
             "planned_copy_mode": choice.planned,
             "partition_file": next((str(p) for p in extra if p.suffix == ".json"), None),
             "guards": result.guards,
@@ -187,6 +194,12 @@ def _print_apply(result: ApplyResult, extra: list[Path], figures: dict[str, Any]
         console.print(
             f"wrote {result.across} copy(ies) between host and device where the plan's device needs them "
             "(onnxruntime would append them after every node)",
+            soft_wrap=True,
+        )
+    if result.in_line and result.copy_mode == "streams":
+        console.print(
+            f"left {len(result.in_line)} load(s) in line, on the compute stream: no gate holds them, or issued as "
+            "their gate opens they would keep more alive than the rewrite in line",
             soft_wrap=True,
         )
     if result.guards:

@@ -19,11 +19,13 @@ executor runs it (`offloadctl.analysis.order.executor_order`), counting only dev
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis, analyse
+from offloadctl.core.onnxutil import copy_kind, is_event, is_pin, pin_view_source
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import declared_model
 from offloadctl.loading.placed import Placement, host_casts, placed
@@ -39,6 +41,9 @@ from offloadctl.simulation.timing import count_scratch
 
 __all__ = [
     "as_device_runs",
+    "LoadsInLine",
+    "loads_in_line",
+    "plan_placement",
     "CpuFigures",
     "cpu_figures",
     "device_result",
@@ -218,15 +223,139 @@ class StreamsCost:
         return {"streams_bytes": self.streams.peak_bytes, "inline_bytes": self.inline.peak_bytes}
 
 
+def plan_placement(plan: Plan, analysis: Analysis) -> Placement | None:
+    """The placement a plan made for a device records (``plan --device``), None for any other plan."""
+    select = plan["options"].get("select", {})
+    if not select.get("host_device"):
+        return None
+    return placement_of(
+        analysis, select.get("host_nodes", ()), select.get("host_copies", ()), select.get("host_casts", ())
+    )
+
+
+#: rounds of `loads_in_line` at most: each takes the loads alive where the memory is over the in-line rewrite's
+#: peak only because they were issued early (one or two rounds do on the models measured)
+IN_LINE_ROUNDS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadsInLine:
+    """The loads of a streams rewrite that go in line (`loads_in_line`), and the device peaks that decided it:
+    the streams rewrite's as the two-stream executor runs it with them in line, and the in-line rewrite's."""
+
+    loads: list[str]
+    streams_peak: int
+    inline_peak: int
+
+    @property
+    def above(self) -> int:
+        """What the streams rewrite still holds above the in-line rewrite (0: nothing)."""
+        return max(0, self.streams_peak - self.inline_peak)
+
+
+def loads_in_line(
+    plan: Plan, analysis: Analysis, *, target: str = "gpu", placement: Placement | None = None
+) -> LoadsInLine:
+    """The copies to device of ``plan``'s streams rewrite that go in line, on the compute stream, so that the
+    rewrite as the two-stream executor runs it peaks no higher than the same plan written in line, as that
+    runs (same order, same device). On the copy stream a load is issued as soon as its gate opens; in line
+    under DEFAULT the walk runs one right before its reader. A load alive at the streams rewrite's peak only
+    because it was issued before the in-line rewrite issues it is taken off the copy stream (its gates taken
+    out, `offloadctl.rewriting.streams.release_loads`), round by round, until the peak is no higher or no
+    such load is left."""
+    inline = rewritten_analysis(plan, analysis, placement, target=target)
+    limit = simulate(inline, None, profile=None).peak_after
+    inline_at = _original_nodes_before(inline)
+    released: list[str] = []
+    peak = limit
+    for _ in range(IN_LINE_ROUNDS):
+        rewritten, layout = _streams_rewrite(plan, analysis, target=target, placement=placement, in_line=released)
+        if not layout.copy_stream:  # nothing left on the copy stream: the rewrite is written in line
+            peak = limit
+            break
+        ran = executor_analysis(rewritten, [layout.copy_stream, layout.compute_stream])
+        result = simulate(ran, None, profile=None)
+        peak = result.peak_after
+        if peak <= limit:
+            break
+        early = _early_at_peak(ran, result, inline_at, set(layout.copy_stream), limit)
+        if not early:
+            break
+        released += early
+    return LoadsInLine(released, peak, limit)
+
+
+def _original_nodes_before(analysis: Analysis) -> dict[str, int]:
+    """For each copy of a rewrite's analysis, how many of the model's own nodes run before it."""
+    before, seen = {}, 0
+    for node, name in zip(analysis.nodes, analysis.node_names):
+        if copy_kind(node) is not None:
+            before[name] = seen
+        elif not (is_pin(node) or is_event(node)):
+            seen += 1
+    return before
+
+
+def _early_at_peak(
+    ran: Analysis, result: SimResult, inline_at: dict[str, int], copy_stream: set[str], limit: int
+) -> list[str]:
+    """The loads on the copy stream alive where ``result`` holds more than ``limit`` (issued at or before such
+    a step, first read after it) that ran issues before the in-line rewrite issues them (``inline_at``: the
+    model's nodes before each)."""
+    trace = result.after
+    index = {name: k for k, name in enumerate(ran.node_names)}
+    over = sorted(
+        index[label]
+        for step, held in enumerate(trace.device)
+        if held > limit and (label := trace.labels[step]) in index
+    )  # (a step's position counts the model's own nodes only: the node's name places it in ran)
+    if not over:
+        return []
+    ran_at = _original_nodes_before(ran)
+    early = []
+    for pos, (node, name) in enumerate(zip(ran.nodes, ran.node_names)):
+        if copy_kind(node) != "h2d" or name not in copy_stream or ran_at.get(name, 0) >= inline_at.get(name, 0):
+            continue
+        first = _first_read(ran, node.output[0], pos)
+        k = bisect.bisect_left(over, pos)  # an over-limit step at or after the load, before its first read
+        if k < len(over) and over[k] < first:
+            early.append(name)
+    return early
+
+
+def _first_read(analysis: Analysis, name: str, default: int) -> int:
+    """Where the first node reads ``name``'s data: an order pin's view is followed to its readers, and a
+    pin's or an event's Shape, which reads no data, does not count."""
+    first, todo, seen = None, [name], {name}
+    while todo:
+        for use in analysis.uses.get(todo.pop(), ()):
+            node = analysis.nodes[use.position]
+            if pin_view_source(node) is not None or is_event(node):
+                if node.output[0] not in seen:
+                    seen.add(node.output[0])
+                    todo.append(node.output[0])
+            elif not is_pin(node):
+                first = use.position if first is None else min(first, use.position)
+    return default if first is None else first
+
+
 def _streams_rewrite(
-    plan: Plan, analysis: Analysis, *, target: str, placement: Placement | None = None
+    plan: Plan,
+    analysis: Analysis,
+    *,
+    target: str,
+    placement: Placement | None = None,
+    in_line: Sequence[str] | None = None,
 ) -> tuple[Analysis, StreamLayout]:
     """``plan``'s rewrite as ``apply --copies streams`` writes it, in memory: its analysis in
     ``analysis``'s order at the shapes it was planned at (sizes as ``analysis`` has them), and its
     streams; with ``placement``, as onnxruntime places it on that device (its copies inserted, the host
-    nodes known: they run on the compute stream's side of the partition)."""
+    nodes known: they run on the compute stream's side of the partition). ``in_line``: the loads that go in
+    line (`loads_in_line`, worked out here when None)."""
+    if in_line is None:
+        in_line = loads_in_line(plan, analysis, target=target, placement=placement).loads
     pinned = apply_plan(plan, analysis, options=RewriteOptions(pin_shapes=True, target=target, share_weights=True))
-    layout = with_events(pinned, "preview.streams.json", analysis.order, target)
+    layout = with_events(pinned, "preview.streams.json", analysis.order, target, in_line=in_line)
     host: frozenset[int] | None = None
     if placement is not None:
         pinned, host = placed(pinned, placement)
@@ -251,6 +380,8 @@ def streams_run_result(
     the device it holds for (`device_result`'s placement: the nodes it runs on the host, the copies
     onnxruntime inserts)."""
     rewritten, layout = _streams_rewrite(plan, analysis, target=target, placement=placement)
+    if not layout.copy_stream:  # no copy a gate holds: apply writes the copies in line
+        return simulate(rewritten_analysis(plan, analysis, placement, target=target), None, profile=profile)
     ran = executor_analysis(rewritten, [layout.copy_stream, layout.compute_stream])
     return simulate(ran, None, profile=profile)
 
@@ -267,9 +398,10 @@ def streams_cost(
     (symbolic dimensions kept), the sizes those of the analysis (its pins)."""
     if analysis.num_positions > STREAMS_REPLAY_MAX_NODES:
         return None
-    rewritten, layout = _streams_rewrite(plan, analysis, target=target)
+    in_line = loads_in_line(plan, analysis, target=target).loads
+    rewritten, layout = _streams_rewrite(plan, analysis, target=target, in_line=in_line)
     written = apply_plan(plan, analysis, options=RewriteOptions(target=target, share_weights=True))
-    with_events(written, "preview.streams.json", analysis.order, target)
+    with_events(written, "preview.streams.json", analysis.order, target, in_line=in_line)
     count_scratch(rewritten, profile)
     streams = [layout.copy_stream, layout.compute_stream]
     on_streams = cpu_peak_on_streams(rewritten, streams, shapes=declared_shapes(written))

@@ -141,6 +141,10 @@ class ApplyResult:
     across: int = 0
     # with copies on streams: the guards against onnxruntime's multi-stream in-place defect (`guards`)
     guards: list[str] = field(default_factory=list)
+    copy_mode: str = "inline"  # how the copies were written (inline, or streams with a partition file)
+    # with copies on streams: the loads written in line, on the compute stream (no gate holds them, or one
+    # issued early would raise the peak above the rewrite in line: `offloadctl.rewriting.preview.loads_in_line`)
+    in_line: list[str] = field(default_factory=list)
 
 
 #: the providers a rewrite's order pins are built for (`RewriteOptions.target`)

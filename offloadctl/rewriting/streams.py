@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,9 @@ __all__ = [
     "add_event_nodes",
     "checked_streams",
     "check_partition",
+    "copy_stream_nodes",
     "partition",
+    "release_loads",
     "stream_order",
     "streams_file",
     "with_events",
@@ -91,6 +94,7 @@ class StreamLayout:
     gates: int  # before MemcpyFromHost nodes
     fences: int  # MemcpyToHost copies the compute stream waits for
     guards: int = 0  # second readers that keep onnxruntime from overwriting a shared buffer (`guards`)
+    in_line: list[str] = field(default_factory=list)  # copies to device no gate holds: on the compute stream
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -515,14 +519,15 @@ def partition(model: onnx.ModelProto, order: str = "priority") -> StreamLayout:
             hint="inline the model's functions first (onnx.inliner.inline_local_functions), or apply with "
             "--copies inline",
         )
-    on_copy_stream = {n.name for n in model.graph.node if _on_copy_stream(n)}
+    on_copy_stream = copy_stream_nodes(model)
     names = expected_run_order(model, order)
     copy_stream = [n for n in names if n in on_copy_stream]
     compute = [n for n in names if n not in on_copy_stream]
     gates = sum(n.startswith(f"{EVENT_PREFIX}gate/") for n in copy_stream)
     fences = sum(n.startswith(f"{EVENT_PREFIX}fence/") for n in compute)
     guards = sum(n.startswith(GUARD_PREFIX) for n in compute)
-    return StreamLayout(copy_stream, compute, gates, fences, guards)
+    in_line = [n.name for n in model.graph.node if copy_kind(n) == "h2d" and n.name not in on_copy_stream]
+    return StreamLayout(copy_stream, compute, gates, fences, guards, in_line)
 
 
 def stream_order(model: onnx.ModelProto, order: str = "priority") -> list[str]:
@@ -534,13 +539,86 @@ def stream_order(model: onnx.ModelProto, order: str = "priority") -> list[str]:
     nodes = {n.name: n for n in model.graph.node if n.name in at}
     made = {o: at[n.name] for n in nodes.values() for o in n.output if o}
     preds = [{made[i] for i in nodes[name].input if i in made} for name in names]
-    on_copy = [_on_copy_stream(nodes[name]) for name in names]
+    on_copy_stream = copy_stream_nodes(model)
+    on_copy = [name in on_copy_stream for name in names]
     ran = executor_order(list(range(len(names))), preds, on_copy, first=True)
     return [names[k] for k in ran]
 
 
-def _on_copy_stream(node: onnx.NodeProto) -> bool:
-    return copy_kind(node) is not None or node.name.startswith((f"{EVENT_PREFIX}gate/", f"{EVENT_PREFIX}copied/"))
+def copy_stream_nodes(model: onnx.ModelProto) -> set[str]:
+    """The nodes of a rewrite with events that go on the copy stream: every copy to host (its input holds it
+    until it is made), every copy to device a gate holds (`_held_loads`), and the gates. A copy to device no
+    gate holds (a weight's before any compute node, one the DEFAULT walk offers no pin) stays on the compute
+    stream, in line: on the copy stream nothing would keep it from running ahead of its plan, the whole
+    load alive from the start of the run."""
+    nodes = list(model.graph.node)
+    held = _held_loads(nodes)
+    events = (f"{EVENT_PREFIX}gate/", f"{EVENT_PREFIX}copied/")
+    return {n.name for n in nodes if copy_kind(n) == "d2h" or n.name in held or n.name.startswith(events)}
+
+
+def _held_loads(nodes: list[onnx.NodeProto]) -> set[str]:
+    """The copies to device a gate holds (`_gates_of_loads`)."""
+    return {load for loads in _gates_of_loads(nodes).values() for load in loads}
+
+
+def _gates_of_loads(nodes: list[onnx.NodeProto]) -> dict[str, set[str]]:
+    """Each gate, and the copies to device it holds: the copy it is written right before (``gate/<copy>``), or
+    those whose order pin it is inside (its Shape reads the gate, its Concat shapes the view of the copy's
+    output)."""
+    made = {o: n for n in nodes for o in n.output if o}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    loads = {n.name for n in nodes if copy_kind(n) == "h2d"}
+    held: dict[str, set[str]] = {}
+    for gate in nodes:
+        if not gate.name.startswith(f"{EVENT_PREFIX}gate/"):
+            continue
+        target = gate.name.removeprefix(f"{EVENT_PREFIX}gate/")
+        found = held.setdefault(gate.name, set())
+        if target in loads:
+            found.add(target)
+            continue
+        for shape in readers.get(gate.output[0], ()):  # a pin's gate: Shape -> (Slice) -> Concat -> view
+            for view in _views_of(shape, readers):
+                source = made.get(view.input[0], _NONE)
+                if copy_kind(source) == "h2d":
+                    found.add(source.name)
+    return held
+
+
+def release_loads(model: onnx.ModelProto, loads: Collection[str]) -> int:
+    """Take the gates of the copies to device ``loads`` out of ``model`` (in place): whatever read a gate
+    reads its tensor instead, so the order pins keep their place in the walk, and each of those copies, no
+    gate holding it, runs on the compute stream, in line (`copy_stream_nodes`). Returns the gates taken out."""
+    wanted = set(loads)
+    nodes = list(model.graph.node)
+    gates = {g for g, held in _gates_of_loads(nodes).items() if held & wanted}
+    by_name = {n.name: n for n in nodes}
+    renamed = {by_name[g].output[0]: by_name[g].input[0] for g in gates}
+    for node in nodes:
+        for k, name in enumerate(node.input):
+            if name in renamed:
+                node.input[k] = renamed[name]
+    kept = [n for n in nodes if n.name not in gates]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    return len(gates)
+
+
+def _views_of(node: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
+    """The pin views a pin's empty shape (from ``node``, through its Slice and Concat) shapes."""
+    found, todo = [], [node]
+    while todo:
+        current = todo.pop()
+        for reader in readers.get(current.output[0], ()) if current.output else ():
+            if pin_view_source(reader) is not None and reader.input[1] == current.output[0]:
+                found.append(reader)
+            elif is_pin(reader) and reader.op_type in ("Slice", "Concat"):
+                todo.append(reader)
+    return found
 
 
 def check_partition(
@@ -610,13 +688,22 @@ def streams_file(model_path: str | os.PathLike[str]) -> Path:
 
 
 def with_events(
-    model: onnx.ModelProto, partition_file: str, order: str = "priority", target: str = "gpu"
+    model: onnx.ModelProto,
+    partition_file: str,
+    order: str = "priority",
+    target: str = "gpu",
+    *,
+    in_line: Collection[str] = (),
 ) -> StreamLayout:
     """Add the events to a rewritten model (`add_event_nodes`) and record in its metadata what a session
     needs to run them: ``offloadctl.streams`` (the partition file, relative to the model, and the
     session config entries), and in ``offloadctl.session`` the optimizers to disable and the file.
+    ``in_line``: copies to device to leave without a gate, on the compute stream (`release_loads`: those
+    whose early issue would raise the peak above the rewrite in line, `offloadctl.rewriting.preview`).
     Returns the partition to write to ``partition_file`` beside the model."""
     add_event_nodes(model, order, target)
+    if in_line:
+        release_loads(model, in_line)
     layout = partition(model, order)
     settings = session_settings(model) or {}
     disabled = list(dict.fromkeys([*settings.get("disabled_optimizers", []), *EVENT_OPTIMIZERS]))
@@ -629,6 +716,7 @@ def with_events(
         "gates": layout.gates,
         "fences": layout.fences,
         "guards": layout.guards,
+        "copies_in_line": layout.in_line,
         "session_config": {
             PARTITION_KEY: partition_file,
             "optimization.disable_specified_optimizers": ";".join(disabled),
