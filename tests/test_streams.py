@@ -358,11 +358,11 @@ def test_apply_guards_what_onnxruntimes_multi_stream_planner_would_overwrite_and
         made = run_cli("plan", SAMPLES / "training.onnx", "-o", plan, "--execution-order", order, "--params",
                        "--select-distance", "10", "--copies", "streams")  # fmt: skip
         assert made.exit_code in (0, 1), made.stderr
-        applied = run_cli("apply", plan, "-o", out, "--json")
+        applied = run_cli("apply", plan, "-o", out, "--copies", "streams", "--json")
         assert applied.exit_code == 0 and "DEFAULT order for some models" not in applied.stderr
         guards = applied.json()["guards"]
         assert guards and all(g.startswith("offload/event/guard/") for g in guards)
-        shown = run_cli("apply", plan, "-o", tmp_path / f"{order}.again.onnx")
+        shown = run_cli("apply", plan, "-o", tmp_path / f"{order}.again.onnx", "--copies", "streams")
         assert f"guarded {len(guards)} node(s) that onnxruntime's multi-stream planner" in " ".join(
             shown.stdout.split()
         )
@@ -427,9 +427,29 @@ def test_plan_apply_and_simulate_of_the_rewrite_quote_one_device_peak(run_cli, t
             continue
         planned = made.json()["peak_bytes"]["after"]
         target = ("--target", "ascend") if device == "ascend" else ()
-        applied = run_cli("apply", plan, "-o", out, *target, "--json")
+        applied = run_cli("apply", plan, "-o", out, *target, "--copies", "streams", "--json")
         assert applied.exit_code == 0, applied.stderr
         assert applied.json()["estimate"]["peak_bytes"]["after"] == planned
         simulated = run_cli("simulate", out, "--json").json()
         assert abs(simulated["peak_bytes"]["after"] - planned) <= 0.02 * planned, (name, planned, simulated)
         assert simulated.get("device") == device
+
+
+def test_a_streams_plan_whose_events_cost_more_than_they_hide_is_written_in_line(run_cli, tmp_path):
+    """A streams rewrite never holds less than the same plan in line: where its estimate gains no time either
+    (the mlp's weights, read right after they load, hide nothing), plan says so and apply writes the copies in
+    line; asked for streams, apply writes them so and says why it would not."""
+    plan = tmp_path / "plan.json"
+    made = run_cli("plan", SAMPLES / "mlp.onnx", "-o", plan, "--params", "--select-distance", "2",
+                   "--prefetch-distance", "2", "--copies", "streams", "--json")  # fmt: skip
+    slow = made.json()["slowdown"]
+    assert made.exit_code == 0 and slow["overlapped"] >= slow["serialized"]
+    assert "its events cost more than the overlap hides, so apply writes its copies in line" in " ".join(
+        made.stderr.split()
+    )
+    applied = run_cli("apply", plan, "-o", tmp_path / "a.onnx", "--json")
+    assert applied.exit_code == 0 and applied.json()["copy_mode"] == "inline"
+    assert not (tmp_path / "a.streams.json").exists()
+    asked = run_cli("apply", plan, "-o", tmp_path / "b.onnx", "--copies", "streams", "--json")
+    assert asked.exit_code == 0 and asked.json()["copy_mode"] == "streams"
+    assert "written on streams as asked" in " ".join(asked.stderr.split())

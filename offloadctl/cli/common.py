@@ -320,6 +320,20 @@ def warn_slowdown(figures: Mapping[str, Any]) -> None:
         )
 
 
+def warn_streams_slower(figures: Mapping[str, Any]) -> None:
+    """Warn when a plan made for copies on streams estimates no time gained over in line: its events cost
+    more than the overlap hides, and `apply` writes it in line (`offloadctl.rewriting.rewrite.choose_copy_mode`)."""
+    slow = figures.get("slowdown")
+    if figures.get("copy_mode") == "streams" and slow and slow["overlapped"] >= slow["serialized"]:
+        logger.warning(
+            "with its copies on streams this plan estimates %.2fx against %.2fx in line (profile %s): its events "
+            "cost more than the overlap hides, so apply writes its copies in line",
+            slow["overlapped"],
+            slow["serialized"],
+            figures["profile"],
+        )
+
+
 #: why copies run early on a device under PRIORITY_BASED, and the fix
 _APPENDED = (
     "onnxruntime appends the nodes it inserts (copies between host and device, Casts around float16 nodes the CPU "

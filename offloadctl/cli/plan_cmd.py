@@ -30,6 +30,7 @@ from offloadctl.cli.common import (
     slowdown_text,
     warn_broken_pins,
     warn_slowdown,
+    warn_streams_slower,
 )
 from offloadctl.cli.options import (
     ShapeOptions,
@@ -228,6 +229,7 @@ def _plan_verdict(
     if (text := unreached_text(bodies)) is not None:
         logger.warning("%s", text)
     warn_slowdown(figures)
+    warn_streams_slower(figures)
     warn_broken_pins(figures, analysis.order)
     unknown = figures["unknown_size_tensors"]
     words, raised = plan_effect(figures, plan, bodies)

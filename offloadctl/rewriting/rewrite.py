@@ -104,6 +104,7 @@ from offloadctl.rewriting.metadata import (
     plan_sha256,
     set_metadata,
 )
+from offloadctl.simulation.estimate import recorded_estimate
 
 __all__ = [
     "COPY_MODES",
@@ -216,7 +217,26 @@ def choose_copy_mode(plan: Plan, requested: str | None = None) -> CopyChoice:
     if mode == "streams" and not plan["offloads"]:
         return CopyChoice("inline", planned, "the plan moves nothing, so there is nothing to overlap: the model is "
                           "written without events and without a partition file")  # fmt: skip
+    slower = _streams_not_faster(plan) if mode == "streams" else None
+    if slower is not None:  # a streams rewrite holds no less than in line: without time to gain, in line wins
+        if requested is None:
+            return CopyChoice("inline", planned, f"{slower}: the copies are written in line")
+        why = f"{slower}; written on streams as asked"
     return CopyChoice(mode, planned, why)
+
+
+def _streams_not_faster(plan: Plan) -> str | None:
+    """Why ``plan``'s copies gain no time on a stream of their own (its estimate on streams, events priced,
+    is no faster than in line), or None when they do or the plan records no estimate."""
+    figures = recorded_estimate(plan)
+    slowdown = (figures or {}).get("slowdown") or {}
+    streams, inline = slowdown.get("overlapped"), slowdown.get("serialized")
+    if streams is None or inline is None or streams < inline:
+        return None
+    return (
+        f"its events cost more than the overlap hides: the plan estimates {streams:.2f}x with its copies on streams "
+        f"and {inline:.2f}x in line (profile {figures.get('profile') if figures else '?'})"
+    )
 
 
 @dataclass(frozen=True)
