@@ -258,7 +258,15 @@ def _growth_error(model: str, compare_to: str | None, report: RunReport) -> Offl
     assert growth is not None and growth.copy_bytes is not None and growth.excess_bytes is not None
     moved = growth.moved
     order = report.execution_order.upper()
-    if report.streams is not None:
+    planned = planned_execution_order(model)
+    if planned is not None and planned != report.execution_order:
+        cause = (
+            f"the rewrite was planned for the {EXECUTION_ORDERS[planned]} order and ran in {order}, whose walk "
+            "keeps its copies and nodes elsewhere"
+        )
+        hint = f"run it in the order it was planned for (--execution-order {planned}), or plan with --execution-order "
+        hint += report.execution_order
+    elif report.streams is not None:
         cause = "the copy stream issues each copy as its gate opens and onnxruntime plans the two streams' buffers "
         cause += "apart, which keeps more alive than the copies in line (apply --json's streams_cpu_peak predicts it)"
         hint = "apply the plan with --copies inline"
