@@ -267,6 +267,9 @@ def _budget_command(analysis: Analysis, request: PlanRequest, budget: int) -> st
         flags.append(f"--execution-order {analysis.order}")
     if request.host_device:
         flags.append(f"--device {request.host_device.split()[0]}")
+    if loaded.sizes_from_run is not None:  # the sizes it counts came from a run
+        inputs = loaded.sizes_from_run.get("inputs")
+        flags.append(f"--inputs {quote(str(inputs))}" if inputs else "--sizes-from-run")
     parts = ["offloadctl plan", quote(str(loaded.path)), "--params", f"--budget {budget // 1024}KiB", *flags]
     return " ".join(parts) + " -o PLAN.json"
 

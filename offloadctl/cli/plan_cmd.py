@@ -3,9 +3,12 @@ same document as chaining select, filter and prefetch, with the figures of what 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 import click
@@ -42,6 +45,7 @@ from offloadctl.cli.options import (
     json_option,
     max_peak_option,
     model_argument,
+    opt_level_option,
     output_option,
     plan_device_option,
     prefetch_options,
@@ -55,7 +59,8 @@ from offloadctl.cli.plan_lines import for_device, print_search
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import write_plan
-from offloadctl.core.files import check_output_path
+from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import check_output_path, restored_on_failure, written_through
 from offloadctl.core.units import fmt_bytes
 from offloadctl.pipeline import PIPELINE, next_step_text, planned, verdict_figures
 from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice
@@ -69,6 +74,7 @@ from offloadctl.planning.request import (
     SelectPart,
     evolve,
 )
+from offloadctl.running.optimize import OptimizedModel, optimized_model, optimized_outputs, optimized_path
 from offloadctl.simulation.points import PointResult, at_points, largest_point, parse_point
 
 __all__ = ["COMMANDS"]
@@ -91,6 +97,10 @@ logger = logging.getLogger(__name__)
 @strict_option
 @max_peak_option
 @report_option
+@opt_level_option(
+    "Plan the graph onnxruntime runs at this level: it is optimized for --device and written beside the plan "
+    "(PLAN.optimized.onnx, the model to apply the plan to); the rewrite then runs at disable, its fusions kept."
+)
 @json_option
 def plan_cmd(
     model: str,
@@ -108,6 +118,7 @@ def plan_cmd(
     strict: bool,
     max_peak: int | None,
     report: str | None,
+    opt_level: str,
     as_json: bool,
 ) -> None:
     """select + filter + prefetch in one call; same document as chaining the three.
@@ -120,46 +131,59 @@ def plan_cmd(
     check_output_path(output, model)
     check_report_paths(report, model, others=[("the plan", output)])
     request = PlanRequest.of(selecting, filtering, budgeting.for_device(device), prefetching)
-    job = open_model(model, shapes, sizes, show_progress=not as_json, order=order)
-    job.guard("the plan", output)
-    analysis = job.analysis
-    if report is not None:
-        check_report_paths(report, *job.reads, others=[("the plan", output)])
-    check_unknown_sizes(analysis, strict=strict)
-    request = for_device(request, analysis, device, as_json)
-    if max_peak is not None or report is not None:
-        hint = "check the rewritten model with offloadctl simulate MODEL --max-peak BYTES --report FILE.md"
-        check_original(analysis, "--max-peak and --report", hint)
-    points = [parse_point(p) for p in shape_points]
-    if points and request.uses_budget:
-        analysis, points = _largest_point(analysis, points, as_json)
-    with steps(not as_json, total=len(PIPELINE) + 1) as step:  # its passes, and writing the plan
-        done, checked = _plan_and_simulate(analysis, evolve(request, step=step), output, step, points)
-    plan, result = done.plan, done.simulation
-    assert plan is not None
-    written: list[str | Path] = [output]
-    if report is not None and result is not None:
-        written += write_report(report, result, plan)
-    defaulted = request.objective_defaulted if request.uses_budget else None
-    bodies = unreached_bodies(analysis)
-    if not as_json:
-        print_plan_summary(plan)
-        print_search(plan, defaulted)
-        if explain:
-            out_console().print(explain_table(plan, bodies))
-        if result is None:
-            out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
-    search = {
-        "objective": request.objective_name if request.uses_budget else None,
-        "objective_default": defaulted,
-        "copy_mode": request.copies,
-        "shape_points": [p.to_json() for p in checked],
-    }
-    if checked and not as_json and result is not None:
-        print_points(analysis.loaded.dims, result, checked)
-    budget = request.budget_bytes if request.uses_budget else None
-    failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
-    _plan_verdict(done, written, as_json, max_peak, search, failure, budget=budget)
+    # --opt-level writes the optimized graph beside the plan: a failure leaves neither it nor an earlier one lost
+    with (
+        restored_on_failure(*(optimized_outputs(output) if opt_level != "disable" else ())),
+        _as_asked(model, output, opt_level),
+    ):
+        optimized = _optimized(model, output, opt_level, device) if opt_level != "disable" else None
+        if optimized is not None and sizes.request() is None:  # shape inference knows no com.microsoft operator
+            sizes = SizesOptions(sizes_from_run=True, inputs=None)
+        planned = str(optimized.path) if optimized else model
+        job = open_model(planned, shapes, sizes, show_progress=not as_json, order=order)
+        job.guard("the plan", output)
+        analysis = job.analysis
+        if report is not None:
+            check_report_paths(report, *job.reads, others=[("the plan", output)])
+        check_unknown_sizes(analysis, strict=strict)
+        request = for_device(request, analysis, device, as_json)
+        if max_peak is not None or report is not None:
+            hint = "check the rewritten model with offloadctl simulate MODEL --max-peak BYTES --report FILE.md"
+            check_original(analysis, "--max-peak and --report", hint)
+        points = [parse_point(p) for p in shape_points]
+        if points and request.uses_budget:
+            analysis, points = _largest_point(analysis, points, as_json)
+        with steps(not as_json, total=len(PIPELINE) + 1) as step:  # its passes, and writing the plan
+            done, checked = _plan_and_simulate(
+                analysis, evolve(request, step=step), output, step, points, optimized.to_json() if optimized else None
+            )
+        if optimized is not None and done.next_step is not None:  # the next step plans the model asked for
+            done = dataclasses.replace(done, next_step=_of_source(done.next_step, optimized, opt_level))
+        plan, result = done.plan, done.simulation
+        assert plan is not None
+        written: list[str | Path] = [output, *([optimized.path, *optimized.data_files] if optimized else [])]
+        if report is not None and result is not None:
+            written += write_report(report, result, plan)
+        defaulted = request.objective_defaulted if request.uses_budget else None
+        bodies = unreached_bodies(analysis)
+        if not as_json:
+            print_plan_summary(plan)
+            print_search(plan, defaulted)
+            if explain:
+                out_console().print(explain_table(plan, bodies))
+            if result is None:
+                out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
+        search = {
+            "objective": request.objective_name if request.uses_budget else None,
+            "objective_default": defaulted,
+            "copy_mode": request.copies,
+            "shape_points": [p.to_json() for p in checked],
+        }
+        if checked and not as_json and result is not None:
+            print_points(analysis.loaded.dims, result, checked)
+        budget = request.budget_bytes if request.uses_budget else None
+        failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
+        _plan_verdict(done, written, as_json, max_peak, search, failure, budget=budget)
 
 
 def _largest_point(
@@ -179,6 +203,7 @@ def _plan_and_simulate(
     output: str,
     step: Callable[..., None],
     points: list[dict[str, int]] | None = None,
+    optimized: dict[str, Any] | None = None,
 ) -> tuple[Planning, list[PointResult]]:
     """Make the plan by the pipeline (`offloadctl.pipeline`: its figures recorded for apply to quote,
     and a weak plan's next step), simulate it at each shape point, and write it (a shape point that
@@ -190,9 +215,47 @@ def _plan_and_simulate(
     if result is not None and points:
         step("simulating the shape points")
         checked = at_points(analysis, plan, points, profile=request.device_profile)
+    if optimized is not None:  # the plan's model is onnxruntime's optimized graph: from what, at what level
+        plan["model"]["optimized"] = optimized
     step(f"writing {output}")
     write_plan(output, plan)
     return done, checked
+
+
+def _optimized(model: str, output: str, level: str, device: str | None) -> OptimizedModel:
+    """``plan --opt-level``: the graph onnxruntime runs at ``level`` for ``device``, written beside the plan
+    (`offloadctl.running.optimize`), which is then the model planned; says when another level was made."""
+    if written_through(output):
+        raise OffloadError(
+            f"--opt-level writes the optimized graph beside the plan, and {output} is not a file",
+            hint="give -o the path of a plan file, or plan without --opt-level",
+        )
+    out = optimized_path(output)
+    for path in optimized_outputs(output):
+        check_output_path(path, model)
+    made = optimized_model(model, out, level, device)
+    if made.why is not None:
+        logger.warning("planned at --opt-level %s, not %s: %s", made.level, level, made.why)
+    return made
+
+
+@contextlib.contextmanager
+def _as_asked(model: str, output: str, level: str) -> Iterator[None]:
+    """A failure of ``plan --opt-level`` names the model asked for at its level, not the optimized graph,
+    which the failure leaves unwritten."""
+    try:
+        yield
+    except OffloadError as exc:
+        if level != "disable":
+            written = str(optimized_path(output))
+            exc.restate(exc.message.replace(written, f"{model} (at --opt-level {level})"), exc.hint)
+        raise
+
+
+def _of_source(step: dict[str, Any], optimized: OptimizedModel, level: str) -> dict[str, Any]:
+    """A weak plan's next step with the model asked for and ``--opt-level``, not the optimized graph."""
+    command = step["command"].replace(quote(str(optimized.path)), f"{quote(optimized.source)} --opt-level {level}", 1)
+    return {**step, "command": command}
 
 
 def _plan_verdict(

@@ -123,7 +123,9 @@ def for_device(part: S, analysis: Analysis, device: str | None, as_json: bool) -
     if device is None:
         return part
     from offloadctl.running.residency import host_nodes
+    from offloadctl.running.sessions import quiet_onnxruntime
 
+    quiet_onnxruntime(device)  # a provider that does not load here is reported as predicted, not logged
     found = host_nodes(analysis, device)
     if not as_json:
         out_console().print(

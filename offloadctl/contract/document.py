@@ -467,6 +467,13 @@ def advance_stage(plan: Plan, stage: str, options_key: str, options: dict[str, A
 
 def check_plan_model(plan: Plan, sha256: str, model_path: str | os.PathLike[str]) -> None:
     """Refuse a plan made for another model (compared by the model file's sha256)."""
+    optimized = plan["model"].get("optimized")
+    if plan["model"]["sha256"] != sha256 and optimized is not None and optimized["sha256"] == sha256:
+        raise OffloadError(
+            f"the plan is of the graph onnxruntime made of {model_path} at --opt-level {optimized['opt_level']} "
+            f"(plan --opt-level), {plan['model']['path']}, not of {model_path} itself",
+            hint=f"pass {plan['model']['path']}, the model the plan was made for",
+        )
     if plan["model"]["sha256"] != sha256:
         raise OffloadError(
             f"the plan was made for {plan['model']['path']} (sha256 {plan['model']['sha256'][:12]}…), "

@@ -37,6 +37,7 @@ __all__ = [
     "check_distinct_outputs",
     "atomic_write",
     "atomic_write_text",
+    "restored_on_failure",
     "NotJsonNumber",
     "refuse_json_constant",
     "finite_json_float",
@@ -204,6 +205,51 @@ def _temporary_beside(path: Path) -> Iterator[Path]:
         with contextlib.suppress(OSError):
             tmp_path.unlink()
         raise
+
+
+@contextlib.contextmanager
+def restored_on_failure(*paths: str | os.PathLike[str]) -> Iterator[None]:
+    """While open, ``paths`` may be written (replaced, as `atomic_write` does); when the block raises, each
+    gets back the file it held before, or none: a command that fails leaves no file of its own behind
+    and no earlier one overwritten. A command that exits on purpose (`SystemExit`, a gate that fails
+    after writing) keeps what it wrote. The earlier files are kept by a hard link beside them (a copy
+    where the file system has none)."""
+    kept: dict[Path, Path | None] = {}
+    try:
+        for path in map(Path, paths):
+            kept[path] = _kept_beside(path) if path.is_file() else None
+        yield
+    except SystemExit:
+        _drop(kept)
+        raise
+    except BaseException:
+        for path, old in kept.items():
+            with contextlib.suppress(OSError):
+                if old is not None:
+                    os.replace(old, path)
+                else:
+                    path.unlink(missing_ok=True)
+        raise
+    else:
+        _drop(kept)
+
+
+def _kept_beside(path: Path) -> Path:
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".kept", dir=path.parent)
+    os.close(fd)
+    os.unlink(name)
+    try:
+        os.link(path, name)
+    except OSError:
+        shutil.copy2(path, name)
+    return Path(name)
+
+
+def _drop(kept: dict[Path, Path | None]) -> None:
+    for old in kept.values():
+        if old is not None:
+            with contextlib.suppress(OSError):
+                old.unlink()
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], object], *, mode: int | None = None) -> None:

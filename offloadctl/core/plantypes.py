@@ -129,6 +129,7 @@ class _ModelOptional(TypedDict, total=False):
     dims: dict[str, int]
     sizes_from_run: SizesFromRun
     execution_order: str
+    optimized: dict[str, Any]  # plan --opt-level: the graph onnxruntime optimized, from what
 
 
 class ModelInfo(_ModelOptional):

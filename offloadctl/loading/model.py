@@ -37,6 +37,7 @@ __all__ = [
     "LoadedModel",
     "declared_model",
     "load_model",
+    "read_onnx",
     "external_data_files",
     "external_location",
     "external_data_entries",
@@ -235,6 +236,12 @@ def _exactly(f: BinaryIO, n: int) -> bytes:
     if len(data) != n:
         raise EOFError
     return data
+
+
+def read_onnx(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """The ONNX file at ``path`` as written (without its external data, nothing pinned or normalized), or one
+    clear error saying what is wrong with it (`OffloadError`)."""
+    return _read_onnx(Path(path))
 
 
 def _read_onnx(p: Path) -> onnx.ModelProto:

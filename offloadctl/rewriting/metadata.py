@@ -10,6 +10,8 @@
   run them where they were planned::
 
       {"execution_order": "PRIORITY_BASED",
+       "graph_optimization_level": "ORT_DISABLE_ALL",   # plan --opt-level: the fusions are in the file
+       "optimized": {"opt_level": "all", "device": "cuda", "sha256": "…"},
        "order_pins": true,                            # the DEFAULT order keeps the plan too
        "disabled_optimizers": ["ConstantFolding"],     # when weights are offloaded or pins added
        "cann": {"enable_cann_graph": "0"},
@@ -94,9 +96,16 @@ def plan_sha256(plan: Plan) -> str:
     return json_sha256({key: value for key, value in plan.items() if key != "rejected"})
 
 
-def make_session_settings(*, weights_offloaded: bool, pinned: bool = False) -> dict[str, Any]:
-    """The session settings an offloaded model needs (see the module docstring)."""
+def make_session_settings(
+    *, weights_offloaded: bool, pinned: bool = False, optimized: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The session settings an offloaded model needs (see the module docstring); ``optimized``, the plan's
+    ``model.optimized`` record when its model is a graph onnxruntime already optimized (``plan --opt-level``)."""
     settings: dict[str, Any] = {"execution_order": EXECUTION_ORDERS["priority"]}  # onnxruntime's name, for hosts
+    if optimized is not None:  # its fusions are in the file: optimizing again would rename what the plan names
+        settings["graph_optimization_level"] = "ORT_DISABLE_ALL"
+        keys = ("opt_level", "device", "sha256")  # the sha256 of the model it was optimized from
+        settings["optimized"] = {key: optimized[key] for key in keys}
     if pinned:
         settings["order_pins"] = True  # the copies are held in place in the DEFAULT order too
     if weights_offloaded or pinned:

@@ -660,7 +660,9 @@ class _Rewriter:
             _restore_symbolic_types(self.model, loaded.declared_types, self.sources)
 
         weights = any(off["kind"] == "parameter" for off in self.plan["offloads"])
-        settings = make_session_settings(weights_offloaded=weights, pinned=bool(self.result.pins))
+        settings = make_session_settings(
+            weights_offloaded=weights, pinned=bool(self.result.pins), optimized=self.plan["model"].get("optimized")
+        )
         if self.result.pins:
             settings["pins_for"] = self.options.target
         values = {

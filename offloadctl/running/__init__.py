@@ -7,7 +7,8 @@ the graph it runs, and replicates CUDA's and CANN's CPU fallback; `residency` fi
 device runs on the host (`plan --device`); `inputs` reads or generates what a model is fed; `sizes`
 reads every tensor's size from one run; `allocator` reads onnxruntime's own memory figures, and
 `growth` checks a rewrite's against its original's; `pinned` hands streamed weights to a session
-from page-locked memory; `fusions` maps an optimized graph back to the original; `profiler`
+from page-locked memory; `fusions` maps an optimized graph back to the original; `optimize` writes
+the graph onnxruntime optimizes for a device, to be planned (``plan --opt-level``); `profiler`
 measures a device profile (`offloadctl profile`) with sessions timed side by side (`timed`), the
 kernel events of onnxruntime's profiling files (`kernels`), the fitted copy and executor costs
 (`fits`) and the copies timed inside the model (`copies_in_model`); `replay` simulates a device run as it ran

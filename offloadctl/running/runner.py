@@ -25,6 +25,7 @@ import onnx
 from offloadctl.analysis.graph import analyse
 from offloadctl.analysis.order import EXECUTION_ORDERS, expected_run_order
 from offloadctl.core.errors import OffloadError
+from offloadctl.core.files import sha256_file
 from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.loading.placed import HostCast
@@ -61,6 +62,7 @@ from offloadctl.running.sessions import (
     _DEFAULT_RTOL,
     LOAD_CONFIG_FROM_MODEL,
     LOAD_CONFIG_WARNING,
+    OPT_LEVELS,
     ModelRefused,
     SessionConfig,
     _check_same_inputs,
@@ -259,7 +261,17 @@ def run_model(
         feeds = _session_feeds(loaded.proto, feeds_all)
         measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
         compared = _compare_with(
-            compare_to, model, timed.outputs, feeds_all, device, opt_level, ep_options, ort, rtol, atol, warnings
+            compare_to,
+            model,
+            timed.outputs,
+            feeds_all,
+            device,
+            _original_level(compare_to, settings, opt_level),
+            ep_options,
+            ort,
+            rtol,
+            atol,
+            warnings,
         )
         return RunReport(
             model=model,
@@ -651,6 +663,15 @@ def _original_refused_too(
                     "opset and with operators it implements)",
                 ) from None
         raise
+
+
+def _original_level(compare_to: str | None, settings: Mapping[str, Any], opt_level: str) -> str:
+    """The level the original of a comparison runs at: that of the rewrite, except for a rewrite of the graph
+    onnxruntime optimized from it (``plan --opt-level``), which is held to the original at that level."""
+    optimized = settings.get("optimized")
+    if compare_to is None or not isinstance(optimized, Mapping) or optimized.get("opt_level") not in OPT_LEVELS:
+        return opt_level
+    return str(optimized["opt_level"]) if sha256_file(compare_to) == optimized.get("sha256") else opt_level
 
 
 def _original_config(

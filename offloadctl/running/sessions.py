@@ -311,6 +311,14 @@ def session_config(
         raise OffloadError(f"unknown optimization level {opt_level!r}", hint=f"use one of: {', '.join(OPT_LEVELS)}")
     if order not in EXECUTION_ORDERS:
         raise OffloadError(f"unknown execution order {order!r}", hint=f"use one of: {', '.join(EXECUTION_ORDERS)}")
+    optimized = settings.get("optimized")
+    if opt_level != "disable" and isinstance(optimized, Mapping):
+        raise OffloadError(
+            f"this rewrite is of the graph onnxruntime made at --opt-level {optimized.get('opt_level')} (plan "
+            f"--opt-level): its fusions are in the file, and at --opt-level {opt_level} onnxruntime would optimize "
+            "it again and rename the nodes its copies and order name",
+            hint="run it with --opt-level disable (the default): it runs with its fusions",
+        )
     ort = ort or import_onnxruntime(device)
     so = ort.SessionOptions()
     so.execution_order = getattr(ort.ExecutionOrder, EXECUTION_ORDERS[order])
