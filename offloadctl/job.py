@@ -248,21 +248,24 @@ class Job:
             placement = plan_placement(self.plan, self.analysis)
             decided = loads_in_line(self.plan, self.analysis, target=options.target, placement=placement)
             events = with_events(proto, partition_path.name, self.analysis.order, options.target, in_line=decided.loads)
-            if decided.above:  # what no load put in line brings down: said, not hidden
-                logger.warning(
-                    "with its copies on a stream of their own the rewrite peaks at %s on the device as onnxruntime's "
-                    "executor runs the two streams, %s above the same plan in line (%s): its events move the walk "
-                    "so that loads run earlier; plan with --copies streams (its figures count this), or apply with "
-                    "--copies inline",
-                    fmt_bytes(decided.streams_peak),
-                    fmt_bytes(decided.above),
-                    fmt_bytes(decided.inline_peak),
-                )
+            above = (
+                f"on streams the rewrite would peak at {fmt_bytes(decided.streams_peak)} on the device as "
+                f"onnxruntime's executor runs the two streams, {fmt_bytes(decided.above)} above the same plan in "
+                f"line ({fmt_bytes(decided.inline_peak)}): its events move the walk so that loads run earlier"
+            )
+            in_line_why = None
             if not events.copy_stream:  # no copy a gate holds: nothing to overlap, and an empty stream crashes
+                in_line_why = "no copy a gate holds"
                 logger.warning(
                     "no copy of this plan can be held on a stream of its own (every load runs before any compute "
                     "node, or no gate holds it): the copies are written in line, without a partition file"
                 )
+            elif decided.above and not options.streams_above_inline:  # never above the rewrite in line
+                in_line_why = f"on streams it would peak {fmt_bytes(decided.above)} above in line"
+                logger.warning("%s; the copies are written in line (apply --copies streams writes them so)", above)
+            elif decided.above:  # asked for: written so, and said
+                logger.warning("%s; apply with --copies inline to keep the lower peak", above)
+            if in_line_why is not None:
                 proto = apply_plan(self.plan, self.analysis, options=replace(options, share_weights=True))
                 events = None
                 self.outputs = [o for o in self.outputs if o[0] != "the partition file"]
@@ -270,6 +273,7 @@ class Job:
                 result.guards = [n.name for n in proto.graph.node if n.name.startswith(GUARD_PREFIX)]
                 result.copy_mode = "streams" if events is not None else "inline"
                 result.in_line = [] if events is None else list(events.in_line)
+                result.written_in_line = in_line_why
         if genai is not None:
             check_genai_output(genai, Path(output))
         step(f"writing {output}")

@@ -284,3 +284,26 @@ def test_the_reproducer_in_the_docs_prints_what_the_docs_say(tmp_path, monkeypat
     printed = [line for line in capfd.readouterr().out.splitlines() if "reused by" not in line]
     assert printed[0].startswith(f"onnxruntime {ort.__version__} | ")
     assert [printed[0].split(" | ", 1)[1], *printed[1:]] == shown.strip().splitlines()
+
+
+def test_a_streams_plan_whose_rewrite_would_peak_above_in_line_is_written_in_line_unless_asked(run_cli, tmp_path):
+    """Never worse than in line: silero-vad's DEFAULT plan on streams peaks 256.50 KiB above the same plan in line
+    (its events move the walk); apply of the plan writes it in line and says why, --copies streams writes it so."""
+    source = _silero(ROOT / "bench" / ".cache")
+    plan = tmp_path / "plan.json"
+    made = run_cli("plan", source, "-o", plan, "--params", "--select-distance", "10", "--copies", "streams",
+                   "--execution-order", "default", "--profile", "cpu")  # fmt: skip
+    assert made.exit_code == 0, made.stderr
+    done = run_cli("apply", plan, "-o", tmp_path / "plan.offload.onnx", "--json")
+    assert done.exit_code == 0, done.stderr
+    doc = done.json()
+    assert doc["planned_copy_mode"] == "streams"  # the time rule keeps it on streams
+    assert doc["copy_mode"] == "inline" and doc["partition_file"] is None
+    assert doc["written_in_line"] == "on streams it would peak 256.50 KiB above in line"
+    assert "above the same plan in line (1.19 MiB)" in done.stderr
+    asked = run_cli("apply", plan, "-o", tmp_path / "asked.offload.onnx", "--copies", "streams", "--json")
+    assert asked.exit_code == 0 and asked.json()["copy_mode"] == "streams" and asked.json()["written_in_line"] is None
+    assert "apply with --copies inline to keep the lower peak" in asked.stderr
+    inline = run_cli("simulate", tmp_path / "plan.offload.onnx", "--json").json()["peak_bytes"]["after"]
+    streams = run_cli("simulate", tmp_path / "asked.offload.onnx", "--json").json()["peak_bytes"]["after"]
+    assert streams - inline == 256.5 * 1024

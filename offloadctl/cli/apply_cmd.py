@@ -115,8 +115,9 @@ def apply(
             choice = choose_copy_mode(plan, copies)
             if choice.why is not None:
                 logger.warning("%s", choice.why)
+            asked = copies == "streams"  # by name: written on streams even where they would peak higher
             copies = choice.mode
-            options = RewriteOptions(order_pins=order_pins, pin_shapes=pin_shapes, target=target, copies=copies)
+            options = RewriteOptions(order_pins, pin_shapes, target, copies, streams_above_inline=asked)
             _, extra = job.write_rewrite(output, result=result, step=step, options=options)
     model_path = job.model_path
     fell_back = copies == "streams" and result.copy_mode == "inline"  # no copy a gate holds: written in line
@@ -137,7 +138,7 @@ def apply(
             else "no copies: nothing to overlap, no partition file"
         )
     if fell_back:
-        parts.append("copies written inline: no copy a gate holds")
+        parts.append(f"copies written inline: {result.written_in_line}")
     if result.in_line and copies == "streams":
         parts.append(f"{len(result.in_line)} load(s) in line")
     if result.unpinned and order_pins:
@@ -169,6 +170,7 @@ def apply(
             "target": target,
             "copy_mode": copies,
             "loads_in_line": result.in_line,
+            "written_in_line": result.written_in_line,  # why copies on streams were written in line, or None
             "planned_copy_mode": choice.planned,
             "partition_file": next((str(p) for p in extra if p.suffix == ".json"), None),
             "guards": result.guards,

@@ -146,6 +146,8 @@ class ApplyResult:
     # with copies on streams: the loads written in line, on the compute stream (no gate holds them, or one
     # issued early would raise the peak above the rewrite in line: `offloadctl.rewriting.preview.loads_in_line`)
     in_line: list[str] = field(default_factory=list)
+    # why copies asked on streams were written in line (None: written as asked)
+    written_in_line: str | None = None
 
 
 #: the providers a rewrite's order pins are built for (`RewriteOptions.target`)
@@ -259,6 +261,9 @@ class RewriteOptions:
             (`offloadctl.core.onnxutil.held_elsewhere`): the rewrite is written with
             `offloadctl.rewriting.writing.write_model` and ``weights_from`` the source, which takes them
             from there, so a model of 100 MB of weights is never copied in memory.
+        streams_above_inline: with ``copies="streams"``, write the copies on streams even where the
+            rewrite would then peak above the same plan in line (``apply --copies streams`` asked so);
+            by default such a rewrite is written in line, and says why.
     """
 
     order_pins: bool = True
@@ -266,6 +271,7 @@ class RewriteOptions:
     target: str = "gpu"
     copies: str = "inline"
     share_weights: bool = False
+    streams_above_inline: bool = False
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
