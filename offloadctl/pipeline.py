@@ -34,7 +34,6 @@ plan halfway between the lower bound and the peak, made and simulated here on gr
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from shlex import quote
 from typing import Any
@@ -62,6 +61,7 @@ from offloadctl.simulation.estimate import (
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = [
+    "DOCUMENT_PASSES",
     "HELPFUL_CUT",
     "NEXT_STEP_FIGURES_MAX_POSITIONS",
     "PIPELINE",
@@ -95,7 +95,7 @@ def _figures(state: Planning) -> Planning:
     with paused_gc():
         result = state.simulation or simulate(analysis, plan, profile=request.device_profile)
     record_estimate(plan, run_order_figures(plan, analysis, result, request))  # apply quotes it
-    return dataclasses.replace(state, simulation=result)
+    return state.replace(simulation=result)
 
 
 def verdict_figures(state: Planning) -> dict[str, Any]:
@@ -204,7 +204,7 @@ def suggested_budget(lower_bound: int, peak: int) -> int:
 def _next_step(state: Planning) -> Planning:
     if state.simulation is None or state.plan is None:
         return state
-    return dataclasses.replace(state, next_step=next_step(state.analysis, state.plan, state.simulation, state.request))
+    return state.replace(next_step=next_step(state.analysis, state.plan, state.simulation, state.request))
 
 
 @paused_gc()
@@ -294,16 +294,26 @@ def next_step_text(step: dict[str, Any]) -> str:
 # the pipeline
 
 FIGURES = Pass(
-    "simulating peak memory and time", "(the simulation the verdict quotes)", ("analysis", "request", "plan"),
-    ("simulation", "plan"), True, _figures,
-)  # fmt: skip
+    name="simulating peak memory and time",
+    seed="(the simulation the verdict quotes)",
+    reads=("analysis", "request", "plan", "simulation"),  # a planner's own simulation, when it made one
+    writes=("simulation", "plan"),
+    in_place=True,
+    run=_figures,
+)
 NEXT_STEP = Pass(
-    "the next step", "(a weak plan's better command)", ("analysis", "request", "plan", "simulation"),
-    ("next_step",), False, _next_step,
-)  # fmt: skip
+    name="the next step",
+    seed="(a weak plan's better command)",
+    reads=("analysis", "request", "plan", "simulation"),
+    writes=("next_step",),
+    in_place=False,
+    run=_next_step,
+)
 
 #: the plan's passes, in the order they run
 PIPELINE: tuple[Pass, ...] = (SELECT, FILTER, PREFETCH, EVENTS, PINS, FIGURES, NEXT_STEP)
+#: the passes that make the plan document (the next step is the verdict's, not the document's)
+DOCUMENT_PASSES: tuple[Pass, ...] = tuple(p for p in PIPELINE if "next_step" not in p.writes)
 
 
 def planned(analysis: Analysis, request: PlanRequest, passes: Sequence[Pass] = PIPELINE) -> Planning:
@@ -348,6 +358,6 @@ def make_plan(analysis: Analysis, request: PlanRequest) -> Plan:
     Takes a `PlanRequest`'s fields as keywords (each documented there; as
     `offloadctl.planning.make.scheduled_plan`, which gives the planner's plan alone).
     """
-    plan = planned(analysis, request, PIPELINE[:-1]).plan  # the next step is the verdict's, not the document's
+    plan = planned(analysis, request, DOCUMENT_PASSES).plan
     assert plan is not None
     return plan

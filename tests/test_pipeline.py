@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 import offloadctl
-from offloadctl.pipeline import PIPELINE, planned
+from offloadctl.pipeline import DOCUMENT_PASSES, PIPELINE, planned
 from offloadctl.planning.passes import PINS, Pass, Planning
 from offloadctl.planning.request import PlanRequest
 
@@ -51,15 +51,26 @@ def test_every_pass_keeps_its_declaration_in_a_real_run(options):
 def test_a_pass_that_breaks_its_declaration_is_stopped():
     analysis = offloadctl.analyse(SAMPLES / "mlp.onnx")
     state = planned(analysis, PlanRequest(params=True, select_distance=2), PIPELINE[:3])
-    sneaky = Pass("sneaky", "-", ("plan",), ("plan",), True, lambda s: dataclasses.replace(s, next_step={}))
+    plan_pass = {"seed": "-", "reads": ("plan",), "writes": ("plan",)}
+    sneaky = Pass(name="sneaky", **plan_pass, in_place=True, run=lambda s: s.replace(next_step={}))
     with pytest.raises(AssertionError, match="wrote 'next_step', which it does not declare"):
         sneaky(state)
-    copying = dataclasses.replace(PINS, run=lambda s: dataclasses.replace(s, plan=json.loads(json.dumps(s.plan))))
+    copying = dataclasses.replace(PINS, run=lambda s: s.replace(plan=json.loads(json.dumps(s.plan))))
     with pytest.raises(AssertionError, match="hands back another plan, against its declaration"):
         copying(state)
-    in_place = Pass("filter", "-", ("plan",), ("plan",), False, lambda s: s)
+    in_place = Pass(name="filter", **plan_pass, in_place=False, run=lambda s: s)
     with pytest.raises(AssertionError, match="changed the plan it was given, against its declaration"):
-        in_place(dataclasses.replace(state, plan=state.plan))
+        in_place(state.replace(plan=state.plan))
+    peeking = Pass(name="peeking", **plan_pass, in_place=True, run=lambda s: s if s.simulation is None else s)
+    with pytest.raises(AssertionError, match="'peeking' read 'simulation', which it does not declare: add it"):
+        peeking(state)
+    with pytest.raises(ValueError, match="declares \\['selections'\\], which Planning has not"):
+        Pass(name="typo", seed="-", reads=("selections",), writes=(), in_place=False, run=lambda s: s)
+
+
+def test_the_document_is_every_pass_but_the_next_step_wherever_it_stands():
+    assert DOCUMENT_PASSES == tuple(p for p in PIPELINE if p.name != "the next step")
+    assert [p.name for p in PIPELINE][-1] == "the next step"  # the verdict's: after every pass of the document
 
 
 def test_the_events_pass_records_what_apply_writes(run_cli, tmp_path):

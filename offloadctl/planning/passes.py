@@ -15,8 +15,9 @@ with the passes that need the rewrite (figures, the next step) after them.
 - `PINS` (``BuildExecutionOrder``): where the order pins go that hold each copy in place in the
   DEFAULT order, recorded in the plan (`offloadctl.contract.order_pins`).
 
-`Pass.__call__` checks each declaration as it runs: a pass that writes a field it does not declare,
-or that declares ``in_place`` and hands back another plan (or the other way round), is a bug.
+`Pass.__call__` checks each declaration as it runs: a pass that reads or writes a field it does not
+declare, or that declares ``in_place`` and hands back another plan (or the other way round), is a bug,
+stopped with the field's name. A pass hands back ``state.replace(...)`` (or the state it was given).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.contract.order_pins import pin_layout, record_pins
@@ -53,11 +54,35 @@ class Planning:
     simulation: SimResult | None = None  # a planner's own simulation of the plan, or the figures'
     next_step: dict[str, Any] | None = None  # a weak plan's better command (`offloadctl.pipeline`)
 
+    def replace(self, **changes: Any) -> Planning:
+        """The state with ``changes`` written (what a pass hands back)."""
+        return dataclasses.replace(self, **changes)
+
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Planning))
 
 
-@dataclass(frozen=True)
+class _Declared:
+    """The state as a pass sees it: the fields it declares it reads, and `Planning.replace`. Reading
+    any other field is a bug in the pass, stopped where it happens."""
+
+    __slots__ = ("_state", "_pass")
+
+    def __init__(self, state: Planning, step: Pass) -> None:
+        self._state, self._pass = state, step
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _FIELDS and name not in self._pass.reads:
+            raise AssertionError(
+                f"pass {self._pass.name!r} read {name!r}, which it does not declare: add it to the pass's reads"
+            )
+        return getattr(self._state, name)
+
+    def replace(self, **changes: Any) -> Planning:
+        return self._state.replace(**changes)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Pass:
     """One step of the plan: its name, the seed's step it mirrors, the fields of `Planning` it reads
     and writes, and whether it changes the plan in place."""
@@ -71,9 +96,16 @@ class Pass:
     #: what the progress display says while it runs, when it says more than the name
     describe: Callable[[Planning], str] | None = None
 
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.reads) - set(_FIELDS)) + sorted(set(self.writes) - set(_FIELDS))
+        if unknown:
+            raise ValueError(f"pass {self.name!r} declares {unknown}, which Planning has not: {list(_FIELDS)}")
+
     def __call__(self, state: Planning) -> Planning:
         state.request.report(self.describe(state) if self.describe is not None else self.name)
-        done = self.run(state)
+        done = self.run(cast(Planning, _Declared(state, self)))
+        if isinstance(done, _Declared):  # the state handed back as it was
+            done = done._state
         for name in _FIELDS:
             if name not in self.writes and getattr(done, name) is not getattr(state, name):
                 raise AssertionError(f"pass {self.name!r} wrote {name!r}, which it does not declare")
@@ -86,19 +118,19 @@ class Pass:
 
 @paused_gc()
 def _select(state: Planning) -> Planning:
-    return dataclasses.replace(state, selection=selection_for(state.analysis, state.request))
+    return state.replace(selection=selection_for(state.analysis, state.request))
 
 
 def _filter(state: Planning) -> Planning:
     analysis, request = state.analysis, state.request
     if request.max_slowdown is not None:
         outcome = plan_within_slowdown(analysis, request)
-        return dataclasses.replace(state, plan=outcome.plan, simulation=outcome.simulation)
+        return state.replace(plan=outcome.plan, simulation=outcome.simulation)
     if request.uses_budget:
         found = BudgetSearch(analysis, request, request).found()
-        return dataclasses.replace(state, plan=found.scheduled or found.filtered, simulation=found.simulation)
+        return state.replace(plan=found.scheduled or found.filtered, simulation=found.simulation)
     assert state.selection is not None  # SELECT ran
-    return dataclasses.replace(state, plan=filtered_by_number(analysis, request, state.selection))
+    return state.replace(plan=filtered_by_number(analysis, request, state.selection))
 
 
 def _filtering(request: PlanRequest) -> str:
@@ -144,16 +176,46 @@ def _pins(state: Planning) -> Planning:
 
 
 SELECT = Pass(
-    "selecting", "GenerateParameterOperations, GenerateActivationOperations", ("analysis", "request"),
-    ("selection",), False, _select,
-)  # fmt: skip
+    name="selecting",
+    seed="GenerateParameterOperations, GenerateActivationOperations",
+    reads=("analysis", "request"),
+    writes=("selection",),
+    in_place=False,
+    run=_select,
+)
 FILTER = Pass(
-    "filtering", "OffloadInfoFilterByNumber (or a budget, or a slowdown)", ("analysis", "request", "selection"),
-    ("plan", "simulation"), False, _filter, lambda state: _filtering(state.request),
-)  # fmt: skip
-PREFETCH = Pass("scheduling", "AdjustHyperOffloadNodePosition", ("request", "plan"), ("plan",), True, _prefetch)
-EVENTS = Pass("placing the events", "AddEventNodes", ("request", "plan"), ("plan",), True, _events)
-PINS = Pass("pinning the copies", "BuildExecutionOrder", ("analysis", "plan"), ("plan",), True, _pins)
+    name="filtering",
+    seed="OffloadInfoFilterByNumber (or a budget, or a slowdown)",
+    reads=("analysis", "request", "selection"),
+    writes=("plan", "simulation"),
+    in_place=False,
+    run=_filter,
+    describe=lambda state: _filtering(state.request),
+)
+PREFETCH = Pass(
+    name="scheduling",
+    seed="AdjustHyperOffloadNodePosition",
+    reads=("request", "plan"),
+    writes=("plan",),
+    in_place=True,
+    run=_prefetch,
+)
+EVENTS = Pass(
+    name="placing the events",
+    seed="AddEventNodes",
+    reads=("request", "plan"),
+    writes=("plan",),
+    in_place=True,
+    run=_events,
+)
+PINS = Pass(
+    name="pinning the copies",
+    seed="BuildExecutionOrder",
+    reads=("analysis", "plan"),
+    writes=("plan",),
+    in_place=True,
+    run=_pins,
+)
 
 #: the passes that make the scheduled plan, in order
 PLANNER_PASSES: tuple[Pass, ...] = (SELECT, FILTER, PREFETCH)
