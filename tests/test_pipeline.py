@@ -11,7 +11,7 @@ import pytest
 
 import offloadctl
 from offloadctl.pipeline import DOCUMENT_PASSES, PIPELINE, planned
-from offloadctl.planning.passes import PINS, Pass, Planning
+from offloadctl.planning.passes import FILTER, PINS, SELECT, Pass, Planning
 from offloadctl.planning.request import PlanRequest
 
 from conftest import SAMPLES
@@ -88,3 +88,21 @@ def test_the_events_pass_records_what_apply_writes(run_cli, tmp_path):
     gates = sum(n.startswith(("offload/event/gate/", "offload/event/copied/")) for n in names)
     assert events["fences"] == fences > 0
     assert 0 < gates <= events["gates"]
+
+
+@pytest.mark.parametrize("options", [{"budget": 40_000}, {"max_slowdown": 1.5}], ids=["budget", "slowdown"])
+def test_filter_plans_from_the_selection_select_put_in_the_state(options, monkeypatch):
+    """SELECT's selection reaches every planner through the state: the budget search and the trade-off
+    make none of their own (`selection_for` is not called again)."""
+    import offloadctl.planning.budget.prepared as prepared
+
+    analysis = offloadctl.analyse(SAMPLES / "mlp.onnx")
+    state = SELECT(Planning(analysis, PlanRequest(params=True, **options)))
+    assert state.selection is not None
+
+    def made_again(*_args, **_kwargs):
+        raise AssertionError("the planner made a selection of its own")
+
+    monkeypatch.setattr(prepared, "selection_for", made_again)
+    done = FILTER(state)
+    assert done.plan is not None and done.selection is state.selection

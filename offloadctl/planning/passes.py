@@ -123,14 +123,15 @@ def _select(state: Planning) -> Planning:
 
 def _filter(state: Planning) -> Planning:
     analysis, request = state.analysis, state.request
+    selection = state.selection
+    assert selection is not None  # SELECT ran: every planner takes its selection
     if request.max_slowdown is not None:
-        outcome = plan_within_slowdown(analysis, request)
+        outcome = plan_within_slowdown(analysis, request, selection=selection)
         return state.replace(plan=outcome.plan, simulation=outcome.simulation)
     if request.uses_budget:
-        found = BudgetSearch(analysis, request, request).found()
+        found = BudgetSearch(analysis, request, selection=selection).found()
         return state.replace(plan=found.scheduled or found.filtered, simulation=found.simulation)
-    assert state.selection is not None  # SELECT ran
-    return state.replace(plan=filtered_by_number(analysis, request, state.selection))
+    return state.replace(plan=filtered_by_number(analysis, request, selection))
 
 
 def _filtering(request: PlanRequest) -> str:

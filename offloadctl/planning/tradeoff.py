@@ -36,6 +36,7 @@ from offloadctl.planning.budget.strategy import BudgetSearch, BudgetUnreachable
 from offloadctl.planning.outcome import PlanOutcome
 from offloadctl.planning.planners import distance_plan
 from offloadctl.planning.request import PlanRequest
+from offloadctl.planning.select import Selection
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import COPY_MODES, InlineTime, copies_of, copy_mode_label, plan_cost
 from offloadctl.simulation.result import SimResult, simulate
@@ -151,7 +152,9 @@ class Tradeoff:
             each plan names its own budget and copy mode. None: the frontier with every default.
     """
 
-    def __init__(self, analysis: Analysis, request: PlanRequest | None = None) -> None:
+    def __init__(
+        self, analysis: Analysis, request: PlanRequest | None = None, *, selection: Selection | None = None
+    ) -> None:
         if is_rewritten(analysis):
             raise OffloadError(
                 f"{analysis.loaded.path} already contains copies: trading memory for time needs the original model",
@@ -167,7 +170,7 @@ class Tradeoff:
         self.request = request  # every budget and copy mode is asked for plan by plan
         self.profile = self.request.device_profile
         self.objective = self.request.objective_name
-        self.search = BudgetSearch(analysis, self.request, self.request)
+        self.search = BudgetSearch(analysis, self.request, selection=selection)  # the pipeline's, when given
         self.peak_bytes = self.search.prepared.peak_before
         self.lower_bound_bytes = self.search.prepared.lower_bound
         base = simulate(analysis, None, profile=self.profile).times
@@ -316,14 +319,16 @@ class Tradeoff:
         return count, best_plan, best_point
 
 
-def plan_within_slowdown(analysis: Analysis, request: PlanRequest, points: int = DEFAULT_POINTS) -> PlanOutcome:
+def plan_within_slowdown(
+    analysis: Analysis, request: PlanRequest, points: int = DEFAULT_POINTS, *, selection: Selection | None = None
+) -> PlanOutcome:
     """The scheduled plan with the largest cut in peak memory whose estimated time, under
     ``request.copies``, is at most ``request.max_slowdown`` times the baseline (``plan
     --max-slowdown``); the figures go into ``plan["budget"]["max_slowdown"]`` and
     ``options.filter.max_slowdown``."""
     max_slowdown, copies = request.max_slowdown, request.copies
     assert max_slowdown is not None  # a request sent here has one
-    trade = Tradeoff(analysis, request)
+    trade = Tradeoff(analysis, request, selection=selection)
     step = None if request.step is None else (lambda text: request.report(text, new=False))
     plan, point, tried = trade.within(max_slowdown, copies, points, step=step)
     within = point.peak_bytes < trade.peak_bytes

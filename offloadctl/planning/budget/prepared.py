@@ -18,7 +18,7 @@ from offloadctl.core.plantypes import Plan, Rejection
 from offloadctl.planning.budget.candidates import Cand, Floor, candidates, copy_floor
 from offloadctl.planning.budget.streaming import stream_states
 from offloadctl.planning.request import FilterRequest, SelectPart
-from offloadctl.planning.select import selection_for
+from offloadctl.planning.select import Selection, selection_for
 from offloadctl.simulation.costs import CopyTiming, copy_timing
 from offloadctl.simulation.memory import lower_bound, resident_profile
 from offloadctl.simulation.profiles import Profile
@@ -49,13 +49,22 @@ class Prepared:
         base: the selected plan whose model, options and history the plans extend (None: the
             planner's own selection at select distance 0).
         listed: False for plans made for their figures alone: the same offloads, no ``rejected`` list.
+        selection: the selection of ``analysis`` with ``select`` when the caller made it (the pipeline's
+            select pass); None: made here (`offloadctl.planning.select.selection_for`).
 
     Raises:
         OffloadError: an input has dynamic dimensions, so the sizes computed from it are unknown.
     """
 
     def __init__(
-        self, analysis: Analysis, options: FilterRequest, select: SelectPart, *, base: Plan | None, listed: bool
+        self,
+        analysis: Analysis,
+        options: FilterRequest,
+        select: SelectPart,
+        *,
+        base: Plan | None,
+        listed: bool,
+        selection: Selection | None = None,
     ) -> None:
         dynamic = [
             name
@@ -74,7 +83,7 @@ class Prepared:
         count_scratch(analysis, options.device_profile)
         self.params = select.params or options.stream_weights
         self.listed = listed
-        self.selection = selection_for(analysis, select)  # a distance plan made before shares it
+        self.selection = selection if selection is not None else selection_for(analysis, select)
         self.base = base if base is not None else self.selection.header(weights=select.params)
         # the bound and the peak from the simulation's base, which a simulation of the plan reuses
         self.lower_bound, self.lower_bound_position = lower_bound(analysis)

@@ -38,6 +38,7 @@ from offloadctl.planning.request import (
     SelectPart,
     taking2,
 )
+from offloadctl.planning.select import Selection
 from offloadctl.simulation.costs import BytesMoved, CopyCost, InlineTime, StreamStall, make_cost
 from offloadctl.simulation.result import SimResult, simulate
 
@@ -120,19 +121,23 @@ class BudgetSearch:
     many.
 
     Its arguments are `offloadctl.planning.budget.prepared.Prepared`'s (``listed`` False for
-    `budget_figures`).
+    `budget_figures`); ``select`` defaults to ``options`` when they are a whole request.
     """
 
     def __init__(
         self,
         analysis: Analysis,
         options: FilterRequest,
-        select: SelectPart,
+        select: SelectPart | None = None,
         *,
         base: Plan | None = None,
         listed: bool = True,
+        selection: Selection | None = None,
     ) -> None:
-        self.prepared = Prepared(analysis, options, select, base=base, listed=listed)
+        if select is None:
+            assert isinstance(options, SelectPart), "a filter request alone needs its select options"
+            select = options
+        self.prepared = Prepared(analysis, options, select, base=base, listed=listed, selection=selection)
         self.analysis = analysis
         self.options = options
 
@@ -298,7 +303,7 @@ def budget_figures(analysis: Analysis, request: Any) -> PlanOutcome:
     """`budget_plan`'s plan for its figures alone: the same offloads (so the same peak and time),
     but no ``rejected`` list, which on a big model is most of the work and of the document. Not a
     plan to write or to apply."""
-    return BudgetSearch(analysis, request, request, listed=False).plan(quiet=True)
+    return BudgetSearch(analysis, request, listed=False).plan(quiet=True)
 
 
 def budget_plan(analysis: Analysis, request: Any) -> PlanOutcome:
@@ -311,7 +316,7 @@ def budget_plan(analysis: Analysis, request: Any) -> PlanOutcome:
             (`BudgetUnreachable`: the message gives the lower bound and the best peak reachable).
     """
     request.report("selecting")
-    search = BudgetSearch(analysis, request, request)
+    search = BudgetSearch(analysis, request)
     request.report("fitting the budget")
     return search.plan()
 
