@@ -47,7 +47,7 @@ from offloadctl.loading.input_shapes import given_dims
 from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
 from offloadctl.planning.make import run_passes
 from offloadctl.planning.passes import EVENTS, FILTER, PINS, PREFETCH, SELECT, Pass, Planning
-from offloadctl.planning.request import PlanRequest, taking
+from offloadctl.planning.request import PlanRequest, device_name, taking
 from offloadctl.rewriting.preview import device_result, placement_of, run_order_result, streams_run_result
 from offloadctl.rewriting.rewrite import target_for
 from offloadctl.simulation.base import is_rewritten
@@ -175,7 +175,7 @@ def device_figures(
     executor runs the two providers' streams in (`offloadctl.rewriting.preview.device_result`); with
     ``copies`` on streams, the rewrite as ``apply --copies streams`` writes it, its copy stream run
     ahead of compute until a gate stops it (`offloadctl.rewriting.preview.streams_run_result`)."""
-    device = host_device.split()[0]
+    device = device_name(host_device)
     placement = placement_of(analysis, host_nodes, host_copies, host_casts)
     target = target_for(device)  # the pins `apply --target` writes for it
     with paused_gc():
@@ -266,7 +266,7 @@ def _budget_command(analysis: Analysis, request: PlanRequest, budget: int) -> st
     if analysis.order != "priority":
         flags.append(f"--execution-order {analysis.order}")
     if request.host_device:
-        flags.append(f"--device {request.host_device.split()[0]}")
+        flags.append(f"--device {request.device}")
     if loaded.sizes_from_run is not None:  # the sizes it counts came from a run
         inputs = loaded.sizes_from_run.get("inputs")
         flags.append(f"--inputs {quote(str(inputs))}" if inputs else "--sizes-from-run")
@@ -336,7 +336,7 @@ def _as_the_device_runs(exc: BudgetUnreachable, analysis: Analysis, request: Pla
     """``exc`` for a plan made for a device (``plan --device``), saying what its figures count: a budget
     counts every node on the device, while the device runs some on the host, whose tensors are not in
     its memory, so the model's peak as the device runs it is another figure."""
-    device = request.host_device.split()[0]
+    device = request.device
     placement = placement_of(analysis, request.host_nodes, request.host_copies, request.host_casts)
     with paused_gc():
         as_run, _ = device_result(None, analysis, placement, target=target_for(device))

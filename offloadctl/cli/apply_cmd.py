@@ -31,6 +31,7 @@ from offloadctl.rewriting.rewrite import (
     ApplyResult,
     RewriteOptions,
     choose_copy_mode,
+    plan_device,
     target_for,
 )
 from offloadctl.simulation.estimate import recorded_estimate
@@ -241,10 +242,9 @@ def _warn_streams_cost(cost: StreamsCost | None) -> None:
 def _warn_target(plan: Plan, target: str, order_pins: bool) -> None:
     """Warn when a plan made for a device is written with the pins of another target: its figures
     count the pins its own target takes (`offloadctl.rewriting.rewrite.target_for`)."""
-    device = plan["options"].get("select", {}).get("host_device", "")
-    want = target_for(device) if device else target
+    name = plan_device(plan)
+    want = target_for(name) if name else target
     if order_pins and target != want:
-        name = device.split()[0]
         logger.warning(
             "this plan was made for %s (plan --device %s): its figures count the pins of --target %s, not those of "
             "--target %s; add --target %s",

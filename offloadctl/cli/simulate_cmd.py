@@ -45,6 +45,7 @@ from offloadctl.core.units import fmt_bytes
 from offloadctl.pipeline import as_run_figures
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.request import profile_for
+from offloadctl.rewriting.rewrite import plan_device
 from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.points import PointResult, at_points, parse_point
 from offloadctl.simulation.profiles import load_profile
@@ -105,7 +106,7 @@ def simulate_cmd(
     measured profile's kernel scratch counts in every figure.
     """
     plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
-    device = plan["options"].get("select", {}).get("host_device", "").split(" ")[0] if plan else ""
+    device = plan_device(plan) if plan else ""
     profile = profile_for(profile, device or None)  # a plan made for a device: that device's by default
     prof = load_profile(profile)
     if plot:

@@ -21,6 +21,7 @@ from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
+from offloadctl.planning.request import device_name
 from offloadctl.rewriting.metadata import planned_device
 from offloadctl.rewriting.preview import CpuFigures, as_device_runs, cpu_figures
 from offloadctl.rewriting.streams import checked_streams
@@ -175,7 +176,7 @@ def copy_streams(model: str, analysis: Analysis) -> tuple[Analysis, str | None, 
     any other model as ``analysis`` has it, with None, None and ""."""
     device = planned_device(analysis.loaded.proto)
     ran = as_device_runs(analysis, device) if device is not None else analysis
-    name = device["host_device"].split(" ")[0] if device is not None else ""
+    name = device_name(device["host_device"]) if device is not None else ""
     checked = checked_streams(model, analysis.loaded.proto, analysis.order)
     if checked is None:
         return ran, None, None, name

@@ -150,7 +150,7 @@ def _prefetch(state: Planning) -> Planning:
 
 def copy_mode(request: PlanRequest) -> str:
     """How the plan's copies run: the request's mode, in line on a provider without streams (WebGPU)."""
-    if request.copies == "streams" and request.host_device.split()[:1] == ["webgpu"]:
+    if request.copies == "streams" and request.device == "webgpu":
         return "inline"
     return request.copies
 

@@ -48,6 +48,7 @@ __all__ = [
     "SelectPart",
     "WithOptions",
     "WithOptions2",
+    "device_name",
     "evolve",
     "option",
     "profile_for",
@@ -153,6 +154,17 @@ class SelectPart:
         _set(self, "host_copies", tuple(self.host_copies))
         _set(self, "host_casts", host_casts(self.host_casts))
         _at_least("select_distance", self.select_distance, 0)
+
+    @property
+    def device(self) -> str:
+        """The device the plan is made for (``plan --device``), without how its host nodes were found;
+        ``""`` for none."""
+        return device_name(self.host_device)
+
+
+def device_name(host_device: str) -> str:
+    """The device of a ``host_device`` record (``webgpu (measured)`` -> ``webgpu``); ``""`` for none."""
+    return host_device.split(maxsplit=1)[0] if host_device else ""
 
 
 @dataclass(frozen=True, kw_only=True)

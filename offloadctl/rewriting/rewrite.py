@@ -92,6 +92,7 @@ from offloadctl.core.onnxutil import (
 from offloadctl.core.plantypes import Offload, Plan, Use
 from offloadctl.loading.placed import reads_host_memory, writes_host_memory
 from offloadctl.loading.tensors import TensorInfo
+from offloadctl.planning.request import device_name
 from offloadctl.rewriting.metadata import (
     KEY_OFFLOADS,
     KEY_PINS,
@@ -163,12 +164,12 @@ _MODE_WORDS = {"inline": "in line", "streams": "on streams"}
 
 def target_for(device: str) -> str:
     """The pins' target (`TARGETS`) for the device a plan was made for (``plan --device``)."""
-    return "ascend" if device.split()[:1] == ["ascend"] else "gpu"
+    return "ascend" if device_name(device) == "ascend" else "gpu"
 
 
 def plan_device(plan: Plan) -> str:
     """The device a plan was made for (``plan --device``: ``ascend``, ``cuda``, ``webgpu``), or ""."""
-    return str(plan["options"].get("select", {}).get("host_device", "")).split(" ")[0]
+    return device_name(str(plan["options"].get("select", {}).get("host_device", "")))
 
 
 def planned_copy_mode(plan: Plan) -> str:
