@@ -56,7 +56,7 @@ from offloadctl.rewriting.writing import check_model_outputs, write_model
 from offloadctl.running.sizes import measure_sizes
 from offloadctl.simulation.base import plain_ids
 
-__all__ = ["Job", "plan_model"]
+__all__ = ["Job", "genai_output_folder", "genai_source", "plan_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -214,8 +214,9 @@ class Job:
         model and the data files written."""
         assert self.plan is not None  # a job that rewrites has a plan
         loaded = self.analysis.loaded
-        genai = genai_folder(loaded.path)
-        with genai_output_folder(loaded.path if genai is not None else None, output):
+        source_model = genai_source(self.plan, loaded.path)
+        genai = genai_folder(source_model)
+        with genai_output_folder(source_model if genai is not None else None, output):
             return self._write_rewrite(output, loaded, genai, result=result, step=step, options=options)
 
     def _write_rewrite(
@@ -326,6 +327,13 @@ def analysed(loaded: LoadedModel, *, order: str = "priority") -> Analysis:
     if run is not None:
         analysis.infos.use_measured(measure_sizes(loaded.path, loaded.proto, inputs=run["inputs"], seed=run["seed"]))
     return analysis
+
+
+def genai_source(plan: Plan, model: Path) -> Path:
+    """The model whose onnxruntime-genai folder a rewrite of ``plan`` completes: the plan's model, or the
+    model onnxruntime optimized it from (``plan --opt-level``), which is the one in the genai folder."""
+    optimized = plan["model"].get("optimized")
+    return Path(optimized["from"]) if optimized is not None else model
 
 
 @contextlib.contextmanager

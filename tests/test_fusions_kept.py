@@ -168,3 +168,21 @@ def test_opt_level_with_a_plan_written_to_a_fifo_is_refused_before_any_work(run_
     done = run_cli("plan", TRANSFORMER, "-o", fifo, "--opt-level", "all")
     assert done.exit_code == 1 and "is not a file" in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.pipe"]
+
+
+def test_a_plan_of_a_genai_models_fused_graph_is_written_as_a_genai_folder_run_at_disable(run_cli, tmp_path):
+    source = SAMPLES / "genai" / "llama-fp32"
+    dims = [f"--dim={d}" for d in ("batch_size=1", "sequence_length=16", "past_sequence_length=256")]
+    dims += ["--dim=total_sequence_length=256", "--dim=kv_cache_dim=16"]
+    plan = tmp_path / "plan.json"
+    _plan(run_cli, source / "model.onnx", plan, *dims, "--budget", "560KiB", "--opt-level", "all")
+    out = tmp_path / "out"
+    done = run_cli("apply", plan, "-o", out / "model.onnx")
+    assert done.exit_code == 0, done.stderr
+    # the source folder's tokenizer and config, not its weights file: the rewrite has its own
+    assert sorted(p.name for p in out.iterdir()) == [
+        "genai_config.json", "model.onnx", "plan.optimized.onnx.data", "tokenizer.json", "tokenizer_config.json",
+    ]  # fmt: skip
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["filename"] == "model.onnx"
+    assert config["model"]["decoder"]["session_options"]["graph_optimization_level"] == "ORT_DISABLE_ALL"

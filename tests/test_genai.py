@@ -98,3 +98,25 @@ def test_a_device_plans_rewrite_generates_the_same_tokens(run_cli, tmp_path):
     assert tokens == _generate(source)
     assert any(n.startswith("across/") for n in ran), "the across copy did not run in the genai session"
     assert any(n.startswith("offload") and not n.startswith("offload/pin/") for n in ran), "no offload copy ran"
+
+
+def test_a_plan_of_the_fused_graph_completes_a_genai_folder_that_generates_the_same_tokens(run_cli, tmp_path):
+    """``plan --opt-level all``: the rewrite of onnxruntime's optimized graph becomes a complete genai folder
+    (the source folder's files, not its weights file), whose config runs it at ORT_DISABLE_ALL; greedy
+    generation gives the original's tokens, and the copies run."""
+    source = SAMPLES / "genai" / "llama-fp32"
+    plan = tmp_path / "plan.json"
+    res = run_cli("plan", source / "model.onnx", *DIMS, "--params", "--budget", "560KiB", "--opt-level", "all",
+                  "-o", plan)  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    out = tmp_path / "out"
+    res = run_cli("apply", plan, "-o", out / "model.onnx")
+    assert res.exit_code == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "genai_config.json", "model.onnx", "plan.optimized.onnx.data", "tokenizer.json", "tokenizer_config.json",
+    ]  # fmt: skip
+    options = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+    assert options["graph_optimization_level"] == "ORT_DISABLE_ALL"
+    tokens, ran = _profiled_generation(out, tmp_path)
+    assert tokens == _generate(source)
+    assert any(n.startswith("offload") and not n.startswith("offload/pin/") for n in ran), "no offload copy ran"

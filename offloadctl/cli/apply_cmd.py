@@ -23,7 +23,7 @@ from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
-from offloadctl.job import Job, genai_output_folder, plan_model
+from offloadctl.job import Job, genai_output_folder, genai_source, plan_model
 from offloadctl.rewriting.preview import StreamsCost, streams_cost
 from offloadctl.rewriting.rewrite import (
     COPY_MODES,
@@ -109,7 +109,8 @@ def apply(
     source = plan_model(plan, plan_path, model)
     _warn_target(plan, target, order_pins)
     result = ApplyResult()
-    with genai_output_folder(source, output):  # a genai model's rewrite is a new genai folder: made here
+    # a genai model's rewrite is a new genai folder, made here (of the model optimized from, with --opt-level)
+    with genai_output_folder(genai_source(plan, source), output):
         check_output_path(output, plan_path, source)  # before the model loads
         with steps(not as_json, total=4) as step:
             job = Job.of_plan(plan_path, stages=("scheduled",), model=model, step=step, plan=plan)

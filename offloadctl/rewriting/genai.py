@@ -29,6 +29,7 @@ from typing import Any
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write, read_json, same_file
+from offloadctl.loading.model import external_data_entries, read_onnx
 
 __all__ = ["CONFIG", "GenaiFolder", "check_genai_output", "genai_folder", "write_genai_folder"]
 
@@ -98,6 +99,13 @@ def _merged_options(options: dict[str, Any], disabled: list[str], cann: dict[str
     return merged
 
 
+def _data_files(model: Path) -> set[str]:
+    """The names of the files the source model keeps its weights in: the rewrite writes its own."""
+    if not model.is_file():
+        return set()
+    return {Path(location).name for _, location in external_data_entries(read_onnx(model))}
+
+
 def _folder_files(folder: Path, skip: set[str]) -> list[Path]:
     """The regular files of ``folder`` to copy (top level; symlinks only to files inside it)."""
     found = []
@@ -144,7 +152,8 @@ def write_genai_folder(
     """
     out_dir = output.parent
     check_genai_output(source, output)
-    skip = {p.name for p in written} | {output.name, source.config["model"][source.section]["filename"]}
+    model = source.config["model"][source.section]["filename"]
+    skip = {p.name for p in written} | {output.name, model} | _data_files(source.folder / model)
     created: list[Path] = []
     try:
         for src in _folder_files(source.folder, skip):
@@ -167,6 +176,8 @@ def write_genai_folder(
         cann = {str(k): str(v) for k, v in (settings.get("cann") or {}).items()}
         options = section.get("session_options") if isinstance(section.get("session_options"), dict) else {}
         section["session_options"] = _merged_options(options, disabled, cann)
+        if settings.get("graph_optimization_level"):  # the graph is optimized already (plan --opt-level)
+            section["session_options"]["graph_optimization_level"] = str(settings["graph_optimization_level"])
         target = out_dir / CONFIG
         mode = stat.S_IMODE((source.folder / CONFIG).stat().st_mode)
         text = json.dumps(config, indent=4) + "\n"
