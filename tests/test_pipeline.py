@@ -10,9 +10,12 @@ import onnx
 import pytest
 
 import offloadctl
+from offloadctl.analysis.graph import analyse
+from offloadctl.loading.model import load_model
 from offloadctl.pipeline import DOCUMENT_PASSES, PIPELINE, planned
 from offloadctl.planning.passes import FILTER, PINS, SELECT, Pass, Planning
 from offloadctl.planning.request import PlanRequest
+from offloadctl.simulation.result import simulate
 
 from conftest import SAMPLES
 
@@ -106,3 +109,30 @@ def test_filter_plans_from_the_selection_select_put_in_the_state(options, monkey
     monkeypatch.setattr(prepared, "selection_for", made_again)
     done = FILTER(state)
     assert done.plan is not None and done.selection is state.selection
+
+
+@pytest.mark.parametrize("order", ["priority", "default"])
+def test_a_streams_plan_issues_each_load_by_time_without_raising_the_peak(order):
+    """With copies on streams a distance plan's loads go as early as their copies need to hide behind
+    compute (never later than the prefetch distance put them, never above the in-line placement's peak),
+    and the estimate on streams drops; in line the distance places them, as HyperOffload does."""
+    from offloadctl.analysis import timeline
+
+    analysis = analyse(load_model(SAMPLES / "unet.onnx"), order=order)
+    options = {"params": True, "select_distance": 10, "prefetch_distance": 2}
+    inline = planned(analysis, PlanRequest(**options, copies="inline")).plan
+    streams = planned(analysis, PlanRequest(**options, copies="streams")).plan
+    placed = {(o["tensor"], k): g["h2d_before"] for o in inline["offloads"] for k, g in enumerate(o["reload_groups"])}
+    led = {(o["tensor"], k): g["h2d_before"] for o in streams["offloads"] for k, g in enumerate(o["reload_groups"])}
+    assert placed.keys() == led.keys() and all(led[key] <= placed[key] for key in placed)
+    moved = sum(led[key] < placed[key] for key in placed)
+    assert moved == streams["summary"]["loads_led_by_time"] >= 5 and "loads_led_by_time" not in inline["summary"]
+    peak = timeline.peak_of(timeline.profile(analysis, inline, prefetch_distance=2))[0]
+    assert timeline.peak_of(timeline.profile(analysis, streams, prefetch_distance=2))[0] <= peak
+    unled = json.loads(json.dumps(streams))
+    for off in unled["offloads"]:
+        for k, group in enumerate(off["reload_groups"]):
+            group["h2d_before"] = placed[(off["tensor"], k)]
+    request = PlanRequest(**options, copies="streams")
+    times = [simulate(analysis, p, profile=request.device_profile).times for p in (streams, unled)]
+    assert times[0].overlapped < times[1].overlapped  # the copies hide behind more compute

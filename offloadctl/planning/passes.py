@@ -9,7 +9,8 @@ with the passes that need the rewrite (figures, the next step) after them.
   kept, a new "filtered" plan. A planner that places its own prefetches (the budget search with
   copies on streams, the trade-off) gives a "scheduled" plan, and the simulation it made.
 - `PREFETCH` (``AdjustHyperOffloadNodePosition``): each H2D's place and each release point, on the
-  filtered plan in place (the pipeline owns it).
+  filtered plan in place (the pipeline owns it); with copies on streams, each H2D then as early as its
+  copy needs to hide behind compute, the peak never raised (`offloadctl.planning.prefetch.lead_by_time`).
 - `EVENTS` (``AddEventNodes``): how the copies run, in line or on a copy stream with their gates and
   fences (`offloadctl.rewriting.streams` writes them), recorded in the plan's summary.
 - `PINS` (``BuildExecutionOrder``): where the order pins go that hold each copy in place in the
@@ -33,11 +34,12 @@ from offloadctl.core.bulk import paused_gc
 from offloadctl.core.plantypes import Plan
 from offloadctl.planning.budget.strategy import BudgetSearch
 from offloadctl.planning.planners import filtered_by_number
-from offloadctl.planning.prefetch import prefetch_own
+from offloadctl.planning.prefetch import lead_by_time, prefetch_own
 from offloadctl.planning.request import PlanRequest
 from offloadctl.planning.select import Selection, selection_for
 from offloadctl.planning.tradeoff import plan_within_slowdown
 from offloadctl.simulation.base import is_rewritten
+from offloadctl.simulation.costs import copy_timing
 from offloadctl.simulation.result import SimResult
 
 __all__ = ["EVENTS", "FILTER", "PINS", "PLANNER_PASSES", "PREFETCH", "SELECT", "Pass", "Planning", "copy_mode"]
@@ -145,6 +147,9 @@ def _prefetch(state: Planning) -> Planning:
     assert plan is not None  # FILTER ran
     if plan["stage"] == "filtered":  # a planner that placed its own prefetches gave a scheduled plan
         prefetch_own(plan, state.request)
+        if copy_mode(state.request) == "streams" and not is_rewritten(state.analysis):  # each load by time
+            timing = copy_timing(state.analysis, state.request.device_profile)
+            plan.setdefault("summary", {})["loads_led_by_time"] = lead_by_time(plan, state.analysis, timing)
     return state
 
 
@@ -196,7 +201,7 @@ FILTER = Pass(
 PREFETCH = Pass(
     name="scheduling",
     seed="AdjustHyperOffloadNodePosition",
-    reads=("request", "plan"),
+    reads=("analysis", "request", "plan"),
     writes=("plan",),
     in_place=True,
     run=_prefetch,

@@ -16,13 +16,20 @@ the simulator and the budget strategy use too.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
+from offloadctl.analysis import timeline
+from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import h2d_low, h2d_position, release_point
 from offloadctl.contract.document import advance_stage, record_stage, require_stage
 from offloadctl.core.bulk import paused_gc
-from offloadctl.core.plantypes import Plan
+from offloadctl.core.plantypes import Offload, Plan
 from offloadctl.planning.request import PrefetchPart, recorded, taking
+from offloadctl.simulation.costs import CopyTiming
 
-__all__ = ["prefetch", "prefetch_own"]
+__all__ = ["lead_by_time", "prefetch", "prefetch_own"]
 
 
 @taking(PrefetchPart)
@@ -42,6 +49,61 @@ def prefetch_own(plan: Plan, options: PrefetchPart) -> Plan:
     recorded_options = recorded(PrefetchPart, options)
     advance_stage(plan, "scheduled", "prefetch", recorded_options)
     return _schedule(plan, options)
+
+
+def lead_by_time(plan: Plan, analysis: Analysis, timing: CopyTiming) -> int:
+    """Copies on streams: issue each reload group's H2D earlier than the prefetch distance placed it, as
+    early as its copy needs to be done by the start of its first use (on the baseline's node times), as
+    far as the plan's peak device memory allows: the peak is never raised, and no H2D moves later.
+    Returns how many H2Ds moved.
+
+    The link is shared, as `offloadctl.planning.budget.search.Planner.place_prefetch_streams` models it:
+    D2Hs go first come first served from the end of their producers; H2Ds are scheduled back from
+    their deadlines, latest first, each done before the link time the later ones took and started no
+    earlier than its tensor's D2H is done. The moves are then made in execution order, each as early as
+    the memory left under the peak lets it (a move only adds the buffer's bytes to the steps it gains).
+    """
+    if not plan["offloads"]:
+        return 0
+    n, starts = analysis.num_positions, timing.starts
+    values = timeline.profile(analysis, plan, prefetch_distance=0)  # every position is filled in
+    peak = int(values.max())
+    sizes = {off["tensor"]: timeline.tensor_bytes(analysis, off["tensor"]) for off in plan["offloads"]}
+    done: dict[str, float] = {}  # activation -> when its D2H is done
+    link_free = 0.0
+    activations = [(off["d2h_after"], off["tensor"]) for off in plan["offloads"] if off["kind"] == "activation"]
+    for d2h_after, tensor in sorted((p, t) for p, t in activations if p is not None):
+        begin = max(float(starts[min(d2h_after + 1, n)]), link_free)
+        link_free = done[tensor] = begin + float(timing.d2h(sizes[tensor]))
+    jobs = [
+        (g["uses"][0]["position"], off["tensor"], k, off)
+        for off in plan["offloads"]
+        for k, g in enumerate(off["reload_groups"])
+    ]
+    wanted: list[tuple[int, int, Offload, int]] = []  # (first use, issue position, offload, group)
+    free = math.inf
+    for first, tensor, k, off in sorted(jobs, reverse=True):
+        end = min(float(starts[first]), free)
+        begin = max(end - float(timing.h2d(sizes[tensor])), done.get(tensor, 0.0))
+        free = min(free, begin)
+        low = timeline.h2d_low(off["kind"], off["d2h_after"])
+        issue = max(low, min(first, int(np.searchsorted(starts, begin, side="right")) - 1))
+        placed = off["reload_groups"][k]["h2d_before"]
+        assert placed is not None  # the prefetch stage placed it
+        if issue < placed:
+            wanted.append((first, issue, off, k))
+    moved = 0
+    for _, issue, off, k in sorted(wanted, key=lambda w: (w[0], w[2]["tensor"], w[3])):
+        group, size = off["reload_groups"][k], sizes[off["tensor"]]
+        old = group["h2d_before"]
+        assert old is not None
+        over = np.flatnonzero(values[issue:old] > peak - size)
+        new = issue + (int(over[-1]) + 1 if len(over) else 0)
+        if new < old:
+            values[new:old] += size
+            group["h2d_before"] = new
+            moved += 1
+    return moved
 
 
 def _schedule(new: Plan, options: PrefetchPart) -> Plan:

@@ -204,12 +204,19 @@ class PrefetchPart:
     """The prefetch stage's options.
 
     Attributes:
-        prefetch_distance: each host-to-device copy runs this many positions before its first use.
+        prefetch_distance: each host-to-device copy runs this many positions before its first use. With
+            copies on streams a distance plan's copy runs at least this early, earlier where it needs the
+            time to hide behind compute and the peak holds (`offloadctl.planning.prefetch.lead_by_time`);
+            a budget plan's at most this early, as early as it needs.
         release_distance: positions after the last device use before an offloaded buffer is reused.
     """
 
     prefetch_distance: int = option(
-        DEFAULT_PREFETCH_DISTANCE, "Move each host-to-device copy this many positions before its first use.", "count"
+        DEFAULT_PREFETCH_DISTANCE,
+        "Move each host-to-device copy this many positions before its first use (with --copies streams: at least "
+        "this early for a distance plan, earlier where the copy needs the time and the peak holds; at most this "
+        "early for a budget plan).",
+        "count",
     )
     release_distance: int = option(
         DEFAULT_RELEASE_DISTANCE,
