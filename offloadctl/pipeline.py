@@ -47,7 +47,7 @@ from offloadctl.loading.input_shapes import given_dims
 from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
 from offloadctl.planning.make import run_passes
 from offloadctl.planning.passes import EVENTS, FILTER, PINS, PREFETCH, SELECT, Pass, Planning
-from offloadctl.planning.request import PlanRequest, device_name, taking
+from offloadctl.planning.request import PlanRequest, device_name, runs_copy_streams, taking
 from offloadctl.rewriting.preview import device_result, placement_of, run_order_result, streams_run_result
 from offloadctl.rewriting.rewrite import target_for
 from offloadctl.simulation.base import is_rewritten
@@ -182,7 +182,7 @@ def device_figures(
         before, _ = device_result(None, analysis, placement, target=target)
         if not plan["offloads"]:
             after, pins = before, None
-        elif copies == "streams" and device != "webgpu":  # (WebGPU registers no streams: its copies run in line)
+        elif copies == "streams" and runs_copy_streams(device):
             after, pins = streams_run_result(plan, analysis, target=target, placement=placement), None
         else:
             after, pins = device_result(plan, analysis, placement, target=target)

@@ -44,9 +44,17 @@ from offloadctl.loading.tensors import TensorInfos, tensor_infos
 if TYPE_CHECKING:
     from offloadctl.core import plantypes  # imported where used: it takes a seventh of the command line's start-up
 
-__all__ = ["Use", "Analysis", "analyse", "derived", "forget"]
+__all__ = ["SUBGRAPH_READ", "Use", "Analysis", "analyse", "derived", "forget", "use_key"]
 
 logger = logging.getLogger(__name__)
+
+#: where a read inside a subgraph of a node sorts among the node's inputs: after every one of them
+SUBGRAPH_READ = 1 << 30
+
+
+def use_key(position: int, input_index: int | None) -> tuple[int, int]:
+    """The first-use order of a read: by position, then input index, a read inside a subgraph last."""
+    return (position, input_index if input_index is not None else SUBGRAPH_READ)
 
 
 class Use(NamedTuple):
@@ -61,7 +69,7 @@ class Use(NamedTuple):
 
     @property
     def sort_key(self) -> tuple[int, int]:
-        return (self.position, self.input_index if self.input_index is not None else 1 << 30)
+        return use_key(self.position, self.input_index)
 
     def to_json(self) -> plantypes.Use:
         return {"position": self.position, "node": self.node, "input_index": self.input_index}

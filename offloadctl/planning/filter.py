@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from offloadctl.analysis.graph import use_key
 from offloadctl.contract.document import record_stage, require_stage
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.plantypes import Offload, Plan, Rejection, RejectionReason, rejection
@@ -33,8 +34,7 @@ def first_use_key(offload: Offload) -> tuple[int, int]:
         end = offload["output_h2d_before"]
         assert end is not None  # an entry no node reads is a graph output, copied back at the end
         return (end, 0)
-    index = first["input_index"]
-    return (first["position"], index if index is not None else 1 << 30)
+    return use_key(first["position"], first["input_index"])
 
 
 def _rejection(off: Offload, reason: RejectionReason, detail: str) -> Rejection:

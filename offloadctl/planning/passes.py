@@ -35,7 +35,7 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.planning.budget.strategy import BudgetSearch
 from offloadctl.planning.planners import filtered_by_number
 from offloadctl.planning.prefetch import lead_by_time, prefetch_own
-from offloadctl.planning.request import PlanRequest
+from offloadctl.planning.request import PlanRequest, runs_copy_streams
 from offloadctl.planning.select import Selection, selection_for
 from offloadctl.planning.tradeoff import plan_within_slowdown
 from offloadctl.simulation.base import is_rewritten
@@ -155,7 +155,7 @@ def _prefetch(state: Planning) -> Planning:
 
 def copy_mode(request: PlanRequest) -> str:
     """How the plan's copies run: the request's mode, in line on a provider without streams (WebGPU)."""
-    if request.copies == "streams" and request.device == "webgpu":
+    if request.copies == "streams" and not runs_copy_streams(request.device):
         return "inline"
     return request.copies
 

@@ -49,6 +49,7 @@ __all__ = [
     "WithOptions",
     "WithOptions2",
     "device_name",
+    "runs_copy_streams",
     "evolve",
     "option",
     "profile_for",
@@ -160,6 +161,12 @@ class SelectPart:
         """The device the plan is made for (``plan --device``), without how its host nodes were found;
         ``""`` for none."""
         return device_name(self.host_device)
+
+
+def runs_copy_streams(device: str) -> bool:
+    """Whether ``device``'s provider runs copies on a stream of their own: every one but WebGPU, which
+    registers no streams (its copies run in line)."""
+    return device_name(device) != "webgpu"
 
 
 def device_name(host_device: str) -> str:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from offloadctl._version import __version__
-from offloadctl.analysis.graph import Analysis, Use, derived
+from offloadctl.analysis.graph import SUBGRAPH_READ, Analysis, Use, derived
 from offloadctl.contract.document import SCHEMA_VERSION
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.plantypes import (
@@ -212,7 +212,7 @@ class _Selector:
         first = arrays.offsets[plain]
         indices = arrays.indices[first]
         keys = zip(
-            zip(arrays.positions[first].tolist(), np.where(indices < 0, 1 << 30, indices).tolist()),
+            zip(arrays.positions[first].tolist(), np.where(indices < 0, SUBGRAPH_READ, indices).tolist()),
             itertools.compress(map(self.index.__getitem__, names), plain),
         )
         kinds = itertools.chain(itertools.repeat("activation", acts), itertools.repeat("parameter"))

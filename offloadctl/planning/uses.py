@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from offloadctl.analysis.graph import Use
+from offloadctl.analysis.graph import Use, use_key
 
 __all__ = ["UseArrays", "input_bits", "longest_gap", "sort_key", "split_reload_groups"]
 
@@ -48,8 +48,7 @@ def split_reload_groups(
 
 def sort_key(use: Use) -> tuple[int, int]:
     """`Use.sort_key`, without the property call (once per candidate of a big graph)."""
-    index = use[1]
-    return (use[0], index if index is not None else 1 << 30)
+    return use_key(use[0], use[1])
 
 
 class UseArrays(NamedTuple):

@@ -92,7 +92,7 @@ from offloadctl.core.onnxutil import (
 from offloadctl.core.plantypes import Offload, Plan, Use
 from offloadctl.loading.placed import reads_host_memory, writes_host_memory
 from offloadctl.loading.tensors import TensorInfo
-from offloadctl.planning.request import device_name
+from offloadctl.planning.request import device_name, runs_copy_streams
 from offloadctl.rewriting.metadata import (
     KEY_OFFLOADS,
     KEY_PINS,
@@ -214,7 +214,7 @@ def choose_copy_mode(plan: Plan, requested: str | None = None) -> CopyChoice:
             f"the plan was made for copies {_MODE_WORDS[planned]} and is written with copies {_MODE_WORDS[mode]}, as "
             f"asked: its recorded figures are those of copies {_MODE_WORDS[planned]} (simulate the rewrite for its own)"
         )
-    if mode == "streams" and plan_device(plan) == "webgpu":
+    if mode == "streams" and not runs_copy_streams(plan_device(plan)):
         return CopyChoice("inline", planned, "WebGPU registers no streams: its copies run in line, and no partition "
                           "file is written")  # fmt: skip
     if mode == "streams" and not plan["offloads"]:
