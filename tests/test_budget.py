@@ -492,3 +492,32 @@ def test_the_copy_floor_is_the_links_own_on_a_big_model():
     assert copy_floor(load_profile("ascend-910b"), 64 << 30) == 250_000  # 10 us at 25 GB/s
     assert copy_floor(load_profile("pcie-gen5-x16"), 64 << 30) == 500_000
     assert copy_floor(load_profile("ascend-910b"), 50_000) == 50
+
+
+def test_a_budget_that_needs_copies_under_the_floor_gets_them_and_says_so(run_cli, tmp_path):
+    """On a model of many tiny weights every copy is under the floor (0.1% of the peak): a budget plan
+    would reach nothing. When the budget cannot be reached otherwise the floor is dropped, with a
+    warning; --min-bytes given by name is kept, and the error then names the peak it can reach."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    count = 1200
+    weights = [numpy_helper.from_array(np.full((4, 4), i / count, np.float32), f"w{i}") for i in range(count)]
+    nodes = [helper.make_node("Add", ["x" if i == 0 else f"a{i - 1}", f"w{i}"], [f"a{i}"]) for i in range(count)]
+    nodes[-1].output[0] = "y"
+    graph = helper.make_graph(
+        nodes, "tiny_weights", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])], weights,
+    )  # fmt: skip
+    model = tmp_path / "tiny.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+
+    made = run_cli("plan", model, "--params", "--budget", "40KiB", "-o", tmp_path / "p.json", "--json")
+    assert made.exit_code == 0, made.stderr
+    assert "the budget needs copies smaller than a copy is worth here" in made.stderr
+    doc = made.json()
+    assert doc["peak_bytes"]["before"] > 75 * 1024 and doc["peak_bytes"]["after"] <= 40 * 1024
+    plan = read_plan(tmp_path / "p.json")
+    assert min(o["bytes"] for o in plan["offloads"]) == 64 < plan["options"]["filter"]["min_bytes"]
+    kept = run_cli("plan", model, "--params", "--budget", "40KiB", "--min-bytes", "1KiB", "-o", tmp_path / "k.json")
+    assert kept.exit_code == 1 and "cannot fit" in kept.stderr and not (tmp_path / "k.json").exists()

@@ -36,6 +36,7 @@ class Candidates:
     small: list  # rejections for --min-bytes
     stream: Any  # the streamed weights' fixed states (`stream_states`), None without weight streaming
     stream_info: dict[str, Any] | None
+    floored: bool = True  # copies under the floor left out (False: the budget needed them)
 
 
 class Prepared:
@@ -90,19 +91,22 @@ class Prepared:
         self.peak_before = timeline.peak_of(resident_profile(analysis))[0]
         given = options.min_bytes is not None
         self.floor = Floor(options.min_size if given else copy_floor(options.device_profile, self.peak_before), given)
-        self._candidates: dict[bool, Candidates] = {}
+        self._candidates: dict[tuple[bool, bool], Candidates] = {}
         self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
 
-    def candidates(self, with_params: bool) -> Candidates:
-        """The candidate set with weights or without, made once each."""
-        if with_params not in self._candidates:
+    def candidates(self, with_params: bool, floored: bool = True) -> Candidates:
+        """The candidate set with weights or without, and with the copy floor or without it (a derived
+        floor is dropped when the budget cannot be reached otherwise), made once each."""
+        key = (with_params, floored)
+        if key not in self._candidates:
             rejected = self.selection.rejected(weights=with_params) if self.listed else []
-            cands, small = candidates(self.analysis, self.selection, with_params, self.floor)
+            floor = self.floor if floored else Floor(0, given=False)
+            cands, small = candidates(self.analysis, self.selection, with_params, floor)
             stream = info = None
             if self.options.stream_weights:
                 stream, info = stream_states(cands, self.options.stream_depth)
-            self._candidates[with_params] = Candidates(rejected, cands, small, stream, info)
-        return self._candidates[with_params]
+            self._candidates[key] = Candidates(rejected, cands, small, stream, info, floored)
+        return self._candidates[key]
 
     def timing(self, profile: Profile) -> CopyTiming:
         """When each node runs on ``profile``, computed once per profile."""

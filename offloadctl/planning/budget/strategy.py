@@ -141,8 +141,10 @@ class BudgetSearch:
         self.analysis = analysis
         self.options = options
 
-    def _attempt(self, with_params: bool, budget: int | None, cost: CopyCost, copies: str) -> Attempt:
-        found = self.prepared.candidates(with_params)
+    def _attempt(
+        self, with_params: bool, budget: int | None, cost: CopyCost, copies: str, floored: bool = True
+    ) -> Attempt:
+        found = self.prepared.candidates(with_params, floored)
         timing = self.prepared.timing(self.options.device_profile) if copies == "streams" else None
         outcome = solve(
             self.analysis, found.cands, self.options, budget=budget, stream=found.stream, cost=cost, timing=timing
@@ -183,6 +185,20 @@ class BudgetSearch:
                         "activations alone cannot fit the budget: weights were considered too (as with --params)"
                     )
                 return retry, True
+        with_params = self.prepared.params or retry is not None
+        if not self.prepared.floor.given:  # the copies worth less than their cost, when nothing else fits
+            small = self._attempt(with_params, budget, cost, copies, floored=False)
+            if small.outcome.fits:
+                if not quiet and with_params and not self.prepared.params:
+                    logger.warning("activations alone cannot fit the budget: weights were considered too")
+                if not quiet:
+                    logger.warning(
+                        "the budget needs copies smaller than a copy is worth here (%s, the lesser of what the link "
+                        "moves in one copy's fixed time and 0.1%% of the peak): they were considered too",
+                        fmt_bytes(self.prepared.floor.bytes),
+                    )
+                return small, with_params and not self.prepared.params
+            retry = small
         best = min(a.outcome.reachable for a in (first, retry) if a is not None and a.outcome.reachable is not None)
         fused = self.prepared.selection.options.fused
         kept = (
@@ -218,7 +234,8 @@ class BudgetSearch:
         # The time objective is priced copy by copy; the plan the bytes objective finds is checked too,
         # and the faster of the two (estimated as the chosen copy mode runs) is kept, so asking for time
         # never gives a longer estimate than asking for bytes.
-        other = self._attempt(self.prepared.params or weights_added, budget, BytesMoved(), copies)
+        floored = chosen.candidates.floored
+        other = self._attempt(self.prepared.params or weights_added, budget, BytesMoved(), copies, floored)
         if not other.outcome.fits:  # pragma: no cover - the same candidates fit under any price
             return Found(build_plan(self.prepared, chosen, build))
         if copies == "inline" and self.options.device_profile.measured is None:
