@@ -4,8 +4,9 @@
 #   1. installs onnxruntime-gpu (and any other wheel) from the folder $WHEELS (default: .whl beside
 #      the repository root), with no index: a GPU machine that cannot reach a registry can run it;
 #   2. CHECK=streams (the default): copies on a stream of their own (bench/streams_check.py), five
-#      setups of a generated fp16 model whose copies take about as long as its compute, and the race
-#      check of the fences;
+#      setups of a generated fp16 model whose copies take about as long as its compute, the race
+#      check of the fences, and two rewrites on streams run by `offloadctl run --compare-to` in both
+#      orders: a fused graph (--opt-level all for the device) and onnxruntime's in-place pattern;
 #   3. CHECK=samples: for each sample, original and rewritten (a distance plan with weights, order pins
 #      on), on CUDA: the measured CUDA arena peak (onnxruntime's allocator statistics, DEFAULT order) against the
 #      simulated device peak in the same order, and the slowdown timed side by side (PRIORITY_BASED)

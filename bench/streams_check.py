@@ -24,6 +24,16 @@ The race check runs the streams rewrite ``--race-runs`` times with its fences an
 (each fence node deleted: compute no longer waits for a copy to host before the arena may give the copied
 buffer to another tensor) and counts the runs whose outputs differ from setup 1's.
 
+Two more rewrites, each planned, written on streams and run by the command line in both orders
+(``offloadctl run --compare-to``, which gives each session its own inputs, checks them unchanged and
+compares the outputs):
+
+- a fused graph: the transformer sample planned with ``--opt-level all`` for the device, against the
+  original at that level (within tolerance);
+- the in-place pattern of onnxruntime's multi-stream planner (a weight read through ``Unsqueeze`` by a
+  ``Relu`` that may write in place, and read again after it), with negative inputs: bit-identical, or
+  the guard `apply` writes does not hold on the device.
+
 Run: ``python bench/streams_check.py [--device cuda] [--repeat 10] [--race-runs 20] [--small]``.
 """
 
@@ -33,6 +43,7 @@ import argparse
 import ctypes
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -165,6 +176,58 @@ def _diff(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
     return max(float(np.max(np.abs(a.astype(np.float32) - b.astype(np.float32)))) for a, b in zip(outputs, reference))
 
 
+#: the in-place pattern (tests/test_guards.py's Unsqueeze into Relu on a weight): ``a`` views ``w``, the
+#: Relu may write into it, and ``w`` is read again after it
+IN_PLACE = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1,4,4] x) => (float[1,1,4,4] y)
+<float[1,4,4] w = {-2.0,-1.7,-1.5,-1.2,-0.9,-0.6,-0.4,-0.1,0.1,0.4,0.6,0.9,1.2,1.5,1.7,2.0}, int64[1] ax = {0}> {
+    e = Cos(x)
+    a = Unsqueeze(w, ax)
+    r0 = Relu(a)
+    m = Add(r0, w)
+    n = Mul(m, e)
+    r1 = Sin(n)
+    r2 = Sin(r1)
+    r3 = Sin(r2)
+    r4 = Sin(r3)
+    r5 = Sin(r4)
+    r6 = Sin(r5)
+    y = Add(r6, e)
+}"""
+
+
+def _cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "offloadctl", *map(str, args)], capture_output=True, text=True)
+
+
+def _verdict(done: subprocess.CompletedProcess) -> str:
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    return next((line for line in reversed(lines) if line.startswith(("PASSED", "FAILED", "error"))), lines[-1:])
+
+
+def _extras(device: str, folder: Path) -> None:
+    """The fused graph and the in-place pattern, planned, written on streams and run in both orders."""
+    samples = Path(__file__).resolve().parent.parent / "sample_models"
+    pattern = folder / "in_place.onnx"
+    onnx.save(onnx.parser.parse_model(IN_PLACE), str(pattern))
+    np.savez(folder / "in_place.npz", x=np.random.default_rng(7).uniform(-2.0, 0.5, (1, 4, 4)).astype(np.float32))
+    on = () if device == "cpu" else ("--device", device)
+    cases = [
+        ("fused graph", samples / "transformer.onnx", samples / "transformer.inputs.npz",
+         ("--params", "--select-distance", "10", "--opt-level", "all", *on)),
+        ("in-place pattern", pattern, folder / "in_place.npz",
+         ("--select-distance", "1", "--prefetch-distance", "0", "--profile", "cpu")),
+    ]  # fmt: skip
+    for label, source, inputs, options in cases:
+        for order in ("priority", "default"):
+            plan, out = folder / f"{source.stem}.{order}.json", folder / f"{source.stem}.{order}.offload.onnx"
+            made = _cli("plan", source, *options, "--copies", "streams", "--execution-order", order, "-o", plan)
+            applied = _cli("apply", plan, "-o", out, "--copies", "streams") if made.returncode == 0 else made
+            ran = _cli("run", out, "--device", device, "--execution-order", order, "--compare-to", source,
+                       "--inputs", inputs) if applied.returncode == 0 else applied  # fmt: skip
+            print(f"{label} ({order}): {_verdict(ran)}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -233,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{wrong['streams']} of {args.race_runs} with them",
             flush=True,
         )
+        _extras(args.device, folder)
     return 0
 
 

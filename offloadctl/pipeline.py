@@ -34,6 +34,7 @@ plan halfway between the lower bound and the peak, made and simulated here on gr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from shlex import quote
 from typing import Any
@@ -49,7 +50,7 @@ from offloadctl.planning.make import run_passes
 from offloadctl.planning.passes import EVENTS, FILTER, PINS, PREFETCH, SELECT, Pass, Planning
 from offloadctl.planning.request import PlanRequest, device_name, runs_copy_streams, taking
 from offloadctl.rewriting.preview import device_result, placement_of, run_order_result, streams_run_result
-from offloadctl.rewriting.rewrite import target_for
+from offloadctl.rewriting.rewrite import planned_copy_mode, target_for
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.estimate import (
     estimate_figures,
@@ -57,7 +58,9 @@ from offloadctl.simulation.estimate import (
     recorded_estimate,
     with_device_peaks,
     with_run_order_peak,
+    with_run_time,
 )
+from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = [
@@ -71,6 +74,7 @@ __all__ = [
     "next_step",
     "planned",
     "run_order_figures",
+    "streams_declined",
     "suggested_budget",
     "verdict_figures",
 ]
@@ -94,8 +98,25 @@ def _figures(state: Planning) -> Planning:
         return state
     with paused_gc():
         result = state.simulation or simulate(analysis, plan, profile=request.device_profile)
-    record_estimate(plan, run_order_figures(plan, analysis, result, request))  # apply quotes it
+    copies = planned_copy_mode(plan)
+    figures = run_order_figures(plan, analysis, result, request, copies)
+    if copies == "streams" and (declined := streams_declined(figures)) is not None:
+        # its events cost more than the overlap hides: the plan's copies run in line, and it quotes those
+        plan["summary"]["events"] = {**plan["summary"]["events"], "copies": "inline", "streams_declined": declined}
+        in_line = run_order_figures(plan, analysis, result, request, "inline")
+        streamed = {key: {**in_line[key], "overlapped": figures[key]["overlapped"]} for key in ("time_s", "slowdown")}
+        figures = {**in_line, **streamed, "streams_declined": declined}
+    record_estimate(plan, figures)  # apply quotes it
     return state.replace(simulation=result)
+
+
+def streams_declined(figures: dict[str, Any]) -> dict[str, Any] | None:
+    """The slowdowns of a plan whose copies, on a stream of their own as the executor runs them, gain no
+    time over in line (``figures``: `as_run_figures` with copies on streams), or None when they do."""
+    slow = figures.get("slowdown")
+    if not slow or slow["overlapped"] < slow["serialized"]:
+        return None
+    return {"streams": slow["overlapped"], "inline": slow["serialized"], "profile": figures.get("profile")}
 
 
 def verdict_figures(state: Planning) -> dict[str, Any]:
@@ -105,18 +126,23 @@ def verdict_figures(state: Planning) -> dict[str, Any]:
     return recorded_estimate(state.plan) or estimate_figures(state.simulation, state.request.copies)
 
 
-def run_order_figures(plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest) -> dict[str, Any]:
-    """The plan's figures (`as_run_figures` of the simulation's, for the request's device)."""
+def run_order_figures(
+    plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest, copies: str | None = None
+) -> dict[str, Any]:
+    """The plan's figures (`as_run_figures` of the simulation's, for the request's device), its copies run
+    as ``copies`` says (the request's mode by default)."""
+    copies = copies or request.copies
     return as_run_figures(
         plan,
         analysis,
-        estimate_figures(result, request.copies),
+        estimate_figures(result, copies),
         host_device=request.host_device,
         host_nodes=request.host_nodes,
         host_copies=request.host_copies,
         host_casts=request.host_casts,
         report=request.report,
-        copies=request.copies,
+        copies=copies,
+        profile=request.device_profile,
     )
 
 
@@ -131,6 +157,7 @@ def as_run_figures(
     host_casts: Sequence[Any] = (),
     report: Callable[[str], None] | None = None,
     copies: str = "inline",
+    profile: Profile | None = None,
 ) -> dict[str, Any]:
     """``figures`` (`estimate_figures` of the plan's simulation) with the peaks of what runs: for a plan
     made for a device (``plan --device``: ``host_device``, the nodes it runs on the host and the copies
@@ -139,17 +166,22 @@ def as_run_figures(
     ``apply --copies streams`` writes it, in the order the executor runs its two streams (the copy stream
     runs ahead of compute until a gate stops it), in either order; else under the DEFAULT order the peak
     after of the rewrite as the walk over it runs (`offloadctl.rewriting.preview`: pins and copies reorder
-    it), not of the planned sequence. PRIORITY_BASED on one stream runs the planned sequence itself."""
+    it), not of the planned sequence. PRIORITY_BASED on one stream runs the planned sequence itself.
+
+    With ``copies`` on streams the time is the replay's too, on ``profile`` (`with_run_time`): the loads
+    ``apply`` keeps in line and the copies a gate holds cost what they cost as the executor runs them."""
     if host_device:
-        return device_figures(plan, analysis, figures, host_device, host_nodes, host_copies, host_casts, copies)
+        return device_figures(
+            plan, analysis, figures, host_device, host_nodes, host_copies, host_casts, copies, profile=profile
+        )
     if not plan["offloads"]:
         return figures
     if copies == "streams":
         if report is not None:
             report("replaying the rewrite as onnxruntime's executor runs its two streams")
         with paused_gc():
-            replayed = streams_run_result(plan, analysis)
-        return with_run_order_peak(figures, replayed, analysis.order, streams=True)
+            replayed = streams_run_result(plan, analysis, profile=profile)
+        return with_run_time(with_run_order_peak(figures, replayed, analysis.order, streams=True), replayed)
     if analysis.order != "default":
         return figures
     if report is not None:
@@ -168,26 +200,30 @@ def device_figures(
     host_copies: Sequence[str] = (),
     host_casts: Sequence[Any] = (),
     copies: str = "inline",
+    *,
+    profile: Profile | None = None,
 ) -> dict[str, Any]:
     """``figures`` with the peaks of the model and of ``plan``'s rewrite as the device the plan was made
     for runs them (``plan --device``: ``host_device``, the nodes it runs on the host, the tensors
     onnxruntime copies there and the Casts it inserts, as `SelectPart` records them), in the order its
     executor runs the two providers' streams in (`offloadctl.rewriting.preview.device_result`); with
     ``copies`` on streams, the rewrite as ``apply --copies streams`` writes it, its copy stream run
-    ahead of compute until a gate stops it (`offloadctl.rewriting.preview.streams_run_result`)."""
+    ahead of compute until a gate stops it (`offloadctl.rewriting.preview.streams_run_result`); and the
+    rewrite's time as it runs there on ``profile`` (`with_run_time`: the copies onnxruntime inserts count)."""
     device = device_name(host_device)
     placement = placement_of(analysis, host_nodes, host_copies, host_casts)
     target = target_for(device)  # the pins `apply --target` writes for it
     with paused_gc():
-        before, _ = device_result(None, analysis, placement, target=target)
+        before, _ = device_result(None, analysis, placement, target=target, profile=profile)
         if not plan["offloads"]:
             after, pins = before, None
         elif copies == "streams" and runs_copy_streams(device):
-            after, pins = streams_run_result(plan, analysis, target=target, placement=placement), None
+            after, pins = streams_run_result(plan, analysis, target=target, placement=placement, profile=profile), None
         else:
-            after, pins = device_result(plan, analysis, placement, target=target)
+            after, pins = device_result(plan, analysis, placement, target=target, profile=profile)
     checked = None if pins is None else (pins.checked, len(pins.violated))
-    return with_device_peaks(figures, before, after, device, analysis.order, checked, streams=copies == "streams")
+    figures = with_device_peaks(figures, before, after, device, analysis.order, checked, streams=copies == "streams")
+    return with_run_time(figures, after)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -325,11 +361,35 @@ def planned(analysis: Analysis, request: PlanRequest, passes: Sequence[Pass] = P
             the message also gives the model's peak as that device runs it).
     """
     try:
-        return run_passes(analysis, request, passes)
+        state = run_passes(analysis, request, passes)
     except BudgetUnreachable as exc:
         if not request.host_device:
             raise
         raise _as_the_device_runs(exc, analysis, request) from None
+    return _in_line_when_declined(state, passes)
+
+
+def _in_line_when_declined(state: Planning, passes: Sequence[Pass]) -> Planning:
+    """``state``, or, when its plan was made for copies on streams that gain no time as the executor runs
+    them (`streams_declined`), the same request planned in line: a budget or slowdown search priced for
+    copies in line, loads placed by distance, with the streams figures that declined it recorded beside
+    (``summary.events.streams_declined``). A budget the plan in line cannot reach keeps the first plan,
+    whose copies run in line too."""
+    summary: dict[str, Any] = state.plan.get("summary", {}) if state.plan is not None else {}
+    declined = summary.get("events", {}).get("streams_declined")
+    if not declined:
+        return state
+    state.request.report("planning the copies in line: on streams they gain no time")
+    try:
+        again = run_passes(state.analysis, dataclasses.replace(state.request, copies="inline"), passes)
+    except BudgetUnreachable:
+        return state
+    plan = again.plan
+    assert plan is not None
+    plan["summary"]["events"]["streams_declined"] = declined
+    if "estimate" in plan["summary"]:
+        plan["summary"]["estimate"]["streams_declined"] = declined
+    return again
 
 
 def _as_the_device_runs(exc: BudgetUnreachable, analysis: Analysis, request: PlanRequest) -> BudgetUnreachable:

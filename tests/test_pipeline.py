@@ -13,6 +13,7 @@ import offloadctl
 from offloadctl.analysis.graph import analyse
 from offloadctl.loading.model import load_model
 from offloadctl.pipeline import DOCUMENT_PASSES, PIPELINE, planned
+from offloadctl.planning.make import run_passes
 from offloadctl.planning.passes import FILTER, PINS, SELECT, Pass, Planning
 from offloadctl.planning.request import PlanRequest
 from offloadctl.simulation.result import simulate
@@ -79,9 +80,9 @@ def test_the_document_is_every_pass_but_the_next_step_wherever_it_stands():
 def test_the_events_pass_records_what_apply_writes(run_cli, tmp_path):
     """``summary.events`` of a plan made for copies on streams: a gate for each copy and a fence for each
     D2H, as `apply --copies streams` writes them (a copy issued before any compute node needs no gate)."""
-    plan, out = tmp_path / "plan.json", tmp_path / "unet.offload.onnx"
-    args = ("--params", "--select-distance", "2", "--copies", "streams")
-    made = run_cli("plan", SAMPLES / "unet.onnx", "-o", plan, *args)
+    plan, out = tmp_path / "plan.json", tmp_path / "transformer.offload.onnx"
+    args = ("--params", "--select-distance", "50", "--copies", "streams", "--execution-order", "priority")
+    made = run_cli("plan", SAMPLES / "transformer.onnx", "-o", plan, *args)
     assert made.exit_code in (0, 1), made.stderr
     events = json.loads(plan.read_text())["summary"]["events"]
     assert events["copies"] == "streams"
@@ -120,8 +121,8 @@ def test_a_streams_plan_issues_each_load_by_time_without_raising_the_peak(order)
 
     analysis = analyse(load_model(SAMPLES / "unet.onnx"), order=order)
     options = {"params": True, "select_distance": 10, "prefetch_distance": 2}
-    inline = planned(analysis, PlanRequest(**options, copies="inline")).plan
-    streams = planned(analysis, PlanRequest(**options, copies="streams")).plan
+    inline = run_passes(analysis, PlanRequest(**options, copies="inline"), DOCUMENT_PASSES).plan
+    streams = run_passes(analysis, PlanRequest(**options, copies="streams"), DOCUMENT_PASSES).plan  # as planned
     placed = {(o["tensor"], k): g["h2d_before"] for o in inline["offloads"] for k, g in enumerate(o["reload_groups"])}
     led = {(o["tensor"], k): g["h2d_before"] for o in streams["offloads"] for k, g in enumerate(o["reload_groups"])}
     assert placed.keys() == led.keys() and all(led[key] <= placed[key] for key in placed)

@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 import pytest
 
+from offloadctl.contract.document import read_plan
 from offloadctl.rewriting.streams import EVENT_OPTIMIZERS, PARTITION_KEY
 
 from conftest import SAMPLE_NAMES, SAMPLES
@@ -319,7 +320,7 @@ def test_a_fence_in_a_file_out_of_order_is_held_without_a_cycle(run_cli, tmp_pat
 def test_simulate_counts_a_streams_rewrite_as_its_executor_runs_the_two_streams(run_cli, tmp_path):
     """The device figures of a streams rewrite follow the order onnxruntime's executor runs its streams in
     (the order `run` checks the profile against), an event's output is the tensor it reads (no buffer of
-    its own), and plan, apply and simulate quote the same peak."""
+    its own), and plan, apply and simulate quote the same peak and time."""
     from offloadctl.analysis.graph import analyse
     from offloadctl.loading.model import load_model
     from offloadctl.rewriting.streams import checked_streams, stream_order
@@ -328,21 +329,25 @@ def test_simulate_counts_a_streams_rewrite_as_its_executor_runs_the_two_streams(
     from offloadctl.simulation.program import program_for
 
     plan, out = tmp_path / "plan.json", tmp_path / "transformer.offload.onnx"
-    made = run_cli("plan", SAMPLES / "transformer.onnx", "-o", plan, "--execution-order", "default", "--params",
-                   "--select-distance", "10", "--copies", "streams", "--json")  # fmt: skip
-    assert made.exit_code in (0, 1), made.stderr
-    planned = made.json()["peak_bytes"]
-    assert planned["run_by"] == "the two-stream executor" and planned["after"] != planned["planned_after"]
-    applied = run_cli("apply", plan, "-o", out, "--copies", "streams")
-    assert applied.exit_code == 0 and "as the two-stream executor runs it" in " ".join(applied.stdout.split())
-    simulated = run_cli("simulate", out, "--execution-order", "default", "--json")
+    made = run_cli("plan", SAMPLES / "transformer.onnx", "-o", plan, "--execution-order", "priority", "--params",
+                   "--select-distance", "50", "--copies", "streams", "--json")  # fmt: skip
+    assert made.exit_code == 0, made.stderr
+    doc = made.json()
+    assert doc["streams_declined"] is None and doc["slowdown"]["overlapped"] < doc["slowdown"]["serialized"]
+    planned = doc["peak_bytes"]
+    assert planned["run_by"] == "the two-stream executor"
+    applied = run_cli("apply", plan, "-o", out, "--json")  # the plan's own mode: streams
+    assert applied.exit_code == 0 and applied.json()["copy_mode"] == "streams"
+    assert applied.json()["estimate"]["peak_bytes"]["run_by"] == "the two-stream executor"
+    simulated = run_cli("simulate", out, "--json")
     assert simulated.exit_code == 0, simulated.stderr
     assert simulated.json()["peak_bytes"]["after"] == planned["after"]
-    analysis = analyse(load_model(out), order="default")
-    _, streams = checked_streams(out, analysis.loaded.proto, "default")
+    assert simulated.json()["slowdown"]["overlapped"] == pytest.approx(doc["slowdown"]["overlapped"], rel=0.01)
+    analysis = analyse(load_model(out), order="priority")
+    _, streams = checked_streams(out, analysis.loaded.proto, "priority")
     ran = executor_analysis(analysis, streams)
-    assert ran.node_names == stream_order(analysis.loaded.proto, "default")
-    assert ran.node_names != analysis.node_names  # the copy stream runs ahead: not the DEFAULT walk
+    assert ran.node_names == stream_order(analysis.loaded.proto, "priority")
+    assert ran.node_names != analysis.node_names  # the copy stream runs ahead: not the one-stream walk
     _, program = program_for(ran, None, "the rewrite")
     events = {n.output[0] for n in ran.nodes if n.name.startswith("offload/event/")}
     assert events and not events & set(program.names)  # no event output is a tensor of its own
@@ -392,7 +397,8 @@ def test_a_float16_streams_rewrite_on_a_provider_without_float16_kernels_is_one_
 def test_the_gpu_streams_check_dry_runs_on_the_cpu(capsys):
     """bench/streams_check.py, the five setups and the race check a GPU run of bench/device_check.sh makes,
     runs here on the CPU provider at small sizes: every setup gives the resident model's outputs, the
-    page-locked one hands its weights over, and the race check counts its runs."""
+    page-locked one hands its weights over, the race check counts its runs, and the fused graph and the
+    in-place pattern, written on streams, pass `run --compare-to` in both orders."""
     import importlib.util
 
     path = Path(__file__).resolve().parent.parent / "bench" / "streams_check.py"
@@ -408,45 +414,62 @@ def test_the_gpu_streams_check_dry_runs_on_the_cpu(capsys):
     ]  # fmt: skip
     assert all(r.endswith("max diff 0") for r in rows), rows
     assert "handed to onnxruntime from page-locked memory" in out
+    extras = [line for line in out.splitlines() if line.startswith(("fused graph (", "in-place pattern ("))]
+    assert len(extras) == 4
+    assert all(": PASSED | run " in line and "copies on their own stream" in line for line in extras), extras
     assert "race check: " in out and "of 2 runs wrong without the fences" in out
 
 
 @pytest.mark.parametrize("device", [None, "cuda", "ascend"])
 @pytest.mark.parametrize("order", ["priority", "default"])
 def test_plan_apply_and_simulate_of_the_rewrite_quote_one_device_peak(run_cli, tmp_path, device, order):
-    """For copies on streams, on every device setting and in both orders, the peak plan and apply quote is the
-    one simulate gives of the rewrite apply wrote (the device's placement recorded in it, the copy stream run
-    as the executor runs it)."""
-    for name in ("unet", "transformer"):
+    """For a plan made for copies on streams, on every device setting and in both orders, the peak and time
+    plan and apply quote are those simulate gives of the rewrite apply writes by the plan (the device's
+    placement recorded in it, the copy stream run as the executor runs it): on streams where the executor's
+    run of them gains time, else in line (the plan says its events cost more than they hide)."""
+    written = {}
+    for name, distance in (("unet", "10"), ("transformer", "50")):
         plan, out = tmp_path / f"{name}.plan.json", tmp_path / f"{name}.offload.onnx"
         extra = ("--device", device) if device else ()
-        made = run_cli("plan", SAMPLES / f"{name}.onnx", "-o", plan, "--params", "--select-distance", "10",
+        made = run_cli("plan", SAMPLES / f"{name}.onnx", "-o", plan, "--params", "--select-distance", distance,
                        "--copies", "streams", "--execution-order", order, *extra, "--json")  # fmt: skip
         if made.exit_code != 0:  # a plan that raises the peak (written, refused): nothing to apply
             assert made.json()["passed"] is False
             continue
-        planned = made.json()["peak_bytes"]["after"]
+        doc = made.json()
+        planned, slow = doc["peak_bytes"]["after"], doc["slowdown"]
         target = ("--target", "ascend") if device == "ascend" else ()
-        applied = run_cli("apply", plan, "-o", out, *target, "--copies", "streams", "--json")
+        applied = run_cli("apply", plan, "-o", out, *target, "--json")
         assert applied.exit_code == 0, applied.stderr
+        written[name] = mode = applied.json()["copy_mode"]
+        assert mode == doc["copy_mode"] == ("inline" if doc["streams_declined"] else "streams")
+        assert mode == "inline" or slow["overlapped"] < slow["serialized"]
         assert applied.json()["estimate"]["peak_bytes"]["after"] == planned
         simulated = run_cli("simulate", out, "--json").json()
         assert abs(simulated["peak_bytes"]["after"] - planned) <= 0.02 * planned, (name, planned, simulated)
+        key = "overlapped" if mode == "streams" else "serialized"
+        assert simulated["slowdown"][key] == pytest.approx(slow[key], rel=0.02), (name, slow, simulated["slowdown"])
         assert simulated.get("device") == device
+    if order == "priority" and device != "ascend":  # the transformer's weight loads hide behind its compute
+        assert written["transformer"] == "streams"
 
 
 def test_a_streams_plan_whose_events_cost_more_than_they_hide_is_written_in_line(run_cli, tmp_path):
-    """A streams rewrite never holds less than the same plan in line: where its estimate gains no time either
-    (the mlp's weights, read right after they load, hide nothing), plan says so and apply writes the copies in
-    line; asked for streams, apply writes them so and says why it would not."""
+    """A streams rewrite never holds less than the same plan in line: where, as the executor runs its two
+    streams, it gains no time either (the mlp's weights, read right after they load, hide nothing), the
+    request is planned in line, plan says so and apply writes the copies in line; asked for streams, apply
+    writes them so and says why it would not."""
     plan = tmp_path / "plan.json"
     made = run_cli("plan", SAMPLES / "mlp.onnx", "-o", plan, "--params", "--select-distance", "2",
                    "--prefetch-distance", "2", "--copies", "streams", "--json")  # fmt: skip
-    slow = made.json()["slowdown"]
-    assert made.exit_code == 0 and slow["overlapped"] >= slow["serialized"]
-    assert "its events cost more than the overlap hides, so apply writes its copies in line" in " ".join(
+    declined = made.json()["streams_declined"]
+    assert made.exit_code == 0 and declined["streams"] >= declined["inline"] == made.json()["slowdown"]["serialized"]
+    assert made.json()["copy_mode"] == "inline"
+    assert "their events cost more than the overlap hides, so the copies are planned in line" in " ".join(
         made.stderr.split()
     )
+    events = read_plan(plan)["summary"]["events"]
+    assert events["copies"] == "inline" and events["streams_declined"] == declined
     applied = run_cli("apply", plan, "-o", tmp_path / "a.onnx", "--json")
     assert applied.exit_code == 0 and applied.json()["copy_mode"] == "inline"
     assert not (tmp_path / "a.streams.json").exists()

@@ -321,16 +321,18 @@ def warn_slowdown(figures: Mapping[str, Any]) -> None:
 
 
 def warn_streams_slower(figures: Mapping[str, Any]) -> None:
-    """Warn when a plan made for copies on streams estimates no time gained over in line: its events cost
-    more than the overlap hides, and `apply` writes it in line (`offloadctl.rewriting.rewrite.choose_copy_mode`)."""
-    slow = figures.get("slowdown")
-    if figures.get("copy_mode") == "streams" and slow and slow["overlapped"] >= slow["serialized"]:
+    """Warn when a plan made for copies on streams estimates no time gained over in line, as the executor
+    runs its two streams: its events cost more than the overlap hides, so its copies run in line
+    (`offloadctl.pipeline.streams_declined`) and its figures are those in line."""
+    declined = figures.get("streams_declined")
+    if declined:
         logger.warning(
-            "with its copies on streams this plan estimates %.2fx against %.2fx in line (profile %s): its events "
-            "cost more than the overlap hides, so apply writes its copies in line",
-            slow["overlapped"],
-            slow["serialized"],
-            figures["profile"],
+            "with its copies on streams the plan estimated %.2fx against %.2fx in line (profile %s), as the "
+            "executor runs the two streams: their events cost more than the overlap hides, so the copies are "
+            "planned in line and its figures are those in line (apply --copies streams writes them on streams)",
+            declined["streams"],
+            declined["inline"],
+            declined["profile"],
         )
 
 
@@ -518,9 +520,11 @@ def print_estimate(figures: Mapping[str, Any], *, where: str = "", what: str = "
         measured = (
             f", {nodes['measured']} of {nodes['total']} node times measured" if nodes and nodes["measured"] else ""
         )
+        declined = figures.get("streams_declined")
+        streams = declined["streams"] if declined else slow["overlapped"]
         line += (
             f"; estimated time {slow['serialized']:.2f}x the baseline with copies in line, "
-            f"{slow['overlapped']:.2f}x with copies on streams ({STREAMS_NOTE}; profile {figures['profile']}{measured})"
+            f"{streams:.2f}x with copies on streams ({STREAMS_NOTE}; profile {figures['profile']}{measured})"
         )
     out_console().print(line, soft_wrap=True)
 

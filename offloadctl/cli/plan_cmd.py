@@ -74,6 +74,7 @@ from offloadctl.planning.request import (
     SelectPart,
     evolve,
 )
+from offloadctl.rewriting.rewrite import planned_copy_mode
 from offloadctl.running.optimize import OptimizedModel, optimized_model, optimized_outputs, optimized_path
 from offloadctl.simulation.points import PointResult, at_points, largest_point, parse_point
 
@@ -176,7 +177,7 @@ def plan_cmd(
         search = {
             "objective": request.objective_name if request.uses_budget else None,
             "objective_default": defaulted,
-            "copy_mode": request.copies,
+            "copy_mode": planned_copy_mode(plan),  # streams that gain no time are planned in line
             "shape_points": [p.to_json() for p in checked],
         }
         if checked and not as_json and result is not None:

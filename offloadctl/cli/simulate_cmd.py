@@ -107,8 +107,6 @@ def simulate_cmd(
     """
     plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
     device = plan_device(plan) if plan else ""
-    profile = profile_for(profile, device or None)  # a plan made for a device: that device's by default
-    prof = load_profile(profile)
     if plot:
         check_output_path(plot, model, plan_path)
     check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
@@ -119,6 +117,9 @@ def simulate_cmd(
         job.guard("the plot", plot)
     check_report_paths(report, *job.reads, plot=plot)
     ran, partition, streams, runs_on = copy_streams(model, analysis)  # a rewrite's device memory: as it runs
+    # a plan made for a device, or a rewrite of one: that device's profile by default
+    profile = profile_for(profile, device or runs_on or None)
+    prof = load_profile(profile)
     result = simulate(ran, plan, profile=prof, plan_source=f"plan file {plan_path}")
     result = dataclasses.replace(result, plan_path=plan_path)
     doc = result.to_json(timeline_limit=timeline_limit)

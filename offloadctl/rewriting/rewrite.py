@@ -209,7 +209,14 @@ def choose_copy_mode(plan: Plan, requested: str | None = None) -> CopyChoice:
         raise OffloadError(f"unknown copy mode {requested!r}", hint=f"use one of: {', '.join(COPY_MODES)}")
     mode = requested or planned
     why = None
-    if mode != planned:
+    declined = (plan.get("summary") or {}).get("events", {}).get("streams_declined")
+    if mode == "streams" and declined:  # made for streams, which gained nothing: the plan runs in line
+        why = (
+            f"the plan estimates {declined['streams']:.2f}x with its copies on streams and {declined['inline']:.2f}x "
+            f"in line (profile {declined['profile']}), so it runs them in line; written on streams as asked (its "
+            "recorded figures are those in line: simulate the rewrite for its own)"
+        )
+    elif mode != planned:
         why = (
             f"the plan was made for copies {_MODE_WORDS[planned]} and is written with copies {_MODE_WORDS[mode]}, as "
             f"asked: its recorded figures are those of copies {_MODE_WORDS[planned]} (simulate the rewrite for its own)"

@@ -16,7 +16,14 @@ from offloadctl.core.files import json_sha256
 from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.result import SimResult
 
-__all__ = ["estimate_figures", "record_estimate", "recorded_estimate", "with_device_peaks", "with_run_order_peak"]
+__all__ = [
+    "estimate_figures",
+    "record_estimate",
+    "recorded_estimate",
+    "with_device_peaks",
+    "with_run_order_peak",
+    "with_run_time",
+]
 
 
 def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any]:
@@ -39,6 +46,7 @@ def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any
         "time_nodes": doc["time_nodes"],
         "slowdown": doc["slowdown"],
         "bodies_at_peak_bytes": doc["bodies_at_peak_bytes"],
+        "streams_declined": None,  # a streams plan whose copies run in line (`offloadctl.pipeline.streams_declined`)
     }
 
 
@@ -60,6 +68,18 @@ def with_run_order_peak(
         peak["of"] = f"the rewrite in onnxruntime's {order.upper()} order"
         peak["run_by"] = f"the {order.upper()} walk"
     return {**figures, "peak_bytes": peak}
+
+
+def with_run_time(figures: dict[str, Any], replayed: SimResult) -> dict[str, Any]:
+    """``figures`` with the time taken from ``replayed`` too (a streams rewrite as the executor runs its two
+    streams: `offloadctl.rewriting.preview.streams_run_result`), as `simulate` of the rewrite estimates it:
+    a load ``apply`` keeps in line and a copy its gate holds cost there what they cost when run. The planned
+    sequence's slowdown stays beside it as ``planned_slowdown``."""
+    doc = replayed.to_json(timeline_limit=0)
+    if doc["time_s"] is None:
+        return figures
+    timed = {key: doc[key] for key in ("time_s", "time_nodes", "slowdown")}
+    return {**figures, **timed, "planned_slowdown": figures["slowdown"]}
 
 
 def with_device_peaks(
