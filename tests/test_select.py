@@ -60,3 +60,16 @@ def test_every_rules_screen_marks_every_tensor_its_check_rejects(write_model):
                         assert marks[rule.name][k], (path, options, rule.name, name)
                         break
     assert len(rejected_by) >= 10, rejected_by  # the models make most rules reject something
+
+
+def test_the_reasons_no_select_distance_changes_are_those_of_the_rules_before_short_gaps():
+    """`Selection.at_distance` keeps the verdicts of the rules `RULES` checks before idle stretches, read
+    from their order there (reordering the rules moves the set with them), each named by its reason."""
+    from typing import get_args
+
+    from offloadctl.core.plantypes import RejectionReason
+    from offloadctl.planning.select import _BEFORE_GAPS, GAPS_RULE, RULES
+
+    names = [rule.name for rule in RULES]
+    assert _BEFORE_GAPS == set(names[: names.index(GAPS_RULE)]) == {"unused", "disabled", "never"}
+    assert _BEFORE_GAPS <= set(get_args(RejectionReason))

@@ -484,12 +484,15 @@ def _where(screen: _Screen, patterns: Iterable[str]) -> np.ndarray:
     return screen.each(lambda name: _matches(name, patterns)) if patterns else _none(screen)
 
 
+#: the rule whose verdict depends on the select distance (`Selection.at_distance` checks it again)
+GAPS_RULE = "short gaps"
+
 #: Every reason a tensor stays, in the order they are checked.
 RULES: tuple[Rule, ...] = (
     Rule("unused", _unused, lambda sel, s: ~s.has),
     Rule("disabled", _disabled, _switched_off),
     Rule("never", _never, lambda sel, s: _where(s, sel.options.never)),
-    Rule("short gaps", _short, lambda sel, s: s.gaps <= sel.options.select_distance),
+    Rule(GAPS_RULE, _short, lambda sel, s: s.gaps <= sel.options.select_distance),
     Rule("sparse", _sparse, lambda sel, s: s.each(sel.analysis.sparse_weights.__contains__), reads_tensor=True),
     Rule("not copyable", _not_copyable, lambda sel, s: s.each_info(lambda i: i is None or not i.copyable), True),
     Rule("unknown size", _unknown_size, lambda sel, s: s.each_info(lambda i: i is None or i.bytes is None), True),
@@ -572,8 +575,9 @@ def chosen_entry(
 
 _Key = tuple[tuple[int, int], int]  # a record's place in plan order: (its first use, its candidate number)
 
-#: reasons the select stage gives before it looks at idle stretches: no select distance changes them
-_BEFORE_GAPS = frozenset({"unused", "disabled", "never"})
+#: reasons the select stage gives before it looks at idle stretches, as `RULES` orders them: no select
+#: distance changes them (each of those rules is named by the reason it gives)
+_BEFORE_GAPS = frozenset(rule.name for rule in RULES[: [rule.name for rule in RULES].index(GAPS_RULE)])
 
 
 class Selection:

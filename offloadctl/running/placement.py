@@ -30,7 +30,7 @@ from typing import Any
 import onnx
 
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.onnxutil import PIN_ATTR, has_subgraphs
+from offloadctl.core.onnxutil import ONNX_DOMAINS, PIN_ATTR, has_subgraphs
 from offloadctl.loading.ortgraph import INSERTED_CAST_PREFIX
 from offloadctl.loading.placed import CPU_INPUTS, CPU_OUTPUT_OPS, HostCast
 
@@ -439,11 +439,24 @@ def predicted_placement(model: onnx.ModelProto, kernels: Kernels) -> tuple[list[
     types.update({t.name: t.data_type for t in graph.initializer})
     small = {t.name for t in graph.initializer if _elements(t) <= 100}
     anywhere = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    # onnxruntime turns every Constant node into an initializer when it loads the graph: no node runs it
+    constants = {i: _constant_elements(node) for i, node in enumerate(graph.node) if node.op_type == "Constant" and
+                 node.domain in ONNX_DOMAINS and node.output}  # fmt: skip
+    for i, elements in constants.items():
+        node = graph.node[i]
+        anywhere.add(node.output[0])
+        value = next((a.t for a in node.attribute if a.name == "value"), None)
+        if value is not None:
+            types.setdefault(node.output[0], value.data_type)
+        if elements <= 100:
+            small.add(node.output[0])
     on_cpu: set[str] = set(small)  # tensors in CPU memory
     made_on_cpu: set[str] = set()  # of those, the outputs of CPU nodes and of CPU-output kernels
     cpu_nodes: list[str] = []
     copies: list[str] = []
-    for node in graph.node:
+    for index, node in enumerate(graph.node):
+        if index in constants:
+            continue
         taken = kernels.cpu_inputs.get(node.op_type, frozenset())
         cpu = not kernels.has(node.op_type)
         if not cpu and node.op_type not in MEMCPY_OPS:
@@ -465,6 +478,18 @@ def predicted_placement(model: onnx.ModelProto, kernels: Kernels) -> tuple[list[
             on_cpu.update(o for o in node.output if o)
             made_on_cpu.update(o for o in node.output if o)
     return cpu_nodes, copies
+
+
+def _constant_elements(node: onnx.NodeProto) -> int:
+    """How many elements a Constant node's value holds (its ``value`` tensor's, or a list's length)."""
+    for attr in node.attribute:
+        if attr.name == "value":
+            return _elements(attr.t)
+        if attr.name in ("value_floats", "value_ints", "value_strings"):
+            return len(attr.floats) + len(attr.ints) + len(attr.strings)
+        if attr.name == "sparse_value":
+            return _elements(onnx.TensorProto(dims=attr.sparse_tensor.dims))
+    return 1  # value_float, value_int, value_string
 
 
 def _elements(t: onnx.TensorProto) -> int:
