@@ -100,23 +100,32 @@ def _figures(state: Planning) -> Planning:
         result = state.simulation or simulate(analysis, plan, profile=request.device_profile)
     copies = planned_copy_mode(plan)
     figures = run_order_figures(plan, analysis, result, request, copies)
-    if copies == "streams" and (declined := streams_declined(figures)) is not None:
-        # its events cost more than the overlap hides: the plan's copies run in line, and it quotes those
-        plan["summary"]["events"] = {**plan["summary"]["events"], "copies": "inline", "streams_declined": declined}
+    if copies == "streams" and plan["offloads"]:
         in_line = run_order_figures(plan, analysis, result, request, "inline")
-        streamed = {key: {**in_line[key], "overlapped": figures[key]["overlapped"]} for key in ("time_s", "slowdown")}
-        figures = {**in_line, **streamed, "streams_declined": declined}
+        declined = streams_declined(figures, in_line["peak_bytes"]["after"])
+        if declined is not None:  # no time gained, or more held: the plan's copies run in line, as it quotes
+            plan["summary"]["events"] = {**plan["summary"]["events"], "copies": "inline", "streams_declined": declined}
+            keys = ("time_s", "slowdown")
+            streamed = {key: {**in_line[key], "overlapped": figures[key]["overlapped"]} for key in keys}
+            figures = {**in_line, **streamed, "streams_declined": declined}
     record_estimate(plan, figures)  # apply quotes it
     return state.replace(simulation=result)
 
 
-def streams_declined(figures: dict[str, Any]) -> dict[str, Any] | None:
-    """The slowdowns of a plan whose copies, on a stream of their own as the executor runs them, gain no
-    time over in line (``figures``: `as_run_figures` with copies on streams), or None when they do."""
+def streams_declined(figures: dict[str, Any], in_line_peak: int | None = None) -> dict[str, Any] | None:
+    """Why a plan's copies run in line though it was made for streams: on a stream of their own, as the
+    executor runs them (``figures``: `as_run_figures` with copies on streams), they gain no time over in
+    line, or they hold more than the same plan in line (``in_line_peak``, its peak after as run); None
+    when neither. The slowdowns both ways, and the peaks where streams hold more."""
     slow = figures.get("slowdown")
-    if not slow or slow["overlapped"] < slow["serialized"]:
+    peak = figures["peak_bytes"]["after"]
+    higher = in_line_peak is not None and peak > in_line_peak
+    if not higher and (not slow or slow["overlapped"] < slow["serialized"]):
         return None
-    return {"streams": slow["overlapped"], "inline": slow["serialized"], "profile": figures.get("profile")}
+    declined = {"streams": slow["overlapped"], "inline": slow["serialized"]} if slow else {}
+    if higher:
+        declined["peaks"] = {"streams": peak, "inline": in_line_peak}
+    return {**declined, "profile": figures.get("profile")}
 
 
 def verdict_figures(state: Planning) -> dict[str, Any]:

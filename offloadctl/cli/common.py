@@ -325,7 +325,15 @@ def warn_streams_slower(figures: Mapping[str, Any]) -> None:
     runs its two streams: its events cost more than the overlap hides, so its copies run in line
     (`offloadctl.pipeline.streams_declined`) and its figures are those in line."""
     declined = figures.get("streams_declined")
-    if declined:
+    if declined and declined.get("peaks"):
+        logger.warning(
+            "with its copies on streams the rewrite would peak at %s against %s in line, as the executor runs the "
+            "two streams (loads issued as their gates open live longer than in the in-line walk), so the copies "
+            "are planned in line and its figures are those in line (apply --copies streams writes them on streams)",
+            fmt_bytes(declined["peaks"]["streams"]),
+            fmt_bytes(declined["peaks"]["inline"]),
+        )
+    elif declined:
         logger.warning(
             "with its copies on streams the plan estimated %.2fx against %.2fx in line (profile %s), as the "
             "executor runs the two streams: their events cost more than the overlap hides, so the copies are "

@@ -429,11 +429,16 @@ def predicted_copies(model: onnx.ModelProto, kernels: Kernels) -> list[str]:
 def predicted_placement(model: onnx.ModelProto, kernels: Kernels) -> tuple[list[str], list[str]]:
     """(the nodes that run on the CPU, the tensors onnxruntime copies itself) when ``model``
     (topologically sorted) runs on a provider that calls ``GetCpuPreferredNodes`` (CUDA, CANN): a
-    node the provider has no kernel for runs on the CPU; a node whose every input is a CPU tensor (a
-    CPU node's output, a kernel output in CPU memory, an initializer of at most 100 elements, a graph
-    input; one at least made on the CPU), none of them fp16, bf16 or fp8, moves to the CPU too; then
-    a device node that reads a CPU tensor where its kernel does not take it in CPU memory, or a CPU
-    node that reads a device tensor, gets a copy."""
+    node the provider has no kernel for runs on the CPU. The fallback walk starts at the outputs a
+    provider kernel leaves in CPU memory: a node that reads one of the tensors it reached, and whose
+    every input is such a tensor (not one its kernel takes in CPU memory), an initializer of at most 100
+    elements or a graph input, none of them fp16, bf16 or fp8, moves to the CPU, and its outputs are
+    reached; a node without a provider kernel that reads a reached tensor passes the walk on. A Constant
+    node is an initializer (onnxruntime makes it one when it loads the graph). Then a device node that
+    reads a CPU tensor where its kernel does not take it in CPU memory, or a CPU node that reads a
+    device tensor, gets a copy. (``GetCpuPreferredNodes``, onnxruntime 1.25:
+    core/framework/fallback_cpu_capability.cc; checked against the placement WebGPU measures, which
+    calls it too.)"""
     graph = model.graph
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
     types.update({t.name: t.data_type for t in graph.initializer})
@@ -451,7 +456,10 @@ def predicted_placement(model: onnx.ModelProto, kernels: Kernels) -> tuple[list[
         if elements <= 100:
             small.add(node.output[0])
     on_cpu: set[str] = set(small)  # tensors in CPU memory
-    made_on_cpu: set[str] = set()  # of those, the outputs of CPU nodes and of CPU-output kernels
+    inputs = {v.name for v in graph.input} - {t.name for t in graph.initializer}
+    # the CPU tensors the fallback walk has reached: the outputs a provider kernel leaves in CPU memory, and
+    # those of the nodes it moved to the CPU or reached that have no provider kernel (GetCpuPreferredNodes)
+    reached: set[str] = set()
     cpu_nodes: list[str] = []
     copies: list[str] = []
     for index, node in enumerate(graph.node):
@@ -459,25 +467,57 @@ def predicted_placement(model: onnx.ModelProto, kernels: Kernels) -> tuple[list[
             continue
         taken = kernels.cpu_inputs.get(node.op_type, frozenset())
         cpu = not kernels.has(node.op_type)
-        if not cpu and node.op_type not in MEMCPY_OPS:
-            counted = [i for k, i in enumerate(node.input) if i and k not in taken]
-            # the walk starts at CPU tensors: a node none of whose inputs a CPU node made is never tried
-            cpu = any(i in made_on_cpu for i in counted) and all(
-                (i in on_cpu or i in anywhere) and types.get(i) not in _HALF for i in counted
-            )
-        for k, name in enumerate(node.input):
-            if not name or name in anywhere:
-                continue
-            if cpu and name not in on_cpu:
-                copies.append(name)
-            elif not cpu and name in on_cpu and k not in taken and name not in small:
-                copies.append(name)
+        walked = any(i in reached for i in node.input if i)  # a candidate of the walk
+        if cpu:
+            if walked:
+                reached.update(o for o in node.output if o)
+        elif walked and node.op_type not in MEMCPY_OPS:
+            cpu = all(_cpu_input(name, k, taken, small | inputs, reached, types) for k, name in enumerate(node.input))
+            if cpu:
+                reached.update(o for o in node.output if o)
+        copies += _copied(node, cpu, taken, on_cpu, anywhere, small)
         if cpu:
             cpu_nodes.append(node.name)
         if cpu or node.op_type in kernels.cpu_outputs:
             on_cpu.update(o for o in node.output if o)
-            made_on_cpu.update(o for o in node.output if o)
+        if not cpu and node.op_type in kernels.cpu_outputs:
+            reached.update(o for o in node.output if o)
     return cpu_nodes, copies
+
+
+def _copied(
+    node: onnx.NodeProto, cpu: bool, taken: frozenset[int], on_cpu: set[str], anywhere: set[str], small: set[str]
+) -> list[str]:
+    """The inputs of ``node`` onnxruntime copies: a device tensor a CPU node reads, a CPU tensor a device
+    node reads where its kernel does not take it in CPU memory, a device tensor it reads where its kernel
+    does (initializers and graph inputs are placed where they are read)."""
+    copied = []
+    for k, name in enumerate(node.input):
+        if not name or name in anywhere:
+            continue
+        if cpu and name not in on_cpu:
+            copied.append(name)
+        elif not cpu and name in on_cpu and k not in taken and name not in small:
+            copied.append(name)
+        elif not cpu and name not in on_cpu and k in taken:  # a device tensor its kernel reads in CPU memory
+            copied.append(name)
+    return copied
+
+
+def _cpu_input(
+    name: str, slot: int, taken: frozenset[int], anywhere: set[str], reached: set[str], types: Mapping[str, int]
+) -> bool:
+    """Whether input ``slot`` (``name``) lets the fallback walk move its node to the CPU, as
+    ``GetCpuPreferredNodes`` checks it: never a float16, bfloat16 or fp8 one; a small initializer or a
+    graph input always; else a CPU tensor the walk reached, unless the provider's kernel takes that input
+    in CPU memory."""
+    if not name:
+        return True
+    if types.get(name) in _HALF:
+        return False
+    if name in anywhere:
+        return True
+    return name in reached and slot not in taken
 
 
 def _constant_elements(node: onnx.NodeProto) -> int:
