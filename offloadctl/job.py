@@ -56,7 +56,7 @@ from offloadctl.rewriting.writing import check_model_outputs, write_model
 from offloadctl.running.sizes import measure_sizes
 from offloadctl.simulation.base import plain_ids
 
-__all__ = ["Job", "genai_output_folder", "genai_source", "plan_model"]
+__all__ = ["Job", "PlanPins", "genai_output_folder", "genai_source", "plan_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,28 @@ Step = Callable[..., None]
 
 def _no_step(text: str, new: bool = True) -> None:
     """The progress callback when nobody watches."""
+
+
+@dataclass(frozen=True)
+class PlanPins:
+    """What a plan's model is opened with, as the plan recorded it (the one place it is read): the input
+    shapes and named dimensions it was pinned at, the sizes of one run (``--sizes-from-run``) when it took
+    them, and the execution order its positions count in."""
+
+    input_shapes: dict[str, list[int]]
+    dims: dict[str, int]
+    sizes: Any
+    order: str
+
+    @classmethod
+    def of(cls, plan: Plan) -> PlanPins:
+        info = plan["model"]
+        return cls(
+            dict(info["input_shapes"]),
+            dict(info.get("dims") or {}),
+            info.get("sizes_from_run"),
+            info.get("execution_order", "priority"),
+        )
 
 
 def plan_model(plan: Plan, plan_path: str | os.PathLike[str], model: str | os.PathLike[str] | None = None) -> Path:
@@ -173,15 +195,15 @@ class Job:
             plan = read_plan(plan_path, stages=stages)
         path = plan_model(plan, plan_path, model)
         check_plan_model(plan, sha256_file(path), path)
-        info = plan["model"]
+        pins = PlanPins.of(plan)
         job = cls.of_model(
             path,
-            input_shapes=info["input_shapes"],
-            dims=info.get("dims") or None,
-            sizes=info.get("sizes_from_run"),
+            input_shapes=pins.input_shapes,
+            dims=pins.dims or None,
+            sizes=pins.sizes,
             pins_from=f"model.input_shapes of plan {plan_path}",
             step=step,
-            order=info.get("execution_order", "priority"),
+            order=pins.order,
         )
         job.plan, job.plan_path = plan, Path(plan_path)
         return job

@@ -521,3 +521,21 @@ def test_a_budget_that_needs_copies_under_the_floor_gets_them_and_says_so(run_cl
     assert min(o["bytes"] for o in plan["offloads"]) == 64 < plan["options"]["filter"]["min_bytes"]
     kept = run_cli("plan", model, "--params", "--budget", "40KiB", "--min-bytes", "1KiB", "-o", tmp_path / "k.json")
     assert kept.exit_code == 1 and "cannot fit" in kept.stderr and not (tmp_path / "k.json").exists()
+
+
+def test_the_exact_search_takes_linear_objectives_only_and_says_so_once():
+    """``--optimal`` needs a linear objective (`linear_objective`): the time objective on streams and a cost
+    object that is not linear are refused when the request is made, with the one message."""
+    from offloadctl.planning.request import PlanRequest, RequestError
+    from offloadctl.simulation.costs import CopyCost, linear_objective, optimal_refusal
+
+    class Positional(CopyCost):
+        linear = False
+
+    assert linear_objective("bytes", "streams") and linear_objective("time", "inline")
+    assert not linear_objective("time", "streams") and not linear_objective(Positional(), "inline")
+    for objective, copies in (("time", "streams"), (Positional(), "inline")):
+        with pytest.raises(RequestError) as refused:
+            PlanRequest(budget=1 << 20, optimal=True, objective=objective, copies=copies)
+        assert refused.value.message == optimal_refusal()[0] and refused.value.hint == optimal_refusal()[1]
+    PlanRequest(budget=1 << 20, optimal=True, objective="time", copies="inline")  # linear: accepted

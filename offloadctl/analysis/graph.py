@@ -138,6 +138,15 @@ class Analysis:
         """The positions whose nodes have attributes (every position when that is not known)."""
         return self.attributed if self.attributed is not None else range(self.num_positions)
 
+    def dynamic_inputs(self) -> list[str]:
+        """The graph inputs of unknown size (a dynamic dimension nobody pinned): what is computed from
+        them has no size either, so it is not offloaded and no budget can be checked."""
+        return [
+            name
+            for name in self.graph_inputs
+            if (info := self.infos.get(name)) is not None and info.copyable and info.bytes is None
+        ]
+
     @paused_gc()
     def unknown_sizes(self) -> list[str]:
         """Graph inputs, activations and weights whose byte size is unknown (memory figures count

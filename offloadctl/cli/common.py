@@ -29,7 +29,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
-from offloadctl.job import Job
+from offloadctl.job import Job, PlanPins
 from offloadctl.loading.input_shapes import follows_from, parse_dims, parse_input_shapes
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import STREAMS_NOTE, copy_mode_label
@@ -75,7 +75,7 @@ def open_model(
     order = plan_order(plan, plan_path, order, recorded)
     requested = sizes.request() if sizes is not None else None
     if plan is not None:
-        requested = requested or plan["model"].get("sizes_from_run")
+        requested = requested or PlanPins.of(plan).sizes
     with steps(show_progress, total=2) as step:
         try:
             job = Job.of_model(
@@ -116,8 +116,8 @@ def _pins(
     if plan is not None:
         if input_shapes or dims:
             return input_shapes, dims, "--input-shape", None
-        pinned, named = dict(plan["model"]["input_shapes"]), dict(plan["model"].get("dims") or {})
-        return pinned, named, f"model.input_shapes of plan {plan_path}", None
+        pins = PlanPins.of(plan)
+        return pins.input_shapes, pins.dims, f"model.input_shapes of plan {plan_path}", None
     if (input_shapes or dims) and order is not None:
         return input_shapes, dims, "--input-shape", None
     # a rewritten model records the shapes and the order its plan was made at (offloadctl.planned_at)
@@ -131,11 +131,7 @@ def _pins(
 
 def _warn_dynamic(analysis: Analysis) -> None:
     """Warn about graph inputs of unknown size: what depends on them is not offloaded."""
-    dynamic = [
-        name
-        for name in analysis.graph_inputs
-        if (info := analysis.infos.get(name)) is not None and info.copyable and info.bytes is None
-    ]
+    dynamic = analysis.dynamic_inputs()
     if dynamic:
         logger.warning(
             "inputs with unknown dimensions: %s; tensors whose size depends on them are not offloaded (pin them "
@@ -217,7 +213,7 @@ def plan_order(plan: Plan | None, plan_path: str | None, order: str | None, rewr
     ``rewrite``, the one a rewritten model was planned for (its ``offloadctl.planned_at``), else
     ``priority``. A plan's positions count in its own order, so another one is refused; a rewrite looked
     at in another order than its plan's is what the command is asked for (what the rewrite costs there)."""
-    recorded = plan["model"].get("execution_order", "priority") if plan is not None else None
+    recorded = PlanPins.of(plan).order if plan is not None else None
     if order is not None and recorded is not None and order != recorded:
         raise OffloadError(
             f"plan {plan_path} counts positions in the {recorded} execution order, not {order}",

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from offloadctl.core.plantypes import Offload, Plan
 from offloadctl.core.units import fmt_bytes
+from offloadctl.planning.uses import weight_idle_end
 
 __all__ = ["explain_rows", "explain_table"]
 
@@ -30,7 +31,7 @@ def _idle(off: Offload, plan: Plan) -> int:
     assert start is not None  # a valid plan's activation has its D2H position
     points = [start, *uses]
     if off["kind"] == "parameter":
-        points.append(max(plan["model"]["num_positions"] - 1, points[-1]))
+        points.append(int(weight_idle_end(plan["model"]["num_positions"], points[-1])))
     return max((b - a for a, b in zip(points, points[1:])), default=0)
 
 

@@ -26,7 +26,15 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.units import parse_bytes
 from offloadctl.loading.placed import HostCast, host_casts
-from offloadctl.simulation.costs import COPY_MODES, OBJECTIVES, STREAMS_NOTE, CopyCost, default_objective
+from offloadctl.simulation.costs import (
+    COPY_MODES,
+    OBJECTIVES,
+    STREAMS_NOTE,
+    CopyCost,
+    default_objective,
+    linear_objective,
+    optimal_refusal,
+)
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, list_profiles, load_profile
 
 __all__ = [
@@ -329,15 +337,12 @@ class BudgetPart:
         if self.objective is not None and self.objective not in ("bytes", "time"):
             if not isinstance(self.objective, CopyCost):
                 raise RequestError(f"unknown objective {self.objective!r}", hint="use 'bytes' or 'time'")
-        _set(self, "_objective", default_objective(profile) if defaulted else self.objective)
-        if self.optimal and self._objective == "time" and self.copies == "streams":
-            because = " (the default with a measured profile)" if defaulted else ""
-            raise RequestError(
-                "--optimal supports only the linear objectives: bytes, or time with copies in line. With --copies "
-                f"streams the time objective{because} prices each copy by the compute around it, which the exact "
-                "program cannot state",
-                hint="drop --optimal, or give --objective bytes or --copies inline",
-            )
+        objective = default_objective(profile) if defaulted else self.objective
+        assert objective is not None
+        _set(self, "_objective", objective)
+        if self.optimal and not linear_objective(objective, self.copies):
+            message, fix = optimal_refusal(" (the default with a measured profile)" if defaulted else "")
+            raise RequestError(message, hint=fix)
 
     def _check_values(self) -> None:
         """Each option's value on its own: the budget in bytes, a known strategy and copy mode, a depth

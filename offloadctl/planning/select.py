@@ -57,7 +57,14 @@ from offloadctl.planning.host_reads import (
     shape_feeders,
 )
 from offloadctl.planning.request import SelectPart, recorded, taking
-from offloadctl.planning.uses import UseArrays, input_bits, longest_gap, sort_key, split_reload_groups
+from offloadctl.planning.uses import (
+    UseArrays,
+    input_bits,
+    longest_gap,
+    sort_key,
+    split_reload_groups,
+    weight_idle_end,
+)
 
 __all__ = [
     "Chosen",
@@ -140,7 +147,8 @@ class _Selector:
         start = analysis.producer[name] if is_act else 0
         max_gap = 0
         if uses:
-            max_gap = self.gaps[name] = longest_gap(start, uses, None if is_act else max(self.n - 1, uses[-1][0]))
+            end = None if is_act else int(weight_idle_end(self.n, uses[-1][0]))
+            max_gap = self.gaps[name] = longest_gap(start, uses, end)
         forced = bool(options.force) and _matches(name, options.force)
         if forced:
             self.forced.add(name)
@@ -195,8 +203,8 @@ class _Selector:
         has = arrays.counts > 0
         starts = np.zeros(len(names), dtype=np.int64)
         starts[:acts] = np.fromiter(map(analysis.producer.__getitem__, activations), dtype=np.int64, count=acts)
-        ends = np.full(len(names), -1, dtype=np.int64)  # a weight idles from its last use to the end of the run
-        ends[acts:] = np.maximum(self.n - 1, arrays.last()[acts:])
+        ends = np.full(len(names), -1, dtype=np.int64)  # activations: no stretch after their last use
+        ends[acts:] = weight_idle_end(self.n, arrays.last()[acts:])
         steps = arrays.steps(starts)
         gaps = arrays.max_gaps(steps, ends)
         self.use_steps = (arrays, steps)
@@ -760,7 +768,7 @@ class Selection:
     def _disable(self, name: str, rejected: list[tuple[_Key, Rejection]]) -> None:
         uses = self.analysis.uses[name]
         info = self.analysis.infos.get(name)
-        max_gap = longest_gap(0, uses, max(self.analysis.num_positions - 1, uses[-1].position))
+        max_gap = longest_gap(0, uses, int(weight_idle_end(self.analysis.num_positions, uses[-1].position)))
         size = info.bytes if info is not None else None
         why = "parameter offload is switched off (--params)"
         key = (uses[0].sort_key, self._selector.index[name])

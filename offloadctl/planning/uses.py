@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import itertools
 import operator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from offloadctl.analysis.graph import Use, use_key
 
-__all__ = ["UseArrays", "input_bits", "longest_gap", "sort_key", "split_reload_groups"]
+__all__ = ["UseArrays", "input_bits", "longest_gap", "sort_key", "split_reload_groups", "weight_idle_end"]
 
 
 def split_reload_groups(
@@ -110,6 +110,13 @@ def input_bits(n: int, table: dict[int, frozenset[int]]) -> np.ndarray:
     for position, indices in table.items():
         bits[position] = sum(1 << i for i in indices if i < 63)
     return bits
+
+
+def weight_idle_end(num_positions: int, last_use: Any) -> Any:
+    """Where a weight's last idle stretch ends: a weight stays resident for the whole run, so it idles from
+    its last use to the run's last position (the one place this rule is stated: the select stage's gaps,
+    the disabled weights' and `explain`'s use it). ``last_use``: a position, or an array of them."""
+    return np.maximum(num_positions - 1, last_use)
 
 
 def longest_gap(start: int, uses: list[Use], end: int | None = None) -> int:

@@ -53,7 +53,9 @@ __all__ = [
     "CopyTiming",
     "copy_timing",
     "default_objective",
+    "linear_objective",
     "make_cost",
+    "optimal_refusal",
     "plan_cost",
     "copies_of",
     "copy_mode_label",
@@ -262,6 +264,26 @@ class StreamStall(CopyCost):
 
     def to_json(self) -> dict[str, Any]:
         return {"objective": self.objective, "unit": self.unit, "profile": self.profile.name, "copies": "streams"}
+
+
+def linear_objective(objective: str | CopyCost, copies: str) -> bool:
+    """Whether a search objective prices each copy by its size and direction alone (`CopyCost.linear`),
+    what the exact search (``--optimal``) needs: a cost given as an object says so itself; the time
+    objective with copies on streams (`StreamStall`) prices each copy by the compute around it."""
+    if isinstance(objective, CopyCost):
+        return objective.linear
+    return not (objective == "time" and copies == "streams")
+
+
+def optimal_refusal(because: str = "") -> tuple[str, str]:
+    """(message, fix) of the error for ``--optimal`` with an objective that is not linear
+    (`linear_objective`); ``because`` says why that objective was chosen, when it was defaulted."""
+    return (
+        "--optimal supports only the linear objectives: bytes, or time with copies in line. With --copies "
+        f"streams the time objective{because} prices each copy by the compute around it, which the exact "
+        "program cannot state",
+        "drop --optimal, or give --objective bytes or --copies inline",
+    )
 
 
 def make_cost(

@@ -67,11 +67,7 @@ class Prepared:
         listed: bool,
         selection: Selection | None = None,
     ) -> None:
-        dynamic = [
-            name
-            for name in analysis.graph_inputs
-            if (info := analysis.infos.get(name)) is not None and info.copyable and info.bytes is None
-        ]
+        dynamic = analysis.dynamic_inputs()
         if dynamic:
             raise OffloadError(
                 f"a budget cannot be checked for {analysis.loaded.path}: input(s) {', '.join(dynamic)} have dynamic "

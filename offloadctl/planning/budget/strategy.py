@@ -39,7 +39,15 @@ from offloadctl.planning.request import (
     taking2,
 )
 from offloadctl.planning.select import Selection
-from offloadctl.simulation.costs import BytesMoved, CopyCost, InlineTime, StreamStall, make_cost
+from offloadctl.simulation.costs import (
+    BytesMoved,
+    CopyCost,
+    InlineTime,
+    StreamStall,
+    linear_objective,
+    make_cost,
+    optimal_refusal,
+)
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = [
@@ -218,13 +226,9 @@ class BudgetSearch:
         )
 
     def _search(self, budget: int | None, copies: str, quiet: bool) -> Found:
-        if self.options.optimal and not self._cost(copies).linear:
-            raise OffloadError(
-                "the exact search (--optimal) supports only the linear objectives: bytes, "
-                "or time with copies in line; with copies on streams a copy's price depends on the compute "
-                "around it, which the program cannot state",
-                hint="drop --optimal, or use --copies inline (or --objective bytes)",
-            )
+        if self.options.optimal and not linear_objective(self.options.search_objective, copies):
+            message, fix = optimal_refusal()  # (a request refuses it when it is made)
+            raise OffloadError(message, hint=fix)
         self._check_budget(budget)
         cost = self._cost(copies)
         chosen, weights_added = self._fitting(budget, cost, copies, quiet)
