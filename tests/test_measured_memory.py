@@ -24,7 +24,7 @@ from offloadctl.running.checks import order_from_profile
 from offloadctl.running.inputs import generate_inputs, input_specs
 from offloadctl.simulation.arena import Arena, ArenaConfig
 from offloadctl.simulation.ortcpu import cpu_peak, declared_shapes
-from offloadctl.simulation.timing import count_scratch_by_name
+from offloadctl.simulation.timing import scratched_by_name
 
 from conftest import SAMPLE_NAMES, SAMPLES
 
@@ -54,7 +54,7 @@ def _simulated(path: Path, feeds: dict[str, np.ndarray], order: str, config: Are
     """The CPU figure of ``path`` on ``feeds``, the kernel scratch counted from onnxruntime's node
     statistics (what a measured profile records)."""
     analysis = analyse(load_model(path, input_shapes={k: list(v.shape) for k, v in feeds.items()}), order=order)
-    count_scratch_by_name(analysis, node_scratch(path, feeds, ort=ort, order=order))
+    analysis = scratched_by_name(analysis, node_scratch(path, feeds, ort=ort, order=order))
     shapes = declared_shapes(onnx.load(str(path), load_external_data=False))
     return cpu_peak(analysis, shapes=shapes, config=config)
 

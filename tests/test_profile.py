@@ -512,6 +512,9 @@ def test_a_budget_plan_counts_the_kernel_scratch_a_measured_profile_records(fast
     analysis = _analysis(unet)
     before = simulate(analysis, None, profile=str(path))
     assert before.peak_before > simulate(_analysis(unet), None).peak_before  # the scratch counts
+    # ... in the simulation's own analysis: the one given never changes (nothing derived from it is cleared)
+    assert analysis.scratch == {} and lower_bound(analysis) == lower_bound(_analysis(unet))
+    assert simulate(analysis, None, profile=str(path)).peak_before == before.peak_before
     budget = (lower_bound(analysis)[0] + before.peak_before) // 2
     plan = scheduled_plan(_analysis(unet), budget=budget, params=True, profile=str(path))
     after = simulate(_analysis(unet), plan, profile=str(path))

@@ -15,6 +15,7 @@ order (`offloadctl.analysis.order` names a cycle, with networkx, when there is o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from offloadctl.loading.tensors import TensorInfos, tensor_infos
 if TYPE_CHECKING:
     from offloadctl.core import plantypes  # imported where used: it takes a seventh of the command line's start-up
 
-__all__ = ["SUBGRAPH_READ", "Use", "Analysis", "analyse", "derived", "forget", "use_key"]
+__all__ = ["SUBGRAPH_READ", "Use", "Analysis", "analyse", "derived", "use_key", "with_scratch"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ class Analysis:
     # what they make is in host memory; empty when the whole model runs on one device
     host: frozenset[int] = frozenset()
     # position -> bytes its kernel allocates while it runs and frees before it returns, as a measured
-    # profile records them (`offloadctl.simulation.timing.count_scratch`); every memory figure counts them
+    # profile records them (`offloadctl.simulation.timing.scratched`, `with_scratch`: set when the analysis
+    # is made, never after); every memory figure counts them
     scratch: dict[int, int] = field(default_factory=dict)
     # positions of the nodes that have attributes, in order (None: not known, every position): only
     # these can hold a subgraph or be an order pin's, and a big graph has few
@@ -171,10 +173,16 @@ def derived(analysis: Analysis, key: Hashable, compute: Callable[[Analysis], _T]
     return found[key]
 
 
-def forget(analysis: Analysis) -> None:
-    """Drop what `derived` kept of ``analysis`` (its memory figures, simulation base, selections),
-    after its scratch changed."""
-    analysis.derived.clear()
+def with_scratch(analysis: Analysis, scratch: Mapping[int, int]) -> Analysis:
+    """``analysis`` counting the kernel scratch ``scratch`` (position -> bytes) in its memory figures:
+    itself when that is the scratch it counts, else a copy that shares all it holds but the scratch and
+    what was derived from it. An analysis never changes once made, so nothing derived from it is ever
+    cleared: a figure made with other scratch comes from another analysis."""
+    found = {p: b for p, b in scratch.items() if b}
+    if found == analysis.scratch:
+        return analysis
+    # made once per scratch (a budget search simulates many plans with one profile)
+    return derived(analysis, ("with scratch", *sorted(found.items())), lambda a: dataclasses.replace(a, scratch=found))
 
 
 @dataclass

@@ -166,11 +166,11 @@ class Tradeoff:
                 "a trade-off is asked for with a frontier or a slowdown limit",
                 hint='give PlanRequest(strategy="frontier") or PlanRequest(max_slowdown=X)',
             )
-        self.analysis = analysis
         self.request = request  # every budget and copy mode is asked for plan by plan
         self.profile = self.request.device_profile
         self.objective = self.request.objective_name
         self.search = BudgetSearch(analysis, self.request, selection=selection)  # the pipeline's, when given
+        self.analysis = self.search.analysis  # counting the profile's kernel scratch
         self.peak_bytes = self.search.prepared.peak_before
         self.lower_bound_bytes = self.search.prepared.lower_bound
         base = simulate(analysis, None, profile=self.profile).times

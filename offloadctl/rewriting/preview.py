@@ -37,7 +37,7 @@ from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
 from offloadctl.simulation.ortstreams import cpu_peak_on_streams, executor_analysis
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult, simulate
-from offloadctl.simulation.timing import count_scratch
+from offloadctl.simulation.timing import scratched
 
 __all__ = [
     "as_device_runs",
@@ -173,15 +173,14 @@ def cpu_figures(
     Shapes the allocation planner compares are those of the model file and of its rewrite as written
     (symbolic dimensions kept), sizes those of the analysis (its pins)."""
     file_shapes = declared_shapes(declared_model(analysis.loaded))
-    count_scratch(analysis, profile)
+    analysis = scratched(analysis, profile)
     if streams:
         here = cpu_peak_on_streams(analysis, streams, shapes=file_shapes)
     else:
         here = cpu_peak(analysis, shapes=file_shapes)
     if plan is None:
         return CpuFigures(None if rewritten else here, here, analysis.order, _limit(analysis, file_shapes, streams))
-    after = rewritten_analysis(plan, analysis)
-    count_scratch(after, profile)
+    after = scratched(rewritten_analysis(plan, analysis), profile)
     # the planner compares the shapes the rewrite declares as apply writes it (symbolic dimensions
     # kept), not the pinned ones its sizes come from: a pinned copy was credited with reuse onnxruntime
     # does not find (PP-OCRv4 det's DEFAULT rewrite: 57.77 MB replayed, 61.03 MB measured)
@@ -402,7 +401,7 @@ def streams_cost(
     rewritten, layout = _streams_rewrite(plan, analysis, target=target, in_line=in_line)
     written = apply_plan(plan, analysis, options=RewriteOptions(target=target, share_weights=True))
     with_events(written, "preview.streams.json", analysis.order, target, in_line=in_line)
-    count_scratch(rewritten, profile)
+    rewritten = scratched(rewritten, profile)
     streams = [layout.copy_stream, layout.compute_stream]
     on_streams = cpu_peak_on_streams(rewritten, streams, shapes=declared_shapes(written))
     return StreamsCost(on_streams, cpu_figures(analysis, plan, rewritten=False, profile=profile).after)

@@ -257,6 +257,6 @@ _BASE = "simulation base"  # its key among what is derived from an analysis
 
 
 def base_of(analysis: Analysis) -> Base:
-    """The base of an analysis, computed once per Analysis object (and again after its scratch
-    changed: `offloadctl.analysis.graph.forget`)."""
+    """The base of an analysis, computed once per Analysis object (one with other kernel scratch is another
+    object: `offloadctl.analysis.graph.with_scratch`)."""
     return derived(analysis, _BASE, _new_base)

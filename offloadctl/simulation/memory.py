@@ -27,7 +27,7 @@ what step k allocates; "live out" excludes what step k frees. The peak is the la
 ties go to the earliest step. Host memory is accounted the same way.
 
 Kernel scratch (what a kernel allocates while it runs and frees before it returns) is part of the
-node's working set when a measured profile records it (`offloadctl.simulation.timing.count_scratch`).
+node's working set when a measured profile records it (`offloadctl.simulation.timing.scratched`).
 Not modelled here: onnxruntime's buffer reuse inside an op (in-place kernels, Reshape/Squeeze
 aliases) and the arena's rounding and fragmentation; `offloadctl.simulation.ortcpu` models them for
 the CPU arena's own figure. An outer tensor a subgraph reads

@@ -364,7 +364,7 @@ def cpu_peak(
     config: ArenaConfig | None = None,
 ) -> CpuPeak:
     """Replay one run of a fresh CPU session over ``analysis`` (in its execution order). The kernel
-    scratch counted is the analysis's (`offloadctl.simulation.timing.count_scratch`).
+    scratch counted is the analysis's (`offloadctl.simulation.timing.scratched`).
 
     Args:
         analysis: the model as it will run (a rewritten model for a plan's "after").

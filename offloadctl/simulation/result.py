@@ -16,7 +16,7 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.memory import MemoryTrace, base_lower_bound, before_trace, trace
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
 from offloadctl.simulation.program import before_program, program_for
-from offloadctl.simulation.timing import TimeFigures, count_scratch, node_costs, times
+from offloadctl.simulation.timing import TimeFigures, node_costs, scratched, times
 
 __all__ = ["CONVENTION", "SimResult", "simulate"]
 
@@ -137,7 +137,7 @@ def simulate(
         plan: a scheduled plan for this model (None: no plan). Not allowed for a rewritten model.
         profile: a `Profile`, a bundled profile name or a profile file; None skips the time model.
             The kernel scratch a measured profile records counts in the memory figures
-            (`offloadctl.simulation.timing.count_scratch`).
+            (`offloadctl.simulation.timing.scratched`).
         plan_source: how to name the plan in error messages (e.g. its file).
         planned_here: the plan was just made from this analysis by a planner, so what it states
             about the model is not checked again (`offloadctl.contract.check.check_plan_for_model`).
@@ -146,7 +146,7 @@ def simulate(
         OffloadError: the plan is not scheduled, belongs to another model, or contradicts it.
     """
     prof = load_profile(profile) if isinstance(profile, str) else profile
-    count_scratch(analysis, prof)
+    analysis = scratched(analysis, prof)
     base, program = program_for(analysis, plan, plan_source, checked=planned_here)
     before = before_trace(base)  # the same for every plan: traced once per base
     after = before if program is before_program(base) else trace(program, base)

@@ -32,8 +32,8 @@ copy node, from the measured fit). Every figure includes the profile's
   stream: the gate before each H2D and the one after each D2H on the copy stream, each fence on the
   compute stream. The run ends when the compute stream and the copy stream are done.
 
-The same node table carries each measured node's kernel scratch; `count_scratch` puts it into the
-analysis, where every memory figure counts it.
+The same node table carries each measured node's kernel scratch; `scratched` gives the analysis that
+counts it in every memory figure.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any, cast
 import numpy as np
 import onnx
 
-from offloadctl.analysis.graph import Analysis, forget
+from offloadctl.analysis.graph import Analysis, with_scratch
 from offloadctl.loading.tensors import TensorInfo
 from offloadctl.simulation.base import Base, base_of, step_ids
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, NodeTime, Profile, load_profile
@@ -55,8 +55,8 @@ from offloadctl.simulation.program import Program
 __all__ = [
     "Costs",
     "TimeFigures",
-    "count_scratch",
-    "count_scratch_by_name",
+    "scratched",
+    "scratched_by_name",
     "node_costs",
     "node_flops",
     "node_seconds",
@@ -343,11 +343,11 @@ def times(program: Program, costs: Costs, profile: Profile) -> TimeFigures:
     )
 
 
-def count_scratch(analysis: Analysis, profile: Profile | str | None) -> int:
-    """Count the kernel scratch a measured profile records (`NodeTime.scratch_bytes`) in every memory
-    figure of ``analysis``: each node the profile measured (same name, op type and input shapes) holds
-    its scratch while it runs. Without a measured profile no scratch is counted. Returns the number of
-    nodes with scratch."""
+def scratched(analysis: Analysis, profile: Profile | str | None) -> Analysis:
+    """``analysis`` counting the kernel scratch a measured profile records (`NodeTime.scratch_bytes`) in
+    every memory figure (`offloadctl.analysis.graph.with_scratch`): each node the profile measured (same
+    name, op type and input shapes) holds its scratch while it runs. Without a measured profile, the
+    analysis without scratch."""
     prof = load_profile(profile) if isinstance(profile, str) else profile
     measured = prof.measured if prof is not None else None
     found: dict[int, int] = {}
@@ -361,27 +361,19 @@ def count_scratch(analysis: Analysis, profile: Profile | str | None) -> int:
             hit = measured.nodes.get(_profiled_name(analysis, p))
             if hit is not None and hit.scratch_bytes and _measured_match(hit, node, shape_of):
                 found[p] = hit.scratch_bytes
-    _set_scratch(analysis, found)
-    return len(found)
+    return with_scratch(analysis, found)
 
 
-def count_scratch_by_name(analysis: Analysis, scratch: Mapping[str, int]) -> int:
-    """`count_scratch` from kernel scratch by node name (as onnxruntime names nodes:
+def scratched_by_name(analysis: Analysis, scratch: Mapping[str, int]) -> Analysis:
+    """`scratched` from kernel scratch by node name (as onnxruntime names nodes:
     `offloadctl.running.allocator.node_scratch`), for a model measured without a profile."""
     found = {
         p: scratch[name] for p in range(analysis.num_positions) if scratch.get(name := _profiled_name(analysis, p))
     }
-    _set_scratch(analysis, found)
-    return len(found)
+    return with_scratch(analysis, found)
 
 
 def _profiled_name(analysis: Analysis, position: int) -> str:
     """A node's name as onnxruntime's profiling and statistics name it (OpType_INDEX when unnamed)."""
     node = analysis.nodes[position]
     return node.name or f"{node.op_type}_{analysis.file_index[position]}"
-
-
-def _set_scratch(analysis: Analysis, found: dict[int, int]) -> None:
-    if found != analysis.scratch:
-        analysis.scratch = found
-        forget(analysis)

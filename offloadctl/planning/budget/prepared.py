@@ -22,7 +22,7 @@ from offloadctl.planning.select import Selection, selection_for
 from offloadctl.simulation.costs import CopyTiming, copy_timing
 from offloadctl.simulation.memory import lower_bound, resident_profile
 from offloadctl.simulation.profiles import Profile
-from offloadctl.simulation.timing import count_scratch
+from offloadctl.simulation.timing import scratched
 
 __all__ = ["Candidates", "Prepared"]
 
@@ -74,10 +74,9 @@ class Prepared:
                 "dimensions, so the sizes of the tensors computed from them are unknown",
                 hint="pin them with --input-shape NAME=D0,D1,... where the model is loaded",
             )
-        self.analysis = analysis
-        self.options = options
         # the kernel scratch a measured profile records is part of every step's memory, as simulate counts it
-        count_scratch(analysis, options.device_profile)
+        analysis = self.analysis = scratched(analysis, options.device_profile)
+        self.options = options
         self.params = select.params or options.stream_weights
         self.listed = listed
         self.selection = selection if selection is not None else selection_for(analysis, select)

@@ -146,7 +146,7 @@ class BudgetSearch:
             assert isinstance(options, SelectPart), "a filter request alone needs its select options"
             select = options
         self.prepared = Prepared(analysis, options, select, base=base, listed=listed, selection=selection)
-        self.analysis = analysis
+        self.analysis = self.prepared.analysis  # counting the profile's kernel scratch
         self.options = options
 
     def _attempt(
