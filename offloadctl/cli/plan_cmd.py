@@ -62,6 +62,7 @@ from offloadctl.contract.document import write_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path, restored_on_failure, written_through
 from offloadctl.core.units import fmt_bytes
+from offloadctl.job import Job
 from offloadctl.pipeline import PIPELINE, next_step_text, planned, verdict_figures
 from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice
 from offloadctl.planning.explain import explain_table
@@ -133,19 +134,70 @@ def plan_cmd(
     check_report_paths(report, model, others=[("the plan", output)])
     request = PlanRequest.of(selecting, filtering, budgeting.for_device(device), prefetching)
     # --opt-level writes the optimized graph beside the plan: a failure leaves neither it nor an earlier one lost
-    with (
-        restored_on_failure(*(optimized_outputs(output) if opt_level != "disable" else ())),
-        _as_asked(model, output, opt_level),
-    ):
+    with restored_on_failure(*_optimized_outputs(output, opt_level)), _as_asked(model, output, opt_level):
+        opened = _Opened.of(model, output, opt_level, device, shapes, sizes, order, as_json)
+        analysis, request, points = opened.prepare(
+            output, request, device, report, strict, max_peak, shape_points, as_json
+        )
+        with steps(not as_json, total=len(PIPELINE) + 1) as step:  # its passes, and writing the plan
+            done, checked = _plan_and_simulate(analysis, evolve(request, step=step), output, step, points, opened)
+        done = opened.next_step_of_source(done, opt_level)
+        written = opened.written(output, report, done)
+        search = _print_plan(done, request, checked, explain, as_json)
+        budget = request.budget_bytes if request.uses_budget else None
+        failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
+        _plan_verdict(done, written, as_json, max_peak, search, failure, budget=budget)
+
+
+def _optimized_outputs(output: str, opt_level: str) -> list[Path]:
+    """What ``plan --opt-level`` writes beside the plan (nothing at ``disable``)."""
+    return list(optimized_outputs(output)) if opt_level != "disable" else []
+
+
+@dataclasses.dataclass
+class _Opened:
+    """The model a plan is made for, opened (the plan command's model group): the model asked for, or at
+    ``--opt-level`` the graph onnxruntime optimized from it, written beside the plan."""
+
+    job: Job
+    optimized: OptimizedModel | None
+
+    @classmethod
+    def of(
+        cls,
+        model: str,
+        output: str,
+        opt_level: str,
+        device: str | None,
+        shapes: ShapeOptions,
+        sizes: SizesOptions,
+        order: str | None,
+        as_json: bool,
+    ) -> _Opened:
         optimized = _optimized(model, output, opt_level, device) if opt_level != "disable" else None
         if optimized is not None and sizes.request() is None:  # shape inference knows no com.microsoft operator
             sizes = SizesOptions(sizes_from_run=True, inputs=None)
         planned = str(optimized.path) if optimized else model
         job = open_model(planned, shapes, sizes, show_progress=not as_json, order=order)
         job.guard("the plan", output)
-        analysis = job.analysis
+        return cls(job, optimized)
+
+    def prepare(
+        self,
+        output: str,
+        request: PlanRequest,
+        device: str | None,
+        report: str | None,
+        strict: bool,
+        max_peak: int | None,
+        shape_points: tuple[str, ...],
+        as_json: bool,
+    ) -> tuple[Analysis, PlanRequest, list[dict[str, int]]]:
+        """The analysis the plan is made on (at the largest shape point on a budget), the request with what
+        ``device`` runs on the host, and the shape points; refuses what the model cannot be planned with."""
+        analysis = self.job.analysis
         if report is not None:
-            check_report_paths(report, *job.reads, others=[("the plan", output)])
+            check_report_paths(report, *self.job.reads, others=[("the plan", output)])
         check_unknown_sizes(analysis, strict=strict)
         request = for_device(request, analysis, device, as_json)
         if max_peak is not None or report is not None:
@@ -154,37 +206,46 @@ def plan_cmd(
         points = [parse_point(p) for p in shape_points]
         if points and request.uses_budget:
             analysis, points = _largest_point(analysis, points, as_json)
-        with steps(not as_json, total=len(PIPELINE) + 1) as step:  # its passes, and writing the plan
-            done, checked = _plan_and_simulate(
-                analysis, evolve(request, step=step), output, step, points, optimized.to_json() if optimized else None
-            )
-        if optimized is not None and done.next_step is not None:  # the next step plans the model asked for
-            done = dataclasses.replace(done, next_step=_of_source(done.next_step, optimized, opt_level))
-        plan, result = done.plan, done.simulation
-        assert plan is not None
-        written: list[str | Path] = [output, *([optimized.path, *optimized.data_files] if optimized else [])]
-        if report is not None and result is not None:
-            written += write_report(report, result, plan)
-        defaulted = request.objective_defaulted if request.uses_budget else None
-        bodies = unreached_bodies(analysis)
-        if not as_json:
-            print_plan_summary(plan)
-            print_search(plan, defaulted)
-            if explain:
-                out_console().print(explain_table(plan, bodies))
-            if result is None:
-                out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
-        search = {
-            "objective": request.objective_name if request.uses_budget else None,
-            "objective_default": defaulted,
-            "copy_mode": planned_copy_mode(plan),  # streams that gain no time are planned in line
-            "shape_points": [p.to_json() for p in checked],
-        }
-        if checked and not as_json and result is not None:
+        return analysis, request, points
+
+    def next_step_of_source(self, done: Planning, level: str) -> Planning:
+        """``done`` with a weak plan's next step planning the model asked for, not the optimized graph."""
+        if self.optimized is None or done.next_step is None:
+            return done
+        return dataclasses.replace(done, next_step=_of_source(done.next_step, self.optimized, level))
+
+    def written(self, output: str, report: str | None, done: Planning) -> list[str | Path]:
+        """The files the command wrote: the plan, the optimized graph and its data, the report."""
+        made = [self.optimized.path, *self.optimized.data_files] if self.optimized else []
+        written: list[str | Path] = [output, *made]
+        if report is not None and done.simulation is not None and done.plan is not None:
+            written += write_report(report, done.simulation, done.plan)
+        return written
+
+
+def _print_plan(
+    done: Planning, request: PlanRequest, checked: list[PointResult], explain: bool, as_json: bool
+) -> dict[str, Any]:
+    """The tables of what the plan offloads and how it was searched (not with --json), and the search's
+    figures for the verdict's document."""
+    plan, result, analysis = done.plan, done.simulation, done.analysis
+    assert plan is not None
+    defaulted = request.objective_defaulted if request.uses_budget else None
+    if not as_json:
+        print_plan_summary(plan)
+        print_search(plan, defaulted)
+        if explain:
+            out_console().print(explain_table(plan, unreached_bodies(analysis)))
+        if result is None:
+            out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
+        elif checked:
             print_points(analysis.loaded.dims, result, checked)
-        budget = request.budget_bytes if request.uses_budget else None
-        failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
-        _plan_verdict(done, written, as_json, max_peak, search, failure, budget=budget)
+    return {
+        "objective": request.objective_name if request.uses_budget else None,
+        "objective_default": defaulted,
+        "copy_mode": planned_copy_mode(plan),  # streams that gain no time are planned in line
+        "shape_points": [p.to_json() for p in checked],
+    }
 
 
 def _largest_point(
@@ -204,7 +265,7 @@ def _plan_and_simulate(
     output: str,
     step: Callable[..., None],
     points: list[dict[str, int]] | None = None,
-    optimized: dict[str, Any] | None = None,
+    opened: _Opened | None = None,
 ) -> tuple[Planning, list[PointResult]]:
     """Make the plan by the pipeline (`offloadctl.pipeline`: its figures recorded for apply to quote,
     and a weak plan's next step), simulate it at each shape point, and write it (a shape point that
@@ -216,8 +277,8 @@ def _plan_and_simulate(
     if result is not None and points:
         step("simulating the shape points")
         checked = at_points(analysis, plan, points, profile=request.device_profile)
-    if optimized is not None:  # the plan's model is onnxruntime's optimized graph: from what, at what level
-        plan["model"]["optimized"] = optimized
+    if opened is not None and opened.optimized is not None:  # the plan's model is onnxruntime's optimized graph
+        plan["model"]["optimized"] = opened.optimized.to_json()  # from what, at what level
     step(f"writing {output}")
     write_plan(output, plan)
     return done, checked
