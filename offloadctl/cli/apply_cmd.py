@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 from pathlib import Path
 from typing import Any
 
 import click
 
+from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import (
     finish,
     low_figures_text,
@@ -29,6 +32,7 @@ from offloadctl.rewriting.rewrite import (
     COPY_MODES,
     TARGETS,
     ApplyResult,
+    CopyChoice,
     RewriteOptions,
     choose_copy_mode,
     plan_device,
@@ -117,71 +121,101 @@ def apply(
             choice = choose_copy_mode(plan, copies)
             if choice.why is not None:
                 logger.warning("%s", choice.why)
-            asked = copies == "streams"  # by name: written on streams even where they would peak higher
-            copies = choice.mode
-            options = RewriteOptions(order_pins, pin_shapes, target, copies, streams_above_inline=asked)
+            # asked by name: written on streams even where they would peak higher
+            asked = copies == "streams"
+            options = RewriteOptions(order_pins, pin_shapes, target, choice.mode, streams_above_inline=asked)
             _, extra = job.write_rewrite(output, result=result, step=step, options=options)
-    model_path = job.model_path
-    fell_back = copies == "streams" and result.copy_mode == "inline"  # no copy a gate holds: written in line
-    copies = result.copy_mode
-    # the plan's figures count the mode it was made for: quoted only for a rewrite written so
-    figures = None if (choice.overridden or fell_back) and plan["offloads"] else recorded_estimate(plan)
-    cost = streams_cost(plan, job.analysis, target=options.target) if copies == "streams" else None
+    written = _Written(plan, choice, result, job.analysis, options)
     if not as_json:
-        _print_apply(result, extra, figures)
-    _warn_streams_cost(cost)
-    if figures is not None:
-        warn_broken_pins(figures, plan["model"].get("execution_order", "priority"))
-    parts: list[str | None] = [f"{model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies"]
-    if choice.overridden:
-        parts.append(
-            f"copies written {copies}, planned {choice.planned}"
-            if plan["offloads"]
-            else "no copies: nothing to overlap, no partition file"
-        )
-    if fell_back:
-        parts.append(f"copies written inline: {result.written_in_line}")
-    if result.in_line and copies == "streams":
-        parts.append(f"{len(result.in_line)} load(s) in line")
-    if result.unpinned and order_pins:
-        parts.append(f"{len(result.unpinned)} unpinned group(s) hold under PRIORITY_BASED only")
-    if figures is not None:
-        words, raised = plan_effect(figures, plan)
-        parts += [
-            peak_text(figures),
+        _print_apply(result, extra, written.figures)
+    written.warn()
+    parts = [f"{job.model_path} -> {output}", f"{result.d2h} D2H + {result.h2d} H2D copies", *written.parts(output)]
+    doc = written.doc(str(job.model_path), plan_path, output, extra)
+    finish("apply", plan_path, parts, [output, *extra], as_json=as_json, doc=doc)
+
+
+@dataclasses.dataclass
+class _Written:
+    """What apply wrote for a plan, and what its verdict says of it: the plan's figures are quoted only for a
+    rewrite written in the mode they count."""
+
+    plan: Plan
+    choice: CopyChoice
+    result: ApplyResult
+    analysis: Analysis
+    options: RewriteOptions
+
+    @property
+    def fell_back(self) -> bool:
+        """Planned and asked on streams, written in line (no copy a gate holds, or a higher peak on streams)."""
+        return self.choice.mode == "streams" and self.result.copy_mode == "inline"
+
+    @functools.cached_property
+    def figures(self) -> dict[str, Any] | None:
+        if (self.choice.overridden or self.fell_back) and self.plan["offloads"]:
+            return None
+        return recorded_estimate(self.plan)
+
+    @functools.cached_property
+    def cost(self) -> StreamsCost | None:
+        if self.result.copy_mode != "streams":
+            return None
+        return streams_cost(self.plan, self.analysis, target=self.options.target)
+
+    def warn(self) -> None:
+        _warn_streams_cost(self.cost)
+        if self.figures is not None:
+            warn_broken_pins(self.figures, self.plan["model"].get("execution_order", "priority"))
+
+    def parts(self, output: str) -> list[str | None]:
+        """The verdict's parts after the copies: the mode written, what went in line, the plan's figures."""
+        result, copies, parts = self.result, self.result.copy_mode, []
+        if self.choice.overridden:
+            parts.append(
+                f"copies written {copies}, planned {self.choice.planned}"
+                if self.plan["offloads"]
+                else "no copies: nothing to overlap, no partition file"
+            )
+        if self.fell_back:
+            parts.append(f"copies written inline: {result.written_in_line}")
+        if result.in_line and copies == "streams":
+            parts.append(f"{len(result.in_line)} load(s) in line")
+        if result.unpinned and self.options.order_pins:
+            parts.append(f"{len(result.unpinned)} unpinned group(s) hold under PRIORITY_BASED only")
+        if self.figures is None:
+            return [*parts, f"peak and time: offloadctl simulate {output}"]
+        words, raised = plan_effect(self.figures, self.plan)
+        return [
+            *parts,
+            peak_text(self.figures),
             words or (raised and "the plan raises the peak"),
-            slowdown_text(figures),
-            low_figures_text(figures.get("unknown_size_tensors", 0)),
+            slowdown_text(self.figures),
+            low_figures_text(self.figures.get("unknown_size_tensors", 0)),
         ]
-    else:
-        parts.append(f"peak and time: offloadctl simulate {output}")
-    finish(
-        "apply",
-        plan_path,
-        parts,
-        [output, *extra],
-        as_json=as_json,
-        doc={
-            "model": str(model_path),
+
+    def doc(self, model: str, plan_path: str, output: str, extra: list[Path]) -> dict[str, Any]:
+        """The --json document."""
+        result = self.result
+        return {
+            "model": model,
             "plan": plan_path,
             "output": output,
             # across: the copies between host and device written for the plan's device (plan --device)
             "copies": {"d2h": result.d2h, "h2d": result.h2d, "across": result.across},
             "order_pins": result.pins,
             "unpinned": result.unpinned,
-            "target": target,
-            "copy_mode": copies,
+            "target": self.options.target,
+            "copy_mode": result.copy_mode,
             "loads_in_line": result.in_line,
             "written_in_line": result.written_in_line,  # why copies on streams were written in line, or None
-            "planned_copy_mode": choice.planned,
+            "planned_copy_mode": self.choice.planned,
             "partition_file": next((str(p) for p in extra if p.suffix == ".json"), None),
             "guards": result.guards,
-            "streams_cpu_peak": cost.to_json() if cost is not None else None,
+            "streams_cpu_peak": self.cost.to_json() if self.cost is not None else None,
             "offloaded": {"activations": result.activations, "parameters": result.parameters},
             "data_files": [str(p) for p in extra],
-            "estimate": figures,  # recorded by `offloadctl plan`; None for a plan made otherwise
-        },
-    )
+            "estimate": self.figures,  # recorded by `offloadctl plan`; None for a plan made otherwise
+        }
 
 
 def _print_apply(result: ApplyResult, extra: list[Path], figures: dict[str, Any] | None) -> None:
