@@ -115,33 +115,41 @@ def inspect(model: str, shapes: ShapeOptions, sizes: SizesOptions, top: int, as_
         f"weights {fmt_bytes(weights['bytes'])}",
         low_figures_text(report["unknown_size"]["count"]),
     ]
-    if as_json:
-        finish("inspect", model, verdict, [], as_json=True, doc=report)
-        return
+    if not as_json:
+        _print_inspect(report)
+    finish("inspect", model, verdict, [], as_json=as_json, doc=report if as_json else None)
+
+
+def _counts_line(report: dict[str, Any]) -> str:
+    """The nodes in execution order, and what the file's order says of the run's."""
+    line = f"{report['nodes']} nodes in execution order ({report['constant_nodes']} Constant nodes folded into weights"
+    if not report["topologically_sorted"]:
+        line += "; the file is not topologically sorted"
+    elif not report["file_in_run_order"]:
+        line += "; onnxruntime runs some nodes earlier than the file has them (Shape/Size first)"
+    return line + ")"
+
+
+def _sizes_line(report: dict[str, Any]) -> str:
+    """The activations' and weights' counts and bytes."""
+    acts, weights = report["activations"], report["weights"]
+    line = (
+        f"activations: {acts['count']} tensors, {fmt_bytes(acts['bytes'])} ({acts['unknown_size']} of unknown size)   "
+        f"weights: {weights['count']} tensors, {fmt_bytes(weights['bytes'])}"
+    )
+    inner = weights["in_subgraphs"]
+    if inner["count"]:
+        line += f" ({inner['count']} tensors, {fmt_bytes(inner['bytes'])} inside If/Loop/Scan bodies)"
+    return line
+
+
+def _print_inspect(report: dict[str, Any]) -> None:
+    """The report for a person: the model, its counts and sizes, inputs and outputs, ops, idle tensors."""
     console = out_console()
     m = report["model"]
     console.print(f"[bold]{m['path']}[/]  IR {m['ir_version']}  opsets {m['opsets']}  sha256 {m['sha256'][:12]}…")
-    console.print(
-        f"{report['nodes']} nodes in execution order ({report['constant_nodes']} Constant nodes folded into weights"
-        + ("" if report["topologically_sorted"] else "; the file is not topologically sorted")
-        + (
-            ""
-            if report["file_in_run_order"] or not report["topologically_sorted"]
-            else "; onnxruntime runs some nodes earlier than the file has them (Shape/Size first)"
-        )
-        + ")"
-    )
-    console.print(
-        f"activations: {report['activations']['count']} tensors, {fmt_bytes(report['activations']['bytes'])}"
-        f" ({report['activations']['unknown_size']} of unknown size)   "
-        f"weights: {report['weights']['count']} tensors, {fmt_bytes(report['weights']['bytes'])}"
-        + (
-            f" ({report['weights']['in_subgraphs']['count']} tensors, "
-            f"{fmt_bytes(report['weights']['in_subgraphs']['bytes'])} inside If/Loop/Scan bodies)"
-            if report["weights"]["in_subgraphs"]["count"]
-            else ""
-        )
-    )
+    console.print(_counts_line(report))
+    console.print(_sizes_line(report))
     unknown = report["unknown_size"]["count"]
     if unknown != report["activations"]["unknown_size"]:  # graph inputs and tensors inside bodies too
         console.print(
@@ -171,4 +179,3 @@ def inspect(model: str, shapes: ShapeOptions, sizes: SizesOptions, top: int, as_
                 str(r["max_gap"]),
             )
         console.print(idle)
-    finish("inspect", model, verdict, [], as_json=False)

@@ -42,13 +42,14 @@ from offloadctl.contract.document import read_plan
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
+from offloadctl.job import Job
 from offloadctl.pipeline import as_run_figures
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.request import profile_for
 from offloadctl.rewriting.rewrite import plan_device
 from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.points import PointResult, at_points, parse_point
-from offloadctl.simulation.profiles import load_profile
+from offloadctl.simulation.profiles import Profile, load_profile
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = ["COMMANDS", "simulate_cmd"]
@@ -106,45 +107,97 @@ def simulate_cmd(
     measured profile's kernel scratch counts in every figure.
     """
     plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
-    device = plan_device(plan) if plan else ""
+    job = _opened(model, plan, plan_path, shapes, sizes, order, plot, report, strict, as_json)
+    run = _Simulated.of(job, model, plan, plan_path, profile, timeline_limit)
+    points = at_points(job.analysis, plan, [parse_point(p) for p in shape_points], profile=run.profile)
+    run.doc["shape_points"] = [p.to_json() for p in points]
+    cpu, refusal = cpu_doc(job.analysis, plan, run.result, run.profile, run.doc, run.streams)
+    warn_profile(model, plan, run.result, run.profile, run.profile_name)
+    written = write_extras(run.result, plan, plot, report)
+    run.advise(job.analysis, plan)
+    if not as_json:
+        print_all(run.result, run.doc, cpu, refusal, job.analysis.loaded.dims, points)
+    parts, failure = _verdict(run.result, plan, job.analysis, run.doc, max_peak, points, run.copies(plan))
+    run.as_device_runs(parts, plan)
+    if as_json:
+        run.doc["max_peak_bytes"] = max_peak
+        run.doc["figures_low"] = bool(run.result.unknown_tensors)
+    subject = model + (f" with plan {plan_path}" if plan_path else "")
+    finish("simulate", subject, parts, written, as_json=as_json, doc=run.doc, failure=failure)
+
+
+def _opened(
+    model: str,
+    plan: Plan | None,
+    plan_path: str | None,
+    shapes: ShapeOptions,
+    sizes: SizesOptions,
+    order: str | None,
+    plot: str | None,
+    report: str | None,
+    strict: bool,
+    as_json: bool,
+) -> Job:
+    """The model opened with the plan's pins (or the options'), its outputs checked before any work."""
     if plot:
         check_output_path(plot, model, plan_path)
     check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
     job = open_model(model, shapes, sizes, plan=plan, plan_path=plan_path, show_progress=not as_json, order=order)
-    analysis = job.analysis
-    check_unknown_sizes(analysis, strict=strict)
+    check_unknown_sizes(job.analysis, strict=strict)
     if plot:
         job.guard("the plot", plot)
     check_report_paths(report, *job.reads, plot=plot)
-    ran, partition, streams, runs_on = copy_streams(model, analysis)  # a rewrite's device memory: as it runs
-    # a plan made for a device, or a rewrite of one: that device's profile by default
-    profile = profile_for(profile, device or runs_on or None)
-    prof = load_profile(profile)
-    result = simulate(ran, plan, profile=prof, plan_source=f"plan file {plan_path}")
-    result = dataclasses.replace(result, plan_path=plan_path)
-    doc = result.to_json(timeline_limit=timeline_limit)
-    doc["copy_streams"] = partition
-    points = at_points(analysis, plan, [parse_point(p) for p in shape_points], profile=prof)
-    doc["shape_points"] = [p.to_json() for p in points]
-    cpu, refusal = cpu_doc(analysis, plan, result, prof, doc, streams)
-    warn_profile(model, plan, result, prof, profile)
-    written = write_extras(result, plan, plot, report)
-    if plan is not None and not result.rewritten and (warning := weak_plan_advice(analysis, plan, result=result)):
-        logger.warning("%s", warning)
-    if not as_json:
-        print_all(result, doc, cpu, refusal, analysis.loaded.dims, points)
-    unknown = len(result.unknown_tensors)
-    copies = "streams" if streams is not None else planned_copies(plan)
-    parts, failure = _verdict(result, plan, analysis, doc, max_peak, points, copies)
-    if runs_on and plan is None:  # a rewrite of a plan made for a device: as that device runs it (its
-        # original as the device runs it is simulate ORIGINAL --plan PLAN's)
-        parts[0] = f"peak {fmt_bytes(result.peak_after)} as {runs_on} runs it"
-        doc["device"] = runs_on
-    subject = model + (f" with plan {plan_path}" if plan_path else "")
-    if as_json:
-        doc["max_peak_bytes"] = max_peak
-        doc["figures_low"] = bool(unknown)
-    finish("simulate", subject, parts, written, as_json=as_json, doc=doc, failure=failure)
+    return job
+
+
+@dataclasses.dataclass
+class _Simulated:
+    """The simulation the command reports: of the model as its device runs it (a rewrite's copy stream run
+    as the executor runs it), on the profile of the device the plan or the rewrite was made for by default."""
+
+    result: SimResult
+    doc: dict[str, Any]
+    profile: Profile
+    profile_name: str
+    streams: list[list[str]] | None
+    runs_on: str
+
+    @classmethod
+    def of(
+        cls,
+        job: Job,
+        model: str,
+        plan: Plan | None,
+        plan_path: str | None,
+        profile: str | None,
+        timeline_limit: int,
+    ) -> _Simulated:
+        ran, partition, streams, runs_on = copy_streams(model, job.analysis)  # a rewrite's device memory: as it runs
+        # a plan made for a device, or a rewrite of one: that device's profile by default
+        name = profile_for(profile, (plan_device(plan) if plan else "") or runs_on or None)
+        prof = load_profile(name)
+        result = simulate(ran, plan, profile=prof, plan_source=f"plan file {plan_path}")
+        result = dataclasses.replace(result, plan_path=plan_path)
+        doc = result.to_json(timeline_limit=timeline_limit)
+        doc["copy_streams"] = partition
+        return cls(result, doc, prof, name, streams, runs_on)
+
+    def copies(self, plan: Plan | None) -> str:
+        """How the copies run: on streams for a rewrite with its partition file, else as planned."""
+        return "streams" if self.streams is not None else planned_copies(plan)
+
+    def advise(self, analysis: Analysis, plan: Plan | None) -> None:
+        """A weak plan's advice."""
+        if plan is not None and not self.result.rewritten:
+            if warning := weak_plan_advice(analysis, plan, result=self.result):
+                logger.warning("%s", warning)
+
+    def as_device_runs(self, parts: list[str | None], plan: Plan | None) -> None:
+        """A rewrite of a plan made for a device is quoted as that device runs it (its original as the device
+        runs it is simulate ORIGINAL --plan PLAN's)."""
+        if self.runs_on and plan is None:
+            parts[0] = f"peak {fmt_bytes(self.result.peak_after)} as {self.runs_on} runs it"
+            self.doc["device"] = self.runs_on
 
 
 def _verdict(
