@@ -168,21 +168,22 @@ def run(
     written = _save_outputs(report, save_outputs)
     for warning in report.warnings:
         logger.warning("%s", warning)
-    failed = (
-        report.outputs_differ or report.undone_copies or _grown(report) or (strict_order and not report.order.matches)
-    )
-    if as_json and failed:
+    if as_json and _failed(report, strict_order):
         print_json({"command": "run", "passed": False, **report.to_json(), "files_written": written})
     if not as_json:
         _print_report(report)
         _print_memory(report)
     _fail(report, model, device, compare_to, opt_level, strict_order)
     subject = f"{model} on {device} ({report.providers[0]})"
-    parts = _verdict_parts(report, order, compare_to)
-    planned = planned_execution_order(model)
-    if planned is not None and planned != order:  # the run's warning says what that costs
-        parts.insert(2, f"planned for {EXECUTION_ORDERS[planned]}, run in {EXECUTION_ORDERS[order]}")
+    parts = _verdict_parts(report, order, compare_to, planned_execution_order(model))
     finish("run", subject, parts, written, as_json=as_json, doc=report.to_json())
+
+
+def _failed(report: RunReport, strict_order: bool) -> bool:
+    """Whether the run fails (`_fail` says why)."""
+    return bool(
+        report.outputs_differ or report.undone_copies or _grown(report) or (strict_order and not report.order.matches)
+    )
 
 
 def _save_outputs(report: RunReport, save_outputs: str | None) -> list[str]:
@@ -217,25 +218,36 @@ def _fail(
         )
 
 
-def _verdict_parts(report: RunReport, order: str, compare_to: str | None) -> list[str]:
-    """The verdict line's parts: latency, the order, the copies' stream, the arena, the comparison."""
-    parts = [
-        f"median {report.latency_median * 1e3:.3f} ms",
-        ("order as planned" if report.order.matches else "order differs from the plan")
-        if order == "priority"
-        else ("DEFAULT order as predicted" if report.order.matches else "DEFAULT order differs from the prediction"),
-    ]
+def _verdict_parts(report: RunReport, order: str, compare_to: str | None, planned: str | None) -> list[str]:
+    """The verdict line's parts: latency, the order (and the one planned when it is another: the run's
+    warning says what that costs), the copies' stream, the arena, the comparison."""
+    parts = [f"median {report.latency_median * 1e3:.3f} ms", _order_text(report, order)]
+    if planned is not None and planned != order:
+        parts.append(f"planned for {EXECUTION_ORDERS[planned]}, run in {EXECUTION_ORDERS[order]}")
     if report.streams is not None:
         parts.append("copies on their own stream")
     if report.page_locked.weights:
         parts.append(f"{report.page_locked.weights} streamed weight(s) page-locked")
+    parts += _memory_parts(report)
+    if report.comparison is not None:
+        identical = all(c.identical for c in report.comparison.values())
+        parts.append(f"outputs {'bit-identical to' if identical else 'within tolerance of'} {compare_to}")
+    return parts
+
+
+def _order_text(report: RunReport, order: str) -> str:
+    if order == "priority":
+        return "order as planned" if report.order.matches else "order differs from the plan"
+    return "DEFAULT order as predicted" if report.order.matches else "DEFAULT order differs from the prediction"
+
+
+def _memory_parts(report: RunReport) -> list[str]:
+    """The device's measured arena, as the verdict quotes it."""
+    parts = []
     for figure in report.measured_memory or []:
         if figure.device == report.device:
             what = "arena peak" if figure.method == "allocator-stats" else "smallest arena limit that runs"
             parts.append(f"{figure.allocator} {what} {fmt_bytes(figure.peak_bytes)}")
-    if report.comparison is not None:
-        identical = all(c.identical for c in report.comparison.values())
-        parts.append(f"outputs {'bit-identical to' if identical else 'within tolerance of'} {compare_to}")
     return parts
 
 
