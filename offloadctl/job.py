@@ -42,15 +42,9 @@ from offloadctl.planning.select import candidate_uses
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
 from offloadctl.rewriting.guards import GUARD_PREFIX
 from offloadctl.rewriting.metadata import session_settings
+from offloadctl.rewriting.modes import choose_copy_mode, plan_device
 from offloadctl.rewriting.preview import loads_in_line, plan_placement
-from offloadctl.rewriting.rewrite import (
-    ApplyResult,
-    RewriteOptions,
-    apply_plan,
-    choose_copy_mode,
-    plan_device,
-    target_for,
-)
+from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, target_for
 from offloadctl.rewriting.streams import streams_file, with_events
 from offloadctl.rewriting.writing import check_model_outputs, write_model
 from offloadctl.running.sizes import measure_sizes

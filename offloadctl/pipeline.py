@@ -49,8 +49,9 @@ from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figure
 from offloadctl.planning.make import run_passes
 from offloadctl.planning.passes import EVENTS, FILTER, PINS, PREFETCH, SELECT, Pass, Planning
 from offloadctl.planning.request import PlanRequest, device_name, runs_copy_streams, taking
+from offloadctl.rewriting.modes import planned_copy_mode
 from offloadctl.rewriting.preview import device_result, placement_of, run_order_result, streams_run_result
-from offloadctl.rewriting.rewrite import planned_copy_mode, target_for
+from offloadctl.rewriting.rewrite import target_for
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.estimate import (
     estimate_figures,

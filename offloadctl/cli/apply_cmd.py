@@ -27,17 +27,10 @@ from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job, genai_output_folder, genai_source, plan_model
+from offloadctl.rewriting.modes import CopyChoice, choose_copy_mode, plan_device
 from offloadctl.rewriting.preview import StreamsCost, streams_cost
-from offloadctl.rewriting.rewrite import (
-    COPY_MODES,
-    TARGETS,
-    ApplyResult,
-    CopyChoice,
-    RewriteOptions,
-    choose_copy_mode,
-    plan_device,
-    target_for,
-)
+from offloadctl.rewriting.rewrite import TARGETS, ApplyResult, RewriteOptions, target_for
+from offloadctl.simulation.costs import COPY_MODES
 from offloadctl.simulation.estimate import recorded_estimate
 
 __all__ = ["COMMANDS"]

@@ -75,7 +75,7 @@ from offloadctl.planning.request import (
     SelectPart,
     evolve,
 )
-from offloadctl.rewriting.rewrite import planned_copy_mode
+from offloadctl.rewriting.modes import planned_copy_mode
 from offloadctl.running.optimize import OptimizedModel, optimized_model, optimized_outputs, optimized_path
 from offloadctl.simulation.points import PointResult, at_points, largest_point, parse_point
 

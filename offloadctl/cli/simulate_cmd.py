@@ -46,7 +46,7 @@ from offloadctl.job import Job
 from offloadctl.pipeline import as_run_figures
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.request import profile_for
-from offloadctl.rewriting.rewrite import plan_device
+from offloadctl.rewriting.modes import plan_device
 from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.points import PointResult, at_points, parse_point
 from offloadctl.simulation.profiles import Profile, load_profile

@@ -1,7 +1,8 @@
 """Apply: the only code that edits ONNX.
 
 `rewrite` inserts a scheduled plan's copies and order pins into its model, and `writing` writes it
-next to its data; `metadata` is the settings record a rewritten model carries for the sessions that run it;
+next to its data; `modes` says which copy mode a rewrite is written in (the plan's, or the one asked
+for) and which device its plan was made for; `metadata` is the settings record a rewritten model carries for the sessions that run it;
 `genai` writes a complete onnxruntime-genai folder around a rewrite; `preview` builds the rewrite
 in memory to read its figures as it will run (the CPU arena's, and the device peak of the DEFAULT
 walk over the rewrite); `streams` adds the event nodes and the partition file that put the copies
