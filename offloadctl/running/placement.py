@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -439,50 +439,88 @@ def predicted_placement(model: onnx.ModelProto, kernels: Kernels) -> tuple[list[
     device tensor, gets a copy. (``GetCpuPreferredNodes``, onnxruntime 1.25:
     core/framework/fallback_cpu_capability.cc; checked against the placement WebGPU measures, which
     calls it too.)"""
-    graph = model.graph
-    types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
-    types.update({t.name: t.data_type for t in graph.initializer})
-    small = {t.name for t in graph.initializer if _elements(t) <= 100}
-    anywhere = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    # onnxruntime turns every Constant node into an initializer when it loads the graph: no node runs it
-    constants = {i: _constant_elements(node) for i, node in enumerate(graph.node) if node.op_type == "Constant" and
-                 node.domain in ONNX_DOMAINS and node.output}  # fmt: skip
-    for i, elements in constants.items():
-        node = graph.node[i]
-        anywhere.add(node.output[0])
-        value = next((a.t for a in node.attribute if a.name == "value"), None)
-        if value is not None:
-            types.setdefault(node.output[0], value.data_type)
-        if elements <= 100:
-            small.add(node.output[0])
-    on_cpu: set[str] = set(small)  # tensors in CPU memory
-    inputs = {v.name for v in graph.input} - {t.name for t in graph.initializer}
-    # the CPU tensors the fallback walk has reached: the outputs a provider kernel leaves in CPU memory, and
-    # those of the nodes it moved to the CPU or reached that have no provider kernel (GetCpuPreferredNodes)
-    reached: set[str] = set()
+    walk = _Walk.of(model.graph, kernels)
     cpu_nodes: list[str] = []
     copies: list[str] = []
-    for index, node in enumerate(graph.node):
-        if index in constants:
+    for index, node in enumerate(model.graph.node):
+        if index in walk.constants:
             continue
-        taken = kernels.cpu_inputs.get(node.op_type, frozenset())
-        cpu = not kernels.has(node.op_type)
-        walked = any(i in reached for i in node.input if i)  # a candidate of the walk
-        if cpu:
-            if walked:
-                reached.update(o for o in node.output if o)
-        elif walked and node.op_type not in MEMCPY_OPS:
-            cpu = all(_cpu_input(name, k, taken, small | inputs, reached, types) for k, name in enumerate(node.input))
-            if cpu:
-                reached.update(o for o in node.output if o)
-        copies += _copied(node, cpu, taken, on_cpu, anywhere, small)
+        cpu = walk.on_the_cpu(node)
+        copies += _copied(node, cpu, walk.taken(node), walk.on_cpu, walk.anywhere, walk.small)
         if cpu:
             cpu_nodes.append(node.name)
-        if cpu or node.op_type in kernels.cpu_outputs:
-            on_cpu.update(o for o in node.output if o)
-        if not cpu and node.op_type in kernels.cpu_outputs:
-            reached.update(o for o in node.output if o)
+        walk.made(node, cpu)
     return cpu_nodes, copies
+
+
+@dataclass
+class _Walk:
+    """The state of `predicted_placement`'s walk over the graph: what is where so far."""
+
+    kernels: Kernels
+    types: dict[str, int]  # element types the file declares
+    small: set[str]  # initializers of at most 100 elements (Constant nodes' values too)
+    anywhere: set[str]  # graph inputs and initializers: placed where they are read
+    inputs: set[str]  # the graph inputs proper
+    constants: dict[int, int]  # file index of each Constant node -> its value's elements
+    on_cpu: set[str] = field(default_factory=set)  # tensors in CPU memory
+    # the CPU tensors the fallback walk has reached: the outputs a provider kernel leaves in CPU memory, and
+    # those of the nodes it moved to the CPU or reached that have no provider kernel (GetCpuPreferredNodes)
+    reached: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, graph: onnx.GraphProto, kernels: Kernels) -> _Walk:
+        types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output, *graph.value_info]}
+        types.update({t.name: t.data_type for t in graph.initializer})
+        small = {t.name for t in graph.initializer if _elements(t) <= 100}
+        anywhere = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+        inputs = {v.name for v in graph.input} - {t.name for t in graph.initializer}
+        constants = _constant_nodes(graph)
+        for i, elements in constants.items():  # each an initializer of its own
+            out = graph.node[i].output[0]
+            anywhere.add(out)
+            value = next((a.t for a in graph.node[i].attribute if a.name == "value"), None)
+            if value is not None:
+                types.setdefault(out, value.data_type)
+            if elements <= 100:
+                small.add(out)
+        return cls(kernels, types, small, anywhere, inputs, constants, on_cpu=set(small))
+
+    def taken(self, node: onnx.NodeProto) -> frozenset[int]:
+        """The inputs the provider's kernel for ``node`` reads in CPU memory."""
+        return self.kernels.cpu_inputs.get(node.op_type, frozenset())
+
+    def on_the_cpu(self, node: onnx.NodeProto) -> bool:
+        """Whether ``node`` runs on the CPU: no provider kernel, or moved there by the walk."""
+        walked = any(i in self.reached for i in node.input if i)  # a candidate of the walk
+        if not self.kernels.has(node.op_type):
+            if walked:  # passes the walk on
+                self.reached.update(o for o in node.output if o)
+            return True
+        if not walked or node.op_type in MEMCPY_OPS:
+            return False
+        allowed, taken = self.small | self.inputs, self.taken(node)
+        moved = all(_cpu_input(n, k, taken, allowed, self.reached, self.types) for k, n in enumerate(node.input))
+        if moved:
+            self.reached.update(o for o in node.output if o)
+        return moved
+
+    def made(self, node: onnx.NodeProto, cpu: bool) -> None:
+        """Record where ``node``'s outputs are: in CPU memory when it ran there or its kernel writes there."""
+        if cpu or node.op_type in self.kernels.cpu_outputs:
+            self.on_cpu.update(o for o in node.output if o)
+        if not cpu and node.op_type in self.kernels.cpu_outputs:
+            self.reached.update(o for o in node.output if o)
+
+
+def _constant_nodes(graph: onnx.GraphProto) -> dict[int, int]:
+    """The file index of each Constant node, and its value's elements: onnxruntime turns every Constant node
+    into an initializer when it loads the graph, so no node runs it."""
+    found = {}
+    for i, node in enumerate(graph.node):
+        if node.op_type == "Constant" and node.domain in ONNX_DOMAINS and node.output:
+            found[i] = _constant_elements(node)
+    return found
 
 
 def _copied(
