@@ -45,7 +45,7 @@ from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.modes import choose_copy_mode, plan_device
 from offloadctl.rewriting.preview import loads_in_line, plan_placement
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, target_for
-from offloadctl.rewriting.streams import streams_file, with_events
+from offloadctl.rewriting.streams import StreamLayout, streams_file, with_events
 from offloadctl.rewriting.writing import check_model_outputs, write_model
 from offloadctl.running.sizes import measure_sizes
 from offloadctl.simulation.base import plain_ids
@@ -254,43 +254,9 @@ class Job:
         step(f"rewriting {loaded.path}")
         # the rewrite refers to the source's large weights, which the writer takes from there
         proto = apply_plan(self.plan, self.analysis, result=result, options=replace(options, share_weights=True))
-        events = None
+        events, partition_path = None, None
         if options.copies == "streams":
-            if written_through(output):
-                raise OffloadError(
-                    f"{output} is not a file, and copies on streams need their partition file beside the model",
-                    hint="write the rewrite to a file, or apply with --copies inline",
-                )
-            partition_path = self.guard("the partition file", streams_file(output_target(output)))
-            placement = plan_placement(self.plan, self.analysis)
-            decided = loads_in_line(self.plan, self.analysis, target=options.target, placement=placement)
-            events = with_events(proto, partition_path.name, self.analysis.order, options.target, in_line=decided.loads)
-            above = (
-                f"on streams the rewrite would peak at {fmt_bytes(decided.streams_peak)} on the device as "
-                f"onnxruntime's executor runs the two streams, {fmt_bytes(decided.above)} above the same plan in "
-                f"line ({fmt_bytes(decided.inline_peak)}): its events move the walk so that loads run earlier"
-            )
-            in_line_why = None
-            if not events.copy_stream:  # no copy a gate holds: nothing to overlap, and an empty stream crashes
-                in_line_why = "no copy a gate holds"
-                logger.warning(
-                    "no copy of this plan can be held on a stream of its own (every load runs before any compute "
-                    "node, or no gate holds it): the copies are written in line, without a partition file"
-                )
-            elif decided.above and not options.streams_above_inline:  # never above the rewrite in line
-                in_line_why = f"on streams it would peak {fmt_bytes(decided.above)} above in line"
-                logger.warning("%s; the copies are written in line (apply --copies streams writes them so)", above)
-            elif decided.above:  # asked for: written so, and said
-                logger.warning("%s; apply with --copies inline to keep the lower peak", above)
-            if in_line_why is not None:
-                proto = apply_plan(self.plan, self.analysis, options=replace(options, share_weights=True))
-                events = None
-                self.outputs = [o for o in self.outputs if o[0] != "the partition file"]
-            if result is not None:
-                result.guards = [n.name for n in proto.graph.node if n.name.startswith(GUARD_PREFIX)]
-                result.copy_mode = "streams" if events is not None else "inline"
-                result.in_line = [] if events is None else list(events.in_line)
-                result.written_in_line = in_line_why
+            proto, events, partition_path = self._on_streams(proto, output, options, result)
         if genai is not None:
             check_genai_output(genai, Path(output))
         step(f"writing {output}")
@@ -303,13 +269,8 @@ class Job:
             mode=stat.S_IMODE(loaded.path.stat().st_mode),  # a rewrite is as private as its source
             weights_from=loaded.proto,
         )
-        if events is not None:
-            try:
-                atomic_write_text(partition_path, json.dumps(events.to_json(), indent=1) + "\n")
-            except BaseException:
-                _remove_written([Path(output), *written])
-                raise
-            written.append(partition_path)
+        if events is not None and partition_path is not None:
+            written.append(_beside(partition_path, json.dumps(events.to_json(), indent=1) + "\n", output, written))
         if genai is not None:
             step(f"completing the onnxruntime-genai folder {Path(output).parent}")
             try:
@@ -321,6 +282,69 @@ class Job:
                 _remove_written([Path(output), *written])
                 raise
         return proto, written
+
+    def _on_streams(
+        self, proto: Any, output: str | os.PathLike[str], options: RewriteOptions, result: ApplyResult | None
+    ) -> tuple[Any, StreamLayout | None, Path | None]:
+        """The rewrite with its copies on a stream of their own: (the model, its events, the partition
+        file's path); the model written in line (no events, no partition file) where no gate holds a copy,
+        or where on streams it would peak above in line and that was not asked for by name."""
+        assert self.plan is not None
+        if written_through(output):
+            raise OffloadError(
+                f"{output} is not a file, and copies on streams need their partition file beside the model",
+                hint="write the rewrite to a file, or apply with --copies inline",
+            )
+        partition = self.guard("the partition file", streams_file(output_target(output)))
+        placement = plan_placement(self.plan, self.analysis)
+        decided = loads_in_line(self.plan, self.analysis, target=options.target, placement=placement)
+        layout = with_events(proto, partition.name, self.analysis.order, options.target, in_line=decided.loads)
+        in_line_why = _written_in_line(decided, bool(layout.copy_stream), options.streams_above_inline)
+        events: StreamLayout | None = layout
+        partition_path: Path | None = partition
+        if in_line_why is not None:
+            proto = apply_plan(self.plan, self.analysis, options=replace(options, share_weights=True))
+            events, partition_path = None, None
+            self.outputs = [o for o in self.outputs if o[0] != "the partition file"]
+        if result is not None:
+            result.guards = [n.name for n in proto.graph.node if n.name.startswith(GUARD_PREFIX)]
+            result.copy_mode = "streams" if events is not None else "inline"
+            result.in_line = [] if events is None else list(events.in_line)
+            result.written_in_line = in_line_why
+        return proto, events, partition_path
+
+
+def _written_in_line(decided: Any, held: bool, asked: bool) -> str | None:
+    """Why a rewrite planned on streams is written in line (None: it is written on streams), said as a
+    warning: no copy a gate holds (``held`` False: nothing to overlap, and an empty stream crashes), or on
+    streams it would peak above in line (`loads_in_line`'s ``decided``), unless ``asked`` for by name."""
+    above = (
+        f"on streams the rewrite would peak at {fmt_bytes(decided.streams_peak)} on the device as "
+        f"onnxruntime's executor runs the two streams, {fmt_bytes(decided.above)} above the same plan in "
+        f"line ({fmt_bytes(decided.inline_peak)}): its events move the walk so that loads run earlier"
+    )
+    if not held:
+        logger.warning(
+            "no copy of this plan can be held on a stream of its own (every load runs before any compute "
+            "node, or no gate holds it): the copies are written in line, without a partition file"
+        )
+        return "no copy a gate holds"
+    if decided.above and not asked:  # never above the rewrite in line
+        logger.warning("%s; the copies are written in line (apply --copies streams writes them so)", above)
+        return f"on streams it would peak {fmt_bytes(decided.above)} above in line"
+    if decided.above:  # asked for: written so, and said
+        logger.warning("%s; apply with --copies inline to keep the lower peak", above)
+    return None
+
+
+def _beside(path: Path, text: str, output: str | os.PathLike[str], written: list[Path]) -> Path:
+    """Write ``text`` to ``path`` beside the rewrite; a failure removes what was written."""
+    try:
+        atomic_write_text(path, text)
+    except BaseException:
+        _remove_written([Path(output), *written])
+        raise
+    return path
 
 
 def _derive_from_the_graph(analysis: Analysis) -> None:
