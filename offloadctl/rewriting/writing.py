@@ -252,39 +252,49 @@ def write_model(
             atomic_write(out, lambda tmp: _serialize(model, shared, tmp), mode=mode)
             return created
         fill_shared_weights(model, shared)  # (a model over 2 GiB: its weights go to one data file)
-        data_name = out.name + ".data"
-        if data_name in locations:
-            raise OffloadError(
-                f"cannot write the weights of {out} to {data_name}: the model already refers to a file of that name",
-                hint="choose another output name",
-            )
-        try:
-            with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out_dir) as tmp_dir:
-                copy = onnx.ModelProto()
-                copy.CopyFrom(model)
-                onnx.save_model(
-                    copy,
-                    os.path.join(tmp_dir, out.name),
-                    save_as_external_data=True,
-                    all_tensors_to_one_file=True,
-                    location=data_name,
-                    size_threshold=1024,
-                )
-                for name in (data_name, out.name):
-                    if mode is not None:
-                        os.chmod(os.path.join(tmp_dir, name), mode)
-                    else:  # tempfile's folder is private; its files get the usual bits of a new file
-                        umask = os.umask(0)
-                        os.umask(umask)
-                        os.chmod(os.path.join(tmp_dir, name), 0o666 & ~umask)
-                os.replace(os.path.join(tmp_dir, data_name), out_dir / data_name)
-                created.append(out_dir / data_name)
-                os.replace(os.path.join(tmp_dir, out.name), out)
-        except OSError as exc:
-            raise OffloadError(
-                f"cannot write {out}: {exc.strerror or exc}", hint="check the path and free disk space"
-            ) from exc
+        created.append(_write_big(model, out, locations, mode))
         return created
     except BaseException:
         _remove(created)
         raise
+
+
+def _write_big(model: onnx.ModelProto, out: Path, locations: Sequence[str], mode: int | None) -> Path:
+    """Write a model over 2 GiB with its weights in one data file beside it (``OUT.name + ".data"``), both
+    atomically; the data file's path."""
+    out_dir = out.parent if str(out.parent) else Path(".")
+    data_name = out.name + ".data"
+    if data_name in locations:
+        raise OffloadError(
+            f"cannot write the weights of {out} to {data_name}: the model already refers to a file of that name",
+            hint="choose another output name",
+        )
+    try:
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out_dir) as tmp_dir:
+            copy = onnx.ModelProto()
+            copy.CopyFrom(model)
+            onnx.save_model(
+                copy,
+                os.path.join(tmp_dir, out.name),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=data_name,
+                size_threshold=1024,
+            )
+            for name in (data_name, out.name):
+                if mode is not None:
+                    os.chmod(os.path.join(tmp_dir, name), mode)
+                else:  # tempfile's folder is private; its files get the usual bits of a new file
+                    umask = os.umask(0)
+                    os.umask(umask)
+                    os.chmod(os.path.join(tmp_dir, name), 0o666 & ~umask)
+            os.replace(os.path.join(tmp_dir, data_name), out_dir / data_name)
+            try:
+                os.replace(os.path.join(tmp_dir, out.name), out)
+            except BaseException:
+                _remove([out_dir / data_name])  # no data file without its model
+                raise
+    except OSError as exc:
+        hint = "check the path and free disk space"
+        raise OffloadError(f"cannot write {out}: {exc.strerror or exc}", hint=hint) from exc
+    return out_dir / data_name

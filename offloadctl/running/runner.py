@@ -260,19 +260,8 @@ def run_model(
         checked, pins = _order_checks(loaded, timed, order, opt_level == "disable", device, warnings)
         feeds = _session_feeds(loaded.proto, feeds_all)
         measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
-        compared = _compare_with(
-            compare_to,
-            model,
-            timed.outputs,
-            feeds_all,
-            device,
-            _original_level(compare_to, settings, opt_level),
-            ep_options,
-            ort,
-            rtol,
-            atol,
-            warnings,
-        )
+        against = _Against(compare_to, _original_level(compare_to, settings, opt_level), ep_options, rtol, atol)
+        compared = _compare_with(against, model, timed.outputs, feeds_all, device, ort, warnings)
         return RunReport(
             model=model,
             device=device,
@@ -683,24 +672,32 @@ def _original_config(
     return original, session_config(settings, device, opt_level=opt_level, ep_options=ep_options, ort=ort)
 
 
+class _Against(NamedTuple):
+    """What ``run --compare-to`` compares against: the original (None: nothing), the optimization level it
+    runs at (`_original_level`), its provider options, and the tolerances asked for."""
+
+    path: str | None
+    opt_level: str
+    ep_options: Mapping[str, str] | None
+    rtol: float | None
+    atol: float | None
+
+
 def _compare_with(
-    compare_to: str | None,
+    against: _Against,
     model: str,
     outputs: Mapping[str, Any],
     feeds_all: Mapping[str, np.ndarray],
     device: str,
-    opt_level: str,
-    ep_options: Mapping[str, str] | None,
     ort: Any,
-    rtol: float | None,
-    atol: float | None,
     warnings: list[str],
 ) -> _Compared:
     """Run the original twice with the same inputs and settings: (each output of the model against
     the original's first run, the outputs in which the original's two runs differ, the copies
     onnxruntime inserted into the original on a non-CPU device), with the tolerances (`_tolerances`);
-    no comparison without ``compare_to``. A warning on outputs the original itself does not repeat
+    no comparison without an original. A warning on outputs the original itself does not repeat
     goes to ``warnings``."""
+    compare_to, opt_level, ep_options, rtol, atol = against
     if compare_to is None:
         return _Compared(None, {}, None, rtol, atol)
     rtol, atol = _tolerances(opt_level, rtol, atol)
