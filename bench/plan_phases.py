@@ -33,9 +33,10 @@ import offloadctl.planning.budget.strategy  # noqa: E402
 from offloadctl.contract.document import write_plan  # noqa: E402
 from offloadctl.core.bulk import keep_what_is_built, paused_gc  # noqa: E402
 from offloadctl.job import Job  # noqa: E402
-from offloadctl.pipeline import _budget_step, run_order_figures, suggested_budget  # noqa: E402
+from offloadctl.pipeline import _budget_step, suggested_budget  # noqa: E402
 from offloadctl.planning.make import scheduled_plan  # noqa: E402
 from offloadctl.planning.request import PlanRequest  # noqa: E402
+from offloadctl.rewriting.figures import run_order_figures  # noqa: E402
 from offloadctl.simulation.result import simulate  # noqa: E402
 
 import gen_large  # noqa: E402

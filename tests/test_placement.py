@@ -382,7 +382,7 @@ def test_a_device_plan_writes_the_copies_onnxruntime_would_insert(tmp_path, orde
     the rewrite keeps every weight on the device. The rewrite writes those copies itself, each before
     the first node that reads across, so none is inserted and the pins hold in both orders
     (test_device checks this against the order WebGPU ran)."""
-    from offloadctl.pipeline import device_figures
+    from offloadctl.rewriting.figures import device_figures
 
     analysis = analyse_in(load_model(save(early_host_node_model(), tmp_path / "m.onnx")), order=order)
     placement = {"host_nodes": ("early_cpu",), "host_copies": ("h", "x")}
@@ -445,7 +445,7 @@ def test_a_device_plan_counts_the_casts_onnxruntime_appends(tmp_path, order):
     test_device checks it there). Under DEFAULT they hold. Without the Casts the figures said the pins
     held under both orders."""
     from offloadctl.loading.placed import HostCast
-    from offloadctl.pipeline import device_figures
+    from offloadctl.rewriting.figures import device_figures
 
     analysis = analyse_in(load_model(save(to_fp16(early_host_node_model()), tmp_path / "m.onnx")), order=order)
     casts = (HostCast("x", ("h",)), HostCast("h", None))

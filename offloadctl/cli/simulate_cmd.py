@@ -43,9 +43,9 @@ from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job
-from offloadctl.pipeline import as_run_figures
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.request import profile_for
+from offloadctl.rewriting.figures import as_run_figures
 from offloadctl.rewriting.modes import plan_device
 from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.points import PointResult, at_points, parse_point
@@ -235,7 +235,7 @@ def _verdict(
 
 
 def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis, copies: str) -> dict[str, Any]:
-    """The figures of the verdict: with a plan, those of what runs (`offloadctl.pipeline.as_run_figures`)."""
+    """The figures of the verdict: with a plan, those of what runs (`offloadctl.rewriting.figures.as_run_figures`)."""
     figures = estimate_figures(result, copies)
     if plan is None or result.rewritten:
         return figures

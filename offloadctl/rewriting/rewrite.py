@@ -152,6 +152,7 @@ TARGETS: dict[str, str] = {
     "ascend": "CANN: no Shape kernel, so a pin may read a device tensor only where its own node does",
 }
 
+
 def target_for(device: str) -> str:
     """The pins' target (`TARGETS`) for the device a plan was made for (``plan --device``)."""
     return "ascend" if device_name(device) == "ascend" else "gpu"

@@ -46,7 +46,7 @@ def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any
         "time_nodes": doc["time_nodes"],
         "slowdown": doc["slowdown"],
         "bodies_at_peak_bytes": doc["bodies_at_peak_bytes"],
-        "streams_declined": None,  # a streams plan whose copies run in line (`offloadctl.pipeline.streams_declined`)
+        "streams_declined": None,  # why a streams plan runs its copies in line (`rewriting.figures.streams_declined`)
     }
 
 
