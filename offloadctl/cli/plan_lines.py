@@ -6,24 +6,29 @@ summary and verdict (`stage_end`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import (
     finish,
     plan_figures,
     print_plan_summary,
+    print_points,
 )
 from offloadctl.cli.ui import out_console
 from offloadctl.core.plantypes import BudgetRecord, Plan
 from offloadctl.core.units import fmt_bytes
+from offloadctl.planning.advice import unreached_bodies
 from offloadctl.planning.explain import explain_table
+from offloadctl.planning.passes import Planning
 from offloadctl.planning.request import (
     PlanRequest,
     SelectPart,
     evolve,
 )
+from offloadctl.rewriting.modes import planned_copy_mode
 from offloadctl.simulation.costs import copy_mode_label
+from offloadctl.simulation.points import PointResult
 
 __all__ = ["for_device", "print_search", "stage_end"]
 
@@ -167,3 +172,28 @@ def stage_end(
         as_json=as_json,
         doc={"model": plan["model"]["path"], **figures},
     )
+
+
+def print_plan(
+    done: Planning, request: PlanRequest, checked: list[PointResult], explain: bool, as_json: bool
+) -> dict[str, Any]:
+    """The tables of what the plan offloads and how it was searched (not with --json), and the search's
+    figures for the verdict's document."""
+    plan, result, analysis = done.plan, done.simulation, done.analysis
+    assert plan is not None
+    defaulted = request.objective_defaulted if request.uses_budget else None
+    if not as_json:
+        print_plan_summary(plan)
+        print_search(plan, defaulted)
+        if explain:
+            out_console().print(explain_table(plan, unreached_bodies(analysis)))
+        if result is None:
+            out_console().print("the model already contains copies: simulate the rewritten model to see its peak")
+        elif checked:
+            print_points(analysis.loaded.dims, result, checked)
+    return {
+        "objective": request.objective_name if request.uses_budget else None,
+        "objective_default": defaulted,
+        "copy_mode": planned_copy_mode(plan),  # streams that gain no time are planned in line
+        "shape_points": [p.to_json() for p in checked],
+    }
