@@ -25,7 +25,6 @@ from typing import Any
 
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.document import check_plan_model, read_plan
-from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import (
     atomic_write_text,
@@ -36,19 +35,16 @@ from offloadctl.core.files import (
     written_through,
 )
 from offloadctl.core.plantypes import Plan, SizesFromRun
-from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.model import LoadedModel, load_model
-from offloadctl.planning.select import candidate_uses
+from offloadctl.planning.select import derive_from_the_graph
 from offloadctl.rewriting.genai import GenaiFolder, check_genai_output, genai_folder, write_genai_folder
-from offloadctl.rewriting.guards import GUARD_PREFIX
 from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.modes import choose_copy_mode, plan_device
-from offloadctl.rewriting.preview import loads_in_line, plan_placement
+from offloadctl.rewriting.on_streams import on_streams
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan, target_for
-from offloadctl.rewriting.streams import StreamLayout, streams_file, with_events
+from offloadctl.rewriting.streams import StreamLayout, streams_file
 from offloadctl.rewriting.writing import check_model_outputs, write_model
 from offloadctl.running.sizes import measure_sizes
-from offloadctl.simulation.base import plain_ids
 
 __all__ = ["Job", "PlanPins", "genai_output_folder", "genai_source", "plan_model"]
 
@@ -169,7 +165,7 @@ class Job:
         step(f"analysing {model}" + (" (sizes from one run on the CPU provider)" if sizes else ""))
         analysis = analysed(loaded, order=order)
         if loaded.inference is not None and loaded.inference.unread:
-            _derive_from_the_graph(analysis)
+            derive_from_the_graph(analysis)
         return cls(analysis)
 
     @classmethod
@@ -295,46 +291,13 @@ class Job:
                 f"{output} is not a file, and copies on streams need their partition file beside the model",
                 hint="write the rewrite to a file, or apply with --copies inline",
             )
-        partition = self.guard("the partition file", streams_file(output_target(output)))
-        placement = plan_placement(self.plan, self.analysis)
-        decided = loads_in_line(self.plan, self.analysis, target=options.target, placement=placement)
-        layout = with_events(proto, partition.name, self.analysis.order, options.target, in_line=decided.loads)
-        in_line_why = _written_in_line(decided, bool(layout.copy_stream), options.streams_above_inline)
-        events: StreamLayout | None = layout
-        partition_path: Path | None = partition
-        if in_line_why is not None:
-            proto = apply_plan(self.plan, self.analysis, options=replace(options, share_weights=True))
-            events, partition_path = None, None
+        partition: Path | None = self.guard("the partition file", streams_file(output_target(output)))
+        assert partition is not None
+        written = on_streams(self.plan, self.analysis, proto, options, partition.name, result)
+        if written.events is None:  # written in line: no partition file
+            partition = None
             self.outputs = [o for o in self.outputs if o[0] != "the partition file"]
-        if result is not None:
-            result.guards = [n.name for n in proto.graph.node if n.name.startswith(GUARD_PREFIX)]
-            result.copy_mode = "streams" if events is not None else "inline"
-            result.in_line = [] if events is None else list(events.in_line)
-            result.written_in_line = in_line_why
-        return proto, events, partition_path
-
-
-def _written_in_line(decided: Any, held: bool, asked: bool) -> str | None:
-    """Why a rewrite planned on streams is written in line (None: it is written on streams), said as a
-    warning: no copy a gate holds (``held`` False: nothing to overlap, and an empty stream crashes), or on
-    streams it would peak above in line (`loads_in_line`'s ``decided``), unless ``asked`` for by name."""
-    above = (
-        f"on streams the rewrite would peak at {fmt_bytes(decided.streams_peak)} on the device as "
-        f"onnxruntime's executor runs the two streams, {fmt_bytes(decided.above)} above the same plan in "
-        f"line ({fmt_bytes(decided.inline_peak)}): its events move the walk so that loads run earlier"
-    )
-    if not held:
-        logger.warning(
-            "no copy of this plan can be held on a stream of its own (every load runs before any compute "
-            "node, or no gate holds it): the copies are written in line, without a partition file"
-        )
-        return "no copy a gate holds"
-    if decided.above and not asked:  # never above the rewrite in line
-        logger.warning("%s; the copies are written in line (apply --copies streams writes them so)", above)
-        return f"on streams it would peak {fmt_bytes(decided.above)} above in line"
-    if decided.above:  # asked for: written so, and said
-        logger.warning("%s; apply with --copies inline to keep the lower peak", above)
-    return None
+        return written.proto, written.events, partition
 
 
 def _beside(path: Path, text: str, output: str | os.PathLike[str], written: list[Path]) -> Path:
@@ -345,16 +308,6 @@ def _beside(path: Path, text: str, output: str | os.PathLike[str], written: list
         _remove_written([Path(output), *written])
         raise
     return path
-
-
-def _derive_from_the_graph(analysis: Analysis) -> None:
-    """Derive what later stages derive from the graph alone (the simulation's tensor ids, the select
-    stage's candidates and their uses), while onnx's shape inference still runs in its child: on a
-    big model it takes longer than the analysis, so this costs no time, and the work after the sizes
-    arrive starts further on."""
-    with paused_gc():
-        plain_ids(analysis)
-        candidate_uses(analysis)
 
 
 def analysed(loaded: LoadedModel, *, order: str = "priority") -> Analysis:

@@ -65,10 +65,12 @@ from offloadctl.planning.uses import (
     split_reload_groups,
     weight_idle_end,
 )
+from offloadctl.simulation.base import plain_ids
 
 __all__ = [
     "Chosen",
     "Selection",
+    "derive_from_the_graph",
     "select",
     "selected_plan",
     "selection_for",
@@ -864,3 +866,13 @@ def _model_info(analysis: Analysis) -> ModelInfo:
     if analysis.order != "priority":
         model["execution_order"] = analysis.order
     return model
+
+
+def derive_from_the_graph(analysis: Analysis) -> None:
+    """Derive what later stages derive from the graph alone (the simulation's tensor ids, the select
+    stage's candidates and their uses), while onnx's shape inference still runs in its child: on a
+    big model it takes longer than the analysis, so this costs no time, and the work after the sizes
+    arrive starts further on."""
+    with paused_gc():
+        plain_ids(analysis)
+        candidate_uses(analysis)
