@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -10,13 +9,10 @@ import click
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import (
-    check_report_paths,
-    check_unknown_sizes,
     finish,
     gate_failure,
     limits_text,
     low_figures_text,
-    open_model,
     peak_text,
     plan_effect,
     points_failure,
@@ -37,20 +33,15 @@ from offloadctl.cli.options import (
     sizes_option,
     strict_option,
 )
-from offloadctl.cli.simulate_lines import copy_streams, cpu_doc, print_all, warn_profile, write_extras
+from offloadctl.cli.simulate_lines import cpu_doc, print_all, warn_profile, write_extras
+from offloadctl.cli.simulate_model import Simulated, opened
 from offloadctl.contract.document import read_plan
-from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
-from offloadctl.job import Job
-from offloadctl.planning.advice import weak_plan_advice
-from offloadctl.planning.request import profile_for
 from offloadctl.rewriting.figures import as_run_figures
-from offloadctl.rewriting.modes import plan_device
 from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.points import PointResult, at_points, parse_point
-from offloadctl.simulation.profiles import Profile, load_profile
-from offloadctl.simulation.result import SimResult, simulate
+from offloadctl.simulation.result import SimResult
 
 __all__ = ["COMMANDS", "simulate_cmd"]
 
@@ -107,8 +98,8 @@ def simulate_cmd(
     measured profile's kernel scratch counts in every figure.
     """
     plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
-    job = _opened(model, plan, plan_path, shapes, sizes, order, plot, report, strict, as_json)
-    run = _Simulated.of(job, model, plan, plan_path, profile, timeline_limit)
+    job = opened(model, plan, plan_path, shapes, sizes, order, plot, report, strict, as_json)
+    run = Simulated.of(job, model, plan, plan_path, profile, timeline_limit)
     points = at_points(job.analysis, plan, [parse_point(p) for p in shape_points], profile=run.profile)
     run.doc["shape_points"] = [p.to_json() for p in points]
     cpu, refusal = cpu_doc(job.analysis, plan, run.result, run.profile, run.doc, run.streams)
@@ -124,80 +115,6 @@ def simulate_cmd(
         run.doc["figures_low"] = bool(run.result.unknown_tensors)
     subject = model + (f" with plan {plan_path}" if plan_path else "")
     finish("simulate", subject, parts, written, as_json=as_json, doc=run.doc, failure=failure)
-
-
-def _opened(
-    model: str,
-    plan: Plan | None,
-    plan_path: str | None,
-    shapes: ShapeOptions,
-    sizes: SizesOptions,
-    order: str | None,
-    plot: str | None,
-    report: str | None,
-    strict: bool,
-    as_json: bool,
-) -> Job:
-    """The model opened with the plan's pins (or the options'), its outputs checked before any work."""
-    if plot:
-        check_output_path(plot, model, plan_path)
-    check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
-    job = open_model(model, shapes, sizes, plan=plan, plan_path=plan_path, show_progress=not as_json, order=order)
-    check_unknown_sizes(job.analysis, strict=strict)
-    if plot:
-        job.guard("the plot", plot)
-    check_report_paths(report, *job.reads, plot=plot)
-    return job
-
-
-@dataclasses.dataclass
-class _Simulated:
-    """The simulation the command reports: of the model as its device runs it (a rewrite's copy stream run
-    as the executor runs it), on the profile of the device the plan or the rewrite was made for by default."""
-
-    result: SimResult
-    doc: dict[str, Any]
-    profile: Profile
-    profile_name: str
-    streams: list[list[str]] | None
-    runs_on: str
-
-    @classmethod
-    def of(
-        cls,
-        job: Job,
-        model: str,
-        plan: Plan | None,
-        plan_path: str | None,
-        profile: str | None,
-        timeline_limit: int,
-    ) -> _Simulated:
-        ran, partition, streams, runs_on = copy_streams(model, job.analysis)  # a rewrite's device memory: as it runs
-        # a plan made for a device, or a rewrite of one: that device's profile by default
-        name = profile_for(profile, (plan_device(plan) if plan else "") or runs_on or None)
-        prof = load_profile(name)
-        result = simulate(ran, plan, profile=prof, plan_source=f"plan file {plan_path}")
-        result = dataclasses.replace(result, plan_path=plan_path)
-        doc = result.to_json(timeline_limit=timeline_limit)
-        doc["copy_streams"] = partition
-        return cls(result, doc, prof, name, streams, runs_on)
-
-    def copies(self, plan: Plan | None) -> str:
-        """How the copies run: on streams for a rewrite with its partition file, else as planned."""
-        return "streams" if self.streams is not None else planned_copies(plan)
-
-    def advise(self, analysis: Analysis, plan: Plan | None) -> None:
-        """A weak plan's advice."""
-        if plan is not None and not self.result.rewritten:
-            if warning := weak_plan_advice(analysis, plan, result=self.result):
-                logger.warning("%s", warning)
-
-    def as_device_runs(self, parts: list[str | None], plan: Plan | None) -> None:
-        """A rewrite of a plan made for a device is quoted as that device runs it (its original as the device
-        runs it is simulate ORIGINAL --plan PLAN's)."""
-        if self.runs_on and plan is None:
-            parts[0] = f"peak {fmt_bytes(self.result.peak_after)} as {self.runs_on} runs it"
-            self.doc["device"] = self.runs_on
 
 
 def _verdict(
@@ -250,13 +167,6 @@ def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis, copie
         host_casts=select.get("host_casts", ()),
         copies=copies,
     )
-
-
-def planned_copies(plan: Plan | None) -> str:
-    """How a plan's figures run its copies (``summary.events.copies``, which the plan records): in line
-    unless it says streams."""
-    summary: dict[str, Any] = (plan.get("summary") or {}) if plan is not None else {}
-    return "streams" if (summary.get("events") or {}).get("copies") == "streams" else "inline"
 
 
 COMMANDS = [simulate_cmd]
