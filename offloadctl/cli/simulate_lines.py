@@ -21,20 +21,15 @@ from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
-from offloadctl.planning.request import device_name
-from offloadctl.rewriting.metadata import planned_device
-from offloadctl.rewriting.preview import CpuFigures, as_device_runs, cpu_figures
-from offloadctl.rewriting.streams import checked_streams
+from offloadctl.rewriting.preview import CpuFigures, cpu_figures
 from offloadctl.simulation.costs import STREAMS_NOTE
 from offloadctl.simulation.ortcpu import MODELLED_RELEASE, replica_refusal
-from offloadctl.simulation.ortstreams import executor_analysis
 from offloadctl.simulation.points import PointResult
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult
 
 __all__ = [
     "write_extras",
-    "copy_streams",
     "cpu_doc",
     "print_all",
     "print_cpu",
@@ -166,21 +161,6 @@ def warn_undone_fusions(plan: Plan | None, prof: Profile, profile: str) -> None:
             undone[0],
             profile,
         )
-
-
-def copy_streams(model: str, analysis: Analysis) -> tuple[Analysis, str | None, list[list[str]] | None, str]:
-    """The analysis device memory follows, a streams rewrite's partition file and streams, checked
-    (`offloadctl.rewriting.streams.checked_streams`), and the device a rewrite's plan was made for: a
-    rewrite as that device runs it (`offloadctl.rewriting.preview.as_device_runs`), and a streams rewrite
-    in the order the executor runs its two streams (`offloadctl.simulation.ortstreams.executor_analysis`);
-    any other model as ``analysis`` has it, with None, None and ""."""
-    device = planned_device(analysis.loaded.proto)
-    ran = as_device_runs(analysis, device) if device is not None else analysis
-    name = device_name(device["host_device"]) if device is not None else ""
-    checked = checked_streams(model, analysis.loaded.proto, analysis.order)
-    if checked is None:
-        return ran, None, None, name
-    return executor_analysis(ran, checked[1]), checked[0], checked[1], name
 
 
 def print_all(

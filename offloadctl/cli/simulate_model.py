@@ -11,7 +11,6 @@ from typing import Any
 from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import check_report_paths, check_unknown_sizes, open_model
 from offloadctl.cli.options import ShapeOptions, SizesOptions
-from offloadctl.cli.simulate_lines import copy_streams
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
@@ -19,6 +18,7 @@ from offloadctl.job import Job
 from offloadctl.planning.advice import weak_plan_advice
 from offloadctl.planning.request import profile_for
 from offloadctl.rewriting.modes import plan_device, planned_copy_mode
+from offloadctl.rewriting.preview import as_it_runs
 from offloadctl.simulation.profiles import Profile, load_profile
 from offloadctl.simulation.result import SimResult, simulate
 
@@ -73,7 +73,7 @@ class Simulated:
         profile: str | None,
         timeline_limit: int,
     ) -> Simulated:
-        ran, partition, streams, runs_on = copy_streams(model, job.analysis)  # a rewrite's device memory: as it runs
+        ran, partition, streams, runs_on = as_it_runs(model, job.analysis)  # a rewrite's device memory: as it runs
         # a plan made for a device, or a rewrite of one: that device's profile by default
         name = profile_for(profile, (plan_device(plan) if plan else "") or runs_on or None)
         prof = load_profile(name)

@@ -29,9 +29,10 @@ from offloadctl.core.onnxutil import copy_kind, is_event, is_pin, pin_view_sourc
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import declared_model
 from offloadctl.loading.placed import Placement, host_casts, placed
-from offloadctl.rewriting.metadata import KEY_PINS, PinCheck, check_pins, metadata_json
+from offloadctl.planning.request import device_name
+from offloadctl.rewriting.metadata import KEY_PINS, PinCheck, check_pins, metadata_json, planned_device
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
-from offloadctl.rewriting.streams import StreamLayout, with_events
+from offloadctl.rewriting.streams import StreamLayout, checked_streams, with_events
 from offloadctl.simulation.arena import ArenaConfig
 from offloadctl.simulation.ortcpu import CpuPeak, cpu_peak, declared_shapes
 from offloadctl.simulation.ortstreams import cpu_peak_on_streams, executor_analysis
@@ -41,6 +42,7 @@ from offloadctl.simulation.timing import scratched
 
 __all__ = [
     "as_device_runs",
+    "as_it_runs",
     "LoadsInLine",
     "loads_in_line",
     "plan_placement",
@@ -405,3 +407,18 @@ def streams_cost(
     streams = [layout.copy_stream, layout.compute_stream]
     on_streams = cpu_peak_on_streams(rewritten, streams, shapes=declared_shapes(written))
     return StreamsCost(on_streams, cpu_figures(analysis, plan, rewritten=False, profile=profile).after)
+
+
+def as_it_runs(model: str, analysis: Analysis) -> tuple[Analysis, str | None, list[list[str]] | None, str]:
+    """The analysis device memory follows, a streams rewrite's partition file and streams, checked
+    (`offloadctl.rewriting.streams.checked_streams`), and the device a rewrite's plan was made for: a
+    rewrite as that device runs it (`as_device_runs`), and a streams rewrite
+    in the order the executor runs its two streams (`offloadctl.simulation.ortstreams.executor_analysis`);
+    any other model as ``analysis`` has it, with None, None and ""."""
+    device = planned_device(analysis.loaded.proto)
+    ran = as_device_runs(analysis, device) if device is not None else analysis
+    name = device_name(device["host_device"]) if device is not None else ""
+    checked = checked_streams(model, analysis.loaded.proto, analysis.order)
+    if checked is None:
+        return ran, None, None, name
+    return executor_analysis(ran, checked[1]), checked[0], checked[1], name
