@@ -428,19 +428,7 @@ def plan_effect(
     the reason is work inside If/Loop/Scan bodies (which are not planned in: ``unreached``, the nodes whose
     bodies hold what no plan reaches: the largest is named); one that raises it fails."""
     before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
-    bodies = figures.get("bodies_at_peak_bytes") or 0
-    rejected: list[Any] = list(plan["rejected"]) if plan is not None else []
-    only_inside = sum(1 for r in rejected if r.get("reason") == "subgraph-only")
-    inside = ""
-    if after and bodies >= after / 2:
-        inside = f": {fmt_bytes(bodies)} of it ({100.0 * bodies / after:.0f}%) is inside If/Loop/Scan bodies"
-    elif only_inside:
-        inside = f": {only_inside} tensor(s) are read only inside If/Loop/Scan bodies"
-    elif unreached:
-        b = unreached[0]
-        inside = f": {b['op']} {b['node']!r} holds {fmt_bytes(b['weight_bytes'] + b['working_bytes'])} in its bodies"
-    if inside:
-        inside += ", which are not planned in"
+    inside = _inside_bodies(figures, plan, unreached)
     if after > before:
         walk = ""
         planned = figures["peak_bytes"].get("planned_after")
@@ -460,6 +448,25 @@ def plan_effect(
 
 #: a plan whose cut is under this share of the peak says so in its verdict, as one that cuts nothing does
 BARELY = 0.01
+
+
+def _inside_bodies(figures: Mapping[str, Any], plan: Plan | None, unreached: Sequence[Mapping[str, Any]]) -> str:
+    """Why a plan's peak is out of its reach, when it is work inside If/Loop/Scan bodies: most of the peak
+    there, tensors read only there, or the largest body no plan reaches; "" otherwise."""
+    after = figures["peak_bytes"]["after"]
+    bodies = figures.get("bodies_at_peak_bytes") or 0
+    rejected: list[Any] = list(plan["rejected"]) if plan is not None else []
+    only_inside = sum(1 for r in rejected if r.get("reason") == "subgraph-only")
+    if after and bodies >= after / 2:
+        inside = f": {fmt_bytes(bodies)} of it ({100.0 * bodies / after:.0f}%) is inside If/Loop/Scan bodies"
+    elif only_inside:
+        inside = f": {only_inside} tensor(s) are read only inside If/Loop/Scan bodies"
+    elif unreached:
+        b = unreached[0]
+        inside = f": {b['op']} {b['node']!r} holds {fmt_bytes(b['weight_bytes'] + b['working_bytes'])} in its bodies"
+    else:
+        return ""
+    return inside + ", which are not planned in"
 
 
 def finish(

@@ -28,6 +28,7 @@ from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.input_shapes import parse_dims, parse_input_shapes
 from offloadctl.rewriting.metadata import planned_execution_order
 from offloadctl.running.checks import OrderCheck, OutputComparison
+from offloadctl.running.growth import MemoryGrowth
 from offloadctl.running.inputs import parse_value_ranges
 from offloadctl.running.inputs import save_outputs as save_outputs_file
 from offloadctl.running.placement import InsertedCopy
@@ -345,31 +346,35 @@ def _print_memory(report: RunReport) -> None:
         how = "allocator statistics (MaxInUse)" if f.method == "allocator-stats" else "smallest arena limit that runs"
         table.add_row(f.allocator, f.device, fmt_bytes(f.peak_bytes), after, active, str(f.allocations or "-"), how)
     out_console().print(table)
-    growth = report.growth
-    if growth is not None:
-        copies = "unknown" if growth.copy_bytes is None else fmt_bytes(growth.copy_bytes)
-        verdict = {True: "explained by the copies", False: "[bold red]more than the copies explain[/]", None: "-"}
-        rounding = ""
-        if growth.rounding_bytes:
-            rounding = f", the arena's rounding {fmt_bytes(growth.rounding_bytes)}"
-            verdict[True] = "explained by the copies and the arena's rounding"
+    if report.growth is not None:
+        _print_growth(report.growth)
+    if any(f.device == "cpu" for f in report.measured_memory):
         out_console().print(
-            f"against the original: {fmt_bytes(growth.original_bytes)} -> {fmt_bytes(growth.rewrite_bytes)}, the "
-            f"rewrite's copies {copies}{rounding}: {verdict[growth.explained]}",
+            "on the CPU provider device and host are one memory: its arena holds a rewrite's host copies too, so a "
+            "rewrite can raise it; the device peak a plan lowers is simulate's (peak_bytes)",
             soft_wrap=True,
         )
-    if growth is not None and growth.rounding_bytes:
+
+
+def _print_growth(growth: MemoryGrowth) -> None:
+    """The rewrite's measured peak against the original's, and what the arena's rounding adds."""
+    copies = "unknown" if growth.copy_bytes is None else fmt_bytes(growth.copy_bytes)
+    verdict = {True: "explained by the copies", False: "[bold red]more than the copies explain[/]", None: "-"}
+    rounding = ""
+    if growth.rounding_bytes:
+        rounding = f", the arena's rounding {fmt_bytes(growth.rounding_bytes)}"
+        verdict[True] = "explained by the copies and the arena's rounding"
+    out_console().print(
+        f"against the original: {fmt_bytes(growth.original_bytes)} -> {fmt_bytes(growth.rewrite_bytes)}, the "
+        f"rewrite's copies {copies}{rounding}: {verdict[growth.explained]}",
+        soft_wrap=True,
+    )
+    if growth.rounding_bytes:
         out_console().print(
             f"onnxruntime's arena rounds the rewrite's buffers up by {fmt_bytes(growth.rounding_bytes)} more than the "
             "original's (kNextPowerOfTwo regions: a large copy can take a region twice its size); a device arena "
             "does the same unless its provider is given arena_extend_strategy=kSameAsRequested (run's default on "
             "CANN; --ep-option arena_extend_strategy=kSameAsRequested on CUDA)",
-            soft_wrap=True,
-        )
-    if any(f.device == "cpu" for f in report.measured_memory):
-        out_console().print(
-            "on the CPU provider device and host are one memory: its arena holds a rewrite's host copies too, so a "
-            "rewrite can raise it; the device peak a plan lowers is simulate's (peak_bytes)",
             soft_wrap=True,
         )
 

@@ -65,33 +65,12 @@ def lead_by_time(plan: Plan, analysis: Analysis, timing: CopyTiming) -> int:
     """
     if not plan["offloads"]:
         return 0
-    n, starts = analysis.num_positions, timing.starts
+    n = analysis.num_positions
     values = timeline.profile(analysis, plan, prefetch_distance=0)  # every position is filled in
     peak = int(values.max())
     sizes = {off["tensor"]: timeline.tensor_bytes(analysis, off["tensor"]) for off in plan["offloads"]}
-    done: dict[str, float] = {}  # activation -> when its D2H is done
-    link_free = 0.0
-    activations = [(off["d2h_after"], off["tensor"]) for off in plan["offloads"] if off["kind"] == "activation"]
-    for d2h_after, tensor in sorted((p, t) for p, t in activations if p is not None):
-        begin = max(float(starts[min(d2h_after + 1, n)]), link_free)
-        link_free = done[tensor] = begin + float(timing.d2h(sizes[tensor]))
-    jobs = [
-        (g["uses"][0]["position"], off["tensor"], k, off)
-        for off in plan["offloads"]
-        for k, g in enumerate(off["reload_groups"])
-    ]
-    wanted: list[tuple[int, int, Offload, int]] = []  # (first use, issue position, offload, group)
-    free = math.inf
-    for first, tensor, k, off in sorted(jobs, reverse=True):
-        end = min(float(starts[first]), free)
-        begin = max(end - float(timing.h2d(sizes[tensor])), done.get(tensor, 0.0))
-        free = min(free, begin)
-        low = timeline.h2d_low(off["kind"], off["d2h_after"])
-        issue = max(low, min(first, int(np.searchsorted(starts, begin, side="right")) - 1))
-        placed = off["reload_groups"][k]["h2d_before"]
-        assert placed is not None  # the prefetch stage placed it
-        if issue < placed:
-            wanted.append((first, issue, off, k))
+    done = _d2hs_done(plan, timing, sizes, n)
+    wanted = _wanted_issues(plan, timing, sizes, done)
     moved = 0
     for _, issue, off, k in sorted(wanted, key=lambda w: (w[0], w[2]["tensor"], w[3])):
         group, size = off["reload_groups"][k], sizes[off["tensor"]]
@@ -104,6 +83,46 @@ def lead_by_time(plan: Plan, analysis: Analysis, timing: CopyTiming) -> int:
             group["h2d_before"] = new
             moved += 1
     return moved
+
+
+def _d2hs_done(plan: Plan, timing: CopyTiming, sizes: dict[str, int], n: int) -> dict[str, float]:
+    """When each offloaded activation's D2H is done, the D2Hs first come first served on the link from
+    the end of their producers."""
+    starts = timing.starts
+    done: dict[str, float] = {}
+    link_free = 0.0
+    activations = [(off["d2h_after"], off["tensor"]) for off in plan["offloads"] if off["kind"] == "activation"]
+    for d2h_after, tensor in sorted((p, t) for p, t in activations if p is not None):
+        begin = max(float(starts[min(d2h_after + 1, n)]), link_free)
+        link_free = done[tensor] = begin + float(timing.d2h(sizes[tensor]))
+    return done
+
+
+def _wanted_issues(
+    plan: Plan, timing: CopyTiming, sizes: dict[str, int], done: dict[str, float]
+) -> list[tuple[int, int, Offload, int]]:
+    """(first use, issue position, offload, group) of each H2D its copy wants issued earlier than placed:
+    scheduled back from their deadlines, latest first, each done before the link time the later ones took
+    and started no earlier than its tensor's D2H is done."""
+    starts = timing.starts
+    jobs = [
+        (g["uses"][0]["position"], off["tensor"], k, off)
+        for off in plan["offloads"]
+        for k, g in enumerate(off["reload_groups"])
+    ]
+    wanted: list[tuple[int, int, Offload, int]] = []
+    free = math.inf
+    for first, tensor, k, off in sorted(jobs, key=lambda j: (j[0], j[1], j[2]), reverse=True):
+        end = min(float(starts[first]), free)
+        begin = max(end - float(timing.h2d(sizes[tensor])), done.get(tensor, 0.0))
+        free = min(free, begin)
+        low = timeline.h2d_low(off["kind"], off["d2h_after"])
+        issue = max(low, min(first, int(np.searchsorted(starts, begin, side="right")) - 1))
+        placed = off["reload_groups"][k]["h2d_before"]
+        assert placed is not None  # the prefetch stage placed it
+        if issue < placed:
+            wanted.append((first, issue, off, k))
+    return wanted
 
 
 def _schedule(new: Plan, options: PrefetchPart) -> Plan:

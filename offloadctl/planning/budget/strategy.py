@@ -207,7 +207,11 @@ class BudgetSearch:
                     )
                 return small, with_params and not self.prepared.params
             retry = small
-        best = min(a.outcome.reachable for a in (first, retry) if a is not None and a.outcome.reachable is not None)
+        raise self._unreachable(budget, [a for a in (first, retry) if a is not None])
+
+    def _unreachable(self, budget: int | None, attempts: list[Attempt]) -> BudgetUnreachable:
+        """The error of a budget no attempt fits: the best peak reachable, and what would allow more."""
+        best = min(a.outcome.reachable for a in attempts if a.outcome.reachable is not None)
         fused = self.prepared.selection.options.fused
         kept = (
             f"; {len(fused)} tensors stay on the device for onnxruntime's fusions at the measured profile's "
@@ -216,7 +220,7 @@ class BudgetSearch:
             else ""
         )
         bound, before = self.prepared.lower_bound, self.prepared.peak_before
-        raise BudgetUnreachable(
+        return BudgetUnreachable(
             f"the budget strategy cannot fit {self.analysis.loaded.path} into {fmt_bytes(budget)}: the best peak "
             f"reachable is {fmt_bytes(best)} ({best} bytes; lower bound {fmt_bytes(bound)}, peak without "
             f"offload {fmt_bytes(before)})",
