@@ -133,6 +133,21 @@ def check_genai_output(source: GenaiFolder, output: Path) -> None:
         )
 
 
+def _config_for(source: GenaiFolder, output: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """The source's genai config naming ``output``, with the session options the rewrite needs
+    (``settings``: its ``offloadctl.session`` record)."""
+    config = json.loads(json.dumps(source.config))
+    section = config["model"][source.section]
+    section["filename"] = output.name
+    disabled = [str(x) for x in settings.get("disabled_optimizers") or []]
+    cann = {str(k): str(v) for k, v in (settings.get("cann") or {}).items()}
+    options = section.get("session_options") if isinstance(section.get("session_options"), dict) else {}
+    section["session_options"] = _merged_options(options, disabled, cann)
+    if settings.get("graph_optimization_level"):  # the graph is optimized already (plan --opt-level)
+        section["session_options"]["graph_optimization_level"] = str(settings["graph_optimization_level"])
+    return config
+
+
 def write_genai_folder(
     source: GenaiFolder,
     output: Path,
@@ -169,18 +184,9 @@ def write_genai_folder(
                 )
             atomic_write(dst, functools.partial(shutil.copyfile, src), mode=stat.S_IMODE(src.stat().st_mode))
             created.append(dst)
-        config = json.loads(json.dumps(source.config))
-        section = config["model"][source.section]
-        section["filename"] = output.name
-        disabled = [str(x) for x in settings.get("disabled_optimizers") or []]
-        cann = {str(k): str(v) for k, v in (settings.get("cann") or {}).items()}
-        options = section.get("session_options") if isinstance(section.get("session_options"), dict) else {}
-        section["session_options"] = _merged_options(options, disabled, cann)
-        if settings.get("graph_optimization_level"):  # the graph is optimized already (plan --opt-level)
-            section["session_options"]["graph_optimization_level"] = str(settings["graph_optimization_level"])
         target = out_dir / CONFIG
         mode = stat.S_IMODE((source.folder / CONFIG).stat().st_mode)
-        text = json.dumps(config, indent=4) + "\n"
+        text = json.dumps(_config_for(source, output, settings), indent=4) + "\n"
         atomic_write(target, lambda tmp: tmp.write_text(text, encoding="utf-8"), mode=mode)
         created.append(target)
     except BaseException:

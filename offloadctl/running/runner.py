@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 
-from offloadctl.analysis.graph import analyse
+from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.analysis.order import EXECUTION_ORDERS, expected_run_order
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import sha256_file
@@ -362,18 +362,31 @@ def _growth(
     if theirs is None:
         return None
     rewrite = analyse(loaded, order=order)
-    rounding = 0
-    copies = copy_bytes(rewrite)
-    if device == "cpu" and copies is not None and mine.peak_bytes - theirs.peak_bytes > copies:
-        # more than the copies: what the arena's rounding adds, as the CPU replica counts it
-        pins = {name: list(a.shape) for name, a in _session_feeds(original, feeds_all).items()}
-        rounding = arena_rounding(rewrite, analyse(load_model(compare_to, input_shapes=pins), order=order))
-        rounding = min(rounding, mine.peak_bytes - theirs.peak_bytes - copies)  # no more than it has to explain
-        if rounding <= SLACK * theirs.peak_bytes:  # the arena's own noise: nothing to name
-            rounding = 0
+    grown = mine.peak_bytes - theirs.peak_bytes
+    rounding = _rounding(rewrite, compare_to, original, feeds_all, order, grown) if device == "cpu" else 0
+    if rounding <= SLACK * theirs.peak_bytes:  # the arena's own noise: nothing to name
+        rounding = 0
     return memory_growth(
         theirs.peak_bytes, mine.peak_bytes, rewrite, expected_run_order(original, order), ran, rounding_bytes=rounding
     )
+
+
+def _rounding(
+    rewrite: Analysis,
+    compare_to: str,
+    original: onnx.ModelProto,
+    feeds_all: Mapping[str, np.ndarray],
+    order: str,
+    grown: int,
+) -> int:
+    """Of a CPU arena that ``grown`` more than the rewrite's copies explain, what its rounding adds to the
+    rewrite beyond the original (as the CPU replica counts it), no more than it has to explain; 0 when the
+    copies explain it."""
+    copies = copy_bytes(rewrite)
+    if copies is None or grown <= copies:
+        return 0
+    pins = {name: list(a.shape) for name, a in _session_feeds(original, feeds_all).items()}
+    return min(arena_rounding(rewrite, analyse(load_model(compare_to, input_shapes=pins), order=order)), grown - copies)
 
 
 def _order_checks(
