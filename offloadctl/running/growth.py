@@ -14,14 +14,32 @@ order that ran differs from the original's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from offloadctl.analysis.graph import Analysis
-from offloadctl.core.onnxutil import copy_kind
+import numpy as np
+import onnx
 
-__all__ = ["SLACK", "MemoryGrowth", "arena_rounding", "copy_bytes", "memory_growth", "moved_nodes"]
+from offloadctl.analysis.graph import Analysis, analyse
+from offloadctl.analysis.order import expected_run_order
+from offloadctl.core.onnxutil import copy_kind
+from offloadctl.loading.model import LoadedModel, load_model
+from offloadctl.rewriting.streams import PARTITION_KEY
+from offloadctl.running.allocator import AllocatorFigure, measure_memory
+from offloadctl.running.inputs import session_feeds
+from offloadctl.running.sessions import SessionConfig, _has_memcpy_nodes
+
+__all__ = [
+    "SLACK",
+    "MemoryGrowth",
+    "arena_rounding",
+    "copy_bytes",
+    "measured_growth",
+    "memory_growth",
+    "moved_nodes",
+]
 
 #: the share of the original's peak the arena may stand above what the copies explain (its 256-byte
 #: rounding and the order of frees make a few kilobytes either way)
@@ -118,3 +136,59 @@ def memory_growth(
     return MemoryGrowth(
         original_bytes, rewrite_bytes, copy_bytes(analysis), moved_nodes(original, ran), rounding_bytes=rounding_bytes
     )
+
+
+def measured_growth(
+    loaded: LoadedModel,
+    compare_to: str | None,
+    config: SessionConfig,
+    device: str,
+    feeds_all: Mapping[str, np.ndarray],
+    measured: list[AllocatorFigure] | None,
+    ran: list[str],
+    order: str,
+    ort: Any,
+) -> MemoryGrowth | None:
+    """A rewrite's measured peak on ``device`` against its original's, ``compare_to``, measured in a
+    session made the same way (`offloadctl.running.growth`); None without both, for a model without
+    copies, or when no figure is of that device."""
+    if not measured or compare_to is None or not _has_memcpy_nodes(loaded.proto):
+        return None
+    mine = next((f for f in measured if f.device == device), None)
+    if mine is None:
+        return None
+    original = onnx.load(compare_to, load_external_data=False)
+    spec = config.spec(compare_to, device)  # the same session, less the rewrite's partition file
+    spec = dataclasses.replace(
+        spec, config_entries={k: v for k, v in (spec.config_entries or {}).items() if k != PARTITION_KEY}
+    )
+    figures = measure_memory(spec, session_feeds(original, feeds_all), order=order, ort=ort)
+    theirs = next((f for f in figures if f.device == device), None)
+    if theirs is None:
+        return None
+    rewrite = analyse(loaded, order=order)
+    grown = mine.peak_bytes - theirs.peak_bytes
+    rounding = _rounding(rewrite, compare_to, original, feeds_all, order, grown) if device == "cpu" else 0
+    if rounding <= SLACK * theirs.peak_bytes:  # the arena's own noise: nothing to name
+        rounding = 0
+    return memory_growth(
+        theirs.peak_bytes, mine.peak_bytes, rewrite, expected_run_order(original, order), ran, rounding_bytes=rounding
+    )
+
+
+def _rounding(
+    rewrite: Analysis,
+    compare_to: str,
+    original: onnx.ModelProto,
+    feeds_all: Mapping[str, np.ndarray],
+    order: str,
+    grown: int,
+) -> int:
+    """Of a CPU arena that ``grown`` more than the rewrite's copies explain, what its rounding adds to the
+    rewrite beyond the original (as the CPU replica counts it), no more than it has to explain; 0 when the
+    copies explain it."""
+    copies = copy_bytes(rewrite)
+    if copies is None or grown <= copies:
+        return 0
+    pins = {name: list(a.shape) for name, a in session_feeds(original, feeds_all).items()}
+    return min(arena_rounding(rewrite, analyse(load_model(compare_to, input_shapes=pins), order=order)), grown - copies)

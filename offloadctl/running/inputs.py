@@ -25,6 +25,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write
 
 __all__ = [
+    "session_feeds",
     "InputSpec",
     "input_specs",
     "load_inputs",
@@ -421,3 +422,9 @@ def own_copies(feeds: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of every input array (other values as they are): what one run is given, so that a run that
     writes into its inputs changes no array another run or another model reads."""
     return {name: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for name, v in feeds.items()}
+
+
+def session_feeds(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The feeds a session of ``proto`` takes: its graph inputs that are not weights with defaults."""
+    weights = {t.name for t in proto.graph.initializer}
+    return {i.name: feeds[i.name] for i in proto.graph.input if i.name in feeds and i.name not in weights}

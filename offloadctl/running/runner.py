@@ -7,7 +7,6 @@ made as the rewrite asks (`offloadctl.running.sessions`), its inputs read or gen
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import logging
 import math
@@ -22,11 +21,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import onnx
 
-from offloadctl.analysis.graph import Analysis, analyse
-from offloadctl.analysis.order import EXECUTION_ORDERS, expected_run_order
+from offloadctl.analysis.order import EXECUTION_ORDERS
 from offloadctl.core.errors import OffloadError
-from offloadctl.core.files import sha256_file
-from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.model import LoadedModel, load_model
 from offloadctl.loading.placed import HostCast
 from offloadctl.rewriting.metadata import (
@@ -35,8 +31,6 @@ from offloadctl.rewriting.metadata import (
     PinCheck,
     check_pins,
     metadata_json,
-    planned_execution_order,
-    planned_input_shapes,
     planned_shapes,
 )
 from offloadctl.rewriting.streams import PARTITION_KEY, checked_streams, stream_order
@@ -48,21 +42,21 @@ from offloadctl.running.checks import (
     compare_outputs,
     planned_order,
 )
-from offloadctl.running.growth import SLACK, MemoryGrowth, arena_rounding, copy_bytes, memory_growth
-from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs
+from offloadctl.running.growth import MemoryGrowth, measured_growth
+from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs, session_feeds
 from offloadctl.running.pinned import PageLocked, hand_over, runtime_allocator, streamed_weights
 from offloadctl.running.placement import (
     InsertedCopy,
     inserted_nodes,
     save_placed_graph,
 )
+from offloadctl.running.planned_run import original_level, other_order, other_shapes
 from offloadctl.running.replay import RanNode, predicted_order, ran_nodes, ran_peak
 from offloadctl.running.sessions import (
     _DEFAULT_ATOL,
     _DEFAULT_RTOL,
     LOAD_CONFIG_FROM_MODEL,
     LOAD_CONFIG_WARNING,
-    OPT_LEVELS,
     ModelRefused,
     SessionConfig,
     _check_same_inputs,
@@ -253,14 +247,14 @@ def run_model(
     with contextlib.closing(locked):  # the buffers go back after the sessions that read them, or on a failure
         warnings += _setup_warnings(settings, config, device, ep_options, locked)
         feeds_all, source = _all_feeds(loaded.proto, model, inputs, seed, value_ranges, warnings)
-        warnings += _other_shapes(model, feeds_all)
-        warnings += _other_order(model, loaded, order)
+        warnings += other_shapes(model, feeds_all)
+        warnings += other_order(model, loaded, order)
         with _original_refused_too(compare_to, feeds_all, device, opt_level, ep_options, ort):
             timed = _timed_runs(model, config, device, ort, feeds_all, repeat, STREAMS_DEFECT_HINT if streams else None)
         checked, pins = _order_checks(loaded, timed, order, opt_level == "disable", device, warnings)
-        feeds = _session_feeds(loaded.proto, feeds_all)
+        feeds = session_feeds(loaded.proto, feeds_all)
         measured = measure_memory(config.spec(model, device), feeds, order=order, ort=ort) if memory else None
-        against = _Against(compare_to, _original_level(compare_to, settings, opt_level), ep_options, rtol, atol)
+        against = _Against(compare_to, original_level(compare_to, settings, opt_level), ep_options, rtol, atol)
         compared = _compare_with(against, model, timed.outputs, feeds_all, device, ort, warnings)
         return RunReport(
             model=model,
@@ -274,7 +268,7 @@ def run_model(
             execution_order=order,
             measured_memory=measured,
             pins=pins,
-            growth=_growth(loaded, compare_to, config, device, feeds_all, measured, timed.ran, order, ort),
+            growth=measured_growth(loaded, compare_to, config, device, feeds_all, measured, timed.ran, order, ort),
             streams=streams,
             page_locked=locked,
             **timed.report_fields(),
@@ -331,62 +325,6 @@ def _copy_streams(model: str, proto: onnx.ModelProto, config: SessionConfig, ord
     config.entries[PARTITION_KEY] = path
     config.sess_options.add_session_config_entry(PARTITION_KEY, path)
     return {"partition_file": path, "streams": len(streams), "copy_stream_nodes": len(streams[0])}
-
-
-def _growth(
-    loaded: LoadedModel,
-    compare_to: str | None,
-    config: SessionConfig,
-    device: str,
-    feeds_all: Mapping[str, np.ndarray],
-    measured: list[AllocatorFigure] | None,
-    ran: list[str],
-    order: str,
-    ort: Any,
-) -> MemoryGrowth | None:
-    """A rewrite's measured peak on ``device`` against its original's, ``compare_to``, measured in a
-    session made the same way (`offloadctl.running.growth`); None without both, for a model without
-    copies, or when no figure is of that device."""
-    if not measured or compare_to is None or not _has_memcpy_nodes(loaded.proto):
-        return None
-    mine = next((f for f in measured if f.device == device), None)
-    if mine is None:
-        return None
-    original = onnx.load(compare_to, load_external_data=False)
-    spec = config.spec(compare_to, device)  # the same session, less the rewrite's partition file
-    spec = dataclasses.replace(
-        spec, config_entries={k: v for k, v in (spec.config_entries or {}).items() if k != PARTITION_KEY}
-    )
-    figures = measure_memory(spec, _session_feeds(original, feeds_all), order=order, ort=ort)
-    theirs = next((f for f in figures if f.device == device), None)
-    if theirs is None:
-        return None
-    rewrite = analyse(loaded, order=order)
-    grown = mine.peak_bytes - theirs.peak_bytes
-    rounding = _rounding(rewrite, compare_to, original, feeds_all, order, grown) if device == "cpu" else 0
-    if rounding <= SLACK * theirs.peak_bytes:  # the arena's own noise: nothing to name
-        rounding = 0
-    return memory_growth(
-        theirs.peak_bytes, mine.peak_bytes, rewrite, expected_run_order(original, order), ran, rounding_bytes=rounding
-    )
-
-
-def _rounding(
-    rewrite: Analysis,
-    compare_to: str,
-    original: onnx.ModelProto,
-    feeds_all: Mapping[str, np.ndarray],
-    order: str,
-    grown: int,
-) -> int:
-    """Of a CPU arena that ``grown`` more than the rewrite's copies explain, what its rounding adds to the
-    rewrite beyond the original (as the CPU replica counts it), no more than it has to explain; 0 when the
-    copies explain it."""
-    copies = copy_bytes(rewrite)
-    if copies is None or grown <= copies:
-        return 0
-    pins = {name: list(a.shape) for name, a in _session_feeds(original, feeds_all).items()}
-    return min(arena_rounding(rewrite, analyse(load_model(compare_to, input_shapes=pins), order=order)), grown - copies)
 
 
 def _order_checks(
@@ -465,49 +403,6 @@ def _all_feeds(
     return feeds, "generated"
 
 
-def _other_shapes(model: str, feeds: Mapping[str, Any]) -> list[str]:
-    """A warning when a rewrite runs at shapes other than those its plan was made at (its
-    ``offloadctl.planned_at``): the figures its plan quotes are those of the planned shapes."""
-    differ = {
-        name: want
-        for name, want in planned_input_shapes(model).items()
-        if isinstance(array := feeds.get(name), np.ndarray)
-        and len(want) == array.ndim
-        and any(w is not None and w != n for w, n in zip(want, array.shape))
-    }
-    if not differ:
-        return []
-
-    def shape(dims: Sequence[Any]) -> str:
-        return ",".join("?" if d is None else str(d) for d in dims)
-
-    made = ", ".join(f"{name}={shape(want)}" for name, want in differ.items())
-    ran = ", ".join(f"{name}={shape(feeds[name].shape)}" for name in differ)
-    pins = " ".join(f"--input-shape {name}={shape(feeds[name].shape)}" for name in differ)
-    return [
-        f"{model} was planned at {made} and runs at {ran} here: the peak and time its plan quotes are those of the "
-        f"planned shapes; plan again with {pins} for the figures of this run"
-    ]
-
-
-def _other_order(model: str, loaded: LoadedModel, order: str) -> list[str]:
-    """A warning when a rewrite runs in another execution order than its plan counted positions in (its
-    ``offloadctl.planned_at``), with what that costs: the rewrite's simulated device peak in both."""
-    planned = planned_execution_order(model)
-    if planned is None or planned == order:
-        return []
-    from offloadctl.simulation.result import simulate
-
-    peaks = {o: simulate(analyse(loaded, order=o), None, profile=None).peak_after for o in (planned, order)}
-    cost = peaks[order] - peaks[planned]
-    change = f"{'+' if cost >= 0 else '-'}{fmt_bytes(abs(cost))}"
-    return [
-        f"{model} was planned for the {EXECUTION_ORDERS[planned]} order and runs in {EXECUTION_ORDERS[order]} here: "
-        f"its simulated device peak is {fmt_bytes(peaks[order])} in this order against {fmt_bytes(peaks[planned])} "
-        f"as planned ({change}); plan again with --execution-order {order} for a plan made for this order"
-    ]
-
-
 def _unstable_warning(compare_to: str, unstable: Mapping[str, OutputComparison]) -> list[str]:
     if not unstable:
         return []
@@ -532,12 +427,6 @@ def _setup_warnings(
     if os.environ.get(LOAD_CONFIG_FROM_MODEL) == "1":
         warnings.append(LOAD_CONFIG_WARNING)
     return warnings
-
-
-def _session_feeds(proto: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The feeds a session of ``proto`` takes: its graph inputs that are not weights with defaults."""
-    weights = {t.name for t in proto.graph.initializer}
-    return {i.name: feeds[i.name] for i in proto.graph.input if i.name in feeds and i.name not in weights}
 
 
 def _session_doc(config: SessionConfig, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -667,15 +556,6 @@ def _original_refused_too(
         raise
 
 
-def _original_level(compare_to: str | None, settings: Mapping[str, Any], opt_level: str) -> str:
-    """The level the original of a comparison runs at: that of the rewrite, except for a rewrite of the graph
-    onnxruntime optimized from it (``plan --opt-level``), which is held to the original at that level."""
-    optimized = settings.get("optimized")
-    if compare_to is None or not isinstance(optimized, Mapping) or optimized.get("opt_level") not in OPT_LEVELS:
-        return opt_level
-    return str(optimized["opt_level"]) if sha256_file(compare_to) == optimized.get("sha256") else opt_level
-
-
 def _original_config(
     compare_to: str, device: str, opt_level: str, ep_options: Mapping[str, str] | None, ort: Any
 ) -> tuple[LoadedModel, SessionConfig]:
@@ -687,7 +567,7 @@ def _original_config(
 
 class _Against(NamedTuple):
     """What ``run --compare-to`` compares against: the original (None: nothing), the optimization level it
-    runs at (`_original_level`), its provider options, and the tolerances asked for."""
+    runs at (`offloadctl.running.planned_run.original_level`), its provider options, and the tolerances asked for."""
 
     path: str | None
     opt_level: str
