@@ -14,6 +14,9 @@ from offloadctl.cli import cli
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
 SAMPLE_NAMES = ["seed", "unet", "transformer", "training", "mlp"]
+#: the genai-builder Llama samples' dimensions: prefill of 16 tokens into a shared 256-token KV buffer
+LLAMA_DIMS = ["--dim", "batch_size=1", "--dim", "sequence_length=16", "--dim", "past_sequence_length=256"]
+LLAMA_DIMS += ["--dim", "total_sequence_length=256", "--dim", "kv_cache_dim=16"]
 IR_VERSION = 10
 
 # Measurement sizes of `offloadctl.running.profiler` small enough for the test suite (patched onto the module);

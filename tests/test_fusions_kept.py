@@ -19,7 +19,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.running.optimize import CPU_ONLY, optimized_model, optimized_path
 from offloadctl.running.sessions import read_session_settings
 
-from conftest import SAMPLES
+from conftest import LLAMA_DIMS, SAMPLES
 
 TRANSFORMER = SAMPLES / "transformer.onnx"
 BERT = SAMPLES / "bert" / "model.onnx"
@@ -172,10 +172,8 @@ def test_opt_level_with_a_plan_written_to_a_fifo_is_refused_before_any_work(run_
 
 def test_a_plan_of_a_genai_models_fused_graph_is_written_as_a_genai_folder_run_at_disable(run_cli, tmp_path):
     source = SAMPLES / "genai" / "llama-fp32"
-    dims = [f"--dim={d}" for d in ("batch_size=1", "sequence_length=16", "past_sequence_length=256")]
-    dims += ["--dim=total_sequence_length=256", "--dim=kv_cache_dim=16"]
     plan = tmp_path / "plan.json"
-    _plan(run_cli, source / "model.onnx", plan, *dims, "--budget", "560KiB", "--opt-level", "all")
+    _plan(run_cli, source / "model.onnx", plan, *LLAMA_DIMS, "--budget", "560KiB", "--opt-level", "all")
     out = tmp_path / "out"
     done = run_cli("apply", plan, "-o", out / "model.onnx")
     assert done.exit_code == 0, done.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES
+from conftest import LLAMA_DIMS, SAMPLES
 
 pytestmark = pytest.mark.genai
 
@@ -33,8 +33,7 @@ for _ in range(int(sys.argv[2])):
     tokens.append(int(generator.get_next_tokens()[0]))
 print(json.dumps(tokens))
 """
-DIMS = ["--dim", "batch_size=1", "--dim", "sequence_length=16", "--dim", "past_sequence_length=256"]
-DIMS += ["--dim", "total_sequence_length=256", "--dim", "kv_cache_dim=16"]
+DIMS = LLAMA_DIMS
 
 
 def _generate(folder: Path, count: int = 12) -> list[int]:

@@ -18,14 +18,13 @@ from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.rewriting.genai import genai_folder
 
-from conftest import SAMPLES
+from conftest import LLAMA_DIMS, SAMPLES
 
 GENAI = SAMPLES / "genai"
 FP32 = GENAI / "llama-fp32"
 INT4 = GENAI / "llama-int4"
 # prefill of 16 tokens into a shared 256-token KV buffer (past_present_share_buffer)
-DIMS = ["--dim", "batch_size=1", "--dim", "sequence_length=16", "--dim", "past_sequence_length=256"]
-DIMS += ["--dim", "total_sequence_length=256", "--dim", "kv_cache_dim=16"]
+DIMS = LLAMA_DIMS
 
 
 def _declared(path: Path) -> dict[str, list]:
