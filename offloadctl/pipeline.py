@@ -49,13 +49,14 @@ from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figure
 from offloadctl.planning.make import run_passes
 from offloadctl.planning.passes import EVENTS, FILTER, PINS, PREFETCH, SELECT, Pass, Planning
 from offloadctl.planning.request import PlanRequest, taking
-from offloadctl.rewriting.figures import as_the_device_runs, run_order_figures, streams_declined
+from offloadctl.rewriting.figures import as_the_device_runs, run_order_figures
 from offloadctl.rewriting.modes import planned_copy_mode
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.estimate import (
     estimate_figures,
     record_estimate,
     recorded_estimate,
+    streams_declined,
 )
 from offloadctl.simulation.result import SimResult, simulate
 

@@ -319,7 +319,7 @@ def warn_slowdown(figures: Mapping[str, Any]) -> None:
 def warn_streams_slower(figures: Mapping[str, Any]) -> None:
     """Warn when a plan made for copies on streams estimates no time gained over in line, as the executor
     runs its two streams: its events cost more than the overlap hides, so its copies run in line
-    (`offloadctl.rewriting.figures.streams_declined`) and its figures are those in line."""
+    (`offloadctl.simulation.estimate.streams_declined`) and its figures are those in line."""
     declined = figures.get("streams_declined")
     if declined and declined.get("peaks"):
         logger.warning(

@@ -1,6 +1,5 @@
 """The figures of what runs: a plan's peaks and time as the rewrite ``apply`` writes runs, on the device
-the plan was made for, in the executor's order (`as_run_figures`), and what a plan made for streams
-that gain nothing says (`streams_declined`). The pipeline's figures pass records them in the plan;
+the plan was made for, in the executor's order (`as_run_figures`). The pipeline's figures pass records them in the plan;
 `simulate` quotes them for a plan it is given."""
 
 from __future__ import annotations
@@ -20,23 +19,7 @@ from offloadctl.simulation.estimate import estimate_figures, with_device_peaks, 
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult
 
-__all__ = ["as_run_figures", "as_the_device_runs", "device_figures", "run_order_figures", "streams_declined"]
-
-
-def streams_declined(figures: dict[str, Any], in_line_peak: int | None = None) -> dict[str, Any] | None:
-    """Why a plan's copies run in line though it was made for streams: on a stream of their own, as the
-    executor runs them (``figures``: `as_run_figures` with copies on streams), they gain no time over in
-    line, or they hold more than the same plan in line (``in_line_peak``, its peak after as run); None
-    when neither. The slowdowns both ways, and the peaks where streams hold more."""
-    slow = figures.get("slowdown")
-    peak = figures["peak_bytes"]["after"]
-    higher = in_line_peak is not None and peak > in_line_peak
-    if not higher and (not slow or slow["overlapped"] < slow["serialized"]):
-        return None
-    declined = {"streams": slow["overlapped"], "inline": slow["serialized"]} if slow else {}
-    if higher:
-        declined["peaks"] = {"streams": peak, "inline": in_line_peak}
-    return {**declined, "profile": figures.get("profile")}
+__all__ = ["as_run_figures", "as_the_device_runs", "device_figures", "run_order_figures"]
 
 
 def run_order_figures(

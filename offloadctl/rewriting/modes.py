@@ -9,7 +9,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.plantypes import Plan
 from offloadctl.planning.request import device_name, runs_copy_streams
 from offloadctl.simulation.costs import COPY_MODES
-from offloadctl.simulation.estimate import recorded_estimate
+from offloadctl.simulation.estimate import recorded_estimate, streams_declined
 
 __all__ = ["CopyChoice", "choose_copy_mode", "plan_device", "planned_copy_mode"]
 
@@ -85,14 +85,14 @@ def choose_copy_mode(plan: Plan, requested: str | None = None) -> CopyChoice:
 
 
 def _streams_not_faster(plan: Plan) -> str | None:
-    """Why ``plan``'s copies gain no time on a stream of their own (its estimate on streams, events priced,
-    is no faster than in line), or None when they do or the plan records no estimate."""
+    """Why ``plan``'s copies gain no time on a stream of their own (its recorded estimate on streams, events
+    priced, is no faster than in line: `streams_declined`; a plan that `offloadctl plan` made records that
+    itself, an older one may not), or None when they do or the plan records no estimate."""
     figures = recorded_estimate(plan)
-    slowdown = (figures or {}).get("slowdown") or {}
-    streams, inline = slowdown.get("overlapped"), slowdown.get("serialized")
-    if streams is None or inline is None or streams < inline:
+    declined = streams_declined(figures) if figures else None
+    if declined is None or "streams" not in declined:
         return None
     return (
-        f"its events cost more than the overlap hides: the plan estimates {streams:.2f}x with its copies on streams "
-        f"and {inline:.2f}x in line (profile {figures.get('profile') if figures else '?'})"
+        f"its events cost more than the overlap hides: the plan estimates {declined['streams']:.2f}x with its copies "
+        f"on streams and {declined['inline']:.2f}x in line (profile {declined['profile']})"
     )

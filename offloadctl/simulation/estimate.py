@@ -23,6 +23,7 @@ __all__ = [
     "with_device_peaks",
     "with_run_order_peak",
     "with_run_time",
+    "streams_declined",
 ]
 
 
@@ -46,7 +47,7 @@ def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any
         "time_nodes": doc["time_nodes"],
         "slowdown": doc["slowdown"],
         "bodies_at_peak_bytes": doc["bodies_at_peak_bytes"],
-        "streams_declined": None,  # why a streams plan runs its copies in line (`rewriting.figures.streams_declined`)
+        "streams_declined": None,  # why a streams plan runs its copies in line (`simulation.estimate.streams_declined`)
     }
 
 
@@ -128,3 +129,20 @@ def recorded_estimate(plan: Plan) -> dict[str, Any] | None:
     if not isinstance(recorded, dict) or recorded.get("offloads_sha256") != _offloads_sha256(plan):
         return None
     return {k: v for k, v in recorded.items() if k != "offloads_sha256"}
+
+
+def streams_declined(figures: dict[str, Any], in_line_peak: int | None = None) -> dict[str, Any] | None:
+    """Why a plan's copies run in line though it was made for streams: on a stream of their own, as the
+    executor runs them (``figures``: `offloadctl.rewriting.figures.as_run_figures` with copies on
+    streams), they gain no time over in line, or they hold more than the same plan in line
+    (``in_line_peak``, its peak after as run); None when neither. The slowdowns both ways, and the
+    peaks where streams hold more."""
+    slow = figures.get("slowdown")
+    peak = figures["peak_bytes"]["after"]
+    higher = in_line_peak is not None and peak > in_line_peak
+    if not higher and (not slow or slow["overlapped"] < slow["serialized"]):
+        return None
+    declined = {"streams": slow["overlapped"], "inline": slow["serialized"]} if slow else {}
+    if higher:
+        declined["peaks"] = {"streams": peak, "inline": in_line_peak}
+    return {**declined, "profile": figures.get("profile")}
