@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.analysis.timeline import lower_bound  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
+from offloadctl.planning.request import PlanRequest  # noqa: E402
 from offloadctl.simulation.memory import peak_memory  # noqa: E402
 
 import budget_cases  # noqa: E402
@@ -246,7 +247,10 @@ def objectives(models: list[str] | None, folder: Path, profile: str, progress: C
             for objective in ("bytes", "time"):
                 t0 = time.perf_counter()
                 plan = scheduled_plan(
-                    analysis, budget=budget, params=True, objective=objective, copies=copies, profile=prof
+                    analysis,
+                    PlanRequest.of_options(
+                        budget=budget, params=True, objective=objective, copies=copies, profile=prof
+                    ),
                 )
                 seconds = time.perf_counter() - t0
                 found[objective] = (getattr(simulate(analysis, plan, profile=prof).times, key), seconds, plan)
@@ -272,7 +276,10 @@ def objectives(models: list[str] | None, folder: Path, profile: str, progress: C
             row["shorter"] = 1 - row["time"]["time_s"] / row["bytes"]["time_s"]
             if copies == "streams":  # the same choice (bytes) placed for copies in line
                 inline = scheduled_plan(
-                    analysis, budget=budget, params=True, objective="bytes", copies="inline", profile=prof
+                    analysis,
+                    PlanRequest.of_options(
+                        budget=budget, params=True, objective="bytes", copies="inline", profile=prof
+                    ),
                 )
                 row["longest_lead_s"] = simulate(analysis, inline, profile=prof).times.overlapped
             rows.append(row)

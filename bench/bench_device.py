@@ -38,6 +38,7 @@ import onnx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from offloadctl.job import Job  # noqa: E402
+from offloadctl.loading.placed import HostPlacement  # noqa: E402
 from offloadctl.rewriting.preview import placement_of, rewritten_analysis  # noqa: E402
 
 from models import early_host_node_model, to_fp16  # noqa: E402
@@ -124,10 +125,7 @@ def _moved(plan_path: Path, ran: list[str]) -> int:
     job = Job.of_plan(plan_path, stages=("scheduled",))
     analysis, plan = job.analysis, job.plan
     assert plan is not None
-    select = plan["options"]["select"]
-    placement = placement_of(
-        analysis, select.get("host_nodes", []), select.get("host_copies", []), select.get("host_casts", [])
-    )
+    placement = placement_of(analysis, HostPlacement.of_record(plan["options"]["select"]))
     predicted = [n.name for n in rewritten_analysis(plan, analysis, placement).nodes if n.name]
     common = set(predicted) & set(ran)
     return sum(a != b for a, b in zip([n for n in predicted if n in common], [n for n in ran if n in common]))

@@ -45,6 +45,7 @@ import onnx  # noqa: E402
 from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
 from offloadctl.planning.make import scheduled_plan  # noqa: E402
+from offloadctl.planning.request import PlanRequest  # noqa: E402
 from offloadctl.rewriting.rewrite import apply_plan  # noqa: E402
 from offloadctl.running.allocator import SessionSpec, measure_by_limit, measure_by_stats, node_scratch  # noqa: E402
 from offloadctl.running.inputs import generate_inputs, input_specs  # noqa: E402
@@ -119,8 +120,8 @@ def _sample_cases(folder: Path) -> list[Case]:
         analysis = analyse(load_model(path))
         peak = cpu_peak(analysis).peak_bytes
         plans = {
-            "distance": scheduled_plan(analysis, select_distance=2, params=True),
-            "budget": scheduled_plan(analysis, budget=int(peak * 0.6), params=True),
+            "distance": scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, params=True)),
+            "budget": scheduled_plan(analysis, PlanRequest.of_options(budget=int(peak * 0.6), params=True)),
         }
         for label, plan in plans.items():
             if not plan["offloads"]:

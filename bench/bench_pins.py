@@ -28,6 +28,7 @@ from bench_time import PLAN, SAMPLES, _third_party  # noqa: E402
 from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
 from offloadctl.planning.make import scheduled_plan  # noqa: E402
+from offloadctl.planning.request import PlanRequest  # noqa: E402
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan  # noqa: E402
 from offloadctl.rewriting.writing import write_model  # noqa: E402
 
@@ -47,7 +48,7 @@ def _session(path: Path, level: str, ort):
 
 def _row(label: str, model: Path, feeds: dict, folder: Path, level: str, rounds: int, ort) -> str:
     analysis = analyse(load_model(model))
-    plan = scheduled_plan(analysis, **PLAN)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(**PLAN))
     paths = [model]
     for pins in (True, False):
         out = folder / f"{label}.{'pinned' if pins else 'bare'}.onnx"

@@ -34,6 +34,7 @@ from offloadctl.analysis.order import EXECUTION_ORDERS  # noqa: E402
 from offloadctl.cli.ui import foreign_stdout_aside  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
 from offloadctl.planning.make import scheduled_plan  # noqa: E402
+from offloadctl.planning.request import PlanRequest  # noqa: E402
 from offloadctl.rewriting.metadata import session_settings  # noqa: E402
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan  # noqa: E402
 from offloadctl.rewriting.streams import PARTITION_KEY, streams_file, with_events  # noqa: E402
@@ -57,7 +58,7 @@ def _session(path: Path, ort, order: str, partition: Path | None = None):
 
 def _row(label: str, model: Path, feeds: dict, folder: Path, rounds: int, ort, order: str) -> str:
     analysis = analyse(load_model(model), order=order)
-    plan = scheduled_plan(analysis, **PLAN)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(**PLAN))
     inline, streams = folder / f"{label}.inline.onnx", folder / f"{label}.streams.onnx"
     write_model(apply_plan(plan, analysis, options=RewriteOptions()), inline, source_dir=model.parent)
     proto = apply_plan(plan, analysis, options=RewriteOptions())

@@ -48,6 +48,7 @@ from offloadctl.analysis.graph import analyse  # noqa: E402
 from offloadctl.core.errors import OffloadError  # noqa: E402
 from offloadctl.loading.model import load_model  # noqa: E402
 from offloadctl.planning.make import scheduled_plan  # noqa: E402
+from offloadctl.planning.request import PlanRequest  # noqa: E402
 from offloadctl.rewriting.rewrite import apply_plan  # noqa: E402
 from offloadctl.rewriting.writing import write_model  # noqa: E402
 from offloadctl.running.inputs import generate_inputs, input_specs, load_inputs  # noqa: E402
@@ -165,7 +166,7 @@ def _row(label: str, model: str, inputs: str | None, folder: Path, repeat: int, 
 
     analysis = analyse(load_model(model))
     # made with the measured profile: above --opt-level disable it keeps what onnxruntime's fusions take in
-    plan = scheduled_plan(analysis, profile=measured, **PLAN)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(profile=measured, **PLAN))
     rewritten_path = folder / f"{label}.offload.onnx"
     write_model(apply_plan(plan, analysis), rewritten_path, source_dir=Path(model).parent)
     rewritten = analyse(load_model(rewritten_path))

@@ -36,6 +36,7 @@ from offloadctl.loading.model import load_model  # noqa: E402
 from offloadctl.planning.budget.build import bytes_moved  # noqa: E402
 from offloadctl.planning.budget.strategy import budget_filter  # noqa: E402
 from offloadctl.planning.prefetch import prefetch  # noqa: E402
+from offloadctl.planning.request import PlanRequest, PrefetchPart, SelectPart  # noqa: E402
 from offloadctl.planning.select import select  # noqa: E402
 from offloadctl.simulation.memory import lower_bound, peak_memory  # noqa: E402
 
@@ -100,9 +101,11 @@ def run_case(analysis: Analysis, case: Case, **options: Any) -> dict[str, Any]:
     budget = budget_for(analysis, case.rule)
     t0 = time.perf_counter()
     try:
-        selected = select(analysis, params=case.mode == "params")
-        filtered = budget_filter(selected, analysis, budget=budget, stream_weights=case.mode == "stream", **options)
-        plan = prefetch(filtered)
+        selected = select(analysis, SelectPart(params=case.mode == "params"))
+        filtered = budget_filter(
+            selected, analysis, PlanRequest.of_options(budget=budget, stream_weights=case.mode == "stream", **options)
+        )
+        plan = prefetch(filtered, PrefetchPart())
     except OffloadError as exc:
         return {"budget": budget, "fits": False, "error": exc.message, "seconds": time.perf_counter() - t0}
     seconds = time.perf_counter() - t0

@@ -34,6 +34,7 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.loading.model import load_model
 from offloadctl.pipeline import make_plan as planned_document
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest, SelectPart
 from offloadctl.rewriting.rewrite import apply_plan
 from offloadctl.rewriting.writing import write_model
 from offloadctl.running.allocator import measure_memory
@@ -92,11 +93,7 @@ def _placement(model: Path, folder: Path, device: str) -> str:
     found = host_nodes(analysis, device)
     plan = planned_document(
         analysis,
-        select_distance=2,
-        params=True,
-        host_nodes=found.nodes,
-        host_copies=found.copies,
-        host_device=found.how,
+        PlanRequest(select=SelectPart(select_distance=2, params=True, host=found)),
     )
     out = folder / f"{model.stem}.placed.onnx"
     write_model(apply_plan(plan, analysis), out, source_dir=model.parent)
@@ -125,7 +122,7 @@ def main(argv: list[str]) -> int:
             doc = measure_profile(str(model), device, inputs=str(inputs), repeat=5)
             profile = profile_from_dict(doc, origin=f"measured for {name}")
             analysis = analyse(load_model(model), order="default")
-            plan = scheduled_plan(analysis, select_distance=2, params=True, profile=profile)
+            plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, params=True, profile=profile))
             out = folder / f"{name}.offload.onnx"
             write_model(apply_plan(plan, analysis), out, source_dir=model.parent)
             rewritten = analyse(load_model(out), order="default")

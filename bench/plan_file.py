@@ -66,7 +66,7 @@ def _timed(runs: list[float], call: Callable[..., Any], *args: Any) -> None:
 def measure(model: Path, work: Path, repeat: int) -> dict[str, Any]:
     """Sizes and fastest write and read times of the plan's two forms."""
     keep_what_is_built()
-    plan = scheduled_plan.run(Job.of_model(model).analysis, PlanRequest(params=True))
+    plan = scheduled_plan(Job.of_model(model).analysis, PlanRequest.of_options(params=True))
     paths = {"table": work / "table.json", "entries": work / "entries.json"}
     writers = {"table": write_plan, "entries": write_entries}
     times: dict[str, dict[str, list[float]]] = {form: {"write": [], "read": []} for form in paths}

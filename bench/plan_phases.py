@@ -99,10 +99,10 @@ def phases(model: Path, out: Path) -> list[tuple[str, float]]:
     analysis = Job.of_model(model, infer_ahead=True).analysis  # as the command opens it
     analysis.unknown_sizes()  # the command's first look at sizes, which waits for shape inference
     mark("load and analyse")
-    request = PlanRequest(params=True)
-    plan = scheduled_plan.run(analysis, request)
+    request = PlanRequest.of_options(params=True)
+    plan = scheduled_plan(analysis, request)
     mark("distance plan")
-    result = simulate(analysis, plan, profile=request.device_profile)
+    result = simulate(analysis, plan, profile=request.budget.device_profile)
     run_order_figures(plan, analysis, result, request)
     mark("verdict simulation")
     write_plan(out, plan)

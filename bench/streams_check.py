@@ -58,6 +58,7 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.rewriting.streams import PARTITION_KEY, streams_file, with_events
 from offloadctl.rewriting.writing import write_model
@@ -102,7 +103,7 @@ def _rewrites(model: Path, folder: Path) -> dict[str, Path]:
     """The model written in line, on streams, on streams with compute listed first, and on streams without
     its fences."""
     analysis = analyse(load_model(model))
-    plan = scheduled_plan(analysis, select_distance=2, params=True, prefetch_distance=2)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, params=True, prefetch_distance=2))
     inline = folder / "inline.onnx"
     write_model(apply_plan(plan, analysis), inline, source_dir=model.parent)
     paths = {"inline": inline}

@@ -92,11 +92,9 @@ R = TypeVar("R")
 
 
 def _request_keywords() -> list[str]:
-    import dataclasses
+    from offloadctl.planning.request import option_fields
 
-    from offloadctl.planning.request import PlanRequest
-
-    return [f.name for f in dataclasses.fields(PlanRequest) if "kind" in f.metadata]  # its options
+    return [f.name for f in option_fields()] + ["progress"]
 
 
 def _in_python_terms(
@@ -146,16 +144,10 @@ def _unknown_option(name: str, keyword: str, takes: Sequence[str]) -> UnknownOpt
 
 def _flag_options() -> set[str]:
     """The command line's options that take no value (``--params``, ``--optimal``): True in Python."""
-    import dataclasses
-
-    from offloadctl.planning.request import PlanRequest
+    from offloadctl.planning.request import option_fields
 
     flags = {"strict", "pin-shapes", "sizes-from-run", "measure-memory", "explain"}
-    return flags | {
-        f.name.replace("_", "-")
-        for f in dataclasses.fields(PlanRequest)
-        if f.metadata.get("kind") in ("switch", "flag")
-    }
+    return flags | {f.name.replace("_", "-") for f in option_fields() if f.metadata.get("kind") in ("switch", "flag")}
 
 
 @_in_python_terms

@@ -34,8 +34,7 @@ plan halfway between the lower bound and the peak, made and simulated here on gr
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from shlex import quote
 from typing import Any
 
@@ -48,7 +47,7 @@ from offloadctl.loading.input_shapes import given_dims
 from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
 from offloadctl.planning.make import run_passes
 from offloadctl.planning.passes import EVENTS, FILTER, PINS, PREFETCH, SELECT, Pass, Planning
-from offloadctl.planning.request import PlanRequest, taking
+from offloadctl.planning.request import NO_PROGRESS, BudgetPart, PlanRequest, Progress, SelectPart
 from offloadctl.rewriting.figures import as_the_device_runs, run_order_figures
 from offloadctl.rewriting.modes import planned_copy_mode
 from offloadctl.simulation.base import is_rewritten
@@ -67,6 +66,7 @@ __all__ = [
     "PIPELINE",
     "make_plan",
     "next_step",
+    "plan_document",
     "planned",
     "suggested_budget",
     "verdict_figures",
@@ -85,16 +85,16 @@ NEXT_STEP_FIGURES_MAX_POSITIONS = 20_000
 
 
 def _figures(state: Planning) -> Planning:
-    plan, analysis, request = state.plan, state.analysis, state.request
+    plan, analysis, request, progress = state.plan, state.analysis, state.request, state.progress
     assert plan is not None
     if is_rewritten(analysis):  # a model that holds copies: simulate the rewritten model instead
         return state
     with paused_gc():
-        result = state.simulation or simulate(analysis, plan, profile=request.device_profile)
+        result = state.simulation or simulate(analysis, plan, profile=request.budget.device_profile)
     copies = planned_copy_mode(plan)
-    figures = run_order_figures(plan, analysis, result, request, copies)
+    figures = run_order_figures(plan, analysis, result, request, copies, progress)
     if copies == "streams" and plan["offloads"]:
-        in_line = run_order_figures(plan, analysis, result, request, "inline")
+        in_line = run_order_figures(plan, analysis, result, request, "inline", progress)
         declined = streams_declined(figures, in_line["peak_bytes"]["after"])
         if declined is not None:  # no time gained, or more held: the plan's copies run in line, as it quotes
             plan["summary"]["events"] = {**plan["summary"]["events"], "copies": "inline", "streams_declined": declined}
@@ -126,7 +126,8 @@ def suggested_budget(lower_bound: int, peak: int) -> int:
 def _next_step(state: Planning) -> Planning:
     if state.simulation is None or state.plan is None:
         return state
-    return state.replace(next_step=next_step(state.analysis, state.plan, state.simulation, state.request))
+    step = next_step(state.analysis, state.plan, state.simulation, state.request, state.progress)
+    return state.replace(next_step=step)
 
 
 @paused_gc()
@@ -138,24 +139,21 @@ def _budget_step(analysis: Analysis, budget: int, request: PlanRequest) -> tuple
         outcome = budget_figures(
             analysis,
             PlanRequest(
-                budget=budget,
-                params=True,
-                profile=request.device_profile,  # loaded once, by the request
-                host_nodes=request.host_nodes,
-                host_copies=request.host_copies,
-                host_casts=request.host_casts,
-                host_device=request.host_device,
+                select=SelectPart(params=True, host=request.select.host),
+                budget=BudgetPart(budget=budget, profile=request.budget.device_profile),
             ),
         )
     except OffloadError:
         return None, None
     better = outcome.plan  # its figures only: no estimate or pins are recorded in it
-    sim = outcome.simulation or simulate(analysis, better, profile=request.device_profile, planned_here=True)
+    sim = outcome.simulation or simulate(analysis, better, profile=request.budget.device_profile, planned_here=True)
     peak = run_order_figures(better, analysis, sim, request)["peak_bytes"]["after"]  # as the plan would say
     return peak, sim.times.slowdown["serialized"] if sim.times is not None else None
 
 
-def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRequest) -> dict[str, Any] | None:
+def next_step(
+    analysis: Analysis, plan: Plan, result: SimResult, request: PlanRequest, progress: Progress = NO_PROGRESS
+) -> dict[str, Any] | None:
     """For a plan that lowers the peak by under 5% (not itself a budget plan): the budget plan halfway
     between the lower bound and the peak as a copy-pasteable command (the model's own pins and dims
     in it), with the figures it gives, made and simulated here; None otherwise or when it does no
@@ -164,12 +162,12 @@ def next_step(analysis: Analysis, plan: Plan, result: SimResult, request: PlanRe
     recorded = (recorded_estimate(plan) or {}).get("peak_bytes") or {}
     before, after = result.peak_before, recorded.get("after", result.peak_after)  # as the verdict says it
     budget = suggested_budget(result.lower_bound_bytes, before)
-    if before <= 0 or before - after >= HELPFUL_CUT * before or request.uses_budget or budget >= before:
+    if before <= 0 or before - after >= HELPFUL_CUT * before or request.budget.uses_budget or budget >= before:
         return None
     peak: int | None = None
     slowdown: float | None = None
     if analysis.num_positions <= NEXT_STEP_FIGURES_MAX_POSITIONS:
-        request.report("finding a plan that helps")
+        progress.report("finding a plan that helps")
         peak, slowdown = _budget_step(analysis, budget, request)
         if peak is None or peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help, by 5%
             return None
@@ -187,8 +185,8 @@ def _budget_command(analysis: Analysis, request: PlanRequest, budget: int) -> st
     flags += [f"--dim {quote(f'{n}={v}')}" for n, v in given_dims(loaded.dims).items()]  # sums follow
     if analysis.order != "priority":
         flags.append(f"--execution-order {analysis.order}")
-    if request.host_device:
-        flags.append(f"--device {request.device}")
+    if request.select.device:
+        flags.append(f"--device {request.select.device}")
     if loaded.sizes_from_run is not None:  # the sizes it counts came from a run
         inputs = loaded.sizes_from_run.get("inputs")
         flags.append(f"--inputs {quote(str(inputs))}" if inputs else "--sizes-from-run")
@@ -218,7 +216,7 @@ def next_step_text(step: dict[str, Any]) -> str:
 FIGURES = Pass(
     name="simulating peak memory and time",
     seed="(the simulation the verdict quotes)",
-    reads=("analysis", "request", "plan", "simulation"),  # a planner's own simulation, when it made one
+    reads=("analysis", "request", "progress", "plan", "simulation"),  # a planner's own simulation, when it made one
     writes=("simulation", "plan"),
     in_place=True,
     run=_figures,
@@ -226,7 +224,7 @@ FIGURES = Pass(
 NEXT_STEP = Pass(
     name="the next step",
     seed="(a weak plan's better command)",
-    reads=("analysis", "request", "plan", "simulation"),
+    reads=("analysis", "request", "progress", "plan", "simulation"),
     writes=("next_step",),
     in_place=False,
     run=_next_step,
@@ -238,7 +236,9 @@ PIPELINE: tuple[Pass, ...] = (SELECT, FILTER, PREFETCH, EVENTS, PINS, FIGURES, N
 DOCUMENT_PASSES: tuple[Pass, ...] = tuple(p for p in PIPELINE if "next_step" not in p.writes)
 
 
-def planned(analysis: Analysis, request: PlanRequest, passes: Sequence[Pass] = PIPELINE) -> Planning:
+def planned(
+    analysis: Analysis, request: PlanRequest, passes: Sequence[Pass] = PIPELINE, progress: Progress = NO_PROGRESS
+) -> Planning:
     """The state `PIPELINE` (or ``passes``) leaves for ``request`` on ``analysis``: the plan document,
     its simulation (None for a model that already holds copies) and a weak plan's next step.
 
@@ -247,9 +247,9 @@ def planned(analysis: Analysis, request: PlanRequest, passes: Sequence[Pass] = P
             the message also gives the model's peak as that device runs it).
     """
     try:
-        state = run_passes(analysis, request, passes)
+        state = run_passes(analysis, request, passes, progress)
     except BudgetUnreachable as exc:
-        if not request.host_device:
+        if not request.select.device:
             raise
         raise as_the_device_runs(exc, analysis, request) from None
     return _in_line_when_declined(state, passes)
@@ -265,9 +265,9 @@ def _in_line_when_declined(state: Planning, passes: Sequence[Pass]) -> Planning:
     declined = summary.get("events", {}).get("streams_declined")
     if not declined:
         return state
-    state.request.report("planning the copies in line: on streams they gain no time")
+    state.progress.report("planning the copies in line: on streams they gain no time")
     try:
-        again = run_passes(state.analysis, dataclasses.replace(state.request, copies="inline"), passes)
+        again = run_passes(state.analysis, state.request.with_copies("inline"), passes, state.progress)
     except BudgetUnreachable:
         return state
     plan = again.plan
@@ -278,15 +278,19 @@ def _in_line_when_declined(state: Planning, passes: Sequence[Pass]) -> Planning:
     return again
 
 
-@taking(PlanRequest)
-def make_plan(analysis: Analysis, request: PlanRequest) -> Plan:
+def plan_document(analysis: Analysis, request: PlanRequest, progress: Progress = NO_PROGRESS) -> Plan:
     """The plan document ``offloadctl plan`` writes for the same request: `PIPELINE`'s plan, with the
     figures ``apply`` quotes (``summary.estimate``), the events (``summary.events``) and the order
-    pins' layout (``summary.pins``).
-
-    Takes a `PlanRequest`'s fields as keywords (each documented there; as
-    `offloadctl.planning.make.scheduled_plan`, which gives the planner's plan alone).
-    """
-    plan = planned(analysis, request, DOCUMENT_PASSES).plan
+    pins' layout (``summary.pins``). (`offloadctl.planning.make.scheduled_plan` gives the planner's plan
+    alone.)"""
+    plan = planned(analysis, request, DOCUMENT_PASSES, progress).plan
     assert plan is not None
     return plan
+
+
+def make_plan(analysis: Analysis, *, progress: Callable[..., None] | None = None, **options: Any) -> Plan:
+    """`plan_document` for the Python API's flat keywords (``budget="1.5GiB", params=True``), each a field
+    of one part of the request (`offloadctl.planning.request.PlanRequest.of_options`); ``progress`` is
+    called with the name of each stage as it starts (``progress("scheduling")``), and with ``new=False``
+    for news from a long search."""
+    return plan_document(analysis, PlanRequest.of_options(**options), Progress(progress))

@@ -14,6 +14,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.filter import filter_plan
 from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.request import FilterPart, PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
 from offloadctl.simulation.memory import peak_memory
 from tests.conftest import ROOT, SAMPLES
@@ -69,8 +70,11 @@ def test_make_plan_with_a_budget_equals_the_stages_chained_by_hand():
     budget = 800 * 1024
     plan = offloadctl.make_plan(analysis, budget="800KiB", prefetch_distance=5)
     # the budget strategy weighs every idle stretch: make_plan selects at distance 0 for it
-    selected = select(analysis, select_distance=0)
-    by_hand = prefetch(budget_filter(selected, analysis, budget=budget, prefetch_distance=5), prefetch_distance=5)
+    selected = select(analysis, SelectPart(select_distance=0))
+    by_hand = prefetch(
+        budget_filter(selected, analysis, PlanRequest.of_options(budget=budget, prefetch_distance=5)),
+        PrefetchPart(prefetch_distance=5),
+    )
     validate_plan(plan)
     strip = lambda p: {k: v for k, v in _planned(p).items() if k != "history"}  # noqa: E731
     assert strip(plan) == strip(by_hand)
@@ -80,14 +84,16 @@ def test_make_plan_with_a_budget_equals_the_stages_chained_by_hand():
 def test_make_plan_without_a_budget_is_hyperoffload():
     analysis = offloadctl.analyse(SAMPLES / "seed.onnx")
     plan = offloadctl.make_plan(analysis, select_distance=1, prefetch_distance=0)
-    assert _planned(plan) == prefetch(filter_plan(select(analysis, select_distance=1)), prefetch_distance=0)
+    assert _planned(plan) == prefetch(
+        filter_plan(select(analysis, SelectPart(select_distance=1)), FilterPart()), PrefetchPart(prefetch_distance=0)
+    )
     assert plan["strategy"] == "distance"
 
 
 def test_make_plan_reports_its_stages_and_refuses_contradictions():
     analysis = offloadctl.analyse(SAMPLES / "transformer.onnx")
     seen: list[tuple[str, bool]] = []
-    offloadctl.make_plan(analysis, budget=800 * 1024, step=lambda text, new=True: seen.append((text, new)))
+    offloadctl.make_plan(analysis, budget=800 * 1024, progress=lambda text, new=True: seen.append((text, new)))
     stages = [text for text, new in seen if new]
     assert stages == [  # the pipeline's passes (the next step is the verdict's, not the document's)
         "selecting",

@@ -19,6 +19,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import sha256_file
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest
 from offloadctl.rewriting.metadata import session_settings
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
 from offloadctl.rewriting.writing import write_model
@@ -101,7 +102,7 @@ def _rewrite(
 ) -> tuple[dict, onnx.ModelProto, ApplyResult]:
     """Plan and apply; the bare encoding (no order pins) unless ``pins``."""
     analysis = analyse(load_model(model_path))
-    plan = scheduled_plan(analysis, **plan_kw)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(**plan_kw))
     result = ApplyResult()
     proto = apply_plan(plan, analysis, result=result, options=RewriteOptions(order_pins=pins))
     write_model(proto, out, source_dir=model_path.parent)
@@ -131,7 +132,7 @@ def _check_equivalent(original: Path, rewritten: Path, feeds: dict, tmp_path: Pa
 
 
 def _write_plan_file(tmp_path: Path, model_path: Path, name: str = "plan.json", **plan_kw) -> Path:
-    plan = scheduled_plan(analyse(load_model(model_path)), **plan_kw)
+    plan = scheduled_plan(analyse(load_model(model_path)), PlanRequest.of_options(**plan_kw))
     path = tmp_path / name
     write_plan(path, plan)
     return path
@@ -195,7 +196,8 @@ def test_samples_exercise_activations_and_weights():
     kinds = set()
     for name in SAMPLE_NAMES:
         plan = scheduled_plan(
-            analyse(load_model(SAMPLES / f"{name}.onnx")), params=True, select_distance=3, min_bytes=0
+            analyse(load_model(SAMPLES / f"{name}.onnx")),
+            PlanRequest.of_options(params=True, select_distance=3, min_bytes=0),
         )
         kinds |= {o["kind"] for o in plan["offloads"]}
     assert kinds == {"activation", "parameter"}
@@ -476,7 +478,7 @@ def test_unscheduled_plan_is_refused(run_cli, seed_path, tmp_path):
 
 def _seed_plan():
     analysis = analyse(load_model(SAMPLES / "seed.onnx"))
-    return scheduled_plan(analysis, select_distance=1, prefetch_distance=0), analysis
+    return scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0)), analysis
 
 
 def test_plan_naming_an_unknown_tensor_is_refused():
@@ -572,7 +574,9 @@ def test_external_data_model_rewritten_into_another_folder(run_cli, tmp_path):
 
 def test_large_model_is_written_with_external_data(tmp_path):
     analysis = analyse(load_model(SAMPLES / "mlp.onnx"))
-    plan = scheduled_plan(analysis, params=True, select_distance=3, prefetch_distance=1, min_bytes=0)
+    plan = scheduled_plan(
+        analysis, PlanRequest.of_options(params=True, select_distance=3, prefetch_distance=1, min_bytes=0)
+    )
     proto = apply_plan(plan, analysis)
     out = tmp_path / "big.onnx"
     written = write_model(proto, out, source_dir=SAMPLES, max_embedded_bytes=1000)
@@ -714,7 +718,7 @@ def test_pins_never_feed_a_reshape(write_model, tmp_path):
 
     path = write_model(RESHAPE_NEXT)
     analysis = analyse(load_model(path))
-    plan = scheduled_plan(analysis, select_distance=2, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, prefetch_distance=0))
     (off,) = plan["offloads"]
     assert off["tensor"] == "a" and off["d2h_after"] == 0
     assert analysis.nodes[1].op_type == "Unsqueeze"
@@ -737,7 +741,7 @@ def test_pins_never_read_what_the_plan_keeps_for_fusions(write_model, tmp_path):
 
     path = write_model(RESHAPE_NEXT)
     analysis = analyse(load_model(path))
-    plan = scheduled_plan(analysis, select_distance=2, prefetch_distance=0, fused=("u",))
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, prefetch_distance=0, fused=("u",)))
     assert plan["options"]["select"]["fused"] == ["u"]
     assert pin_layout(plan, analysis).d2h == {0: (3, 0)}  # not Neg(u) at 2: b = Neg(u) is read by 3
     proto = apply_plan(plan, analysis)
@@ -866,7 +870,7 @@ def test_the_rewrite_knows_who_makes_each_tensor_without_reading_every_node(writ
 
     path = SAMPLES / f"{model}.onnx" if model in SAMPLE_NAMES else write_model(globals()[model])
     analysis = analyse(load_model(path))
-    plan = scheduled_plan(analysis, **options)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(**options))
     assert plan["offloads"]
     seen = []
     real = rewrite.sorted_priority_order
@@ -959,7 +963,9 @@ def test_the_pin_scans_find_what_a_scan_from_each_copy_finds(name, write_model, 
     real = pins._held_input
     calls = []
     for force in ((), ("*",)):
-        plan = scheduled_plan(analysis, select_distance=0, params=True, prefetch_distance=0, force=force)
+        plan = scheduled_plan(
+            analysis, PlanRequest.of_options(select_distance=0, params=True, prefetch_distance=0, force=force)
+        )
         reloaded = pins._reloaded(plan)
         calls.clear()
         monkeypatch.setattr(pins, "_held_input", lambda *args: calls.append(args[1]) or real(*args))
@@ -1007,7 +1013,7 @@ def test_every_element_type_gets_a_pin_onnx_accepts_or_none(tmp_path, elem_type)
     except Exception:  # noqa: BLE001 - no Cast kernel for the type here (float6, int2, ...): plan only
         runs = False
     analysis = analyse(load_model(path))
-    plan = scheduled_plan(analysis, select_distance=3, prefetch_distance=0, min_bytes=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=3, prefetch_distance=0, min_bytes=0))
     offloaded = {o["tensor"] for o in plan["offloads"]}
     if elem_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16):  # idle floating-point activations
         assert offloaded == {"a"}

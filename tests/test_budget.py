@@ -22,6 +22,7 @@ from offloadctl.planning.explain import explain_rows
 from offloadctl.planning.filter import filter_plan
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.request import FilterPart, PlanRequest, PrefetchPart, Progress, SelectPart
 from offloadctl.planning.select import select
 from offloadctl.rewriting.rewrite import apply_plan
 from offloadctl.rewriting.writing import write_model
@@ -58,11 +59,13 @@ def _analysis(path: Path):
 
 
 def _budget_plan(analysis, budget, *, prefetch_distance=50, release_distance=0, **select_kw):
-    selected = select(analysis, **select_kw)
+    selected = select(analysis, SelectPart(**select_kw))
     filtered = budget_filter(
-        selected, analysis, budget=budget, prefetch_distance=prefetch_distance, release_distance=release_distance
+        selected,
+        analysis,
+        PlanRequest.of_options(budget=budget, prefetch_distance=prefetch_distance, release_distance=release_distance),
     )
-    scheduled = prefetch(filtered, prefetch_distance=prefetch_distance, release_distance=release_distance)
+    scheduled = prefetch(filtered, PrefetchPart(prefetch_distance=prefetch_distance, release_distance=release_distance))
     return filtered, scheduled
 
 
@@ -97,7 +100,7 @@ def test_budget_beats_distance_with_the_same_number_of_offloads(write_model):
     best = min(
         peak_memory(
             analysis,
-            scheduled_plan(analysis, select_distance=sd, select_num=1, prefetch_distance=pd),
+            scheduled_plan(analysis, PlanRequest.of_options(select_distance=sd, select_num=1, prefetch_distance=pd)),
         )[0]
         for sd in range(0, 12)
         for pd in (0, 1, 2, 50)
@@ -108,7 +111,7 @@ def test_budget_beats_distance_with_the_same_number_of_offloads(write_model):
 def test_budget_moves_fewer_bytes_than_offloading_everything(write_model):
     analysis = _analysis(write_model(TWO_CANDIDATES))
     _, scheduled = _budget_plan(analysis, 3100)
-    everything = scheduled_plan(analysis, select_distance=0, prefetch_distance=0)
+    everything = scheduled_plan(analysis, PlanRequest.of_options(select_distance=0, prefetch_distance=0))
     assert peak_memory(analysis, everything)[0] <= 3100
     assert bytes_moved(scheduled) < bytes_moved(everything)
     assert scheduled["budget"]["bytes_moved"] == bytes_moved(scheduled) == 2 * 1024
@@ -217,9 +220,9 @@ def test_strategy_option_conflicts_are_usage_errors(run_cli, write_model, tmp_pa
 
 def test_distance_stays_the_default(write_model):
     analysis = _analysis(write_model(TWO_CANDIDATES))
-    plan = scheduled_plan(analysis, select_distance=2)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=2))
     assert plan["strategy"] == "distance" and "budget" not in plan
-    assert plan == prefetch(filter_plan(select(analysis, select_distance=2)))
+    assert plan == prefetch(filter_plan(select(analysis, SelectPart(select_distance=2)), FilterPart()), PrefetchPart())
 
 
 @pytest.mark.parametrize("name", SAMPLE_NAMES)
@@ -253,9 +256,11 @@ def test_weight_streaming_keeps_depth_plus_one_groups(write_model):
     analysis = _analysis(SAMPLES / "transformer.onnx")
     weights = sum(analysis.infos[w].bytes or 0 for w in analysis.weights if w in analysis.uses)
     for depth in (0, 1, 2):
-        selected = select(analysis, params=True)
-        filtered = budget_filter(selected, analysis, budget=None, stream_weights=True, stream_depth=depth)
-        scheduled = prefetch(filtered)
+        selected = select(analysis, SelectPart(params=True))
+        filtered = budget_filter(
+            selected, analysis, PlanRequest.of_options(budget=None, stream_weights=True, stream_depth=depth)
+        )
+        scheduled = prefetch(filtered, PrefetchPart())
         info = filtered["budget"]["stream_weights"]
         assert info["groups"] > 3 and info["depth"] == depth
         streamed = {o["tensor"] for o in scheduled["offloads"] if o["kind"] == "parameter"}
@@ -273,9 +278,9 @@ def test_weight_streaming_with_a_budget(run_cli, tmp_path):
     analysis = _analysis(SAMPLES / "mlp.onnx")
     lb, _ = lower_bound(analysis)
     budget = int(lb * 1.5)
-    selected = select(analysis)
-    filtered = budget_filter(selected, analysis, budget=budget, stream_weights=True)
-    scheduled = prefetch(filtered)
+    selected = select(analysis, SelectPart())
+    filtered = budget_filter(selected, analysis, PlanRequest.of_options(budget=budget, stream_weights=True))
+    scheduled = prefetch(filtered, PrefetchPart())
     assert scheduled["budget"]["predicted_peak_bytes"] <= budget
     # the planner's own peak is the timeline's (which the simulator follows)
     assert scheduled["budget"]["predicted_peak_bytes"] == plan_peak(analysis, scheduled, prefetch_distance=0)[0]
@@ -358,8 +363,11 @@ def test_graph_outputs_nobody_reads_are_offloaded_over_their_trailing_stretch(tm
     lb, at = lower_bound(analysis)
     assert at == analysis.num_positions  # all gradients on the device at the end
     budget = int(1.1 * lb)
-    selected = select(analysis, select_distance=100)
-    plan = prefetch(budget_filter(selected, analysis, budget=budget, prefetch_distance=0), prefetch_distance=0)
+    selected = select(analysis, SelectPart(select_distance=100))
+    plan = prefetch(
+        budget_filter(selected, analysis, PlanRequest.of_options(budget=budget, prefetch_distance=0)),
+        PrefetchPart(prefetch_distance=0),
+    )
     tails = [o for o in plan["offloads"] if not o["reload_groups"]]
     assert tails and all(o["graph_output"] and o["output_h2d_before"] == analysis.num_positions for o in tails)
     names = [o["tensor"] for o in plan["offloads"]]
@@ -401,7 +409,12 @@ def test_the_budget_search_reports_the_peak_left_to_fit():
     lines: list[str] = []
     budget = int(lb * 1.1)
     assert budget < before
-    budget_filter(select(analysis), analysis, budget=budget, step=lambda text, new=True: lines.append(text))
+    budget_filter(
+        select(analysis, SelectPart()),
+        analysis,
+        PlanRequest.of_options(budget=budget),
+        Progress(lambda text, new=True: lines.append(text)),
+    )
     searching = [line for line in lines if "peak" in line]
     assert searching and all(f"budget {budget / 2**20:.1f} MiB" in line for line in searching)
     assert f"peak {before / 2**20:.1f} MiB" in searching[0]
@@ -422,7 +435,7 @@ def test_a_plan_for_its_figures_alone_offloads_what_the_budget_plan_offloads(nam
     analysis = _analysis(SAMPLES / f"{name}.onnx")
     lb, _ = lower_bound(analysis)
     budget = (lb + plan_peak(analysis, None)[0]) // 2
-    request = PlanRequest(budget=budget, params=True, min_bytes=min_bytes)
+    request = PlanRequest.of_options(budget=budget, params=True, min_bytes=min_bytes)
     try:
         full = budget_plan(analysis, request).plan
     except BudgetUnreachable as unreachable:  # too few candidates over --min-bytes: the same for both
@@ -445,7 +458,7 @@ def test_the_budget_planners_selection_is_the_select_stage_at_distance_0_without
     from offloadctl.planning.select import Selection, chosen_entry
 
     analysis = analyse(load_model(SAMPLES / f"{name}.onnx"))
-    selected = select(analysis, select_distance=0, params=weights)
+    selected = select(analysis, SelectPart(select_distance=0, params=weights))
     selection = Selection(analysis, SelectPart(select_distance=0, params=weights))
     plan = selection.plan(weights=weights)
     bare = [{**entry, "id": 0, "device_uses": [], "reload_groups": []} for entry in selected["offloads"]]
@@ -536,6 +549,6 @@ def test_the_exact_search_takes_linear_objectives_only_and_says_so_once():
     assert not linear_objective("time", "streams") and not linear_objective(Positional(), "inline")
     for objective, copies in (("time", "streams"), (Positional(), "inline")):
         with pytest.raises(RequestError) as refused:
-            PlanRequest(budget=1 << 20, optimal=True, objective=objective, copies=copies)
+            PlanRequest.of_options(budget=1 << 20, optimal=True, objective=objective, copies=copies)
         assert refused.value.message == optimal_refusal()[0] and refused.value.hint == optimal_refusal()[1]
-    PlanRequest(budget=1 << 20, optimal=True, objective="time", copies="inline")  # linear: accepted
+    PlanRequest.of_options(budget=1 << 20, optimal=True, objective="time", copies="inline")  # linear: accepted

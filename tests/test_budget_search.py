@@ -24,6 +24,7 @@ from offloadctl.planning.budget import optimal as optimal_module
 from offloadctl.planning.budget.build import bytes_moved
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.request import PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
 from offloadctl.simulation.costs import BytesMoved, InlineTime, make_cost, plan_cost
 from offloadctl.simulation.memory import peak_memory
@@ -73,8 +74,11 @@ def _analysis(path: Path):
 
 
 def _plan(analysis, budget, **kw):
-    selected = select(analysis, select_distance=0, params=kw.pop("params", True))
-    return prefetch(budget_filter(selected, analysis, budget=budget, prefetch_distance=0, **kw), prefetch_distance=0)
+    selected = select(analysis, SelectPart(select_distance=0, params=kw.pop("params", True)))
+    return prefetch(
+        budget_filter(selected, analysis, PlanRequest.of_options(budget=budget, prefetch_distance=0, **kw)),
+        PrefetchPart(prefetch_distance=0),
+    )
 
 
 def _words(text: str) -> str:
@@ -175,11 +179,13 @@ def test_optimal_with_a_release_distance_fits_and_is_no_worse():
     analysis = _analysis(SAMPLES / "unet.onnx")
     lb, _ = lower_bound(analysis)
     budget = (lb + peak_memory(analysis)[0]) // 2
-    selected = select(analysis, select_distance=0, params=True)
+    selected = select(analysis, SelectPart(select_distance=0, params=True))
     costs = []
     for optimal in (False, True):
-        filtered = budget_filter(selected, analysis, budget=budget, release_distance=2, optimal=optimal)
-        plan = prefetch(filtered, release_distance=2)
+        filtered = budget_filter(
+            selected, analysis, PlanRequest.of_options(budget=budget, release_distance=2, optimal=optimal)
+        )
+        plan = prefetch(filtered, PrefetchPart(release_distance=2))
         assert simulate(analysis, plan, profile=None).peak_after == plan["budget"]["predicted_peak_bytes"] <= budget
         costs.append(plan["budget"]["cost"])
     assert costs[1] <= costs[0]

@@ -16,6 +16,7 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest
 from offloadctl.rewriting.genai import genai_folder
 
 from conftest import LLAMA_DIMS, SAMPLES
@@ -139,12 +140,14 @@ def test_int4_weights_stay_packed_unless_forced():
             dims={"batch_size": 1, "sequence_length": 16, "past_sequence_length": 256, "total_sequence_length": 256},
         )
     )
-    plan = scheduled_plan(analysis, select_distance=1, params=True, min_bytes=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, params=True, min_bytes=0))
     packed = [r for r in plan["rejected"] if r["reason"] == "prepacked"]
     assert packed and all("MatMulNBits" in r["detail"] for r in packed)
     assert not any("weight_Q4" in o["tensor"] for o in plan["offloads"])
     name = packed[0]["tensor"]
-    forced = scheduled_plan(analysis, select_distance=1, params=True, min_bytes=0, force=(name,))
+    forced = scheduled_plan(
+        analysis, PlanRequest.of_options(select_distance=1, params=True, min_bytes=0, force=(name,))
+    )
     assert name in {o["tensor"] for o in forced["offloads"]}
 
 

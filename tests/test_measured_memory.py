@@ -16,6 +16,7 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest
 from offloadctl.rewriting.preview import cpu_figures, rewritten_analysis
 from offloadctl.rewriting.rewrite import apply_plan
 from offloadctl.running import allocator
@@ -130,8 +131,8 @@ def _rewrites(name: str, tmp_path: Path) -> list[Path]:
     written = []
     peak = cpu_figures(analysis, None, rewritten=False, profile=None).after.peak_bytes
     for label, plan in (
-        ("distance", scheduled_plan(analysis, select_distance=2, params=True)),
-        ("budget", scheduled_plan(analysis, budget=int(peak * 0.6), params=True)),
+        ("distance", scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, params=True))),
+        ("budget", scheduled_plan(analysis, PlanRequest.of_options(budget=int(peak * 0.6), params=True))),
     ):
         out = tmp_path / f"{name}.{label}.onnx"
         onnx.save(apply_plan(plan, analysis), str(out))
@@ -180,7 +181,7 @@ def test_priority_order_figure_is_the_smallest_arena_that_runs(name, tmp_path):
 def test_simulate_after_is_the_rewritten_file_measured(tmp_path):
     """The "after" figure is the rewritten model's, as apply writes it (no kernel scratch in this sample)."""
     analysis = analyse(load_model(SAMPLES / "transformer.onnx"), order="default")
-    plan = scheduled_plan(analysis, select_distance=2, params=True)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, params=True))
     rewritten = rewritten_analysis(plan, analysis)
     copies = [n for n in rewritten.nodes if n.op_type in ("MemcpyToHost", "MemcpyFromHost")]
     assert len(copies) == sum(1 + len(o["reload_groups"]) for o in plan["offloads"] if o["kind"] == "activation") + sum(
@@ -330,7 +331,7 @@ def test_a_plans_cpu_figure_is_its_rewrite_as_written_with_symbolic_dimensions(t
     onnx.save(model, str(source))
     pins = {"image": [1, 3, 32, 32]}
     analysis = analyse(load_model(source, input_shapes=pins), order="default")
-    plan = scheduled_plan(analysis, select_distance=2, params=True)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, params=True))
     figures = cpu_figures(analysis, plan, rewritten=False, profile=None)
     out = tmp_path / "unet.offload.onnx"
     write_model(apply_plan(plan, analysis), out, source_dir=tmp_path)

@@ -33,6 +33,7 @@ from offloadctl.cli.inspect_cmd import inspect_report
 from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter, plan_peak
 from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.request import PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
 from offloadctl.simulation.memory import lower_bound as simulator_lower_bound
 from offloadctl.simulation.result import simulate
@@ -193,7 +194,10 @@ def test_a_budget_plan_with_an_unread_initializer(run_cli, tmp_path):
     path = save(unused_weight_model(), tmp_path / "m.onnx")
     analysis = analyse(load_model(path))
     tile = 64 * 64 * 4
-    plan = prefetch(budget_filter(select(analysis), analysis, budget=3 * tile), prefetch_distance=0)
+    plan = prefetch(
+        budget_filter(select(analysis, SelectPart()), analysis, PlanRequest.of_options(budget=3 * tile)),
+        PrefetchPart(prefetch_distance=0),
+    )
     assert plan["budget"]["predicted_peak_bytes"] == simulate(analysis, plan, profile=None).peak_after <= 3 * tile
     out = tmp_path / "plan.json"
     result = run_cli("plan", path, "-o", out, "--budget", str(3 * tile), "--prefetch-distance", "0")

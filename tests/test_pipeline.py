@@ -45,7 +45,7 @@ def test_every_pass_keeps_its_declaration_in_a_real_run(options):
     """`Pass.__call__` checks each declaration as it runs: a whole pipeline over every strategy runs
     clean, and leaves a scheduled plan with its events, pins and figures recorded."""
     analysis = offloadctl.analyse(SAMPLES / "transformer.onnx")
-    done = planned(analysis, PlanRequest(**options))
+    done = planned(analysis, PlanRequest.of_options(**options))
     plan = done.plan
     assert plan["stage"] == "scheduled" and done.simulation is not None
     assert {"events", "pins", "estimate"} <= set(plan["summary"])
@@ -54,7 +54,7 @@ def test_every_pass_keeps_its_declaration_in_a_real_run(options):
 
 def test_a_pass_that_breaks_its_declaration_is_stopped():
     analysis = offloadctl.analyse(SAMPLES / "mlp.onnx")
-    state = planned(analysis, PlanRequest(params=True, select_distance=2), PIPELINE[:3])
+    state = planned(analysis, PlanRequest.of_options(params=True, select_distance=2), PIPELINE[:3])
     plan_pass = {"seed": "-", "reads": ("plan",), "writes": ("plan",)}
     sneaky = Pass(name="sneaky", **plan_pass, in_place=True, run=lambda s: s.replace(next_step={}))
     with pytest.raises(AssertionError, match="wrote 'next_step', which it does not declare"):
@@ -101,7 +101,7 @@ def test_filter_plans_from_the_selection_select_put_in_the_state(options, monkey
     import offloadctl.planning.budget.prepared as prepared
 
     analysis = offloadctl.analyse(SAMPLES / "mlp.onnx")
-    state = SELECT(Planning(analysis, PlanRequest(params=True, **options)))
+    state = SELECT(Planning(analysis, PlanRequest.of_options(params=True, **options)))
     assert state.selection is not None
 
     def made_again(*_args, **_kwargs):
@@ -121,8 +121,10 @@ def test_a_streams_plan_issues_each_load_by_time_without_raising_the_peak(order)
 
     analysis = analyse(load_model(SAMPLES / "unet.onnx"), order=order)
     options = {"params": True, "select_distance": 10, "prefetch_distance": 2}
-    inline = run_passes(analysis, PlanRequest(**options, copies="inline"), DOCUMENT_PASSES).plan
-    streams = run_passes(analysis, PlanRequest(**options, copies="streams"), DOCUMENT_PASSES).plan  # as planned
+    inline = run_passes(analysis, PlanRequest.of_options(**options, copies="inline"), DOCUMENT_PASSES).plan
+    streams = run_passes(
+        analysis, PlanRequest.of_options(**options, copies="streams"), DOCUMENT_PASSES
+    ).plan  # as planned
     placed = {(o["tensor"], k): g["h2d_before"] for o in inline["offloads"] for k, g in enumerate(o["reload_groups"])}
     led = {(o["tensor"], k): g["h2d_before"] for o in streams["offloads"] for k, g in enumerate(o["reload_groups"])}
     assert placed.keys() == led.keys() and all(led[key] <= placed[key] for key in placed)
@@ -134,6 +136,6 @@ def test_a_streams_plan_issues_each_load_by_time_without_raising_the_peak(order)
     for off in unled["offloads"]:
         for k, group in enumerate(off["reload_groups"]):
             group["h2d_before"] = placed[(off["tensor"], k)]
-    request = PlanRequest(**options, copies="streams")
-    times = [simulate(analysis, p, profile=request.device_profile).times for p in (streams, unled)]
+    request = PlanRequest.of_options(**options, copies="streams")
+    times = [simulate(analysis, p, profile=request.budget.device_profile).times for p in (streams, unled)]
     assert times[0].overlapped < times[1].overlapped  # the copies hide behind more compute

@@ -5,6 +5,7 @@ pins are checked against it, fp32 and fp16. The WebGPU provider runs for real (`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -17,7 +18,7 @@ from offloadctl.analysis.graph import analyse as analyse_in
 from offloadctl.analysis.order import executor_order
 from offloadctl.contract.document import read_plan
 from offloadctl.loading.model import load_model
-from offloadctl.loading.placed import Placement, placed
+from offloadctl.loading.placed import HostPlacement, Placement, placed
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
 from offloadctl.running.placement import CANN_KERNELS, CUDA_KERNELS, inserted_copies, predicted_copies
 
@@ -137,7 +138,7 @@ def test_tensors_of_host_nodes_are_kept_with_their_reason(tmp_path):
 
     analysis = analyse(load_model(SAMPLES / "seed.onnx"))
     labels = analysis.node_names
-    plan = make_plan(analysis, select_distance=1, host_nodes=(labels[0],), host_device="webgpu (measured)")
+    plan = make_plan(analysis, select_distance=1, host=HostPlacement("webgpu (measured)", (labels[0],)))
     validate_plan(plan)
     assert plan["options"]["select"]["host_nodes"] == [labels[0]]
     kept = [r for r in plan["rejected"] if r["reason"] == "host-resident"]
@@ -362,7 +363,7 @@ def test_no_pin_holds_a_node_the_device_runs_on_the_host(tmp_path):
     device node instead, and views nothing a host node made."""
     analysis = analyse_in(load_model(save(host_nodes_model(), tmp_path / "m.onnx")))
     host = HOST_LABELS
-    plan = make_plan(analysis, select_distance=1, prefetch_distance=0, host_nodes=host, host_device="webgpu")
+    plan = make_plan(analysis, select_distance=1, prefetch_distance=0, host=HostPlacement("webgpu", tuple(host)))
     assert plan["offloads"]
     rewrite = apply_plan(plan, analysis)
     views = {o for n in rewrite.graph.node if n.op_type == "Reshape" and n.attribute for o in n.output}
@@ -385,8 +386,8 @@ def test_a_device_plan_writes_the_copies_onnxruntime_would_insert(tmp_path, orde
     from offloadctl.rewriting.figures import device_figures
 
     analysis = analyse_in(load_model(save(early_host_node_model(), tmp_path / "m.onnx")), order=order)
-    placement = {"host_nodes": ("early_cpu",), "host_copies": ("h", "x")}
-    plan = make_plan(analysis, select_distance=2, prefetch_distance=1, params=True, **placement)
+    placement = HostPlacement("webgpu (measured)", ("early_cpu",), ("h", "x"))
+    plan = make_plan(analysis, select_distance=2, prefetch_distance=1, params=True, host=placement)
     result = ApplyResult()
     proto = apply_plan(plan, analysis, result=result)
     assert result.across == 2
@@ -396,12 +397,12 @@ def test_a_device_plan_writes_the_copies_onnxruntime_would_insert(tmp_path, orde
     assert len(inserted.graph.node) == len(proto.graph.node)  # nothing left for onnxruntime to insert
 
     empty = {"peak_bytes": {"before": 0, "after": 0}}
-    peak = device_figures(plan, analysis, empty, "webgpu (measured)", **placement)["peak_bytes"]
+    peak = device_figures(plan, analysis, empty, placement)["peak_bytes"]
     assert (peak["pins_checked"], peak["pins_broken"]) == (15, 0)  # the first H2D, at position 0, needs no pin
     assert peak["after"] < peak["before"] / 4
     if order == "priority":  # the same rewrite with the copies left to onnxruntime: the plan undone
         bare = {**plan, "options": {**plan["options"], "select": {**plan["options"]["select"], "host_copies": []}}}
-        peak = device_figures(bare, analysis, empty, "webgpu (measured)", **placement)["peak_bytes"]
+        peak = device_figures(bare, analysis, empty, placement)["peak_bytes"]
         assert (peak["pins_broken"], peak["after"]) == (15, peak["before"])
 
 
@@ -449,8 +450,9 @@ def test_a_device_plan_counts_the_casts_onnxruntime_appends(tmp_path, order):
 
     analysis = analyse_in(load_model(save(to_fp16(early_host_node_model()), tmp_path / "m.onnx")), order=order)
     casts = (HostCast("x", ("h",)), HostCast("h", None))
-    placement = {"host_nodes": ("early_cpu",), "host_copies": ("h", "x")}
-    plan = make_plan(analysis, select_distance=3, prefetch_distance=2, params=True, host_casts=casts, **placement)
+    placement = HostPlacement("webgpu (measured)", ("early_cpu",), ("h", "x"))
+    counted_casts = dataclasses.replace(placement, casts=casts)
+    plan = make_plan(analysis, select_distance=3, prefetch_distance=2, params=True, host=counted_casts)
     assert plan["options"]["select"]["host_casts"] == [
         {"tensor": "x", "readers": ["h"]},
         {"tensor": "h", "readers": None},
@@ -463,8 +465,8 @@ def test_a_device_plan_counts_the_casts_onnxruntime_appends(tmp_path, order):
     assert {k for k, n in enumerate(shown.graph.node) if n.op_type in ("Cast", "Hardmax")} <= host
 
     empty = {"peak_bytes": {"before": 0, "after": 0}}
-    counted = device_figures(plan, analysis, empty, "webgpu (measured)", **placement, host_casts=casts)["peak_bytes"]
-    without = device_figures(plan, analysis, empty, "webgpu (measured)", **placement)["peak_bytes"]
+    counted = device_figures(plan, analysis, empty, counted_casts)["peak_bytes"]
+    without = device_figures(plan, analysis, empty, placement)["peak_bytes"]
     assert without["pins_broken"] == 0 and counted["pins_checked"] == without["pins_checked"] > 0
     if order == "priority":
         assert counted["pins_broken"] == counted["pins_checked"] and counted["after"] == counted["before"]

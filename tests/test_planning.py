@@ -12,9 +12,11 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.contract.document import read_plan, validate_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
+from offloadctl.loading.placed import HostPlacement
 from offloadctl.planning.filter import filter_plan
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.request import FilterPart, PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
 from tests.models import COMPUTED_RESHAPE
 
@@ -46,7 +48,9 @@ def _by_tensor(plan):
 
 
 def test_two_long_gaps_give_two_reload_groups(write_model):
-    plan = scheduled_plan(_analysis(write_model(TWO_GAPS)), select_distance=2, prefetch_distance=0)
+    plan = scheduled_plan(
+        _analysis(write_model(TWO_GAPS)), PlanRequest.of_options(select_distance=2, prefetch_distance=0)
+    )
     a = _by_tensor(plan)["a"]
     assert a["d2h_after"] == 0
     assert a["device_uses"] == [{"position": 1, "node": a["device_uses"][0]["node"], "input_index": 0}]
@@ -56,7 +60,9 @@ def test_two_long_gaps_give_two_reload_groups(write_model):
 
 
 def test_gap_equal_to_select_distance_does_not_qualify(write_model):
-    plan = scheduled_plan(_analysis(write_model(TWO_GAPS)), select_distance=4, prefetch_distance=0)
+    plan = scheduled_plan(
+        _analysis(write_model(TWO_GAPS)), PlanRequest.of_options(select_distance=4, prefetch_distance=0)
+    )
     assert "a" not in _by_tensor(plan)  # gaps 1, 3, 4: none is > 4
     rejected = {r["tensor"]: r for r in plan["rejected"]}
     assert rejected["a"]["reason"] == "short-gaps"
@@ -64,7 +70,9 @@ def test_gap_equal_to_select_distance_does_not_qualify(write_model):
 
 
 def test_offloaded_graph_output_gets_a_reload_at_the_end(write_model):
-    plan = scheduled_plan(_analysis(write_model(TWO_GAPS)), select_distance=2, prefetch_distance=1)
+    plan = scheduled_plan(
+        _analysis(write_model(TWO_GAPS)), PlanRequest.of_options(select_distance=2, prefetch_distance=1)
+    )
     b = _by_tensor(plan)["b"]
     assert b["graph_output"] is True
     assert b["output_h2d_before"] == plan["model"]["num_positions"]  # at the end, not prefetched
@@ -72,7 +80,9 @@ def test_offloaded_graph_output_gets_a_reload_at_the_end(write_model):
 
 
 def test_weight_used_far_apart_gets_one_h2d_per_reload_group(write_model):
-    plan = scheduled_plan(_analysis(write_model(TWO_GAPS)), select_distance=3, prefetch_distance=0, params=True)
+    plan = scheduled_plan(
+        _analysis(write_model(TWO_GAPS)), PlanRequest.of_options(select_distance=3, prefetch_distance=0, params=True)
+    )
     w = _by_tensor(plan)["w"]
     assert w["kind"] == "parameter"
     assert w["producer"] is None and w["d2h_after"] is None and w["release_after"] is None
@@ -82,23 +92,25 @@ def test_weight_used_far_apart_gets_one_h2d_per_reload_group(write_model):
 
 
 def test_weights_off_by_default_and_rejected_with_reason(write_model):
-    plan = scheduled_plan(_analysis(write_model(TWO_GAPS)), select_distance=3)
+    plan = scheduled_plan(_analysis(write_model(TWO_GAPS)), PlanRequest.of_options(select_distance=3))
     assert "w" not in _by_tensor(plan)
     assert {r["tensor"]: r["reason"] for r in plan["rejected"]}["w"] == "disabled"
 
 
 def test_activations_can_be_switched_off(write_model):
-    plan = scheduled_plan(_analysis(write_model(TWO_GAPS)), select_distance=2, activations=False, params=True)
+    plan = scheduled_plan(
+        _analysis(write_model(TWO_GAPS)), PlanRequest.of_options(select_distance=2, activations=False, params=True)
+    )
     assert {o["kind"] for o in plan["offloads"]} == {"parameter"}
 
 
 def test_select_num_keeps_exactly_n_in_first_use_order(write_model):
     analysis = _analysis(write_model(TWO_GAPS))
-    selected = select(analysis, select_distance=1, params=True)
+    selected = select(analysis, SelectPart(select_distance=1, params=True))
     assert len(selected["offloads"]) >= 3
     order = [o["tensor"] for o in selected["offloads"]]
     for n in range(len(order) + 1):
-        kept = filter_plan(selected, select_num=n)
+        kept = filter_plan(selected, FilterPart(select_num=n))
         assert [o["tensor"] for o in kept["offloads"]] == order[:n]
         dropped = [r for r in kept["rejected"] if r["reason"] == "select-num"]
         assert [r["tensor"] for r in dropped] == order[n:]
@@ -119,20 +131,22 @@ def test_first_use_order_breaks_ties_by_input_index(write_model):
         y = Add(u, q)
     }
     """
-    selected = select(_analysis(write_model(text)), select_distance=2)
+    selected = select(_analysis(write_model(text)), SelectPart(select_distance=2))
     assert [o["tensor"] for o in selected["offloads"]] == ["q", "p"]
-    assert [o["tensor"] for o in filter_plan(selected, select_num=1)["offloads"]] == ["q"]
+    assert [o["tensor"] for o in filter_plan(selected, FilterPart(select_num=1))["offloads"]] == ["q"]
 
 
 def test_min_bytes_drops_small_candidates(write_model):
-    selected = select(_analysis(write_model(TWO_GAPS)), select_distance=2)
-    kept = filter_plan(selected, min_bytes=17)  # every tensor here is 16 bytes
+    selected = select(_analysis(write_model(TWO_GAPS)), SelectPart(select_distance=2))
+    kept = filter_plan(selected, FilterPart(min_bytes=17))  # every tensor here is 16 bytes
     assert kept["offloads"] == []
     assert {r["reason"] for r in kept["rejected"] if r["stage"] == "filter"} == {"min-bytes"}
 
 
 def test_prefetch_clamps_at_the_d2h_and_at_zero_for_weights(write_model):
-    plan = scheduled_plan(_analysis(write_model(TWO_GAPS)), select_distance=2, prefetch_distance=50, params=True)
+    plan = scheduled_plan(
+        _analysis(write_model(TWO_GAPS)), PlanRequest.of_options(select_distance=2, prefetch_distance=50, params=True)
+    )
     for off in plan["offloads"]:
         low = off["d2h_after"] + 1 if off["kind"] == "activation" else 0
         assert [g["h2d_before"] for g in off["reload_groups"]] == [low] * len(off["reload_groups"])
@@ -140,11 +154,11 @@ def test_prefetch_clamps_at_the_d2h_and_at_zero_for_weights(write_model):
 
 def test_per_tensor_prefetch_override_wins(write_model):
     analysis = _analysis(write_model(TWO_GAPS))
-    filtered = filter_plan(select(analysis, select_distance=2))
+    filtered = filter_plan(select(analysis, SelectPart(select_distance=2)), FilterPart())
     for off in filtered["offloads"]:
         if off["tensor"] == "a":
             off["prefetch_distance"] = 1
-    plan = prefetch(filtered, prefetch_distance=0)
+    plan = prefetch(filtered, PrefetchPart(prefetch_distance=0))
     a = _by_tensor(plan)["a"]
     assert [g["h2d_before"] for g in a["reload_groups"]] == [3, 7]
     assert all(
@@ -157,9 +171,9 @@ def test_per_tensor_prefetch_override_wins(write_model):
 
 def test_release_point_is_last_device_use_plus_release_distance(write_model):
     analysis = _analysis(write_model(TWO_GAPS))
-    a = _by_tensor(scheduled_plan(analysis, select_distance=2, release_distance=2))["a"]
+    a = _by_tensor(scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, release_distance=2)))["a"]
     assert a["release_after"] == 1 + 2
-    b = _by_tensor(scheduled_plan(analysis, select_distance=2, release_distance=100))["b"]
+    b = _by_tensor(scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, release_distance=100)))["b"]
     assert b["release_after"] == analysis.num_positions - 1
 
 
@@ -178,7 +192,7 @@ def test_subgraph_read_is_a_use_at_the_parent_position(write_model):
     """
     analysis = _analysis(write_model(text))
     assert [(u.position, u.input_index) for u in analysis.uses["a"]] == [(1, 0), (5, None)]
-    a = _by_tensor(scheduled_plan(analysis, select_distance=2, prefetch_distance=0))["a"]
+    a = _by_tensor(scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, prefetch_distance=0)))["a"]
     assert a["reload_groups"][0]["uses"] == [{"position": 5, "node": analysis.node_names[5], "input_index": None}]
 
 
@@ -197,7 +211,9 @@ def test_constant_nodes_take_no_position_and_count_as_weights(write_model):
     analysis = _analysis(write_model(text))
     assert analysis.num_positions == 5
     assert analysis.kind("k") == "parameter"
-    k = _by_tensor(scheduled_plan(analysis, select_distance=2, prefetch_distance=0, params=True))["k"]
+    k = _by_tensor(
+        scheduled_plan(analysis, PlanRequest.of_options(select_distance=2, prefetch_distance=0, params=True))
+    )["k"]
     assert [[u["position"] for u in g["uses"]] for g in k["reload_groups"]] == [[0], [4]]
 
 
@@ -239,12 +255,12 @@ def test_unknown_sizes_are_excluded_with_a_reason_and_pinned_by_input_shape(writ
     }
     """
     path = write_model(text)
-    plan = scheduled_plan(_analysis(path), select_distance=2)
+    plan = scheduled_plan(_analysis(path), PlanRequest.of_options(select_distance=2))
     assert plan["offloads"] == []
     reasons = {r["tensor"]: r for r in plan["rejected"]}
     assert reasons["a"]["reason"] == "unknown-size" and reasons["a"]["bytes"] is None
     assert "--input-shape" in reasons["a"]["detail"]
-    pinned = scheduled_plan(_analysis(path, x=[3, 4]), select_distance=2)
+    pinned = scheduled_plan(_analysis(path, x=[3, 4]), PlanRequest.of_options(select_distance=2))
     assert _by_tensor(pinned)["a"]["bytes"] == 3 * 4 * 4
     assert pinned["model"]["input_shapes"] == {"x": [3, 4]}
 
@@ -253,7 +269,7 @@ def test_plan_pins_the_model_and_records_every_stage(seed_path):
     from offloadctl._version import __version__
     from offloadctl.core.files import sha256_file
 
-    plan = scheduled_plan(_analysis(seed_path), select_distance=1)
+    plan = scheduled_plan(_analysis(seed_path), PlanRequest.of_options(select_distance=1))
     assert plan["model"]["sha256"] == sha256_file(seed_path)
     assert plan["stage"] == "scheduled"
     assert [h["stage"] for h in plan["history"]] == ["selected", "filtered", "scheduled"]
@@ -265,7 +281,9 @@ def test_every_sample_plans_to_a_schema_valid_plan():
     from tests.conftest import SAMPLE_NAMES, SAMPLES
 
     for name in SAMPLE_NAMES:
-        plan = scheduled_plan(_analysis(SAMPLES / f"{name}.onnx"), select_distance=5, params=True)
+        plan = scheduled_plan(
+            _analysis(SAMPLES / f"{name}.onnx"), PlanRequest.of_options(select_distance=5, params=True)
+        )
         validate_plan(plan)
         assert plan["model"]["num_positions"] > 0
 
@@ -273,7 +291,7 @@ def test_every_sample_plans_to_a_schema_valid_plan():
 def test_mlp_sample_offloads_nothing_with_defaults():
     from tests.conftest import SAMPLES
 
-    plan = scheduled_plan(_analysis(SAMPLES / "mlp.onnx"), params=True)
+    plan = scheduled_plan(_analysis(SAMPLES / "mlp.onnx"), PlanRequest.of_options(params=True))
     assert plan["offloads"] == []
 
 
@@ -334,7 +352,7 @@ def test_wrong_stage_is_refused_with_the_next_step(run_cli, tmp_path, seed_path)
 
 
 def test_validate_rejects_h2d_before_its_d2h(seed_path):
-    plan = scheduled_plan(_analysis(seed_path), select_distance=1)
+    plan = scheduled_plan(_analysis(seed_path), PlanRequest.of_options(select_distance=1))
     plan["offloads"][0]["reload_groups"][0]["h2d_before"] = 0
     with pytest.raises(OffloadError, match="h2d_before"):
         validate_plan(plan)
@@ -395,7 +413,8 @@ g (float[2, 3] x) => (float[3, 2] y) <int64[2] shape = {3, 2}> {
 
 def test_tensors_read_as_shape_inputs_stay_where_onnxruntime_wants_them(write_model):
     plan = scheduled_plan(
-        _analysis(write_model(RESHAPE_BY_WEIGHT)), select_distance=1, params=True, prefetch_distance=0
+        _analysis(write_model(RESHAPE_BY_WEIGHT)),
+        PlanRequest.of_options(select_distance=1, params=True, prefetch_distance=0),
     )
     rejected = {r["tensor"]: r for r in plan["rejected"]}
     assert rejected["shape"]["reason"] == "host-input"
@@ -408,13 +427,16 @@ def test_forcing_a_tensor_read_on_the_host_offloads_it_with_a_warning_naming_it(
     straight back, or the rewrite does not load (onnxruntime's WebGPU: a duplicate definition)."""
     analysis = _analysis(write_model(RESHAPE_BY_WEIGHT))
     with caplog.at_level("WARNING"):
-        plan = scheduled_plan(analysis, select_distance=1, params=True, force=("*",))
+        plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, params=True, force=("*",)))
     assert "shape" in _by_tensor(plan)
     (warning,) = [r.getMessage() for r in caplog.records if "--force'd" in r.getMessage()]
     assert "1 --force'd tensor(s)" in warning and "'shape': read as input 1 of Reshape" in warning
     caplog.clear()
     with caplog.at_level("WARNING"):
-        scheduled_plan(_analysis(write_model(RESHAPE_BY_WEIGHT)), select_distance=1, params=True, force=("a",))
+        scheduled_plan(
+            _analysis(write_model(RESHAPE_BY_WEIGHT)),
+            PlanRequest.of_options(select_distance=1, params=True, force=("a",)),
+        )
     assert not [r for r in caplog.records if "--force'd" in r.getMessage()]  # "a" is read on the device
 
 
@@ -433,11 +455,16 @@ g (int64[2] i) => (int64[2] y) <int64[2] k = {1, 2}> {
 def test_a_forced_small_index_tensor_is_named_without_the_advice_to_force_it(write_model, caplog):
     """The rejection of a small index tensor ends with the advice to --force it; the warning for one
     that was forced gives the reason alone."""
-    plan = scheduled_plan(_analysis(write_model(SMALL_INDEX_WEIGHT)), select_distance=1, params=True)
+    plan = scheduled_plan(
+        _analysis(write_model(SMALL_INDEX_WEIGHT)), PlanRequest.of_options(select_distance=1, params=True)
+    )
     detail = {r["tensor"]: r for r in plan["rejected"]}["k"]["detail"]
     assert detail.startswith("a small int64 tensor") and detail.endswith("--force it to offload it anyway")
     with caplog.at_level("WARNING"):
-        plan = scheduled_plan(_analysis(write_model(SMALL_INDEX_WEIGHT)), select_distance=1, params=True, force=("k",))
+        plan = scheduled_plan(
+            _analysis(write_model(SMALL_INDEX_WEIGHT)),
+            PlanRequest.of_options(select_distance=1, params=True, force=("k",)),
+        )
     assert "k" in _by_tensor(plan)
     (warning,) = [r.getMessage() for r in caplog.records if "--force'd" in r.getMessage()]
     assert "'k': a small int64 tensor (16 B)" in warning and "--force it to offload" not in warning
@@ -447,14 +474,26 @@ def test_a_rejected_tensor_gets_the_first_reason_in_the_documented_order(write_m
     analysis = _analysis(write_model(RESHAPE_BY_WEIGHT))
     # The weight "shape" is idle for 5 positions before its only use and is read on the host: with
     # gaps too short to qualify, short-gaps is the reason; with qualifying gaps, host-input.
-    short = {r["tensor"]: r for r in scheduled_plan(analysis, select_distance=5, params=True)["rejected"]}
+    short = {
+        r["tensor"]: r
+        for r in scheduled_plan(analysis, PlanRequest.of_options(select_distance=5, params=True))["rejected"]
+    }
     assert short["shape"]["reason"] == "short-gaps" and short["shape"]["max_gap"] == 5
     assert short["a"]["reason"] == "short-gaps"
-    long = {r["tensor"]: r for r in scheduled_plan(analysis, select_distance=4, params=True)["rejected"]}
+    long = {
+        r["tensor"]: r
+        for r in scheduled_plan(analysis, PlanRequest.of_options(select_distance=4, params=True))["rejected"]
+    }
     assert long["shape"]["reason"] == "host-input"
-    disabled = {r["tensor"]: r for r in scheduled_plan(analysis, select_distance=5, params=False)["rejected"]}
+    disabled = {
+        r["tensor"]: r
+        for r in scheduled_plan(analysis, PlanRequest.of_options(select_distance=5, params=False))["rejected"]
+    }
     assert disabled["shape"]["reason"] == "disabled"  # before short-gaps
-    never = {r["tensor"]: r for r in scheduled_plan(analysis, select_distance=5, never=("a",))["rejected"]}
+    never = {
+        r["tensor"]: r
+        for r in scheduled_plan(analysis, PlanRequest.of_options(select_distance=5, never=("a",)))["rejected"]
+    }
     assert never["a"]["reason"] == "never"  # before short-gaps
 
 
@@ -598,7 +637,7 @@ def test_one_selection_serves_every_select_distance(write_model, model, params, 
     shared = _analysis(path)
     for distance in (5, 0, 1, 3, 2, 4):
         options = SelectPart(select_distance=distance, params=params, force=force)
-        plan = select.run(shared, options)
+        plan = select(shared, options)
         fresh = _analysis(path)
         direct = _Selector(fresh, options)  # the stage's rules applied at this distance, tensor by tensor
         for name in fresh.producer:
@@ -608,7 +647,7 @@ def test_one_selection_serves_every_select_distance(write_model, model, params, 
                 direct.consider(name, "parameter")
         assert plan["rejected"] == [entry for _, entry in sorted(direct.rejected, key=lambda item: item[0])]
         assert [o["tensor"] for o in plan["offloads"]] == [c.tensor for _, c in sorted(direct.chosen)]
-        assert plan == select.run(fresh, options)  # the same plan from an analysis nothing was selected on
+        assert plan == select(fresh, options)  # the same plan from an analysis nothing was selected on
     assert selection_for(shared, SelectPart(select_distance=7, params=params)) is selection_for(shared, SelectPart())
 
 
@@ -694,7 +733,7 @@ def test_the_selection_pass_gives_each_tensor_the_verdict_of_the_per_tensor_rule
             SelectPart(params=False, select_distance=1, force=("*1*",)),
             SelectPart(params=True, activations=False, never=("*0*",), force=("*a*", "*w*")),
             SelectPart(params=True, fused=tuple(some)),
-            SelectPart(params=True, host_nodes=tuple(nodes[::4]), host_device="webgpu (measured)"),
+            SelectPart(params=True, host=HostPlacement("webgpu (measured)", tuple(nodes[::4]))),
         ):
             selector = _Selector(analysis, options)
             selector.consider_all(
@@ -744,15 +783,17 @@ def test_the_distance_planner_makes_the_plan_of_the_three_stages_chained(sample)
     analysis = _analysis(SAMPLES / f"{sample}.onnx")
     requests = [
         PlanRequest(),
-        PlanRequest(select_distance=0, select_num=3),
-        PlanRequest(select_distance=1, params=True, select_num=5, min_bytes=1024),
-        PlanRequest(select_distance=2, params=True, select_num=0, force=("*",)),
-        PlanRequest(select_distance=0, params=True, select_num=2, force=("*w*", "*weight*"), min_bytes="4KiB"),
-        PlanRequest(select_distance=3, params=True, select_num=10**6, prefetch_distance=1),
+        PlanRequest.of_options(select_distance=0, select_num=3),
+        PlanRequest.of_options(select_distance=1, params=True, select_num=5, min_bytes=1024),
+        PlanRequest.of_options(select_distance=2, params=True, select_num=0, force=("*",)),
+        PlanRequest.of_options(
+            select_distance=0, params=True, select_num=2, force=("*w*", "*weight*"), min_bytes="4KiB"
+        ),
+        PlanRequest.of_options(select_distance=3, params=True, select_num=10**6, prefetch_distance=1),
     ]
     dropped = set()
     for request in requests:
-        chained = prefetch.run(filter_plan.run(select.run(analysis, request), request), request)
+        chained = prefetch(filter_plan(select(analysis, request.select), request.filter), request.prefetch)
         assert distance_plan(analysis, request).plan == chained
         dropped |= {r["reason"] for r in chained["rejected"] if r["stage"] == "filter"}
     assert dropped == {"select-num", "min-bytes"}  # the requests make the filter drop for both reasons

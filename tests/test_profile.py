@@ -22,6 +22,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import sha256_file
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest
 from offloadctl.rewriting.rewrite import apply_plan
 from offloadctl.running import copies_in_model, profiler, timed
 from offloadctl.running.fusions import attribute
@@ -188,7 +189,7 @@ def test_a_node_that_differs_is_estimated(seed_doc, change):
 def test_rewritten_model_takes_its_original_node_times_and_the_link_fit(seed_doc, tmp_path):
     profile = profile_from_dict(_known_times(seed_doc))
     analysis = _analysis(SEED)
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0))
     assert plan["offloads"]
     rewritten_path = tmp_path / "seed.offload.onnx"
     onnx.save(apply_plan(plan, analysis), str(rewritten_path))
@@ -429,7 +430,7 @@ def test_a_profile_at_opt_level_all_prices_the_fused_model_and_plans_keep_what_f
     # the fused-away nodes cost nothing: the baseline is the optimized run's latency
     t = simulate(analysis, profile=profile).times
     assert t.baseline == pytest.approx(measured["latency_s"]["median"], rel=1e-6)
-    plan = scheduled_plan(analysis, select_distance=1, params=True, profile=profile)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, params=True, profile=profile))
     kept = {r["tensor"] for r in plan["rejected"] if r["reason"] == "fused"}
     assert kept and kept <= profile.measured.fused
     assert not {o["tensor"] for o in plan["offloads"]} & profile.measured.fused
@@ -438,7 +439,7 @@ def test_a_profile_at_opt_level_all_prices_the_fused_model_and_plans_keep_what_f
     # measured that to cost the model at this level
     assert measured["copies_in_model"].get("unfolded_s", 0.0) >= 0.0
     assert profile.measured.unfolded_s == measured["copies_in_model"].get("unfolded_s", 0.0)
-    with_copies = scheduled_plan(analysis, select_distance=1, params=True)
+    with_copies = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, params=True))
     assert with_copies["offloads"]
     priced = []
     for unfolded in (0.0, 1e-3):
@@ -451,10 +452,13 @@ def test_a_profile_at_opt_level_all_prices_the_fused_model_and_plans_keep_what_f
     assert priced[1].baseline == pytest.approx(priced[0].baseline, rel=1e-12)
     # a budget the kept tensors put out of reach says why
     with pytest.raises(OffloadError, match="stay on the device for onnxruntime's fusions") as caught:
-        scheduled_plan(analysis, budget=lower_bound(analysis)[0], params=True, profile=profile)
+        scheduled_plan(analysis, PlanRequest.of_options(budget=lower_bound(analysis)[0], params=True, profile=profile))
     assert "reason fused" in (caught.value.hint or "")
     # at --opt-level disable nothing is fused, and plans record no such list
-    assert "fused" not in scheduled_plan(analysis, select_distance=1, params=True)["options"]["select"]
+    assert (
+        "fused"
+        not in scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, params=True))["options"]["select"]
+    )
 
 
 def test_profile_cli_at_opt_level_all_and_an_unsaveable_graph(run_cli, fast, tmp_path, monkeypatch):
@@ -516,7 +520,7 @@ def test_a_budget_plan_counts_the_kernel_scratch_a_measured_profile_records(fast
     assert analysis.scratch == {} and lower_bound(analysis) == lower_bound(_analysis(unet))
     assert simulate(analysis, None, profile=str(path)).peak_before == before.peak_before
     budget = (lower_bound(analysis)[0] + before.peak_before) // 2
-    plan = scheduled_plan(_analysis(unet), budget=budget, params=True, profile=str(path))
+    plan = scheduled_plan(_analysis(unet), PlanRequest.of_options(budget=budget, params=True, profile=str(path)))
     after = simulate(_analysis(unet), plan, profile=str(path))
     assert after.peak_after <= budget
     assert plan["budget"]["predicted_peak_bytes"] == after.peak_after
@@ -530,8 +534,12 @@ def test_under_a_measured_profile_the_time_objective_compares_plans_with_their_p
     write_profile(path, measure_profile(str(unet), "cpu", inputs=SAMPLES / "unet.inputs.npz", repeat=2))
     analysis = _analysis(unet)
     budget = (lower_bound(analysis)[0] + simulate(analysis, None, profile=str(path)).peak_before) // 2
-    by_time = scheduled_plan(analysis, budget=budget, params=True, objective="time", profile=str(path))
-    by_bytes = scheduled_plan(analysis, budget=budget, params=True, objective="bytes", profile=str(path))
+    by_time = scheduled_plan(
+        analysis, PlanRequest.of_options(budget=budget, params=True, objective="time", profile=str(path))
+    )
+    by_bytes = scheduled_plan(
+        analysis, PlanRequest.of_options(budget=budget, params=True, objective="bytes", profile=str(path))
+    )
     t_time = simulate(analysis, by_time, profile=str(path)).times
     t_bytes = simulate(analysis, by_bytes, profile=str(path)).times
     assert t_time.serialized <= t_bytes.serialized * (1 + 1e-12)

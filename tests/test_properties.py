@@ -28,6 +28,7 @@ from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.contract.document import validate_plan
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest, SelectPart
 from offloadctl.planning.select import select
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.rewriting.writing import write_model
@@ -207,7 +208,7 @@ def check_plan(analysis: Analysis, plan: dict, opts: dict) -> None:
     assert all(r["reason"] and r["detail"] for r in plan["rejected"])
 
     # select_num: exactly min(select_num, candidates), the first ones in first-use order
-    candidates = select(analysis, select_distance=sd, params=opts["params"])["offloads"]
+    candidates = select(analysis, SelectPart(select_distance=sd, params=opts["params"]))["offloads"]
     want = sorted(candidates, key=_first_use_key)[: opts["select_num"]]
     assert len(plan["offloads"]) == min(opts["select_num"], len(candidates))
     assert sorted(o["tensor"] for o in plan["offloads"]) == sorted(o["tensor"] for o in want)
@@ -302,7 +303,7 @@ def _analyse(random_model: RandomModel, folder: Path) -> Analysis:
 def test_random_plans_obey_the_rules(random_model: RandomModel, opts: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         analysis = _analyse(random_model, Path(tmp))
-    check_plan(analysis, scheduled_plan(analysis, **opts), opts)
+    check_plan(analysis, scheduled_plan(analysis, PlanRequest.of_options(**opts)), opts)
 
 
 def _session(path: Path, *, profile_prefix: Path | None = None, prepacking: bool = True, order: str = "PRIORITY_BASED"):
@@ -333,7 +334,7 @@ def test_random_rewrites_check_run_identically_and_in_order(random_model: Random
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         analysis = _analyse(random_model, folder)
-        plan = scheduled_plan(analysis, **opts)
+        plan = scheduled_plan(analysis, PlanRequest.of_options(**opts))
         rewritten = apply_plan(plan, analysis, options=RewriteOptions(order_pins=False))  # the bare encoding
         event(f"offloads: {min(len(plan['offloads']), 3)}{'+' if len(plan['offloads']) >= 3 else ''}")
         event(f"weights offloaded: {any(o['kind'] == 'parameter' for o in plan['offloads'])}")
@@ -376,7 +377,7 @@ def test_random_pinned_rewrites_keep_the_plan_in_the_default_order(random_model:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         analysis = _analyse(random_model, folder)
-        plan = scheduled_plan(analysis, **opts)
+        plan = scheduled_plan(analysis, PlanRequest.of_options(**opts))
         rewritten = apply_plan(plan, analysis)
         onnx.checker.check_model(rewritten, full_check=True)
         out = folder / "model.offload.onnx"

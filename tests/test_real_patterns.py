@@ -16,6 +16,7 @@ from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.request import PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
 from offloadctl.rewriting.rewrite import apply_plan
 from offloadctl.running.runner import run_model
@@ -60,7 +61,7 @@ def _analysis(path, **shapes):
 def test_weights_and_activations_feeding_only_shape_computations_are_host_inputs(write_model):
     path = write_model(SHAPE_PATH_MODEL)
     analysis = _analysis(path)
-    plan = scheduled_plan(analysis, select_distance=0, params=True, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=0, params=True, prefetch_distance=0))
     offloaded = {o["tensor"] for o in plan["offloads"]}
     rejected = {r["tensor"]: r for r in plan["rejected"]}
     for name in ("idx", "tail", "g0", "s", "u", "ax"):
@@ -78,7 +79,7 @@ def test_rewritten_shape_path_model_simulates_like_its_plan(write_model, tmp_pat
     # model, so `simulate` of the rewritten model disagreed with the plan's prediction.
     path = write_model(SHAPE_PATH_MODEL)
     analysis = _analysis(path)
-    plan = scheduled_plan(analysis, select_distance=0, params=True, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=0, params=True, prefetch_distance=0))
     out = tmp_path / "rewritten.onnx"
     onnx.save(apply_plan(plan, analysis), str(out))
     rewritten = analyse(load_model(out))
@@ -139,7 +140,7 @@ def test_functions_onnxruntime_inlines_are_expanded_in_file_order(write_model):
 def test_model_with_inlined_functions_runs_in_the_planned_order_bit_identically(write_model, tmp_path):
     path = write_model(FUNCTION_MODEL)
     analysis = _analysis(path)
-    plan = scheduled_plan(analysis, select_distance=1, params=True, prefetch_distance=1)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, params=True, prefetch_distance=1))
     assert plan["offloads"]
     out = tmp_path / "rewritten.onnx"
     onnx.save(apply_plan(plan, analysis), str(out))
@@ -175,7 +176,7 @@ def test_group_normalization_with_weight_scale_is_expanded_and_runs_in_order(wri
     path = write_model(GROUP_NORM_MODEL)
     analysis = _analysis(path)
     assert "GroupNormalization" not in {n.op_type for n in analysis.nodes}
-    plan = scheduled_plan(analysis, select_distance=1, params=True, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, params=True, prefetch_distance=0))
     out = tmp_path / "rewritten.onnx"
     onnx.save(apply_plan(plan, analysis), str(out))
     report = run_model(str(out), "cpu", compare_to=str(path), repeat=1, opt_level="disable")
@@ -237,8 +238,10 @@ def test_budget_at_1_1x_lower_bound_fits_with_a_long_lived_input(write_model, tm
     bound, _ = lower_bound(analysis)
     budget = int(bound * 1.1)
     assert budget < simulate(analysis, profile=None).peak_before
-    selected = select(analysis, select_distance=0, params=True)
-    plan = prefetch(budget_filter(selected, analysis, budget=budget), prefetch_distance=0)
+    selected = select(analysis, SelectPart(select_distance=0, params=True))
+    plan = prefetch(
+        budget_filter(selected, analysis, PlanRequest.of_options(budget=budget)), PrefetchPart(prefetch_distance=0)
+    )
     assert simulate(analysis, plan, profile=None).peak_after <= budget
 
 
@@ -267,7 +270,9 @@ def test_rewritten_model_keeps_sizes_that_need_symbolic_shape_inference(write_mo
     analysis = _analysis(path, x=[2, 4])
     assert analysis.infos["y"].bytes == 2 * 4 * 4
     # Forced: left to itself, select keeps `ax` on the host (see the next test).
-    plan = scheduled_plan(analysis, select_distance=1, params=True, prefetch_distance=0, force=("ax",))
+    plan = scheduled_plan(
+        analysis, PlanRequest.of_options(select_distance=1, params=True, prefetch_distance=0, force=("ax",))
+    )
     assert "ax" in {o["tensor"] for o in plan["offloads"]}
     out = tmp_path / "rewritten.onnx"
     onnx.save(apply_plan(plan, analysis), str(out))
@@ -278,7 +283,7 @@ def test_rewritten_model_keeps_sizes_that_need_symbolic_shape_inference(write_mo
 
 def test_weight_read_at_a_host_input_inside_a_subgraph_is_a_host_input(write_model):
     analysis = _analysis(write_model(IF_AXES_MODEL), x=[2, 4])
-    plan = scheduled_plan(analysis, select_distance=1, params=True, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, params=True, prefetch_distance=0))
     rejected = {r["tensor"]: r for r in plan["rejected"]}
     assert rejected["ax"]["reason"] == "host-input"
     assert "inside a subgraph of If" in rejected["ax"]["detail"]

@@ -32,6 +32,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.onnxutil import is_constant_node, subgraph_outer_names
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +90,7 @@ def test_generator_derives_layers_from_a_node_count(tmp_path):
 
 def test_planning_a_generated_model_gives_a_schema_valid_plan(small_model):
     analysis = analyse(load_model(small_model.path))
-    plan = scheduled_plan(analysis, select_distance=10, params=True, prefetch_distance=3)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=10, params=True, prefetch_distance=3))
     validate_plan(plan)
     assert not list(jsonschema.Draft202012Validator(plan_schema()).iter_errors(plan_document(plan)))
     assert plan["offloads"], "the shared memory tensor and the weights have gaps over 10 positions"
@@ -117,10 +118,12 @@ def test_planning_never_reads_the_weights_data_file(small_model, tmp_path, monke
     monkeypatch.setattr(builtins, "open", spy(real_open))
     monkeypatch.setattr(io, "open", spy(real_io_open))
     monkeypatch.setattr(os, "open", spy(real_os_open))
-    plan = scheduled_plan(analyse(load_model(model)), select_distance=10, params=True)
+    plan = scheduled_plan(analyse(load_model(model)), PlanRequest.of_options(select_distance=10, params=True))
     monkeypatch.undo()
     assert opened == []
-    reference = scheduled_plan(analyse(load_model(small_model.path)), select_distance=10, params=True)
+    reference = scheduled_plan(
+        analyse(load_model(small_model.path)), PlanRequest.of_options(select_distance=10, params=True)
+    )
     for key in ("offloads", "rejected"):
         assert plan[key] == reference[key]
 
@@ -182,7 +185,9 @@ def _sample_plans() -> list[dict]:
     plans = []
     for name in ("seed", "unet", "transformer", "training"):
         analysis = analyse(load_model(ROOT / "sample_models" / f"{name}.onnx"))
-        plans.append(scheduled_plan(analysis, select_distance=1, params=True, prefetch_distance=2))
+        plans.append(
+            scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, params=True, prefetch_distance=2))
+        )
     return plans
 
 
@@ -419,7 +424,9 @@ def test_plan_copies_equal_deepcopy_and_keep_shared_objects_shared():
 
 def test_write_plan_streams_exactly_the_dumped_text(tmp_path):
     gen = gen_large.generate(tmp_path / "m.onnx", gen_large.LargeModelConfig(layers=200, hidden=4, seq=2))
-    plan = scheduled_plan(analyse(load_model(gen.path)), select_distance=10, params=True, select_num=10**6)
+    plan = scheduled_plan(
+        analyse(load_model(gen.path)), PlanRequest.of_options(select_distance=10, params=True, select_num=10**6)
+    )
     text = dump_plan(plan)
     assert text.count("\n") > 1 << 16  # more pieces than one buffered write
     plan_module.write_plan(tmp_path / "plan.json", plan)
@@ -511,7 +518,7 @@ def test_write_model_given_the_locations_writes_what_it_writes_without_them(smal
     from offloadctl.rewriting.writing import write_model
 
     analysis = analyse(load_model(small_model.path))
-    proto = apply_plan(scheduled_plan(analysis, select_distance=10, params=True), analysis)
+    proto = apply_plan(scheduled_plan(analysis, PlanRequest.of_options(select_distance=10, params=True)), analysis)
     written = {}
     for name, locations in (("looked-up", None), ("given", analysis.loaded.data_locations)):
         out = tmp_path / name / "out.onnx"
@@ -1228,11 +1235,11 @@ def test_a_plan_scheduled_in_place_is_the_plan_the_prefetch_stage_copies():
     from offloadctl.planning.request import PlanRequest, PrefetchPart
 
     analysis = analyse(load_model(ROOT / "sample_models" / "transformer.onnx"))
-    request = PlanRequest(budget=800 * 1024, params=True, prefetch_distance=2)
-    filtered = BudgetSearch(analysis, request, request).filter()
+    request = PlanRequest.of_options(budget=800 * 1024, params=True, prefetch_distance=2)
+    filtered = BudgetSearch(analysis, request, request.select).filter()
     kept = copy.deepcopy(filtered)
     options = PrefetchPart(prefetch_distance=2, release_distance=1)
-    copied = prefetch.run(filtered, options)
+    copied = prefetch(filtered, options)
     assert filtered == kept  # the stage copies
     owned = copy.deepcopy(filtered)
     assert prefetch_own(owned, options) is owned
@@ -1246,7 +1253,7 @@ def test_a_simulation_of_a_plan_made_here_skips_only_the_check_of_its_facts(monk
     from offloadctl.simulation.result import simulate
 
     analysis = analyse(load_model(ROOT / "sample_models" / "unet.onnx"))
-    plan = scheduled_plan.run(analysis, PlanRequest(budget=400 * 1024, params=True))
+    plan = scheduled_plan(analysis, PlanRequest.of_options(budget=400 * 1024, params=True))
     checked = simulate(analysis, plan)
     calls = []
     monkeypatch.setattr(program, "check_plan_for_model", lambda *a: calls.append(a) or check.check_plan_for_model(*a))

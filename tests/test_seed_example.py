@@ -5,10 +5,11 @@ from __future__ import annotations
 from offloadctl.analysis.graph import analyse
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest
 
 
 def _plan(path, **kw):
-    return scheduled_plan(analyse(load_model(path)), **kw)
+    return scheduled_plan(analyse(load_model(path)), PlanRequest.of_options(**kw))
 
 
 def test_select_distance_1_offloads_m1_with_h2d_before_sub(seed_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from offloadctl.loading.placed import HostPlacement
 from offloadctl.planning.request import SelectPart
 from offloadctl.planning.select import RULES, UseArrays, _Case, _matches, _Screen, _Selector, longest_gap
 from tests.test_planning import _analysis, _selection_models
@@ -36,7 +37,7 @@ def test_every_rules_screen_marks_every_tensor_its_check_rejects(write_model):
             SelectPart(params=False, select_distance=1),
             SelectPart(params=True, activations=False, never=("*0*",)),
             SelectPart(params=True, fused=tuple(sorted(analysis.producer)[::3])),
-            SelectPart(params=True, host_nodes=tuple(nodes[::4]), host_device="webgpu (measured)"),
+            SelectPart(params=True, host=HostPlacement("webgpu (measured)", tuple(nodes[::4]))),
         ):
             selector = _Selector(analysis, options)
             screen, names = _screen(selector, analysis)

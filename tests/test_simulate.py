@@ -18,6 +18,7 @@ from offloadctl.contract.document import write_plan
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest
 from offloadctl.rewriting.rewrite import apply_plan
 from offloadctl.rewriting.writing import write_model
 from offloadctl.simulation.memory import peak_memory
@@ -85,7 +86,7 @@ def test_seed_every_step_before(write_model):
 
 def test_seed_every_step_after_plan(write_model):
     analysis = _analysis(write_model(SEED_TEXT))
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0))
     result = simulate(analysis, plan, profile=None)
     after = result.after
     assert after.kinds == ["node", "d2h", "node", "node", "node", "node", "h2d", "node"]
@@ -102,7 +103,7 @@ def test_seed_every_step_after_plan(write_model):
 
 def test_release_point_holds_the_device_buffer(write_model):
     analysis = _analysis(write_model(SEED_TEXT))
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=0, release_distance=3)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0, release_distance=3))
     assert plan["offloads"][0]["release_after"] == 4
     result = simulate(analysis, plan, profile=None)
     # m1 now stays on the device through mul_m6 (position 4, step 5)
@@ -111,12 +112,12 @@ def test_release_point_holds_the_device_buffer(write_model):
 
 def test_peak_memory_is_the_cheap_form_of_simulate(write_model, samples):
     analysis = _analysis(write_model(SEED_TEXT))
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0))
     assert peak_memory(analysis) == (516, 3)
     assert peak_memory(analysis, plan) == (388, 3)
     for analysis in samples.values():
         for kw in ({"select_distance": 1, "prefetch_distance": 0}, {"select_distance": 5, "params": True}):
-            plan = scheduled_plan(analysis, **kw)
+            plan = scheduled_plan(analysis, PlanRequest.of_options(**kw))
             result = simulate(analysis, plan, profile=None)
             s = result.after.peak_step
             assert peak_memory(analysis, plan) == (result.peak_after, result.after.positions[s])
@@ -172,7 +173,7 @@ def test_before_matches_naive_recomputation(samples, name):
 @pytest.mark.parametrize("name", SAMPLE_NAMES)
 def test_plan_offloading_nothing_keeps_the_peak(samples, name):
     analysis = samples[name]
-    plan = scheduled_plan(analysis, select_distance=10**6)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=10**6))
     assert plan["offloads"] == []
     result = simulate(analysis, plan, profile=None)
     assert result.peak_after == result.peak_before
@@ -184,7 +185,7 @@ def test_unet_plan_lowers_the_peak(samples):
     analysis = samples["unet"]
     # the unplanned peak is the top-level Concat, which reads its skip input itself: activations alone
     # cannot lower it, streaming the weights does
-    plan = scheduled_plan(analysis, select_distance=5, prefetch_distance=2, params=True)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=5, prefetch_distance=2, params=True))
     result = simulate(analysis, plan, profile=None)
     assert result.peak_after < result.peak_before * 0.5
     assert result.before.labels[result.before.peak_step] == "cat0"
@@ -193,7 +194,7 @@ def test_unet_plan_lowers_the_peak(samples):
 @pytest.mark.parametrize("name", ["transformer", "training"])
 def test_activation_plan_lowers_the_peak(samples, name):
     analysis = samples[name]
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0))
     assert all(o["kind"] == "activation" for o in plan["offloads"])
     result = simulate(analysis, plan, profile=None)
     assert result.peak_after < result.peak_before
@@ -209,7 +210,7 @@ WELL_PLACED = [
 def test_lower_bound_after_before_and_time_order(samples, name):
     analysis = samples[name]
     for kw in WELL_PLACED:
-        result = simulate(analysis, scheduled_plan(analysis, release_distance=0, **kw))
+        result = simulate(analysis, scheduled_plan(analysis, PlanRequest.of_options(release_distance=0, **kw)))
         assert result.lower_bound_bytes <= result.peak_after <= result.peak_before, kw
         t = result.times
         # on streams each copy also pays its event nodes (a gate; a D2H its fence too), which in line it does not
@@ -229,7 +230,10 @@ def test_lower_bound_after_before_and_time_order(samples, name):
 def test_holding_buffers_longer_can_raise_the_peak(samples):
     # not every plan is well placed: the simulator must show it
     analysis = samples["seed"]
-    result = simulate(analysis, scheduled_plan(analysis, select_distance=1, prefetch_distance=2, release_distance=2))
+    result = simulate(
+        analysis,
+        scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=2, release_distance=2)),
+    )
     assert result.peak_after > result.peak_before
 
 
@@ -249,7 +253,7 @@ TINY_PROFILE = {
 
 def test_one_copy_arithmetic(write_model):
     analysis = _analysis(write_model(CHAIN_TEXT))
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=1)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=1))
     (off,) = plan["offloads"]
     assert off["tensor"] == "a" and off["reload_groups"][0]["h2d_before"] == 2 and off["release_after"] == 1
     profile = profile_from_dict(TINY_PROFILE)
@@ -276,7 +280,7 @@ def test_release_wait_exposes_the_d2h(write_model):
     # D2H, and with prefetch 0 each H2D is waited for in full: nothing overlaps, and the events cost on top
     analysis = _analysis(write_model(CHAIN_TEXT))
     profile = profile_from_dict(TINY_PROFILE)
-    plan = scheduled_plan(analysis, select_distance=0, prefetch_distance=0, never=("b", "c"))
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=0, prefetch_distance=0, never=("b", "c")))
     (off,) = plan["offloads"]
     assert off["tensor"] == "a" and off["device_uses"] == [] and off["release_after"] == 0
     assert [g["h2d_before"] for g in off["reload_groups"]] == [1, 3]
@@ -384,7 +388,9 @@ JSON_KEYS = {
 
 def test_json_document(run_cli, tmp_path, seed_path):
     plan_path = tmp_path / "plan.json"
-    write_plan(plan_path, scheduled_plan(_analysis(seed_path), select_distance=1, prefetch_distance=0))
+    write_plan(
+        plan_path, scheduled_plan(_analysis(seed_path), PlanRequest.of_options(select_distance=1, prefetch_distance=0))
+    )
     result = run_cli("simulate", seed_path, "--plan", plan_path, "--json")
     assert result.exit_code == 0, result.stderr
     doc = result.json()
@@ -408,7 +414,9 @@ def test_json_document(run_cli, tmp_path, seed_path):
 
 def test_terminal_report(run_cli, tmp_path, seed_path):
     plan_path = tmp_path / "plan.json"
-    write_plan(plan_path, scheduled_plan(_analysis(seed_path), select_distance=1, prefetch_distance=0))
+    write_plan(
+        plan_path, scheduled_plan(_analysis(seed_path), PlanRequest.of_options(select_distance=1, prefetch_distance=0))
+    )
     result = run_cli("simulate", seed_path, "--plan", plan_path, "--profile", "pcie-gen4-x16")
     assert result.exit_code == 0, result.stderr
     for text in ("516 B", "388 B", "add_m5", "lower bound", "1 D2H", "pcie-gen4-x16", "copy streams"):
@@ -417,7 +425,7 @@ def test_terminal_report(run_cli, tmp_path, seed_path):
 
 def test_plan_must_be_scheduled_and_for_this_model(run_cli, tmp_path, seed_path):
     analysis = _analysis(seed_path)
-    plan = scheduled_plan(analysis, select_distance=1)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1))
     other = tmp_path / "other.json"
     write_plan(other, plan)
     mlp = SAMPLES / "mlp.onnx"
@@ -439,7 +447,7 @@ def test_plan_must_be_scheduled_and_for_this_model(run_cli, tmp_path, seed_path)
 @pytest.mark.parametrize("h2d_before", [None, 0, 6])  # missing, with the D2H, after the first use
 def test_a_plan_in_memory_with_a_misplaced_h2d_is_refused_by_apply_and_simulate(seed_path, h2d_before):
     analysis = _analysis(seed_path)
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0))
     (off,) = plan["offloads"]  # m1: D2H after position 0, its group's first use at position 5
     assert off["d2h_after"] == 0 and off["reload_groups"][0]["uses"][0]["position"] == 5
     off["reload_groups"][0]["h2d_before"] = h2d_before
@@ -488,7 +496,7 @@ def test_plan_input_shapes_are_used(run_cli, tmp_path, write_model):
     )
     analysis = analyse(load_model(path, input_shapes={"x": [2, 8]}))
     plan_path = tmp_path / "plan.json"
-    write_plan(plan_path, scheduled_plan(analysis, select_distance=1, prefetch_distance=0))
+    write_plan(plan_path, scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0)))
     doc = run_cli("simulate", path, "--plan", plan_path, "--json").json()
     assert doc["unknown_size"]["count"] == 0 and doc["copies"] == {"d2h": 1, "h2d": 1}
 
@@ -496,7 +504,9 @@ def test_plan_input_shapes_are_used(run_cli, tmp_path, write_model):
 @pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG"), (".svg", b"<?xml")])
 def test_plot(run_cli, tmp_path, seed_path, suffix, magic):
     plan_path = tmp_path / "plan.json"
-    write_plan(plan_path, scheduled_plan(_analysis(seed_path), select_distance=1, prefetch_distance=0))
+    write_plan(
+        plan_path, scheduled_plan(_analysis(seed_path), PlanRequest.of_options(select_distance=1, prefetch_distance=0))
+    )
     out = tmp_path / f"memory{suffix}"
     result = run_cli("simulate", seed_path, "--plan", plan_path, "--plot", out, "--json")
     assert result.exit_code == 0, result.stderr
@@ -536,7 +546,7 @@ def test_rewritten_model_simulates_like_original_with_plan(samples, tmp_path, na
         {"select_distance": 1, "prefetch_distance": 0},
         {"select_distance": 5, "prefetch_distance": 2, "params": True},
     ):
-        plan = scheduled_plan(analysis, **kw)
+        plan = scheduled_plan(analysis, PlanRequest.of_options(**kw))
         planned = simulate(analysis, plan)
         rewritten = simulate(_rewrite(analysis, plan, tmp_path / f"{name}.offload.onnx"))
         assert rewritten.rewritten == bool(plan["offloads"])
@@ -551,7 +561,7 @@ def test_rewritten_model_simulates_like_original_with_plan(samples, tmp_path, na
 
 def test_rewritten_model_refuses_a_plan(samples, tmp_path):
     analysis = samples["seed"]
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0))
     rewritten = _rewrite(analysis, plan, tmp_path / "seed.offload.onnx")
     with pytest.raises(OffloadError, match="already contains"):
         simulate(rewritten, plan)
@@ -559,7 +569,7 @@ def test_rewritten_model_refuses_a_plan(samples, tmp_path):
 
 def test_cli_rewritten_model_refuses_a_plan(run_cli, tmp_path, seed_path):
     analysis = _analysis(seed_path)
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0))
     plan_path = tmp_path / "plan.json"
     write_plan(plan_path, plan)
     _rewrite(analysis, plan, tmp_path / "seed.offload.onnx")
@@ -573,7 +583,7 @@ def test_cli_rewritten_model_refuses_a_plan(run_cli, tmp_path, seed_path):
 @pytest.mark.parametrize("name", ["seed", "training"])
 def test_simulated_order_is_the_order_onnxruntime_runs(samples, tmp_path, name):
     analysis = samples[name]
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=2, params=True)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=2, params=True))
     out = tmp_path / f"{name}.offload.onnx"
     result = simulate(_rewrite(analysis, plan, out), profile=None)
     assert result.copies["d2h"] > 0 and result.copies["h2d"] > 0
@@ -734,7 +744,7 @@ def test_a_plans_program_and_time_are_those_of_a_step_by_step_walk(samples, name
     base = base_of(analysis)
     copied = 0
     for kw in PROGRAM_PLANS:
-        plan = scheduled_plan(analysis, **kw)
+        plan = scheduled_plan(analysis, PlanRequest.of_options(**kw))
         program = _program_of(base, plan)
         rows = list(zip(program.kinds, program.positions, program.reads, program.writes, program.inner))
         assert rows == _walked_program(base, plan)
@@ -806,7 +816,7 @@ def test_a_datasheet_profile_leaves_the_order_pins_uncounted(samples, monkeypatc
     import offloadctl.simulation.program as program_module
 
     analysis = samples["transformer"]
-    plan = scheduled_plan(analysis, select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(select_distance=1, prefetch_distance=0))
     assert plan["offloads"]
     expected = simulate(analysis, plan, profile="ascend-910b").times
 

@@ -18,6 +18,7 @@ from offloadctl.analysis.graph import analyse
 from offloadctl.contract.document import read_plan, validate_plan
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import PlanRequest
 
 # `a` is produced at position 0, read by Neg at 1, then only inside both branches of the If at 4,
 # and once more by the Mul at 5 (directly).
@@ -152,7 +153,9 @@ def test_outer_read_in_a_body_is_a_use_at_the_parent_position(write_model, kind)
 
 @pytest.mark.parametrize("kind", ["if", "loop", "scan", "nested"])
 def test_plan_reloads_before_the_parent_node(write_model, kind):
-    plan = scheduled_plan(_analysis(write_model(MODELS[kind])), select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(
+        _analysis(write_model(MODELS[kind])), PlanRequest.of_options(select_distance=1, prefetch_distance=0)
+    )
     validate_plan(plan)
     offloads = {o["tensor"]: o for o in plan["offloads"]}
     a = offloads["a"]
@@ -166,13 +169,17 @@ def test_plan_reloads_before_the_parent_node(write_model, kind):
 
 def test_gap_to_a_body_read_is_measured_from_the_parent(write_model):
     # with select distance 3 the gap 1 -> 4 (=3) does not qualify: the body read is at 4, not later
-    plan = scheduled_plan(_analysis(write_model(LOOP_MODEL)), select_distance=3, prefetch_distance=0)
+    plan = scheduled_plan(
+        _analysis(write_model(LOOP_MODEL)), PlanRequest.of_options(select_distance=3, prefetch_distance=0)
+    )
     assert "a" not in {o["tensor"] for o in plan["offloads"]}
     assert {r["tensor"]: r["max_gap"] for r in plan["rejected"]}["a"] == 3
 
 
 def test_prefetch_moves_the_reload_ahead_of_the_parent(write_model):
-    plan = scheduled_plan(_analysis(write_model(IF_MODEL)), select_distance=1, prefetch_distance=2)
+    plan = scheduled_plan(
+        _analysis(write_model(IF_MODEL)), PlanRequest.of_options(select_distance=1, prefetch_distance=2)
+    )
     (group,) = {o["tensor"]: o for o in plan["offloads"]}["a"]["reload_groups"]
     assert group["h2d_before"] == 2
 

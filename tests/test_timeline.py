@@ -32,6 +32,7 @@ from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.prefetch import prefetch
+from offloadctl.planning.request import PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
 from offloadctl.simulation.memory import lower_bound as simulator_lower_bound
 from offloadctl.simulation.memory import peak_memory
@@ -152,8 +153,12 @@ def test_distance_plans_agree_with_the_naive_rules(
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         analysis = _analyse(random_model, Path(tmp))
-    assert _agree(analysis, scheduled_plan(analysis, params=False), 0, 0) == max(naive_profile(analysis, None))
-    plan = scheduled_plan(analysis, select_distance=sd, prefetch_distance=pd, release_distance=rd, params=params)
+    assert _agree(analysis, scheduled_plan(analysis, PlanRequest.of_options(params=False)), 0, 0) == max(
+        naive_profile(analysis, None)
+    )
+    plan = scheduled_plan(
+        analysis, PlanRequest.of_options(select_distance=sd, prefetch_distance=pd, release_distance=rd, params=params)
+    )
     _agree(analysis, plan, pd, rd)
     assert lower_bound(analysis) == simulator_lower_bound(analysis)
     assert lower_bound(analysis)[0] == naive_lower_bound(analysis)
@@ -168,13 +173,15 @@ def test_budget_plans_agree_with_the_naive_rules(random_model: RandomModel, opts
     bound, _ = lower_bound(analysis)
     before = max(naive_profile(analysis, None))
     budget = int(bound + opts["fraction"] * (before - bound))
-    selected = select(analysis, select_distance=0, params=opts["params"])
+    selected = select(analysis, SelectPart(select_distance=0, params=opts["params"]))
     try:
-        filtered = budget_filter(selected, analysis, budget=budget, prefetch_distance=pd, release_distance=rd)
+        filtered = budget_filter(
+            selected, analysis, PlanRequest.of_options(budget=budget, prefetch_distance=pd, release_distance=rd)
+        )
     except OffloadError as exc:
         assert "best peak reachable" in exc.message
         return
-    plan = prefetch(filtered, prefetch_distance=pd, release_distance=rd)
+    plan = prefetch(filtered, PrefetchPart(prefetch_distance=pd, release_distance=rd))
     peak = _agree(analysis, plan, pd, rd)
     assert plan["budget"]["predicted_peak_bytes"] == peak  # the search's own accounting
     assert peak <= budget

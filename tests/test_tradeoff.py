@@ -27,7 +27,7 @@ from offloadctl.loading.model import load_model
 from offloadctl.planning.budget.strategy import budget_filter
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.prefetch import prefetch
-from offloadctl.planning.request import PlanRequest
+from offloadctl.planning.request import PlanRequest, PrefetchPart, SelectPart
 from offloadctl.planning.select import select
 from offloadctl.planning.tradeoff import Tradeoff, budget_grid, dominated
 from offloadctl.running import profiler
@@ -154,8 +154,11 @@ def test_plan_says_which_objective_it_used(run_cli, measured_profile, tmp_path):
 def test_streams_places_prefetches_for_a_shared_link(tmp_path):
     analysis = analyse(load_model(save(two_weights_model(), tmp_path / "two.onnx")))
     profile = profile_from_dict(FAST_LINK)
-    selected = select(analysis, select_distance=0, params=True, force=("w1", "w2"))
-    plan = prefetch(budget_filter(selected, analysis, budget=None, profile=profile, copies="streams"))
+    selected = select(analysis, SelectPart(select_distance=0, params=True, force=("w1", "w2")))
+    plan = prefetch(
+        budget_filter(selected, analysis, PlanRequest.of_options(budget=None, profile=profile, copies="streams")),
+        PrefetchPart(),
+    )
     leads = {o["tensor"]: o["prefetch_distance"] for o in plan["offloads"]}
     assert leads == {"w1": 4, "w2": 2}
     times = simulate(analysis, plan, profile=profile).times
@@ -164,10 +167,13 @@ def test_streams_places_prefetches_for_a_shared_link(tmp_path):
     for off in plan["offloads"]:
         if off["tensor"] == "w1":
             off["prefetch_distance"] = 3
-    alone = simulate(analysis, prefetch(_unscheduled(plan)), profile=profile).times
+    alone = simulate(analysis, prefetch(_unscheduled(plan), PrefetchPart()), profile=profile).times
     assert alone.overlapped > times.baseline + 0.4e-6
     # inline placement keeps the longest lead the budget allows: both from the start of the run
-    inline = prefetch(budget_filter(selected, analysis, budget=None, profile=profile, copies="inline"))
+    inline = prefetch(
+        budget_filter(selected, analysis, PlanRequest.of_options(budget=None, profile=profile, copies="inline")),
+        PrefetchPart(),
+    )
     assert {o["tensor"]: o["reload_groups"][0]["h2d_before"] for o in inline["offloads"]} == {"w1": 0, "w2": 0}
 
 
@@ -187,9 +193,11 @@ def _unscheduled(plan):
 def test_optimal_takes_only_linear_objectives(run_cli, tmp_path, measured_profile):
     analysis = _analysis("training")
     budget = (lower_bound(analysis)[0] + peak_memory(analysis)[0]) // 2
-    selected = select(analysis, select_distance=0, params=True)
+    selected = select(analysis, SelectPart(select_distance=0, params=True))
     with pytest.raises(OffloadError, match="supports only the linear objectives"):
-        budget_filter(selected, analysis, budget=budget, objective="time", copies="streams", optimal=True)
+        budget_filter(
+            selected, analysis, PlanRequest.of_options(budget=budget, objective="time", copies="streams", optimal=True)
+        )
     out = tmp_path / "plan.json"
     model = SAMPLES / "training.onnx"
     result = run_cli(
@@ -239,8 +247,12 @@ def test_the_time_objective_is_never_slower_than_the_bytes_objective(name):
     shorter = 0
     for budget in (lb + (peak - lb) * k // 10 for k in (2, 5, 8)):
         for copies, key in (("inline", "serialized"), ("streams", "overlapped")):
-            by_bytes = scheduled_plan(analysis, budget=budget, params=True, objective="bytes", copies=copies)
-            by_time = scheduled_plan(analysis, budget=budget, params=True, objective="time", copies=copies)
+            by_bytes = scheduled_plan(
+                analysis, PlanRequest.of_options(budget=budget, params=True, objective="bytes", copies=copies)
+            )
+            by_time = scheduled_plan(
+                analysis, PlanRequest.of_options(budget=budget, params=True, objective="time", copies=copies)
+            )
             t_bytes = getattr(simulate(analysis, by_bytes).times, key)
             t_time = getattr(simulate(analysis, by_time).times, key)
             assert t_time <= t_bytes * (1 + 1e-12), (budget, copies)
@@ -263,10 +275,10 @@ def test_the_time_objective_is_never_slower_than_the_bytes_objective(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_max_slowdown_stays_within_and_beats_the_default_plan_where_the_frontier_can(name):
     analysis = _analysis(name)
-    default_peak = simulate(analysis, scheduled_plan(analysis)).peak_after
-    frontier = Tradeoff(analysis, PlanRequest(strategy="frontier", params=True)).frontier()
+    default_peak = simulate(analysis, scheduled_plan(analysis, PlanRequest())).peak_after
+    frontier = Tradeoff(analysis, PlanRequest.of_options(strategy="frontier", params=True)).frontier()
     for copies, key in (("inline", "serialized"), ("streams", "overlapped")):
-        plan = scheduled_plan(analysis, max_slowdown=1.05, params=True, copies=copies)
+        plan = scheduled_plan(analysis, PlanRequest.of_options(max_slowdown=1.05, params=True, copies=copies))
         result = simulate(analysis, plan)
         assert getattr(result.times, key) <= 1.05 * result.times.baseline * (1 + 1e-9)
         within = [p for p in frontier[copies] if p.slowdown <= 1.05]
@@ -375,7 +387,7 @@ def test_frontier_never_overwrites_an_input(run_cli, tmp_path):
 
 
 def test_dominated_points():
-    trade = Tradeoff(_analysis("mlp"), PlanRequest(strategy="frontier", params=True))
+    trade = Tradeoff(_analysis("mlp"), PlanRequest.of_options(strategy="frontier", params=True))
     trade_points = trade.frontier(("inline",), 6)["inline"]
     flags = dominated(trade_points)
     front = [p for p, d in zip(trade_points, flags) if not d]

@@ -24,6 +24,7 @@ from onnx.external_data_helper import set_external_data
 from test_bad_inputs import assert_clean_failure
 
 from offloadctl.contract.document import read_plan
+from offloadctl.planning.request import FilterPart, PlanRequest, PrefetchPart, SelectPart
 
 from models import IR_VERSION, OPSET, make_model, save, tensor
 
@@ -417,7 +418,9 @@ def test_plans_built_in_memory_must_use_integers():
     from offloadctl.loading.model import load_model
     from offloadctl.planning.make import scheduled_plan
 
-    plan = scheduled_plan(analyse(load_model(SAMPLES / "seed.onnx")), select_distance=1, prefetch_distance=0)
+    plan = scheduled_plan(
+        analyse(load_model(SAMPLES / "seed.onnx")), PlanRequest.of_options(select_distance=1, prefetch_distance=0)
+    )
     validate_plan(plan)
     plan["offloads"][0]["reload_groups"][0]["uses"][0]["position"] = 5.0
     with pytest.raises(OffloadError, match="uses/0/position is 5.0, not an integer"):
@@ -746,19 +749,19 @@ def test_every_stage_function_checks_the_stage_it_reads():
     from offloadctl.planning.prefetch import prefetch
     from offloadctl.planning.select import select
 
-    selected = select(analyse(load_model(SAMPLES / "seed.onnx")), select_distance=1)
-    filtered = filter_plan(selected)
-    scheduled = prefetch(filtered)
-    for stage_function, wrong in (
-        (filter_plan, scheduled),
-        (filter_plan, filtered),
-        (prefetch, scheduled),
-        (prefetch, selected),
+    selected = select(analyse(load_model(SAMPLES / "seed.onnx")), SelectPart(select_distance=1))
+    filtered = filter_plan(selected, FilterPart())
+    scheduled = prefetch(filtered, PrefetchPart())
+    for stage_function, options, wrong in (
+        (filter_plan, FilterPart(), scheduled),
+        (filter_plan, FilterPart(), filtered),
+        (prefetch, PrefetchPart(), scheduled),
+        (prefetch, PrefetchPart(), selected),
     ):
         with pytest.raises(
             OffloadError, match=f"reads a plan at stage .* but this plan is at stage '{wrong['stage']}'"
         ):
-            stage_function(wrong)
+            stage_function(wrong, options)
     from offloadctl.planning.budget.strategy import budget_filter
 
     analysis = analyse(load_model(SAMPLES / "seed.onnx"))
@@ -767,7 +770,7 @@ def test_every_stage_function_checks_the_stage_it_reads():
             OffloadError,
             match=f"budget strategy reads a plan at stage 'selected', but this plan is at stage '{wrong['stage']}'",
         ):
-            budget_filter(wrong, analysis, budget=1000)
+            budget_filter(wrong, analysis, PlanRequest.of_options(budget=1000))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -891,7 +894,7 @@ def test_the_advice_reads_the_simulation_it_is_given_and_says_the_same(tmp_path,
         path = SAMPLES / f"{name}.onnx"
         options = {"select_distance": 2, "prefetch_distance": 1}
     analysis = analyse(load_model(path))
-    plan = scheduled_plan(analysis, params=True, **options)
+    plan = scheduled_plan(analysis, PlanRequest.of_options(params=True, **options))
     alone = advice.weak_plan_advice(analysis, plan)
     result = simulate(analysis, plan)
 

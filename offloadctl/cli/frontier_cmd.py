@@ -202,7 +202,7 @@ def frontier_cmd(
     modes = COPY_MODES if copies == "both" else (copies,)
     with steps(not as_json) as step:
         step("preparing the budget search")
-        request = usage(PlanRequest, strategy="frontier", profile=prof, objective=objective, params=params)
+        request = usage(PlanRequest.of_options, strategy="frontier", profile=prof, objective=objective, params=params)
         trade = Tradeoff(analysis, request)
         frontier = trade.frontier(modes, points, step=step)
         step("the HyperOffload default plan")

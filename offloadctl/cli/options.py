@@ -27,6 +27,7 @@ from offloadctl.planning.request import (
     PrefetchPart,
     RequestError,
     SelectPart,
+    device_profile,
 )
 from offloadctl.running.sessions import OPT_LEVELS
 
@@ -70,8 +71,9 @@ def _compose(*decorators: Decorator) -> Decorator:
     return apply
 
 
-def _group(argument: str, options: type, *decorators: Decorator) -> Decorator:
-    """Click options whose values reach the command as one ``options`` object, in ``argument``.
+def _group(argument: str, options: type, *decorators: Decorator, make: Callable[..., Any] | None = None) -> Decorator:
+    """Click options whose values reach the command as one ``options`` object, in ``argument`` (made by
+    ``make`` from the options' values when given: what the group reads before its part holds it).
 
     The options keep their flags, help and order; the command's keyword arguments named after the
     dataclass's fields are replaced by the object (a field marked ``cli: False`` has no flag: it
@@ -83,7 +85,8 @@ def _group(argument: str, options: type, *decorators: Decorator) -> Decorator:
     def apply(f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)
         def command(*args: Any, **kwargs: Any) -> Any:
-            kwargs[argument] = usage(options, **{name: kwargs.pop(name) for name in names if name in kwargs})
+            values = {name: kwargs.pop(name) for name in names if name in kwargs}
+            kwargs[argument] = usage(make or options, **values)
             return f(*args, **kwargs)
 
         return _compose(*decorators)(command)
@@ -265,20 +268,29 @@ def field_option(part: type, name: str) -> Decorator:
     return click.option(*decls, default=f.default, help=f.metadata["help"], **_kind(kind, f))
 
 
-def part_options(argument: str, part: type, *, leave_out: tuple[str, ...] = ()) -> Decorator:
+def part_options(
+    argument: str, part: type, *, leave_out: tuple[str, ...] = (), make: Callable[..., Any] | None = None
+) -> Decorator:
     """One option group per request part: an option per field (`field_option`, in the fields' order;
     those in ``leave_out``, and fields that are no option, keep their defaults), reaching the command
-    as the checked part, in ``argument``."""
+    as the checked part, in ``argument`` (``make``: what builds it from the options, the part itself by
+    default)."""
     names = [f.name for f in dataclasses.fields(part) if "kind" in f.metadata and f.name not in leave_out]
-    return _group(argument, part, *(field_option(part, name) for name in names))
+    return _group(argument, part, *(field_option(part, name) for name in names), make=make)
+
+
+def _budget_part(*, profile: str | None = None, **options: Any) -> BudgetPart:
+    """The budget part of ``--budget`` ... ``--profile``: the profile named or given as a file loaded here
+    (an unknown one is an error naming it), None when not given (the default, or the plan's device's)."""
+    return BudgetPart(profile=None if profile is None else device_profile(profile), **options)
 
 
 select_options = _compose(part_options("selecting", SelectPart), input_shape_option)
 filter_options = part_options("filtering", FilterPart)
 prefetch_options = part_options("prefetching", PrefetchPart)
 #: the budget planner's options (`BudgetPart`), for plan; filter's lack --max-slowdown (a plan-level search)
-budget_options = part_options("budgeting", BudgetPart)
-filter_budget_options = part_options("budgeting", BudgetPart, leave_out=("max_slowdown",))
+budget_options = part_options("budgeting", BudgetPart, make=_budget_part)
+filter_budget_options = part_options("budgeting", BudgetPart, leave_out=("max_slowdown",), make=_budget_part)
 #: single options of the budget part that other commands take too (simulate, frontier)
 profile_option = field_option(BudgetPart, "profile")
 objective_option = field_option(BudgetPart, "objective")

@@ -3,6 +3,7 @@ same document as chaining select, filter and prefetch, with the figures of what 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -60,8 +61,9 @@ from offloadctl.planning.request import (
     FilterPart,
     PlanRequest,
     PrefetchPart,
+    Progress,
     SelectPart,
-    evolve,
+    device_profile,
 )
 from offloadctl.simulation.points import PointResult, at_points
 
@@ -118,7 +120,9 @@ def plan_cmd(
     """
     check_output_path(output, model)
     check_report_paths(report, model, others=[("the plan", output)])
-    request = PlanRequest.of(selecting, filtering, budgeting.for_device(device), prefetching)
+    if budgeting.profile is None and device is not None:  # estimated on the device's bundled profile
+        budgeting = dataclasses.replace(budgeting, profile=device_profile(None, device))
+    request = PlanRequest(select=selecting, filter=filtering, prefetch=prefetching, budget=budgeting)
     # --opt-level writes the optimized graph beside the plan: a failure leaves neither it nor an earlier one lost
     with restored_on_failure(*optimized_outputs_for(output, opt_level)), as_asked(model, output, opt_level):
         opened = PlanModel.of(model, output, opt_level, device, shapes, sizes, order, as_json)
@@ -126,11 +130,11 @@ def plan_cmd(
             output, request, device, report, strict, max_peak, shape_points, as_json
         )
         with steps(not as_json, total=len(PIPELINE) + 1) as step:  # its passes, and writing the plan
-            done, checked = _plan_and_simulate(analysis, evolve(request, step=step), output, step, points, opened)
+            done, checked = _plan_and_simulate(analysis, request, output, step, points, opened)
         done = opened.next_step_of_source(done, opt_level)
         written = opened.written(output, report, done)
         search = print_plan(done, request, checked, explain, as_json)
-        budget = request.budget_bytes if request.uses_budget else None
+        budget = request.budget.budget if request.budget.uses_budget else None
         failure = points_failure(checked, budget, "the budget") or points_failure(checked, max_peak, "--max-peak")
         _plan_verdict(done, written, as_json, max_peak, search, failure, budget=budget)
 
@@ -146,13 +150,13 @@ def _plan_and_simulate(
     """Make the plan by the pipeline (`offloadctl.pipeline`: its figures recorded for apply to quote,
     and a weak plan's next step), simulate it at each shape point, and write it (a shape point that
     cannot be simulated is an error before anything is written)."""
-    done = planned(analysis, request)
+    done = planned(analysis, request, progress=Progress(step))
     plan, result = done.plan, done.simulation
     assert plan is not None
     checked = []
     if result is not None and points:
         step("simulating the shape points")
-        checked = at_points(analysis, plan, points, profile=request.device_profile)
+        checked = at_points(analysis, plan, points, profile=request.budget.device_profile)
     if opened is not None and opened.optimized is not None:  # the plan's model is onnxruntime's optimized graph
         plan["model"]["optimized"] = opened.optimized.to_json()  # from what, at what level
     step(f"writing {output}")

@@ -1,12 +1,12 @@
 """What the planning commands (`offloadctl select | filter | prefetch | plan`) print alike: the budget
-search's line (`print_search`), the nodes a device runs on the host (`for_device`), and a stage's
+search's line (`print_search`), the nodes a device runs on the host (`host_placement`), and a stage's
 summary and verdict (`stage_end`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import (
@@ -18,23 +18,16 @@ from offloadctl.cli.common import (
 from offloadctl.cli.ui import out_console
 from offloadctl.core.plantypes import BudgetRecord, Plan
 from offloadctl.core.units import fmt_bytes
+from offloadctl.loading.placed import NO_HOST, HostPlacement
 from offloadctl.planning.advice import unreached_bodies
 from offloadctl.planning.explain import explain_table
 from offloadctl.planning.passes import Planning
-from offloadctl.planning.request import (
-    PlanRequest,
-    SelectPart,
-    evolve,
-)
+from offloadctl.planning.request import PlanRequest
 from offloadctl.rewriting.modes import planned_copy_mode
 from offloadctl.simulation.costs import copy_mode_label
 from offloadctl.simulation.points import PointResult
 
-__all__ = ["for_device", "print_search", "stage_end"]
-
-
-T = TypeVar("T")
-S = TypeVar("S", SelectPart, PlanRequest)
+__all__ = ["host_placement", "print_search", "stage_end"]
 
 
 def _objective_words(info: BudgetRecord, defaulted: bool | None) -> str:
@@ -123,10 +116,10 @@ def print_search(plan: Plan, defaulted: bool | None = None) -> None:
             )
 
 
-def for_device(part: S, analysis: Analysis, device: str | None, as_json: bool) -> S:
-    """``part`` with the nodes ``device`` runs on the host (`offloadctl.running.residency`)."""
+def host_placement(analysis: Analysis, device: str | None, as_json: bool) -> HostPlacement:
+    """Where ``device`` runs the graph (`offloadctl.running.residency`), said in a line; none without one."""
     if device is None:
-        return part
+        return NO_HOST
     from offloadctl.running.residency import host_nodes
     from offloadctl.running.sessions import quiet_onnxruntime
 
@@ -134,7 +127,7 @@ def for_device(part: S, analysis: Analysis, device: str | None, as_json: bool) -
     found = host_nodes(analysis, device)
     if not as_json:
         out_console().print(
-            f"{len(found.nodes)} node(s) run on the host on {found.how}: their tensors are kept; onnxruntime copies "
+            f"{len(found.nodes)} node(s) run on the host on {found.device}: their tensors are kept; onnxruntime copies "
             f"{len(found.copies)} tensor(s) between host and device there",
             soft_wrap=True,
         )
@@ -143,7 +136,7 @@ def for_device(part: S, analysis: Analysis, device: str | None, as_json: bool) -
             f"onnxruntime wraps float16 nodes the CPU has no float16 kernel for in {len(found.casts)} Cast(s) there",
             soft_wrap=True,
         )
-    return evolve(part, host_nodes=found.nodes, host_copies=found.copies, host_casts=found.casts, host_device=found.how)
+    return found
 
 
 def stage_end(
@@ -181,7 +174,8 @@ def print_plan(
     figures for the verdict's document."""
     plan, result, analysis = done.plan, done.simulation, done.analysis
     assert plan is not None
-    defaulted = request.objective_defaulted if request.uses_budget else None
+    budget = request.budget
+    defaulted = budget.objective_defaulted if budget.uses_budget else None
     if not as_json:
         print_plan_summary(plan)
         print_search(plan, defaulted)
@@ -192,7 +186,7 @@ def print_plan(
         elif checked:
             print_points(analysis.loaded.dims, result, checked)
     return {
-        "objective": request.objective_name if request.uses_budget else None,
+        "objective": budget.objective_name if budget.uses_budget else None,
         "objective_default": defaulted,
         "copy_mode": planned_copy_mode(plan),  # streams that gain no time are planned in line
         "shape_points": [p.to_json() for p in checked],

@@ -15,7 +15,7 @@ from typing import Any
 from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import check_original, check_report_paths, check_unknown_sizes, open_model
 from offloadctl.cli.options import ShapeOptions, SizesOptions
-from offloadctl.cli.plan_lines import for_device
+from offloadctl.cli.plan_lines import host_placement
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console
 from offloadctl.core.errors import OffloadError
@@ -82,12 +82,12 @@ class PlanModel:
         if report is not None:
             check_report_paths(report, *self.job.reads, others=[("the plan", output)])
         check_unknown_sizes(analysis, strict=strict)
-        request = for_device(request, analysis, device, as_json)
+        request = request.with_host(host_placement(analysis, device, as_json))
         if max_peak is not None or report is not None:
             hint = "check the rewritten model with offloadctl simulate MODEL --max-peak BYTES --report FILE.md"
             check_original(analysis, "--max-peak and --report", hint)
         points = [parse_point(p) for p in shape_points]
-        if points and request.uses_budget:
+        if points and request.budget.uses_budget:
             analysis, points = _largest_point(analysis, points, as_json)
         return analysis, request, points
 

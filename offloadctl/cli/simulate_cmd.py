@@ -38,6 +38,7 @@ from offloadctl.cli.simulate_model import Simulated, opened
 from offloadctl.contract.document import read_plan
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
+from offloadctl.loading.placed import HostPlacement
 from offloadctl.rewriting.figures import as_run_figures
 from offloadctl.simulation.estimate import estimate_figures
 from offloadctl.simulation.points import PointResult, at_points, parse_point
@@ -156,17 +157,8 @@ def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis, copie
     figures = estimate_figures(result, copies)
     if plan is None or result.rewritten:
         return figures
-    select = plan["options"].get("select", {})
-    return as_run_figures(
-        plan,
-        analysis,
-        figures,
-        host_device=select.get("host_device", ""),
-        host_nodes=select.get("host_nodes", ()),
-        host_copies=select.get("host_copies", ()),
-        host_casts=select.get("host_casts", ()),
-        copies=copies,
-    )
+    host = HostPlacement.of_record(plan["options"].get("select", {}))
+    return as_run_figures(plan, analysis, figures, host=host, copies=copies)
 
 
 COMMANDS = [simulate_cmd]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import click
@@ -24,7 +25,7 @@ from offloadctl.cli.options import (
     select_options,
     sizes_option,
 )
-from offloadctl.cli.plan_lines import for_device, stage_end
+from offloadctl.cli.plan_lines import host_placement, stage_end
 from offloadctl.cli.ui import steps
 from offloadctl.contract.document import read_plan, write_plan
 from offloadctl.core.errors import OffloadError
@@ -39,8 +40,8 @@ from offloadctl.planning.request import (
     FilterPart,
     FilterRequest,
     PrefetchPart,
+    Progress,
     SelectPart,
-    evolve,
 )
 from offloadctl.planning.select import select
 
@@ -83,10 +84,10 @@ def select_cmd(
     job = open_model(model, shapes, sizes, show_progress=not as_json, order=order)
     job.guard("the plan", output)
     analysis = job.analysis
-    selecting = for_device(selecting, analysis, device, as_json)
+    selecting = dataclasses.replace(selecting, host=host_placement(analysis, device, as_json))
     with steps(not as_json) as step:
         step("selecting")
-        plan = select.run(analysis, selecting)
+        plan = select(analysis, selecting)
     write_plan(output, plan)
     stage_end("select", model, plan, output, as_json)
 
@@ -112,21 +113,21 @@ def filter_cmd(
     assuming the default prefetch distance (each offload gets its own, smaller one if needed).
     """
     check_output_path(output, selected)
-    request = FilterRequest.of(filtering, budgeting, PrefetchPart())
+    request = FilterRequest(filter=filtering, budget=budgeting)
     selected_plan = read_plan(selected, stages=("selected",))
-    if request.uses_budget:
+    if budgeting.uses_budget:
         job = _plan_job(selected_plan, selected)
         job.guard("the plan", output)
         with steps(not as_json) as step:
-            plan = budget_filter.run(selected_plan, job.analysis, evolve(request, step=step))
+            plan = budget_filter(selected_plan, job.analysis, request, Progress(step))
     else:
         if budgeting.copies != "inline":
             logger.warning(
                 "--copies is the budget strategy's: without --budget the filter keeps the first --select-num"
             )
-        plan = filter_plan.run(selected_plan, filtering)
+        plan = filter_plan(selected_plan, filtering)
     write_plan(output, plan)
-    stage_end("filter", selected, plan, output, as_json, explain, request.objective_defaulted or None)
+    stage_end("filter", selected, plan, output, as_json, explain, budgeting.objective_defaulted or None)
 
 
 @click.command("prefetch")
@@ -137,7 +138,7 @@ def filter_cmd(
 def prefetch_cmd(filtered: str, output: str, prefetching: PrefetchPart, as_json: bool) -> None:
     """Place each host-to-device copy --prefetch-distance positions early (stage 'scheduled')."""
     check_output_path(output, filtered)
-    plan = prefetch.run(read_plan(filtered, stages=("filtered",)), prefetching)
+    plan = prefetch(read_plan(filtered, stages=("filtered",)), prefetching)
     write_plan(output, plan)
     stage_end("prefetch", filtered, plan, output, as_json)
 

@@ -46,7 +46,10 @@ __all__ = [
     "CPU_INPUTS",
     "CPU_OUTPUT_OPS",
     "HostCast",
+    "HostPlacement",
+    "NO_HOST",
     "Placement",
+    "device_name",
     "host_casts",
     "placed",
     "reads_host_memory",
@@ -101,6 +104,61 @@ def host_casts(recorded: Iterable[HostCast | Mapping[str, Any]]) -> tuple[HostCa
             readers = entry["readers"]
             casts.append(HostCast(entry["tensor"], None if readers is None else tuple(readers)))
     return tuple(casts)
+
+
+def device_name(host_device: str) -> str:
+    """The device of a ``host_device`` record (``webgpu (measured)`` -> ``webgpu``); ``""`` for none."""
+    return host_device.split(maxsplit=1)[0] if host_device else ""
+
+
+@dataclass(frozen=True)
+class HostPlacement:
+    """Where the device a plan is made for (``plan --device``) runs the graph: the labels of the nodes
+    it runs on the CPU (`Analysis.node_names`), the tensors onnxruntime copies between host and device
+    memory, the Casts it inserts around float16 nodes the CPU has no float16 kernel for, and how all
+    three were found (``device``: ``"webgpu (measured)"``; ``""`` for a plan made for no device).
+
+    A plan records it in ``options.select`` as ``host_device``, ``host_nodes``, ``host_copies`` and
+    ``host_casts`` (`record`, `of_record`)."""
+
+    device: str = ""
+    nodes: tuple[str, ...] = ()
+    copies: tuple[str, ...] = ()
+    casts: tuple[HostCast, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "copies", "casts"):
+            if not isinstance(getattr(self, name), tuple):
+                raise TypeError(f"HostPlacement.{name} is a tuple, not {type(getattr(self, name)).__name__}")
+
+    @property
+    def name(self) -> str:
+        """The device alone, without how its placement was found (``webgpu``); ``""`` for none."""
+        return device_name(self.device)
+
+    def record(self) -> dict[str, Any]:
+        """The entries a plan's ``options.select`` records, those that hold something."""
+        entries = {
+            "host_nodes": list(self.nodes),
+            "host_device": self.device,
+            "host_copies": list(self.copies),
+            "host_casts": [cast.to_json() for cast in self.casts],
+        }
+        return {key: value for key, value in entries.items() if value}
+
+    @classmethod
+    def of_record(cls, select: Mapping[str, Any]) -> HostPlacement:
+        """The placement a plan's ``options.select`` (or a rewrite's ``offloadctl.device``) records."""
+        return cls(
+            str(select.get("host_device") or ""),
+            tuple(select.get("host_nodes") or ()),
+            tuple(select.get("host_copies") or ()),
+            host_casts(select.get("host_casts") or ()),
+        )
+
+
+#: the placement of a plan made for no device
+NO_HOST = HostPlacement()
 
 
 @dataclass(frozen=True)

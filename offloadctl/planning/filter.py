@@ -16,7 +16,7 @@ from offloadctl.contract.document import record_stage, require_stage
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.plantypes import Offload, Plan, Rejection, RejectionReason, rejection
 from offloadctl.core.units import fmt_bytes
-from offloadctl.planning.request import FilterPart, recorded, taking
+from offloadctl.planning.request import FilterPart, recorded
 
 __all__ = ["filter_plan", "filtered", "first_use_key", "verdicts"]
 
@@ -64,16 +64,15 @@ def verdicts(
 def filtered(selected: Plan, dropped: list[Rejection], options: FilterPart) -> Plan:
     """The "filtered" plan of a "selected" plan that holds only the offloads the filter keeps, and of
     the rejections of those it dropped (listed after the select stage's)."""
-    new = record_stage(selected, "filtered", "filter", {**recorded(FilterPart, options), "min_bytes": options.min_size})
+    new = record_stage(selected, "filtered", "filter", {**recorded(options), "min_bytes": options.min_size})
     new["rejected"] += dropped
     return new
 
 
-@taking(FilterPart)
 @paused_gc()
 def filter_plan(plan: Plan, options: FilterPart) -> Plan:
     """Return a "filtered" plan keeping the first ``select_num`` candidates in first-use order
-    (``options``: `FilterPart`, or its fields as keywords)."""
+    (``options``: `FilterPart`)."""
     require_stage(plan, "selected", "filter")
     ordered = sorted(plan["offloads"], key=first_use_key)
     kept: list[Offload] = []

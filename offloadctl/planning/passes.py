@@ -35,7 +35,7 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.planning.budget.strategy import BudgetSearch
 from offloadctl.planning.planners import filtered_by_number
 from offloadctl.planning.prefetch import lead_by_time, prefetch_own
-from offloadctl.planning.request import PlanRequest, runs_copy_streams
+from offloadctl.planning.request import NO_PROGRESS, PlanRequest, Progress, runs_copy_streams
 from offloadctl.planning.select import Selection, selection_for
 from offloadctl.planning.tradeoff import plan_within_slowdown
 from offloadctl.simulation.base import is_rewritten
@@ -47,10 +47,12 @@ __all__ = ["EVENTS", "FILTER", "PINS", "PLANNER_PASSES", "PREFETCH", "SELECT", "
 
 @dataclass(frozen=True)
 class Planning:
-    """What the passes share: the analysis and the request every pass reads, and what they write."""
+    """What the passes share: the analysis and the request every pass reads, where long work says what it
+    is doing (``progress``; the runner says each pass's name), and what the passes write."""
 
     analysis: Analysis
     request: PlanRequest
+    progress: Progress = NO_PROGRESS
     selection: Selection | None = None  # SELECT: every tensor's verdict
     plan: Plan | None = None  # FILTER: "filtered" (or "scheduled"); PREFETCH: "scheduled"
     simulation: SimResult | None = None  # a planner's own simulation of the plan, or the figures'
@@ -104,7 +106,7 @@ class Pass:
             raise ValueError(f"pass {self.name!r} declares {unknown}, which Planning has not: {list(_FIELDS)}")
 
     def __call__(self, state: Planning) -> Planning:
-        state.request.report(self.describe(state) if self.describe is not None else self.name)
+        state.progress.report(self.describe(state) if self.describe is not None else self.name)
         done = self.run(cast(Planning, _Declared(state, self)))
         if isinstance(done, _Declared):  # the state handed back as it was
             done = done._state
@@ -120,42 +122,44 @@ class Pass:
 
 @paused_gc()
 def _select(state: Planning) -> Planning:
-    return state.replace(selection=selection_for(state.analysis, state.request))
+    return state.replace(selection=selection_for(state.analysis, state.request.selecting))
 
 
 def _filter(state: Planning) -> Planning:
-    analysis, request = state.analysis, state.request
+    analysis, request, progress = state.analysis, state.request, state.progress
     selection = state.selection
     assert selection is not None  # SELECT ran: every planner takes its selection
-    if request.max_slowdown is not None:
-        outcome = plan_within_slowdown(analysis, request, selection=selection)
+    budget = request.budget
+    if budget.max_slowdown is not None:
+        outcome = plan_within_slowdown(analysis, request, selection=selection, progress=progress)
         return state.replace(plan=outcome.plan, simulation=outcome.simulation)
-    if request.uses_budget:
-        found = BudgetSearch(analysis, request, selection=selection).found()
+    if budget.uses_budget:
+        search = BudgetSearch(analysis, request, request.selecting, selection=selection, progress=progress)
+        found = search.found()
         return state.replace(plan=found.scheduled or found.filtered, simulation=found.simulation)
     return state.replace(plan=filtered_by_number(analysis, request, selection))
 
 
 def _filtering(request: PlanRequest) -> str:
-    if request.max_slowdown is not None:
+    if request.budget.max_slowdown is not None:
         return "fitting the slowdown"
-    return "fitting the budget" if request.uses_budget else "filtering"
+    return "fitting the budget" if request.budget.uses_budget else "filtering"
 
 
 def _prefetch(state: Planning) -> Planning:
     plan = state.plan
     assert plan is not None  # FILTER ran
     if plan["stage"] == "filtered":  # a planner that placed its own prefetches gave a scheduled plan
-        prefetch_own(plan, state.request)
+        prefetch_own(plan, state.request.prefetch)
         if copy_mode(state.request) == "streams" and not is_rewritten(state.analysis):  # each load by time
-            timing = copy_timing(state.analysis, state.request.device_profile)
+            timing = copy_timing(state.analysis, state.request.budget.device_profile)
             plan.setdefault("summary", {})["loads_led_by_time"] = lead_by_time(plan, state.analysis, timing)
     return state
 
 
 def copy_mode(request: PlanRequest) -> str:
     """How the plan's copies run: the request's mode, in line on a provider without streams (WebGPU)."""
-    if request.copies == "streams" and not runs_copy_streams(request.device):
+    if request.copies == "streams" and not runs_copy_streams(request.select.device):
         return "inline"
     return request.copies
 
@@ -192,7 +196,7 @@ SELECT = Pass(
 FILTER = Pass(
     name="filtering",
     seed="OffloadInfoFilterByNumber (or a budget, or a slowdown)",
-    reads=("analysis", "request", "selection"),
+    reads=("analysis", "request", "progress", "selection"),
     writes=("plan", "simulation"),
     in_place=False,
     run=_filter,

@@ -21,25 +21,28 @@ __all__ = ["distance_plan", "filtered_by_number"]
 
 @paused_gc()
 def filtered_by_number(analysis: Analysis, request: PlanRequest, selection: Selection) -> Plan:
-    """HyperOffload's filter on ``selection``'s records at ``request.select_distance``, which come in
+    """HyperOffload's filter on ``selection``'s records at ``request.select.select_distance``, which come in
     the first-use order the filter sorts entries into: the "filtered" plan, entries built only for
     the offloads it keeps (a big model selects tens of thousands of tensors, to keep a hundred)."""
-    distance = request.select_distance
-    chosen, rejected = selection.at_distance(distance, weights=request.params)
+    select = request.selecting
+    distance = select.select_distance
+    chosen, rejected = selection.at_distance(distance, weights=select.params)
     kept: list[tuple[int, Chosen]] = []
     dropped: list[Rejection] = []
     gaps, numbers = None, selection.numbers
-    for number, (record, verdict) in enumerate(zip(chosen, verdicts(((c.forced, c.size) for c in chosen), request))):
+    for number, (record, verdict) in enumerate(
+        zip(chosen, verdicts(((c.forced, c.size) for c in chosen), request.filter))
+    ):
         if verdict is None:
             kept.append((number, record))
         else:
             gaps = selection.reload_gaps(distance) if gaps is None else gaps
             gap = int(gaps[numbers[record.tensor]])
             dropped.append(rejection(record.tensor, record.kind, record.size, "filter", *verdict, gap))
-    return filtered(selected_plan(analysis, request, kept, rejected), dropped, request)
+    return filtered(selected_plan(analysis, select, kept, rejected), dropped, request.filter)
 
 
 def distance_plan(analysis: Analysis, request: PlanRequest) -> PlanOutcome:
     """HyperOffload's planner: select at ``select_distance``, keep the first ``select_num``, prefetch."""
-    plan = filtered_by_number(analysis, request, selection_for(analysis, request))
-    return PlanOutcome(prefetch_own(plan, request))
+    plan = filtered_by_number(analysis, request, selection_for(analysis, request.selecting))
+    return PlanOutcome(prefetch_own(plan, request.prefetch))

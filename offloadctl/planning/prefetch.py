@@ -26,19 +26,18 @@ from offloadctl.analysis.timeline import h2d_low, h2d_position, release_point
 from offloadctl.contract.document import advance_stage, record_stage, require_stage
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.plantypes import Offload, Plan
-from offloadctl.planning.request import PrefetchPart, recorded, taking
+from offloadctl.planning.request import PrefetchPart, recorded
 from offloadctl.simulation.costs import CopyTiming
 
 __all__ = ["lead_by_time", "prefetch", "prefetch_own"]
 
 
-@taking(PrefetchPart)
 @paused_gc()
 def prefetch(plan: Plan, options: PrefetchPart) -> Plan:
     """Return a "scheduled" plan with every H2D position and release point filled in (``options``:
-    `PrefetchPart`, or its fields as keywords)."""
+    `PrefetchPart`)."""
     require_stage(plan, "filtered", "prefetch")
-    return _schedule(record_stage(plan, "scheduled", "prefetch", recorded(PrefetchPart, options)), options)
+    return _schedule(record_stage(plan, "scheduled", "prefetch", recorded(options)), options)
 
 
 @paused_gc()
@@ -46,7 +45,7 @@ def prefetch_own(plan: Plan, options: PrefetchPart) -> Plan:
     """`prefetch` of a "filtered" plan the caller owns, done to that plan itself (no copy): for a
     planner's plan just built, which nothing else holds (a budget plan lists thousands of offloads)."""
     require_stage(plan, "filtered", "prefetch")
-    recorded_options = recorded(PrefetchPart, options)
+    recorded_options = recorded(options)
     advance_stage(plan, "scheduled", "prefetch", recorded_options)
     return _schedule(plan, options)
 

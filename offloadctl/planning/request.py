@@ -1,31 +1,32 @@
-"""The planning options: one typed request, a part per stage, each option spelled once, checked once.
+"""The planning options: one typed request made of a part per stage, each option spelled once, checked once.
 
 A stage reads its part: `SelectPart` (select), `FilterPart` (filter), `PrefetchPart` (prefetch),
-`BudgetPart` (the budget planner and the trade-off). `PlanRequest` is all four together, what
-``offloadctl plan`` and `offloadctl.make_plan` take; being each of its parts, it is handed to
-every stage as it is. Every rule that combines options lives in the parts' ``__post_init__``,
-so a request that exists is valid; a broken rule raises `RequestError`, which the command line
-reports as a usage error (exit 2).
+`BudgetPart` (the budget planner and the trade-off). `PlanRequest` holds the four as fields
+(``request.select``, ``request.filter``, ``request.prefetch``, ``request.budget``): what ``offloadctl
+plan`` and `offloadctl.make_plan` take; `FilterRequest` holds the three the budget filter reads of a
+selected plan. Each part checks its own rules when it is made, so a part that exists is valid; a
+broken rule raises `RequestError`, which the command line reports as a usage error (exit 2).
 
-`taking` lets a function of an options object take the options as keyword arguments too, typed
-from the options class itself (`select(analysis, select_distance=1)` is `select.run(analysis,
-SelectPart(select_distance=1))`), so no function spells the options out again.
+A part holds values, not text: bytes as ints, patterns as tuples, the device profile as a loaded
+`offloadctl.simulation.profiles.Profile` (None: the default one). `PlanRequest.of_options` reads the
+flat keywords the Python API takes (``budget="1.5GiB"``, ``profile="ascend-910b"``) into the parts.
+What a device runs on the host is one value, `offloadctl.loading.placed.HostPlacement`
+(``request.select.host``). Progress is not an option: it is its own argument (`Progress`).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import inspect
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, ParamSpec, TypeVar
+from pathlib import Path
+from typing import Any
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.units import parse_bytes
-from offloadctl.loading.placed import HostCast, host_casts
+from offloadctl.loading.placed import NO_HOST, HostPlacement, device_name
 from offloadctl.simulation.costs import (
     COPY_MODES,
     OBJECTIVES,
@@ -46,6 +47,7 @@ __all__ = [
     "DEFAULT_STREAM_DEPTH",
     "DEFAULT_TIME_LIMIT",
     "DEVICE_PROFILES",
+    "NO_PROGRESS",
     "BudgetPart",
     "FilterPart",
     "FilterRequest",
@@ -54,16 +56,12 @@ __all__ = [
     "PrefetchPart",
     "RequestError",
     "SelectPart",
-    "WithOptions",
-    "WithOptions2",
-    "device_name",
+    "device_profile",
     "runs_copy_streams",
-    "evolve",
     "option",
+    "option_fields",
     "profile_for",
     "recorded",
-    "taking",
-    "taking2",
 ]
 
 logger = logging.getLogger(__name__)
@@ -102,8 +100,31 @@ def option(default: Any, help: str, kind: str, **cli: Any) -> Any:
     return field(default=default, metadata={"help": help, "kind": kind, **cli})
 
 
-def _set(part: Any, name: str, value: Any) -> None:
-    object.__setattr__(part, name, value)  # a frozen dataclass normalising its own fields
+def device_profile(profile: Profile | str | Path | None, device: str | None = None) -> Profile:
+    """The profile a request is estimated on, loaded: ``profile`` (a `Profile`, a bundled profile's name
+    or a JSON file), else the bundled profile of the device a plan is made for (`profile_for`)."""
+    if isinstance(profile, Profile):
+        return profile
+    return load_profile(profile_for(None if profile is None else str(profile), device))
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise RequestError(f"{name} must be an integer >= {low}, not {value!r}", hint=f"give {name}={low} or more")
+
+
+def _byte_count(name: str, value: int | None) -> None:
+    """``value``, a number of bytes (None: not given); text is read where the options are (`PlanRequest.of_options`)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise RequestError(
+            f"{name} must be a number of bytes >= 0, not {value!r}",
+            hint=f'give {name}=65536, or PlanRequest.of_options({name}="64KiB") to read it from text',
+        )
+
+
+def _patterns(name: str, value: tuple[str, ...]) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
+        raise RequestError(f"{name} must be a tuple of glob patterns, not {value!r}", hint=f'give {name}=("*w*",)')
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,17 +139,12 @@ class SelectPart:
         never: glob patterns of tensors never to offload (wins over ``force``).
         fused: tensors onnxruntime's graph optimizations take in at the level the model is served at
             (a measured profile's ``fused``); they are not offloaded unless forced. A `PlanRequest`
-            whose profile was measured above ``--opt-level disable`` takes them from the profile.
-        host_nodes: nodes onnxruntime runs on the CPU on the device the plan is for (``plan
-            --device``, `offloadctl.running.placement.host_nodes`); the tensors they make or read are
-            not offloaded unless forced: they are not on the device there.
-        host_device: the device ``host_nodes`` were found for, and how (``webgpu (measured)``).
-        host_copies: the tensors onnxruntime copies between host and device memory there (found
-            with ``host_nodes``): with them the plan's figures count the graph as that device runs it
-            (`offloadctl.loading.placed`).
-        host_casts: the Casts onnxruntime inserts there around float16 nodes the CPU has no float16
-            kernel for (`offloadctl.loading.placed.HostCast`; found with ``host_nodes``): the figures
-            count them too.
+            whose profile was measured above ``--opt-level disable`` takes them from the profile
+            (`PlanRequest.selecting`).
+        host: where the device the plan is made for (``plan --device``) runs the graph
+            (`offloadctl.loading.placed.HostPlacement`): the tensors its host nodes make or read are
+            not offloaded unless forced (they are not on the device there), and the plan's figures
+            count the copies and Casts onnxruntime inserts there (`offloadctl.loading.placed`).
     """
 
     select_distance: int = option(
@@ -143,32 +159,26 @@ class SelectPart:
     force: tuple[str, ...] = option((), "Offload tensors matching this glob even without a long gap.", "patterns")
     never: tuple[str, ...] = option((), "Never offload tensors matching this glob.", "patterns")
     fused: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
-    host_nodes: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
-    host_device: str = field(default="", metadata={"omit_empty": True, "cli": False})
-    host_copies: tuple[str, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
-    host_casts: tuple[HostCast, ...] = field(default=(), metadata={"omit_empty": True, "cli": False})
-
-    @classmethod
-    def of(cls, request: SelectPart, **changes: Any) -> SelectPart:
-        """The select options alone, from any request that holds them, with ``changes``: checked, but
-        none of the request's other parts (its profile is not read again)."""
-        fields = {f.name: getattr(request, f.name) for f in dataclasses.fields(SelectPart) if f.init}
-        return SelectPart(**{**fields, **changes})
+    host: HostPlacement = field(default=NO_HOST, metadata={"cli": False})
 
     def __post_init__(self) -> None:
-        _set(self, "force", tuple(self.force))
-        _set(self, "never", tuple(self.never))
-        _set(self, "fused", tuple(self.fused))
-        _set(self, "host_nodes", tuple(self.host_nodes))
-        _set(self, "host_copies", tuple(self.host_copies))
-        _set(self, "host_casts", host_casts(self.host_casts))
         _at_least("select_distance", self.select_distance, 0)
+        for name in ("force", "never", "fused"):
+            _patterns(name, getattr(self, name))
+
+    @classmethod
+    def of_record(cls, recorded: Mapping[str, Any]) -> SelectPart:
+        """The select options a plan records (``options.select``, `recorded`)."""
+        host = HostPlacement.of_record(recorded)
+        names = {f.name for f in dataclasses.fields(cls)} - {"host"}
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items() if k in names}
+        return cls(**values, host=host)
 
     @property
     def device(self) -> str:
         """The device the plan is made for (``plan --device``), without how its host nodes were found;
         ``""`` for none."""
-        return device_name(self.host_device)
+        return self.host.name
 
 
 def runs_copy_streams(device: str) -> bool:
@@ -177,24 +187,19 @@ def runs_copy_streams(device: str) -> bool:
     return device_name(device) != "webgpu"
 
 
-def device_name(host_device: str) -> str:
-    """The device of a ``host_device`` record (``webgpu (measured)`` -> ``webgpu``); ``""`` for none."""
-    return host_device.split(maxsplit=1)[0] if host_device else ""
-
-
 @dataclass(frozen=True, kw_only=True)
 class FilterPart:
     """The filter stage's options.
 
     Attributes:
         select_num: keep at most this many offloads, in first-use order (the distance planner).
-        min_bytes: drop candidates smaller than this (bytes, or text such as ``"64KiB"``). None: none
-            for the distance plan (HyperOffload's exact semantics), and for a budget or a slowdown the
-            smallest copy worth its cost (`offloadctl.planning.budget.candidates.copy_floor`).
+        min_bytes: drop candidates smaller than this many bytes. None: none for the distance plan
+            (HyperOffload's exact semantics), and for a budget or a slowdown the smallest copy worth its
+            cost (`offloadctl.planning.budget.candidates.copy_floor`).
     """
 
     select_num: int = option(DEFAULT_SELECT_NUM, "Keep at most this many offloads, in first-use order.", "count")
-    min_bytes: int | str | None = option(
+    min_bytes: int | None = option(
         None,
         "Drop candidates smaller than this (accepts 4096, 64KiB, 1MB). Default: none for the distance plan "
         "(HyperOffload's exact semantics); with --budget or --max-slowdown, the smallest copy worth its cost "
@@ -205,13 +210,12 @@ class FilterPart:
 
     def __post_init__(self) -> None:
         _at_least("select_num", self.select_num, 0)
-        if self.min_bytes is not None:
-            _set(self, "min_bytes", _bytes("min_bytes", self.min_bytes))
+        _byte_count("min_bytes", self.min_bytes)
 
     @property
     def min_size(self) -> int:
         """``min_bytes`` in bytes (0 when it was not given)."""
-        return int(self.min_bytes or 0)
+        return self.min_bytes or 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,13 +264,14 @@ class BudgetPart:
             weight streaming or a slowdown limit is asked for. ``"frontier"`` asks for budget plans
             at every budget from the peak down to the lower bound (`offloadctl.planning.tradeoff`,
             ``offloadctl frontier``), not for one plan.
-        budget: peak device memory to fit, in bytes or as text (``"1.5GiB"``).
+        budget: peak device memory to fit, in bytes.
         stream_weights: keep weights on the host and stream them in by layer group.
         stream_depth: with ``stream_weights``, how many layer groups ahead weights come in.
         objective: what the budget search minimises: ``"bytes"`` moved, ``"time"`` the copies add
             on ``profile``, or a `offloadctl.simulation.costs.CopyCost`; None: time with a measured
             profile, bytes otherwise.
-        profile: the device profile (name, file or `Profile`) of time objectives and estimates.
+        profile: the device profile of time objectives and estimates, loaded by the caller
+            (`device_profile`); None: the default one.
         copies: ``"inline"`` (copies on the compute stream, what onnxruntime runs) or ``"streams"``
             (an estimate for copy streams): what the time objective and ``max_slowdown`` estimate.
         optimal: also solve the exact covering program (HiGHS) from the greedy's plan.
@@ -281,7 +286,7 @@ class BudgetPart:
         "choice",
         choices=("distance", "budget"),
     )
-    budget: int | str | None = option(
+    budget: int | None = option(
         None, "Peak device memory to fit (accepts 1.5GiB, 800MB); implies --strategy budget.", "bytes"
     )
     stream_weights: bool = option(
@@ -297,7 +302,7 @@ class BudgetPart:
         "choice",
         choices=OBJECTIVES,
     )
-    profile: Profile | str | None = option(
+    profile: Profile | None = option(
         None,
         f"Device profile for the time estimate: {', '.join(list_profiles())}, or a JSON file of your own.",
         "profile",
@@ -324,48 +329,36 @@ class BudgetPart:
         "times the baseline, e.g. 1.05.",
         "factor",
     )
-    # resolved when the options are checked (the fields above keep what was asked for)
-    _profile: Profile | None = field(default=None, init=False, repr=False, compare=False)
-    _objective: str | CopyCost | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self._check_values()
         self._check_alternatives()
-        profile = self.profile if isinstance(self.profile, Profile) else load_profile(self.profile or DEFAULT_PROFILE)
-        _set(self, "_profile", profile)
-        defaulted = self.objective is None
         if self.objective is not None and self.objective not in ("bytes", "time"):
             if not isinstance(self.objective, CopyCost):
                 raise RequestError(f"unknown objective {self.objective!r}", hint="use 'bytes' or 'time'")
-        objective = default_objective(profile) if defaulted else self.objective
-        assert objective is not None
-        _set(self, "_objective", objective)
-        if self.optimal and not linear_objective(objective, self.copies):
-            message, fix = optimal_refusal(" (the default with a measured profile)" if defaulted else "")
+        if self.optimal and not linear_objective(self.search_objective, self.copies):
+            message, fix = optimal_refusal(" (the default with a measured profile)" if self.objective is None else "")
             raise RequestError(message, hint=fix)
 
     def _check_values(self) -> None:
-        """Each option's value on its own: the budget in bytes, a known strategy and copy mode, a depth
-        and a time limit in range."""
-        if self.budget is not None:
-            _set(self, "budget", _bytes("budget", self.budget))
+        """Each option's value on its own: the budget in bytes, a known strategy and copy mode, a loaded
+        profile, a depth and a time limit in range."""
+        _byte_count("budget", self.budget)
         if self.strategy not in (None, "distance", "budget", "frontier"):
             raise RequestError(f"unknown strategy {self.strategy!r}", hint="use 'distance' or 'budget'")
         if self.copies not in COPY_MODES:
             raise RequestError(f"unknown copy mode {self.copies!r}", hint=f"use one of {', '.join(COPY_MODES)}")
+        if self.profile is not None and not isinstance(self.profile, Profile):
+            raise RequestError(
+                f"the profile must be loaded, not {self.profile!r}",
+                hint="give device_profile(NAME_OR_FILE), or PlanRequest.of_options(profile=...) to load it",
+            )
         _at_least("stream_depth", self.stream_depth, 0)
         if not (math.isfinite(self.time_limit) and self.time_limit > 0):
             raise RequestError(
                 f"the exact search's time limit {self.time_limit} is not a finite number of seconds above 0",
                 hint="for example --time-limit 60",
             )
-
-    def for_device(self, device: str | None) -> BudgetPart:
-        """These options for a plan made for ``device`` (``plan --device``): without a profile of their
-        own, estimated on the device's bundled one (`DEVICE_PROFILES`)."""
-        if device is None or self.profile is not None:
-            return self
-        return dataclasses.replace(self, profile=profile_for(None, device))
 
     def _check_alternatives(self) -> None:
         if self.strategy == "frontier":
@@ -431,21 +424,14 @@ class BudgetPart:
         )
 
     @property
-    def budget_bytes(self) -> int | None:
-        """``budget`` in bytes."""
-        return None if self.budget is None else int(self.budget)
-
-    @property
     def device_profile(self) -> Profile:
-        """``profile``, loaded (the default profile when none was given)."""
-        assert self._profile is not None  # loaded in __post_init__
-        return self._profile
+        """``profile``, or the default profile when none was given."""
+        return self.profile if self.profile is not None else device_profile(None)
 
     @property
     def search_objective(self) -> str | CopyCost:
         """What the budget search minimises: ``objective``, or the profile's default without one."""
-        assert self._objective is not None  # resolved in __post_init__
-        return self._objective
+        return self.objective if self.objective is not None else default_objective(self.device_profile)
 
     @property
     def objective_name(self) -> str:
@@ -459,10 +445,11 @@ class BudgetPart:
         return self.objective is None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class Progress:
-    """``step``, which is not an option: called with the name of each stage as it starts
-    (``step("scheduling")``), and with ``new=False`` for news from a long search."""
+    """Where a long piece of work says what it is doing: ``step``, called with the name of each stage as
+    it starts (``step("scheduling")``), and with ``new=False`` for news from a long search. Not an
+    option: the planner takes it as an argument of its own (`NO_PROGRESS`: say nothing)."""
 
     step: Callable[..., None] | None = field(default=None, compare=False, repr=False)
 
@@ -472,181 +459,107 @@ class Progress:
             self.step(text, new=new)
 
 
-Part = TypeVar("Part")
-
-
-def _of_parts(cls: type[Part], parts: tuple[Any, ...], step: Callable[..., None] | None) -> Part:
-    """An instance of ``cls`` holding the fields of ``parts`` (each already checked), not checked again:
-    ``__post_init__`` does not run, so no part's rule runs twice and no profile is read twice."""
-    made = object.__new__(cls)
-    for part in parts:
-        for f in dataclasses.fields(part):
-            object.__setattr__(made, f.name, getattr(part, f.name))
-    object.__setattr__(made, "step", step)
-    return made
-
-
-def evolve(request: Part, **changes: Any) -> Part:
-    """A copy of a checked part or request with fields that no rule reads set (``step``, the progress
-    callback; ``host_nodes``, ``host_copies``, ``host_casts`` and ``host_device``, what ``plan --device``
-    finds), not checked again."""
-    unchecked = {"step", "host_nodes", "host_copies", "host_casts", "host_device"}
-    if not set(changes) <= unchecked:
-        raise ValueError(f"evolve sets only {sorted(unchecked)}, not {sorted(set(changes) - unchecked)}")
-    made = copy.copy(request)
-    for name, value in changes.items():
-        if name == "host_casts":
-            value = host_casts(value)
-        object.__setattr__(made, name, tuple(value) if name in ("host_nodes", "host_copies") else value)
-    return made
+#: progress that says nothing
+NO_PROGRESS = Progress()
 
 
 @dataclass(frozen=True, kw_only=True)
-class FilterRequest(FilterPart, BudgetPart, PrefetchPart, Progress):
-    """What the filter stage takes with a budget (the select options are those of the selected plan):
-    the budget planner's options, and the prefetch distances it plans for."""
+class FilterRequest:
+    """What the budget filter reads of a selected plan (its select options are the plan's own): the
+    filter's, the budget planner's, and the prefetch distances it plans for."""
 
-    def __post_init__(self) -> None:
-        FilterPart.__post_init__(self)
-        PrefetchPart.__post_init__(self)
-        BudgetPart.__post_init__(self)
-        self._across_parts()
-
-    @classmethod
-    def of(
-        cls,
-        filtering: FilterPart,
-        budgeting: BudgetPart,
-        prefetching: PrefetchPart,
-        *,
-        step: Callable[..., None] | None = None,
-    ) -> FilterRequest:
-        """The request made of its parts, each checked when it was made: only the rules across parts run."""
-        made = _of_parts(cls, (filtering, budgeting, prefetching), step)
-        made._across_parts()
-        return made
-
-    def _across_parts(self) -> None:
-        if self.uses_budget and self.select_num != DEFAULT_SELECT_NUM:
-            logger.warning(
-                "--select-num %d is not used by the budget strategy (it fits the budget instead)", self.select_num
-            )
+    filter: FilterPart = FilterPart()
+    budget: BudgetPart = BudgetPart()
+    prefetch: PrefetchPart = PrefetchPart()
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanRequest(SelectPart, FilterRequest):
-    """Every planning option (see each part), what ``offloadctl plan`` and `offloadctl.make_plan`
-    take. A request is checked once, when it is made (from keywords, or with `of` from its parts)."""
+class PlanRequest(FilterRequest):
+    """Every planning option, a part per stage: what ``offloadctl plan`` and `offloadctl.make_plan` take.
+    Each part was checked when it was made; `of_options` makes a request from flat keywords."""
+
+    select: SelectPart = SelectPart()
 
     def __post_init__(self) -> None:
-        SelectPart.__post_init__(self)
-        FilterRequest.__post_init__(self)
+        for name, part in _PARTS.items():
+            if not isinstance(getattr(self, name), part):
+                raise TypeError(
+                    f"PlanRequest.{name} is a {part.__name__}, not {getattr(self, name)!r}: "
+                    f"flat options such as {name}=... go to PlanRequest.of_options"
+                )
 
     @classmethod
-    def of(  # type: ignore[override]  # one part more than the filter request
-        cls,
-        selecting: SelectPart,
-        filtering: FilterPart,
-        budgeting: BudgetPart,
-        prefetching: PrefetchPart,
-        *,
-        step: Callable[..., None] | None = None,
-    ) -> PlanRequest:
-        """The request made of its parts, each checked when it was made: only the rules across parts run."""
-        made = _of_parts(cls, (selecting, filtering, budgeting, prefetching), step)
-        made._across_parts()
-        return made
+    def of_options(cls, *, device: str | None = None, **options: Any) -> PlanRequest:
+        """The request of the flat keywords the Python API takes, each a field of one part (documented
+        there): bytes as numbers or text (``budget="1.5GiB"``), patterns as any sequence, ``profile`` as
+        a `Profile`, a bundled profile's name or a JSON file (without one, that of ``device``, the device
+        the plan is made for: `DEVICE_PROFILES`), ``host`` a `HostPlacement`.
 
-    def _across_parts(self) -> None:
-        FilterRequest._across_parts(self)
-        measured = self.device_profile.measured
-        if not self.fused and measured is not None and measured.fused:
-            # a profile measured at a level that fuses: keep what those fusions take in
-            _set(self, "fused", tuple(sorted(measured.fused)))
+        Raises:
+            TypeError: an option no part has.
+            RequestError: a value out of range, or options that do not go together.
+        """
+        parts: dict[str, dict[str, Any]] = {name: {} for name in _PARTS}
+        for key, value in options.items():
+            name = _PART_OF.get(key)
+            if name is None:  # as a constructor says it
+                raise TypeError(f"PlanRequest.of_options() got an unexpected keyword argument {key!r}")
+            parts[name][key] = _read(key, value)
+        parts["budget"]["profile"] = device_profile(options.get("profile"), device)
+        return cls(**{name: _PARTS[name](**values) for name, values in parts.items()})
+
+    @property
+    def selecting(self) -> SelectPart:
+        """The select options as the select stage reads them: with a profile measured at a level that
+        fuses, and no fused tensors given, those the profile's fusions take in."""
+        measured = self.budget.device_profile.measured
+        if self.select.fused or measured is None or not measured.fused:
+            return self.select
+        return dataclasses.replace(self.select, fused=tuple(sorted(measured.fused)))
+
+    @property
+    def copies(self) -> str:
+        """How the plan's copies run (``budget.copies``), a rule every stage after the filter reads."""
+        return self.budget.copies
+
+    def with_copies(self, copies: str) -> PlanRequest:
+        """This request with its copies run ``copies``."""
+        return dataclasses.replace(self, budget=dataclasses.replace(self.budget, copies=copies))
+
+    def with_host(self, host: HostPlacement) -> PlanRequest:
+        """This request for a plan made for the device ``host`` describes."""
+        return dataclasses.replace(self, select=dataclasses.replace(self.select, host=host))
 
 
-def recorded(part_type: type, request: Any) -> dict[str, Any]:
-    """The options of one part, as a plan records them (``options.select`` ...): lists for tuples; a
-    field marked ``omit_empty`` only when it holds something."""
-    options: dict[str, Any] = {}
-    for f in dataclasses.fields(part_type):
-        value = getattr(request, f.name)
-        if value or not f.metadata.get("omit_empty"):
-            if isinstance(value, tuple):  # entries with a JSON form of their own (`HostCast`) take it
-                value = [v.to_json() if hasattr(v, "to_json") else v for v in value]
-            options[f.name] = value
-    return options
+_PARTS: dict[str, type] = {"select": SelectPart, "filter": FilterPart, "prefetch": PrefetchPart, "budget": BudgetPart}
+_PART_OF = {f.name: name for name, part in _PARTS.items() for f in dataclasses.fields(part)}
 
 
-def _at_least(name: str, value: int, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise RequestError(f"{name} must be an integer >= {low}, not {value!r}", hint=f"give {name}={low} or more")
+def option_fields() -> list[dataclasses.Field[Any]]:
+    """Every part's fields that are options (``offloadctl plan``'s), in the parts' order."""
+    return [f for part in _PARTS.values() for f in dataclasses.fields(part) if "kind" in f.metadata]
 
 
-def _bytes(name: str, value: int | str) -> int:
-    if isinstance(value, str):
+def _read(key: str, value: Any) -> Any:
+    """A flat keyword's value as its part holds it: text bytes read, sequences as tuples."""
+    if key in ("budget", "min_bytes") and isinstance(value, str):
         return parse_bytes(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise RequestError(f"{name} must be a number of bytes >= 0, not {value!r}", hint=f'give {name}="64KiB"')
+    if key in ("force", "never", "fused") and isinstance(value, Sequence) and not isinstance(value, str):
+        return tuple(value)
     return value
 
 
-P = ParamSpec("P")
-T = TypeVar("T")
-X = TypeVar("X")
-R = TypeVar("R")
-
-
-class WithOptions(Generic[X, T, P, R]):
-    """A function of ``(first, options)`` that also takes the options as keywords: ``f(first, **options)``
-    builds the options object (so it is checked), ``f.run(first, options)`` takes one ready-made."""
-
-    def __init__(self, options: Callable[P, T], function: Callable[[X, T], R]) -> None:
-        self._options = options
-        self.run = function
-        self.__name__ = function.__name__
-        self.__qualname__ = function.__qualname__
-        self.__module__ = function.__module__
-        self.__doc__ = function.__doc__
-        first = next(iter(inspect.signature(function).parameters.values()))
-        keywords = list(inspect.signature(options).parameters.values())
-        self.__signature__ = inspect.Signature([first.replace(kind=first.POSITIONAL_ONLY), *keywords])
-
-    def __call__(self, first: X, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.run(first, self._options(*args, **kwargs))
-
-
-def taking(options: Callable[P, T]) -> Callable[[Callable[[X, T], R]], WithOptions[X, T, P, R]]:
-    """Decorate ``function(first, options)`` so that it takes ``options``'s fields as keywords too."""
-
-    def decorate(function: Callable[[X, T], R]) -> WithOptions[X, T, P, R]:
-        return WithOptions(options, function)
-
-    return decorate
-
-
-# the keyword form of a function of two leading arguments (the budget filter: a plan and its analysis)
-Y = TypeVar("Y")
-
-
-class WithOptions2(Generic[X, Y, T, P, R]):
-    """`WithOptions` for a function of ``(first, second, options)``."""
-
-    def __init__(self, options: Callable[P, T], function: Callable[[X, Y, T], R]) -> None:
-        self._options = options
-        self.run = function
-        self.__name__ = function.__name__
-        self.__module__ = function.__module__
-        self.__doc__ = function.__doc__
-
-    def __call__(self, first: X, second: Y, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self.run(first, second, self._options(*args, **kwargs))
-
-
-def taking2(options: Callable[P, T]) -> Callable[[Callable[[X, Y, T], R]], WithOptions2[X, Y, T, P, R]]:
-    """`taking` for a function of two leading arguments."""
-
-    def decorate(function: Callable[[X, Y, T], R]) -> WithOptions2[X, Y, T, P, R]:
-        return WithOptions2(options, function)
-
-    return decorate
+def recorded(part: Any) -> dict[str, Any]:
+    """The options of one part, as a plan records them (``options.select`` ...): lists for tuples; a
+    field marked ``omit_empty`` only when it holds something; the host placement as its entries
+    (`offloadctl.loading.placed.HostPlacement.record`)."""
+    options: dict[str, Any] = {}
+    for f in dataclasses.fields(part):
+        value = getattr(part, f.name)
+        if isinstance(value, HostPlacement):
+            options.update(value.record())
+        elif isinstance(value, Profile):
+            options[f.name] = value.name
+        elif value or not f.metadata.get("omit_empty"):
+            options[f.name] = list(value) if isinstance(value, tuple) else value
+    return options

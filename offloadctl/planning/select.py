@@ -16,6 +16,7 @@ sends every other tensor through the checks, so a new reason is a new rule, scre
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import itertools
 import logging
@@ -56,7 +57,7 @@ from offloadctl.planning.host_reads import (
     reads_on_host,
     shape_feeders,
 )
-from offloadctl.planning.request import SelectPart, recorded, taking
+from offloadctl.planning.request import SelectPart, recorded
 from offloadctl.planning.uses import (
     UseArrays,
     input_bits,
@@ -115,8 +116,8 @@ class _Selector:
         }
         self.packing = packing_nodes(analysis)  # position -> the inputs its node packs, for those that pack any
         self.fused = frozenset(options.fused)
-        self.host_nodes = frozenset(options.host_nodes)
-        self.host_device = options.host_device
+        self.host_nodes = frozenset(options.host.nodes)
+        self.host_device = options.host.device
 
     def reject(
         self,
@@ -609,7 +610,7 @@ class Selection:
     def __init__(self, analysis: Analysis, options: SelectPart) -> None:
         self.options = options
         self.analysis = analysis
-        self._selector = _Selector(analysis, SelectPart.of(options, params=True, select_distance=0))
+        self._selector = _Selector(analysis, dataclasses.replace(options, params=True, select_distance=0))
         self._parts: dict[bool, tuple[list[tuple[_Key, Chosen]], list[tuple[_Key, Rejection]]]] = {}
         self._lists: dict[bool, tuple[list[Chosen], list[Rejection]]] = {}
         self._plans: dict[bool, Plan] = {}
@@ -645,7 +646,7 @@ class Selection:
 
     def header(self, *, weights: bool) -> Plan:
         """`plan` with empty ``offloads`` and ``rejected`` lists (its model, options and history)."""
-        return _selected(self.analysis, SelectPart.of(self.options, params=weights, select_distance=0))
+        return _selected(self.analysis, dataclasses.replace(self.options, params=weights, select_distance=0))
 
     def chosen(self, *, weights: bool) -> list[Chosen]:
         """The tensors `plan` lists as offloads, in its order."""
@@ -794,7 +795,7 @@ def _candidate_uses(analysis: Analysis) -> tuple[list[str], list[str], UseArrays
 def selection_for(analysis: Analysis, options: SelectPart) -> Selection:
     """The `Selection` of ``analysis`` with ``options`` (their select distance and ``params`` aside):
     made once per analysis and options, and shared by the stages that select with them."""
-    key = SelectPart.of(options, params=True, select_distance=0)
+    key = dataclasses.replace(options, params=True, select_distance=0)
     made: dict[SelectPart, Selection] = derived(analysis, "selections", lambda _analysis: {})
     found = made.get(key)
     if found is None:
@@ -802,11 +803,10 @@ def selection_for(analysis: Analysis, options: SelectPart) -> Selection:
     return found
 
 
-@taking(SelectPart)
 @paused_gc()
 def select(analysis: Analysis, options: SelectPart) -> Plan:
-    """Build a plan at stage "selected" from an analysed model (``options``: `SelectPart`, or its
-    fields as keywords: ``select(analysis, select_distance=1)``)."""
+    """Build a plan at stage "selected" from an analysed model with the select ``options``
+    (``select(analysis, SelectPart(select_distance=1))``)."""
     chosen, rejected = selection_for(analysis, options).at_distance(options.select_distance, weights=options.params)
     return selected_plan(analysis, options, enumerate(chosen), rejected)
 
@@ -836,7 +836,7 @@ def _reload_split(analysis: Analysis, chosen: Chosen, distance: int) -> tuple[li
 
 def _selected(analysis: Analysis, options: SelectPart) -> Plan:
     """A plan at stage "selected" made with ``options``, its ``offloads`` and ``rejected`` lists empty."""
-    recorded_options = recorded(SelectPart, options)
+    recorded_options = recorded(options)
     return {
         "schema_version": SCHEMA_VERSION,
         "stage": "selected",

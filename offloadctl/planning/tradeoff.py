@@ -35,7 +35,7 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.planning.budget.strategy import BudgetSearch, BudgetUnreachable
 from offloadctl.planning.outcome import PlanOutcome
 from offloadctl.planning.planners import distance_plan
-from offloadctl.planning.request import PlanRequest
+from offloadctl.planning.request import NO_PROGRESS, BudgetPart, PlanRequest, Progress
 from offloadctl.planning.select import Selection
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import COPY_MODES, InlineTime, copies_of, copy_mode_label, plan_cost
@@ -160,16 +160,17 @@ class Tradeoff:
                 f"{analysis.loaded.path} already contains copies: trading memory for time needs the original model",
                 hint="plan the model before offloadctl apply",
             )
-        request = request or PlanRequest(strategy="frontier")
-        if request.strategy != "frontier" and request.max_slowdown is None:
+        request = request or PlanRequest(budget=BudgetPart(strategy="frontier"))
+        if request.budget.strategy != "frontier" and request.budget.max_slowdown is None:
             raise OffloadError(
                 "a trade-off is asked for with a frontier or a slowdown limit",
-                hint='give PlanRequest(strategy="frontier") or PlanRequest(max_slowdown=X)',
+                hint='give PlanRequest(budget=BudgetPart(strategy="frontier")) or BudgetPart(max_slowdown=X)',
             )
         self.request = request  # every budget and copy mode is asked for plan by plan
-        self.profile = self.request.device_profile
-        self.objective = self.request.objective_name
-        self.search = BudgetSearch(analysis, self.request, selection=selection)  # the pipeline's, when given
+        self.profile = self.request.budget.device_profile
+        self.objective = self.request.budget.objective_name
+        # the pipeline's selection, when given
+        self.search = BudgetSearch(analysis, self.request, self.request.selecting, selection=selection)
         self.analysis = self.search.analysis  # counting the profile's kernel scratch
         self.peak_bytes = self.search.prepared.peak_before
         self.lower_bound_bytes = self.search.prepared.lower_bound
@@ -320,16 +321,21 @@ class Tradeoff:
 
 
 def plan_within_slowdown(
-    analysis: Analysis, request: PlanRequest, points: int = DEFAULT_POINTS, *, selection: Selection | None = None
+    analysis: Analysis,
+    request: PlanRequest,
+    points: int = DEFAULT_POINTS,
+    *,
+    selection: Selection | None = None,
+    progress: Progress = NO_PROGRESS,
 ) -> PlanOutcome:
     """The scheduled plan with the largest cut in peak memory whose estimated time, under
-    ``request.copies``, is at most ``request.max_slowdown`` times the baseline (``plan
+    ``request.copies``, is at most ``request.budget.max_slowdown`` times the baseline (``plan
     --max-slowdown``); the figures go into ``plan["budget"]["max_slowdown"]`` and
     ``options.filter.max_slowdown``."""
-    max_slowdown, copies = request.max_slowdown, request.copies
+    max_slowdown, copies = request.budget.max_slowdown, request.copies
     assert max_slowdown is not None  # a request sent here has one
     trade = Tradeoff(analysis, request, selection=selection)
-    step = None if request.step is None else (lambda text: request.report(text, new=False))
+    step = None if progress.step is None else (lambda text: progress.report(text, new=False))
     plan, point, tried = trade.within(max_slowdown, copies, points, step=step)
     within = point.peak_bytes < trade.peak_bytes
     if point.weights_added:

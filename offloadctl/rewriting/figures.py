@@ -4,15 +4,16 @@ the plan was made for, in the executor's order (`as_run_figures`). The pipeline'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
+from offloadctl.loading.placed import NO_HOST, HostPlacement
 from offloadctl.planning.budget.strategy import BudgetUnreachable
-from offloadctl.planning.request import PlanRequest, device_name, runs_copy_streams
+from offloadctl.planning.request import NO_PROGRESS, PlanRequest, Progress, runs_copy_streams
 from offloadctl.rewriting.preview import device_result, placement_of, run_order_result, streams_run_result
 from offloadctl.rewriting.rewrite import target_for
 from offloadctl.simulation.estimate import estimate_figures, with_device_peaks, with_run_order_peak, with_run_time
@@ -23,7 +24,12 @@ __all__ = ["as_run_figures", "as_the_device_runs", "device_figures", "run_order_
 
 
 def run_order_figures(
-    plan: Plan, analysis: Analysis, result: SimResult, request: PlanRequest, copies: str | None = None
+    plan: Plan,
+    analysis: Analysis,
+    result: SimResult,
+    request: PlanRequest,
+    copies: str | None = None,
+    progress: Progress = NO_PROGRESS,
 ) -> dict[str, Any]:
     """The plan's figures (`as_run_figures` of the simulation's, for the request's device), its copies run
     as ``copies`` says (the request's mode by default)."""
@@ -32,13 +38,10 @@ def run_order_figures(
         plan,
         analysis,
         estimate_figures(result, copies),
-        host_device=request.host_device,
-        host_nodes=request.host_nodes,
-        host_copies=request.host_copies,
-        host_casts=request.host_casts,
-        report=request.report,
+        host=request.select.host,
+        report=progress.report,
         copies=copies,
-        profile=request.device_profile,
+        profile=request.budget.device_profile,
     )
 
 
@@ -47,16 +50,13 @@ def as_run_figures(
     analysis: Analysis,
     figures: dict[str, Any],
     *,
-    host_device: str = "",
-    host_nodes: Sequence[str] = (),
-    host_copies: Sequence[str] = (),
-    host_casts: Sequence[Any] = (),
+    host: HostPlacement = NO_HOST,
     report: Callable[[str], None] | None = None,
     copies: str = "inline",
     profile: Profile | None = None,
 ) -> dict[str, Any]:
     """``figures`` (`estimate_figures` of the plan's simulation) with the peaks of what runs: for a plan
-    made for a device (``plan --device``: ``host_device``, the nodes it runs on the host and the copies
+    made for a device (``plan --device``: ``host``, the nodes it runs on the host and the copies
     and Casts onnxruntime inserts there), the model's and the rewrite's as that device runs them, in either order
     (`device_figures`); else with ``copies`` on streams the peak after of the rewrite as
     ``apply --copies streams`` writes it, in the order the executor runs its two streams (the copy stream
@@ -66,10 +66,8 @@ def as_run_figures(
 
     With ``copies`` on streams the time is the replay's too, on ``profile`` (`with_run_time`): the loads
     ``apply`` keeps in line and the copies a gate holds cost what they cost as the executor runs them."""
-    if host_device:
-        return device_figures(
-            plan, analysis, figures, host_device, host_nodes, host_copies, host_casts, copies, profile=profile
-        )
+    if host.device:
+        return device_figures(plan, analysis, figures, host, copies, profile=profile)
     if not plan["offloads"]:
         return figures
     if copies == "streams":
@@ -91,24 +89,21 @@ def device_figures(
     plan: Plan,
     analysis: Analysis,
     figures: dict[str, Any],
-    host_device: str,
-    host_nodes: Sequence[str] = (),
-    host_copies: Sequence[str] = (),
-    host_casts: Sequence[Any] = (),
+    host: HostPlacement,
     copies: str = "inline",
     *,
     profile: Profile | None = None,
 ) -> dict[str, Any]:
     """``figures`` with the peaks of the model and of ``plan``'s rewrite as the device the plan was made
-    for runs them (``plan --device``: ``host_device``, the nodes it runs on the host, the tensors
-    onnxruntime copies there and the Casts it inserts, as `SelectPart` records them), in the order its
+    for runs them (``plan --device``: ``host``, the nodes it runs on the host, the tensors onnxruntime
+    copies there and the Casts it inserts), in the order its
     executor runs the two providers' streams in (`offloadctl.rewriting.preview.device_result`); with
     ``copies`` on streams, the rewrite as ``apply --copies streams`` writes it, its copy stream run
     ahead of compute until a gate stops it (`offloadctl.rewriting.preview.streams_run_result`), and then
     its time as it runs there on ``profile`` too (`with_run_time`: the copies onnxruntime inserts count,
     in the streams figure and in the in-line one it is compared with)."""
-    device = device_name(host_device)
-    placement = placement_of(analysis, host_nodes, host_copies, host_casts)
+    device = host.name
+    placement = placement_of(analysis, host)
     target = target_for(device)  # the pins `apply --target` writes for it
     with paused_gc():
         before, _ = device_result(None, analysis, placement, target=target, profile=profile)
@@ -128,12 +123,13 @@ def as_the_device_runs(exc: BudgetUnreachable, analysis: Analysis, request: Plan
     """``exc`` for a plan made for a device (``plan --device``), saying what its figures count: a budget
     counts every node on the device, while the device runs some on the host, whose tensors are not in
     its memory, so the model's peak as the device runs it is another figure."""
-    device = request.device
-    placement = placement_of(analysis, request.host_nodes, request.host_copies, request.host_casts)
+    host = request.select.host
+    device = host.name
+    placement = placement_of(analysis, host)
     with paused_gc():
         as_run, _ = device_result(None, analysis, placement, target=target_for(device))
     return BudgetUnreachable(
-        f"{exc.message}. A budget counts every node on the device; {device} runs {len(request.host_nodes)} of "
+        f"{exc.message}. A budget counts every node on the device; {device} runs {len(host.nodes)} of "
         f"them on the host, whose tensors it keeps in host memory, so the model as {device} runs it peaks at "
         f"{fmt_bytes(as_run.peak_after)}",
         hint=exc.hint,

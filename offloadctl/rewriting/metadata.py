@@ -54,6 +54,7 @@ from offloadctl.analysis.order import EXECUTION_ORDERS
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import json_sha256
 from offloadctl.core.plantypes import Plan
+from offloadctl.loading.placed import HostPlacement
 
 __all__ = [
     "KEY_VERSION",
@@ -243,13 +244,15 @@ def planned_execution_order(model: str | os.PathLike[str]) -> str | None:
     return order if order in EXECUTION_ORDERS else None
 
 
-def planned_device(proto: onnx.ModelProto) -> dict[str, Any] | None:
-    """The device a rewritten model's plan was made for (``plan --device``), as its ``offloadctl.planned_at``
-    records it: ``host_device``, ``host_nodes``, ``host_copies``, ``host_casts``; None for a plan made for no
-    device, or any other model."""
+def planned_device(proto: onnx.ModelProto) -> HostPlacement | None:
+    """Where the device a rewritten model's plan was made for (``plan --device``) runs it, as its
+    ``offloadctl.planned_at`` records it (``host_device``, ``host_nodes``, ``host_copies``, ``host_casts``);
+    None for a plan made for no device, or any other model."""
     recorded = metadata_json(proto, KEY_PLANNED_AT)
     device = recorded.get("device") if isinstance(recorded, dict) else None
-    return device if isinstance(device, dict) and isinstance(device.get("host_device"), str) else None
+    if not (isinstance(device, dict) and isinstance(device.get("host_device"), str)):
+        return None
+    return HostPlacement.of_record(device)
 
 
 def planned_at(model: str | os.PathLike[str]) -> tuple[dict[str, list[int]], dict[str, int], str | None]:

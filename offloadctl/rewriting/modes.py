@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.plantypes import Plan
-from offloadctl.planning.request import device_name, runs_copy_streams
+from offloadctl.loading.placed import HostPlacement
+from offloadctl.planning.request import runs_copy_streams
 from offloadctl.simulation.costs import COPY_MODES
 from offloadctl.simulation.estimate import recorded_estimate, streams_declined
 
@@ -18,7 +19,7 @@ _MODE_WORDS = {"inline": "in line", "streams": "on streams"}
 
 def plan_device(plan: Plan) -> str:
     """The device a plan was made for (``plan --device``: ``ascend``, ``cuda``, ``webgpu``), or ""."""
-    return device_name(str(plan["options"].get("select", {}).get("host_device", "")))
+    return HostPlacement.of_record(plan["options"].get("select", {})).name
 
 
 def planned_copy_mode(plan: Plan) -> str:

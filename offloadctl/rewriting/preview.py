@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.core.onnxutil import copy_kind, is_event, is_pin, pin_view_source
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import declared_model
-from offloadctl.loading.placed import Placement, host_casts, placed
-from offloadctl.planning.request import device_name
+from offloadctl.loading.placed import HostPlacement, Placement, placed
 from offloadctl.rewriting.metadata import KEY_PINS, PinCheck, check_pins, metadata_json, planned_device
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.rewriting.streams import StreamLayout, checked_streams, with_events
@@ -83,29 +82,25 @@ def rewritten_analysis(
     return rewritten
 
 
-def as_device_runs(analysis: Analysis, device: Mapping[str, Any]) -> Analysis:
-    """A rewritten model's analysis as the device its plan was made for runs it (its recorded ``device``,
-    `offloadctl.rewriting.metadata.planned_device`): the copies onnxruntime inserts there, the nodes it
-    runs on the host, its executor's order."""
-    placement = placement_of(
-        analysis, device.get("host_nodes", ()), device.get("host_copies", ()), device.get("host_casts", ())
-    )
-    proto, host = placed(analysis.loaded.proto, placement)
+def as_device_runs(analysis: Analysis, host: HostPlacement) -> Analysis:
+    """A rewritten model's analysis as the device its plan was made for runs it (``host``, as the rewrite
+    records it: `offloadctl.rewriting.metadata.planned_device`): the copies onnxruntime inserts there, the
+    nodes it runs on the host, its executor's order."""
+    proto, on_host = placed(analysis.loaded.proto, placement_of(analysis, host))
     loaded = dataclasses.replace(analysis.loaded, proto=proto, sizes_from_run=None)
-    ran = analyse(loaded, order=analysis.order, host=host)
+    ran = analyse(loaded, order=analysis.order, host=on_host)
     if analysis.infos.measured is not None:
         ran.infos.use_measured(analysis.infos.measured)
     return ran
 
 
-def placement_of(
-    analysis: Analysis, host_nodes: Iterable[str], copies: Iterable[str], casts: Iterable[Any] = ()
-) -> Placement:
-    """The `Placement` a plan records (its nodes on the host by label, the tensors onnxruntime copies,
-    the Casts it inserts: ``options.select.host_casts``)."""
-    labels = set(host_nodes)
+def placement_of(analysis: Analysis, host: HostPlacement) -> Placement:
+    """The `Placement` of a plan's ``host`` placement in ``analysis``: its nodes on the host (by label in a
+    plan, by first output here: names survive a rewrite), the tensors onnxruntime copies, the Casts it
+    inserts."""
+    labels = set(host.nodes)
     outputs = (node.output for node, label in zip(analysis.nodes, analysis.node_names) if label in labels)
-    return Placement(frozenset(out[0] for out in outputs if out and out[0]), tuple(copies), host_casts(casts))
+    return Placement(frozenset(out[0] for out in outputs if out and out[0]), host.copies, host.casts)
 
 
 def device_result(
@@ -226,12 +221,8 @@ class StreamsCost:
 
 def plan_placement(plan: Plan, analysis: Analysis) -> Placement | None:
     """The placement a plan made for a device records (``plan --device``), None for any other plan."""
-    select = plan["options"].get("select", {})
-    if not select.get("host_device"):
-        return None
-    return placement_of(
-        analysis, select.get("host_nodes", ()), select.get("host_copies", ()), select.get("host_casts", ())
-    )
+    host = HostPlacement.of_record(plan["options"].get("select", {}))
+    return placement_of(analysis, host) if host.device else None
 
 
 #: rounds of `loads_in_line` at most: each takes the loads alive where the memory is over the in-line rewrite's
@@ -417,7 +408,7 @@ def as_it_runs(model: str, analysis: Analysis) -> tuple[Analysis, str | None, li
     any other model as ``analysis`` has it, with None, None and ""."""
     device = planned_device(analysis.loaded.proto)
     ran = as_device_runs(analysis, device) if device is not None else analysis
-    name = device_name(device["host_device"]) if device is not None else ""
+    name = device.name if device is not None else ""
     checked = checked_streams(model, analysis.loaded.proto, analysis.order)
     if checked is None:
         return ran, None, None, name

@@ -90,9 +90,8 @@ from offloadctl.core.onnxutil import (
     subgraphs,
 )
 from offloadctl.core.plantypes import Offload, Plan, Use
-from offloadctl.loading.placed import reads_host_memory, writes_host_memory
+from offloadctl.loading.placed import device_name, reads_host_memory, writes_host_memory
 from offloadctl.loading.tensors import TensorInfo
-from offloadctl.planning.request import device_name
 from offloadctl.rewriting.metadata import (
     KEY_OFFLOADS,
     KEY_PINS,

@@ -20,6 +20,7 @@ import onnx
 from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
+from offloadctl.planning.request import FilterPart, PlanRequest, SelectPart
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.rewriting.writing import external_locations, write_model
 from offloadctl.running import timed
@@ -59,14 +60,8 @@ def _offload_everything(analysis: Any, *, activations: bool, fused: Sequence[str
     ``fused``: what the optimizer takes in at the profile's level, kept as plans made with the
     profile keep it."""
     every = len(analysis.producer) + len(analysis.weights) + 1
-    return scheduled_plan(
-        analysis,
-        select_distance=0,
-        activations=activations,
-        params=not activations,
-        select_num=every,
-        fused=tuple(fused),
-    )
+    select = SelectPart(select_distance=0, activations=activations, params=not activations, fused=tuple(fused))
+    return scheduled_plan(analysis, PlanRequest(select=select, filter=FilterPart(select_num=every)))
 
 
 def _plan_copies(plan: Plan) -> dict[str, list[int]]:

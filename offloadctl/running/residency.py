@@ -18,12 +18,11 @@ from __future__ import annotations
 import tempfile
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass
 from pathlib import Path
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.errors import OffloadError
-from offloadctl.loading.placed import HostCast
+from offloadctl.loading.placed import HostCast, HostPlacement
 from offloadctl.running.inputs import generate_inputs, input_specs
 from offloadctl.running.placement import (
     CANN_KERNELS,
@@ -36,28 +35,16 @@ from offloadctl.running.placement import (
 from offloadctl.running.replay import RanNode, ran_nodes
 from offloadctl.running.sessions import DEVICES, create_session, feeds_for, import_onnxruntime, run_once, session_config
 
-__all__ = ["HOST_DEVICES", "HostNodes", "host_nodes"]
+__all__ = ["HOST_DEVICES", "host_nodes"]
 
 #: --device for planning: the providers whose host nodes can be found
 HOST_DEVICES = ("webgpu", "cuda", "ascend")
 _PREDICTED = {"cuda": CUDA_KERNELS, "ascend": CANN_KERNELS}
 
 
-@dataclass(frozen=True)
-class HostNodes:
-    """What a device runs on the host: the labels of the nodes it runs on the CPU
-    (`Analysis.node_names`), the tensors onnxruntime copies between host and device memory, how
-    both were found (``"webgpu (measured)"``), and the Casts onnxruntime inserts around float16 nodes
-    the CPU has no float16 kernel for (measured or predicted with the nodes)."""
-
-    nodes: tuple[str, ...]
-    copies: tuple[str, ...]
-    how: str
-    casts: tuple[HostCast, ...] = ()
-
-
-def host_nodes(analysis: Analysis, device: str) -> HostNodes:
-    """The nodes ``device`` runs on the CPU and the copies onnxruntime inserts there.
+def host_nodes(analysis: Analysis, device: str) -> HostPlacement:
+    """Where ``device`` runs the graph: the nodes it runs on the CPU, the copies onnxruntime inserts
+    there, the Casts around float16 nodes the CPU has no float16 kernel for, and how they were found.
 
     Measured with one profiled run on the device where its provider runs here (inputs generated at
     the analysis' shapes); predicted for CUDA and CANN otherwise.
@@ -69,7 +56,7 @@ def host_nodes(analysis: Analysis, device: str) -> HostNodes:
         raise OffloadError(f"unknown device {device!r} for planning", hint=f"use one of: {', '.join(HOST_DEVICES)}")
     try:
         nodes, copies, casts = _measured(analysis, device)
-        return HostNodes(nodes, copies, f"{device} (measured)", casts)
+        return HostPlacement(f"{device} (measured)", nodes, copies, casts)
     except OffloadError:
         if device not in _PREDICTED:
             raise
@@ -80,7 +67,7 @@ def host_nodes(analysis: Analysis, device: str) -> HostNodes:
     labels = {analysis.node_names[at[id(by_name[n])]] for n in cpu if n in by_name and id(by_name[n]) in at}
     how = f"{device} (predicted: its provider does not run here)"
     casts = casts_for(analysis, labels)
-    return HostNodes(tuple(sorted(labels)), tuple(dict.fromkeys(copied)), how, casts)
+    return HostPlacement(how, tuple(sorted(labels)), tuple(dict.fromkeys(copied)), casts)
 
 
 def casts_for(analysis: Analysis, host: Collection[str]) -> tuple[HostCast, ...]:

@@ -140,22 +140,22 @@ def build_plan(prepared: Prepared, attempt: Attempt, pricing: Pricing, *, search
         copies=copies,
     )
     _record_bound(result, attempt.outcome if searched is None else searched, total, cost, budget, searched)
-    new["budget"] = result.to_json(options.prefetch_distance, options.release_distance)
+    new["budget"] = result.to_json(options.prefetch.prefetch_distance, options.prefetch.release_distance)
     return new
 
 
 def _recorded(prepared: Prepared, cost: CopyCost, copies: str, budget: int | None) -> dict[str, Any]:
     options = prepared.options
     return {
-        "select_num": options.select_num,
+        "select_num": options.filter.select_num,
         "min_bytes": prepared.floor.bytes,
         "strategy": "budget",
         "budget_bytes": budget,
-        "profile": options.device_profile.name if cost.objective == "time" or copies == "streams" else None,
+        "profile": options.budget.device_profile.name if cost.objective == "time" or copies == "streams" else None,
         "objective": cost.objective,
         "copies": copies,
-        "optimal": options.optimal,
-        "time_limit_s": float(options.time_limit) if options.optimal else None,
+        "optimal": options.budget.optimal,
+        "time_limit_s": float(options.budget.time_limit) if options.budget.optimal else None,
     }
 
 

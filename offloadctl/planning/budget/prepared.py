@@ -75,17 +75,18 @@ class Prepared:
                 hint="pin them with --input-shape NAME=D0,D1,... where the model is loaded",
             )
         # the kernel scratch a measured profile records is part of every step's memory, as simulate counts it
-        analysis = self.analysis = scratched(analysis, options.device_profile)
+        analysis = self.analysis = scratched(analysis, options.budget.device_profile)
         self.options = options
-        self.params = select.params or options.stream_weights
+        self.params = select.params or options.budget.stream_weights
         self.listed = listed
         self.selection = selection if selection is not None else selection_for(analysis, select)
         self.base = base if base is not None else self.selection.header(weights=select.params)
         # the bound and the peak from the simulation's base, which a simulation of the plan reuses
         self.lower_bound, self.lower_bound_position = lower_bound(analysis)
         self.peak_before = timeline.peak_of(resident_profile(analysis))[0]
-        given = options.min_bytes is not None
-        self.floor = Floor(options.min_size if given else copy_floor(options.device_profile, self.peak_before), given)
+        given = options.filter.min_bytes is not None
+        floor = options.filter.min_size if given else copy_floor(options.budget.device_profile, self.peak_before)
+        self.floor = Floor(floor, given)
         self._candidates: dict[tuple[bool, bool], Candidates] = {}
         self._timing: dict[int, tuple[Profile, CopyTiming]] = {}
 
@@ -98,8 +99,8 @@ class Prepared:
             floor = self.floor if floored else Floor(0, given=False)
             cands, small = candidates(self.analysis, self.selection, with_params, floor)
             stream = info = None
-            if self.options.stream_weights:
-                stream, info = stream_states(cands, self.options.stream_depth)
+            if self.options.budget.stream_weights:
+                stream, info = stream_states(cands, self.options.budget.stream_depth)
             self._candidates[key] = Candidates(rejected, cands, small, stream, info, floored)
         return self._candidates[key]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -21,9 +20,10 @@ from offloadctl.planning.budget.candidates import (
 )
 from offloadctl.planning.budget.exact import ExactReport, solve_exact
 from offloadctl.planning.budget.search import Planner
+from offloadctl.planning.request import FilterRequest, Progress
 from offloadctl.simulation.costs import CopyCost, CopyTiming
 
-__all__ = ["Outcome", "SearchOptions", "solve"]
+__all__ = ["Outcome", "solve"]
 
 
 @dataclass
@@ -35,36 +35,23 @@ class Outcome:
     exact: ExactReport | None = None
 
 
-class SearchOptions(Protocol):
-    """What one search reads of its request (a `offloadctl.planning.request.FilterRequest`): not the
-    budget, which comes apart, once (the trade-off searches at many budgets with one request)."""
-
-    @property
-    def prefetch_distance(self) -> int: ...
-    @property
-    def release_distance(self) -> int: ...
-    @property
-    def optimal(self) -> bool: ...
-    @property
-    def time_limit(self) -> float: ...
-    def report(self, text: str, new: bool = True) -> None: ...
-
-
 def solve(
     analysis: Analysis,
     cands: list[Cand],
-    options: SearchOptions,
+    options: FilterRequest,
+    progress: Progress,
     *,
     budget: int | None,
     stream: dict[str, State] | None,
     cost: CopyCost,
     timing: CopyTiming | None = None,
 ) -> Outcome:
-    """One search at ``budget``, priced by ``cost``, with the options' distances, exact search and time
-    limit; ``timing`` places prefetches for copies on streams (None: copies in line)."""
-    prefetch_distance, release_distance = options.prefetch_distance, options.release_distance
+    """One search at ``budget`` (given apart from the options': the trade-off searches at many budgets
+    with one request), priced by ``cost``, with the options' distances, exact search and time limit;
+    ``timing`` places prefetches for copies on streams (None: copies in line)."""
+    prefetch_distance, release_distance = options.prefetch.prefetch_distance, options.prefetch.release_distance
     p = Planner(
-        analysis, cands, release_distance, cost, lambda text: options.report(text, new=False), lead=prefetch_distance
+        analysis, cands, release_distance, cost, lambda text: progress.report(text, new=False), lead=prefetch_distance
     )
 
     def place(limit: float) -> None:
@@ -87,9 +74,9 @@ def solve(
     p.report("fitting the budget: dropping offloads it does not need")
     p.prune(budget)
     exact = None
-    if options.optimal:
+    if options.budget.optimal:
         p.report("fitting the budget: solving the exact program")
-        exact, states = solve_exact(p, _program_base(p, pinned), pinned, budget, options.time_limit)
+        exact, states = solve_exact(p, _program_base(p, pinned), pinned, budget, options.budget.time_limit)
         if states is not None:
             for i, st in enumerate(states):
                 if st != p.state[i]:

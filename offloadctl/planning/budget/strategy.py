@@ -13,9 +13,9 @@ objectives' plans with copies on streams, and hands that simulation back.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -33,10 +33,12 @@ from offloadctl.planning.prefetch import prefetch, prefetch_own
 from offloadctl.planning.request import (
     DEFAULT_PREFETCH_DISTANCE,
     DEFAULT_RELEASE_DISTANCE,
+    DEFAULT_SELECT_NUM,
+    NO_PROGRESS,
     FilterRequest,
-    PrefetchPart,
+    PlanRequest,
+    Progress,
     SelectPart,
-    taking2,
 )
 from offloadctl.planning.select import Selection
 from offloadctl.simulation.costs import (
@@ -129,38 +131,50 @@ class BudgetSearch:
     many.
 
     Its arguments are `offloadctl.planning.budget.prepared.Prepared`'s (``listed`` False for
-    `budget_figures`); ``select`` defaults to ``options`` when they are a whole request.
+    `budget_figures`), and ``progress``, where a long search says what it is doing.
     """
 
     def __init__(
         self,
         analysis: Analysis,
         options: FilterRequest,
-        select: SelectPart | None = None,
+        select: SelectPart,
         *,
         base: Plan | None = None,
         listed: bool = True,
         selection: Selection | None = None,
+        progress: Progress = NO_PROGRESS,
     ) -> None:
-        if select is None:
-            assert isinstance(options, SelectPart), "a filter request alone needs its select options"
-            select = options
+        if listed and options.filter.select_num != DEFAULT_SELECT_NUM:
+            logger.warning(
+                "--select-num %d is not used by the budget strategy (it fits the budget instead)",
+                options.filter.select_num,
+            )
+        self.progress = progress
         self.prepared = Prepared(analysis, options, select, base=base, listed=listed, selection=selection)
         self.analysis = self.prepared.analysis  # counting the profile's kernel scratch
         self.options = options
+        self.budget = options.budget  # the budget planner's own part
 
     def _attempt(
         self, with_params: bool, budget: int | None, cost: CopyCost, copies: str, floored: bool = True
     ) -> Attempt:
         found = self.prepared.candidates(with_params, floored)
-        timing = self.prepared.timing(self.options.device_profile) if copies == "streams" else None
+        timing = self.prepared.timing(self.budget.device_profile) if copies == "streams" else None
         outcome = solve(
-            self.analysis, found.cands, self.options, budget=budget, stream=found.stream, cost=cost, timing=timing
+            self.analysis,
+            found.cands,
+            self.options,
+            self.progress,
+            budget=budget,
+            stream=found.stream,
+            cost=cost,
+            timing=timing,
         )
         return Attempt(found, outcome)
 
     def _cost(self, copies: str) -> CopyCost:
-        objective, prof = self.options.search_objective, self.options.device_profile
+        objective, prof = self.budget.search_objective, self.budget.device_profile
         if isinstance(objective, CopyCost):
             return objective
         if objective == "time" and copies == "streams":
@@ -230,14 +244,14 @@ class BudgetSearch:
         )
 
     def _search(self, budget: int | None, copies: str, quiet: bool) -> Found:
-        if self.options.optimal and not linear_objective(self.options.search_objective, copies):
+        if self.budget.optimal and not linear_objective(self.budget.search_objective, copies):
             message, fix = optimal_refusal()  # (a request refuses it when it is made)
             raise OffloadError(message, hint=fix)
         self._check_budget(budget)
         cost = self._cost(copies)
         chosen, weights_added = self._fitting(budget, cost, copies, quiet)
         build = Pricing(budget, cost, copies, weights_added)
-        if cost.objective != "time" or budget is None or isinstance(self.options.search_objective, CopyCost):
+        if cost.objective != "time" or budget is None or isinstance(self.budget.search_objective, CopyCost):
             return Found(build_plan(self.prepared, chosen, build))
         # The time objective is priced copy by copy; the plan the bytes objective finds is checked too,
         # and the faster of the two (estimated as the chosen copy mode runs) is kept, so asking for time
@@ -246,9 +260,9 @@ class BudgetSearch:
         other = self._attempt(self.prepared.params or weights_added, budget, BytesMoved(), copies, floored)
         if not other.outcome.fits:  # pragma: no cover - the same candidates fit under any price
             return Found(build_plan(self.prepared, chosen, build))
-        if copies == "inline" and self.options.device_profile.measured is None:
+        if copies == "inline" and self.budget.device_profile.measured is None:
             # the copies' time in line: a sum the planners' states give (a datasheet profile prices no pins)
-            inline = InlineTime(self.options.device_profile)
+            inline = InlineTime(self.budget.device_profile)
             mine_s, theirs_s = chosen.outcome.planner.moved(inline), other.outcome.planner.moved(inline)
             kept = "bytes" if theirs_s < mine_s - 1e-12 * max(mine_s, 1e-30) else "time"
             found = Found(
@@ -272,18 +286,13 @@ class BudgetSearch:
         mine = Found(build_plan(self.prepared, chosen, build))
         theirs = Found(build_plan(self.prepared, other, build, searched=chosen.outcome))
         for found in (mine, theirs):
-            found.scheduled = prefetch.run(found.filtered, self._prefetch_part())
-            found.simulation = simulate(self.analysis, found.scheduled, profile=self.options.device_profile)
+            found.scheduled = prefetch(found.filtered, self.options.prefetch)
+            found.simulation = simulate(self.analysis, found.scheduled, profile=self.budget.device_profile)
         stalls = (_stall(mine.simulation, key), _stall(theirs.simulation, key))
         kept = "bytes" if stalls[1] < stalls[0] - 1e-12 * max(stalls[0], 1e-30) else "time"
         found = theirs if kept == "bytes" else mine
         found.kept, found.stalls = kept, stalls
         return found
-
-    def _prefetch_part(self) -> PrefetchPart:
-        return PrefetchPart(
-            prefetch_distance=self.options.prefetch_distance, release_distance=self.options.release_distance
-        )
 
     def filter(self, budget: int | None = None, *, copies: str | None = None, quiet: bool = False) -> Plan:
         """The "filtered" plan whose peak fits ``budget`` (default: the options') at the least cost.
@@ -294,8 +303,8 @@ class BudgetSearch:
         Raises:
             BudgetUnreachable: the budget is below the lower bound or cannot be reached.
         """
-        budget = self.options.budget_bytes if budget is None else budget
-        return self._search(budget, copies or self.options.copies, quiet).filtered
+        budget = self.budget.budget if budget is None else budget
+        return self._search(budget, copies or self.budget.copies, quiet).filtered
 
     def found(self, budget: int | None = None) -> Found:
         """What the search at ``budget`` (default: the options') finds: the filtered plan, and where the
@@ -305,15 +314,15 @@ class BudgetSearch:
         Raises:
             BudgetUnreachable: the budget is below the lower bound or cannot be reached.
         """
-        return self._search(self.options.budget_bytes if budget is None else budget, self.options.copies, False)
+        return self._search(self.budget.budget if budget is None else budget, self.budget.copies, False)
 
     def plan(self, budget: int | None = None, *, copies: str | None = None, quiet: bool = False) -> PlanOutcome:
         """The scheduled plan whose peak fits ``budget`` at the least cost (see `filter`), and its
         simulation on the options' profile when the search made one."""
-        budget = self.options.budget_bytes if budget is None else budget
-        found = self._search(budget, copies or self.options.copies, quiet)
+        budget = self.budget.budget if budget is None else budget
+        found = self._search(budget, copies or self.budget.copies, quiet)
         # the filtered plan was built for this call alone: it is scheduled as it is, not copied
-        scheduled = found.scheduled or prefetch_own(found.filtered, self._prefetch_part())
+        scheduled = found.scheduled or prefetch_own(found.filtered, self.options.prefetch)
         return PlanOutcome(scheduled, found.simulation)
 
 
@@ -324,36 +333,35 @@ def _stall(result: SimResult | None, key: str) -> float:
     return float(getattr(result.times, key)) - result.times.baseline
 
 
-def budget_figures(analysis: Analysis, request: Any) -> PlanOutcome:
+def budget_figures(analysis: Analysis, request: PlanRequest) -> PlanOutcome:
     """`budget_plan`'s plan for its figures alone: the same offloads (so the same peak and time),
     but no ``rejected`` list, which on a big model is most of the work and of the document. Not a
     plan to write or to apply."""
-    return BudgetSearch(analysis, request, listed=False).plan(quiet=True)
+    return BudgetSearch(analysis, request, request.selecting, listed=False).plan(quiet=True)
 
 
-def budget_plan(analysis: Analysis, request: Any) -> PlanOutcome:
+def budget_plan(analysis: Analysis, request: PlanRequest, progress: Progress = NO_PROGRESS) -> PlanOutcome:
     """The budget planner: an analysis and a `offloadctl.planning.request.PlanRequest` to a scheduled
-    plan that fits ``request.budget`` at the least cost (``stream_weights``: weights streamed in by
+    plan that fits ``request.budget.budget`` at the least cost (``stream_weights``: weights streamed in by
     layer group). See the package docstring for the rules.
 
     Raises:
         OffloadError: ``optimal`` with a cost that is not linear, or the budget cannot be reached
             (`BudgetUnreachable`: the message gives the lower bound and the best peak reachable).
     """
-    request.report("selecting")
-    search = BudgetSearch(analysis, request)
-    request.report("fitting the budget")
+    progress.report("selecting")
+    search = BudgetSearch(analysis, request, request.selecting, progress=progress)
+    progress.report("fitting the budget")
     return search.plan()
 
 
-@taking2(FilterRequest)
-def budget_filter(plan: Plan, analysis: Analysis, options: FilterRequest) -> Plan:
+def budget_filter(plan: Plan, analysis: Analysis, options: FilterRequest, progress: Progress = NO_PROGRESS) -> Plan:
     """The filter stage with a budget: a "selected" plan to a "filtered" plan whose peak fits
-    ``options.budget`` at the least cost (``options``: `FilterRequest`, or its fields as keywords).
+    ``options.budget.budget`` at the least cost.
 
     The plan's select options (activations, params, force, never, and the host nodes of a plan
     made for a device) are kept, its select distance is not used: the planner weighs every idle
-    stretch. Each offload gets its own prefetch distance, at most ``options.prefetch_distance``, so
+    stretch. Each offload gets its own prefetch distance, at most ``options.prefetch.prefetch_distance``, so
     that the peak stays within the budget once the prefetch stage has run.
 
     Raises:
@@ -371,6 +379,6 @@ def budget_filter(plan: Plan, analysis: Analysis, options: FilterRequest) -> Pla
             hint="make the plan with offloadctl select, which records them (or add them to options.select)",
         )
     # every option the select stage recorded (those of plan --device too), at distance 0
-    select = SelectPart(**{**recorded_select, "select_distance": 0})
-    options.report("fitting the budget")
-    return BudgetSearch(analysis, options, select, base=plan).filter()
+    select = dataclasses.replace(SelectPart.of_record(recorded_select), select_distance=0)
+    progress.report("fitting the budget")
+    return BudgetSearch(analysis, options, select, base=plan, progress=progress).filter()
