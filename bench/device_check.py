@@ -32,7 +32,7 @@ import numpy as np
 
 from offloadctl.analysis.graph import analyse
 from offloadctl.loading.model import load_model
-from offloadctl.pipeline import make_plan as planned_document
+from offloadctl.pipeline import planned_document
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.request import PlanRequest, SelectPart
 from offloadctl.rewriting.rewrite import apply_plan

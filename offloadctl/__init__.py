@@ -14,8 +14,8 @@ The library is usable without the command line. Its entry points, in pipeline or
 Each is a thin name over the module that owns the work, one subpackage per stage of the pipeline:
 `offloadctl.loading.model.load_model`, `offloadctl.analysis.graph.analyse`,
 `offloadctl.pipeline.make_plan` (the plan document ``offloadctl plan`` writes, its figures included,
-made by the declared pipeline of passes there; the planner's plan alone is
-`offloadctl.planning.make.scheduled_plan`, and the single stages are
+made by the declared pipeline of passes, `offloadctl.planning.passes.PIPELINE`, and the report after
+it; the planner's plan alone is `offloadctl.planning.make.scheduled_plan`, and the single stages are
 `offloadctl.planning.select`, `~.filter` and `~.prefetch`),
 `offloadctl.rewriting.rewrite.apply_plan` with `offloadctl.rewriting.writing.write_model`,
 `offloadctl.simulation.result.simulate`

@@ -1,10 +1,10 @@
-"""The plan, made by one declared pipeline: HyperOffload's ``Run()``, pass by pass.
+"""The plan and its report: HyperOffload's ``Run()`` pass by pass, then the figures of what runs.
 
 MindSpore's ``HyperOffloadOptimizer::Run()`` calls, over one operations queue,
 ``GenerateParameterOperations``, ``GenerateActivationOperations``, ``AdjustHyperOffloadNodePosition``,
 ``AddEventNodes``, ``BuildExecutionOrder`` and ``AssignHyperOffloadIds``. offloadctl makes its plan
-by the same steps, each a `Pass` over one `Planning` state (`offloadctl.planning.passes`), in this
-order (`PIPELINE`):
+by the same steps and nothing else, each a `Pass` over one `Planning` state, in this order
+(`offloadctl.planning.passes.PIPELINE`):
 
 =========  ====================================================  =========================================
 pass       the seed's step                                       writes
@@ -14,14 +14,17 @@ filter     OffloadInfoFilterByNumber (or a budget, a slowdown)   ``plan`` (new, 
 prefetch   AdjustHyperOffloadNodePosition                        ``plan`` in place ("scheduled")
 events     AddEventNodes                                         ``plan`` in place: ``summary.events``
 pins       BuildExecutionOrder                                   ``plan`` in place: ``summary.pins``
-figures    (the simulation the verdict quotes)                   ``simulation``; ``plan``: ``summary.estimate``
-next step  (a weak plan's better command)                        ``next_step``
 =========  ====================================================  =========================================
 
-`make_plan` runs them all and returns the plan document: what ``offloadctl plan`` writes and
-``offloadctl.make_plan`` returns, one path for both. `planned` gives the whole state, for the
-command's verdict. (``AssignHyperOffloadIds`` has no pass: an offload's id is its number among the
-selected tensors, given by select.)
+(``AssignHyperOffloadIds`` has no pass: an offload's id is its number among the selected tensors,
+given by select.) After the pipeline this module reports on its plan (`REPORT`): the figures of what
+runs (`with_figures`: the simulation the verdict quotes, recorded in the plan as ``summary.estimate`` for
+``apply`` to quote) and a weak plan's next step (`with_next_step`). The report needs the rewrite, a
+layer above the planner's, so it is no pass.
+
+`planned` runs the pipeline and the report and gives the whole state, for the command's verdict;
+`planned_document` gives the plan document alone: what ``offloadctl plan`` writes and
+``offloadctl.make_plan`` (its flat keywords read by `make_plan`) returns, one path for both.
 
 The figures are those of what runs: under the DEFAULT order (every host but Python) the rewrite as
 the walk over it runs (pins and copies included, `offloadctl.rewriting.preview`); for a plan made
@@ -34,7 +37,7 @@ plan halfway between the lower bound and the peak, made and simulated here on gr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from shlex import quote
 from typing import Any
 
@@ -46,7 +49,7 @@ from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.input_shapes import given_dims
 from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
 from offloadctl.planning.make import run_passes
-from offloadctl.planning.passes import EVENTS, FILTER, PINS, PREFETCH, SELECT, Pass, Planning
+from offloadctl.planning.passes import PIPELINE, Planning
 from offloadctl.planning.request import NO_PROGRESS, BudgetPart, PlanRequest, Progress, SelectPart
 from offloadctl.rewriting.figures import as_the_device_runs, run_order_figures
 from offloadctl.rewriting.modes import planned_copy_mode
@@ -60,16 +63,18 @@ from offloadctl.simulation.estimate import (
 from offloadctl.simulation.result import SimResult, simulate
 
 __all__ = [
-    "DOCUMENT_PASSES",
     "HELPFUL_CUT",
     "NEXT_STEP_FIGURES_MAX_POSITIONS",
-    "PIPELINE",
+    "REPORT",
+    "STEPS",
     "make_plan",
     "next_step",
-    "plan_document",
     "planned",
+    "planned_document",
     "suggested_budget",
     "verdict_figures",
+    "with_figures",
+    "with_next_step",
 ]
 
 #: a plan that lowers the peak by less than this fraction gets a computed next step
@@ -80,13 +85,25 @@ HELPFUL_CUT = 0.05
 NEXT_STEP_FIGURES_MAX_POSITIONS = 20_000
 
 
+#: the report's steps after the pipeline, as the progress display says them
+REPORT = ("simulating peak memory and time", "the next step")
+#: the steps `planned` says to its progress: the pipeline's passes and the report's
+STEPS = len(PIPELINE) + len(REPORT)
+
+
 # --------------------------------------------------------------------------------------------------
-# figures
+# the figures
 
 
-def _figures(state: Planning) -> Planning:
+def with_figures(state: Planning) -> Planning:
+    """``state`` with the figures of what runs: its plan's simulation (the planner's own when it made one),
+    the peaks and time of the rewrite as it runs (`offloadctl.rewriting.figures.run_order_figures`)
+    recorded in the plan (``summary.estimate``, which ``apply`` quotes); for copies on streams that gain no
+    time or hold more than in line, the in-line figures and why (``streams_declined``). A model that
+    already holds copies gets none (simulate the rewritten model instead)."""
     plan, analysis, request, progress = state.plan, state.analysis, state.request, state.progress
     assert plan is not None
+    progress.report(REPORT[0])
     if is_rewritten(analysis):  # a model that holds copies: simulate the rewritten model instead
         return state
     with paused_gc():
@@ -106,7 +123,7 @@ def _figures(state: Planning) -> Planning:
 
 
 def verdict_figures(state: Planning) -> dict[str, Any]:
-    """The figures a plan's verdict quotes: those the figures pass recorded in it (the peaks of what
+    """The figures a plan's verdict quotes: those `with_figures` recorded in it (the peaks of what
     runs), else its simulation's."""
     assert state.plan is not None and state.simulation is not None
     return recorded_estimate(state.plan) or estimate_figures(state.simulation, state.request.copies)
@@ -123,7 +140,9 @@ def suggested_budget(lower_bound: int, peak: int) -> int:
     return -(-budget // 1024) * 1024
 
 
-def _next_step(state: Planning) -> Planning:
+def with_next_step(state: Planning) -> Planning:
+    """``state`` with its plan's next step (`next_step`), when it is a weak plan that has figures."""
+    state.progress.report(REPORT[1])
     if state.simulation is None or state.plan is None:
         return state
     step = next_step(state.analysis, state.plan, state.simulation, state.request, state.progress)
@@ -211,51 +230,31 @@ def next_step_text(step: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
-# the pipeline
-
-FIGURES = Pass(
-    name="simulating peak memory and time",
-    seed="(the simulation the verdict quotes)",
-    reads=("analysis", "request", "progress", "plan", "simulation"),  # a planner's own simulation, when it made one
-    writes=("simulation", "plan"),
-    in_place=True,
-    run=_figures,
-)
-NEXT_STEP = Pass(
-    name="the next step",
-    seed="(a weak plan's better command)",
-    reads=("analysis", "request", "progress", "plan", "simulation"),
-    writes=("next_step",),
-    in_place=False,
-    run=_next_step,
-)
-
-#: the plan's passes, in the order they run
-PIPELINE: tuple[Pass, ...] = (SELECT, FILTER, PREFETCH, EVENTS, PINS, FIGURES, NEXT_STEP)
-#: the passes that make the plan document (the next step is the verdict's, not the document's)
-DOCUMENT_PASSES: tuple[Pass, ...] = tuple(p for p in PIPELINE if "next_step" not in p.writes)
+# the plan and its report
 
 
 def planned(
-    analysis: Analysis, request: PlanRequest, passes: Sequence[Pass] = PIPELINE, progress: Progress = NO_PROGRESS
+    analysis: Analysis, request: PlanRequest, progress: Progress = NO_PROGRESS, *, next_step: bool = True
 ) -> Planning:
-    """The state `PIPELINE` (or ``passes``) leaves for ``request`` on ``analysis``: the plan document,
-    its simulation (None for a model that already holds copies) and a weak plan's next step.
+    """The state `PIPELINE` leaves for ``request`` on ``analysis``, with its report: the plan document with
+    its figures (`with_figures`; no simulation for a model that already holds copies) and, with
+    ``next_step``, a weak plan's next step (`with_next_step`).
 
     Raises:
         OffloadError: contradictory options, or a budget out of reach (for a plan made for a device,
             the message also gives the model's peak as that device runs it).
     """
     try:
-        state = run_passes(analysis, request, passes, progress)
+        state = with_figures(run_passes(analysis, request, PIPELINE, progress))
     except BudgetUnreachable as exc:
         if not request.select.device:
             raise
         raise as_the_device_runs(exc, analysis, request) from None
-    return _in_line_when_declined(state, passes)
+    state = _in_line_when_declined(state)
+    return with_next_step(state) if next_step else state
 
 
-def _in_line_when_declined(state: Planning, passes: Sequence[Pass]) -> Planning:
+def _in_line_when_declined(state: Planning) -> Planning:
     """``state``, or, when its plan was made for copies on streams that gain no time as the executor runs
     them (`streams_declined`), the same request planned in line: a budget or slowdown search priced for
     copies in line, loads placed by distance, with the streams figures that declined it recorded beside
@@ -267,7 +266,7 @@ def _in_line_when_declined(state: Planning, passes: Sequence[Pass]) -> Planning:
         return state
     state.progress.report("planning the copies in line: on streams they gain no time")
     try:
-        again = run_passes(state.analysis, state.request.with_copies("inline"), passes, state.progress)
+        again = with_figures(run_passes(state.analysis, state.request.with_copies("inline"), PIPELINE, state.progress))
     except BudgetUnreachable:
         return state
     plan = again.plan
@@ -278,19 +277,19 @@ def _in_line_when_declined(state: Planning, passes: Sequence[Pass]) -> Planning:
     return again
 
 
-def plan_document(analysis: Analysis, request: PlanRequest, progress: Progress = NO_PROGRESS) -> Plan:
+def planned_document(analysis: Analysis, request: PlanRequest, progress: Progress = NO_PROGRESS) -> Plan:
     """The plan document ``offloadctl plan`` writes for the same request: `PIPELINE`'s plan, with the
     figures ``apply`` quotes (``summary.estimate``), the events (``summary.events``) and the order
     pins' layout (``summary.pins``). (`offloadctl.planning.make.scheduled_plan` gives the planner's plan
     alone.)"""
-    plan = planned(analysis, request, DOCUMENT_PASSES, progress).plan
+    plan = planned(analysis, request, progress, next_step=False).plan
     assert plan is not None
     return plan
 
 
 def make_plan(analysis: Analysis, *, progress: Callable[..., None] | None = None, **options: Any) -> Plan:
-    """`plan_document` for the Python API's flat keywords (``budget="1.5GiB", params=True``), each a field
-    of one part of the request (`offloadctl.planning.request.PlanRequest.of_options`); ``progress`` is
-    called with the name of each stage as it starts (``progress("scheduling")``), and with ``new=False``
-    for news from a long search."""
-    return plan_document(analysis, PlanRequest.of_options(**options), Progress(progress))
+    """`planned_document` for the Python API's flat keywords (``budget="1.5GiB", params=True``), each a
+    field of one part of the request (`offloadctl.planning.request.PlanRequest.of_options`); ``progress``
+    is called with the name of each stage as it starts (``progress("scheduling")``), and with
+    ``new=False`` for news from a long search."""
+    return planned_document(analysis, PlanRequest.of_options(**options), Progress(progress))

@@ -12,24 +12,36 @@ import pytest
 import offloadctl
 from offloadctl.analysis.graph import analyse
 from offloadctl.loading.model import load_model
-from offloadctl.pipeline import DOCUMENT_PASSES, PIPELINE, planned
+from offloadctl.pipeline import REPORT, STEPS, planned, planned_document
 from offloadctl.planning.make import run_passes
-from offloadctl.planning.passes import FILTER, PINS, SELECT, Pass, Planning
+from offloadctl.planning.passes import (
+    FILTER,
+    PINS,
+    PIPELINE,
+    PREFETCH,
+    SELECT,
+    Pass,
+    Planning,
+    PostconditionError,
+    PreconditionError,
+)
 from offloadctl.planning.request import PlanRequest
 from offloadctl.simulation.result import simulate
 
 from conftest import SAMPLES
 
 
-def test_the_passes_run_in_the_seeds_order():
+def test_the_pipeline_is_the_seeds_steps_in_the_seeds_order_and_nothing_else():
     seeds = [p.seed for p in PIPELINE]
     order = ["GenerateParameterOperations", "OffloadInfoFilterByNumber", "AdjustHyperOffloadNodePosition",
              "AddEventNodes", "BuildExecutionOrder"]  # fmt: skip
     assert [next(i for i, s in enumerate(seeds) if s.startswith(name)) for name in order] == [0, 1, 2, 3, 4]
-    assert [p.name for p in PIPELINE][-2:] == ["simulating peak memory and time", "the next step"]
+    assert len(PIPELINE) == len(order)  # the figures and the next step are the report's, after it
+    assert STEPS == len(PIPELINE) + len(REPORT)
     for p in PIPELINE:  # what each declares is a field of the state
         fields = {f.name for f in dataclasses.fields(Planning)}
         assert set(p.reads) <= fields and set(p.writes) <= fields and p.writes, p.name
+        assert "next_step" not in p.writes  # no pass writes the report's fields
 
 
 @pytest.mark.parametrize(
@@ -54,7 +66,7 @@ def test_every_pass_keeps_its_declaration_in_a_real_run(options):
 
 def test_a_pass_that_breaks_its_declaration_is_stopped():
     analysis = offloadctl.analyse(SAMPLES / "mlp.onnx")
-    state = planned(analysis, PlanRequest.of_options(params=True, select_distance=2), PIPELINE[:3])
+    state = run_passes(analysis, PlanRequest.of_options(params=True, select_distance=2), PIPELINE[:3])
     plan_pass = {"seed": "-", "reads": ("plan",), "writes": ("plan",)}
     sneaky = Pass(name="sneaky", **plan_pass, in_place=True, run=lambda s: s.replace(next_step={}))
     with pytest.raises(AssertionError, match="wrote 'next_step', which it does not declare"):
@@ -70,11 +82,30 @@ def test_a_pass_that_breaks_its_declaration_is_stopped():
         peeking(state)
     with pytest.raises(ValueError, match="declares \\['selections'\\], which Planning has not"):
         Pass(name="typo", seed="-", reads=("selections",), writes=(), in_place=False, run=lambda s: s)
+    with pytest.raises(ValueError, match="requires what it does not read"):
+        Pass(name="odd", seed="-", reads=(), writes=(), requires=("plan",), in_place=False, run=lambda s: s)
 
 
-def test_the_document_is_every_pass_but_the_next_step_wherever_it_stands():
-    assert DOCUMENT_PASSES == tuple(p for p in PIPELINE if p.name != "the next step")
-    assert [p.name for p in PIPELINE][-1] == "the next step"  # the verdict's: after every pass of the document
+def test_a_pass_run_out_of_order_names_what_it_requires_and_one_that_leaves_it_empty_is_stopped():
+    analysis = offloadctl.analyse(SAMPLES / "mlp.onnx")
+    bare = Planning(analysis, PlanRequest())
+    with pytest.raises(PreconditionError, match="'filtering' requires \\['selection'\\], which no pass before"):
+        FILTER(bare)
+    with pytest.raises(PreconditionError, match="'scheduling' requires \\['plan'\\]"):
+        PREFETCH(SELECT(bare))
+    lazy = dataclasses.replace(SELECT, run=lambda s: s)
+    with pytest.raises(PostconditionError, match="'selecting' ensures \\['selection'\\], but left them empty"):
+        lazy(bare)
+
+
+def test_the_document_is_the_plan_and_its_figures_without_the_next_step():
+    analysis = offloadctl.analyse(SAMPLES / "mlp.onnx")
+    request = PlanRequest()  # HyperOffload's defaults: a weak plan here, which gets a next step
+    done = planned(analysis, request)
+    assert done.plan is not None and "estimate" in done.plan["summary"]  # the report's figures, recorded
+    assert done.next_step is not None
+    assert planned_document(analysis, request) == done.plan
+    assert planned(analysis, request, next_step=False).next_step is None
 
 
 def test_the_events_pass_records_what_apply_writes(run_cli, tmp_path):
@@ -121,10 +152,8 @@ def test_a_streams_plan_issues_each_load_by_time_without_raising_the_peak(order)
 
     analysis = analyse(load_model(SAMPLES / "unet.onnx"), order=order)
     options = {"params": True, "select_distance": 10, "prefetch_distance": 2}
-    inline = run_passes(analysis, PlanRequest.of_options(**options, copies="inline"), DOCUMENT_PASSES).plan
-    streams = run_passes(
-        analysis, PlanRequest.of_options(**options, copies="streams"), DOCUMENT_PASSES
-    ).plan  # as planned
+    inline = run_passes(analysis, PlanRequest.of_options(**options, copies="inline"), PIPELINE).plan
+    streams = run_passes(analysis, PlanRequest.of_options(**options, copies="streams"), PIPELINE).plan  # as planned
     placed = {(o["tensor"], k): g["h2d_before"] for o in inline["offloads"] for k, g in enumerate(o["reload_groups"])}
     led = {(o["tensor"], k): g["h2d_before"] for o in streams["offloads"] for k, g in enumerate(o["reload_groups"])}
     assert placed.keys() == led.keys() and all(led[key] <= placed[key] for key in placed)

@@ -53,7 +53,7 @@ from offloadctl.cli.plan_model import PlanModel, as_asked, optimized_outputs_for
 from offloadctl.cli.ui import steps
 from offloadctl.contract.document import write_plan
 from offloadctl.core.files import check_output_path, restored_on_failure
-from offloadctl.pipeline import PIPELINE, next_step_text, planned, verdict_figures
+from offloadctl.pipeline import STEPS, next_step_text, planned, verdict_figures
 from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice
 from offloadctl.planning.passes import Planning
 from offloadctl.planning.request import (
@@ -129,7 +129,7 @@ def plan_cmd(
         analysis, request, points = opened.prepare(
             output, request, device, report, strict, max_peak, shape_points, as_json
         )
-        with steps(not as_json, total=len(PIPELINE) + 1) as step:  # its passes, and writing the plan
+        with steps(not as_json, total=STEPS + 1) as step:  # its passes and report, and writing the plan
             done, checked = _plan_and_simulate(analysis, request, output, step, points, opened)
         done = opened.next_step_of_source(done, opt_level)
         written = opened.written(output, report, done)
@@ -150,7 +150,7 @@ def _plan_and_simulate(
     """Make the plan by the pipeline (`offloadctl.pipeline`: its figures recorded for apply to quote,
     and a weak plan's next step), simulate it at each shape point, and write it (a shape point that
     cannot be simulated is an error before anything is written)."""
-    done = planned(analysis, request, progress=Progress(step))
+    done = planned(analysis, request, Progress(step))
     plan, result = done.plan, done.simulation
     assert plan is not None
     checked = []

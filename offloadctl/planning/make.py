@@ -1,8 +1,8 @@
 """The planner's plan in one call: `scheduled_plan` runs the passes that make it
 (`offloadctl.planning.passes.PLANNER_PASSES`: select, filter by count or by budget or within a
 slowdown, prefetch) and returns the scheduled plan, without the figures and the pins that
-`offloadctl plan` records. The plan document ``offloadctl plan`` writes, made by the same passes and
-those after them, is `offloadctl.pipeline.make_plan` (``offloadctl.make_plan``).
+`offloadctl plan` records. The plan document ``offloadctl plan`` writes, made by the same pipeline and
+the report after it, is `offloadctl.pipeline.planned_document` (``offloadctl.make_plan``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""The planner's passes: each a named step over one `Planning` state that declares what it reads and
-writes, and whether it changes the plan it is given in place (as onnx-ir's passes declare
-``in_place`` and return a ``PassResult``). `offloadctl.pipeline` runs them in HyperOffload's order,
-with the passes that need the rewrite (figures, the next step) after them.
+"""The plan's pipeline: HyperOffload's ``Run()`` as passes (`PIPELINE`), each a named step over one
+`Planning` state that declares what it reads and writes, what must be in the state before it runs
+(``requires``) and what it leaves there (``ensures``), and whether it changes the plan it is given in
+place or hands back a new one (as onnx-ir's ``PassBase`` declares ``in_place``, ``requires`` and
+``ensures``). The pipeline is the seed's steps and nothing else: the figures a plan quotes and a weak
+plan's next step are a report made after it (`offloadctl.pipeline`), which needs the rewrite, a layer
+above this one.
 
 - `SELECT` (the seed's ``GenerateParameterOperations`` and ``GenerateActivationOperations``): every
   tensor's verdict, once per analysis and options (`offloadctl.planning.select.selection_for`).
@@ -18,7 +21,9 @@ with the passes that need the rewrite (figures, the next step) after them.
 
 `Pass.__call__` checks each declaration as it runs: a pass that reads or writes a field it does not
 declare, or that declares ``in_place`` and hands back another plan (or the other way round), is a bug,
-stopped with the field's name. A pass hands back ``state.replace(...)`` (or the state it was given).
+stopped with the field's name; a field it requires that no earlier pass wrote stops it before it runs
+(`PreconditionError`, naming the pass that writes it), one it ensures but left empty after
+(`PostconditionError`). A pass hands back ``state.replace(...)`` (or the state it was given).
 """
 
 from __future__ import annotations
@@ -42,7 +47,20 @@ from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import copy_timing
 from offloadctl.simulation.result import SimResult
 
-__all__ = ["EVENTS", "FILTER", "PINS", "PLANNER_PASSES", "PREFETCH", "SELECT", "Pass", "Planning", "copy_mode"]
+__all__ = [
+    "EVENTS",
+    "FILTER",
+    "PINS",
+    "PIPELINE",
+    "PLANNER_PASSES",
+    "PREFETCH",
+    "SELECT",
+    "Pass",
+    "Planning",
+    "PostconditionError",
+    "PreconditionError",
+    "copy_mode",
+]
 
 
 @dataclass(frozen=True)
@@ -55,8 +73,8 @@ class Planning:
     progress: Progress = NO_PROGRESS
     selection: Selection | None = None  # SELECT: every tensor's verdict
     plan: Plan | None = None  # FILTER: "filtered" (or "scheduled"); PREFETCH: "scheduled"
-    simulation: SimResult | None = None  # a planner's own simulation of the plan, or the figures'
-    next_step: dict[str, Any] | None = None  # a weak plan's better command (`offloadctl.pipeline`)
+    simulation: SimResult | None = None  # a planner's own simulation of the plan, or the report's
+    next_step: dict[str, Any] | None = None  # the report's: a weak plan's better command (`offloadctl.pipeline`)
 
     def replace(self, **changes: Any) -> Planning:
         """The state with ``changes`` written (what a pass hands back)."""
@@ -64,6 +82,14 @@ class Planning:
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(Planning))
+
+
+class PreconditionError(AssertionError):
+    """A pass run on a state without a field it requires: the pipeline's order is wrong."""
+
+
+class PostconditionError(AssertionError):
+    """A pass that left empty a field it ensures."""
 
 
 class _Declared:
@@ -89,7 +115,8 @@ class _Declared:
 @dataclass(frozen=True, kw_only=True)
 class Pass:
     """One step of the plan: its name, the seed's step it mirrors, the fields of `Planning` it reads
-    and writes, and whether it changes the plan in place."""
+    and writes, those of its reads that must be set before it runs (``requires``) and of its writes
+    that it sets (``ensures``), and whether it changes the plan in place."""
 
     name: str
     seed: str
@@ -97,15 +124,26 @@ class Pass:
     writes: tuple[str, ...]
     in_place: bool
     run: Callable[[Planning], Planning]
+    requires: tuple[str, ...] = ()
+    ensures: tuple[str, ...] = ()
     #: what the progress display says while it runs, when it says more than the name
     describe: Callable[[Planning], str] | None = None
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.reads) - set(_FIELDS)) + sorted(set(self.writes) - set(_FIELDS))
+        declared = (*self.reads, *self.writes, *self.requires, *self.ensures)
+        unknown = sorted(set(declared) - set(_FIELDS))
         if unknown:
             raise ValueError(f"pass {self.name!r} declares {unknown}, which Planning has not: {list(_FIELDS)}")
+        if not set(self.requires) <= set(self.reads) or not set(self.ensures) <= set(self.writes):
+            raise ValueError(f"pass {self.name!r} requires what it does not read, or ensures what it does not write")
 
     def __call__(self, state: Planning) -> Planning:
+        missing = [name for name in self.requires if getattr(state, name) is None]
+        if missing:
+            raise PreconditionError(
+                f"pass {self.name!r} requires {missing}, which no pass before it wrote: run the passes that "
+                "write them first (PIPELINE's order)"
+            )
         state.progress.report(self.describe(state) if self.describe is not None else self.name)
         done = self.run(cast(Planning, _Declared(state, self)))
         if isinstance(done, _Declared):  # the state handed back as it was
@@ -117,6 +155,9 @@ class Pass:
             if (done.plan is state.plan) != self.in_place:
                 how = "hands back another plan" if self.in_place else "changed the plan it was given"
                 raise AssertionError(f"pass {self.name!r} {how}, against its declaration")
+        empty = [name for name in self.ensures if getattr(done, name) is None]
+        if empty:
+            raise PostconditionError(f"pass {self.name!r} ensures {empty}, but left them empty")
         return done
 
 
@@ -128,7 +169,7 @@ def _select(state: Planning) -> Planning:
 def _filter(state: Planning) -> Planning:
     analysis, request, progress = state.analysis, state.request, state.progress
     selection = state.selection
-    assert selection is not None  # SELECT ran: every planner takes its selection
+    assert selection is not None  # (required)
     budget = request.budget
     if budget.max_slowdown is not None:
         outcome = plan_within_slowdown(analysis, request, selection=selection, progress=progress)
@@ -148,7 +189,7 @@ def _filtering(request: PlanRequest) -> str:
 
 def _prefetch(state: Planning) -> Planning:
     plan = state.plan
-    assert plan is not None  # FILTER ran
+    assert plan is not None  # (required)
     if plan["stage"] == "filtered":  # a planner that placed its own prefetches gave a scheduled plan
         prefetch_own(plan, state.request.prefetch)
         if copy_mode(state.request) == "streams" and not is_rewritten(state.analysis):  # each load by time
@@ -190,6 +231,7 @@ SELECT = Pass(
     seed="GenerateParameterOperations, GenerateActivationOperations",
     reads=("analysis", "request"),
     writes=("selection",),
+    ensures=("selection",),
     in_place=False,
     run=_select,
 )
@@ -198,6 +240,8 @@ FILTER = Pass(
     seed="OffloadInfoFilterByNumber (or a budget, or a slowdown)",
     reads=("analysis", "request", "progress", "selection"),
     writes=("plan", "simulation"),
+    requires=("selection",),
+    ensures=("plan",),
     in_place=False,
     run=_filter,
     describe=lambda state: _filtering(state.request),
@@ -207,6 +251,7 @@ PREFETCH = Pass(
     seed="AdjustHyperOffloadNodePosition",
     reads=("analysis", "request", "plan"),
     writes=("plan",),
+    requires=("plan",),
     in_place=True,
     run=_prefetch,
 )
@@ -215,6 +260,7 @@ EVENTS = Pass(
     seed="AddEventNodes",
     reads=("request", "plan"),
     writes=("plan",),
+    requires=("plan",),
     in_place=True,
     run=_events,
 )
@@ -223,9 +269,12 @@ PINS = Pass(
     seed="BuildExecutionOrder",
     reads=("analysis", "plan"),
     writes=("plan",),
+    requires=("plan",),
     in_place=True,
     run=_pins,
 )
 
-#: the passes that make the scheduled plan, in order
-PLANNER_PASSES: tuple[Pass, ...] = (SELECT, FILTER, PREFETCH)
+#: the plan's passes, HyperOffload's ``Run()`` in its order
+PIPELINE: tuple[Pass, ...] = (SELECT, FILTER, PREFETCH, EVENTS, PINS)
+#: the passes that make the scheduled plan, in order (the planner's plan alone, `offloadctl.planning.make`)
+PLANNER_PASSES: tuple[Pass, ...] = PIPELINE[:3]

@@ -1,6 +1,7 @@
 """The figures of what runs: a plan's peaks and time as the rewrite ``apply`` writes runs, on the device
-the plan was made for, in the executor's order (`as_run_figures`). The pipeline's figures pass records them in the plan;
-`simulate` quotes them for a plan it is given."""
+the plan was made for, in the executor's order (`as_run_figures`). The report after the plan's
+pipeline (`offloadctl.pipeline.with_figures`) records them in the plan; `simulate` quotes them for a
+plan it is given."""
 
 from __future__ import annotations
 
