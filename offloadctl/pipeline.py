@@ -55,6 +55,7 @@ from offloadctl.rewriting.figures import as_the_device_runs, run_order_figures
 from offloadctl.rewriting.modes import planned_copy_mode
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.estimate import (
+    Estimate,
     estimate_figures,
     record_estimate,
     recorded_estimate,
@@ -112,17 +113,21 @@ def with_figures(state: Planning) -> Planning:
     figures = run_order_figures(plan, analysis, result, request, copies, progress)
     if copies == "streams" and plan["offloads"]:
         in_line = run_order_figures(plan, analysis, result, request, "inline", progress)
-        declined = streams_declined(figures, in_line["peak_bytes"]["after"])
+        declined = streams_declined(figures, in_line.peak.after)
         if declined is not None:  # no time gained, or more held: the plan's copies run in line, as it quotes
             plan["summary"]["events"] = {**plan["summary"]["events"], "copies": "inline", "streams_declined": declined}
-            keys = ("time_s", "slowdown")
-            streamed = {key: {**in_line[key], "overlapped": figures[key]["overlapped"]} for key in keys}
-            figures = {**in_line, **streamed, "streams_declined": declined}
+            assert in_line.time_s is not None and in_line.slowdown is not None  # (streams are priced on a profile)
+            assert figures.time_s is not None and figures.slowdown is not None
+            figures = in_line.replace(
+                time_s={**in_line.time_s, "overlapped": figures.time_s["overlapped"]},
+                slowdown={**in_line.slowdown, "overlapped": figures.slowdown["overlapped"]},
+                streams_declined=declined,
+            )
     record_estimate(plan, figures)  # apply quotes it
     return state.replace(simulation=result)
 
 
-def verdict_figures(state: Planning) -> dict[str, Any]:
+def verdict_figures(state: Planning) -> Estimate:
     """The figures a plan's verdict quotes: those `with_figures` recorded in it (the peaks of what
     runs), else its simulation's."""
     assert state.plan is not None and state.simulation is not None
@@ -166,7 +171,7 @@ def _budget_step(analysis: Analysis, budget: int, request: PlanRequest) -> tuple
         return None, None
     better = outcome.plan  # its figures only: no estimate or pins are recorded in it
     sim = outcome.simulation or simulate(analysis, better, profile=request.budget.device_profile, planned_here=True)
-    peak = run_order_figures(better, analysis, sim, request)["peak_bytes"]["after"]  # as the plan would say
+    peak = run_order_figures(better, analysis, sim, request).peak.after  # as the plan would say
     return peak, sim.times.slowdown["serialized"] if sim.times is not None else None
 
 
@@ -178,8 +183,8 @@ def next_step(
     in it), with the figures it gives, made and simulated here; None otherwise or when it does no
     better. Above `NEXT_STEP_FIGURES_MAX_POSITIONS` positions the command comes without figures
     (``peak_bytes.after`` and ``slowdown`` None): run it to see them."""
-    recorded = (recorded_estimate(plan) or {}).get("peak_bytes") or {}
-    before, after = result.peak_before, recorded.get("after", result.peak_after)  # as the verdict says it
+    recorded = recorded_estimate(plan)
+    before, after = result.peak_before, recorded.peak.after if recorded else result.peak_after  # as the verdict says it
     budget = suggested_budget(result.lower_bound_bytes, before)
     if before <= 0 or before - after >= HELPFUL_CUT * before or request.budget.uses_budget or budget >= before:
         return None

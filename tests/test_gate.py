@@ -209,7 +209,7 @@ def test_a_recorded_estimate_holds_only_while_the_offloads_are_unchanged(run_cli
     path = tmp_path / "p.json"
     assert run_cli("plan", SEED, "-o", path, *SEED_PLAN).exit_code == 0
     plan = json.loads(path.read_text())
-    assert recorded_estimate(plan)["peak_bytes"]["after"] == 388
+    assert recorded_estimate(plan).peak.after == 388
     plan["offloads"][0]["reload_groups"][0]["h2d_before"] -= 1  # an edit: the figures no longer hold
     assert recorded_estimate(plan) is None
     path.write_text(json.dumps(plan))

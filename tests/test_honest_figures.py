@@ -3,6 +3,8 @@ counts the same unknown sizes, and a plan that does not lower the peak says so (
 
 from __future__ import annotations
 
+import dataclasses
+
 import onnx
 import pytest
 
@@ -158,12 +160,13 @@ def test_a_plan_whose_pinned_walk_raises_the_peak_names_the_pins_and_the_next_st
     the peak but the walk raises it, the failure says the pins did it and what to do instead; a plain
     raise (the planned sequence itself above the peak) does not blame the pins."""
     from offloadctl.cli.common import plan_effect
+    from offloadctl.simulation.estimate import Peaks
 
-    walked = {"peak_bytes": {"before": 100, "after": 500, "planned_after": 80}}
+    walked = Peaks(before=100, after=500, planned_after=80)
     words, failure = plan_effect(walked)
     assert words is None and failure is not None
     assert "order pins" in failure and "--no-order-pins" in failure and "PRIORITY_BASED" in failure
-    _, plain = plan_effect({"peak_bytes": {"before": 100, "after": 150}})
+    _, plain = plan_effect(Peaks(before=100, after=150))
     assert plain is not None and "order pins" not in plain
-    _, device = plan_effect({"peak_bytes": {**walked["peak_bytes"], "device": "webgpu", "planned_before": 100}})
+    _, device = plan_effect(dataclasses.replace(walked, device="webgpu", planned_before=100))
     assert device is not None and "order pins" not in device

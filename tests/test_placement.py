@@ -21,6 +21,8 @@ from offloadctl.loading.model import load_model
 from offloadctl.loading.placed import HostPlacement, Placement, placed
 from offloadctl.rewriting.rewrite import ApplyResult, RewriteOptions, apply_plan
 from offloadctl.running.placement import CANN_KERNELS, CUDA_KERNELS, inserted_copies, predicted_copies
+from offloadctl.simulation.estimate import estimate_figures
+from offloadctl.simulation.result import simulate
 
 from conftest import SAMPLE_NAMES, SAMPLES
 from models import (
@@ -396,13 +398,13 @@ def test_a_device_plan_writes_the_copies_onnxruntime_would_insert(tmp_path, orde
     inserted, _ = placed(proto, Placement(frozenset({"h"}), ("h", "x")))
     assert len(inserted.graph.node) == len(proto.graph.node)  # nothing left for onnxruntime to insert
 
-    empty = {"peak_bytes": {"before": 0, "after": 0}}
-    peak = device_figures(plan, analysis, empty, placement)["peak_bytes"]
+    planned = estimate_figures(simulate(analysis, plan))
+    peak = device_figures(plan, analysis, planned, placement).peak.to_json()
     assert (peak["pins_checked"], peak["pins_broken"]) == (15, 0)  # the first H2D, at position 0, needs no pin
     assert peak["after"] < peak["before"] / 4
     if order == "priority":  # the same rewrite with the copies left to onnxruntime: the plan undone
         bare = {**plan, "options": {**plan["options"], "select": {**plan["options"]["select"], "host_copies": []}}}
-        peak = device_figures(bare, analysis, empty, placement)["peak_bytes"]
+        peak = device_figures(bare, analysis, planned, placement).peak.to_json()
         assert (peak["pins_broken"], peak["after"]) == (15, peak["before"])
 
 
@@ -464,9 +466,9 @@ def test_a_device_plan_counts_the_casts_onnxruntime_appends(tmp_path, order):
     assert [n.name for n in appended] == ["InsertedPrecisionFreeCast_x", "InsertedPrecisionFreeCast_h"]
     assert {k for k, n in enumerate(shown.graph.node) if n.op_type in ("Cast", "Hardmax")} <= host
 
-    empty = {"peak_bytes": {"before": 0, "after": 0}}
-    counted = device_figures(plan, analysis, empty, counted_casts)["peak_bytes"]
-    without = device_figures(plan, analysis, empty, placement)["peak_bytes"]
+    planned = estimate_figures(simulate(analysis, plan))
+    counted = device_figures(plan, analysis, planned, counted_casts).peak.to_json()
+    without = device_figures(plan, analysis, planned, placement).peak.to_json()
     assert without["pins_broken"] == 0 and counted["pins_checked"] == without["pins_checked"] > 0
     if order == "priority":
         assert counted["pins_broken"] == counted["pins_checked"] and counted["after"] == counted["before"]
@@ -550,22 +552,23 @@ def test_a_plan_for_ascend_counts_the_casts_its_cpu_fallback_inserts(run_cli, tm
 def test_broken_pins_are_told_with_what_keeps_them(caplog):
     """Pins a device's order breaks are told, under PRIORITY_BASED with the DEFAULT order as the fix."""
     from offloadctl.cli.common import warn_broken_pins
+    from offloadctl.simulation.estimate import Peaks
 
-    peak = {"pins_checked": 5, "pins_broken": 3, "device": "webgpu", "planned_after": 1024, "after": 4096}
-    warn_broken_pins({"peak_bytes": peak}, "priority")
+    peak = Peaks(before=8192, pins_checked=5, pins_broken=3, device="webgpu", planned_after=1024, after=4096)
+    warn_broken_pins(peak, "priority")
     assert "3 of 5 copies" in caplog.text and "--execution-order default" in caplog.text
     caplog.clear()
-    warn_broken_pins({"peak_bytes": {**peak, "pins_broken": 0, "after": 1024}}, "priority")
+    warn_broken_pins(dataclasses.replace(peak, pins_broken=0, after=1024), "priority")
     assert not caplog.text
     # no pin breaks (CANN's pins hold no H2D), but the copies run early: the peak as it runs is told
     for checked in (None, 5):
-        late = {"pins_checked": checked, "pins_broken": 0, "device": "ascend", "planned_after": 1024, "after": 4096}
-        warn_broken_pins({"peak_bytes": late}, "priority")
+        late = Peaks(before=8192, pins_checked=checked, pins_broken=0, device="ascend", planned_after=1024, after=4096)
+        warn_broken_pins(late, "priority")
         assert (
             "peak is 4.00 KiB, not the 1.00 KiB planned" in caplog.text and "--execution-order default" in caplog.text
         )
         caplog.clear()
-        warn_broken_pins({"peak_bytes": late}, "default")
+        warn_broken_pins(late, "default")
         assert not caplog.text
 
 

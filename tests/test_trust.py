@@ -1123,9 +1123,10 @@ def test_simulate_and_run_take_a_rewrites_order_from_the_rewrite(run_cli, tmp_pa
 
 def test_a_plan_that_barely_lowers_the_peak_says_so_in_its_verdict():
     from offloadctl.cli.common import plan_effect
+    from offloadctl.simulation.estimate import Peaks
 
     def effect(before: int, after: int) -> str | None:
-        return plan_effect({"peak_bytes": {"before": before, "after": after}})[0]
+        return plan_effect(Peaks(before=before, after=after))[0]
 
     assert effect(1000, 1000) == "the plan does not lower the peak"
     assert effect(100_000, 99_900) == "the plan barely lowers the peak (100 B, under 1%)"

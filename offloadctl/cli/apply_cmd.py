@@ -31,7 +31,7 @@ from offloadctl.rewriting.modes import CopyChoice, choose_copy_mode, plan_device
 from offloadctl.rewriting.preview import StreamsCost, streams_cost
 from offloadctl.rewriting.rewrite import TARGETS, ApplyResult, RewriteOptions, target_for
 from offloadctl.simulation.costs import COPY_MODES
-from offloadctl.simulation.estimate import recorded_estimate
+from offloadctl.simulation.estimate import Estimate, recorded_estimate
 
 __all__ = ["COMMANDS"]
 
@@ -144,7 +144,7 @@ class _Written:
         return self.choice.mode == "streams" and self.result.copy_mode == "inline"
 
     @functools.cached_property
-    def figures(self) -> dict[str, Any] | None:
+    def figures(self) -> Estimate | None:
         if (self.choice.overridden or self.fell_back) and self.plan["offloads"]:
             return None
         return recorded_estimate(self.plan)
@@ -158,7 +158,7 @@ class _Written:
     def warn(self) -> None:
         _warn_streams_cost(self.cost)
         if self.figures is not None:
-            warn_broken_pins(self.figures, self.plan["model"].get("execution_order", "priority"))
+            warn_broken_pins(self.figures.peak, self.plan["model"].get("execution_order", "priority"))
 
     def parts(self, output: str) -> list[str | None]:
         """The verdict's parts after the copies: the mode written, what went in line, the plan's figures."""
@@ -177,13 +177,14 @@ class _Written:
             parts.append(f"{len(result.unpinned)} unpinned group(s) hold under PRIORITY_BASED only")
         if self.figures is None:
             return [*parts, f"peak and time: offloadctl simulate {output}"]
-        words, raised = plan_effect(self.figures, self.plan)
+        figures = self.figures
+        words, raised = plan_effect(figures.peak, self.plan, bodies_bytes=figures.bodies_at_peak_bytes)
         return [
             *parts,
-            peak_text(self.figures),
+            peak_text(figures.peak),
             words or (raised and "the plan raises the peak"),
-            slowdown_text(self.figures),
-            low_figures_text(self.figures.get("unknown_size_tensors", 0)),
+            slowdown_text(figures),
+            low_figures_text(figures.unknown_size_tensors),
         ]
 
     def doc(self, model: str, plan_path: str, output: str, extra: list[Path]) -> dict[str, Any]:
@@ -207,11 +208,12 @@ class _Written:
             "streams_cpu_peak": self.cost.to_json() if self.cost is not None else None,
             "offloaded": {"activations": result.activations, "parameters": result.parameters},
             "data_files": [str(p) for p in extra],
-            "estimate": self.figures,  # recorded by `offloadctl plan`; None for a plan made otherwise
+            # recorded by `offloadctl plan`; None for a plan made otherwise
+            "estimate": self.figures.to_json() if self.figures is not None else None,
         }
 
 
-def _print_apply(result: ApplyResult, extra: list[Path], figures: dict[str, Any] | None) -> None:
+def _print_apply(result: ApplyResult, extra: list[Path], figures: Estimate | None) -> None:
     """What apply wrote, for a person: the copies and pins, the files beside the model, the plan's figures."""
     console = out_console()
     console.print(

@@ -33,6 +33,7 @@ from offloadctl.job import Job, PlanPins
 from offloadctl.loading.input_shapes import follows_from, parse_dims, parse_input_shapes
 from offloadctl.simulation.base import is_rewritten
 from offloadctl.simulation.costs import STREAMS_NOTE, copy_mode_label
+from offloadctl.simulation.estimate import Estimate, Peaks
 
 __all__ = [
     "open_model",
@@ -278,32 +279,31 @@ def plan_figures(plan: Plan) -> dict[str, Any]:
     }
 
 
-def peak_text(figures: Mapping[str, Any]) -> str:
-    """``peak 1.20 MiB -> 0.90 MiB (-25.0%)`` from `offloadctl.simulation.estimate.estimate_figures`."""
-    before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
+def peak_text(peak: Peaks) -> str:
+    """``peak 1.20 MiB -> 0.90 MiB (-25.0%)`` of a plan's `offloadctl.simulation.estimate.Peaks`."""
+    before, after = peak.before, peak.after
     change = f" ({100.0 * (after - before) / before:+.1f}%)" if before else ""
-    peak = figures["peak_bytes"]
-    planned = peak.get("planned_after")
-    if peak.get("device"):
-        run = f" as {peak['device']} runs it; planned {fmt_bytes(peak['planned_before'])} -> {fmt_bytes(planned)}"
+    planned = peak.planned_after
+    if peak.device:
+        run = f" as {peak.device} runs it; planned {fmt_bytes(peak.planned_before or 0)} -> {fmt_bytes(planned or 0)}"
     else:
-        by = peak.get("run_by", "the DEFAULT walk")
+        by = peak.run_by or "the DEFAULT walk"
         run = f" as {by} runs it; planned {fmt_bytes(planned)}" if planned not in (None, after) else ""
     return f"peak {fmt_bytes(before)} -> {fmt_bytes(after)}{change}{run}"
 
 
-def slowdown_text(figures: Mapping[str, Any]) -> str | None:
+def slowdown_text(figures: Estimate) -> str | None:
     """``est. slowdown 1.12x (copies in line, profile ...)`` under the figures' copy mode (default inline)."""
-    if not figures.get("slowdown"):
+    if not figures.slowdown:
         return None
-    mode = figures.get("copy_mode") or "inline"
+    mode = figures.copy_mode or "inline"
     key = "overlapped" if mode == "streams" else "serialized"
-    return f"est. slowdown {figures['slowdown'][key]:.2f}x ({copy_mode_label(mode)}, profile {figures['profile']})"
+    return f"est. slowdown {figures.slowdown[key]:.2f}x ({copy_mode_label(mode)}, profile {figures.profile})"
 
 
-def warn_slowdown(figures: Mapping[str, Any]) -> None:
+def warn_slowdown(figures: Estimate) -> None:
     """Warn when the estimated slowdown with copies in line is over `SLOWDOWN_WARNING`."""
-    slow = figures.get("slowdown")
+    slow = figures.slowdown
     if slow and slow["serialized"] > SLOWDOWN_WARNING:
         logger.warning(
             "the estimated slowdown with copies in line (how onnxruntime runs them) is %.2fx, over %.1fx "
@@ -311,16 +311,16 @@ def warn_slowdown(figures: Mapping[str, Any]) -> None:
             "(a larger --select-distance or --min-bytes, or a --budget closer to the peak)",
             slow["serialized"],
             SLOWDOWN_WARNING,
-            figures["profile"],
+            figures.profile,
             slow["overlapped"],
         )
 
 
-def warn_streams_slower(figures: Mapping[str, Any]) -> None:
+def warn_streams_slower(figures: Estimate) -> None:
     """Warn when a plan made for copies on streams estimates no time gained over in line, as the executor
     runs its two streams: its events cost more than the overlap hides, so its copies run in line
     (`offloadctl.simulation.estimate.streams_declined`) and its figures are those in line."""
-    declined = figures.get("streams_declined")
+    declined = figures.streams_declined
     if declined and declined.get("peaks"):
         logger.warning(
             "with its copies on streams the rewrite would peak at %s against %s in line, as the executor runs the "
@@ -348,16 +348,15 @@ _APPENDED = (
 )
 
 
-def warn_broken_pins(figures: Mapping[str, Any], order: str) -> None:
+def warn_broken_pins(peak: Peaks, order: str) -> None:
     """Warn when a plan made for a device (``plan --device``) has copies that, as that device runs its
     rewrite in ``order``, run on the wrong side of the node their order pin names, or under
     PRIORITY_BASED a peak over the planned one where no pin breaks (the target's pins hold no H2D)."""
-    peak = figures.get("peak_bytes") or {}
-    broken, checked = peak.get("pins_broken"), peak.get("pins_checked")
-    device = peak.get("device", "the device")
-    planned = "planned_after" in peak
+    broken, checked = peak.pins_broken, peak.pins_checked
+    device = peak.device or "the device"
+    planned = peak.planned_after is not None
     where = (
-        f"peak {fmt_bytes(peak['planned_after'])} planned, {fmt_bytes(peak['after'])} as {device} runs it"
+        f"peak {fmt_bytes(peak.planned_after or 0)} planned, {fmt_bytes(peak.after)} as {device} runs it"
         if planned
         else f"as {device} runs it"
     )
@@ -379,12 +378,12 @@ def warn_broken_pins(figures: Mapping[str, Any], order: str) -> None:
             checked,
             where,
         )
-    elif order == "priority" and planned and peak["after"] > 1.05 * peak["planned_after"]:
+    elif order == "priority" and peak.planned_after is not None and peak.after > 1.05 * peak.planned_after:
         logger.warning(
             "as %s runs this rewrite under PRIORITY_BASED its peak is %s, not the %s planned: %s",
             device,
-            fmt_bytes(peak["after"]),
-            fmt_bytes(peak["planned_after"]),
+            fmt_bytes(peak.after),
+            fmt_bytes(peak.planned_after),
             _APPENDED,
         )
 
@@ -422,23 +421,28 @@ def gate_failure(max_peak: int | None, peak: int, what: str, *, unknown: int = 0
 
 
 def plan_effect(
-    figures: Mapping[str, Any], plan: Plan | None = None, unreached: Sequence[Mapping[str, Any]] = ()
+    peak: Peaks,
+    plan: Plan | None = None,
+    unreached: Sequence[Mapping[str, Any]] = (),
+    *,
+    bodies_bytes: int = 0,
 ) -> tuple[str | None, str | None]:
     """(words for the verdict, failure): a plan that leaves the peak where it was says so, and why when
-    the reason is work inside If/Loop/Scan bodies (which are not planned in: ``unreached``, the nodes whose
-    bodies hold what no plan reaches: the largest is named); one that raises it fails."""
-    before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
-    inside = _inside_bodies(figures, plan, unreached)
+    the reason is work inside If/Loop/Scan bodies (``bodies_bytes`` of the peak; they are not planned in:
+    ``unreached``, the nodes whose bodies hold what no plan reaches: the largest is named); one that
+    raises it fails."""
+    before, after = peak.before, peak.after
+    inside = _inside_bodies(after, bodies_bytes, plan, unreached)
     if after > before:
         walk = ""
-        planned = figures["peak_bytes"].get("planned_after")
-        if planned is not None and planned <= before and not figures["peak_bytes"].get("device"):
+        planned = peak.planned_after
+        if planned is not None and planned <= before and not peak.device:
             walk = (
                 ": its order pins keep more alive in the DEFAULT walk than the planned sequence does; next: apply it "
                 "with --no-order-pins (the walk then runs each copy next to its reader), or run it under "
                 "PRIORITY_BASED (a Python host)"
             )
-        return None, f"the plan raises the peak: {peak_text(figures).removeprefix('peak ')}{inside}{walk}"
+        return None, f"the plan raises the peak: {peak_text(peak).removeprefix('peak ')}{inside}{walk}"
     if after == before:
         return "the plan does not lower the peak" + inside, None
     if before and (before - after) < BARELY * before:  # what it costs in time, for next to nothing
@@ -450,11 +454,10 @@ def plan_effect(
 BARELY = 0.01
 
 
-def _inside_bodies(figures: Mapping[str, Any], plan: Plan | None, unreached: Sequence[Mapping[str, Any]]) -> str:
-    """Why a plan's peak is out of its reach, when it is work inside If/Loop/Scan bodies: most of the peak
-    there, tensors read only there, or the largest body no plan reaches; "" otherwise."""
-    after = figures["peak_bytes"]["after"]
-    bodies = figures.get("bodies_at_peak_bytes") or 0
+def _inside_bodies(after: int, bodies: int, plan: Plan | None, unreached: Sequence[Mapping[str, Any]]) -> str:
+    """Why a plan's peak (``after``, ``bodies`` of it inside If/Loop/Scan bodies) is out of its reach, when it
+    is work inside those bodies: most of the peak there, tensors read only there, or the largest body no plan
+    reaches; "" otherwise."""
     rejected: list[Any] = list(plan["rejected"]) if plan is not None else []
     only_inside = sum(1 for r in rejected if r.get("reason") == "subgraph-only")
     if after and bodies >= after / 2:
@@ -520,22 +523,22 @@ def check_report_paths(
     return drawn
 
 
-def print_estimate(figures: Mapping[str, Any], *, where: str = "", what: str = "simulated") -> None:
+def print_estimate(figures: Estimate, *, where: str = "", what: str = "simulated") -> None:
     """The peak change and, next to it, the estimated slowdown (plan, apply)."""
-    before, after = figures["peak_bytes"]["before"], figures["peak_bytes"]["after"]
+    before, after = figures.peak.before, figures.peak.after
     change = f"{100.0 * (after - before) / before:+.1f}%" if before else "+0.0%"
     line = f"{what} peak device memory: {fmt_bytes(before)} before -> {fmt_bytes(after)} after ({change}{where})"
-    slow = figures.get("slowdown")
+    slow = figures.slowdown
     if slow:
-        nodes = figures.get("time_nodes")
+        nodes = figures.time_nodes
         measured = (
             f", {nodes['measured']} of {nodes['total']} node times measured" if nodes and nodes["measured"] else ""
         )
-        declined = figures.get("streams_declined")
+        declined = figures.streams_declined
         streams = declined["streams"] if declined else slow["overlapped"]
         line += (
             f"; estimated time {slow['serialized']:.2f}x the baseline with copies in line, "
-            f"{streams:.2f}x with copies on streams ({STREAMS_NOTE}; profile {figures['profile']}{measured})"
+            f"{streams:.2f}x with copies on streams ({STREAMS_NOTE}; profile {figures.profile}{measured})"
         )
     out_console().print(line, soft_wrap=True)
 

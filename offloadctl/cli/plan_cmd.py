@@ -199,17 +199,23 @@ def _plan_verdict(
         logger.warning("%s", text)
     warn_slowdown(figures)
     warn_streams_slower(figures)
-    warn_broken_pins(figures, analysis.order)
-    unknown = figures["unknown_size_tensors"]
-    words, raised = plan_effect(figures, plan, bodies)
+    warn_broken_pins(figures.peak, analysis.order)
+    unknown = figures.unknown_size_tensors
+    words, raised = plan_effect(figures.peak, plan, bodies, bodies_bytes=figures.bodies_at_peak_bytes)
     finish(
         "plan",
         model,
-        [peak_text(figures), limits_text(budget, max_peak), words, slowdown_text(figures), low_figures_text(unknown)],
+        [
+            peak_text(figures.peak),
+            limits_text(budget, max_peak),
+            words,
+            slowdown_text(figures),
+            low_figures_text(unknown),
+        ],
         written,
         as_json=as_json,
         failure=raised
-        or gate_failure(max_peak, figures["peak_bytes"]["after"], "peak after the plan", unknown=unknown)
+        or gate_failure(max_peak, figures.peak.after, "peak after the plan", unknown=unknown)
         or point_failure,
         doc={
             "next_step": step,
@@ -217,12 +223,12 @@ def _plan_verdict(
             "model": model,
             "plan": str(written[0]),
             **plan_figures(plan),
-            **figures,
+            **figures.to_json(),
             **search,
             "max_peak_bytes": max_peak,
             "budget_bytes": budget,
             "figures_low": bool(unknown),
-            "peak_lowered": figures["peak_bytes"]["after"] < figures["peak_bytes"]["before"],
+            "peak_lowered": figures.peak.after < figures.peak.before,
         },
     )
 

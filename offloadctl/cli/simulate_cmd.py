@@ -40,7 +40,7 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.placed import HostPlacement
 from offloadctl.rewriting.figures import as_run_figures
-from offloadctl.simulation.estimate import estimate_figures
+from offloadctl.simulation.estimate import Estimate, estimate_figures
 from offloadctl.simulation.points import PointResult, at_points, parse_point
 from offloadctl.simulation.result import SimResult
 
@@ -132,18 +132,18 @@ def _verdict(
     planned = plan is not None or result.rewritten
     unknown = len(result.unknown_tensors)
     figures = _run_figures(result, plan, analysis, copies)
-    if plan is not None and "planned_after" in figures["peak_bytes"]:
-        doc["peak_bytes"] = figures["peak_bytes"]
+    if plan is not None and figures.peak.planned_after is not None:
+        doc["peak_bytes"] = figures.peak.to_json()
     if plan is not None:
-        warn_broken_pins(figures, analysis.order)
-    after = figures["peak_bytes"]["after"]
+        warn_broken_pins(figures.peak, analysis.order)
+    after = figures.peak.after
     failure = gate_failure(max_peak, after, "peak after the plan" if planned else "peak", unknown=unknown)
     failure = failure or points_failure(points, max_peak, "--max-peak")
     parts: list[str | None] = [f"peak {fmt_bytes(result.peak_before)}"]
     if planned:
         parts = [
-            peak_text(figures),
-            plan_effect(figures, plan)[0] if plan is not None else None,
+            peak_text(figures.peak),
+            plan_effect(figures.peak, plan, bodies_bytes=figures.bodies_at_peak_bytes)[0] if plan is not None else None,
             slowdown_text(figures),
         ]
         if plan is not None and after > result.peak_before:
@@ -152,7 +152,7 @@ def _verdict(
     return parts, failure
 
 
-def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis, copies: str) -> dict[str, Any]:
+def _run_figures(result: SimResult, plan: Plan | None, analysis: Analysis, copies: str) -> Estimate:
     """The figures of the verdict: with a plan, those of what runs (`offloadctl.rewriting.figures.as_run_figures`)."""
     figures = estimate_figures(result, copies)
     if plan is None or result.rewritten:

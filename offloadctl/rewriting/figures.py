@@ -6,7 +6,6 @@ plan it is given."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.bulk import paused_gc
@@ -17,7 +16,13 @@ from offloadctl.planning.budget.strategy import BudgetUnreachable
 from offloadctl.planning.request import NO_PROGRESS, PlanRequest, Progress, runs_copy_streams
 from offloadctl.rewriting.preview import device_result, placement_of, run_order_result, streams_run_result
 from offloadctl.rewriting.rewrite import target_for
-from offloadctl.simulation.estimate import estimate_figures, with_device_peaks, with_run_order_peak, with_run_time
+from offloadctl.simulation.estimate import (
+    Estimate,
+    estimate_figures,
+    with_device_peaks,
+    with_run_order_peak,
+    with_run_time,
+)
 from offloadctl.simulation.profiles import Profile
 from offloadctl.simulation.result import SimResult
 
@@ -31,7 +36,7 @@ def run_order_figures(
     request: PlanRequest,
     copies: str | None = None,
     progress: Progress = NO_PROGRESS,
-) -> dict[str, Any]:
+) -> Estimate:
     """The plan's figures (`as_run_figures` of the simulation's, for the request's device), its copies run
     as ``copies`` says (the request's mode by default)."""
     copies = copies or request.copies
@@ -49,13 +54,13 @@ def run_order_figures(
 def as_run_figures(
     plan: Plan,
     analysis: Analysis,
-    figures: dict[str, Any],
+    figures: Estimate,
     *,
     host: HostPlacement = NO_HOST,
     report: Callable[[str], None] | None = None,
     copies: str = "inline",
     profile: Profile | None = None,
-) -> dict[str, Any]:
+) -> Estimate:
     """``figures`` (`estimate_figures` of the plan's simulation) with the peaks of what runs: for a plan
     made for a device (``plan --device``: ``host``, the nodes it runs on the host and the copies
     and Casts onnxruntime inserts there), the model's and the rewrite's as that device runs them, in either order
@@ -89,12 +94,12 @@ def as_run_figures(
 def device_figures(
     plan: Plan,
     analysis: Analysis,
-    figures: dict[str, Any],
+    figures: Estimate,
     host: HostPlacement,
     copies: str = "inline",
     *,
     profile: Profile | None = None,
-) -> dict[str, Any]:
+) -> Estimate:
     """``figures`` with the peaks of the model and of ``plan``'s rewrite as the device the plan was made
     for runs them (``plan --device``: ``host``, the nodes it runs on the host, the tensors onnxruntime
     copies there and the Casts it inserts), in the order its

@@ -1,15 +1,20 @@
 """A plan's estimated figures: peak memory before and after, lower bound, bytes moved, time.
 
-`estimate_figures` condenses a simulation (`offloadctl.simulation.result.SimResult`) into the plain figures
-the command line prints and puts in its ``--json`` documents. `record_estimate` stores them in the
-plan's informative ``summary.estimate`` (what ``offloadctl plan`` writes), keyed by a hash of the
-plan's offloads; `recorded_estimate` gives them back only while the offloads are unchanged, so
-``offloadctl apply`` can quote them without simulating again (on a large model the simulation
-needs shape inference over the whole graph, which a weights-only apply otherwise never runs).
+`estimate_figures` condenses a simulation (`offloadctl.simulation.result.SimResult`) into an
+`Estimate`, the typed figures the command line prints and serialises (`Estimate.to_json`) into its
+``--json`` documents; `with_run_order_peak`, `with_run_time` and `with_device_peaks` give the same
+figures with what runs in place of what was planned. `record_estimate` stores them in the plan's
+informative ``summary.estimate`` (what ``offloadctl plan`` writes), keyed by a hash of the plan's
+offloads; `recorded_estimate` gives them back only while the offloads are unchanged, so ``offloadctl
+apply`` can quote them without simulating again (on a large model the simulation needs shape
+inference over the whole graph, which a weights-only apply otherwise never runs).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from offloadctl.core.files import json_sha256
@@ -17,6 +22,8 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.simulation.result import SimResult
 
 __all__ = [
+    "Estimate",
+    "Peaks",
     "estimate_figures",
     "record_estimate",
     "recorded_estimate",
@@ -27,51 +34,145 @@ __all__ = [
 ]
 
 
-def estimate_figures(result: SimResult, copies: str = "inline") -> dict[str, Any]:
-    """Peak, lower bound, bytes moved and estimated time of a simulation, as plain JSON values.
+@dataclass(frozen=True)
+class Peaks:
+    """Peak device memory before and after a plan (``peak_bytes`` in JSON), and what they are of.
 
-    ``copy_mode`` says which time the command quotes: ``inline`` (the simulator's serialized time,
+    Attributes:
+        before: the model's peak; after: its rewrite's (`saved`: what the plan saves).
+        planned_before, planned_after: the planned sequence's own peaks, where ``before`` and
+            ``after`` are of what runs (a device's placement, onnxruntime's order, two streams).
+        device: the device whose placement they count (``plan --device``).
+        of: what the peaks are of, in words; run_by: what ran the rewrite (the DEFAULT walk, the
+            two-stream executor).
+        pins_checked, pins_broken: the rewrite's order pins checked against the order that runs
+            it, and those it breaks.
+    """
+
+    before: int
+    after: int
+    planned_before: int | None = None
+    planned_after: int | None = None
+    device: str | None = None
+    of: str | None = None
+    run_by: str | None = None
+    pins_checked: int | None = None
+    pins_broken: int | None = None
+
+    @property
+    def saved(self) -> int:
+        """What the plan saves: ``before - after``."""
+        return self.before - self.after
+
+    def to_json(self) -> dict[str, Any]:
+        """The peaks as a plan and a ``--json`` document hold them: ``before``, ``after`` and ``saved``, the
+        optional figures only where given."""
+        optional = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)[2:]}
+        return {"before": self.before, "after": self.after, "saved": self.saved} | {
+            k: v for k, v in optional.items() if v is not None
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Peaks:
+        """The peaks `to_json` wrote (``saved`` follows from the others)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in doc.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A plan's figures, as the verdict quotes them and ``summary.estimate`` records them (`to_json`).
+
+    Attributes:
+        copy_mode: which time is quoted: ``inline`` (the simulator's serialized time) or ``streams``
+            (its overlapped time: the copies on a stream of their own).
+        peak: the peaks before and after (`Peaks`; ``peak_bytes`` in JSON).
+        lower_bound_bytes: no plan's peak goes below it.
+        transfer_bytes, copies: bytes moved and copies made, by direction.
+        unknown_size_tensors: tensors of unknown size, counted as 0 bytes.
+        profile: the device profile's name the time is estimated on (None: no time).
+        time_s, time_nodes, slowdown: the estimated times (baseline, serialized, overlapped), the
+            nodes timed (total, measured, estimated) and the slowdowns; None without a profile.
+        bodies_at_peak_bytes: what subgraph bodies hold at the peak.
+        streams_declined: why a plan made for copies on streams runs them in line
+            (`streams_declined`); None when it does not.
+        planned_slowdown: the planned sequence's slowdown, where ``slowdown`` is of what runs.
+    """
+
+    copy_mode: str
+    peak: Peaks
+    lower_bound_bytes: int
+    transfer_bytes: Mapping[str, int]
+    copies: Mapping[str, int]
+    unknown_size_tensors: int
+    profile: str | None
+    time_s: Mapping[str, float] | None
+    time_nodes: Mapping[str, int] | None
+    slowdown: Mapping[str, float] | None
+    bodies_at_peak_bytes: int
+    streams_declined: Mapping[str, Any] | None = None
+    planned_slowdown: Mapping[str, float] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The figures as plain JSON values (``peak_bytes`` for `peak`; ``planned_slowdown`` only where given)."""
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        doc["peak"] = self.peak.to_json()
+        doc = {("peak_bytes" if k == "peak" else k): v for k, v in doc.items()}
+        if self.planned_slowdown is None:
+            del doc["planned_slowdown"]
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Estimate:
+        """The figures `to_json` wrote (a plan's ``summary.estimate``)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"peak"}
+        return cls(peak=Peaks.from_json(doc["peak_bytes"]), **{k: v for k, v in doc.items() if k in names})
+
+    def replace(self, **changes: Any) -> Estimate:
+        """These figures with ``changes``."""
+        return dataclasses.replace(self, **changes)
+
+
+def estimate_figures(result: SimResult, copies: str = "inline") -> Estimate:
+    """Peak, lower bound, bytes moved and estimated time of a simulation.
+
+    ``copies`` says which time the command quotes: ``inline`` (the simulator's serialized time,
     what onnxruntime runs in line) or ``streams`` (its overlapped time: the copies on a stream of their own,
     as ``apply --copies streams`` writes them).
     """
     doc = result.to_json(timeline_limit=0)
-    return {
-        "copy_mode": copies,
-        "peak_bytes": doc["peak_bytes"],
-        "lower_bound_bytes": doc["lower_bound_bytes"],
-        "transfer_bytes": doc["transfer_bytes"],
-        "copies": doc["copies"],
-        "unknown_size_tensors": len(result.unknown_tensors),
-        "profile": result.profile.name if result.profile is not None else None,
-        "time_s": doc["time_s"],
-        "time_nodes": doc["time_nodes"],
-        "slowdown": doc["slowdown"],
-        "bodies_at_peak_bytes": doc["bodies_at_peak_bytes"],
-        "streams_declined": None,  # why a streams plan runs its copies in line (`simulation.estimate.streams_declined`)
-    }
+    return Estimate(
+        copy_mode=copies,
+        peak=Peaks.from_json(doc["peak_bytes"]),
+        lower_bound_bytes=doc["lower_bound_bytes"],
+        transfer_bytes=doc["transfer_bytes"],
+        copies=doc["copies"],
+        unknown_size_tensors=len(result.unknown_tensors),
+        profile=result.profile.name if result.profile is not None else None,
+        time_s=doc["time_s"],
+        time_nodes=doc["time_nodes"],
+        slowdown=doc["slowdown"],
+        bodies_at_peak_bytes=doc["bodies_at_peak_bytes"],
+    )
 
 
-def with_run_order_peak(
-    figures: dict[str, Any], replayed: SimResult, order: str, *, streams: bool = False
-) -> dict[str, Any]:
+def with_run_order_peak(figures: Estimate, replayed: SimResult, order: str, *, streams: bool = False) -> Estimate:
     """``figures`` with the peak after taken from ``replayed`` (`offloadctl.rewriting.preview`: the
     rewrite simulated in the order onnxruntime runs it, ``order``; with ``streams``, as its executor runs
     the two streams of a rewrite whose copies have their own); the planned sequence's own peak stays
     beside it as ``planned_after``, and ``run_by`` says what ran it."""
-    peak = dict(figures["peak_bytes"])
-    peak["planned_after"] = peak["after"]
-    peak["after"] = replayed.peak_after
-    peak["saved"] = peak["before"] - replayed.peak_after
+    peak = figures.peak
     if streams:
-        peak["of"] = f"the rewrite with its copies on their own stream, in onnxruntime's {order.upper()} order"
-        peak["run_by"] = "the two-stream executor"
+        of = f"the rewrite with its copies on their own stream, in onnxruntime's {order.upper()} order"
+        run_by = "the two-stream executor"
     else:
-        peak["of"] = f"the rewrite in onnxruntime's {order.upper()} order"
-        peak["run_by"] = f"the {order.upper()} walk"
-    return {**figures, "peak_bytes": peak}
+        of, run_by = f"the rewrite in onnxruntime's {order.upper()} order", f"the {order.upper()} walk"
+    after = replayed.peak_after
+    ran = dataclasses.replace(peak, after=after, planned_after=peak.after, of=of, run_by=run_by)
+    return figures.replace(peak=ran)
 
 
-def with_run_time(figures: dict[str, Any], replayed: SimResult) -> dict[str, Any]:
+def with_run_time(figures: Estimate, replayed: SimResult) -> Estimate:
     """``figures`` with the time taken from ``replayed`` too (a streams rewrite as the executor runs its two
     streams: `offloadctl.rewriting.preview.streams_run_result`), as `simulate` of the rewrite estimates it:
     a load ``apply`` keeps in line and a copy its gate holds cost there what they cost when run. The planned
@@ -79,12 +180,13 @@ def with_run_time(figures: dict[str, Any], replayed: SimResult) -> dict[str, Any
     doc = replayed.to_json(timeline_limit=0)
     if doc["time_s"] is None:
         return figures
-    timed = {key: doc[key] for key in ("time_s", "time_nodes", "slowdown")}
-    return {**figures, **timed, "planned_slowdown": figures["slowdown"]}
+    return figures.replace(
+        time_s=doc["time_s"], time_nodes=doc["time_nodes"], slowdown=doc["slowdown"], planned_slowdown=figures.slowdown
+    )
 
 
 def with_device_peaks(
-    figures: dict[str, Any],
+    figures: Estimate,
     before: SimResult,
     after: SimResult,
     device: str,
@@ -92,7 +194,7 @@ def with_device_peaks(
     pins: tuple[int, int] | None = None,
     *,
     streams: bool = False,
-) -> dict[str, Any]:
+) -> Estimate:
     """``figures`` with the peaks before and after taken from the model and its rewrite as ``device``
     runs them (`offloadctl.rewriting.preview.device_result`: its inserted copies, the nodes it runs
     on the host, its executor's order); the planned figures stay beside them as ``planned_before`` and
@@ -100,49 +202,54 @@ def with_device_peaks(
     order and those it breaks (copies on the wrong side of the node their pin names), are recorded as
     ``peak_bytes.pins_checked`` and ``pins_broken``. ``streams``: ``after`` is the rewrite with its
     copies on a stream of their own, as the two-stream executor runs it (``run_by`` says so)."""
-    peak = dict(figures["peak_bytes"])
-    peak["planned_before"], peak["planned_after"] = peak["before"], peak["after"]
-    peak["before"], peak["after"] = before.peak_after, after.peak_after
-    peak["saved"] = before.peak_after - after.peak_after
-    peak["device"] = device
-    peak["of"] = f"the model and its rewrite as {device} runs them, in onnxruntime's {order.upper()} order"
+    planned = figures.peak
+    of = f"the model and its rewrite as {device} runs them, in onnxruntime's {order.upper()} order"
     if streams:  # the rewrite with its copies on a stream of their own (``streams``)
-        peak["of"] += ", the rewrite's copies on a stream of their own"
-        peak["run_by"] = "the two-stream executor"
-    if pins is not None:
-        peak["pins_checked"], peak["pins_broken"] = pins
-    return {**figures, "peak_bytes": peak}
+        of += ", the rewrite's copies on a stream of their own"
+    peak = dataclasses.replace(
+        planned,
+        before=before.peak_after,
+        after=after.peak_after,
+        planned_before=planned.before,
+        planned_after=planned.after,
+        device=device,
+        of=of,
+        run_by="the two-stream executor" if streams else planned.run_by,
+        pins_checked=pins[0] if pins is not None else planned.pins_checked,
+        pins_broken=pins[1] if pins is not None else planned.pins_broken,
+    )
+    return figures.replace(peak=peak)
 
 
 def _offloads_sha256(plan: Plan) -> str:
     return json_sha256(plan["offloads"])
 
 
-def record_estimate(plan: Plan, figures: dict[str, Any]) -> None:
-    """Store ``figures`` (`estimate_figures`) in ``plan["summary"]["estimate"]``."""
-    plan.setdefault("summary", {})["estimate"] = {**figures, "offloads_sha256": _offloads_sha256(plan)}
+def record_estimate(plan: Plan, figures: Estimate) -> None:
+    """Store ``figures`` in ``plan["summary"]["estimate"]``."""
+    plan.setdefault("summary", {})["estimate"] = {**figures.to_json(), "offloads_sha256": _offloads_sha256(plan)}
 
 
-def recorded_estimate(plan: Plan) -> dict[str, Any] | None:
+def recorded_estimate(plan: Plan) -> Estimate | None:
     """The figures `record_estimate` stored, or None when there are none or the offloads changed since."""
     recorded = (plan.get("summary") or {}).get("estimate")
     if not isinstance(recorded, dict) or recorded.get("offloads_sha256") != _offloads_sha256(plan):
         return None
-    return {k: v for k, v in recorded.items() if k != "offloads_sha256"}
+    return Estimate.from_json(recorded)
 
 
-def streams_declined(figures: dict[str, Any], in_line_peak: int | None = None) -> dict[str, Any] | None:
+def streams_declined(figures: Estimate, in_line_peak: int | None = None) -> dict[str, Any] | None:
     """Why a plan's copies run in line though it was made for streams: on a stream of their own, as the
     executor runs them (``figures``: `offloadctl.rewriting.figures.as_run_figures` with copies on
     streams), they gain no time over in line, or they hold more than the same plan in line
     (``in_line_peak``, its peak after as run); None when neither. The slowdowns both ways, and the
     peaks where streams hold more."""
-    slow = figures.get("slowdown")
-    peak = figures["peak_bytes"]["after"]
+    slow = figures.slowdown
+    peak = figures.peak.after
     higher = in_line_peak is not None and peak > in_line_peak
     if not higher and (not slow or slow["overlapped"] < slow["serialized"]):
         return None
-    declined = {"streams": slow["overlapped"], "inline": slow["serialized"]} if slow else {}
+    declined: dict[str, Any] = {"streams": slow["overlapped"], "inline": slow["serialized"]} if slow else {}
     if higher:
         declined["peaks"] = {"streams": peak, "inline": in_line_peak}
-    return {**declined, "profile": figures.get("profile")}
+    return {**declined, "profile": figures.profile}
