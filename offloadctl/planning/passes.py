@@ -177,7 +177,9 @@ def _filter(state: Planning) -> Planning:
     if budget.uses_budget:
         search = BudgetSearch(analysis, request, request.selecting, selection=selection, progress=progress)
         found = search.found()
-        return state.replace(plan=found.scheduled or found.filtered, simulation=found.simulation)
+        if found.scheduled is not None:  # the search scheduled and simulated its plan itself
+            return state.replace(plan=found.scheduled.plan, simulation=found.scheduled.simulation)
+        return state.replace(plan=found.filtered, simulation=None)
     return state.replace(plan=filtered_by_number(analysis, request, selection))
 
 

@@ -50,7 +50,7 @@ from offloadctl.simulation.costs import (
     make_cost,
     optimal_refusal,
 )
-from offloadctl.simulation.result import SimResult, simulate
+from offloadctl.simulation.result import simulate
 
 __all__ = [
     "BudgetSearch",
@@ -111,12 +111,12 @@ class BudgetUnreachable(OffloadError):
 
 @dataclass
 class Found:
-    """A search's filtered plan, and the simulation of its scheduled plan when one was made; with
-    copies on streams, which objective's plan was kept and both plans' stalls (time's, bytes')."""
+    """What a search found: its filtered plan and, where the search scheduled and simulated it itself
+    (comparing both objectives' plans), the scheduled plan with its simulation; which objective's plan
+    was kept and both plans' stalls (time's, bytes')."""
 
     filtered: Plan
-    scheduled: Plan | None = None
-    simulation: SimResult | None = None
+    scheduled: PlanOutcome | None = None
     kept: str = "time"
     stalls: tuple[float, float] = (0.0, 0.0)
 
@@ -274,9 +274,9 @@ class BudgetSearch:
             found = self._compare_simulated(chosen, other, build, "overlapped" if copies == "streams" else "serialized")
             kept, (mine_s, theirs_s) = found.kept, found.stalls
         compared: Compared = {"copies": copies, "stall_s": {"time": mine_s, "bytes": theirs_s}, "kept": kept}
-        for plan in (found.filtered, found.scheduled):
-            if plan is not None:
-                plan["budget"]["compared"] = compared
+        found.filtered["budget"]["compared"] = compared
+        if found.scheduled is not None:
+            found.scheduled.plan["budget"]["compared"] = compared
         return found
 
     def _compare_simulated(self, chosen: Attempt, other: Attempt, build: Pricing, key: str) -> Found:
@@ -286,9 +286,11 @@ class BudgetSearch:
         mine = Found(build_plan(self.prepared, chosen, build))
         theirs = Found(build_plan(self.prepared, other, build, searched=chosen.outcome))
         for found in (mine, theirs):
-            found.scheduled = prefetch(found.filtered, self.options.prefetch)
-            found.simulation = simulate(self.analysis, found.scheduled, profile=self.budget.device_profile)
-        stalls = (_stall(mine.simulation, key), _stall(theirs.simulation, key))
+            scheduled = prefetch(found.filtered, self.options.prefetch)
+            found.scheduled = PlanOutcome(
+                scheduled, simulate(self.analysis, scheduled, profile=self.budget.device_profile)
+            )
+        stalls = (_stall(mine.scheduled, key), _stall(theirs.scheduled, key))
         kept = "bytes" if stalls[1] < stalls[0] - 1e-12 * max(stalls[0], 1e-30) else "time"
         found = theirs if kept == "bytes" else mine
         found.kept, found.stalls = kept, stalls
@@ -322,13 +324,13 @@ class BudgetSearch:
         budget = self.budget.budget if budget is None else budget
         found = self._search(budget, copies or self.budget.copies, quiet)
         # the filtered plan was built for this call alone: it is scheduled as it is, not copied
-        scheduled = found.scheduled or prefetch_own(found.filtered, self.options.prefetch)
-        return PlanOutcome(scheduled, found.simulation)
+        return found.scheduled or PlanOutcome(prefetch_own(found.filtered, self.options.prefetch))
 
 
-def _stall(result: SimResult | None, key: str) -> float:
+def _stall(scheduled: PlanOutcome | None, key: str) -> float:
     """The time a scheduled plan's copies (and pins) add to the baseline, as the simulator runs them
     (``key``: ``overlapped``, copies on streams, or ``serialized``, in line)."""
+    result = scheduled.simulation if scheduled is not None else None
     assert result is not None and result.times is not None  # a simulation with a profile has its times
     return float(getattr(result.times, key)) - result.times.baseline
 
