@@ -24,6 +24,7 @@ from offloadctl.core.plantypes import SizesFromRun
 from offloadctl.planning.request import (
     BudgetPart,
     FilterPart,
+    PlanRequest,
     PrefetchPart,
     RequestError,
     SelectPart,
@@ -56,6 +57,7 @@ __all__ = [
     "opt_level_option",
     "output_option",
     "plan_device_option",
+    "plan_request",
     "strict_option",
 ]
 
@@ -291,6 +293,30 @@ prefetch_options = part_options("prefetching", PrefetchPart)
 #: the budget planner's options (`BudgetPart`), for plan; filter's lack --max-slowdown (a plan-level search)
 budget_options = part_options("budgeting", BudgetPart, make=_budget_part)
 filter_budget_options = part_options("budgeting", BudgetPart, leave_out=("max_slowdown",), make=_budget_part)
+
+
+def plan_request(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The plan command's request group: below its part groups (``selecting``, ``filtering``,
+    ``budgeting``, ``prefetching``), it puts them together as one `PlanRequest`, in ``request``, made for
+    ``--device`` (estimated on the device's bundled profile when no ``--profile`` is given). ``device``
+    stays an argument of its own: the model group places the graph for it."""
+
+    @functools.wraps(f)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        budget = kwargs.pop("budgeting")
+        if budget.profile is None and kwargs.get("device") is not None:
+            budget = dataclasses.replace(budget, profile=device_profile(None, kwargs["device"]))
+        kwargs["request"] = PlanRequest(
+            select=kwargs.pop("selecting"),
+            filter=kwargs.pop("filtering"),
+            prefetch=kwargs.pop("prefetching"),
+            budget=budget,
+        )
+        return f(*args, **kwargs)
+
+    return command
+
+
 #: single options of the budget part that other commands take too (simulate, frontier)
 profile_option = field_option(BudgetPart, "profile")
 objective_option = field_option(BudgetPart, "objective")

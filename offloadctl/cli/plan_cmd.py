@@ -3,7 +3,6 @@ same document as chaining select, filter and prefetch, with the figures of what 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +40,7 @@ from offloadctl.cli.options import (
     opt_level_option,
     output_option,
     plan_device_option,
+    plan_request,
     prefetch_options,
     report_option,
     select_options,
@@ -57,13 +57,8 @@ from offloadctl.pipeline import STEPS, next_step_text, planned, verdict_figures
 from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice
 from offloadctl.planning.passes import Planning
 from offloadctl.planning.request import (
-    BudgetPart,
-    FilterPart,
     PlanRequest,
-    PrefetchPart,
     Progress,
-    SelectPart,
-    device_profile,
 )
 from offloadctl.simulation.points import PointResult, at_points
 
@@ -92,24 +87,22 @@ logger = logging.getLogger(__name__)
     "(PLAN.optimized.onnx, the model to apply the plan to); the rewrite then runs at disable, its fusions kept."
 )
 @json_option
+@plan_request
 def plan_cmd(
     model: str,
     output: str,
-    selecting: SelectPart,
     shapes: ShapeOptions,
     sizes: SizesOptions,
     order: str | None,
     device: str | None,
     shape_points: tuple[str, ...],
-    filtering: FilterPart,
-    budgeting: BudgetPart,
     explain: bool,
-    prefetching: PrefetchPart,
     strict: bool,
     max_peak: int | None,
     report: str | None,
     opt_level: str,
     as_json: bool,
+    request: PlanRequest,
 ) -> None:
     """select + filter + prefetch in one call; same document as chaining the three.
 
@@ -120,9 +113,6 @@ def plan_cmd(
     """
     check_output_path(output, model)
     check_report_paths(report, model, others=[("the plan", output)])
-    if budgeting.profile is None and device is not None:  # estimated on the device's bundled profile
-        budgeting = dataclasses.replace(budgeting, profile=device_profile(None, device))
-    request = PlanRequest(select=selecting, filter=filtering, prefetch=prefetching, budget=budgeting)
     # --opt-level writes the optimized graph beside the plan: a failure leaves neither it nor an earlier one lost
     with restored_on_failure(*optimized_outputs_for(output, opt_level)), as_asked(model, output, opt_level):
         opened = PlanModel.of(model, output, opt_level, device, shapes, sizes, order, as_json)
