@@ -9,10 +9,12 @@ exits 1 (the outputs are written first, so a CI job can keep them).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,7 @@ __all__ = [
     "low_figures_text",
     "plan_effect",
     "finish",
+    "Verdict",
     "check_report_paths",
     "print_estimate",
 ]
@@ -472,6 +475,46 @@ def _inside_bodies(after: int, bodies: int, plan: Plan | None, unreached: Sequen
     return inside + ", which are not planned in"
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """How a command ends: its verdict line (``PASSED | plan MODEL | ... | wrote ...``, or ``FAILED | ...``
+    with the gate's failure) and its ``--json`` document (`to_json`).
+
+    Attributes:
+        command: the subcommand's name.
+        subject: the model or plan it worked on.
+        parts: figures for the verdict (None entries are left out).
+        written: every file the command wrote.
+        doc: the command's own fields of the JSON document.
+        failure: the reason a gate failed (exit status 1); None when it passed.
+    """
+
+    command: str
+    subject: str
+    parts: tuple[str | None, ...] = ()
+    written: tuple[str, ...] = ()
+    doc: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    failure: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` document: ``command`` and ``passed``, the command's fields, ``files_written``."""
+        return {"command": self.command, "passed": self.passed, **self.doc, "files_written": list(self.written)}
+
+    def line(self) -> str:
+        """The verdict line."""
+        head = f"{self.command} {self.subject}"
+        if self.failure is not None:
+            return f"FAILED | {head} | {self.failure}"
+        fields = [head, *(p for p in self.parts if p)]
+        if self.written:
+            fields.append("wrote " + ", ".join(self.written))
+        return "PASSED | " + " | ".join(fields)
+
+
 def finish(
     command: str,
     subject: str,
@@ -482,28 +525,16 @@ def finish(
     doc: dict[str, Any] | None = None,
     failure: str | None = None,
 ) -> None:
-    """End a command: the JSON document (under --json), then the verdict line, or the gate's failure.
-
-    Args:
-        command: the subcommand's name.
-        subject: the model or plan it worked on.
-        parts: figures for the verdict (None entries are left out).
-        written: every file the command wrote.
-        as_json: print ``doc`` (with ``command``, ``passed`` and ``files_written`` added) on stdout.
-        failure: the reason a gate failed: printed as ``FAILED | ...`` on stderr, exit status 1.
-    """
-    files = [str(f) for f in written]
+    """End a command with its `Verdict`: the JSON document (under --json) on stdout, then the verdict line
+    (on stderr under --json or for a failure, whose exit status is 1)."""
+    verdict = Verdict(command, subject, tuple(parts), tuple(str(f) for f in written), doc or {}, failure)
     if as_json:
-        print_json({"command": command, "passed": failure is None, **(doc or {}), "files_written": files})
-    head = f"{command} {subject}"
-    if failure is not None:
-        err_console().print(f"FAILED | {head} | {failure}", markup=False, highlight=False, soft_wrap=True)
+        print_json(verdict.to_json())
+    if not verdict.passed:
+        err_console().print(verdict.line(), markup=False, highlight=False, soft_wrap=True)
         raise click.exceptions.Exit(1)
-    fields = [head, *(p for p in parts if p)]
-    if files:
-        fields.append("wrote " + ", ".join(files))
     console = err_console() if as_json else out_console()
-    console.print("PASSED | " + " | ".join(fields), markup=False, highlight=False, soft_wrap=True)
+    console.print(verdict.line(), markup=False, highlight=False, soft_wrap=True)
 
 
 def check_report_paths(
