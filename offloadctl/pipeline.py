@@ -45,8 +45,8 @@ from offloadctl.analysis.graph import Analysis
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.plantypes import Plan
-from offloadctl.core.units import fmt_bytes
 from offloadctl.loading.input_shapes import given_dims
+from offloadctl.planning.advice import NextStep
 from offloadctl.planning.budget.strategy import BudgetUnreachable, budget_figures
 from offloadctl.planning.make import run_passes
 from offloadctl.planning.passes import PIPELINE, Planning
@@ -177,12 +177,12 @@ def _budget_step(analysis: Analysis, budget: int, request: PlanRequest) -> tuple
 
 def next_step(
     analysis: Analysis, plan: Plan, result: SimResult, request: PlanRequest, progress: Progress = NO_PROGRESS
-) -> dict[str, Any] | None:
+) -> NextStep | None:
     """For a plan that lowers the peak by under 5% (not itself a budget plan): the budget plan halfway
     between the lower bound and the peak as a copy-pasteable command (the model's own pins and dims
     in it), with the figures it gives, made and simulated here; None otherwise or when it does no
     better. Above `NEXT_STEP_FIGURES_MAX_POSITIONS` positions the command comes without figures
-    (``peak_bytes.after`` and ``slowdown`` None): run it to see them."""
+    (``peak_after`` and ``slowdown`` None): run it to see them."""
     recorded = recorded_estimate(plan)
     before, after = result.peak_before, recorded.peak.after if recorded else result.peak_after  # as the verdict says it
     budget = suggested_budget(result.lower_bound_bytes, before)
@@ -195,12 +195,7 @@ def next_step(
         peak, slowdown = _budget_step(analysis, budget, request)
         if peak is None or peak >= min(after, (1 - HELPFUL_CUT) * before):  # it must help, by 5%
             return None
-    return {
-        "command": _budget_command(analysis, request, budget),
-        "budget_bytes": budget,
-        "peak_bytes": {"before": before, "after": peak},
-        "slowdown": slowdown,
-    }
+    return NextStep(_budget_command(analysis, request, budget), budget, before, peak, slowdown)
 
 
 def _budget_command(analysis: Analysis, request: PlanRequest, budget: int) -> str:
@@ -216,22 +211,6 @@ def _budget_command(analysis: Analysis, request: PlanRequest, budget: int) -> st
         flags.append(f"--inputs {quote(str(inputs))}" if inputs else "--sizes-from-run")
     parts = ["offloadctl plan", quote(str(loaded.path)), "--params", f"--budget {budget // 1024}KiB", *flags]
     return " ".join(parts) + " -o PLAN.json"
-
-
-def next_step_text(step: dict[str, Any]) -> str:
-    """The line that gives a weak plan's next step."""
-    peak = step["peak_bytes"]
-    if peak["after"] is None:
-        return (
-            f"this plan lowers the peak by under 5%; next: {step['command']} (peak {fmt_bytes(peak['before'])} "
-            f"-> at most {fmt_bytes(step['budget_bytes'])}; run it for its figures)"
-        )
-    cut = 100.0 * (peak["before"] - peak["after"]) / peak["before"]
-    slow = f", est. slowdown {step['slowdown']:.2f}x" if step.get("slowdown") else ""
-    return (
-        f"this plan lowers the peak by under 5%; next: {step['command']} "
-        f"(peak {fmt_bytes(peak['before'])} -> {fmt_bytes(peak['after'])}, -{cut:.1f}%{slow})"
-    )
 
 
 # --------------------------------------------------------------------------------------------------

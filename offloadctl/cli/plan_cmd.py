@@ -53,7 +53,7 @@ from offloadctl.cli.plan_model import PlanModel, as_asked, optimized_outputs_for
 from offloadctl.cli.ui import steps
 from offloadctl.contract.document import write_plan
 from offloadctl.core.files import check_output_path, restored_on_failure
-from offloadctl.pipeline import STEPS, next_step_text, planned, verdict_figures
+from offloadctl.pipeline import STEPS, planned, verdict_figures
 from offloadctl.planning.advice import unreached_bodies, unreached_text, weak_plan_advice
 from offloadctl.planning.passes import Planning
 from offloadctl.planning.request import (
@@ -183,7 +183,7 @@ def _plan_verdict(
     if warning:
         logger.warning("%s", warning)
     if step is not None:
-        logger.warning("%s", next_step_text(step))
+        logger.warning("%s", step.text())
     bodies = unreached_bodies(analysis)
     if (text := unreached_text(bodies)) is not None:
         logger.warning("%s", text)
@@ -208,7 +208,7 @@ def _plan_verdict(
         or gate_failure(max_peak, figures.peak.after, "peak after the plan", unknown=unknown)
         or point_failure,
         doc={
-            "next_step": step,
+            "next_step": step.to_json() if step is not None else None,
             "unreached_bodies": bodies,
             "model": model,
             "plan": str(written[0]),

@@ -10,7 +10,6 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 from shlex import quote
-from typing import Any
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import check_original, check_report_paths, check_unknown_sizes, open_model
@@ -22,6 +21,7 @@ from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_output_path, written_through
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job
+from offloadctl.planning.advice import NextStep
 from offloadctl.planning.passes import Planning
 from offloadctl.planning.request import PlanRequest
 from offloadctl.running.optimize import OptimizedModel, optimized_model, optimized_outputs, optimized_path
@@ -147,7 +147,8 @@ def as_asked(model: str, output: str, level: str) -> Iterator[None]:
         raise
 
 
-def _of_source(step: dict[str, Any], optimized: OptimizedModel, level: str) -> dict[str, Any]:
+def _of_source(step: NextStep, optimized: OptimizedModel, level: str) -> NextStep:
     """A weak plan's next step with the model asked for and ``--opt-level``, not the optimized graph."""
-    command = step["command"].replace(quote(str(optimized.path)), f"{quote(optimized.source)} --opt-level {level}", 1)
-    return {**step, "command": command}
+    return step.with_command(
+        step.command.replace(quote(str(optimized.path)), f"{quote(optimized.source)} --opt-level {level}", 1)
+    )

@@ -4,13 +4,16 @@ A plan can move many bytes and still leave the peak where it was: every reload l
 copy out (the prefetch distance reaches back past the whole idle stretch), or the peak is a node's
 own working set, which no offload can touch. `weak_plan_advice` recognises such a plan (it moves
 bytes but cuts the peak by less than `WEAK_CUT`) and returns the message to show: what it costs,
-what it saves, the reasons found, and what would help. `unreached_bodies` names the If/Loop/Scan
+what it saves, the reasons found, and what would help; `NextStep` is the better command a weak plan
+gets (made by `offloadctl.pipeline.next_step`). `unreached_bodies` names the If/Loop/Scan
 nodes whose bodies hold weights or a working set that no plan reaches (copies are planned in the
 main graph only). Both read an analysis (and a scheduled plan) and change neither.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis
@@ -23,9 +26,48 @@ from offloadctl.planning.budget.build import bytes_moved
 from offloadctl.simulation.memory import lower_bound, peak_memory
 from offloadctl.simulation.result import SimResult
 
-__all__ = ["WEAK_CUT", "unreached_bodies", "unreached_text", "weak_plan_advice"]
+__all__ = ["WEAK_CUT", "NextStep", "unreached_bodies", "unreached_text", "weak_plan_advice"]
 
 WEAK_CUT = 0.03  # a plan that moves bytes but cuts the peak by less than this fraction is reported
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """A weak plan's next step: the budget plan at ``budget_bytes`` as a command to paste, and the peak
+    and slowdown it gives (``peak_after`` and ``slowdown`` None where they were not made: run it to see)."""
+
+    command: str
+    budget_bytes: int
+    peak_before: int
+    peak_after: int | None
+    slowdown: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        """As the plan command's ``--json`` document gives it (``next_step``)."""
+        return {
+            "command": self.command,
+            "budget_bytes": self.budget_bytes,
+            "peak_bytes": {"before": self.peak_before, "after": self.peak_after},
+            "slowdown": self.slowdown,
+        }
+
+    def text(self) -> str:
+        """The line that gives it."""
+        before, after = self.peak_before, self.peak_after
+        if after is None:
+            return (
+                f"this plan lowers the peak by under 5%; next: {self.command} (peak {fmt_bytes(before)} "
+                f"-> at most {fmt_bytes(self.budget_bytes)}; run it for its figures)"
+            )
+        cut = 100.0 * (before - after) / before
+        slow = f", est. slowdown {self.slowdown:.2f}x" if self.slowdown else ""
+        return (
+            f"this plan lowers the peak by under 5%; next: {self.command} "
+            f"(peak {fmt_bytes(before)} -> {fmt_bytes(after)}, -{cut:.1f}%{slow})"
+        )
+
+    def with_command(self, command: str) -> NextStep:
+        return dataclasses.replace(self, command=command)
 
 
 def _idle_free(off: Offload, group: ReloadGroup) -> bool:

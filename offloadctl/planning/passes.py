@@ -37,6 +37,7 @@ from offloadctl.analysis.graph import Analysis
 from offloadctl.contract.order_pins import pin_layout, record_pins
 from offloadctl.core.bulk import paused_gc
 from offloadctl.core.plantypes import Plan
+from offloadctl.planning.advice import NextStep
 from offloadctl.planning.budget.strategy import BudgetSearch
 from offloadctl.planning.planners import filtered_by_number
 from offloadctl.planning.prefetch import lead_by_time, prefetch_own
@@ -74,7 +75,7 @@ class Planning:
     selection: Selection | None = None  # SELECT: every tensor's verdict
     plan: Plan | None = None  # FILTER: "filtered" (or "scheduled"); PREFETCH: "scheduled"
     simulation: SimResult | None = None  # a planner's own simulation of the plan, or the report's
-    next_step: dict[str, Any] | None = None  # the report's: a weak plan's better command (`offloadctl.pipeline`)
+    next_step: NextStep | None = None  # the report's: a weak plan's better command (`offloadctl.pipeline`)
 
     def replace(self, **changes: Any) -> Planning:
         """The state with ``changes`` written (what a pass hands back)."""
