@@ -159,7 +159,7 @@ def test_a_plan_whose_pinned_walk_raises_the_peak_names_the_pins_and_the_next_st
     """Under DEFAULT the figures are the rewrite's walk (pins included): when the planned sequence lowers
     the peak but the walk raises it, the failure says the pins did it and what to do instead; a plain
     raise (the planned sequence itself above the peak) does not blame the pins."""
-    from offloadctl.cli.common import plan_effect
+    from offloadctl.cli.figure_lines import plan_effect
     from offloadctl.simulation.estimate import Peaks
 
     walked = Peaks(before=100, after=500, planned_after=80)

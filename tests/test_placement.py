@@ -551,7 +551,7 @@ def test_a_plan_for_ascend_counts_the_casts_its_cpu_fallback_inserts(run_cli, tm
 
 def test_broken_pins_are_told_with_what_keeps_them(caplog):
     """Pins a device's order breaks are told, under PRIORITY_BASED with the DEFAULT order as the fix."""
-    from offloadctl.cli.common import warn_broken_pins
+    from offloadctl.cli.figure_lines import warn_broken_pins
     from offloadctl.simulation.estimate import Peaks
 
     peak = Peaks(before=8192, pins_checked=5, pins_broken=3, device="webgpu", planned_after=1024, after=4096)

@@ -1122,7 +1122,7 @@ def test_simulate_and_run_take_a_rewrites_order_from_the_rewrite(run_cli, tmp_pa
 
 
 def test_a_plan_that_barely_lowers_the_peak_says_so_in_its_verdict():
-    from offloadctl.cli.common import plan_effect
+    from offloadctl.cli.figure_lines import plan_effect
     from offloadctl.simulation.estimate import Peaks
 
     def effect(before: int, after: int) -> str | None:

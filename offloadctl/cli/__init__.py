@@ -4,7 +4,8 @@ One module per group of subcommands: `stages_cmd` (select, filter, prefetch), `p
 `run_cmd`, `simulate_cmd`, `profile_cmd`, `frontier_cmd`, `inspect_cmd`; `options` holds the
 option groups they share, `common` what they do alike (open a model, warnings, verdicts), `ui` the
 consoles and progress, `plan_model` the plan command's model group (the model opened, optimized at
---opt-level, for the device), `plan_lines` what the planning commands print alike, `simulate_model` the
+--opt-level, for the device), `plan_lines` what the planning commands print alike, `figure_lines` what
+commands print of a plan's figures (peaks, slowdown, the warnings they call for), `simulate_model` the
 simulate command's model group (the model opened, the simulation it reports), `simulate_lines` what
 simulate prints, `report` the Markdown report and `plot` the timeline and frontier plots.
 User errors (`OffloadError`) are printed as one message with a fix and exit status 1, without a

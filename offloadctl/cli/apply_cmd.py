@@ -11,15 +11,8 @@ from typing import Any
 import click
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.cli.common import (
-    finish,
-    low_figures_text,
-    peak_text,
-    plan_effect,
-    print_estimate,
-    slowdown_text,
-    warn_broken_pins,
-)
+from offloadctl.cli.common import finish, low_figures_text
+from offloadctl.cli.figure_lines import peak_text, plan_effect, print_estimate, slowdown_text, warn_broken_pins
 from offloadctl.cli.options import json_option, output_option
 from offloadctl.cli.ui import out_console, steps
 from offloadctl.contract.document import read_plan

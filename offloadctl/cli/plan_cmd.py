@@ -17,10 +17,12 @@ from offloadctl.cli.common import (
     gate_failure,
     limits_text,
     low_figures_text,
-    peak_text,
-    plan_effect,
     plan_figures,
     points_failure,
+)
+from offloadctl.cli.figure_lines import (
+    peak_text,
+    plan_effect,
     print_estimate,
     slowdown_text,
     warn_broken_pins,

@@ -8,17 +8,8 @@ from typing import Any
 import click
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.cli.common import (
-    finish,
-    gate_failure,
-    limits_text,
-    low_figures_text,
-    peak_text,
-    plan_effect,
-    points_failure,
-    slowdown_text,
-    warn_broken_pins,
-)
+from offloadctl.cli.common import finish, gate_failure, limits_text, low_figures_text, points_failure
+from offloadctl.cli.figure_lines import peak_text, plan_effect, slowdown_text, warn_broken_pins
 from offloadctl.cli.options import (
     ShapeOptions,
     SizesOptions,

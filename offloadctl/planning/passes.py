@@ -149,6 +149,14 @@ class Pass:
         done = self.run(cast(Planning, _Declared(state, self)))
         if isinstance(done, _Declared):  # the state handed back as it was
             done = done._state
+        self._check_writes(state, done)
+        empty = [name for name in self.ensures if getattr(done, name) is None]
+        if empty:
+            raise PostconditionError(f"pass {self.name!r} ensures {empty}, but left them empty")
+        return done
+
+    def _check_writes(self, state: Planning, done: Planning) -> None:
+        """Stop a pass that wrote a field it does not declare, or handed back the plan other than it declares."""
         for name in _FIELDS:
             if name not in self.writes and getattr(done, name) is not getattr(state, name):
                 raise AssertionError(f"pass {self.name!r} wrote {name!r}, which it does not declare")
@@ -156,10 +164,6 @@ class Pass:
             if (done.plan is state.plan) != self.in_place:
                 how = "hands back another plan" if self.in_place else "changed the plan it was given"
                 raise AssertionError(f"pass {self.name!r} {how}, against its declaration")
-        empty = [name for name in self.ensures if getattr(done, name) is None]
-        if empty:
-            raise PostconditionError(f"pass {self.name!r} ensures {empty}, but left them empty")
-        return done
 
 
 @paused_gc()
