@@ -117,6 +117,7 @@ def _child(task: str, args: list[str]) -> dict:
         import offloadctl.contract.document
         import offloadctl.loading.model
         import offloadctl.planning.make
+        import offloadctl.planning.request
     console_script = _console_script() if task in ("plan-cli", "plan-budget", "apply", "import") else None
 
     def command(*argv: str) -> None:
@@ -146,7 +147,11 @@ def _child(task: str, args: list[str]) -> dict:
         analysis = offloadctl.analysis.graph.analyse(loaded)
         make = offloadctl.planning.make  # the planner's plan alone (make_plan in a revision before the pipeline)
         scheduled = getattr(make, "scheduled_plan", None) or make.make_plan
-        plan = scheduled(analysis, params=params == "params")
+        request = getattr(offloadctl.planning.request.PlanRequest, "of_options", None)
+        if request is not None:  # the request as composed data; keywords in a revision before it
+            plan = scheduled(analysis, request(params=params == "params"))
+        else:
+            plan = scheduled(analysis, params=params == "params")
         offloadctl.contract.document.write_plan(out_path, plan)
     elif task == "plan-cli":
         model_path, out_path = args
