@@ -10,10 +10,11 @@ exits 1 (the outputs are written first, so a CI job can keep them).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import shlex
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +44,61 @@ __all__ = [
     "gate_failure",
     "low_figures_text",
     "finish",
+    "ModelArgs",
+    "model_group",
     "Verdict",
     "check_report_paths",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The model group, as Polygraphy's ``ModelArgs``: MODEL with ``--input-shape``/``--dim``,
+    ``--sizes-from-run``/``--inputs`` and ``--execution-order`` as given (those a command has), and what opens
+    the model with them (`open`). A command gets it in ``model`` (`model_group`)."""
+
+    path: str
+    shapes: ShapeOptions
+    sizes: SizesOptions | None = None
+    order: str | None = None
+
+    def open(
+        self,
+        *,
+        show_progress: bool,
+        plan: Plan | None = None,
+        plan_path: str | None = None,
+        path: str | None = None,
+        sizes: SizesOptions | None = None,
+    ) -> Job:
+        """`open_model` with the group's options: the model (or ``path``, such as the graph onnxruntime
+        optimized from it, and ``sizes`` for it), with a plan's pins where it has them."""
+        return open_model(
+            path or self.path,
+            self.shapes,
+            sizes or self.sizes,
+            plan=plan,
+            plan_path=plan_path,
+            show_progress=show_progress,
+            order=self.order,
+        )
+
+
+def model_group(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The model group's action, the last of a command's decorators: MODEL and its options (``model``,
+    ``shapes``, ``sizes``, ``order``, those the command has) reach the command as one `ModelArgs`, in
+    ``model``."""
+
+    @functools.wraps(f)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        group = ModelArgs(
+            kwargs.pop("model"), kwargs.pop("shapes"), kwargs.pop("sizes", None), kwargs.pop("order", None)
+        )
+        return f(*args, model=group, **kwargs)
+
+    return command
 
 
 def open_model(

@@ -9,10 +9,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from offloadctl.cli.common import check_unknown_sizes, finish, open_model
+from offloadctl.cli.common import ModelArgs, check_unknown_sizes, finish, model_group
 from offloadctl.cli.options import (
-    ShapeOptions,
-    SizesOptions,
     input_shape_option,
     json_option,
     model_argument,
@@ -168,15 +166,14 @@ def _verdict(
 @sizes_option
 @click.option("--plot", type=click.Path(path_type=str), metavar="FILE.png|FILE.svg", help="Draw the frontier.")
 @json_option
+@model_group
 def frontier_cmd(
-    model: str,
+    model: ModelArgs,
     profile: str | None,
     objective: str | None,
     params: bool,
     copies: str,
     points: int,
-    shapes: ShapeOptions,
-    sizes: SizesOptions,
     plot: str | None,
     as_json: bool,
 ) -> None:
@@ -188,12 +185,12 @@ def frontier_cmd(
     """
     prof = load_profile(profile_for(profile, None))
     if plot:
-        check_output_path(plot, model)
-    job = open_model(model, shapes, sizes, show_progress=not as_json)
+        check_output_path(plot, model.path)
+    job = model.open(show_progress=not as_json)
     analysis = job.analysis
     if is_rewritten(analysis):
         raise OffloadError(
-            f"{model} already contains copies: the frontier needs the original model",
+            f"{model.path} already contains copies: the frontier needs the original model",
             hint="run offloadctl frontier on the model before offloadctl apply",
         )
     if plot:
@@ -217,15 +214,15 @@ def frontier_cmd(
             lower_bound_bytes=trade.lower_bound_bytes,
             default=default,
             title=(
-                f"{Path(model).name}: peak memory against estimated time (profile {prof.name}, objective "
+                f"{Path(model.path).name}: peak memory against estimated time (profile {prof.name}, objective "
                 f"{trade.objective}{', --params' if params else ''})"
             ),
         )
         written.append(plot)
     if not as_json:
-        _print_frontier(model, trade, frontier, default, modes, params)
-    parts, doc = _verdict(model, prof.name, params, trade, frontier, modes, default_plan, default_result, default)
-    finish("frontier", model, parts, written, as_json=as_json, doc=doc)
+        _print_frontier(model.path, trade, frontier, default, modes, params)
+    parts, doc = _verdict(model.path, prof.name, params, trade, frontier, modes, default_plan, default_result, default)
+    finish("frontier", model.path, parts, written, as_json=as_json, doc=doc)
 
 
 COMMANDS = [frontier_cmd]

@@ -10,10 +10,8 @@ from rich.table import Table
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory, unknown_tensors
-from offloadctl.cli.common import finish, low_figures_text, open_model
+from offloadctl.cli.common import ModelArgs, finish, low_figures_text, model_group
 from offloadctl.cli.options import (
-    ShapeOptions,
-    SizesOptions,
     input_shape_option,
     json_option,
     model_argument,
@@ -104,9 +102,10 @@ def inspect_report(analysis: Analysis, *, top: int = 10) -> dict[str, Any]:
 @sizes_option
 @click.option("--top", type=click.IntRange(min=0), default=10, show_default=True, help="How many idle tensors to list.")
 @json_option
-def inspect(model: str, shapes: ShapeOptions, sizes: SizesOptions, top: int, as_json: bool) -> None:
+@model_group
+def inspect(model: ModelArgs, top: int, as_json: bool) -> None:
     """Nodes, tensors, bytes of activations and weights, and the longest-idle tensors."""
-    analysis = open_model(model, shapes, sizes, show_progress=not as_json).analysis
+    analysis = model.open(show_progress=not as_json).analysis
     report = inspect_report(analysis, top=top)
     acts, weights = report["activations"], report["weights"]
     verdict = [
@@ -117,7 +116,7 @@ def inspect(model: str, shapes: ShapeOptions, sizes: SizesOptions, top: int, as_
     ]
     if not as_json:
         _print_inspect(report)
-    finish("inspect", model, verdict, [], as_json=as_json, doc=report if as_json else None)
+    finish("inspect", model.path, verdict, [], as_json=as_json, doc=report if as_json else None)
 
 
 def _counts_line(report: dict[str, Any]) -> str:

@@ -12,11 +12,13 @@ import click
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.cli.common import (
+    ModelArgs,
     check_report_paths,
     finish,
     gate_failure,
     limits_text,
     low_figures_text,
+    model_group,
     plan_figures,
     points_failure,
 )
@@ -30,8 +32,6 @@ from offloadctl.cli.figure_lines import (
     warn_streams_slower,
 )
 from offloadctl.cli.options import (
-    ShapeOptions,
-    SizesOptions,
     budget_options,
     execution_order_option,
     explain_option,
@@ -90,12 +90,10 @@ logger = logging.getLogger(__name__)
 )
 @json_option
 @plan_request
+@model_group
 def plan_cmd(
-    model: str,
+    model: ModelArgs,
     output: str,
-    shapes: ShapeOptions,
-    sizes: SizesOptions,
-    order: str | None,
     device: str | None,
     shape_points: tuple[str, ...],
     explain: bool,
@@ -113,11 +111,11 @@ def plan_cmd(
     --max-slowdown X, instead of --budget, finds the largest cut in peak memory whose estimated time
     stays within X times the baseline.
     """
-    check_output_path(output, model)
-    check_report_paths(report, model, others=[("the plan", output)])
+    check_output_path(output, model.path)
+    check_report_paths(report, model.path, others=[("the plan", output)])
     # --opt-level writes the optimized graph beside the plan: a failure leaves neither it nor an earlier one lost
-    with restored_on_failure(*optimized_outputs_for(output, opt_level)), as_asked(model, output, opt_level):
-        opened = PlanModel.of(model, output, opt_level, device, shapes, sizes, order, as_json)
+    with restored_on_failure(*optimized_outputs_for(output, opt_level)), as_asked(model.path, output, opt_level):
+        opened = PlanModel.of(model, output, opt_level, device, as_json)
         analysis, request, points = opened.prepare(
             output, request, device, report, strict, max_peak, shape_points, as_json
         )

@@ -12,8 +12,8 @@ from pathlib import Path
 from shlex import quote
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.cli.common import check_original, check_report_paths, check_unknown_sizes, open_model
-from offloadctl.cli.options import ShapeOptions, SizesOptions
+from offloadctl.cli.common import ModelArgs, check_original, check_report_paths, check_unknown_sizes
+from offloadctl.cli.options import SizesOptions
 from offloadctl.cli.plan_lines import host_placement
 from offloadctl.cli.report import write_report
 from offloadctl.cli.ui import out_console
@@ -46,22 +46,14 @@ class PlanModel:
     optimized: OptimizedModel | None
 
     @classmethod
-    def of(
-        cls,
-        model: str,
-        output: str,
-        opt_level: str,
-        device: str | None,
-        shapes: ShapeOptions,
-        sizes: SizesOptions,
-        order: str | None,
-        as_json: bool,
-    ) -> PlanModel:
-        optimized = _optimized(model, output, opt_level, device) if opt_level != "disable" else None
-        if optimized is not None and sizes.request() is None:  # shape inference knows no com.microsoft operator
-            sizes = SizesOptions(sizes_from_run=True, inputs=None)
-        planned = str(optimized.path) if optimized else model
-        job = open_model(planned, shapes, sizes, show_progress=not as_json, order=order)
+    def of(cls, model: ModelArgs, output: str, opt_level: str, device: str | None, as_json: bool) -> PlanModel:
+        optimized = _optimized(model.path, output, opt_level, device) if opt_level != "disable" else None
+        if optimized is None:
+            job = model.open(show_progress=not as_json)
+        else:  # shape inference knows no com.microsoft operator: sizes from a run unless asked otherwise
+            sizes = model.sizes if model.sizes is not None and model.sizes.request() is not None else None
+            sizes = sizes or SizesOptions(sizes_from_run=True, inputs=None)
+            job = model.open(path=str(optimized.path), sizes=sizes, show_progress=not as_json)
         job.guard("the plan", output)
         return cls(job, optimized)
 

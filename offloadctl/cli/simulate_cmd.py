@@ -8,11 +8,17 @@ from typing import Any
 import click
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.cli.common import finish, gate_failure, limits_text, low_figures_text, points_failure
+from offloadctl.cli.common import (
+    ModelArgs,
+    finish,
+    gate_failure,
+    limits_text,
+    low_figures_text,
+    model_group,
+    points_failure,
+)
 from offloadctl.cli.figure_lines import peak_text, plan_effect, slowdown_text, warn_broken_pins
 from offloadctl.cli.options import (
-    ShapeOptions,
-    SizesOptions,
     execution_order_option,
     input_shape_option,
     json_option,
@@ -62,13 +68,11 @@ logger = logging.getLogger(__name__)
     show_default=True,
     help="Leave the per-step timeline out of --json when the run has more steps than this.",
 )
+@model_group
 def simulate_cmd(
-    model: str,
+    model: ModelArgs,
     plan_path: str | None,
     profile: str | None,
-    shapes: ShapeOptions,
-    sizes: SizesOptions,
-    order: str | None,
     shape_points: tuple[str, ...],
     strict: bool,
     max_peak: int | None,
@@ -90,12 +94,12 @@ def simulate_cmd(
     measured profile's kernel scratch counts in every figure.
     """
     plan = read_plan(plan_path, stages=("scheduled",)) if plan_path else None
-    job = opened(model, plan, plan_path, shapes, sizes, order, plot, report, strict, as_json)
-    run = Simulated.of(job, model, plan, plan_path, profile, timeline_limit)
+    job = opened(model, plan, plan_path, plot, report, strict, as_json)
+    run = Simulated.of(job, model.path, plan, plan_path, profile, timeline_limit)
     points = at_points(job.analysis, plan, [parse_point(p) for p in shape_points], profile=run.profile)
     run.doc["shape_points"] = [p.to_json() for p in points]
     cpu, refusal = cpu_doc(job.analysis, plan, run.result, run.profile, run.doc, run.streams)
-    warn_profile(model, plan, run.result, run.profile, run.profile_name)
+    warn_profile(model.path, plan, run.result, run.profile, run.profile_name)
     written = write_extras(run.result, plan, plot, report)
     run.advise(job.analysis, plan)
     if not as_json:
@@ -105,7 +109,7 @@ def simulate_cmd(
     if as_json:
         run.doc["max_peak_bytes"] = max_peak
         run.doc["figures_low"] = bool(run.result.unknown_tensors)
-    subject = model + (f" with plan {plan_path}" if plan_path else "")
+    subject = model.path + (f" with plan {plan_path}" if plan_path else "")
     finish("simulate", subject, parts, written, as_json=as_json, doc=run.doc, failure=failure)
 
 

@@ -9,8 +9,7 @@ import logging
 from typing import Any
 
 from offloadctl.analysis.graph import Analysis
-from offloadctl.cli.common import check_report_paths, check_unknown_sizes, open_model
-from offloadctl.cli.options import ShapeOptions, SizesOptions
+from offloadctl.cli.common import ModelArgs, check_report_paths, check_unknown_sizes
 from offloadctl.core.files import check_output_path
 from offloadctl.core.plantypes import Plan
 from offloadctl.core.units import fmt_bytes
@@ -28,12 +27,9 @@ logger = logging.getLogger(__name__)
 
 
 def opened(
-    model: str,
+    model: ModelArgs,
     plan: Plan | None,
     plan_path: str | None,
-    shapes: ShapeOptions,
-    sizes: SizesOptions,
-    order: str | None,
     plot: str | None,
     report: str | None,
     strict: bool,
@@ -41,9 +37,9 @@ def opened(
 ) -> Job:
     """The model opened with the plan's pins (or the options'), its outputs checked before any work."""
     if plot:
-        check_output_path(plot, model, plan_path)
-    check_report_paths(report, model, plan_path, plot=plot)  # with --plot the report links to that image
-    job = open_model(model, shapes, sizes, plan=plan, plan_path=plan_path, show_progress=not as_json, order=order)
+        check_output_path(plot, model.path, plan_path)
+    check_report_paths(report, model.path, plan_path, plot=plot)  # with --plot the report links to that image
+    job = model.open(plan=plan, plan_path=plan_path, show_progress=not as_json)
     check_unknown_sizes(job.analysis, strict=strict)
     if plot:
         job.guard("the plot", plot)

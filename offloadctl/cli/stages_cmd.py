@@ -7,12 +7,8 @@ import logging
 
 import click
 
-from offloadctl.cli.common import (
-    open_model,
-)
+from offloadctl.cli.common import ModelArgs, model_group
 from offloadctl.cli.options import (
-    ShapeOptions,
-    SizesOptions,
     execution_order_option,
     explain_option,
     filter_budget_options,
@@ -69,19 +65,17 @@ def _plan_job(plan: Plan, plan_path: str) -> Job:
 @execution_order_option
 @plan_device_option
 @json_option
+@model_group
 def select_cmd(
-    model: str,
+    model: ModelArgs,
     output: str,
     selecting: SelectPart,
-    shapes: ShapeOptions,
-    sizes: SizesOptions,
-    order: str | None,
     device: str | None,
     as_json: bool,
 ) -> None:
     """Find tensors idle for more than --select-distance positions (stage 'selected')."""
-    check_output_path(output, model)
-    job = open_model(model, shapes, sizes, show_progress=not as_json, order=order)
+    check_output_path(output, model.path)
+    job = model.open(show_progress=not as_json)
     job.guard("the plan", output)
     analysis = job.analysis
     selecting = dataclasses.replace(selecting, host=host_placement(analysis, device, as_json))
@@ -89,7 +83,7 @@ def select_cmd(
         step("selecting")
         plan = select(analysis, selecting)
     write_plan(output, plan)
-    stage_end("select", model, plan, output, as_json)
+    stage_end("select", model.path, plan, output, as_json)
 
 
 @click.command("filter")
