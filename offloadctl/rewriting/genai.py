@@ -30,6 +30,7 @@ from typing import Any
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write, read_json, same_file
 from offloadctl.loading.model import external_data_entries, read_onnx
+from offloadctl.rewriting.metadata import SessionSettings
 
 __all__ = ["CONFIG", "GenaiFolder", "check_genai_output", "genai_folder", "write_genai_folder"]
 
@@ -133,7 +134,7 @@ def check_genai_output(source: GenaiFolder, output: Path) -> None:
         )
 
 
-def _config_for(source: GenaiFolder, output: Path, settings: dict[str, Any]) -> dict[str, Any]:
+def _config_for(source: GenaiFolder, output: Path, settings: SessionSettings) -> dict[str, Any]:
     """The source's genai config naming ``output``, with the session options the rewrite needs
     (``settings``: its ``offloadctl.session`` record)."""
     config = json.loads(json.dumps(source.config))
@@ -151,7 +152,7 @@ def _config_for(source: GenaiFolder, output: Path, settings: dict[str, Any]) -> 
 def write_genai_folder(
     source: GenaiFolder,
     output: Path,
-    settings: dict[str, Any],
+    settings: SessionSettings,
     *,
     written: list[Path],
     protected: tuple[Path, ...] = (),

@@ -46,7 +46,7 @@ import mmap
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import onnx
 
@@ -74,6 +74,7 @@ __all__ = [
     "planned_execution_order",
     "planned_input_shapes",
     "planned_shapes",
+    "SessionSettings",
     "make_session_settings",
     "set_metadata",
     "session_settings",
@@ -97,12 +98,29 @@ def plan_sha256(plan: Plan) -> str:
     return json_sha256({key: value for key, value in plan.items() if key != "rejected"})
 
 
+class SessionSettings(TypedDict, total=False):
+    """The session settings a rewritten model records (``offloadctl.session``; see the module docstring):
+    onnxruntime's execution order by its own name, the optimization level and optimizers to leave off,
+    the plan's optimized-graph record, whether order pins hold the copies and for which target, the copy
+    stream's partition file, and the CANN and WebGPU provider options."""
+
+    execution_order: str
+    graph_optimization_level: str
+    disabled_optimizers: list[str]
+    optimized: dict[str, Any]
+    order_pins: bool
+    pins_for: str
+    streams: dict[str, str]
+    cann: dict[str, str]
+    webgpu: dict[str, str]
+
+
 def make_session_settings(
     *, weights_offloaded: bool, pinned: bool = False, optimized: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+) -> SessionSettings:
     """The session settings an offloaded model needs (see the module docstring); ``optimized``, the plan's
     ``model.optimized`` record when its model is a graph onnxruntime already optimized (``plan --opt-level``)."""
-    settings: dict[str, Any] = {"execution_order": EXECUTION_ORDERS["priority"]}  # onnxruntime's name, for hosts
+    settings: SessionSettings = {"execution_order": EXECUTION_ORDERS["priority"]}  # onnxruntime's name, for hosts
     if optimized is not None:  # its fusions are in the file: optimizing again would rename what the plan names
         settings["graph_optimization_level"] = "ORT_DISABLE_ALL"
         keys = ("opt_level", "device", "sha256")  # the sha256 of the model it was optimized from
@@ -137,7 +155,7 @@ def metadata_json(model: onnx.ModelProto, key: str) -> Any:
     return None
 
 
-def session_settings(model: onnx.ModelProto) -> dict[str, Any] | None:
+def session_settings(model: onnx.ModelProto) -> SessionSettings | None:
     """The session settings recorded by `offloadctl apply`, or None for a model it did not rewrite.
 
     Raises:
@@ -162,7 +180,7 @@ def session_settings(model: onnx.ModelProto) -> dict[str, Any] | None:
                     f"model metadata {KEY_SESSION!r} is not a JSON object",
                     hint="re-create the model with offloadctl apply",
                 )
-            return value
+            return cast(SessionSettings, value)  # (a record apply wrote; its entries are read as they are)
     return None
 
 

@@ -30,6 +30,7 @@ from offloadctl.core.onnxutil import copy_kind
 from offloadctl.loading.model import load_model
 from offloadctl.rewriting.metadata import (
     KEY_SESSION,
+    SessionSettings,
     session_settings,
 )
 from offloadctl.running.allocator import SessionSpec
@@ -175,7 +176,7 @@ def _ort_log_severity() -> int:
     return 1 if logging.getLogger().isEnabledFor(logging.INFO) else 4
 
 
-def read_session_settings(model: str | os.PathLike[str] | onnx.ModelProto) -> dict[str, Any]:
+def read_session_settings(model: str | os.PathLike[str] | onnx.ModelProto) -> SessionSettings:
     """The session settings a model asks for (metadata key ``offloadctl.session``), or ``{}``.
 
     Args:
@@ -194,7 +195,7 @@ def read_session_settings(model: str | os.PathLike[str] | onnx.ModelProto) -> di
         raise OffloadError(f"{model}: {exc.message}", hint=exc.hint) from None
 
 
-def _settings_of(proto: onnx.ModelProto) -> dict[str, Any]:
+def _settings_of(proto: onnx.ModelProto) -> SessionSettings:
     return session_settings(proto) or {}
 
 
@@ -202,7 +203,7 @@ def _has_memcpy_nodes(proto: onnx.ModelProto) -> bool:
     return any(copy_kind(n) is not None for n in proto.graph.node)
 
 
-def required_settings(proto: onnx.ModelProto, where: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def required_settings(proto: onnx.ModelProto, where: str | os.PathLike[str] | None = None) -> SessionSettings:
     """The settings record, or the minimum a model with copy nodes but no record needs."""
     try:
         settings = _settings_of(proto)
