@@ -28,6 +28,8 @@ OBJECTS = {
     "Offload": _object(DEFS["offload"]),
     "Producer": _object(DEFS["offload"]["properties"]["producer"]["oneOf"][1]),
     "ReloadGroup": _object(DEFS["reload_group"]),
+    "Objective": _object(SCHEMA["properties"]["budget"]["properties"]["objective"]),
+    "Solver": (set(SCHEMA["properties"]["budget"]["properties"]["solver"]["properties"]), set()),
     "Use": _object(DEFS["use"]),
 }
 TABLE = SCHEMA["properties"]["rejected"]["oneOf"][0]["properties"]

@@ -16,6 +16,9 @@ __all__ = [
     "BudgetRecord",
     "Compared",
     "MaxSlowdown",
+    "Objective",
+    "OptimizedRecord",
+    "Solver",
     "Kind",
     "ModelInfo",
     "Offload",
@@ -125,11 +128,18 @@ class SizesFromRun(TypedDict):
     seed: int
 
 
+#: plan --opt-level: the graph onnxruntime optimized, from what (``from`` is a keyword, hence this form)
+OptimizedRecord = TypedDict(
+    "OptimizedRecord",
+    {"from": str, "sha256": str, "opt_level": str, "device": str | None, "disabled_optimizers": list[str]},
+)
+
+
 class _ModelOptional(TypedDict, total=False):
     dims: dict[str, int]
     sizes_from_run: SizesFromRun
     execution_order: str
-    optimized: dict[str, Any]  # plan --opt-level: the graph onnxruntime optimized, from what
+    optimized: OptimizedRecord
 
 
 class ModelInfo(_ModelOptional):
@@ -158,6 +168,33 @@ class Options(TypedDict, total=False):
     select: dict[str, Any]
     filter: dict[str, Any]
     prefetch: dict[str, Any]
+
+
+class _ObjectiveOptional(TypedDict, total=False):
+    profile: str
+    copies: str
+
+
+class Objective(_ObjectiveOptional):
+    """The budget record's ``objective``: what the search minimises, in what unit; for time, on which
+    profile and with the copies run how (`offloadctl.simulation.costs.CopyCost.to_json`)."""
+
+    objective: str
+    unit: str
+
+
+class Solver(TypedDict, total=False):
+    """The budget record's ``solver``: what the exact search (HiGHS, ``--optimal``) did (the schema requires
+    none of its keys; the search writes them all)."""
+
+    name: str
+    status: str
+    seconds: float
+    time_limit_s: float
+    columns: int
+    rows: int
+    nonzeros: int
+    answer: str
 
 
 class Compared(TypedDict):
@@ -205,14 +242,14 @@ class BudgetRecord(_BudgetOptional):
     assumed_release_distance: int
     weights_added_by_budget: bool
     search: str
-    objective: dict[str, Any]
+    objective: Objective
     copies: str
     cost: float
     cost_bound: float | None
     gap: float | None
     bound_source: str | None
     optimal: bool
-    solver: dict[str, Any] | None
+    solver: Solver | None
     chosen: dict[str, str]
 
 

@@ -27,7 +27,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.core.errors import OffloadError
@@ -73,6 +73,19 @@ def _time_of(result: SimResult, copies: str) -> float:
     return times.serialized if copies == "inline" else times.overlapped
 
 
+class PointDoc(TypedDict):
+    """A frontier point in a ``--json`` document (`Point.to_json`)."""
+
+    budget_bytes: int | None
+    peak_bytes: int
+    time_s: float
+    slowdown: float
+    bytes_moved: int
+    copies: int
+    offloads: int
+    weights_added: bool
+
+
 @dataclass(frozen=True)
 class Point:
     """One plan on the frontier: its budget, peak, estimated time and what it moves."""
@@ -91,7 +104,7 @@ class Point:
     def slowdown(self) -> float:
         return self.time_s / self.baseline_s if self.baseline_s > 0 else 1.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PointDoc:
         return {
             "budget_bytes": self.budget_bytes,
             "peak_bytes": self.peak_bytes,

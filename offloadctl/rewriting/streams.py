@@ -40,7 +40,7 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import onnx
@@ -85,6 +85,14 @@ PARTITION_KEY = "session.node_partition_config_file"
 _HOST_OUTPUT_OPS = frozenset({"Shape", "Size", "Constant"})
 
 
+class PartitionConfig(TypedDict):
+    """onnxruntime's partition file for two logic streams (``session.node_partition_config_file``)."""
+
+    type: str
+    streams: list[list[str]]
+    devices: list[str]
+
+
 @dataclass(frozen=True)
 class StreamLayout:
     """The two logic streams of a rewrite with events, every node by the name the session gives it."""
@@ -96,7 +104,7 @@ class StreamLayout:
     guards: int = 0  # second readers that keep onnxruntime from overwriting a shared buffer (`guards`)
     in_line: list[str] = field(default_factory=list)  # copies to device no gate holds: on the compute stream
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PartitionConfig:
         return {
             "type": "DeviceBasedPartitioner",
             "streams": [self.copy_stream, self.compute_stream],

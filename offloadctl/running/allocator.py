@@ -28,7 +28,7 @@ import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import onnx
@@ -100,6 +100,19 @@ _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
 
 
+class AllocatorDoc(TypedDict):
+    """One allocator's figures in a ``--json`` document (`AllocatorFigure.to_json`)."""
+
+    allocator: str
+    device: str
+    peak_bytes: int
+    in_use_after_creation: int | None
+    activation_bytes: int | None
+    allocations: int | None
+    method: str
+    execution_order: str
+
+
 @dataclass(frozen=True)
 class AllocatorFigure:
     """One allocator's figures for one run of a fresh session."""
@@ -112,7 +125,7 @@ class AllocatorFigure:
     method: str  # "allocator-stats" or "arena-limit"
     execution_order: str  # "default" or "priority"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AllocatorDoc:
         return {
             "allocator": self.allocator,
             "device": self.device,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import onnx
@@ -39,6 +39,19 @@ def order_from_profile(profile_path: str | os.PathLike[str]) -> list[str]:
     return [node.name for node in ran_nodes(profile_path)]
 
 
+class OrderCheckDoc(TypedDict):
+    """The order check in a ``--json`` document (`OrderCheck.to_json`)."""
+
+    planned_count: int
+    ran_count: int
+    mode: str
+    matches: bool
+    verdict: str
+    first_differences: list[dict[str, Any]]
+    missing_count: int
+    missing: list[str]
+
+
 @dataclass
 class OrderCheck:
     """How the order nodes ran compares with the planned order."""
@@ -50,7 +63,7 @@ class OrderCheck:
     first_differences: list[dict[str, Any]]
     missing: list[str]  # planned nodes that did not run (removed or fused by optimizations)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> OrderCheckDoc:
         return {
             "planned_count": self.planned_count,
             "ran_count": self.ran_count,
@@ -89,6 +102,19 @@ def compare_order(planned: Sequence[str], ran: Sequence[str], *, exact: bool, li
 # Output comparison
 
 
+class _ComparisonNote(TypedDict, total=False):
+    note: str
+
+
+class ComparisonDoc(_ComparisonNote):
+    """One output's comparison in a ``--json`` document (`OutputComparison.to_json`)."""
+
+    identical: bool
+    max_abs: float | None
+    max_rel: float | None
+    within_tolerance: bool
+
+
 @dataclass
 class OutputComparison:
     """One output of the model against the same output of the original."""
@@ -99,8 +125,8 @@ class OutputComparison:
     within_tolerance: bool
     note: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
+    def to_json(self) -> ComparisonDoc:
+        doc: ComparisonDoc = {
             "identical": self.identical,
             "max_abs": self.max_abs,
             "max_rel": self.max_rel,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import onnx
@@ -46,6 +46,19 @@ __all__ = [
 SLACK = 0.01
 
 
+class GrowthDoc(TypedDict):
+    """The measured growth in a ``--json`` document (`MemoryGrowth.to_json`)."""
+
+    original_bytes: int
+    rewrite_bytes: int
+    copy_bytes: int | None
+    rounding_bytes: int
+    excess_bytes: int | None
+    explained: bool | None
+    moved_nodes: int
+    first_moved: list[str]
+
+
 @dataclass(frozen=True)
 class MemoryGrowth:
     """The original's and the rewrite's measured peaks, and what the rewrite's copies account for."""
@@ -71,7 +84,7 @@ class MemoryGrowth:
         excess = self.excess_bytes
         return None if excess is None else excess <= SLACK * self.original_bytes
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> GrowthDoc:
         return {
             "original_bytes": self.original_bytes,
             "rewrite_bytes": self.rewrite_bytes,

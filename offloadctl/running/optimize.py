@@ -19,10 +19,10 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import atomic_write, sha256_file
+from offloadctl.core.plantypes import OptimizedRecord
 from offloadctl.loading.model import external_data_entries, read_onnx
 from offloadctl.running.sessions import OPT_LEVELS, import_onnxruntime
 
@@ -63,7 +63,7 @@ class OptimizedModel:
     why: str | None = None
     data_files: list[Path] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> OptimizedRecord:
         """What a plan records of it (``model.optimized``)."""
         return {
             "from": self.source,

@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import onnx
@@ -123,6 +123,15 @@ def runtime_allocator(device: str) -> HostAllocator | str:
     return HostAllocator(f"{alloc_name} ({label})", alloc, free)
 
 
+class PinnedDoc(TypedDict):
+    """The page-locked hand-over of streamed weights in a ``--json`` document."""
+
+    weights: int
+    bytes: int
+    allocator: str | None
+    refused: str | None
+
+
 @dataclass
 class PageLocked:
     """What `hand_over` did: the weights handed over from page-locked buffers (which it owns until
@@ -143,7 +152,7 @@ class PageLocked:
             if free is not None:
                 free(address)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PinnedDoc:
         return {"weights": self.weights, "bytes": self.nbytes, "allocator": self.allocator, "refused": self.refused}
 
     def text(self) -> str:

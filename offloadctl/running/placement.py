@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import onnx
 
@@ -122,6 +122,15 @@ def add_plugin_provider(ort: Any, sess_options: Any, provider: str, options: dic
     sess_options.add_provider_for_devices(devices[:1], dict(options))
 
 
+class InsertedCopyDoc(TypedDict):
+    """An inserted copy in a ``--json`` document (`InsertedCopy.to_json`)."""
+
+    node: str
+    op: str
+    tensor: str
+    of_rewrite: bool
+
+
 @dataclass(frozen=True)
 class InsertedCopy:
     """A copy onnxruntime inserted: its node, its op, the tensor it moves, and whether it reads or
@@ -132,7 +141,7 @@ class InsertedCopy:
     tensor: str
     of_rewrite: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> InsertedCopyDoc:
         return {"node": self.node, "op": self.op, "tensor": self.tensor, "of_rewrite": self.of_rewrite}
 
 

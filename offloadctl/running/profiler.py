@@ -62,7 +62,7 @@ from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.analysis.order import EXECUTION_ORDERS
 from offloadctl.core.errors import OffloadError
 from offloadctl.loading.model import load_model
-from offloadctl.running.allocator import measure_memory, read_node_scratch
+from offloadctl.running.allocator import AllocatorDoc, measure_memory, read_node_scratch
 from offloadctl.running.copies_in_model import copies_in_model
 from offloadctl.running.fits import LinkFit, fit_link, fit_range, node_overhead_for
 from offloadctl.running.fusions import attribute
@@ -504,7 +504,7 @@ def measure_profile(
 
 def _measured_memory(
     dev: Device, model: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any]
-) -> list[dict[str, Any]] | None:
+) -> list[AllocatorDoc] | None:
     """What onnxruntime's allocators held for one run of a fresh session (DEFAULT order, statistics);
     None, with a warning, where this onnxruntime cannot say."""
     if dev.device == "webgpu":

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from offloadctl.core.plantypes import Offload, Plan
+from offloadctl.core.plantypes import Objective, Offload, Plan
 from offloadctl.simulation.profiles import DEFAULT_PROFILE, Profile, load_profile
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class CopyCost:
             count=len(nbytes),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Objective:
         return {"objective": self.objective, "unit": self.unit}
 
 
@@ -172,7 +172,7 @@ class InlineTime(CopyCost):
         link = self.profile.h2d
         return link.latency_s + np.asarray(nbytes, dtype=np.float64) / link.bandwidth
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Objective:
         return {"objective": self.objective, "unit": self.unit, "profile": self.profile.name, "copies": "inline"}
 
 
@@ -262,7 +262,7 @@ class StreamStall(CopyCost):
         t = self.profile.h2d.time(nbytes)
         return max(t - self._hidden(issue, use - 1), 0.0) + HIDDEN_SHARE * t
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Objective:
         return {"objective": self.objective, "unit": self.unit, "profile": self.profile.name, "copies": "streams"}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from offloadctl.analysis.graph import Analysis, analyse
 from offloadctl.core.errors import OffloadError
@@ -26,6 +26,15 @@ from offloadctl.simulation.result import SimResult, simulate
 __all__ = ["largest_point", "PointResult", "at_points", "parse_point", "point_analysis", "resized"]
 
 
+class PointDoc(TypedDict):
+    """A shape point's figures in a ``--json`` document (`PointResult.to_json`)."""
+
+    dims: dict[str, int]
+    peak_bytes: dict[str, int]
+    slowdown: dict[str, float] | None
+    unknown_size: int
+
+
 @dataclass(frozen=True)
 class PointResult:
     """The simulation of a plan (or of the model alone) at one shape point."""
@@ -33,7 +42,7 @@ class PointResult:
     dims: dict[str, int]
     result: SimResult
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PointDoc:
         r = self.result
         return {
             "dims": self.dims,

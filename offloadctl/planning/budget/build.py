@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offloadctl.contract.document import record_stage
-from offloadctl.core.plantypes import BudgetRecord, Offload, Plan
+from offloadctl.core.plantypes import BudgetRecord, Objective, Offload, Plan, Solver
 from offloadctl.planning.budget.candidates import plan_entry, reject
 from offloadctl.planning.budget.prepared import Candidates, Prepared
 from offloadctl.planning.budget.solve import Outcome
@@ -60,13 +60,13 @@ class BudgetResult:
     weights_added: bool = False
     stream: dict[str, Any] | None = None
     chosen: dict[str, str] = field(default_factory=dict)
-    objective: dict[str, Any] = field(default_factory=lambda: BytesMoved().to_json())
+    objective: Objective = field(default_factory=lambda: BytesMoved().to_json())
     cost: float = 0.0
     cost_bound: float | None = None
     bound_source: str | None = None  # "steps" (the cheapest cover of the worst steps) or "solver"
     optimal: bool = False
     search: str = "greedy"
-    solver: dict[str, Any] | None = None
+    solver: Solver | None = None
     copies: str = "inline"
 
     @property

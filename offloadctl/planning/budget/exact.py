@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from offloadctl.analysis import timeline
+from offloadctl.core.plantypes import Solver
 from offloadctl.planning.budget.candidates import Cand, Intervals, State, span_changes, spans_in_state
 from offloadctl.simulation.costs import CopyCost
 
@@ -51,7 +52,7 @@ class ExactReport:
     bound: float | None  # proven lower bound on the cost, in the objective's unit
     answer: str  # "accepted", or why the greedy's plan was kept
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Solver:
         return {
             "name": "HiGHS",
             "status": self.status,
