@@ -29,6 +29,7 @@ OBJECTS = {
     "Producer": _object(DEFS["offload"]["properties"]["producer"]["oneOf"][1]),
     "ReloadGroup": _object(DEFS["reload_group"]),
     "Objective": _object(SCHEMA["properties"]["budget"]["properties"]["objective"]),
+    "FilterOptions": _object(DEFS["filter_options"]),
     "Solver": (set(SCHEMA["properties"]["budget"]["properties"]["solver"]["properties"]), set()),
     "Use": _object(DEFS["use"]),
 }

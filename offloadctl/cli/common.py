@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import click
 from rich.markup import escape
@@ -30,7 +30,7 @@ from offloadctl.cli.ui import err_console, out_console, print_json, steps
 from offloadctl.contract.document import check_plan_model
 from offloadctl.core.errors import OffloadError
 from offloadctl.core.files import check_distinct_outputs, check_output_path, sha256_file
-from offloadctl.core.plantypes import Plan
+from offloadctl.core.plantypes import BudgetRecord, Plan
 from offloadctl.core.units import fmt_bytes
 from offloadctl.job import Job, PlanPins
 from offloadctl.loading.input_shapes import follows_from, parse_dims, parse_input_shapes
@@ -309,7 +309,17 @@ def check_unknown_sizes(analysis: Analysis, *, strict: bool) -> list[str]:
     return unknown
 
 
-def plan_figures(plan: Plan) -> dict[str, Any]:
+class PlanFigures(TypedDict):
+    """What a plan offloads, in numbers, as the planning commands' ``--json`` documents give it."""
+
+    stage: str
+    strategy: str
+    offloads: dict[str, int]
+    rejected: dict[str, int]
+    budget: BudgetRecord | None
+
+
+def plan_figures(plan: Plan) -> PlanFigures:
     """What a plan offloads, in numbers (for --json and the verdict)."""
     offloads = plan["offloads"]
     return {

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, TypedDict
 
 import click
 from rich.table import Table
@@ -23,7 +23,16 @@ from offloadctl.core.units import fmt_bytes
 __all__ = ["inspect", "inspect_report"]
 
 
-def _tensor_row(analysis: Analysis, name: str) -> dict[str, Any]:
+class TensorRow(TypedDict):
+    """A tensor in the inspect report: its name, element type, shape and bytes (None where unknown)."""
+
+    name: str
+    dtype: str
+    shape: list[Any] | None
+    bytes: int | None
+
+
+def _tensor_row(analysis: Analysis, name: str) -> TensorRow:
     info = analysis.infos.get(name)
     return {
         "name": name,

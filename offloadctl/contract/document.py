@@ -16,7 +16,7 @@ import copy
 import json
 import operator
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, cast
@@ -442,7 +442,7 @@ def require_stage(plan: Plan, stage: str, step: str) -> None:
         )
 
 
-def record_stage(plan: Plan, stage: str, options_key: str, options: dict[str, Any]) -> Plan:
+def record_stage(plan: Plan, stage: str, options_key: str, options: Mapping[str, Any]) -> Plan:
     """Return a copy of ``plan`` advanced to ``stage`` with its options recorded.
 
     Everything is copied deeply except the entries of ``rejected``, which no stage changes: the
@@ -455,7 +455,7 @@ def record_stage(plan: Plan, stage: str, options_key: str, options: dict[str, An
     return new
 
 
-def advance_stage(plan: Plan, stage: str, options_key: str, options: dict[str, Any]) -> None:
+def advance_stage(plan: Plan, stage: str, options_key: str, options: Mapping[str, Any]) -> None:
     """Advance ``plan`` itself to ``stage`` with its options recorded (`record_stage` without the copy,
     for a plan its caller owns)."""
     doc = cast(dict[str, Any], plan)

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypedDict
 __all__ = [
     "BudgetRecord",
     "Compared",
+    "FilterOptions",
     "MaxSlowdown",
     "Objective",
     "OptimizedRecord",
@@ -160,6 +161,25 @@ class HistoryEntry(TypedDict):
     stage: Stage
     tool_version: str
     options: dict[str, Any]
+
+
+class _FilterOptional(TypedDict, total=False):
+    strategy: Strategy
+    budget_bytes: int | None
+    profile: str | None
+    objective: str
+    copies: str
+    max_slowdown: float | None
+    optimal: bool
+    time_limit_s: float | None
+
+
+class FilterOptions(_FilterOptional):
+    """The filter stage's recorded options (``options.filter``): the count and the floor, and for a budget
+    plan what the budget planner searched with."""
+
+    select_num: int
+    min_bytes: int
 
 
 class Options(TypedDict, total=False):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import onnx
 
@@ -46,6 +46,8 @@ __all__ = [
     "CPU_INPUTS",
     "CPU_OUTPUT_OPS",
     "HostCast",
+    "HostCastRecord",
+    "HostRecord",
     "HostPlacement",
     "NO_HOST",
     "Placement",
@@ -80,6 +82,22 @@ def reads_host_memory(node: onnx.NodeProto, index: int, on_host: bool) -> bool:
     return on_host or index in CPU_INPUTS.get(node.op_type, ())
 
 
+class HostCastRecord(TypedDict):
+    """A `HostCast` as a plan records it (``options.select.host_casts``)."""
+
+    tensor: str
+    readers: list[str] | None
+
+
+class HostRecord(TypedDict, total=False):
+    """A `HostPlacement` as a plan's ``options.select`` records it (the entries that hold something)."""
+
+    host_nodes: list[str]
+    host_device: str
+    host_copies: list[str]
+    host_casts: list[HostCastRecord]
+
+
 class HostCast(NamedTuple):
     """A Cast onnxruntime inserts on the host around a float16 node the CPU has no float16 kernel for:
     of ``tensor`` to float32 for the host nodes ``readers`` (each named by its first output), or, with
@@ -90,7 +108,7 @@ class HostCast(NamedTuple):
     tensor: str
     readers: tuple[str, ...] | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> HostCastRecord:
         return {"tensor": self.tensor, "readers": None if self.readers is None else list(self.readers)}
 
 
@@ -136,15 +154,18 @@ class HostPlacement:
         """The device alone, without how its placement was found (``webgpu``); ``""`` for none."""
         return device_name(self.device)
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> HostRecord:
         """The entries a plan's ``options.select`` records, those that hold something."""
-        entries = {
-            "host_nodes": list(self.nodes),
-            "host_device": self.device,
-            "host_copies": list(self.copies),
-            "host_casts": [cast.to_json() for cast in self.casts],
-        }
-        return {key: value for key, value in entries.items() if value}
+        record: HostRecord = {}
+        if self.nodes:
+            record["host_nodes"] = list(self.nodes)
+        if self.device:
+            record["host_device"] = self.device
+        if self.copies:
+            record["host_copies"] = list(self.copies)
+        if self.casts:
+            record["host_casts"] = [cast.to_json() for cast in self.casts]
+        return record
 
     @classmethod
     def of_record(cls, select: Mapping[str, Any]) -> HostPlacement:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from offloadctl.analysis.graph import Analysis
 from offloadctl.analysis.timeline import subgraph_memory
@@ -31,6 +31,15 @@ __all__ = ["WEAK_CUT", "NextStep", "unreached_bodies", "unreached_text", "weak_p
 WEAK_CUT = 0.03  # a plan that moves bytes but cuts the peak by less than this fraction is reported
 
 
+class NextStepDoc(TypedDict):
+    """A weak plan's next step in the plan command's ``--json`` document (`NextStep.to_json`)."""
+
+    command: str
+    budget_bytes: int
+    peak_bytes: dict[str, int | None]
+    slowdown: float | None
+
+
 @dataclass(frozen=True)
 class NextStep:
     """A weak plan's next step: the budget plan at ``budget_bytes`` as a command to paste, and the peak
@@ -42,7 +51,7 @@ class NextStep:
     peak_after: int | None
     slowdown: float | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> NextStepDoc:
         """As the plan command's ``--json`` document gives it (``next_step``)."""
         return {
             "command": self.command,

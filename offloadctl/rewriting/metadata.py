@@ -184,6 +184,15 @@ def session_settings(model: onnx.ModelProto) -> SessionSettings | None:
     return None
 
 
+class PinCheckDoc(TypedDict):
+    """The order pins checked against the order that ran, in a ``--json`` document (`PinCheck.to_json`)."""
+
+    checked: int
+    holds: bool
+    violated: list[dict[str, str]]
+    unchecked: int
+
+
 @dataclass
 class PinCheck:
     """Whether every copy ran on the side of its original node that the model's order pins ask.
@@ -201,7 +210,7 @@ class PinCheck:
     def holds(self) -> bool:
         return not self.violated
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PinCheckDoc:
         return {
             "checked": self.checked,
             "holds": self.holds,

@@ -56,7 +56,6 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx
@@ -90,7 +89,7 @@ from offloadctl.core.onnxutil import (
     subgraphs,
 )
 from offloadctl.core.plantypes import Offload, Plan, Use
-from offloadctl.loading.placed import device_name, reads_host_memory, writes_host_memory
+from offloadctl.loading.placed import HostPlacement, HostRecord, device_name, reads_host_memory, writes_host_memory
 from offloadctl.loading.tensors import TensorInfo
 from offloadctl.rewriting.metadata import (
     KEY_OFFLOADS,
@@ -609,16 +608,13 @@ class _Rewriter:
         return self.model
 
 
-def _device_record(plan: Plan) -> dict[str, Any]:
+def _device_record(plan: Plan) -> dict[str, HostRecord]:
     """What a plan made for a device (``plan --device``) knows of it, for the rewrite's
     ``offloadctl.planned_at``: the device and how, the nodes it runs on the host, the tensors onnxruntime
     copies there and the Casts it inserts (`simulate REWRITE` counts the rewrite as that device runs it).
     Empty for any other plan."""
-    select = plan["options"].get("select", {})
-    if not select.get("host_device"):
-        return {}
-    keys = ("host_device", "host_nodes", "host_copies", "host_casts")
-    return {"device": {key: select[key] for key in keys if key in select}}
+    host = HostPlacement.of_record(plan["options"].get("select", {}))
+    return {"device": host.record()} if host.device else {}
 
 
 class _Pins:

@@ -21,6 +21,7 @@ from offloadctl.core.plantypes import Plan
 from offloadctl.loading.model import load_model
 from offloadctl.planning.make import scheduled_plan
 from offloadctl.planning.request import FilterPart, PlanRequest, SelectPart
+from offloadctl.rewriting.metadata import SessionSettings
 from offloadctl.rewriting.rewrite import RewriteOptions, apply_plan
 from offloadctl.rewriting.writing import external_locations, write_model
 from offloadctl.running import timed
@@ -37,13 +38,13 @@ IN_MODEL_DATA_MAX = 512 << 20  # rewrites of a model with more external data are
 _SCALE_RANGE = (0.1, 10.0)  # a sweep fit scaled beyond this by the copies in the model is kept as it is
 
 
-def _unfolding(settings: Mapping[str, Any]) -> dict[str, Any]:
+def _unfolding(settings: SessionSettings) -> SessionSettings:
     """``settings`` with onnxruntime's ConstantFolding off, as every rewrite with pins or offloaded weights runs."""
     return {**settings, "disabled_optimizers": [*settings.get("disabled_optimizers", []), "ConstantFolding"]}
 
 
 def unfolding_cost(
-    dev: Device, model: str, feeds: Mapping[str, np.ndarray], settings: Mapping[str, Any], repeat: int, level: str
+    dev: Device, model: str, feeds: Mapping[str, np.ndarray], settings: SessionSettings, repeat: int, level: str
 ) -> float:
     """What a run of ``model`` at ``level`` takes longer with ConstantFolding off (timed side by side)."""
     runners = [
@@ -124,7 +125,7 @@ def copies_in_model(
     analysis: Any,
     model: str,
     feeds: Mapping[str, np.ndarray],
-    settings: Mapping[str, Any],
+    settings: SessionSettings,
     fits: dict[str, LinkFit],
     repeat: int,
     folder: Path,

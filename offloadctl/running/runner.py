@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import numpy as np
 import onnx
@@ -188,7 +188,14 @@ def _each_json(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return None if values is None else {name: v.to_json() for name, v in values.items()}
 
 
-def _describe_value(value: Any) -> dict[str, Any]:
+class ValueDoc(TypedDict):
+    """An input or output's shape and element type in a ``--json`` document."""
+
+    shape: list[int] | None
+    dtype: str
+
+
+def _describe_value(value: Any) -> ValueDoc:
     if isinstance(value, np.ndarray):
         return {"shape": list(value.shape), "dtype": str(value.dtype)}
     return {"shape": None, "dtype": type(value).__name__}
@@ -285,12 +292,19 @@ def _session_extras(
     return _copy_streams(model, proto, config, order), _page_locked(model, proto, config, device, ort)
 
 
+class ShapePins(TypedDict):
+    """The pins a model is read with: `load_model`'s ``input_shapes`` and ``dims``."""
+
+    input_shapes: Mapping[str, Sequence[int]] | None
+    dims: Mapping[str, int] | None
+
+
 def _shapes_to_run(
     model: str,
     input_shapes: Mapping[str, Sequence[int]] | None,
     dims: Mapping[str, int] | None,
     inputs: str | os.PathLike[str] | None,
-) -> dict[str, Any]:
+) -> ShapePins:
     """The pins a model is read with (`load_model`'s ``input_shapes`` and ``dims``), as onnxruntime
     reads it: as given; for generated inputs without any, a rewrite's planned shapes
     (`offloadctl.rewriting.metadata.planned_shapes`)."""

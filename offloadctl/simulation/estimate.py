@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from offloadctl.core.files import json_sha256
 from offloadctl.core.plantypes import Plan
@@ -32,6 +32,55 @@ __all__ = [
     "with_run_time",
     "streams_declined",
 ]
+
+
+class _PeaksOptional(TypedDict, total=False):
+    planned_before: int
+    planned_after: int
+    device: str
+    of: str
+    run_by: str
+    pins_checked: int
+    pins_broken: int
+
+
+class PeaksDoc(_PeaksOptional):
+    """`Peaks` as a plan and a ``--json`` document hold them (``peak_bytes``)."""
+
+    before: int
+    after: int
+    saved: int
+
+
+class _EstimateOptional(TypedDict, total=False):
+    planned_slowdown: Mapping[str, float] | None
+
+
+class EstimateDoc(_EstimateOptional):
+    """`Estimate` as a plan (``summary.estimate``) and a ``--json`` document hold it."""
+
+    copy_mode: str
+    peak_bytes: PeaksDoc
+    lower_bound_bytes: int
+    transfer_bytes: Mapping[str, int]
+    copies: Mapping[str, int]
+    unknown_size_tensors: int
+    profile: str | None
+    time_s: Mapping[str, float] | None
+    time_nodes: Mapping[str, int] | None
+    slowdown: Mapping[str, float] | None
+    bodies_at_peak_bytes: int
+    streams_declined: Declined | None
+
+
+class Declined(TypedDict, total=False):
+    """Why a plan made for copies on streams runs them in line (`streams_declined`): the slowdowns both
+    ways, the peaks where streams hold more, and the profile."""
+
+    streams: float
+    inline: float
+    peaks: dict[str, int]
+    profile: str | None
 
 
 @dataclass(frozen=True)
@@ -64,13 +113,15 @@ class Peaks:
         """What the plan saves: ``before - after``."""
         return self.before - self.after
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> PeaksDoc:
         """The peaks as a plan and a ``--json`` document hold them: ``before``, ``after`` and ``saved``, the
         optional figures only where given."""
-        optional = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)[2:]}
-        return {"before": self.before, "after": self.after, "saved": self.saved} | {
-            k: v for k, v in optional.items() if v is not None
-        }
+        doc: PeaksDoc = {"before": self.before, "after": self.after, "saved": self.saved}
+        for f in dataclasses.fields(self)[2:]:
+            value = getattr(self, f.name)
+            if value is not None:
+                doc[f.name] = value  # type: ignore[literal-required]  # (each optional field is a key of PeaksDoc)
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Peaks:
@@ -110,16 +161,27 @@ class Estimate:
     time_nodes: Mapping[str, int] | None
     slowdown: Mapping[str, float] | None
     bodies_at_peak_bytes: int
-    streams_declined: Mapping[str, Any] | None = None
+    streams_declined: Declined | None = None
     planned_slowdown: Mapping[str, float] | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> EstimateDoc:
         """The figures as plain JSON values (``peak_bytes`` for `peak`; ``planned_slowdown`` only where given)."""
-        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        doc["peak"] = self.peak.to_json()
-        doc = {("peak_bytes" if k == "peak" else k): v for k, v in doc.items()}
-        if self.planned_slowdown is None:
-            del doc["planned_slowdown"]
+        doc: EstimateDoc = {
+            "copy_mode": self.copy_mode,
+            "peak_bytes": self.peak.to_json(),
+            "lower_bound_bytes": self.lower_bound_bytes,
+            "transfer_bytes": self.transfer_bytes,
+            "copies": self.copies,
+            "unknown_size_tensors": self.unknown_size_tensors,
+            "profile": self.profile,
+            "time_s": self.time_s,
+            "time_nodes": self.time_nodes,
+            "slowdown": self.slowdown,
+            "bodies_at_peak_bytes": self.bodies_at_peak_bytes,
+            "streams_declined": self.streams_declined,
+        }
+        if self.planned_slowdown is not None:
+            doc["planned_slowdown"] = self.planned_slowdown
         return doc
 
     @classmethod
@@ -238,7 +300,7 @@ def recorded_estimate(plan: Plan) -> Estimate | None:
     return Estimate.from_json(recorded)
 
 
-def streams_declined(figures: Estimate, in_line_peak: int | None = None) -> dict[str, Any] | None:
+def streams_declined(figures: Estimate, in_line_peak: int | None = None) -> Declined | None:
     """Why a plan's copies run in line though it was made for streams: on a stream of their own, as the
     executor runs them (``figures``: `offloadctl.rewriting.figures.as_run_figures` with copies on
     streams), they gain no time over in line, or they hold more than the same plan in line
@@ -249,7 +311,9 @@ def streams_declined(figures: Estimate, in_line_peak: int | None = None) -> dict
     higher = in_line_peak is not None and peak > in_line_peak
     if not higher and (not slow or slow["overlapped"] < slow["serialized"]):
         return None
-    declined: dict[str, Any] = {"streams": slow["overlapped"], "inline": slow["serialized"]} if slow else {}
+    declined: Declined = {"streams": slow["overlapped"], "inline": slow["serialized"]} if slow else {}
     if higher:
+        assert in_line_peak is not None
         declined["peaks"] = {"streams": peak, "inline": in_line_peak}
-    return {**declined, "profile": figures.profile}
+    declined["profile"] = figures.profile
+    return declined

@@ -47,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
@@ -129,6 +129,15 @@ def _argmax(values: Sequence[int]) -> int | None:
     return values.index(max(values))
 
 
+class StepAt(TypedDict):
+    """Where a step is: its index, kind, position and a readable label (None for no step)."""
+
+    step: int | None
+    kind: str | None
+    position: int | None
+    node: str | None
+
+
 @dataclass(frozen=True)
 class MemoryTrace:
     """Device and host bytes at every step of one program (see the module docstring)."""
@@ -161,7 +170,7 @@ class MemoryTrace:
     def host_peak_bytes(self) -> int:
         return max(self.host, default=self.resident_host)
 
-    def at(self, step: int | None) -> dict[str, Any]:
+    def at(self, step: int | None) -> StepAt:
         """Where a step is: step index, kind, position and a readable label."""
         if step is None:
             return {"step": None, "kind": None, "position": None, "node": None}

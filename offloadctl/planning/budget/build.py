@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from offloadctl.contract.document import record_stage
-from offloadctl.core.plantypes import BudgetRecord, Objective, Offload, Plan, Solver
+from offloadctl.core.plantypes import BudgetRecord, FilterOptions, Objective, Offload, Plan, Solver
 from offloadctl.planning.budget.candidates import plan_entry, reject
 from offloadctl.planning.budget.prepared import Candidates, Prepared
 from offloadctl.planning.budget.solve import Outcome
@@ -144,7 +144,7 @@ def build_plan(prepared: Prepared, attempt: Attempt, pricing: Pricing, *, search
     return new
 
 
-def _recorded(prepared: Prepared, cost: CopyCost, copies: str, budget: int | None) -> dict[str, Any]:
+def _recorded(prepared: Prepared, cost: CopyCost, copies: str, budget: int | None) -> FilterOptions:
     options = prepared.options
     return {
         "select_num": options.filter.select_num,
