@@ -558,8 +558,6 @@ def recorded(part: Any) -> dict[str, Any]:
         value = getattr(part, f.name)
         if isinstance(value, HostPlacement):
             options.update(value.record())
-        elif isinstance(value, Profile):
-            options[f.name] = value.name
         elif value or not f.metadata.get("omit_empty"):
             options[f.name] = list(value) if isinstance(value, tuple) else value
     return options

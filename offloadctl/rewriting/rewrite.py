@@ -614,7 +614,9 @@ def _device_record(plan: Plan) -> dict[str, HostRecord]:
     copies there and the Casts it inserts (`simulate REWRITE` counts the rewrite as that device runs it).
     Empty for any other plan."""
     host = HostPlacement.of_record(plan["options"].get("select", {}))
-    return {"device": host.record()} if host.device else {}
+    if not host.device:
+        return {}
+    return {"device": {"host_device": host.device, **host.record()}}  # the device first, as rewrites record it
 
 
 class _Pins:
